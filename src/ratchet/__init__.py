@@ -1,0 +1,27 @@
+"""ratchet: make an existing decision policy better, provably.
+
+The loop: plan → execute → critique → refine → gate. Every step is an event in an append-only
+ledger; the incumbent only moves up.
+"""
+
+from ratchet.critic import Critic, Critique, Evaluation
+from ratchet.errors import LedgerError, PolicyError, RatchetError, RunNotFoundError, SpecError, TaskError
+from ratchet.execution import Executor, Job, make_executor
+from ratchet.gate import Decision, PairedTestGate
+from ratchet.ledger import Event, EventType, SQLiteLedger
+from ratchet.loop import RunResult, resume_run, start_run
+from ratchet.policy import Candidate, Parameter, PolicyProgram, export_source, load_policy, parse_policy
+from ratchet.refiners import CMAESRefiner, Refiner
+from ratchet.rollout import Episode
+from ratchet.spec import RunSpec, load_spec
+from ratchet.task import GymTask, Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Candidate", "CMAESRefiner", "Critic", "Critique", "Decision", "Episode", "Evaluation", "Event",
+    "EventType", "Executor", "GymTask", "Job", "LedgerError", "PairedTestGate", "Parameter", "PolicyError",
+    "PolicyProgram", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
+    "SpecError", "Task", "TaskError", "export_source", "load_policy", "load_spec", "make_executor",
+    "parse_policy", "resume_run", "start_run",
+]

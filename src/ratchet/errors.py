@@ -1,0 +1,45 @@
+"""Exception hierarchy: one root (:class:`RatchetError`), one subclass per kind of user-facing problem.
+
+Every message is one line that says what is wrong and how to fix it. The CLI prints it and exits
+non-zero; tracebacks appear only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RatchetError",
+    "PolicyError",
+    "SpecError",
+    "TaskError",
+    "LedgerError",
+    "RunNotFoundError",
+    "ReplayMismatchError",
+]
+
+
+class RatchetError(Exception):
+    """Root of every error ratchet raises on purpose."""
+
+
+class PolicyError(RatchetError):
+    """A policy file is missing or malformed (syntax error, no ``act``, bad ``PARAMETERS``)."""
+
+
+class SpecError(RatchetError):
+    """A run spec (``ratchet.toml``) is invalid: unknown key, wrong type, missing or unknown env id."""
+
+
+class TaskError(RatchetError):
+    """A task cannot be built (for example an unknown Gymnasium id or bad env keyword arguments)."""
+
+
+class LedgerError(RatchetError):
+    """A run's ledger is unreadable, or a resumed run diverged from what its ledger recorded."""
+
+
+class RunNotFoundError(RatchetError):
+    """No run with the given id or directory exists."""
+
+
+class ReplayMismatchError(RatchetError):
+    """A replayed episode did not reproduce the return recorded in the ledger."""

@@ -1,0 +1,75 @@
+"""Worker process main loop. This is the only place policy code is compiled and run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+_MODULE_CACHE_SIZE = 16
+
+
+def worker_main(conn: Any) -> None:
+    """Serve jobs from ``conn`` until it closes.
+
+    Messages in: ``("job", job_id, task_dict, source_key, source_or_None, params, seed, render_path)``.
+    Messages out: ``(job_id, episode_dict)``.
+    """
+    if not os.environ.get("RATCHET_WORKER_OUTPUT"):
+        devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
+        sys.stdout = devnull
+    from ratchet.policy import compile_policy
+    from ratchet.rollout import Episode, run_episode
+    from ratchet.task import GymTask
+
+    sources: dict[str, str] = {}
+    modules: dict[str, Any] = {}
+    envs: dict[str, tuple[Any, Any]] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        _, job_id, task_dict, key, source, params, seed, render_path = msg
+        if source is not None:
+            sources[key] = source
+        try:
+            task_key = json.dumps(task_dict, sort_keys=True)
+            if task_key not in envs:
+                task = GymTask.from_dict(task_dict)
+                envs[task_key] = (task, task.make_env())
+            task, env = envs[task_key]
+            if key not in modules:
+                if len(modules) >= _MODULE_CACHE_SIZE:
+                    modules.pop(next(iter(modules)))
+                try:
+                    modules[key] = compile_policy(sources[key], "<policy>")
+                except Exception as exc:
+                    modules[key] = exc
+            module = modules[key]
+            if isinstance(module, Exception):
+                ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500])
+            elif not callable(getattr(module, "act", None)):
+                ep = Episode.failed(seed, "policy has no callable act()")
+            elif render_path:
+                from ratchet.report.video import record_episode
+
+                render_env = task.make_env(render_mode="rgb_array")
+                try:
+                    ep = record_episode(render_env, module, params, seed, task, render_path)
+                finally:
+                    render_env.close()
+            else:
+                ep = run_episode(env, module.act, getattr(module, "reset", None), params, seed, task)
+            conn.send((job_id, ep.to_dict()))
+        except Exception as exc:  # environment trouble: report it as this episode's error
+            conn.send((job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {exc}"[:500]).to_dict()))
+
+
+if __name__ == "__main__":
+    from multiprocessing.connection import Connection
+
+    worker_main(Connection(int(os.environ.pop("RATCHET_WORKER_FD"))))

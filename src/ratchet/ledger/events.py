@@ -1,0 +1,47 @@
+"""Typed ledger events. Each event has a unique ``key`` so appends are idempotent."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = ["EventType", "Event"]
+
+
+class EventType(str, Enum):
+    """Every kind of event a run appends, in the order a run normally produces them."""
+
+    RUN_STARTED = "run_started"            # spec, versions, task, policy, seeds of each split
+    RUN_RESUMED = "run_resumed"            # a killed run continued
+    CANDIDATE_PROPOSED = "candidate_proposed"  # a refiner proposed a candidate (full source + params)
+    EPISODES_EVALUATED = "episodes_evaluated"  # one candidate's episodes on one split
+    GENERATION_FINISHED = "generation_finished"  # planner/refiner summary of one step
+    GATE_DECIDED = "gate_decided"          # paired test of a candidate vs the incumbent on validation
+    INCUMBENT_CHANGED = "incumbent_changed"
+    RUN_FINISHED = "run_finished"          # stop reason, final test evaluation done
+    RUN_FAILED = "run_failed"              # an unexpected error ended the run
+
+
+@dataclass(frozen=True)
+class Event:
+    """One ledger row.
+
+    Attributes:
+        seq: Position in the ledger (1-based, strictly increasing).
+        type: The :class:`EventType`.
+        key: Unique identity; appending an existing key is a no-op (idempotent replay).
+        time: Unix time (seconds) when appended.
+        payload: JSON-ready event data.
+    """
+
+    seq: int
+    type: EventType
+    key: str
+    time: float
+    payload: dict[str, Any] = field(hash=False)
+
+    def payload_json(self) -> str:
+        """The payload as compact JSON."""
+        return json.dumps(self.payload, separators=(",", ":"), allow_nan=True)

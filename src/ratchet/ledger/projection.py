@@ -1,0 +1,145 @@
+"""Projections: a run's state rebuilt from its ledger events."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratchet.critic import Evaluation
+from ratchet.ledger.events import Event, EventType
+from ratchet.policy import Candidate
+from ratchet.rollout import Episode
+
+__all__ = ["RunState", "project"]
+
+
+@dataclass
+class RunState:
+    """Everything ``ratchet show``/``report`` need, derived only from events.
+
+    ``env_steps`` and ``episodes`` count training and validation episodes (the budget's units);
+    test episodes are reported separately in ``baseline_test``/``test``.
+    """
+
+    run_id: str = ""
+    status: str = "unknown"
+    spec: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    policy_source: str = ""
+    env_steps: int = 0
+    episodes: int = 0
+    validation_env_steps: int = 0
+    generations: int = 0
+    wall_clock_s: float = 0.0
+    started_at: float = 0.0
+    stop_reason: str | None = None
+    error: str | None = None
+    baseline_id: str | None = None
+    incumbent_id: str | None = None
+    incumbent_validation_mean: float | None = None
+    candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    promotions: list[dict[str, Any]] = field(default_factory=list)
+    generation_log: list[dict[str, Any]] = field(default_factory=list)
+    baseline_test: dict[str, Any] | None = None
+    test: dict[str, Any] | None = None
+
+    def candidate(self, candidate_id: str) -> Candidate:
+        """The full candidate (source resolved) with this id (a unique prefix is enough).
+
+        Raises:
+            KeyError: unknown or ambiguous id.
+        """
+        matches = [c for c in self.candidates if c.startswith(candidate_id)]
+        if len(matches) != 1:
+            raise KeyError(candidate_id)
+        d = dict(self.candidates[matches[0]])
+        d["source"] = d.get("source") or self.policy_source
+        return Candidate.from_dict(d)
+
+    def evaluation(self, candidate_id: str, split: str) -> Evaluation | None:
+        """The latest evaluation of a candidate on a split (validation and test are fixed seed lists)."""
+        for ev in reversed(self.evaluations):
+            if ev["candidate_id"] == candidate_id and ev["split"] == split:
+                return Evaluation(candidate_id, split, tuple(Episode.from_dict(e) for e in ev["episodes"]))
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary printed by ``ratchet show --json``."""
+        return {"run_id": self.run_id, "status": self.status, "env_steps": self.env_steps,
+                "episodes": self.episodes, "validation_env_steps": self.validation_env_steps,
+                "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
+                "stop_reason": self.stop_reason, "error": self.error,
+                "env_id": self.spec.get("task", {}).get("env_id"),
+                "budget": self.spec.get("budget"),
+                "baseline": {"candidate_id": self.baseline_id},
+                "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
+                              "params": dict(self.candidates.get(self.incumbent_id or "", {}).get("params", {}))},
+                "promotions": len(self.promotions),
+                "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test)}
+
+
+def _test_summary(s: dict[str, Any] | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    return {k: s.get(k) for k in ("mean", "std", "n", "success_rate", "n_errors")}
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def project(events: list[Event]) -> RunState:
+    """Fold events into a :class:`RunState`."""
+    st = RunState()
+    pid = None
+    for ev in events:
+        p = ev.payload
+        if ev.type is EventType.RUN_STARTED:
+            st.run_id, st.spec, st.versions = p["run_id"], p["spec"], p.get("versions", {})
+            st.policy_source, st.started_at, pid, st.status = p["policy_source"], ev.time, p.get("pid"), "running"
+        elif ev.type is EventType.RUN_RESUMED:
+            pid, st.status, st.error = p.get("pid"), "running", None
+        elif ev.type is EventType.CANDIDATE_PROPOSED:
+            c = p["candidate"]
+            st.candidates.setdefault(c["id"], c)
+            if p["generation"] == 0 and st.baseline_id is None:
+                st.baseline_id = st.incumbent_id = c["id"]
+        elif ev.type is EventType.EPISODES_EVALUATED:
+            st.evaluations.append(p)
+            if p["split"] != "test":
+                st.env_steps += p["summary"]["env_steps"]
+                st.episodes += p["summary"]["n"]
+                if p["split"] == "validation":
+                    st.validation_env_steps += p["summary"]["env_steps"]
+                    if p["candidate_id"] == st.incumbent_id and st.incumbent_validation_mean is None:
+                        st.incumbent_validation_mean = p["summary"]["mean"]
+        elif ev.type is EventType.GATE_DECIDED:
+            st.gates.append(p)
+        elif ev.type is EventType.INCUMBENT_CHANGED:
+            st.promotions.append(p)
+            st.incumbent_id, st.incumbent_validation_mean = p["to"], p["validation_mean"]
+        elif ev.type is EventType.GENERATION_FINISHED:
+            st.generation_log.append(p)
+            st.generations = max(st.generations, p["generation"])
+        elif ev.type is EventType.RUN_FINISHED:
+            st.status, st.stop_reason = "finished", p["stop_reason"]
+            st.baseline_test, st.test = p["baseline_test"], p["test"]
+            st.wall_clock_s = p.get("wall_clock_s", ev.time - st.started_at)
+        elif ev.type is EventType.RUN_FAILED:
+            st.status, st.error = "failed", p["error"]
+    if st.status != "finished" and events:
+        st.wall_clock_s = events[-1].time - st.started_at
+        if st.status == "running" and not _pid_alive(pid):
+            st.status = "interrupted"
+    return st

@@ -1,0 +1,93 @@
+"""SQLite ledger store: one file per run, append-only, WAL mode."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from ratchet.errors import LedgerError
+from ratchet.ledger.events import Event, EventType
+
+__all__ = ["SQLiteLedger"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL UNIQUE,
+    type TEXT NOT NULL,
+    time REAL NOT NULL,
+    payload TEXT NOT NULL
+);
+"""
+
+
+class SQLiteLedger:
+    """Append-only event log in a SQLite file.
+
+    Appends are durable when :meth:`append` returns (each is its own transaction), so a run killed
+    with ``kill -9`` loses nothing it had recorded. Appending an event whose ``key`` already exists
+    changes nothing and returns the stored event (that is what makes resuming idempotent).
+
+    Args:
+        path: The database file (created if missing, with its parent directory when ``create``).
+        create: Allow creating a new file; with False a missing file raises.
+
+    Raises:
+        LedgerError: the file is missing (``create=False``) or is not a ratchet ledger.
+    """
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise LedgerError(f"no ledger at {self.path}")
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"{self.path} is not a readable ratchet ledger: {exc}") from exc
+
+    def append(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
+        """Append one event unless its key exists.
+
+        Returns:
+            ``(event, created)``: the stored event and whether this call created it.
+        """
+        existing = self.get(key)
+        if existing is not None:
+            return existing, False
+        now = time.time()
+        body = json.dumps(payload, separators=(",", ":"))
+        try:
+            cur = self._db.execute("INSERT INTO events(key, type, time, payload) VALUES (?, ?, ?, ?)",
+                                   (key, type.value, now, body))
+        except sqlite3.IntegrityError:  # another writer won the race
+            stored = self.get(key)
+            assert stored is not None
+            return stored, False
+        return Event(int(cur.lastrowid), type, key, now, payload), True
+
+    def get(self, key: str) -> Event | None:
+        """The event with this key, or None."""
+        row = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE key = ?", (key,)).fetchone()
+        return None if row is None else self._row(row)
+
+    def read(self, from_seq: int = 0) -> list[Event]:
+        """All events with ``seq > from_seq``, in order."""
+        rows = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE seq > ? ORDER BY seq",
+                                (from_seq,)).fetchall()
+        return [self._row(r) for r in rows]
+
+    @staticmethod
+    def _row(row: tuple) -> Event:
+        return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()

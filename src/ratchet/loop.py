@@ -1,0 +1,332 @@
+"""The run loop: plan → execute → critique → refine → gate, every step recorded in the ledger.
+
+Resuming is replay: :func:`resume_run` runs the same deterministic loop again over the same ledger.
+Every evaluation already recorded is read back instead of executed, and every event already
+recorded is not appended twice (events are keyed), so a run killed at any point — even with
+``kill -9`` — continues exactly where it stopped without recomputing or losing a completed
+evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ratchet.critic import Critic, Evaluation
+from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
+from ratchet.execution import Executor, Job, make_executor
+from ratchet.gate import PairedTestGate
+from ratchet.ledger import EventType, SQLiteLedger
+from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
+from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy
+from ratchet.refiners import CMAESRefiner
+from ratchet.rollout import Episode
+from ratchet.spec import RunSpec, spec_from_dict
+from ratchet.task import GymTask
+
+__all__ = ["RunResult", "start_run", "resume_run", "LEDGER_FILE"]
+
+LEDGER_FILE = "ledger.sqlite"
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run returns.
+
+    Attributes:
+        run_dir: The run's directory (holds ``ledger.sqlite``).
+        stop_reason: Why the loop stopped.
+        incumbent: The final incumbent candidate.
+        baseline_test: Test evaluation of the starting policy.
+        test: Test evaluation of the final incumbent.
+    """
+
+    run_dir: Path
+    stop_reason: str
+    incumbent: Candidate
+    baseline_test: Evaluation
+    test: Evaluation
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("policy-ratchet", "gymnasium", "numpy", "cma", "scipy", "box2d"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def eval_key(split: str, candidate_id: str, seeds: Sequence[int]) -> str:
+    """Ledger key of one candidate's evaluation on a seed list."""
+    digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:12]
+    return f"eval/{split}/{candidate_id}/{digest}"
+
+
+class _Run:
+    """One run's wiring. The loop in :meth:`run` holds no policy logic of its own."""
+
+    def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: SQLiteLedger,
+                 executor: Executor, progress: ProgressFn | None) -> None:
+        self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
+        self.executor, self.progress = executor, progress
+        self.task = GymTask(spec.task.env_id, spec.task.env_kwargs, spec.task.success_threshold,
+                            spec.task.action, spec.task.max_episode_steps)
+        self.splits = SeedSplits(spec.seed)
+        self.budget = Budget(spec.budget)
+        self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget)
+        self.refiner = CMAESRefiner(program, spec.refiner.sigma0, spec.refiner.popsize, seed=spec.seed)
+        self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement)
+        self.critic = Critic()
+        self.rng = np.random.default_rng(spec.seed)
+        self.usage = Usage()
+        self.validation_seeds = self.splits.seeds("validation", 0, spec.gate.validation_episodes)
+        self.test_seeds = self.splits.seeds("test", 0, spec.test.episodes)
+        self._clock_offset = 0.0
+        self._replaying = False
+        self._session_start = time.monotonic()
+
+    # -- ledger helpers -------------------------------------------------------------------------
+    def record(self, type: EventType, key: str, payload: dict[str, Any]) -> None:
+        self.ledger.append(type, key, payload)
+
+    def record_candidate(self, cand: Candidate, generation: int) -> None:
+        key = f"proposed/{generation}/{cand.id}"
+        if self._replaying and self.ledger.get(key) is None:
+            raise LedgerError(f"resume diverged from the ledger at generation {generation} (candidate {cand.id} was "
+                              "never proposed before); were package versions changed since the run started?")
+        d = cand.to_dict()
+        if d["source"] == self.program.source:
+            d["source"] = None  # the run's policy source, stored once in run_started
+        self.record(EventType.CANDIDATE_PROPOSED, key, {"generation": generation, "candidate": d})
+
+    def evaluate(self, candidates: Sequence[Candidate], seeds: Sequence[int], split: str,
+                 generation: int) -> dict[str, Evaluation]:
+        """Execute (or read back from the ledger) each candidate's episodes on ``seeds``."""
+        out: dict[str, Evaluation] = {}
+        todo: list[Candidate] = []
+        for cand in dict.fromkeys(candidates):  # unique, in order
+            event = self.ledger.get(eval_key(split, cand.id, seeds))
+            if event is not None:
+                eps = tuple(Episode.from_dict(e) for e in event.payload["episodes"])
+                out[cand.id] = Evaluation(cand.id, split, eps)
+            else:
+                todo.append(cand)
+        jobs = [Job(c, s) for c in todo for s in seeds]
+        done: dict[str, dict[int, Episode]] = {c.id: {} for c in todo}
+
+        def on_episode(i: int, ep: Episode) -> None:  # record each candidate as soon as it completes
+            cand = jobs[i].candidate
+            done[cand.id][i] = ep
+            if len(done[cand.id]) == len(seeds):
+                eps = tuple(done[cand.id][k] for k in sorted(done[cand.id]))
+                ev = Evaluation(cand.id, split, eps)
+                self.record(EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
+                            {"candidate_id": cand.id, "split": split, "generation": generation,
+                             "seeds": list(seeds), "summary": ev.summary(),
+                             "episodes": [e.to_dict() for e in eps]})
+                out[cand.id] = ev
+
+        self.executor.run(self.task, jobs, on_episode)
+        for cand in candidates:
+            ev = out[cand.id]
+            if split != "test":
+                self.usage.env_steps += ev.env_steps
+                self.usage.episodes += ev.n
+                if split == "validation":
+                    self.usage.validation_env_steps += ev.env_steps
+        return out
+
+    def report_progress(self, **info: Any) -> None:
+        if self.progress is not None:
+            self.progress({"usage": self.usage, "budget": self.spec.budget, **info})
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        spec, n_val = self.spec, len(self.validation_seeds)
+        baseline = self.program.candidate()
+        self.record_candidate(baseline, 0)
+        incumbent = baseline
+        inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
+        est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
+        stale, generation, stop = 0, 0, None
+        while stop is None:
+            generation += 1
+            replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
+            self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
+            stop = self.budget.stop_reason(self.usage, inc_val.mean, stale, check_clock=not replaying)
+            n_candidates = (self.refiner.popsize or _default_popsize(len(self.program.parameters))) + 2
+            if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len):
+                stop = "budget: no room for another generation"
+            if stop is not None or not self.program.parameters:
+                stop = stop or "policy declares no parameters"
+                break
+
+            # plan
+            plan = self.planner.plan(generation)
+            # refine (propose) — from the incumbent and its latest critique
+            recommended = self.refiner.recommend()
+            proposals = self.refiner.propose(incumbent, None, self.rng)
+            contenders = proposals + ([recommended] if recommended is not None else [])
+            for cand in contenders:
+                self.record_candidate(cand, generation)
+            # execute
+            train = self.evaluate(contenders + [incumbent], plan.train_seeds, "train", generation)
+            self.refiner.observe([train[c.id] for c in proposals])
+            gen_evals = list(train.values())
+            est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
+            # critique
+            inc_train = train[incumbent.id]
+            critique = self.critic.critique(inc_train)
+            clean = [c for c in contenders if train[c.id].n_errors == 0]
+            best = max(clean, key=lambda c: train[c.id].mean, default=None)
+            # gate
+            decision = None
+            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
+            if (best is not None and train[best.id].mean > inc_train.mean
+                    and self.planner.should_gate(self.usage, n_val, val_len)):
+                cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
+                decision = self.gate.decide(cand_val, inc_val)
+                self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
+                            {"generation": generation, **decision.to_dict(),
+                             "candidate_validation": cand_val.summary(), "incumbent_validation": inc_val.summary(),
+                             "env_steps": self.usage.env_steps})
+                if decision.promoted:
+                    self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
+                                {"generation": generation, "from": incumbent.id, "to": best.id,
+                                 "validation_mean": cand_val.mean, "previous_validation_mean": inc_val.mean,
+                                 "env_steps": self.usage.env_steps, "params": dict(best.params)})
+                    incumbent, inc_val = best, cand_val
+            stale = 0 if decision is not None and decision.promoted else stale + 1
+            summary = {"generation": generation, "train_seeds": list(plan.train_seeds),
+                       "best_train_mean": train[best.id].mean if best else None,
+                       "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
+                       "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
+                       "promoted": bool(decision and decision.promoted), "sigma": self.refiner.sigma,
+                       "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
+                       "validation_env_steps": self.usage.validation_env_steps,
+                       "critique": critique.text}
+            self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
+            self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s)
+
+        # final, report-only test evaluation (never used for selection)
+        test = self.evaluate([incumbent, baseline], self.test_seeds, "test", generation)
+        self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
+        self.record(EventType.RUN_FINISHED, "run_finished",
+                    {"stop_reason": stop, "generations": generation - 1, "incumbent_id": incumbent.id,
+                     "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
+                     "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
+                     "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
+                     "wall_clock_s": self.usage.wall_clock_s})
+        return RunResult(self.run_dir, stop, incumbent, test[baseline.id], test[incumbent.id])
+
+
+def _default_popsize(n: int) -> int:
+    """pycma's default population size ``4 + floor(3 ln n)`` (n ≥ 2)."""
+    return 4 + int(3 * np.log(max(2, n)))
+
+
+def new_run_id(name: str) -> str:
+    """``<name>-<UTC yyyymmdd-HHMMSS>-<4 hex>``."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(2).hex()}"
+
+
+def _drive(run: _Run) -> RunResult:
+    try:
+        return run.run()
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
+        raise
+    finally:
+        run.executor.close()
+
+
+def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None = None, *,
+              executor: Executor | None = None, progress: ProgressFn | None = None) -> RunResult:
+    """Start a new run of ``spec`` in ``runs_dir/run_id`` and drive it to the end.
+
+    Args:
+        spec: Validated run spec.
+        runs_dir: Folder that holds run directories.
+        run_id: Directory name; default ``<spec.name>-<timestamp>-<hex>``.
+        executor: Where episodes run; default a process pool per ``[execution]``.
+        progress: Called with a dict after each generation.
+
+    Returns:
+        The :class:`RunResult`.
+
+    Raises:
+        PolicyError: the policy file is invalid.
+        RatchetError: the run directory already holds a run (use :func:`resume_run`).
+    """
+    program = load_policy(spec.policy_path)
+    run_id = run_id or new_run_id(spec.name)
+    run_dir = Path(runs_dir) / run_id
+    if (run_dir / LEDGER_FILE).exists():
+        raise RatchetError(f"run {run_id} already exists in {runs_dir}; resume it with `ratchet resume {run_dir}` "
+                           "or pick another --run-id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
+    ledger = SQLiteLedger(run_dir / LEDGER_FILE)
+    run = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
+    ledger.append(EventType.RUN_STARTED, "run_started", {
+        "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
+        "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(),
+        "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
+                  "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
+    return _drive(run)
+
+
+def _executor_for(spec: RunSpec) -> Executor:
+    return make_executor(spec.execution.workers, spec.execution.episode_timeout_s)
+
+
+def open_ledger(run: str | Path, runs_dir: str | Path = "runs") -> SQLiteLedger:
+    """Open an existing run's ledger, given a run directory or a run id under ``runs_dir``.
+
+    Raises:
+        RunNotFoundError: no such run.
+    """
+    for cand in (Path(run), Path(runs_dir) / str(run)):
+        if (cand / LEDGER_FILE).is_file():
+            return SQLiteLedger(cand / LEDGER_FILE, create=False)
+    raise RunNotFoundError(f"no run {str(run)!r} (looked in {run} and {Path(runs_dir) / str(run)}); "
+                           "`ratchet runs` lists the runs")
+
+
+def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Executor | None = None,
+               progress: ProgressFn | None = None) -> RunResult:
+    """Continue a run that was interrupted (Ctrl-C, crash, ``kill -9``).
+
+    The spec and policy come from the ledger, not from files that may have changed since.
+
+    Raises:
+        RunNotFoundError: no such run.
+        LedgerError: the run already finished, or its ledger has no start event.
+    """
+    ledger = open_ledger(run, runs_dir)
+    started = ledger.get("run_started")
+    if started is None:
+        raise LedgerError(f"{ledger.path} has no run_started event; it cannot be resumed")
+    if ledger.get("run_finished") is not None:
+        raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
+    spec = spec_from_dict(started.payload["spec"], where="ledger spec")
+    program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
+    r = _Run(ledger.path.parent, spec, program, ledger, executor or _executor_for(spec), progress)
+    events = ledger.read()
+    r._clock_offset = events[-1].time - events[0].time
+    ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "events_before": len(events)})
+    return _drive(r)

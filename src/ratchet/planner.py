@@ -1,0 +1,141 @@
+"""The planner: seed splits, budget accounting and what the next step of a run does."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ratchet.spec import BudgetSpec
+
+__all__ = ["SeedSplits", "Usage", "Budget", "Plan", "IncumbentPlanner"]
+
+_SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
+
+
+class SeedSplits:
+    """Three disjoint seed splits derived from the run seed.
+
+    Seed ``i`` of a split is ``3 * h + code`` with ``h`` a 30-bit hash of (run seed, split, i) and
+    ``code`` 0/1/2 for train/validation/test, so the splits can never share a seed.
+
+    Args:
+        run_seed: The run's seed (non-negative int).
+    """
+
+    def __init__(self, run_seed: int) -> None:
+        self.run_seed = int(run_seed)
+
+    def seed(self, split: str, index: int) -> int:
+        """Seed number ``index`` of ``split`` (``"train"``, ``"validation"`` or ``"test"``)."""
+        digest = hashlib.sha256(f"ratchet/{self.run_seed}/{split}/{index}".encode()).digest()
+        return 3 * (int.from_bytes(digest[:4], "little") >> 2) + _SPLIT_CODE[split]
+
+    def seeds(self, split: str, start: int, count: int) -> list[int]:
+        """``count`` distinct seeds of ``split`` beginning at index ``start``."""
+        out: list[int] = []
+        seen: set[int] = set()
+        i = start
+        while len(out) < count:
+            s = self.seed(split, i)
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+            i += 1
+        return out
+
+
+@dataclass
+class Usage:
+    """What a run has spent on decisions (training and validation; test episodes are not counted).
+
+    Attributes:
+        env_steps: Env steps.
+        episodes: Episodes.
+        validation_env_steps: The part of ``env_steps`` spent on validation.
+        wall_clock_s: Seconds since the run started (summed over resumed sessions).
+    """
+
+    env_steps: int = 0
+    episodes: int = 0
+    validation_env_steps: int = 0
+    wall_clock_s: float = 0.0
+
+
+class Budget:
+    """Stop rules: env steps, episodes, wall clock, target score, patience — whichever comes first."""
+
+    def __init__(self, spec: BudgetSpec) -> None:
+        self.spec = spec
+
+    def can_afford(self, usage: Usage, env_steps: float, episodes: int) -> bool:
+        """Whether spending (an estimate of) ``env_steps`` and ``episodes`` more stays within budget."""
+        s = self.spec
+        if s.env_steps is not None and usage.env_steps + env_steps > s.env_steps:
+            return False
+        if s.episodes is not None and usage.episodes + episodes > s.episodes:
+            return False
+        return True
+
+    def stop_reason(self, usage: Usage, incumbent_validation_mean: float, stale_generations: int,
+                    *, check_clock: bool = True) -> str | None:
+        """Why the run must stop now, or None to go on."""
+        s = self.spec
+        if s.target is not None and incumbent_validation_mean >= s.target:
+            return f"target reached (incumbent validation mean {incumbent_validation_mean:.2f} ≥ {s.target:g})"
+        if s.patience is not None and stale_generations >= s.patience:
+            return f"patience: {stale_generations} generations without a promotion"
+        if s.env_steps is not None and usage.env_steps >= s.env_steps:
+            return "env-step budget used"
+        if s.episodes is not None and usage.episodes >= s.episodes:
+            return "episode budget used"
+        if check_clock and s.wall_clock_s is not None and usage.wall_clock_s >= s.wall_clock_s:
+            return "wall-clock budget used"
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One generation's plan.
+
+    Attributes:
+        generation: 1-based generation number.
+        train_seeds: Fresh training seeds, shared by every candidate (common random numbers).
+    """
+
+    generation: int
+    train_seeds: tuple[int, ...]
+
+
+class IncumbentPlanner:
+    """Refine the incumbent on fresh training seeds; gate whenever the budget can afford it.
+
+    Each generation draws ``train_episodes`` new training seeds. A candidate goes to the gate when
+    it beat the incumbent on this generation's training seeds and the validation it needs keeps
+    validation within ``max_share`` of all env steps spent (and within the budget).
+
+    Args:
+        splits: The run's seed splits.
+        train_episodes: Training seeds per generation.
+        max_share: Largest share of env steps to spend on validation, in (0, 1].
+        budget: The run's budget.
+    """
+
+    def __init__(self, splits: SeedSplits, train_episodes: int, max_share: float, budget: Budget) -> None:
+        self.splits, self.train_episodes, self.max_share, self.budget = splits, train_episodes, max_share, budget
+
+    def plan(self, generation: int) -> Plan:
+        """Plan ``generation`` (1-based)."""
+        start = (generation - 1) * self.train_episodes
+        return Plan(generation, tuple(self.splits.seeds("train", start, self.train_episodes)))
+
+    def can_afford_generation(self, usage: Usage, n_candidates: int, est_episode_steps: float) -> bool:
+        """Whether one more generation (with a 25 % safety margin on its env steps) fits the budget."""
+        n_eps = n_candidates * self.train_episodes
+        return self.budget.can_afford(usage, 1.25 * n_eps * est_episode_steps, n_eps)
+
+    def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float) -> bool:
+        """Whether validating one candidate now respects ``max_share`` and the budget."""
+        cost = n_validation * est_episode_steps
+        if not self.budget.can_afford(usage, cost, n_validation):
+            return False
+        return usage.validation_env_steps + cost <= self.max_share * (usage.env_steps + cost)

@@ -1,0 +1,104 @@
+"""CMA-ES refiner over a policy's declared parameters (pycma)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ratchet.critic import Critique, Evaluation
+from ratchet.policy import Candidate, PolicyProgram
+
+__all__ = ["CMAESRefiner"]
+
+
+class CMAESRefiner:
+    """Covariance Matrix Adaptation Evolution Strategy over the policy's parameters.
+
+    Source: N. Hansen, "The CMA Evolution Strategy: A Tutorial" (arXiv:1604.00772); implementation:
+    the ``cma`` package (pycma), ask/tell interface.
+
+    The search runs in normalised coordinates: each parameter is mapped to ``[0, 1]`` within its
+    bounds (in log space for ``scale="log"``), and pycma's bound handling keeps samples inside.
+    Fitness is the negative mean training return; a candidate with any errored episode ranks last.
+
+    Args:
+        program: The policy whose ``PARAMETERS`` are searched.
+        sigma0: Initial step size in normalised units (fraction of each parameter's range), in (0, 1].
+        popsize: Candidates per generation; None uses pycma's default ``4 + floor(3 ln n)``.
+        seed: Seed for pycma's sampler (the run's seed makes the whole run reproducible).
+    """
+
+    name = "cmaes"
+
+    def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0) -> None:
+        self.program = program
+        self.sigma0 = sigma0
+        self.popsize = popsize
+        self.seed = seed
+        self._es = None
+        self._asked: dict[str, np.ndarray] = {}
+        self._parent_id: str | None = None
+        self._order: list[str] = []
+
+    def _start(self, parent: Candidate) -> None:
+        import cma
+
+        x0 = [p.to_unit(parent.params[p.name]) for p in self.program.parameters]
+        opts = {"bounds": [0.0, 1.0], "seed": int(self.seed) % (2**31 - 1) + 1, "verbose": -9}
+        if self.popsize:
+            opts["popsize"] = int(self.popsize)
+        if len(x0) == 1:  # pycma needs dimension >= 2; a dummy coordinate is harmless
+            x0 = x0 + [0.5]
+        self._es = cma.CMAEvolutionStrategy(x0, self.sigma0, opts)
+
+    def _candidate(self, x: np.ndarray, refiner: str) -> Candidate:
+        values = {p.name: p.from_unit(x[i]) for i, p in enumerate(self.program.parameters)}
+        return Candidate.create(self.program.source, values, parent_id=self._parent_id, refiner=refiner)
+
+    def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
+        """Ask pycma for one population (``popsize`` candidates) around the current distribution.
+
+        ``parent`` seeds the distribution's mean on the first call; later calls continue the same
+        search (CMA-ES keeps its own state).
+        """
+        if not self.program.parameters:
+            return []
+        if self._es is None:
+            self._start(parent)
+        self._parent_id = parent.id
+        xs = self._es.ask()
+        self._asked = {}
+        out = []
+        for x in xs:
+            cand = self._candidate(np.asarray(x), self.name)
+            self._asked.setdefault(cand.id, np.asarray(x))
+            out.append(cand)
+        self._order = [c.id for c in out]
+        return out
+
+    def observe(self, evaluations: Sequence[Evaluation]) -> None:
+        """Tell pycma the population's fitness (negative mean return). Other evaluations are ignored."""
+        if self._es is None or not self._asked:
+            return
+        by_id = {e.candidate_id: e for e in evaluations}
+        fits = []
+        for cid in self._order:
+            ev = by_id.get(cid)
+            fits.append(None if ev is None or ev.n_errors or not np.isfinite(ev.mean) else -ev.mean)
+        finite = [f for f in fits if f is not None]
+        worst = (max(finite) + abs(max(finite)) + 1.0) if finite else 0.0
+        xs = [self._asked[cid] for cid in self._order]
+        self._es.tell(xs, [worst if f is None else f for f in fits])
+        self._asked = {}
+
+    def recommend(self) -> Candidate | None:
+        """The CMA-ES distribution mean (pycma's ``xfavorite``), a lower-noise estimate than the best sample."""
+        if self._es is None:
+            return None
+        return self._candidate(np.asarray(self._es.result.xfavorite), self.name + "-mean")
+
+    @property
+    def sigma(self) -> float | None:
+        """Current step size (normalised units), or None before the first generation."""
+        return None if self._es is None else float(self._es.sigma)

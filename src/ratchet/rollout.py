@@ -1,0 +1,172 @@
+"""One episode: seeded, deterministic, no I/O. Also the :class:`Episode` record."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+__all__ = ["Episode", "run_episode", "check_action"]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """The outcome of one seeded episode.
+
+    Attributes:
+        seed: The seed passed to ``env.reset(seed=...)``.
+        episode_return: Undiscounted sum of rewards (partial sum when the episode errored).
+        length: Env steps taken.
+        terminated: The task ended (Gymnasium ``terminated``).
+        truncated: The time limit cut the episode (Gymnasium ``truncated``). Never merged with
+            ``terminated``; both are False for an errored episode.
+        success: Task-defined success, or None when the task defines none.
+        error: Why the episode failed (policy exception, invalid action, timeout, worker crash), or None.
+        diagnostics: Task details: ``final_observation`` (list of float), ``cause``
+            (``"terminated"``, ``"truncated"`` or ``"error"``).
+    """
+
+    seed: int
+    episode_return: float
+    length: int
+    terminated: bool
+    truncated: bool
+    success: bool | None = None
+    error: str | None = None
+    diagnostics: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        d = asdict(self)
+        d["diagnostics"] = dict(self.diagnostics)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Episode:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{k: d[k] for k in ("seed", "episode_return", "length", "terminated", "truncated",
+                                         "success", "error")}, diagnostics=d.get("diagnostics", {}))
+
+    @classmethod
+    def failed(cls, seed: int, error: str, length: int = 0, episode_return: float = 0.0) -> Episode:
+        """An errored episode (used by executors for timeouts and crashes)."""
+        return cls(seed, episode_return, length, False, False, False, error, {"cause": "error"})
+
+
+class InvalidAction(ValueError):
+    """Raised by :func:`check_action` for a non-finite or out-of-space action."""
+
+
+def check_action(action: Any, space: Any, mode: str) -> Any:
+    """Validate (or clip) an action for a Gymnasium ``Discrete`` or ``Box`` space.
+
+    Args:
+        action: What the policy returned.
+        space: The env's action space.
+        mode: ``"error"`` or ``"clip"``.
+
+    Returns:
+        The action converted to the space's type (int for Discrete, ``ndarray`` of the space's dtype
+        and shape for Box).
+
+    Raises:
+        InvalidAction: the action is non-finite, has the wrong shape/type, or (mode ``"error"``) lies
+            outside the space.
+    """
+    if isinstance(space, spaces.Discrete):
+        if isinstance(action, np.ndarray) and action.shape == ():
+            action = action.item()
+        if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
+            if isinstance(action, (float, np.floating)) and not math.isfinite(action):
+                raise InvalidAction(f"action is non-finite ({action!r})")
+            raise InvalidAction(f"expected an int action for Discrete({space.n}), got {type(action).__name__} {action!r}")
+        a = int(action)
+        lo, hi = int(space.start), int(space.start + space.n - 1)
+        if not lo <= a <= hi:
+            if mode == "clip":
+                return min(hi, max(lo, a))
+            raise InvalidAction(f"action {a} outside Discrete range [{lo}, {hi}]")
+        return a
+    if isinstance(space, spaces.Box):
+        try:
+            arr = np.asarray(action, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InvalidAction(f"expected a numeric array of shape {space.shape}, got {type(action).__name__}") from None
+        if arr.shape != space.shape:
+            if arr.size == int(np.prod(space.shape)):
+                arr = arr.reshape(space.shape)
+            else:
+                raise InvalidAction(f"expected action shape {space.shape}, got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise InvalidAction(f"action is non-finite ({arr.tolist()})")
+        if np.any(arr < space.low) or np.any(arr > space.high):
+            if mode != "clip":
+                raise InvalidAction(f"action {np.round(arr, 4).tolist()} outside bounds [{space.low.tolist()}, {space.high.tolist()}]")
+            arr = np.clip(arr, space.low, space.high)
+        return arr.astype(space.dtype)
+    if not space.contains(action):
+        raise InvalidAction(f"action {action!r} not in {space}")
+    return action
+
+
+def _obs_list(obs: Any) -> list[float] | None:
+    try:
+        return [float(x) for x in np.asarray(obs, dtype=np.float64).ravel()[:64]]
+    except (TypeError, ValueError):
+        return None
+
+
+def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], seed: int,
+                task: Any) -> Episode:
+    """Roll one episode of a compiled policy in ``env``.
+
+    Seeds ``env.reset(seed=seed)`` and, for policies that draw random numbers, Python's ``random``
+    and NumPy's global generator, so the same (policy, params, seed) always gives the same episode.
+
+    Args:
+        env: A Gymnasium environment (made by ``task.make_env``).
+        act: The policy's ``act(observation, params)``.
+        reset: The policy's optional ``reset(params, seed)``, or None.
+        params: Parameter values (name -> float).
+        seed: Episode seed.
+        task: The :class:`~ratchet.task.Task` (action mode, success).
+
+    Returns:
+        The :class:`Episode`. Policy exceptions and invalid actions give an errored episode; they
+        are not raised.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    params = dict(params)
+    total, steps = 0.0, 0
+    obs = None
+    try:
+        if reset is not None:
+            reset(params, seed)
+        obs, _ = env.reset(seed=seed)
+        space, mode = env.action_space, task.action_mode
+        while True:
+            try:
+                action = check_action(act(obs, params), space, mode)
+            except InvalidAction as exc:
+                raise InvalidAction(f"step {steps}: {exc}") from None
+            obs, reward, terminated, truncated, _ = env.step(action)
+            steps += 1
+            total += float(reward)
+            if terminated or truncated:
+                break
+    except Exception as exc:  # the policy's failure is the episode's outcome
+        kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
+        return Episode(seed, total, steps, False, False, False, f"{kind}: {exc}"[:500],
+                       {"cause": "error", "final_observation": _obs_list(obs)})
+    if not math.isfinite(total):
+        return Episode(seed, total, steps, False, False, False, "non-finite return",
+                       {"cause": "error", "final_observation": _obs_list(obs)})
+    success = task.is_success(total, bool(terminated), bool(truncated))
+    return Episode(seed, total, steps, bool(terminated), bool(truncated), success, None,
+                   {"cause": "terminated" if terminated else "truncated", "final_observation": _obs_list(obs)})

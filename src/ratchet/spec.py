@@ -1,0 +1,195 @@
+"""Run spec: a TOML file (``ratchet.toml``) validated into typed settings.
+
+Example::
+
+    name = "cartpole"
+    seed = 0
+
+    [task]
+    env_id = "CartPole-v1"
+
+    [policy]
+    path = "policy.py"
+
+    [budget]
+    env_steps = 50_000
+    target = 500
+
+Unknown keys are rejected; every error names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ratchet.errors import SpecError, TaskError
+
+__all__ = ["RunSpec", "load_spec", "spec_from_dict"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSpec(_Section):
+    """``[task]``: which environment and what counts as success."""
+
+    env_id: str = Field(description="Registered Gymnasium id, e.g. \"LunarLander-v3\".")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
+    success_threshold: float | None = Field(None, description="Return at or above which an episode succeeds; "
+                                            "default: the env's reward_threshold.")
+    action: Literal["error", "clip"] = Field("error", description="Invalid actions: make the episode an error, or clip.")
+    max_episode_steps: int | None = Field(None, gt=0, description="Override the env's time limit (env steps).")
+
+    @field_validator("env_id")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from ratchet.task import gym_spec
+
+        try:
+            gym_spec(v)
+        except TaskError as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+
+class PolicySpec(_Section):
+    """``[policy]``: the policy file, relative to the spec file."""
+
+    path: str = "policy.py"
+
+
+class RefinerSpec(_Section):
+    """``[refiner]``: CMA-ES settings."""
+
+    kind: Literal["cmaes"] = "cmaes"
+    sigma0: float = Field(0.2, gt=0, le=1, description="Initial step size, as a fraction of each parameter's range.")
+    popsize: int | None = Field(None, ge=2, description="Candidates per generation; default pycma's 4 + 3 ln n.")
+    train_episodes: int = Field(5, ge=1, description="Fresh training seeds per generation (episodes per candidate).")
+
+
+class GateSpec(_Section):
+    """``[gate]``: the promotion test on the fixed validation seeds."""
+
+    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided paired test.")
+    test: Literal["t", "wilcoxon"] = "t"
+    validation_episodes: int = Field(50, ge=2, description="Number of fixed validation seeds.")
+    min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).")
+    max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.")
+
+
+class BudgetSpec(_Section):
+    """``[budget]``: the run stops at whichever limit comes first."""
+
+    env_steps: int | None = Field(None, gt=0, description="Env steps for training and validation episodes.")
+    episodes: int | None = Field(None, gt=0, description="Training and validation episodes.")
+    wall_clock_s: float | None = Field(None, gt=0, description="Seconds of wall clock.")
+    target: float | None = Field(None, description="Stop once the incumbent's validation mean reaches this.")
+    patience: int | None = Field(None, gt=0, description="Stop after this many generations without a promotion.")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> BudgetSpec:
+        if self.env_steps is None and self.episodes is None and self.wall_clock_s is None:
+            object.__setattr__(self, "env_steps", 100_000)
+        return self
+
+
+class TestSpec(_Section):
+    """``[test]``: the final, report-only evaluation."""
+
+    episodes: int = Field(100, ge=1, description="Number of test seeds (never used for selection).")
+
+
+class ExecutionSpec(_Section):
+    """``[execution]``: where episodes run."""
+
+    backend: Literal["process"] = "process"
+    workers: int = Field(0, ge=0, description="Worker processes; 0 means one per CPU core.")
+    episode_timeout_s: float = Field(60.0, gt=0, description="Per-episode wall-clock limit (seconds).")
+
+
+class RunSpec(_Section):
+    """A whole run spec. ``base_dir`` (the spec file's folder) resolves relative paths."""
+
+    name: str = "run"
+    seed: int = Field(0, ge=0, description="Run seed: fixes seed splits and the refiner's sampling.")
+    task: TaskSpec
+    policy: PolicySpec = PolicySpec()
+    refiner: RefinerSpec = RefinerSpec()
+    gate: GateSpec = GateSpec()
+    budget: BudgetSpec = BudgetSpec()
+    test: TestSpec = TestSpec()
+    execution: ExecutionSpec = ExecutionSpec()
+    base_dir: str = Field(".", exclude=True)
+
+    @property
+    def policy_path(self) -> Path:
+        """Absolute path of the policy file."""
+        return (Path(self.base_dir) / self.policy.path).resolve()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (stored in the ledger)."""
+        return self.model_dump(mode="json")
+
+
+def _format_error(err: dict[str, Any], where: str) -> str:
+    loc = [str(x) for x in err["loc"]]
+    section, key = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("", loc[0] if loc else "")
+    name = f"[{section}] {key}" if section and key else (section or key)
+    if err["type"] == "extra_forbidden":
+        parent = RunSpec.model_fields.get(section) if section and key else None
+        model = parent.annotation if parent is not None else RunSpec
+        allowed = [k for k in getattr(model, "model_fields", {}) if k != "base_dir"]
+        return f"{where}: unknown key {name}; allowed keys here: {', '.join(allowed)}"
+    if err["type"] == "missing":
+        if loc == ["task"]:
+            return f"{where}: missing [task] section; add [task] with env_id = \"CartPole-v1\" (or another Gymnasium id)"
+        if loc[-1] == "env_id":
+            return f"{where}: missing [task] env_id; set it to a Gymnasium id such as \"CartPole-v1\""
+        return f"{where}: missing required key {name}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{where}: {name}: {msg}{got_txt}"
+
+
+def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str = "spec") -> RunSpec:
+    """Validate a spec given as a dict.
+
+    Raises:
+        SpecError: the first problem, in one line naming the key and the fix.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a table of settings")
+    try:
+        return RunSpec(**{**data, "base_dir": str(base_dir)})
+    except ValidationError as exc:
+        raise SpecError(_format_error(exc.errors()[0], where)) from None
+    except TypeError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+
+
+def load_spec(path: str | Path) -> RunSpec:
+    """Read and validate a spec file, or a directory containing ``ratchet.toml``.
+
+    Raises:
+        SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
+            unknown env id, or a missing policy file.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "ratchet.toml"
+    if not p.is_file():
+        raise SpecError(f"spec not found: {p} (give a ratchet.toml file or a folder that holds one)")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{p}: invalid TOML: {exc}") from None
+    spec = spec_from_dict(data, p.parent.resolve(), str(p))
+    if not spec.policy_path.is_file():
+        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")
+    return spec

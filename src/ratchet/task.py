@@ -1,0 +1,113 @@
+"""Tasks: what an episode is, and what counts as success. First implementation: :class:`GymTask`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ratchet.errors import TaskError
+
+__all__ = ["Task", "GymTask"]
+
+
+@runtime_checkable
+class Task(Protocol):
+    """Makes environments and judges episodes. Must be picklable: workers receive it."""
+
+    env_id: str
+    #: ``"error"``: an invalid action ends the episode as an error; ``"clip"``: clip it into the space.
+    action_mode: str
+
+    def make_env(self, render_mode: str | None = None) -> Any:
+        """Return a fresh Gymnasium-style environment."""
+
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
+        """Whether an episode succeeded; ``None`` when the task defines no success."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (stored in the ledger)."""
+
+
+@dataclass(frozen=True)
+class GymTask:
+    """Any registered Gymnasium environment.
+
+    Args:
+        env_id: A registered id such as ``"LunarLander-v3"``.
+        env_kwargs: Keyword arguments for ``gymnasium.make``.
+        success_threshold: An episode succeeds when its return is ``>=`` this. ``None`` uses the env's
+            registered ``reward_threshold`` (and no success at all when the env has none).
+        action_mode: ``"error"`` (default) or ``"clip"``; see :class:`Task`.
+        max_episode_steps: Override the registered time limit (env steps); ``None`` keeps it.
+
+    Raises:
+        TaskError: the id is not registered (the message lists close matches), or the environment
+            cannot be made with these keyword arguments.
+    """
+
+    env_id: str
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    success_threshold: float | None = None
+    action_mode: str = "error"
+    max_episode_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.action_mode not in ("error", "clip"):
+            raise TaskError(f"action_mode must be \"error\" or \"clip\", got {self.action_mode!r}")
+        spec = gym_spec(self.env_id)
+        if self.success_threshold is None and spec.reward_threshold is not None:
+            object.__setattr__(self, "success_threshold", float(spec.reward_threshold))
+        object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
+
+    def make_env(self, render_mode: str | None = None) -> Any:
+        """Make the environment (``gymnasium.make``) with this task's keyword arguments."""
+        import gymnasium as gym
+
+        kwargs = dict(self.env_kwargs)
+        if render_mode is not None:
+            kwargs["render_mode"] = render_mode
+        if self.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = self.max_episode_steps
+        try:
+            return gym.make(self.env_id, **kwargs)
+        except Exception as exc:  # gymnasium raises many types here
+            raise TaskError(f"cannot make {self.env_id} with {kwargs}: {exc}") from exc
+
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
+        """``episode_return >= success_threshold``; ``None`` when there is no threshold."""
+        if self.success_threshold is None:
+            return None
+        return bool(episode_return >= self.success_threshold)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description."""
+        return {"kind": "gym", "env_id": self.env_id, "env_kwargs": dict(self.env_kwargs),
+                "success_threshold": self.success_threshold, "action_mode": self.action_mode,
+                "max_episode_steps": self.max_episode_steps}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GymTask:
+        """Inverse of :meth:`to_dict`."""
+        return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),
+                   d.get("action_mode", "error"), d.get("max_episode_steps"))
+
+
+def gym_spec(env_id: str) -> Any:
+    """Look up a Gymnasium registration, with a helpful error.
+
+    Raises:
+        TaskError: the id is not registered.
+    """
+    import difflib
+
+    import gymnasium as gym
+
+    if not isinstance(env_id, str) or not env_id:
+        raise TaskError("env id is empty; set [task] env_id, e.g. \"CartPole-v1\"")
+    try:
+        return gym.spec(env_id)
+    except Exception:
+        close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; run `python -c \"import gymnasium; print(list(gymnasium.registry))\"` to list ids"
+        raise TaskError(f"unknown Gymnasium env id {env_id!r}{hint}") from None
