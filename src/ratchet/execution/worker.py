@@ -16,6 +16,8 @@ def worker_main(conn: Any) -> None:
     Messages in: ``("job", job_id, task_dict, source_key, source_or_None, params, seed, render_path)``.
     Messages out: ``(job_id, episode_dict)``.
     """
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # headless rendering for --video
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     if not os.environ.get("RATCHET_WORKER_OUTPUT"):
         devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
         sys.stdout = devnull

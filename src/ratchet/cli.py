@@ -1,0 +1,381 @@
+"""Command-line interface: a thin Typer layer over the library.
+
+Errors print one line (what is wrong and how to fix it) and exit 1; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ratchet.errors import RatchetError, ReplayMismatchError, RunNotFoundError
+
+app = typer.Typer(help="ratchet: make an existing decision policy better, provably "
+                       "(plan → execute → critique → refine → gate).",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+out = Console()
+err = Console(stderr=True)
+_state = {"debug": False}
+
+RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", help="Folder holding run directories.")
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
+    _state["debug"] = debug
+
+
+def _fail(exc: BaseException) -> None:
+    if _state["debug"]:
+        raise exc
+    err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _load_state(run: str, runs_dir: str):
+    from ratchet.ledger.projection import project
+    from ratchet.loop import open_ledger
+
+    ledger = open_ledger(run, runs_dir)
+    try:
+        events = ledger.read()
+    finally:
+        ledger.close()
+    if not events:
+        raise RunNotFoundError(f"run {run!r} has an empty ledger")
+    return project(events), ledger.path.parent
+
+
+class _Progress:
+    """Live progress: a Rich bar on a terminal, one line per generation otherwise."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.live = err.is_terminal
+        self.bar = None
+        if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                TimeElapsedColumn(), console=err, transient=False)
+            self.task = self.bar.add_task("starting", total=1.0)
+            self.bar.start()
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        usage, budget = info["usage"], info["budget"]
+        fracs = []
+        if budget.env_steps:
+            fracs.append(usage.env_steps / budget.env_steps)
+        if budget.episodes:
+            fracs.append(usage.episodes / budget.episodes)
+        if budget.wall_clock_s:
+            fracs.append(usage.wall_clock_s / budget.wall_clock_s)
+        frac = min(1.0, max(fracs)) if fracs else 0.0
+        elapsed = time.monotonic() - self.t0
+        left = f"{elapsed * (1 - frac) / frac:.0f} s left" if frac > 0.01 else "…"
+        best = info.get("best_train_mean")
+        steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
+        desc = (f"gen {info['generation']:>3} | best train {best if best is None else f'{best:9.2f}'} | "
+                f"incumbent val {info['incumbent_validation_mean']:9.2f} | env steps {steps} | {left}")
+        if info.get("promoted"):
+            desc += " | promoted"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=frac, description=desc)
+        else:
+            err.print(desc, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _print_result(run_dir: Path, state) -> None:
+    t = Table(title=f"run {state.run_id}: {state.stop_reason}")
+    t.add_column("policy")
+    t.add_column("test mean", justify="right")
+    t.add_column("std", justify="right")
+    t.add_column("success", justify="right")
+    t.add_column("episodes", justify="right")
+    for label, s in (("start", state.baseline_test), ("refined", state.test)):
+        if s:
+            sr = "–" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f} %"
+            t.add_row(label, f"{s['mean']:.2f}", f"{s['std']:.2f}", sr, str(s["n"]))
+    out.print(t)
+    out.print(f"env steps {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s · "
+              f"promotions {len(state.promotions)}")
+    out.print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder that holds one."),
+        runs_dir: str = RUNS_DIR_OPT,
+        run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
+        report: bool = typer.Option(True, "--report/--no-report", help="Write report.html in the run directory.")) -> None:
+    """Refine the spec's policy until its budget or a stop rule ends the run."""
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    progress = None
+    try:
+        s = load_spec(spec)
+        progress = _Progress()
+        result = start_run(s, runs_dir, run_id, progress=progress)
+        progress.stop()
+        _finish(result.run_dir, report)
+    except KeyboardInterrupt:
+        if progress:
+            progress.stop()
+        err.print("interrupted; continue with `ratchet resume RUN`")
+        raise typer.Exit(130)
+    except RatchetError as exc:
+        if progress:
+            progress.stop()
+        _fail(exc)
+
+
+def _finish(run_dir: Path, report: bool) -> None:
+    state, _ = _load_state(str(run_dir), ".")
+    if report:
+        from ratchet.report.html import write_report
+
+        write_report(state, run_dir / "report.html")
+    _print_result(run_dir, state)
+
+
+@app.command()
+def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
+           report: bool = typer.Option(True, "--report/--no-report", help="Write report.html when done.")) -> None:
+    """Continue an interrupted run (even after kill -9) without redoing recorded evaluations."""
+    from ratchet.loop import resume_run
+
+    progress = None
+    try:
+        progress = _Progress()
+        result = resume_run(run, runs_dir, progress=progress)
+        progress.stop()
+        _finish(result.run_dir, report)
+    except KeyboardInterrupt:
+        if progress:
+            progress.stop()
+        err.print("interrupted; continue with `ratchet resume RUN`")
+        raise typer.Exit(130)
+    except RatchetError as exc:
+        if progress:
+            progress.stop()
+        _fail(exc)
+
+
+@app.command("runs")
+def list_runs(runs_dir: str = RUNS_DIR_OPT) -> None:
+    """List the runs in --runs-dir."""
+    from ratchet.loop import LEDGER_FILE
+
+    root = Path(runs_dir)
+    dirs = sorted(p for p in root.iterdir() if (p / LEDGER_FILE).is_file()) if root.is_dir() else []
+    if not dirs:
+        out.print(f"no runs in {root}")
+        return
+    t = Table()
+    for col in ("run", "status", "env", "gens", "env steps", "incumbent val", "test mean", "test success"):
+        t.add_column(col, justify="right" if col not in ("run", "status", "env") else "left")
+    for d in dirs:
+        try:
+            st, _ = _load_state(str(d), ".")
+        except RatchetError as exc:
+            t.add_row(d.name, f"unreadable: {exc}", "", "", "", "", "", "")
+            continue
+        test = st.test or {}
+        sr = test.get("success_rate")
+        t.add_row(st.run_id, st.status, str(st.spec.get("task", {}).get("env_id")), str(st.generations),
+                  f"{st.env_steps:,}", _num(st.incumbent_validation_mean), _num(test.get("mean")),
+                  "–" if sr is None else f"{100 * sr:.1f} %")
+    out.print(t)
+
+
+def _num(x: Any) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+@app.command()
+def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
+         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Show a run's status, budget used, incumbent and test results."""
+    try:
+        st, run_dir = _load_state(run, runs_dir)
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    data = st.to_json()
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    t = Table(show_header=False, title=f"run {st.run_id}")
+    t.add_column("key")
+    t.add_column("value")
+    for k in ("status", "env_id", "stop_reason", "generations", "env_steps", "validation_env_steps", "episodes",
+              "wall_clock_s", "promotions", "error"):
+        if data.get(k) is not None:
+            t.add_row(k, str(data[k]))
+    t.add_row("incumbent", f"{data['incumbent']['candidate_id']} (validation mean {_num(data['incumbent']['validation_mean'])})")
+    for k in ("baseline_test", "test"):
+        s = data[k]
+        if s:
+            sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
+            t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+    t.add_row("directory", str(run_dir))
+    out.print(t)
+
+
+@app.command()
+def report(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html).")) -> None:
+    """Write a self-contained HTML report (opens offline)."""
+    from ratchet.report.html import write_report
+
+    try:
+        st, run_dir = _load_state(run, runs_dir)
+        path = write_report(st, output or run_dir / "report.html")
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    out.print(f"report: {path}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETERS + act)."),
+             env: str = typer.Option(..., "--env", help="Gymnasium env id, e.g. LunarLander-v3."),
+             episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes."),
+             seed: int = typer.Option(0, "--seed", min=0, help="First seed; episodes use seed, seed+1, …"),
+             workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core)."),
+             timeout: float = typer.Option(60.0, "--timeout", min=0.001, help="Per-episode timeout (seconds).")) -> None:
+    """Evaluate a policy file with its default parameters and print a table."""
+    from ratchet.critic import Evaluation
+    from ratchet.execution import Job, make_executor
+    from ratchet.policy import load_policy
+    from ratchet.task import GymTask
+
+    try:
+        program = load_policy(policy)
+        task = GymTask(env)
+        cand = program.candidate()
+        ex = make_executor(workers, timeout)
+        try:
+            eps = ex.run(task, [Job(cand, s) for s in range(seed, seed + episodes)])
+        finally:
+            ex.close()
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    ev = Evaluation(cand.id, "evaluate", tuple(eps))
+    t = Table(title=f"{policy} on {env}")
+    for col in ("seed", "return", "length", "terminated", "truncated", "success", "error"):
+        t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
+    for e in eps[:50]:
+        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), str(e.terminated), str(e.truncated),
+                  str(e.success), e.error or "")
+    if len(eps) > 50:
+        t.add_row("…", "", "", "", "", "", f"{len(eps) - 50} more")
+    out.print(t)
+    s = ev.summary()
+    sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
+    out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} over {s['n']} episodes{sr} · errors {s['n_errors']} · "
+              f"{s['env_steps']:,} env steps")
+
+
+@app.command()
+def replay(run: str = typer.Argument(..., help="Run id or run directory."),
+           seed: int = typer.Option(..., "--seed", help="Seed of a recorded episode."),
+           candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
+           video: Optional[Path] = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
+           runs_dir: str = RUNS_DIR_OPT) -> None:
+    """Re-run one recorded episode and check its return against the ledger, bit for bit."""
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.task import GymTask
+
+    try:
+        st, _ = _load_state(run, runs_dir)
+        cid = candidate or st.incumbent_id
+        try:
+            cand = st.candidate(cid)
+        except KeyError:
+            raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}; `ratchet show {st.run_id} --json` "
+                                   "gives the incumbent id") from None
+        recorded = None
+        seen: list[int] = []
+        for ev in st.evaluations:
+            if ev["candidate_id"] == cand.id:
+                for e in ev["episodes"]:
+                    seen.append(e["seed"])
+                    if e["seed"] == seed:
+                        recorded = e
+        if recorded is None:
+            hint = ", ".join(map(str, seen[:5])) or "none"
+            raise RunNotFoundError(f"candidate {cand.id} has no recorded episode with seed {seed}; recorded seeds "
+                                   f"include {hint}")
+        t = st.spec["task"]
+        task = GymTask(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
+                       t.get("max_episode_steps"))
+        if video is not None and video.suffix.lower() not in (".gif", ".mp4"):
+            raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
+        ex = ProcessExecutor(workers=1, episode_timeout_s=max(60.0, float(st.spec["execution"]["episode_timeout_s"])))
+        try:
+            ep = ex.run(task, [Job(cand, seed)], render_paths=[str(video.resolve()) if video else None])[0]
+        finally:
+            ex.close()
+        out.print(f"candidate {cand.id} seed {seed}: return {ep.episode_return!r} ({ep.length} env steps, "
+                  f"terminated={ep.terminated}, truncated={ep.truncated}); ledger {recorded['episode_return']!r}")
+        if ep.error:
+            raise ReplayMismatchError(f"replay failed: {ep.error}")
+        if ep.episode_return != recorded["episode_return"] or ep.length != recorded["length"]:
+            raise ReplayMismatchError(f"replay differs from the ledger: return {ep.episode_return!r} vs "
+                                      f"{recorded['episode_return']!r}; check package versions against `ratchet show`")
+        out.print("[green]match[/green]: identical return and length")
+        if video is not None:
+            out.print(f"video: {video}", highlight=False, soft_wrap=True)
+    except RatchetError as exc:
+        _fail(exc)
+
+
+@app.command()
+def export(run: str = typer.Argument(..., help="Run id or run directory."),
+           output: Path = typer.Option(..., "-o", "--output", help="Policy file to write."),
+           candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
+           runs_dir: str = RUNS_DIR_OPT,
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing file.")) -> None:
+    """Write a standalone policy file whose defaults are the refined values."""
+    from ratchet.policy import export_source
+
+    try:
+        st, _ = _load_state(run, runs_dir)
+        cid = candidate or st.incumbent_id
+        try:
+            cand = st.candidate(cid)
+        except KeyError:
+            raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}") from None
+        if output.exists() and not force:
+            raise RatchetError(f"{output} exists; pass --force to overwrite it")
+        header = (f"Exported by ratchet from run {st.run_id}, candidate {cand.id}"
+                  f" (validation mean {_num(st.incumbent_validation_mean)}).")
+        output.write_text(export_source(cand.source, cand.params, header=header), encoding="utf-8")
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    out.print(f"wrote {output}", highlight=False, soft_wrap=True)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reports: a self-contained HTML page per run, plots, and episode videos."""

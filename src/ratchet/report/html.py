@@ -1,0 +1,137 @@
+"""One self-contained HTML report per run (plots embedded as base64 PNG; opens offline)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+from ratchet.ledger.projection import RunState
+
+__all__ = ["render_report", "write_report"]
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def _fmt(x, digits: int = 2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return html.escape(str(x))
+
+
+def render_report(state: RunState) -> str:
+    """The report page for a run, as an HTML string.
+
+    Sections: summary (baseline vs final on the test split), incumbent validation score vs env steps,
+    test-return distributions before vs after, success rate before vs after, parameter changes,
+    lineage of promotions.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    esc = html.escape
+    parts: list[str] = []
+    env_id = state.spec.get("task", {}).get("env_id", "?")
+    parts.append(f"<h1>ratchet run {esc(state.run_id)}</h1>")
+    parts.append(f"<p>{esc(env_id)} · status <b>{esc(state.status)}</b> · stop: {esc(str(state.stop_reason))} · "
+                 f"{state.generations} generations · {state.env_steps:,} env steps ({state.validation_env_steps:,} on "
+                 f"validation) · {state.episodes:,} episodes · {state.wall_clock_s:.1f} s</p>")
+
+    # summary table
+    rows = []
+    for label, s in (("starting policy", state.baseline_test), ("final incumbent", state.test)):
+        if s:
+            sr = "–" if s.get("success_rate") is None else f"{100 * s['success_rate']:.1f} %"
+            rows.append(f"<tr><td>{label}</td><td>{s['mean']:.2f}</td><td>{s['std']:.2f}</td><td>{s['n']}</td><td>{sr}</td></tr>")
+    if rows:
+        parts.append("<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean return</th>"
+                     "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(rows) + "</table>")
+
+    # incumbent score vs env steps
+    if state.generation_log:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        xs = [g["env_steps"] for g in state.generation_log]
+        ax.step(xs, [g["incumbent_validation_mean"] for g in state.generation_log], where="post",
+                label="incumbent (validation mean)", color="C0", lw=2)
+        ax.plot(xs, [g["best_train_mean"] for g in state.generation_log], ".", color="C1", alpha=0.6,
+                label="best candidate (training seeds)")
+        for p in state.promotions:
+            ax.axvline(p["env_steps"], color="C2", alpha=0.3, lw=1)
+        ax.set_xlabel("env steps (training + validation)")
+        ax.set_ylabel("mean return")
+        ax.legend(loc="lower right")
+        ax.grid(alpha=0.3)
+        parts.append("<h2>Incumbent score vs env steps</h2>" + _png(fig))
+
+    # test distributions and success
+    before = state.evaluation(state.baseline_id, "test") if state.baseline_id else None
+    after = state.evaluation(state.incumbent_id, "test") if state.incumbent_id else None
+    if before is not None and after is not None:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [3, 1]})
+        lo = min(before.returns.min(), after.returns.min())
+        hi = max(before.returns.max(), after.returns.max())
+        bins = 30 if hi > lo else 1
+        axes[0].hist(before.returns, bins=bins, range=(lo, hi + 1e-9), alpha=0.55, label=f"before (mean {before.mean:.1f})")
+        axes[0].hist(after.returns, bins=bins, range=(lo, hi + 1e-9), alpha=0.55, label=f"after (mean {after.mean:.1f})")
+        axes[0].set_xlabel("episode return (test seeds)")
+        axes[0].set_ylabel("episodes")
+        axes[0].legend()
+        sb, sa = before.success_rate, after.success_rate
+        if sb is not None and sa is not None:
+            axes[1].bar(["before", "after"], [100 * sb, 100 * sa], color=["C0", "C1"])
+            axes[1].set_ylim(0, 100)
+            axes[1].set_ylabel("success rate (%)")
+        else:
+            axes[1].set_axis_off()
+        parts.append("<h2>Test returns and success rate, before vs after</h2>" + _png(fig))
+
+    # parameter changes
+    if state.baseline_id and state.incumbent_id:
+        b = state.candidates[state.baseline_id]["params"]
+        a = state.candidates[state.incumbent_id]["params"]
+        rows = "".join(f"<tr><td>{esc(k)}</td><td>{b[k]:.6g}</td><td>{a.get(k, float('nan')):.6g}</td>"
+                       f"<td>{a.get(k, 0) - b[k]:+.4g}</td></tr>" for k in b)
+        parts.append("<h2>Parameter changes</h2><table><tr><th>parameter</th><th>start</th><th>final</th>"
+                     f"<th>change</th></tr>{rows}</table>")
+
+    # lineage
+    rows = "".join(f"<tr><td>{p['generation']}</td><td>{p['env_steps']:,}</td><td><code>{esc(p['from'])}</code></td>"
+                   f"<td><code>{esc(p['to'])}</code></td><td>{_fmt(p['previous_validation_mean'])} → "
+                   f"{_fmt(p['validation_mean'])}</td></tr>" for p in state.promotions)
+    gates = {(g["generation"], g["candidate_id"]): g for g in state.gates}
+    parts.append(f"<h2>Lineage of promotions ({len(state.promotions)} of {len(gates)} gate decisions)</h2>"
+                 "<table><tr><th>generation</th><th>env steps</th><th>from</th><th>to</th><th>validation mean</th></tr>"
+                 f"{rows}</table>")
+    if gates:
+        rows = "".join(f"<tr><td>{g['generation']}</td><td><code>{esc(g['candidate_id'])}</code></td>"
+                       f"<td>{_fmt(g['mean_diff'])}</td><td>{g['p_value']:.3g}</td><td>{'yes' if g['promoted'] else 'no'}</td>"
+                       f"<td>{esc(g['reason'])}</td></tr>" for g in gates.values())
+        parts.append("<details><summary>All gate decisions</summary><table><tr><th>generation</th><th>candidate</th>"
+                     f"<th>mean gain</th><th>p</th><th>promoted</th><th>reason</th></tr>{rows}</table></details>")
+    versions = ", ".join(f"{esc(k)} {esc(v)}" for k, v in state.versions.items())
+    parts.append(f"<p class=small>Versions: {versions}</p>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}"
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+             "th{background:#f4f4f4}img{max-width:100%}.small{font-size:80%;color:#666}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>ratchet {esc(state.run_id)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def write_report(state: RunState, path: str | Path) -> Path:
+    """Write :func:`render_report` to ``path`` and return it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_report(state), encoding="utf-8")
+    return out
