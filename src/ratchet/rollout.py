@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["Episode", "run_episode", "check_action"]
+__all__ = ["Episode", "run_episode", "check_action", "action_checker"]
 
 
 @dataclass(frozen=True)
@@ -78,40 +78,63 @@ def check_action(action: Any, space: Any, mode: str) -> Any:
         InvalidAction: the action is non-finite, has the wrong shape/type, or (mode ``"error"``) lies
             outside the space.
     """
+    return action_checker(space, mode)(action)
+
+
+def action_checker(space: Any, mode: str) -> Any:
+    """Build the validating function :func:`check_action` applies, once per episode (it runs every step)."""
     if isinstance(space, spaces.Discrete):
-        if isinstance(action, np.ndarray) and action.shape == ():
-            action = action.item()
-        if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
-            if isinstance(action, (float, np.floating)) and not math.isfinite(action):
-                raise InvalidAction(f"action is non-finite ({action!r})")
-            raise InvalidAction(f"expected an int action for Discrete({space.n}), got {type(action).__name__} {action!r}")
-        a = int(action)
         lo, hi = int(space.start), int(space.start + space.n - 1)
-        if not lo <= a <= hi:
-            if mode == "clip":
-                return min(hi, max(lo, a))
-            raise InvalidAction(f"action {a} outside Discrete range [{lo}, {hi}]")
-        return a
-    if isinstance(space, spaces.Box):
-        try:
-            arr = np.asarray(action, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InvalidAction(f"expected a numeric array of shape {space.shape}, got {type(action).__name__}") from None
-        if arr.shape != space.shape:
-            if arr.size == int(np.prod(space.shape)):
-                arr = arr.reshape(space.shape)
+
+        def check_discrete(action: Any) -> int:
+            if type(action) is int:  # fast path
+                a = action
             else:
-                raise InvalidAction(f"expected action shape {space.shape}, got {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise InvalidAction(f"action is non-finite ({arr.tolist()})")
-        if np.any(arr < space.low) or np.any(arr > space.high):
-            if mode != "clip":
-                raise InvalidAction(f"action {np.round(arr, 4).tolist()} outside bounds [{space.low.tolist()}, {space.high.tolist()}]")
-            arr = np.clip(arr, space.low, space.high)
-        return arr.astype(space.dtype)
-    if not space.contains(action):
-        raise InvalidAction(f"action {action!r} not in {space}")
-    return action
+                if isinstance(action, np.ndarray) and action.shape == ():
+                    action = action.item()
+                if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
+                    if isinstance(action, (float, np.floating)) and not math.isfinite(action):
+                        raise InvalidAction(f"action is non-finite ({action!r})")
+                    raise InvalidAction(f"expected an int action for Discrete({hi - lo + 1}), "
+                                        f"got {type(action).__name__} {action!r}")
+                a = int(action)
+            if not lo <= a <= hi:
+                if mode == "clip":
+                    return min(hi, max(lo, a))
+                raise InvalidAction(f"action {a} outside Discrete range [{lo}, {hi}]")
+            return a
+
+        return check_discrete
+    if isinstance(space, spaces.Box):
+        shape, low, high, dtype = space.shape, space.low, space.high, space.dtype
+        size = int(np.prod(shape))
+
+        def check_box(action: Any) -> np.ndarray:
+            try:
+                arr = np.asarray(action, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise InvalidAction(f"expected a numeric array of shape {shape}, got {type(action).__name__}") from None
+            if arr.shape != shape:
+                if arr.size != size:
+                    raise InvalidAction(f"expected action shape {shape}, got {arr.shape}")
+                arr = arr.reshape(shape)
+            if not np.isfinite(arr).all():
+                raise InvalidAction(f"action is non-finite ({arr.tolist()})")
+            if (arr < low).any() or (arr > high).any():
+                if mode != "clip":
+                    raise InvalidAction(f"action {np.round(arr, 4).tolist()} outside bounds "
+                                        f"[{low.tolist()}, {high.tolist()}]")
+                arr = np.clip(arr, low, high)
+            return arr.astype(dtype)
+
+        return check_box
+
+    def check_other(action: Any) -> Any:
+        if not space.contains(action):
+            raise InvalidAction(f"action {action!r} not in {space}")
+        return action
+
+    return check_other
 
 
 def _obs_list(obs: Any) -> list[float] | None:
@@ -149,10 +172,10 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
         if reset is not None:
             reset(params, seed)
         obs, _ = env.reset(seed=seed)
-        space, mode = env.action_space, task.action_mode
+        check = action_checker(env.action_space, task.action_mode)
         while True:
             try:
-                action = check_action(act(obs, params), space, mode)
+                action = check(act(obs, params))
             except InvalidAction as exc:
                 raise InvalidAction(f"step {steps}: {exc}") from None
             obs, reward, terminated, truncated, _ = env.step(action)

@@ -1,0 +1,43 @@
+"""Shared helpers for benchmark scripts: machine description and RESULTS.md sections."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def machine() -> str:
+    """One line describing this machine (CPU model, cores, memory, Python, OS)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except (OSError, AttributeError):
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores{mem}, Python {platform.python_version()}, {platform.system()} "
+            f"{platform.release()}; measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace (or append) the section ``## name`` of RESULTS.md with ``body``."""
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nMeasured numbers; rerun the command in each section to reproduce.\n"
+    section = f"## {name}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip() + "\n\n" + section
+    RESULTS.write_text(text.rstrip() + "\n")
