@@ -194,8 +194,9 @@ class _Run:
             # gate
             decision = None
             val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
-            if (best is not None and train[best.id].mean > inc_train.mean
-                    and self.planner.should_gate(self.usage, n_val, val_len)):
+            if (best is not None and self.planner.worth_gating(train[best.id].mean, inc_train.mean, inc_val.mean)
+                    and self.planner.should_gate(self.usage, n_val, val_len,
+                                                 1.25 * n_candidates * spec.refiner.train_episodes * est_len)):
                 cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
                 decision = self.gate.decide(cand_val, inc_val)
                 self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",

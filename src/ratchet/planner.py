@@ -133,9 +133,28 @@ class IncumbentPlanner:
         n_eps = n_candidates * self.train_episodes
         return self.budget.can_afford(usage, 1.25 * n_eps * est_episode_steps, n_eps)
 
-    def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float) -> bool:
-        """Whether validating one candidate now respects ``max_share`` and the budget."""
+    @staticmethod
+    def worth_gating(candidate_train_mean: float, incumbent_train_mean: float, incumbent_validation_mean: float) -> bool:
+        """Screen before spending validation episodes on a candidate.
+
+        The candidate must do at least as well as the incumbent on this generation's training seeds
+        (ties count: both may sit at the return ceiling) and better than the incumbent's validation
+        mean, the lower-noise estimate of the incumbent's expected return.
+        """
+        return candidate_train_mean >= incumbent_train_mean and candidate_train_mean > incumbent_validation_mean
+
+    def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float,
+                    next_generation_steps: float = 0.0) -> bool:
+        """Whether to validate one candidate now.
+
+        Yes when the budget affords it and either validation stays within ``max_share`` of all env
+        steps, or this is the last chance: after it the budget could not pay for another generation.
+        """
         cost = n_validation * est_episode_steps
         if not self.budget.can_afford(usage, cost, n_validation):
             return False
-        return usage.validation_env_steps + cost <= self.max_share * (usage.env_steps + cost)
+        if usage.validation_env_steps + cost <= self.max_share * (usage.env_steps + cost):
+            return True
+        after = Usage(usage.env_steps + int(cost), usage.episodes + n_validation, usage.validation_env_steps,
+                      usage.wall_clock_s)
+        return not self.budget.can_afford(after, next_generation_steps, 0)

@@ -1,0 +1,69 @@
+"""Run every example with its default settings and tabulate the results against its target.
+
+Usage: python benchmarks/examples.py [--only NAME ...] [--runs-dir DIR] [--seed S]
+Writes the table to benchmarks/RESULTS.md (section "Examples").
+References: RL Baselines3 Zoo benchmark.md (single run per cell, mean ± std of episode return @ env steps),
+as copied in the project's shared/reference/published-numbers.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from _common import machine, write_section
+from ratchet.loop import start_run
+from ratchet.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (target description, check(test_summary, env_steps) -> bool, env-step budget, published reference)
+EXAMPLES = {
+    "cartpole": ("mean 500.0 on 100 seeds", lambda s: s["n"] == 100 and s["mean"] >= 500.0, 50_000,
+                 "PPO 500 ± 0 @100k; DQN 500 ± 0 @50k (Zoo)"),
+    "lunar_lander": ("mean ≥ 270 and ≥ 97 % ≥ 200, on 200 seeds",
+                     lambda s: s["n"] == 200 and s["mean"] >= 270 and s["success_rate"] >= 0.97, 1_000_000,
+                     "PPO 242.1 ± 31.8 @1M (Zoo); heuristic ≈ 232"),
+    "pendulum": ("mean ≥ −155 on 100 seeds", lambda s: s["n"] == 100 and s["mean"] >= -155, 300_000,
+                 "SAC −157.0 ± 88.7 @20k; PPO −172.2 ± 104.2 @100k (Zoo)"),
+    "mountain_car_continuous": ("mean ≥ 93 on 100 seeds", lambda s: s["n"] == 100 and s["mean"] >= 93, 100_000,
+                                "SAC 94.7 ± 1.1 @50k; ARS 96.7 ± 0.8 @500k (Zoo)"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=sorted(EXAMPLES), help="Run only these examples.")
+    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
+    ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
+    args = ap.parse_args()
+    rows = []
+    for name in args.only or list(EXAMPLES):
+        target, check, budget, ref = EXAMPLES[name]
+        spec = load_spec(ROOT / "examples" / name)
+        t0 = time.perf_counter()
+        result = start_run(spec, args.runs_dir, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        wall = time.perf_counter() - t0
+        from ratchet.ledger.projection import project
+        from ratchet.loop import open_ledger
+
+        state = project(open_ledger(result.run_dir).read())
+        s, b = state.test, state.baseline_test
+        met = check(s) and state.env_steps <= budget
+        sr = lambda x: "–" if x["success_rate"] is None else f"{100 * x['success_rate']:.1f} %"  # noqa: E731
+        rows.append(f"| {name} | {b['mean']:.1f} ± {b['std']:.1f} ({sr(b)}) | {s['mean']:.1f} ± {s['std']:.1f} | {sr(s)} | "
+                    f"{state.env_steps:,} / {budget:,} | {wall:.0f} | {len(state.promotions)} | {target} | "
+                    f"{'yes' if met else 'NO'} | {ref} |")
+        print(rows[-1], flush=True)
+    table = ("| example | start: test mean ± std (success) | refined: test mean ± std | success | env steps used / budget | "
+             "wall clock (s) | promotions | target on test seeds | met | published reference |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    print(table)
+    if args.write:
+        write_section("Examples", f"Command: `python benchmarks/examples.py --write` (default settings of each "
+                                  f"example's ratchet.toml, run seed 0, 2 workers).\n\nMachine: {machine()}\n\n{table}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Shared fixtures and helpers for the ratchet test suite.
+
+Everything here is offline and deterministic: CartPole-v1, small budgets, seeded runs. Expensive
+things (worker pools, one finished refinement run) are session-scoped so the whole suite stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratchet.execution.process import ProcessExecutor
+from ratchet.ledger import Event, EventType, SQLiteLedger
+from ratchet.loop import LEDGER_FILE, start_run
+from ratchet.policy import Candidate, load_policy
+from ratchet.spec import load_spec
+from ratchet.task import GymTask
+
+DATA = Path(__file__).parent / "data"
+
+#: Weights of the fixture's linear CartPole policy that balance the pole for all 500 steps.
+GOOD_WEIGHTS = {"w_position": 0.1, "w_velocity": 0.5, "w_angle": 1.0, "w_angular_velocity": 0.5}
+
+
+def data_source(name: str) -> str:
+    """Text of a policy fixture in tests/data."""
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def candidate_of(name: str, params: dict[str, float] | None = None) -> Candidate:
+    """A candidate of a tests/data policy file (defaults when ``params`` is None)."""
+    return load_policy(DATA / name).candidate(params)
+
+
+def good_candidate() -> Candidate:
+    return candidate_of("cartpole_linear.py", GOOD_WEIGHTS)
+
+
+def zero_candidate() -> Candidate:
+    return candidate_of("cartpole_linear.py")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """Tiny TOML writer for spec dicts (top-level scalars, then one table per section)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines.append(f"\n[{section}]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def base_spec_dict() -> dict[str, Any]:
+    """The spec in tests/data/cartpole.toml, as a dict."""
+    return tomllib.loads((DATA / "cartpole.toml").read_text(encoding="utf-8"))
+
+
+def make_spec_dir(directory: Path, policy: str = "cartpole_linear.py", **sections: dict[str, Any]) -> Path:
+    """Write ``directory/ratchet.toml`` (tests/data/cartpole.toml updated with ``sections``) and
+    ``directory/policy.py`` (a copy of a tests/data policy). Returns ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = base_spec_dict()
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            spec.setdefault(name, {}).update(values)
+        else:
+            spec[name] = values
+    (directory / "ratchet.toml").write_text(dump_toml(spec), encoding="utf-8")
+    shutil.copy(DATA / policy, directory / "policy.py")
+    return directory
+
+
+def read_events(run_dir: Path) -> list[Event]:
+    """All events of a run directory's ledger."""
+    ledger = SQLiteLedger(Path(run_dir) / LEDGER_FILE, create=False)
+    try:
+        return ledger.read()
+    finally:
+        ledger.close()
+
+
+def events_of(events: list[Event], type: EventType) -> list[Event]:
+    return [e for e in events if e.type is type]
+
+
+def count_events(db_path: Path, type: str) -> int:
+    """Count events of ``type`` in a ledger another process may be writing (0 while it is being created)."""
+    if not db_path.is_file():
+        return 0
+    try:
+        con = sqlite3.connect(str(db_path), timeout=5)
+        try:
+            return con.execute("SELECT COUNT(*) FROM events WHERE type = ?", (type,)).fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+_VOLATILE = {"pid", "wall_clock_s", "run_id", "versions", "policy_path", "events_before"}
+
+
+def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
+    """Events without timestamps, pids, wall-clock and run ids: what two identical runs share."""
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in _VOLATILE}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return [(e.type.value, e.key, strip(e.payload)) for e in events]
+
+
+@pytest.fixture(scope="session")
+def cartpole_task() -> GymTask:
+    return GymTask("CartPole-v1")
+
+
+@pytest.fixture(scope="session")
+def pool() -> ProcessExecutor:
+    """A warm two-worker pool shared by tests whose policies cannot break a worker."""
+    ex = ProcessExecutor(workers=2, episode_timeout_s=30)
+    from ratchet.execution import Job
+
+    ex.run(GymTask("CartPole-v1"), [Job(zero_candidate(), s) for s in (1, 2)])  # boot both workers
+    yield ex
+    ex.close()
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory):
+    """One small, finished CartPole refinement (library ``start_run``), shared read-only by many tests.
+
+    Returns ``(result, run_dir, spec_dir)``.
+    """
+    root = tmp_path_factory.mktemp("finished")
+    spec_dir = make_spec_dir(root / "spec")
+    spec = load_spec(spec_dir)
+    result = start_run(spec, root / "runs", "cp-ref")
+    return result, root / "runs" / "cp-ref", spec_dir

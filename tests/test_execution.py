@@ -1,0 +1,178 @@
+"""ratchet.execution: the process-pool executor (determinism, crash isolation, timeouts)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import GOOD_WEIGHTS, candidate_of, good_candidate, zero_candidate
+from ratchet.execution import Job, make_executor
+from ratchet.execution.process import ProcessExecutor
+from ratchet.task import GymTask
+
+SEEDS = [3, 17, 42, 1001, 65536, 2**31 + 5]
+
+
+def _mixed_candidate():
+    # a mediocre controller: episodes of very different lengths, so worker scheduling varies
+    return candidate_of("cartpole_linear.py", {"w_position": 0.0, "w_velocity": 0.1, "w_angle": 0.6,
+                                               "w_angular_velocity": 0.05})
+
+
+def _jobs(cands, seeds=SEEDS):
+    return [Job(c, s) for c in cands for s in seeds]
+
+
+def test_make_executor_defaults():
+    ex = make_executor(0, 5.0)
+    try:
+        assert isinstance(ex, ProcessExecutor) and ex.n_workers >= 1 and ex.episode_timeout_s == 5.0
+    finally:
+        ex.close()
+
+
+def test_empty_job_list(pool, cartpole_task):
+    assert pool.run(cartpole_task, []) == []
+
+
+def test_same_candidate_and_seed_is_bit_identical(pool, cartpole_task):
+    cands = [_mixed_candidate(), good_candidate(), zero_candidate()]
+    first = pool.run(cartpole_task, _jobs(cands))
+    second = pool.run(cartpole_task, list(reversed(_jobs(cands))))[::-1]
+    assert [e.to_dict() for e in first] == [e.to_dict() for e in second]
+    assert [e.seed for e in first] == SEEDS * 3
+    assert all(e.error is None for e in first)
+    with ProcessExecutor(workers=1, episode_timeout_s=30) as single:
+        third = single.run(cartpole_task, _jobs(cands))
+    assert [e.to_dict() for e in third] == [e.to_dict() for e in first]
+    # not all the same episode: the seed matters
+    assert len({e.episode_return for e in first[:len(SEEDS)]}) > 1
+
+
+def test_on_episode_called_once_per_job(pool, cartpole_task):
+    calls = []
+    jobs = _jobs([good_candidate(), zero_candidate()], SEEDS[:3])
+    eps = pool.run(cartpole_task, jobs, lambda i, ep: calls.append((i, ep)))
+    assert sorted(i for i, _ in calls) == list(range(len(jobs)))
+    assert all(eps[i] == ep for i, ep in calls)
+
+
+def test_terminated_and_truncated_recorded_separately(pool, cartpole_task):
+    good, zero = pool.run(cartpole_task, [Job(good_candidate(), 7), Job(zero_candidate(), 7)])
+    assert (good.episode_return, good.length, good.terminated, good.truncated) == (500.0, 500, False, True)
+    assert good.success is True and good.diagnostics["cause"] == "truncated"
+    assert zero.terminated is True and zero.truncated is False and zero.length < 30
+    assert zero.success is False and zero.diagnostics["cause"] == "terminated"
+
+
+def test_task_settings_reach_the_worker(pool):
+    short = GymTask("CartPole-v1", max_episode_steps=25, success_threshold=20)
+    (ep,) = pool.run(short, [Job(good_candidate(), 7)])
+    assert (ep.length, ep.truncated, ep.success) == (25, True, True)
+
+
+def test_policy_exception_gives_errored_episode(pool, cartpole_task):
+    eps = pool.run(cartpole_task, [Job(candidate_of("policy_raises.py"), s) for s in (1, 2)] + [Job(good_candidate(), 1)])
+    for ep in eps[:2]:
+        assert ep.error.startswith("policy raised ZeroDivisionError") and ep.length == 2
+        assert ep.terminated is False and ep.truncated is False and ep.success is False
+    assert eps[2].error is None and eps[2].episode_return == 500.0
+
+
+@pytest.mark.parametrize("policy, mode, fragment", [
+    ("policy_nan.py", "error", "non-finite"),
+    ("policy_nan.py", "clip", "non-finite"),
+    ("policy_out_of_range.py", "error", "outside Discrete range"),
+])
+def test_invalid_action_gives_errored_episode(pool, policy, mode, fragment):
+    (ep,) = pool.run(GymTask("CartPole-v1", action_mode=mode), [Job(candidate_of(policy), 4)])
+    assert ep.error.startswith("invalid action") and fragment in ep.error
+    assert ep.length == 0
+
+
+def test_clip_mode_in_worker(pool):
+    (ep,) = pool.run(GymTask("CartPole-v1", action_mode="clip"), [Job(candidate_of("policy_out_of_range.py"), 4)])
+    assert ep.error is None and ep.terminated
+
+
+def test_policy_failing_to_load(pool, cartpole_task):
+    eps = pool.run(cartpole_task, [Job(candidate_of("policy_import_error.py"), s) for s in (1, 2)]
+                   + [Job(good_candidate(), 2)])
+    for ep in eps[:2]:
+        assert ep.error.startswith("policy failed to load: RuntimeError: broken at import")
+        assert ep.length == 0
+    assert eps[2].error is None and eps[2].episode_return == 500.0
+
+
+@pytest.mark.parametrize("policy, code", [("policy_exits.py", "exit code 3"), ("policy_segfault.py", "exit code -11")])
+def test_worker_death_is_isolated(cartpole_task, policy, code):
+    reference = [Job(good_candidate(), s) for s in SEEDS[:3]] + [Job(_mixed_candidate(), s) for s in SEEDS[:3]]
+    with ProcessExecutor(workers=2, episode_timeout_s=30) as ex:
+        expected = ex.run(cartpole_task, reference)  # also boots both workers
+        bad = candidate_of(policy)
+        eps = ex.run(cartpole_task, [Job(bad, s) for s in (5, 6, 7)] + reference)
+        bad_eps, rest = eps[:3], eps[3:]
+        assert bad_eps[0].error.startswith("worker died") and code in bad_eps[0].error
+        assert "seed 5" in bad_eps[0].error
+        # the crashing candidate's other seeds either died too or were skipped; never silently fine
+        for ep in bad_eps[1:]:
+            assert ep.error is not None and ("worker died" in ep.error or ep.error.startswith("skipped: worker died"))
+        assert [e.to_dict() for e in rest] == [e.to_dict() for e in expected]
+        # the pool keeps working afterwards
+        again = ex.run(cartpole_task, reference)
+        assert [e.to_dict() for e in again] == [e.to_dict() for e in expected]
+        assert len(ex._workers) <= 2
+
+
+def test_timeout_kills_only_the_hanging_candidate(cartpole_task):
+    others = [Job(good_candidate(), s) for s in SEEDS[:2]] + [Job(zero_candidate(), s) for s in SEEDS[:4]]
+    with ProcessExecutor(workers=2, episode_timeout_s=30) as warm:
+        expected = warm.run(cartpole_task, others)
+    with ProcessExecutor(workers=2, episode_timeout_s=1.5) as ex:
+        ex.run(cartpole_task, [Job(zero_candidate(), s) for s in (1, 2, 3, 4)])  # boot the workers first
+        hang = candidate_of("policy_sleeps.py")
+        # worker A hangs on seed 8 while worker B runs the other candidates, then hangs on seed 9;
+        # seed 10 is still queued when seed 8 times out, so it is skipped without running
+        jobs = [Job(hang, 8)] + others + [Job(hang, 9), Job(hang, 10)]
+        t0 = time.monotonic()
+        eps = ex.run(cartpole_task, jobs)
+        elapsed = time.monotonic() - t0
+        assert eps[0].error == "timeout after 1.5 s on seed 8"
+        assert eps[0].length == 0 and eps[0].terminated is False and eps[0].truncated is False
+        hang_errors = [eps[0].error, eps[-2].error, eps[-1].error]
+        assert all("timeout after 1.5 s" in e for e in hang_errors)
+        assert eps[-1].error.startswith("skipped: timeout")  # one hanging candidate costs one timeout per worker
+        assert 1.4 < elapsed < 8
+        assert [e.to_dict() for e in eps[1:-2]] == [e.to_dict() for e in expected]
+        # and the pool keeps working (with a timeout that covers the replacement workers' start-up)
+        ex.episode_timeout_s = 30.0
+        after = ex.run(cartpole_task, others)
+        assert [e.to_dict() for e in after] == [e.to_dict() for e in expected]
+
+
+@pytest.mark.xfail(reason="BUG: execution/process.py sets a job's deadline when the job is sent, so a fresh "
+                          "worker's start-up (Python + gymnasium imports, ~1 s) counts against episode_timeout_s; "
+                          "with a short timeout a healthy policy's first episodes all time out", strict=False)
+def test_short_timeout_does_not_count_worker_start_up(cartpole_task):
+    with ProcessExecutor(workers=2, episode_timeout_s=1.0) as ex:
+        eps = ex.run(cartpole_task, [Job(zero_candidate(), s) for s in range(4)])
+    assert [e.error for e in eps] == [None] * 4
+
+
+def test_close_is_idempotent(cartpole_task):
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    (ep,) = ex.run(cartpole_task, [Job(zero_candidate(), 1)])
+    procs = [w.proc for w in ex._workers]
+    ex.close()
+    ex.close()
+    assert all(p.poll() is not None for p in procs)
+    assert ep.error is None
+    # a closed executor starts fresh workers when used again
+    (again,) = ex.run(cartpole_task, [Job(zero_candidate(), 1)])
+    assert again == ep
+    ex.close()
+
+
+def test_good_weights_constant_matches_fixture():
+    assert set(GOOD_WEIGHTS) == set(good_candidate().params)

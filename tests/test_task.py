@@ -1,0 +1,54 @@
+"""ratchet.task: GymTask construction, success, serialisation."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from ratchet.errors import TaskError
+from ratchet.task import GymTask, Task, gym_spec
+
+
+def test_success_threshold_defaults_to_reward_threshold():
+    t = GymTask("CartPole-v1")
+    assert t.success_threshold == 475.0
+    assert t.is_success(475.0, False, True) is True
+    assert t.is_success(474.9, True, False) is False
+
+
+def test_explicit_threshold_and_none_when_env_has_none():
+    assert GymTask("CartPole-v1", success_threshold=10).is_success(10.0, True, False) is True
+    pend = GymTask("Pendulum-v1")
+    assert pend.success_threshold is None
+    assert pend.is_success(-100.0, False, True) is None
+
+
+def test_unknown_env_suggests_close_match():
+    with pytest.raises(TaskError, match=r"unknown Gymnasium env id 'CartPole-v9'.*did you mean .*CartPole-v1"):
+        GymTask("CartPole-v9")
+    with pytest.raises(TaskError, match="empty"):
+        gym_spec("")
+
+
+def test_bad_action_mode():
+    with pytest.raises(TaskError, match="action_mode"):
+        GymTask("CartPole-v1", action_mode="ignore")
+
+
+def test_bad_env_kwargs_raise_task_error_when_made():
+    t = GymTask("CartPole-v1", env_kwargs={"no_such_kwarg": 1})
+    with pytest.raises(TaskError, match="cannot make CartPole-v1"):
+        t.make_env()
+
+
+def test_dict_roundtrip_and_pickle():
+    t = GymTask("CartPole-v1", {"sutton_barto_reward": False}, 100.0, "clip", 50)
+    assert GymTask.from_dict(t.to_dict()) == t
+    assert pickle.loads(pickle.dumps(t)) == t
+    assert isinstance(t, Task)
+    env = t.make_env()
+    try:
+        assert env.spec.max_episode_steps == 50
+    finally:
+        env.close()
