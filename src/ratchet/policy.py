@@ -178,12 +178,17 @@ def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
     """
     try:
         tree = ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        raise PolicyError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except (SyntaxError, ValueError) as exc:
+        line = getattr(exc, "lineno", None)
+        where = f"{path}:{line}" if line else path
+        raise PolicyError(f"{where}: syntax error: {getattr(exc, 'msg', None) or exc}") from None
     funcs = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
     if "act" not in funcs:
         raise PolicyError(f"{path}: no top-level function act(observation, params); define one that returns an action")
-    if len(funcs["act"].args.args) < 2:
+    a = funcs["act"].args
+    positional = len(a.posonlyargs) + len(a.args)
+    required = positional - len(a.defaults)
+    if (positional < 2 and a.vararg is None) or required > 2 or any(d is None for d in a.kw_defaults):
         raise PolicyError(f"{path}:{funcs['act'].lineno}: act must take two arguments (observation, params)")
     node = _find_parameters_node(tree)
     if node is None:
@@ -191,7 +196,7 @@ def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
                           " (use PARAMETERS = {} for none)")
     try:
         raw = ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise PolicyError(f"{path}:{node.lineno}: PARAMETERS must be a literal dict (ratchet reads it without running your code); "
                           "write numbers, not expressions or names") from None
     params = _validate_parameters(raw, path, node.lineno)
@@ -219,8 +224,12 @@ def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, .
         vals = {}
         for key in ("default", "low", "high"):
             v = spec[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise PolicyError(f"{where}: parameter {name!r}: {key} must be a finite number, got {v!r}")
+            try:
+                ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+            except OverflowError:
+                ok = False
+            if not ok:
+                raise PolicyError(f"{where}: parameter {name!r}: {key} must be a finite number, got {str(v)[:40]}")
             vals[key] = float(v)
         scale = spec.get("scale", "linear")
         if scale not in ("linear", "log"):

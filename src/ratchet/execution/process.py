@@ -40,9 +40,19 @@ class _Worker:
                                      start_new_session=True)
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
+        self.ready = False
         self.known_sources: set[str] = set()
         self.job: int | None = None
         self.deadline = 0.0
+
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Block until the worker has imported its libraries (so start-up never counts as episode time)."""
+        if not self.ready and self.conn.poll(timeout):
+            try:
+                self.ready = self.conn.recv() == "ready"
+            except (EOFError, OSError):
+                self.ready = False
+        return self.ready
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -88,6 +98,8 @@ class ProcessExecutor:
         self._workers = [w for w in self._workers if w.alive()]
         while len(self._workers) < n:
             self._workers.append(_Worker())
+        for w in self._workers:  # started together, so they boot in parallel
+            w.wait_ready()
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None,
@@ -128,11 +140,7 @@ class ProcessExecutor:
                     w.conn.send(("job", i, task_dict, key, src, dict(job.candidate.params), job.seed,
                                  render_paths[i] if render_paths else None))
                 except (BrokenPipeError, OSError):
-                    w.kill()
-                    self._workers.remove(w)
-                    nw = _Worker()
-                    self._workers.append(nw)
-                    idle.append(nw)
+                    self._replace(w, idle)
                     pending.appendleft(i)
                     continue
                 w.known_sources.add(key)
@@ -172,6 +180,7 @@ class ProcessExecutor:
         if w in self._workers:
             self._workers.remove(w)
         nw = _Worker()
+        nw.wait_ready()
         self._workers.append(nw)
         idle.append(nw)
 

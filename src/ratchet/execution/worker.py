@@ -25,6 +25,9 @@ def worker_main(conn: Any) -> None:
     from ratchet.rollout import Episode, run_episode
     from ratchet.task import GymTask
 
+    import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
+
+    conn.send("ready")
     sources: dict[str, str] = {}
     modules: dict[str, Any] = {}
     envs: dict[str, tuple[Any, Any]] = {}

@@ -1,0 +1,159 @@
+"""ratchet.gate: the one-sided paired test that decides promotions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ratchet.critic import Evaluation
+from ratchet.gate import PairedTestGate
+from ratchet.rollout import Episode
+
+SEEDS = list(range(100, 120))
+
+
+def ev(cid: str, returns, seeds=None, errors=()) -> Evaluation:
+    seeds = SEEDS[:len(returns)] if seeds is None else seeds
+    eps = []
+    for i, (s, r) in enumerate(zip(seeds, returns)):
+        if i in errors:
+            eps.append(Episode.failed(s, "policy raised ValueError: x", length=3, episode_return=float(r)))
+        else:
+            eps.append(Episode(s, float(r), int(abs(r)) + 1, True, False, None))
+    return Evaluation(cid, "validation", tuple(eps))
+
+
+@pytest.fixture(params=["t", "wilcoxon"])
+def gate(request):
+    return PairedTestGate(alpha=0.05, test=request.param)
+
+
+def base(n=20, seed=0):
+    return np.random.default_rng(seed).normal(100.0, 20.0, size=n)
+
+
+def test_clear_improvement_promotes(gate):
+    inc = base()
+    gain = np.random.default_rng(1).normal(15.0, 3.0, size=20)
+    d = gate.decide(ev("cand", inc + gain), ev("inc", inc))
+    assert d.promoted is True
+    assert d.p_value < 0.001
+    assert math.isclose(d.mean_diff, float(gain.mean()), rel_tol=1e-9)
+    assert (d.candidate_id, d.incumbent_id, d.n, d.test, d.alpha) == ("cand", "inc", 20, gate.test, 0.05)
+    assert "better" in d.reason
+    assert d.to_dict()["promoted"] is True
+
+
+def test_identical_returns_do_not_promote(gate):
+    inc = base()
+    d = gate.decide(ev("cand", inc), ev("inc", inc))
+    assert d.promoted is False and d.p_value == 1.0 and d.mean_diff == 0.0
+
+
+def test_symmetric_noise_does_not_promote(gate):
+    inc = base()
+    noise = np.random.default_rng(2).normal(0.0, 5.0, size=10)
+    diffs = np.concatenate([noise, -noise])  # mean exactly zero, p about 0.5
+    d = gate.decide(ev("cand", inc + diffs), ev("inc", inc))
+    assert d.promoted is False
+    assert d.p_value > 0.2
+
+
+def test_tiny_positive_mean_with_noise_is_not_significant(gate):
+    inc = base()
+    diffs = np.random.default_rng(3).normal(0.0, 10.0, size=20)
+    diffs = diffs - diffs.mean() + 0.5  # mean +0.5, std 10: far from significant
+    d = gate.decide(ev("cand", inc + diffs), ev("inc", inc))
+    assert d.mean_diff > 0
+    assert d.promoted is False and d.p_value >= 0.05
+    assert "not significant" in d.reason
+
+
+def test_worse_does_not_promote(gate):
+    inc = base()
+    d = gate.decide(ev("cand", inc - 10.0 - np.abs(base(seed=4)) / 10), ev("inc", inc))
+    assert d.promoted is False and d.mean_diff < 0 and d.p_value > 0.5
+
+
+def test_errored_candidate_episode_blocks_promotion(gate):
+    inc = base()
+    d = gate.decide(ev("cand", inc + 50.0, errors={7}), ev("inc", inc))
+    assert d.promoted is False and d.p_value == 1.0 and math.isnan(d.mean_diff)
+    assert "1 validation episode(s) failed" in d.reason
+
+
+def test_all_equal_positive_differences_give_p_zero(gate):
+    inc = np.full(10, 200.0)
+    d = gate.decide(ev("cand", inc + 300.0), ev("inc", inc))  # e.g. every episode now at the time limit
+    assert d.p_value == 0.0 and d.promoted is True and d.mean_diff == 300.0
+
+
+def test_all_equal_negative_differences_give_p_one(gate):
+    inc = np.full(10, 200.0)
+    d = gate.decide(ev("cand", inc - 1.0), ev("inc", inc))
+    assert d.p_value == 1.0 and d.promoted is False
+
+
+def test_min_improvement(gate):
+    inc = base()
+    g = PairedTestGate(alpha=0.05, test=gate.test, min_improvement=20.0)
+    d = g.decide(ev("cand", inc + 15.0 + base(seed=5) / 100), ev("inc", inc))
+    assert d.promoted is False and "not above 20" in d.reason
+    assert g.decide(ev("cand", inc + 25.0 + base(seed=5) / 100), ev("inc", inc)).promoted is True
+
+
+def test_single_pair_never_promotes(gate):
+    d = gate.decide(ev("cand", [500.0]), ev("inc", [10.0]))
+    assert d.promoted is False and d.p_value == 1.0
+
+
+def test_mismatched_seeds_raise(gate):
+    with pytest.raises(ValueError, match="same validation seeds"):
+        gate.decide(ev("cand", base(10), seeds=SEEDS[1:11]), ev("inc", base(10)))
+    with pytest.raises(ValueError):
+        gate.decide(ev("cand", base(10)), ev("inc", base(9)))
+    with pytest.raises(ValueError):  # order matters: pairs are matched position by position
+        gate.decide(ev("cand", base(10), seeds=SEEDS[:10][::-1]), ev("inc", base(10)))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, -0.1, 1.5])
+def test_alpha_validation(alpha):
+    with pytest.raises(ValueError, match="alpha"):
+        PairedTestGate(alpha=alpha)
+
+
+def test_test_name_validation():
+    with pytest.raises(ValueError, match="test must be"):
+        PairedTestGate(test="z")
+
+
+def test_p_values_match_scipy():
+    inc = base()
+    cand = inc + np.random.default_rng(6).normal(2.0, 6.0, size=20)
+    d = cand - inc
+    t = PairedTestGate(test="t").decide(ev("c", cand), ev("i", inc))
+    assert math.isclose(t.p_value, stats.ttest_rel(cand, inc, alternative="greater").pvalue, rel_tol=1e-9)
+    w = PairedTestGate(test="wilcoxon").decide(ev("c", cand), ev("i", inc))
+    assert math.isclose(w.p_value, stats.wilcoxon(d, alternative="greater", zero_method="zsplit").pvalue, rel_tol=1e-9)
+
+
+def test_wilcoxon_is_robust_to_one_outlier_where_t_is_not():
+    inc = np.full(12, 100.0)
+    # eleven small losses, one huge gain: mean difference positive, but most seeds got worse
+    diffs = np.array([-1.0, -1.5, -2.0, -1.2, -0.8, -1.1, -1.4, -0.9, -1.3, -1.6, -1.7, 60.0])
+    cand = inc + diffs
+    w = PairedTestGate(test="wilcoxon").decide(ev("c", cand), ev("i", inc))
+    assert w.mean_diff > 0 and w.promoted is False and w.p_value > 0.5
+
+
+def test_incumbent_mean_never_decreases_on_promotion(gate):
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        inc = rng.normal(100.0, 30.0, size=10)
+        cand = inc + rng.normal(rng.uniform(-5, 10), 8.0, size=10)
+        d = gate.decide(ev("c", cand), ev("i", inc))
+        if d.promoted:
+            assert cand.mean() > inc.mean()

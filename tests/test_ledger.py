@@ -1,0 +1,163 @@
+"""ratchet.ledger: the SQLite event store and the run-state projection."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from conftest import events_of, read_events
+from ratchet.errors import LedgerError
+from ratchet.ledger import Event, EventType, SQLiteLedger
+from ratchet.ledger.projection import project
+
+
+def rows(path) -> int:
+    con = sqlite3.connect(str(path))
+    try:
+        return con.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_append_read_get(tmp_path):
+    led = SQLiteLedger(tmp_path / "sub" / "ledger.sqlite")  # parent folder created
+    e1, created1 = led.append(EventType.RUN_STARTED, "run_started", {"run_id": "r", "x": [1, 2.5, None]})
+    e2, created2 = led.append(EventType.GENERATION_FINISHED, "generation/1", {"generation": 1})
+    assert created1 and created2
+    assert (e1.seq, e2.seq) == (1, 2) and e1.time <= e2.time
+    assert isinstance(e1, Event) and e1.type is EventType.RUN_STARTED
+    assert [e.key for e in led.read()] == ["run_started", "generation/1"]
+    assert [e.key for e in led.read(from_seq=1)] == ["generation/1"]
+    got = led.get("run_started")
+    assert got == e1 and got.payload == {"run_id": "r", "x": [1, 2.5, None]}
+    assert led.get("missing") is None
+    led.close()
+
+
+def test_append_is_idempotent_by_key(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    led = SQLiteLedger(path)
+    first, created = led.append(EventType.INCUMBENT_CHANGED, "incumbent/3/abc", {"to": "abc", "v": 1})
+    again, created_again = led.append(EventType.INCUMBENT_CHANGED, "incumbent/3/abc", {"to": "xyz", "v": 2})
+    assert created is True and created_again is False
+    assert again == first and again.payload == {"to": "abc", "v": 1}  # the stored event wins
+    assert rows(path) == 1
+    assert len(led.read()) == 1
+    led.close()
+
+
+def test_persistence_across_reopen(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    led = SQLiteLedger(path)
+    for i in range(5):
+        led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i, "f": 0.1 * i})
+    before = led.read()
+    led.close()
+    reopened = SQLiteLedger(path, create=False)
+    assert reopened.read() == before
+    assert [e.payload for e in reopened.read()] == [{"i": i, "f": 0.1 * i} for i in range(5)]
+    e, created = reopened.append(EventType.CANDIDATE_PROPOSED, "proposed/1/5", {"i": 5})
+    assert created and e.seq == 6
+    reopened.close()
+
+
+def test_appends_are_durable_without_close(tmp_path):
+    # a process that appends and dies without closing loses nothing it had recorded
+    path = tmp_path / "ledger.sqlite"
+    code = ("import os, sys; from ratchet.ledger import SQLiteLedger, EventType; "
+            f"led = SQLiteLedger({str(path)!r}); "
+            "[led.append(EventType.GENERATION_FINISHED, f'generation/{i}', {'i': i}) for i in range(3)]; "
+            "os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    led = SQLiteLedger(path, create=False)
+    assert [e.payload["i"] for e in led.read()] == [0, 1, 2]
+    led.close()
+
+
+def test_create_false_on_missing_file(tmp_path):
+    with pytest.raises(LedgerError, match="no ledger"):
+        SQLiteLedger(tmp_path / "nope.sqlite", create=False)
+    assert not (tmp_path / "nope.sqlite").exists()
+
+
+def test_garbage_file_is_a_ledger_error(tmp_path):
+    bad = tmp_path / "ledger.sqlite"
+    bad.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(LedgerError, match="not a readable ratchet ledger"):
+        SQLiteLedger(bad, create=False)
+
+
+def test_nan_payloads_roundtrip(tmp_path):
+    led = SQLiteLedger(tmp_path / "l.sqlite")
+    led.append(EventType.GATE_DECIDED, "gate/1/x", {"mean_diff": float("nan")})
+    assert math.isnan(led.get("gate/1/x").payload["mean_diff"])
+    assert json.loads(led.get("gate/1/x").payload_json().replace("NaN", "null")) == {"mean_diff": None}
+    led.close()
+
+
+def test_event_types_roundtrip(tmp_path):
+    led = SQLiteLedger(tmp_path / "l.sqlite")
+    for t in EventType:
+        led.append(t, f"k/{t.value}", {})
+    assert [e.type for e in led.read()] == list(EventType)
+    led.close()
+
+
+# -- projection ------------------------------------------------------------------------------------
+
+def test_projection_of_finished_run(finished_run):
+    result, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    st = project(events)
+    assert st.status == "finished"
+    assert st.run_id == "cp-ref"
+    assert st.stop_reason == result.stop_reason
+    evals = [e.payload for e in events_of(events, EventType.EPISODES_EVALUATED)]
+    train_val = [p for p in evals if p["split"] != "test"]
+    assert st.env_steps == sum(p["summary"]["env_steps"] for p in train_val)
+    assert st.env_steps == sum(ep["length"] for p in train_val for ep in p["episodes"])
+    assert st.episodes == sum(len(p["episodes"]) for p in train_val)
+    assert st.validation_env_steps == sum(p["summary"]["env_steps"] for p in train_val if p["split"] == "validation")
+    test_steps = sum(p["summary"]["env_steps"] for p in evals if p["split"] == "test")
+    assert test_steps > 0
+    finished = events_of(events, EventType.RUN_FINISHED)[0].payload
+    assert finished["env_steps"] == st.env_steps and finished["episodes"] == st.episodes
+    assert st.incumbent_id == result.incumbent.id and st.baseline_id == result.baseline_test.candidate_id
+    assert st.test == result.test.summary() and st.baseline_test == result.baseline_test.summary()
+    assert st.generations == len(events_of(events, EventType.GENERATION_FINISHED)) >= 1
+    assert len(st.promotions) == len(events_of(events, EventType.INCUMBENT_CHANGED))
+    assert st.incumbent_validation_mean == st.promotions[-1]["validation_mean"]
+    assert st.candidate(st.incumbent_id) == result.incumbent
+    assert st.candidate(st.incumbent_id[:6]).id == result.incumbent.id  # unique prefix
+    assert st.evaluation(st.incumbent_id, "test").summary() == result.test.summary()
+    assert st.wall_clock_s > 0
+
+
+def test_projection_status_running_interrupted_failed(tmp_path):
+    led = SQLiteLedger(tmp_path / "l.sqlite")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        led.append(EventType.RUN_STARTED, "run_started",
+                   {"run_id": "r", "spec": {"task": {"env_id": "CartPole-v1"}}, "policy_source": "", "pid": proc.pid})
+        assert project(led.read()).status == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert project(led.read()).status == "interrupted"
+    led.append(EventType.RUN_FAILED, "run_failed/1", {"error": "ValueError: boom"})
+    st = project(led.read())
+    assert st.status == "failed" and st.error == "ValueError: boom"
+    led.append(EventType.RUN_RESUMED, "resumed/1", {"pid": proc.pid})
+    st = project(led.read())
+    assert st.status == "interrupted" and st.error is None
+    led.close()
+
+
+def test_projection_of_no_events():
+    st = project([])
+    assert st.status == "unknown" and st.env_steps == 0

@@ -1,0 +1,141 @@
+"""ratchet.spec: ratchet.toml validation and its one-line error messages."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import DATA, make_spec_dir
+from ratchet.errors import SpecError
+from ratchet.spec import RunSpec, load_spec, spec_from_dict
+
+
+def write(tmp_path, text: str, policy: bool = True):
+    (tmp_path / "ratchet.toml").write_text(text, encoding="utf-8")
+    if policy:
+        shutil.copy(DATA / "cartpole_linear.py", tmp_path / "policy.py")
+    return tmp_path / "ratchet.toml"
+
+
+def spec_error(tmp_path, text: str, *fragments: str, policy: bool = True) -> str:
+    path = write(tmp_path, text, policy)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg!r}"
+    return msg
+
+
+MINIMAL = '[task]\nenv_id = "CartPole-v1"\n'
+
+
+def test_load_spec_happy_path(tmp_path):
+    make_spec_dir(tmp_path)
+    spec = load_spec(tmp_path)  # a folder works, as does the file itself
+    assert spec == load_spec(tmp_path / "ratchet.toml")
+    assert spec.name == "cp" and spec.seed == 0
+    assert spec.task.env_id == "CartPole-v1" and spec.task.action == "error"
+    assert spec.budget.env_steps == 20000 and spec.budget.target is None
+    assert spec.gate.validation_episodes == 10 and spec.gate.alpha == 0.05 and spec.gate.test == "t"
+    assert spec.refiner.train_episodes == 3 and spec.refiner.kind == "cmaes"
+    assert spec.test.episodes == 20
+    assert spec.execution.workers == 2 and spec.execution.episode_timeout_s == 30
+    assert spec.policy_path == (tmp_path / "policy.py").resolve()
+
+
+def test_minimal_spec_defaults(tmp_path):
+    spec = load_spec(write(tmp_path, MINIMAL))
+    assert spec.name == "run" and spec.seed == 0
+    assert spec.budget.env_steps == 100_000  # a run is always bounded
+    assert spec.gate.validation_episodes == 50 and spec.test.episodes == 100
+    assert spec.policy.path == "policy.py"
+
+
+def test_policy_path_is_relative_to_the_spec(tmp_path):
+    (tmp_path / "sub").mkdir()
+    shutil.copy(DATA / "cartpole_linear.py", tmp_path / "sub" / "mine.py")
+    spec = load_spec(write(tmp_path, MINIMAL + '[policy]\npath = "sub/mine.py"\n', policy=False))
+    assert spec.policy_path == (tmp_path / "sub" / "mine.py").resolve()
+
+
+def test_to_dict_roundtrip(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path))
+    d = spec.to_dict()
+    assert "base_dir" not in d
+    again = spec_from_dict(d, base_dir=tmp_path)
+    assert again == spec
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="spec not found"):
+        load_spec(tmp_path / "nope.toml")
+    with pytest.raises(SpecError, match=r"spec not found: .*ratchet\.toml"):
+        load_spec(tmp_path)  # a folder without ratchet.toml
+
+
+def test_invalid_toml_names_the_line(tmp_path):
+    msg = spec_error(tmp_path, '[task]\nenv_id = "CartPole-v1"\nseed = = 3\n', "invalid TOML")
+    assert "line 3" in msg
+
+
+def test_unknown_top_level_key(tmp_path):
+    spec_error(tmp_path, 'sede = 1\n' + MINIMAL, "unknown key sede", "seed")
+
+
+def test_unknown_key_in_section_lists_allowed_keys(tmp_path):
+    msg = spec_error(tmp_path, MINIMAL + "[budget]\nenv_step = 1000\n", "unknown key [budget] env_step")
+    assert "env_steps" in msg and "patience" in msg
+
+
+def test_unknown_section(tmp_path):
+    spec_error(tmp_path, MINIMAL + "[optimizer]\nlr = 1\n", "unknown key optimizer")
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('[budget]\nenv_steps = "lots"\n', ("[budget] env_steps", "integer", "'lots'")),
+    ("[budget]\nenv_steps = -5\n", ("[budget] env_steps", "greater than 0")),
+    ("[gate]\nalpha = 1.5\n", ("[gate] alpha",)),
+    ("[gate]\nvalidation_episodes = 1\n", ("[gate] validation_episodes",)),
+    ('[gate]\ntest = "z"\n', ("[gate] test",)),
+    ('[task]\nenv_id = "CartPole-v1"\naction = "ignore"\n', ("[task] action",)),
+    ("seed = -1\n", ("seed: ", "greater than or equal to 0")),
+    ('seed = "zero"\n', ("seed", "integer")),
+    ("[execution]\nworkers = 1.5\n", ("[execution] workers",)),
+])
+def test_wrong_types_and_values(tmp_path, text, fragments):
+    if "[task]" not in text:
+        text = MINIMAL + text if text.startswith("[") else text + MINIMAL
+    spec_error(tmp_path, text, *fragments)
+
+
+def test_missing_task_section(tmp_path):
+    spec_error(tmp_path, 'name = "x"\n', "missing [task] section", "env_id")
+
+
+def test_missing_env_id(tmp_path):
+    spec_error(tmp_path, "[task]\nsuccess_threshold = 1.0\n", "missing [task] env_id", "CartPole-v1")
+
+
+def test_unknown_env_id_suggests_close_match(tmp_path):
+    spec_error(tmp_path, '[task]\nenv_id = "CartPoel-v1"\n', "[task] env_id", "unknown Gymnasium env id",
+               "did you mean", "CartPole-v1")
+
+
+def test_missing_policy_file(tmp_path):
+    msg = spec_error(tmp_path, MINIMAL + '[policy]\npath = "nope.py"\n', "[policy] path", "file not found", policy=False)
+    assert "nope.py" in msg
+
+
+def test_spec_from_dict_rejects_non_tables():
+    with pytest.raises(SpecError, match="expected a table"):
+        spec_from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_specs_are_frozen(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path))
+    with pytest.raises(Exception):
+        spec.seed = 3  # type: ignore[misc]
+    assert isinstance(spec, RunSpec)
