@@ -156,3 +156,19 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory):
     spec = load_spec(spec_dir)
     result = start_run(spec, root / "runs", "cp-ref")
     return result, root / "runs" / "cp-ref", spec_dir
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory: pytest.TempPathFactory):
+    """The same spec as ``finished_run``, run through ``ratchet run`` (CliRunner).
+
+    Returns ``(click_result, run_dir)``.
+    """
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    root = tmp_path_factory.mktemp("cli")
+    spec_dir = make_spec_dir(root / "spec")
+    res = CliRunner().invoke(app, ["run", str(spec_dir), "--runs-dir", str(root / "runs"), "--run-id", "cp-cli"])
+    return res, root / "runs" / "cp-cli"

@@ -63,9 +63,13 @@ def render_report(state: RunState) -> str:
     if state.generation_log:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         xs = [g["env_steps"] for g in state.generation_log]
-        ax.step(xs, [g["incumbent_validation_mean"] for g in state.generation_log], where="post",
+        ys = [g["incumbent_validation_mean"] for g in state.generation_log]
+        base_val = state.evaluation(state.baseline_id, "validation") if state.baseline_id else None
+        if base_val is not None:
+            xs, ys = [0, *xs], [base_val.mean, *ys]
+        ax.step(xs, ys, where="post",
                 label="incumbent (validation mean)", color="C0", lw=2)
-        ax.plot(xs, [g["best_train_mean"] for g in state.generation_log], ".", color="C1", alpha=0.6,
+        ax.plot([g["env_steps"] for g in state.generation_log], [g["best_train_mean"] for g in state.generation_log], ".", color="C1", alpha=0.6,
                 label="best candidate (training seeds)")
         for p in state.promotions:
             ax.axvline(p["env_steps"], color="C2", alpha=0.3, lw=1)
@@ -90,7 +94,8 @@ def render_report(state: RunState) -> str:
         axes[0].legend()
         sb, sa = before.success_rate, after.success_rate
         if sb is not None and sa is not None:
-            axes[1].bar(["before", "after"], [100 * sb, 100 * sa], color=["C0", "C1"])
+            bars = axes[1].bar(["before", "after"], [100 * sb, 100 * sa], color=["C0", "C1"])
+            axes[1].bar_label(bars, fmt="%.1f %%")
             axes[1].set_ylim(0, 100)
             axes[1].set_ylabel("success rate (%)")
         else:

@@ -1,0 +1,321 @@
+"""ratchet.cli through Typer's CliRunner: every command, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DATA, events_of, read_events
+from ratchet.cli import app
+from ratchet.ledger import EventType
+from ratchet.ledger.projection import project
+from ratchet.policy import export_source, load_policy, parse_policy
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    return CliRunner(env={"COLUMNS": "250"})  # wide enough that Rich never elides table cells
+
+
+def invoke(runner, *args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(res, *fragments: str) -> str:
+    assert res.exit_code == 1, (res.exit_code, res.output)
+    assert isinstance(res.exception, SystemExit)
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+    return lines[0]
+
+
+def incumbent_test_episode(run_dir):
+    events = read_events(run_dir)
+    st = project(events)
+    for e in events_of(events, EventType.EPISODES_EVALUATED):
+        if e.payload["candidate_id"] == st.incumbent_id and e.payload["split"] == "test":
+            return st, e.payload["episodes"]
+    raise AssertionError("no test evaluation of the incumbent")
+
+
+# -- run ------------------------------------------------------------------------------------------
+
+def test_run_prints_results_and_writes_report(cli_run):
+    res, run_dir = cli_run
+    assert res.exit_code == 0, res.output
+    assert "test mean" in res.stdout and "start" in res.stdout and "refined" in res.stdout
+    assert f"run directory: {run_dir}" in res.stdout
+    assert re.search(r"gen +1 \|", res.stderr)  # one progress line per generation when not on a terminal
+    assert (run_dir / "report.html").is_file()
+    assert project(read_events(run_dir)).status == "finished"
+
+
+def test_run_without_report(tmp_path, runner):
+    spec_dir = tmp_path / "s"
+    spec_dir.mkdir()
+    shutil.copy(DATA / "policy_no_params.py", spec_dir / "policy.py")
+    (spec_dir / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n[gate]\nvalidation_episodes = 3\n'
+                                           '[test]\nepisodes = 3\n[execution]\nworkers = 1\n')
+    res = invoke(runner, "run", spec_dir / "ratchet.toml", "--runs-dir", tmp_path / "runs", "--run-id", "nr",
+                 "--no-report")
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "runs" / "nr" / "report.html").exists()
+    assert (tmp_path / "runs" / "nr" / "ledger.sqlite").is_file()
+
+
+# -- show / runs / report ------------------------------------------------------------------------
+
+def test_show_table(finished_run, runner):
+    result, run_dir, _ = finished_run
+    res = invoke(runner, "show", "cp-ref", "--runs-dir", run_dir.parent)
+    assert res.exit_code == 0, res.output
+    assert "finished" in res.stdout and result.incumbent.id in res.stdout
+    assert "baseline_test" in res.stdout and "on 20 episodes" in res.stdout
+    # a run directory works as well as an id
+    assert invoke(runner, "show", run_dir).stdout == res.stdout
+
+
+def test_show_json(finished_run, runner):
+    result, run_dir, _ = finished_run
+    res = invoke(runner, "show", run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    for key in ("run_id", "status", "env_steps", "episodes", "wall_clock_s", "incumbent", "baseline_test", "test"):
+        assert key in data
+    assert data["run_id"] == "cp-ref" and data["status"] == "finished"
+    assert data["env_steps"] == project(read_events(run_dir)).env_steps
+    assert isinstance(data["episodes"], int) and data["wall_clock_s"] > 0
+    assert data["incumbent"]["candidate_id"] == result.incumbent.id
+    assert isinstance(data["incumbent"]["validation_mean"], float)
+    for key, ev in (("baseline_test", result.baseline_test), ("test", result.test)):
+        for k in ("mean", "std", "n", "success_rate"):
+            assert data[key][k] == ev.summary()[k], (key, k)
+
+
+def test_runs_lists_runs_and_survives_a_broken_one(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / "cp-ref")
+    (runs / "broken").mkdir()
+    (runs / "broken" / "ledger.sqlite").write_bytes(b"garbage" * 200)
+    res = invoke(runner, "runs", "--runs-dir", runs)
+    assert res.exit_code == 0, res.output
+    assert "cp-ref" in res.stdout and "finished" in res.stdout
+    assert "broken" in res.stdout and "unreadable" in res.stdout
+    empty = invoke(runner, "runs", "--runs-dir", tmp_path / "none")
+    assert empty.exit_code == 0 and "no runs in" in empty.stdout
+
+
+def test_report_is_self_contained(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    out = tmp_path / "r" / "report.html"
+    res = invoke(runner, "report", run_dir, "-o", out)
+    assert res.exit_code == 0, res.output
+    assert "report:" in res.stdout
+    html = out.read_text(encoding="utf-8")
+    assert html.startswith("<!doctype html>")
+    assert html.count("<img") >= 2 and "data:image/png;base64," in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert not re.search(r"<script[^>]+src", html, re.I) and not re.search(r"<link[^>]+href", html, re.I)
+    assert "cp-ref" in html and "Lineage of promotions" in html
+
+
+def test_report_of_an_unfinished_run(finished_run, runner, tmp_path):
+    """A killed run (no test results yet) still gets a report."""
+    _, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    first_test = min(e.seq for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] == "test")
+    from ratchet.ledger import SQLiteLedger
+
+    led = SQLiteLedger(tmp_path / "partial" / "ledger.sqlite")
+    for e in events:
+        if e.seq < first_test:
+            led.append(e.type, e.key, e.payload)
+    led.close()
+    res = invoke(runner, "report", tmp_path / "partial")
+    assert res.exit_code == 0, res.output
+    assert "<img" in (tmp_path / "partial" / "report.html").read_text()
+
+
+# -- evaluate ------------------------------------------------------------------------------------
+
+def test_evaluate_prints_table_and_mean(runner, pool, cartpole_task):
+    from ratchet.critic import Evaluation
+    from ratchet.execution import Job
+
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "-n", "5", "--seed", "10",
+                 "--workers", "1")
+    assert res.exit_code == 0, res.output
+    cand = load_policy(DATA / "cartpole_linear.py").candidate()
+    ev = Evaluation(cand.id, "x", tuple(pool.run(cartpole_task, [Job(cand, s) for s in range(10, 15)])))
+    for s in range(10, 15):
+        assert re.search(rf"│\s+{s} │", res.stdout), res.stdout
+    assert f"mean {ev.mean:.2f} ± {ev.std:.2f} over 5 episodes" in res.stdout
+    assert "errors 0" in res.stdout and f"{ev.env_steps:,} env steps" in res.stdout
+
+
+def test_evaluate_reports_policy_errors_in_the_table(runner):
+    res = invoke(runner, "evaluate", DATA / "policy_raises.py", "--env", "CartPole-v1", "-n", "2", "--workers", "1")
+    assert res.exit_code == 0, res.output
+    assert "errors 2" in res.stdout and "ZeroDivisionError" in res.stdout
+
+
+# -- replay --------------------------------------------------------------------------------------
+
+def test_replay_matches_the_ledger(finished_run, runner):
+    _, run_dir, _ = finished_run
+    st, episodes = incumbent_test_episode(run_dir)
+    for ep in episodes[:2]:
+        res = invoke(runner, "replay", run_dir, "--seed", ep["seed"])
+        assert res.exit_code == 0, res.output
+        assert "match" in res.stdout
+        assert f"return {ep['episode_return']!r}" in res.stdout and f"ledger {ep['episode_return']!r}" in res.stdout
+
+
+def test_replay_video_gif(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    st = project(read_events(run_dir))
+    base_val = next(e for e in st.evaluations if e["candidate_id"] == st.baseline_id and e["split"] == "validation")
+    seed = base_val["episodes"][0]["seed"]  # the starting policy falls in ~10 steps: a short video
+    gif = tmp_path / "out" / "x.gif"
+    res = invoke(runner, "replay", run_dir, "--seed", seed, "--candidate", st.baseline_id[:8], "--video", gif)
+    assert res.exit_code == 0, res.output
+    assert "match" in res.stdout
+    assert gif.is_file() and gif.read_bytes()[:4] == b"GIF8" and gif.stat().st_size > 1000
+
+
+# -- export --------------------------------------------------------------------------------------
+
+def test_export_writes_the_incumbent(finished_run, runner, tmp_path):
+    result, run_dir, spec_dir = finished_run
+    out = tmp_path / "refined.py"
+    res = invoke(runner, "export", run_dir, "-o", out)
+    assert res.exit_code == 0, res.output
+    prog = parse_policy(out.read_text())
+    assert prog.defaults == dict(result.incumbent.params)
+    assert out.read_text().startswith(f"# Exported by ratchet from run cp-ref, candidate {result.incumbent.id}")
+    original = load_policy(spec_dir / "policy.py")
+    assert [(p.name, p.low, p.high) for p in prog.parameters] == [(p.name, p.low, p.high) for p in original.parameters]
+    # below the header, the file is the original with only the default literals rewritten
+    body = out.read_text().split("\n", 1)[1]
+    assert body == export_source(original.source, result.incumbent.params)
+    changed = [(a, b) for a, b in zip(original.source.splitlines(), body.splitlines()) if a != b]
+    assert 1 <= len(changed) <= len(original.parameters)
+    assert all('"default"' in a and '"default"' in b for a, b in changed)
+    # refusing to overwrite, then --force
+    again = invoke(runner, "export", run_dir, "-o", out)
+    assert_one_line_error(again, "exists", "--force")
+    forced = invoke(runner, "export", run_dir, "-o", out, "--candidate", project(read_events(run_dir)).baseline_id,
+                    "--force")
+    assert forced.exit_code == 0, forced.output
+    assert parse_policy(out.read_text()).defaults == original.defaults
+
+
+@pytest.mark.xfail(reason="BUG: cli.py export writes with Path.write_text outside any error handling, so an "
+                          "output path in a missing folder ends in a FileNotFoundError traceback", strict=False)
+def test_export_into_missing_folder_is_a_clean_error(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    res = invoke(runner, "export", run_dir, "-o", tmp_path / "no" / "such" / "dir.py")
+    if res.exit_code == 0:  # creating the folder is fine too
+        assert (tmp_path / "no" / "such" / "dir.py").is_file()
+    else:
+        assert_one_line_error(res)
+
+
+# -- bad input: one line, exit 1, no traceback ---------------------------------------------------
+
+def test_run_missing_spec(runner, tmp_path):
+    assert_one_line_error(invoke(runner, "run", tmp_path / "nope.toml", "--runs-dir", tmp_path), "spec not found")
+
+
+def test_run_invalid_spec(runner, tmp_path):
+    (tmp_path / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\nbogus = 1\n')
+    assert_one_line_error(invoke(runner, "run", tmp_path, "--runs-dir", tmp_path / "runs"), "unknown key", "bogus")
+
+
+@pytest.mark.xfail(reason="BUG: cli.py _fail prints the message through Rich markup without escaping it, so section "
+                          "names such as [task] or [policy] in SpecError messages are swallowed as markup tags "
+                          "('unknown key  bogus', 'missing  section')", strict=False)
+@pytest.mark.parametrize("toml, fragment", [('[task]\nenv_id = "CartPole-v1"\nbogus = 1\n', "unknown key [task] bogus"),
+                                            ('name = "x"\n', "missing [task] section")])
+def test_error_messages_keep_section_names(runner, tmp_path, toml, fragment):
+    (tmp_path / "ratchet.toml").write_text(toml)
+    assert_one_line_error(invoke(runner, "run", tmp_path, "--runs-dir", tmp_path / "runs"), fragment)
+
+
+def test_run_existing_run_id(finished_run, runner):
+    _, run_dir, spec_dir = finished_run
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", run_dir.parent, "--run-id", "cp-ref"),
+                          "already exists")
+
+
+def test_run_broken_policy(runner, tmp_path):
+    (tmp_path / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n')
+    (tmp_path / "policy.py").write_text("PARAMETERS = {}\ndef act(o, p)\n  return 0\n")
+    assert_one_line_error(invoke(runner, "run", tmp_path, "--runs-dir", tmp_path / "runs"), "syntax error", "policy.py:2")
+
+
+def test_show_unknown_run(runner, tmp_path):
+    assert_one_line_error(invoke(runner, "show", "ghost", "--runs-dir", tmp_path), "no run 'ghost'")
+    assert_one_line_error(invoke(runner, "show", "ghost", "--runs-dir", tmp_path, "--json"), "no run")
+
+
+def test_report_unknown_run(runner, tmp_path):
+    assert_one_line_error(invoke(runner, "report", "ghost", "--runs-dir", tmp_path), "no run")
+
+
+def test_resume_finished_run(finished_run, runner):
+    _, run_dir, _ = finished_run
+    assert_one_line_error(invoke(runner, "resume", run_dir), "already finished")
+
+
+def test_resume_unknown_run(runner, tmp_path):
+    assert_one_line_error(invoke(runner, "resume", "ghost", "--runs-dir", tmp_path), "no run")
+
+
+def test_replay_unknown_seed(finished_run, runner):
+    _, run_dir, _ = finished_run
+    assert_one_line_error(invoke(runner, "replay", run_dir, "--seed", "1"), "no recorded episode with seed 1")
+
+
+def test_replay_unknown_candidate(finished_run, runner):
+    _, run_dir, _ = finished_run
+    assert_one_line_error(invoke(runner, "replay", run_dir, "--seed", "1", "--candidate", "zzzz"),
+                          "no unique candidate")
+
+
+def test_replay_bad_video_suffix(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    _, episodes = incumbent_test_episode(run_dir)
+    assert_one_line_error(invoke(runner, "replay", run_dir, "--seed", episodes[0]["seed"], "--video", tmp_path / "v.avi"),
+                          ".gif or .mp4")
+
+
+def test_export_unknown_run(runner, tmp_path):
+    assert_one_line_error(invoke(runner, "export", "ghost", "-o", tmp_path / "x.py", "--runs-dir", tmp_path), "no run")
+
+
+def test_evaluate_unknown_env(runner):
+    assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPool-v1"),
+                          "unknown Gymnasium env id", "CartPole-v1")
+
+
+def test_evaluate_missing_policy(runner, tmp_path):
+    assert_one_line_error(invoke(runner, "evaluate", tmp_path / "nope.py", "--env", "CartPole-v1"),
+                          "policy file not found")
+
+
+def test_debug_flag_shows_the_exception(runner, tmp_path):
+    res = invoke(runner, "--debug", "show", "ghost", "--runs-dir", tmp_path)
+    assert res.exit_code != 0
+    from ratchet.errors import RunNotFoundError
+
+    assert isinstance(res.exception, RunNotFoundError)

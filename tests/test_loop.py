@@ -1,0 +1,286 @@
+"""ratchet.loop end to end: refinement on CartPole, ledger invariants, crash and resume."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from conftest import events_of, make_spec_dir, normalized, read_events
+from ratchet.critic import Evaluation
+from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
+from ratchet.execution import Job
+from ratchet.execution.process import ProcessExecutor
+from ratchet.gate import PairedTestGate
+from ratchet.ledger import EventType
+from ratchet.ledger.projection import project
+from ratchet.loop import eval_key, resume_run, start_run
+from ratchet.planner import SeedSplits
+from ratchet.policy import load_policy
+from ratchet.rollout import Episode
+from ratchet.spec import load_spec
+
+
+class SimulatedKill(BaseException):
+    """Stands in for kill -9: not an Exception, so the loop records no run_failed event."""
+
+
+class RecordingExecutor:
+    """Wraps a real executor; records every job it runs and can 'die' after N episodes."""
+
+    def __init__(self, inner, die_after: int | None = None, max_calls: int | None = None) -> None:
+        self.inner, self.die_after, self.max_calls = inner, die_after, max_calls
+        self.jobs: list[tuple[str, int]] = []
+        self.calls = 0
+        self.episodes = 0
+
+    def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None):
+        self.calls += 1
+        if self.max_calls is not None and self.calls > self.max_calls:
+            raise SimulatedKill(f"runaway: {self.calls} executor calls")
+        self.jobs += [(j.candidate.id, j.seed) for j in jobs]
+
+        def cb(i: int, ep: Episode) -> None:
+            if on_episode is not None:
+                on_episode(i, ep)
+            self.episodes += 1
+            if self.die_after is not None and self.episodes >= self.die_after:
+                raise SimulatedKill("killed")
+
+        return self.inner.run(task, jobs, cb)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# -- the shared finished run -----------------------------------------------------------------------
+
+def test_refinement_improves_the_policy(finished_run):
+    result, run_dir, spec_dir = finished_run
+    events = read_events(run_dir)
+    promotions = events_of(events, EventType.INCUMBENT_CHANGED)
+    assert len(promotions) >= 1
+    assert result.incumbent.id == promotions[-1].payload["to"] != result.baseline_test.candidate_id
+    assert result.test.split == "test" and result.test.n == 20 and result.baseline_test.n == 20
+    assert result.test.mean > result.baseline_test.mean + 50  # zero weights fall in ~10 steps
+    assert result.test.n_errors == 0
+    assert result.stop_reason
+    assert (run_dir / "policy.py").read_text() == (spec_dir / "policy.py").read_text()
+    prog = load_policy(spec_dir / "policy.py")
+    for p in prog.parameters:
+        assert p.low <= result.incumbent.params[p.name] <= p.high
+
+
+def test_incumbent_validation_mean_never_decreases(finished_run):
+    result, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    baseline_val = next(e.payload for e in events_of(events, EventType.EPISODES_EVALUATED)
+                        if e.payload["split"] == "validation")
+    current_id, current_mean = baseline_val["candidate_id"], baseline_val["summary"]["mean"]
+    for e in events_of(events, EventType.INCUMBENT_CHANGED):
+        p = e.payload
+        assert p["from"] == current_id
+        assert p["previous_validation_mean"] == current_mean
+        assert p["validation_mean"] > current_mean
+        current_id, current_mean = p["to"], p["validation_mean"]
+    assert current_id == result.incumbent.id
+    means = [g.payload["incumbent_validation_mean"] for g in events_of(events, EventType.GENERATION_FINISHED)]
+    assert means == sorted(means)
+
+
+def test_env_steps_within_budget(finished_run):
+    _, run_dir, _ = finished_run
+    st = project(read_events(run_dir))
+    assert 0 < st.env_steps <= st.spec["budget"]["env_steps"]
+    assert st.validation_env_steps <= st.env_steps
+
+
+def test_test_split_only_evaluated_at_the_end(finished_run):
+    _, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    test_evals = [e for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] == "test"]
+    assert len(test_evals) == 2  # the final incumbent and the starting policy, once each
+    last_gate = max(e.seq for e in events_of(events, EventType.GATE_DECIDED))
+    last_generation = max(e.seq for e in events_of(events, EventType.GENERATION_FINISHED))
+    assert all(e.seq > max(last_gate, last_generation) for e in test_evals)
+    assert events[-1].type is EventType.RUN_FINISHED
+    # nothing was chosen after the test evaluations began
+    first_test = min(e.seq for e in test_evals)
+    assert not [e for e in events if e.seq > first_test and e.type in
+                (EventType.GATE_DECIDED, EventType.INCUMBENT_CHANGED, EventType.CANDIDATE_PROPOSED)]
+
+
+def test_seed_splits_disjoint_in_the_ledger(finished_run):
+    _, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    started = events_of(events, EventType.RUN_STARTED)[0].payload
+    by_split: dict[str, set[int]] = {"train": set(), "validation": set(), "test": set()}
+    for e in events_of(events, EventType.EPISODES_EVALUATED):
+        p = e.payload
+        assert [ep["seed"] for ep in p["episodes"]] == p["seeds"]
+        by_split[p["split"]].update(p["seeds"])
+        if p["split"] == "validation":
+            assert p["seeds"] == started["seeds"]["validation"]  # one fixed validation seed list
+        if p["split"] == "test":
+            assert p["seeds"] == started["seeds"]["test"]
+    assert len(by_split["validation"]) == 10 and len(by_split["test"]) == 20
+    assert not by_split["train"] & by_split["validation"]
+    assert not by_split["train"] & by_split["test"]
+    assert not by_split["validation"] & by_split["test"]
+    splits = SeedSplits(0)
+    assert started["seeds"]["validation"] == splits.seeds("validation", 0, 10)
+    # every generation trains on fresh seeds
+    gens = [g.payload["train_seeds"] for g in events_of(events, EventType.GENERATION_FINISHED)]
+    flat = [s for g in gens for s in g]
+    assert len(flat) == len(set(flat)) and set(flat) == by_split["train"]
+
+
+def test_gate_decisions_are_reproducible_from_the_ledger(finished_run):
+    _, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    st = project(events)
+    gate = PairedTestGate(st.spec["gate"]["alpha"], st.spec["gate"]["test"], st.spec["gate"]["min_improvement"])
+    vals = {e.payload["candidate_id"]: e.payload for e in events_of(events, EventType.EPISODES_EVALUATED)
+            if e.payload["split"] == "validation"}
+    gates = events_of(events, EventType.GATE_DECIDED)
+    assert gates
+    promoted = set()
+    for g in gates:
+        p = g.payload
+
+        def evaluation(cid: str) -> Evaluation:
+            return Evaluation(cid, "validation", tuple(Episode.from_dict(e) for e in vals[cid]["episodes"]))
+
+        d = gate.decide(evaluation(p["candidate_id"]), evaluation(p["incumbent_id"]))
+        assert d.promoted == p["promoted"]
+        assert d.p_value == p["p_value"]
+        if p["promoted"]:
+            promoted.add(p["candidate_id"])
+    assert promoted == {e.payload["to"] for e in events_of(events, EventType.INCUMBENT_CHANGED)}
+
+
+def test_every_evaluated_candidate_was_proposed_first(finished_run):
+    _, run_dir, _ = finished_run
+    events = read_events(run_dir)
+    proposed_at = {}
+    for e in events_of(events, EventType.CANDIDATE_PROPOSED):
+        proposed_at.setdefault(e.payload["candidate"]["id"], e.seq)
+    for e in events_of(events, EventType.EPISODES_EVALUATED):
+        assert proposed_at[e.payload["candidate_id"]] < e.seq
+        assert e.key == eval_key(e.payload["split"], e.payload["candidate_id"], e.payload["seeds"])
+
+
+def test_start_run_refuses_an_existing_run(finished_run):
+    result, run_dir, spec_dir = finished_run
+    with pytest.raises(RatchetError, match="already exists"):
+        start_run(load_spec(spec_dir), run_dir.parent, run_dir.name)
+
+
+def test_resume_refuses_a_finished_run(finished_run):
+    _, run_dir, _ = finished_run
+    with pytest.raises(LedgerError, match="already finished"):
+        resume_run(run_dir)
+    with pytest.raises(RunNotFoundError, match="no run"):
+        resume_run("no-such-run", run_dir.parent)
+
+
+# -- small runs of their own -----------------------------------------------------------------------
+
+def test_policy_without_parameters_stops_at_once(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", "policy_no_params.py", test={"episodes": 5},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    result = start_run(spec, tmp_path / "runs", "np")
+    assert result.stop_reason == "policy declares no parameters"
+    assert result.incumbent.id == result.test.candidate_id == result.baseline_test.candidate_id
+    events = read_events(tmp_path / "runs" / "np")
+    assert not events_of(events, EventType.GENERATION_FINISHED)
+    assert events[-1].type is EventType.RUN_FINISHED
+
+
+def test_target_stops_the_run(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"target": 5.0}, test={"episodes": 5},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    result = start_run(spec, tmp_path / "runs", "tg")
+    assert result.stop_reason.startswith("target reached")
+    st = project(read_events(tmp_path / "runs" / "tg"))
+    assert st.generations == 0 and st.status == "finished"
+
+
+@pytest.mark.xfail(reason="BUG: loop.py never stops when every episode errors with length 0 (e.g. a policy whose "
+                          "top level raises): usage.env_steps stays 0, so neither the env-step budget nor "
+                          "can_afford_generation ends the run and it loops forever appending events", strict=False)
+def test_policy_that_never_runs_does_not_loop_forever(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", "policy_import_error.py", budget={"env_steps": 3000},
+                                   test={"episodes": 5}, gate={"validation_episodes": 5}, execution={"workers": 1}))
+    guard = RecordingExecutor(ProcessExecutor(workers=1, episode_timeout_s=30), max_calls=30)
+    try:
+        result = start_run(spec, tmp_path / "runs", "bad", executor=guard)
+    except RatchetError:
+        return  # refusing to run a policy that cannot load is acceptable too
+    finally:
+        guard.close()
+    assert result.test.n_errors == result.test.n  # it ended, and says the policy never worked
+
+
+def test_killed_run_resumes_to_the_same_ledger(finished_run, tmp_path):
+    """Kill (simulated, mid-evaluation) then resume: nothing recorded is recomputed, the end state equals an
+    uninterrupted run of the same spec, and the resumed session may even use a different worker count."""
+    ref_result, ref_dir, spec_dir = finished_run
+    spec = load_spec(spec_dir)
+    runs = tmp_path / "runs"
+    dying = RecordingExecutor(ProcessExecutor(workers=1, episode_timeout_s=30), die_after=120)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, runs, "cp-ref", executor=dying)
+    before = read_events(runs / "cp-ref")
+    assert not events_of(before, EventType.RUN_FINISHED) and not events_of(before, EventType.RUN_FAILED)
+    done_before = events_of(before, EventType.EPISODES_EVALUATED)
+    assert len(done_before) >= 3
+    assert project(before).status in ("running", "interrupted")
+
+    resumer = RecordingExecutor(ProcessExecutor(workers=2, episode_timeout_s=30))
+    result = resume_run("cp-ref", runs, executor=resumer)
+    after = read_events(runs / "cp-ref")
+
+    # what was recorded before is untouched
+    assert [(e.seq, e.key, e.payload, e.time) for e in after[:len(before)]] == \
+        [(e.seq, e.key, e.payload, e.time) for e in before]
+    assert len(events_of(after, EventType.RUN_RESUMED)) == 1
+    # no recorded evaluation was executed again
+    recorded_pairs = {(p["candidate_id"], s) for p in (e.payload for e in done_before) for s in p["seeds"]}
+    assert not recorded_pairs & set(resumer.jobs)
+    keys = [(e.payload["candidate_id"], e.payload["split"], tuple(e.payload["seeds"]))
+            for e in events_of(after, EventType.EPISODES_EVALUATED)]
+    assert len(keys) == len(set(keys))
+    # and the outcome is the uninterrupted run's, event for event
+    assert result.incumbent == ref_result.incumbent
+    assert result.test.summary() == ref_result.test.summary()
+    # (evaluations finish in completion order, which depends on worker scheduling: compare by key)
+    ref = {key: (t, p) for t, key, p in normalized(read_events(ref_dir))}
+    got = {key: (t, p) for t, key, p in normalized(after) if t != "run_resumed"}
+    assert got.keys() == ref.keys()
+    for key in ref:
+        assert got[key] == ref[key], key
+    st = project(after)
+    assert st.status == "finished" and st.env_steps == project(read_events(ref_dir)).env_steps
+
+
+@pytest.mark.xfail(reason="BUG: loop.py resume_run sets the wall-clock offset to events[-1].time - events[0].time, "
+                          "which after a second resume includes the downtime between earlier sessions", strict=False)
+def test_wall_clock_excludes_downtime_across_two_resumes(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 6000}, test={"episodes": 5},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    runs = tmp_path / "runs"
+    with pytest.raises(SimulatedKill):
+        start_run(spec, runs, "wc", executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
+    # pretend the first session ended an hour ago
+    con = sqlite3.connect(str(runs / "wc" / "ledger.sqlite"))
+    with con:
+        con.execute("UPDATE events SET time = time - 3600")
+    con.close()
+    with pytest.raises(SimulatedKill):
+        resume_run("wc", runs, executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
+    resume_run("wc", runs, executor=ProcessExecutor(workers=1))
+    st = project(read_events(runs / "wc"))
+    assert st.status == "finished"
+    assert st.wall_clock_s < 600

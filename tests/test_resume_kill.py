@@ -1,0 +1,102 @@
+"""kill -9 a real `ratchet run` process mid-run, then `ratchet resume` it to completion."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import count_events, events_of, make_spec_dir, read_events
+from ratchet.ledger import EventType
+from ratchet.ledger.projection import project
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {int(x) for x in (task / "children").read_text().split()}
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_kill_9_then_resume(tmp_path):
+    spec_dir = make_spec_dir(tmp_path / "spec", budget={"env_steps": 150_000}, gate={"validation_episodes": 10},
+                             test={"episodes": 10}, execution={"workers": 1})
+    runs = tmp_path / "runs"
+    db = runs / "k" / "ledger.sqlite"
+    cmd = [sys.executable, "-m", "ratchet.cli"]
+    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while count_events(db, "episodes_evaluated") < 4:
+            workers |= _children(proc.pid)
+            assert proc.poll() is None, f"run ended before it could be killed: {(tmp_path / 'run.log').read_text()}"
+            assert time.monotonic() < deadline, "no evaluations recorded within 60 s"
+            time.sleep(0.01)
+        workers |= _children(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert workers, "the run should have started a worker process"
+    # its workers are in their own sessions; they exit when their socket closes
+    t0 = time.monotonic()
+    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    for w in workers:
+        if _alive(w):
+            os.kill(w, signal.SIGKILL)
+    assert time.monotonic() - t0 < 10, "orphaned workers did not exit after the run was killed"
+
+    before = read_events(runs / "k")
+    evaluated_before = events_of(before, EventType.EPISODES_EVALUATED)
+    assert len(evaluated_before) >= 4
+    assert not events_of(before, EventType.RUN_FINISHED)
+    assert project(before).status == "interrupted"
+
+    done = subprocess.run(cmd + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+    after = read_events(runs / "k")
+    st = project(after)
+    assert st.status == "finished"
+    assert len(events_of(after, EventType.RUN_RESUMED)) == 1
+    # everything recorded before the kill is still there, unchanged
+    by_key = {e.key: e for e in after}
+    for e in before:
+        assert by_key[e.key].payload == e.payload and by_key[e.key].seq == e.seq and by_key[e.key].time == e.time
+    # each (candidate, split, seeds) evaluation exactly once
+    keys = [(e.payload["candidate_id"], e.payload["split"], tuple(e.payload["seeds"]))
+            for e in events_of(after, EventType.EPISODES_EVALUATED)]
+    assert len(keys) == len(set(keys))
+    # the run used its whole budget across both sessions and did its test evaluation once
+    assert 75_000 < st.env_steps <= 150_000
+    assert st.env_steps == sum(e.payload["summary"]["env_steps"] for e in events_of(after, EventType.EPISODES_EVALUATED)
+                               if e.payload["split"] != "test")
+    assert sum(1 for k in keys if k[1] == "test") == 2
+    assert st.test is not None and st.test["n"] == 10
