@@ -207,6 +207,54 @@ def test_target_stops_the_run(tmp_path):
     assert st.generations == 0 and st.status == "finished"
 
 
+def _small_spec(tmp_path, budget: dict):
+    d = make_spec_dir(tmp_path / "s", budget=budget, test={"episodes": 5}, gate={"validation_episodes": 5},
+                      execution={"workers": 1})
+    if "env_steps" not in budget:  # drop the fixture's env-step budget so only the given limits apply
+        (d / "ratchet.toml").write_text((d / "ratchet.toml").read_text().replace("env_steps = 20000\n", ""))
+    return load_spec(d)
+
+
+def test_episode_budget(tmp_path):
+    spec = _small_spec(tmp_path, {"episodes": 150})
+    assert spec.budget.env_steps is None
+    start_run(spec, tmp_path / "runs", "ep")
+    st = project(read_events(tmp_path / "runs" / "ep"))
+    assert st.status == "finished" and 0 < st.episodes <= 150
+    assert st.generations >= 1
+
+
+def test_wall_clock_budget(tmp_path):
+    spec = _small_spec(tmp_path, {"wall_clock_s": 1.5})
+    result = start_run(spec, tmp_path / "runs", "wc")
+    st = project(read_events(tmp_path / "runs" / "wc"))
+    assert result.stop_reason == "wall-clock budget used"
+    assert st.generation_log and st.generation_log[-1]["env_steps"] > 0
+    assert 1.5 <= st.wall_clock_s < 30
+
+
+def test_patience(tmp_path):
+    spec = _small_spec(tmp_path, {"env_steps": 200_000, "patience": 2})
+    result = start_run(spec, tmp_path / "runs", "pt")
+    assert result.stop_reason.startswith("patience")
+    gens = project(read_events(tmp_path / "runs" / "pt")).generation_log
+    assert [g["promoted"] for g in gens[-2:]] == [False, False]
+
+
+@pytest.mark.xfail(reason="BUG: planner.py/loop.py treat the env-step budget as a soft limit: can_afford_generation "
+                          "and should_gate estimate episode length from the previous generation, so when CMA-ES finds "
+                          "much longer episodes the run overshoots [budget] env_steps (seed 2, 1000 steps -> 1638)",
+                   strict=False)
+@pytest.mark.parametrize("seed, env_steps", [(2, 1000), (0, 3000)])
+def test_env_step_budget_is_never_exceeded(tmp_path, seed, env_steps):
+    spec = load_spec(make_spec_dir(tmp_path / "s", seed=seed, budget={"env_steps": env_steps}, test={"episodes": 3},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    start_run(spec, tmp_path / "runs", "b")
+    st = project(read_events(tmp_path / "runs" / "b"))
+    assert st.status == "finished"
+    assert st.env_steps <= env_steps
+
+
 @pytest.mark.xfail(reason="BUG: loop.py never stops when every episode errors with length 0 (e.g. a policy whose "
                           "top level raises): usage.env_steps stays 0, so neither the env-step budget nor "
                           "can_afford_generation ends the run and it loops forever appending events", strict=False)

@@ -109,11 +109,20 @@ def test_act_with_one_argument():
     expect_error(policy("{}", "\ndef act(observation):\n    return 0\n"), "act must take two arguments", "p.py:3")
 
 
-@pytest.mark.xfail(reason="BUG: policy.py parse_policy only checks len(act.args.args) < 2, so "
-                          "act(observation, params, extra) with three required arguments is accepted and every "
-                          "episode then fails with 'policy raised TypeError'", strict=False)
+# regression: three required arguments used to pass validation, then every episode failed
 def test_act_with_three_required_arguments():
     expect_error(policy("{}", "\ndef act(observation, params, extra):\n    return 0\n"), "act")
+
+
+@pytest.mark.parametrize("signature", ["observation, params", "observation, params, extra=None", "*args",
+                                       "observation, *rest", "obs, params, *, verbose=False"])
+def test_act_signatures_callable_with_two_arguments_are_accepted(signature):
+    assert parse_policy(policy("{}", f"\ndef act({signature}):\n    return 0\n")).parameters == ()
+
+
+@pytest.mark.parametrize("signature", ["", "observation, *, params"])
+def test_act_signatures_not_callable_with_two_arguments_are_rejected(signature):
+    expect_error(policy("{}", f"\ndef act({signature}):\n    return 0\n"), "act must take two arguments")
 
 
 def test_parameters_missing():
@@ -163,20 +172,17 @@ def test_log_scale_needs_positive_low(low):
                  "'a'", "log", "low > 0")
 
 
-@pytest.mark.xfail(reason="BUG: policy.py parse_policy catches only ValueError from ast.literal_eval; an "
-                          "unhashable dict key (PARAMETERS = {[1]: 2}) escapes as a raw TypeError", strict=False)
+# regression: ast.literal_eval's TypeError used to escape as a raw exception
 def test_unhashable_key_is_a_policy_error():
     expect_error(policy("{[1]: 2}"), "PARAMETERS")
 
 
-@pytest.mark.xfail(reason="BUG: policy.py _validate_parameters calls math.isfinite on a huge int literal, "
-                          "which raises OverflowError instead of PolicyError", strict=False)
+# regression: math.isfinite on a huge int used to raise OverflowError
 def test_huge_integer_literal_is_a_policy_error():
     expect_error(policy('{"a": {"default": 1' + "0" * 400 + ', "low": 0, "high": 1}}'), "'a'")
 
 
-@pytest.mark.xfail(reason="BUG: policy.py parse_policy formats exc.lineno unconditionally; a source with a NUL "
-                          "byte gives 'p.py:None: syntax error'", strict=False)
+# regression: the message used to read 'p.py:None: syntax error'
 def test_nul_byte_message_has_no_none_line():
     msg = expect_error("PARAMETERS = {}\x00\n" + ACT, "syntax error")
     assert ":None" not in msg

@@ -100,3 +100,49 @@ def test_kill_9_then_resume(tmp_path):
                                if e.payload["split"] != "test")
     assert sum(1 for k in keys if k[1] == "test") == 2
     assert st.test is not None and st.test["n"] == 10
+
+
+def test_ctrl_c_then_resume(tmp_path):
+    spec_dir = make_spec_dir(tmp_path / "spec", budget={"env_steps": 60_000}, gate={"validation_episodes": 10},
+                             test={"episodes": 10}, execution={"workers": 1})
+    runs = tmp_path / "runs"
+    db = runs / "c" / "ledger.sqlite"
+    cmd = [sys.executable, "-m", "ratchet.cli"]
+    proc = subprocess.Popen(cmd + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "c", "--no-report"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while count_events(db, "episodes_evaluated") < 4:
+            workers |= _children(proc.pid)
+            assert proc.poll() is None, "run ended before it could be interrupted"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        workers |= _children(proc.pid)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted; continue with `ratchet resume" in err
+    assert "Traceback" not in err
+    # Ctrl-C closes the pool: no worker outlives the run
+    t0 = time.monotonic()
+    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    leftover = [w for w in workers if _alive(w)]
+    for w in leftover:
+        os.kill(w, signal.SIGKILL)
+    assert not leftover
+    before = read_events(runs / "c")
+    assert not events_of(before, EventType.RUN_FINISHED) and not events_of(before, EventType.RUN_FAILED)
+    assert project(before).status == "interrupted"
+
+    done = subprocess.run(cmd + ["resume", str(runs / "c"), "--no-report"], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    after = read_events(runs / "c")
+    assert project(after).status == "finished"
+    assert [e.payload for e in after[:len(before)]] == [e.payload for e in before]

@@ -6,14 +6,15 @@ rocking. Pushing in the direction of motion adds energy every step; the cost
 The action is ``amplitude * tanh(velocity_gain * v + position_gain * (x + 0.5) + bias)``
 with ``x`` the position (valley bottom near -0.52) and ``v`` the velocity:
 a smoothed bang-bang push along the velocity whose strength, sharpness and
-phase (via the position term and bias) are tunable. Defaults push hard along
-the velocity, which reliably reaches the flag but wastes energy.
+phase (via the position term and bias) are tunable. The defaults are full-throttle
+bang-bang along the velocity, which reliably reaches the flag but wastes energy
+(mean return about 91); gentler, well-timed pushes score about 98.
 """
 import numpy as np
 
 PARAMETERS = {
-    "amplitude": {"default": 1.0, "low": 0.1, "high": 1.0},
-    "velocity_gain": {"default": 100.0, "low": 1.0, "high": 1000.0, "scale": "log"},
+    "amplitude": {"default": 1.0, "low": 0.2, "high": 1.0},
+    "velocity_gain": {"default": 1000.0, "low": 1.0, "high": 10000.0, "scale": "log"},
     "position_gain": {"default": 0.0, "low": -5.0, "high": 5.0},
     "bias": {"default": 0.0, "low": -1.0, "high": 1.0},
 }

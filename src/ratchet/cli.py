@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ratchet.errors import RatchetError, ReplayMismatchError, RunNotFoundError
@@ -36,7 +37,7 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 def _fail(exc: BaseException) -> None:
     if _state["debug"]:
         raise exc
-    err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -363,9 +364,13 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
             raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}") from None
         if output.exists() and not force:
             raise RatchetError(f"{output} exists; pass --force to overwrite it")
-        header = (f"Exported by ratchet from run {st.run_id}, candidate {cand.id}"
-                  f" (validation mean {_num(st.incumbent_validation_mean)}).")
-        output.write_text(export_source(cand.source, cand.params, header=header), encoding="utf-8")
+        val = st.evaluation(cand.id, "validation")
+        score = f" (validation mean {val.mean:.2f} on {val.n} episodes)" if val is not None else ""
+        header = f"Exported by ratchet from run {st.run_id}, candidate {cand.id}{score}."
+        try:
+            output.write_text(export_source(cand.source, cand.params, header=header), encoding="utf-8")
+        except OSError as exc:
+            raise RatchetError(f"cannot write {output}: {exc.strerror or exc}; check the folder exists and is writable") from None
     except RatchetError as exc:
         _fail(exc)
         return

@@ -60,11 +60,10 @@ class Evaluation:
 
     @property
     def success_rate(self) -> float | None:
-        """Share of successful episodes (errors count as failures); None when the task has no success."""
-        flags = [e.success for e in self.episodes]
-        if not flags or all(f is None and e.error is None for f, e in zip(flags, self.episodes)):
-            return None
-        return float(np.mean([bool(f) for f in flags]))
+        """Share of successful episodes (errored ones count as failures); None when the task defines no success."""
+        if not any(e.success is not None for e in self.episodes):
+            return None  # the task defines no success (or nothing ran)
+        return float(np.mean([e.success is True for e in self.episodes]))
 
     @property
     def env_steps(self) -> int:

@@ -148,6 +148,11 @@ class _Run:
                     self.usage.validation_env_steps += ev.env_steps
         return out
 
+    def _generation_cost(self, n_candidates: int, est_len: float) -> float:
+        n_eps = n_candidates * self.spec.refiner.train_episodes
+        limit = self.task.step_limit
+        return n_eps * limit if limit else 1.25 * n_eps * est_len
+
     def report_progress(self, **info: Any) -> None:
         if self.progress is not None:
             self.progress({"usage": self.usage, "budget": self.spec.budget, **info})
@@ -160,14 +165,15 @@ class _Run:
         incumbent = baseline
         inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
-        stale, generation, stop = 0, 0, None
+        stale, generation, completed, stop = 0, 0, 0, None
         while stop is None:
             generation += 1
             replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
             self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
             stop = self.budget.stop_reason(self.usage, inc_val.mean, stale, check_clock=not replaying)
             n_candidates = (self.refiner.popsize or _default_popsize(len(self.program.parameters))) + 2
-            if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len):
+            if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
+                                                                       self.task.step_limit):
                 stop = "budget: no room for another generation"
             if stop is not None or not self.program.parameters:
                 stop = stop or "policy declares no parameters"
@@ -185,6 +191,8 @@ class _Run:
             train = self.evaluate(contenders + [incumbent], plan.train_seeds, "train", generation)
             self.refiner.observe([train[c.id] for c in proposals])
             gen_evals = list(train.values())
+            if not any(e.env_steps for e in gen_evals):
+                stop = "every episode of the generation failed before its first env step; check the policy with `ratchet evaluate`"
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
             # critique
             inc_train = train[incumbent.id]
@@ -195,8 +203,8 @@ class _Run:
             decision = None
             val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
             if (best is not None and self.planner.worth_gating(train[best.id].mean, inc_train.mean, inc_val.mean)
-                    and self.planner.should_gate(self.usage, n_val, val_len,
-                                                 1.25 * n_candidates * spec.refiner.train_episodes * est_len)):
+                    and self.planner.should_gate(self.usage, n_val, val_len, self._generation_cost(n_candidates, est_len),
+                                                 self.task.step_limit)):
                 cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
                 decision = self.gate.decide(cand_val, inc_val)
                 self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
@@ -220,12 +228,13 @@ class _Run:
                        "critique": critique.text}
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
             self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s)
+            completed = generation
 
         # final, report-only test evaluation (never used for selection)
-        test = self.evaluate([incumbent, baseline], self.test_seeds, "test", generation)
+        test = self.evaluate([incumbent, baseline], self.test_seeds, "test", completed)
         self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
         self.record(EventType.RUN_FINISHED, "run_finished",
-                    {"stop_reason": stop, "generations": generation - 1, "incumbent_id": incumbent.id,
+                    {"stop_reason": stop, "generations": completed, "incumbent_id": incumbent.id,
                      "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
                      "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
@@ -308,6 +317,21 @@ def open_ledger(run: str | Path, runs_dir: str | Path = "runs") -> SQLiteLedger:
                            "`ratchet runs` lists the runs")
 
 
+def _active_seconds(events: Sequence[Any]) -> float:
+    """Wall-clock seconds the run was actually running: the sum over its sessions (start or resume
+    to that session's last event), so downtime between a kill and a resume is not counted."""
+    total, session_start, last = 0.0, None, None
+    for ev in events:
+        if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED):
+            if session_start is not None and last is not None:
+                total += last - session_start
+            session_start = ev.time
+        last = ev.time
+    if session_start is not None and last is not None:
+        total += last - session_start
+    return total
+
+
 def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Executor | None = None,
                progress: ProgressFn | None = None) -> RunResult:
     """Continue a run that was interrupted (Ctrl-C, crash, ``kill -9``).
@@ -328,6 +352,6 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
     r = _Run(ledger.path.parent, spec, program, ledger, executor or _executor_for(spec), progress)
     events = ledger.read()
-    r._clock_offset = events[-1].time - events[0].time
+    r._clock_offset = _active_seconds(events)
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "events_before": len(events)})
     return _drive(r)

@@ -128,10 +128,16 @@ class IncumbentPlanner:
         start = (generation - 1) * self.train_episodes
         return Plan(generation, tuple(self.splits.seeds("train", start, self.train_episodes)))
 
-    def can_afford_generation(self, usage: Usage, n_candidates: int, est_episode_steps: float) -> bool:
-        """Whether one more generation (with a 25 % safety margin on its env steps) fits the budget."""
+    def can_afford_generation(self, usage: Usage, n_candidates: int, est_episode_steps: float,
+                              step_limit: int | None = None) -> bool:
+        """Whether one more generation surely fits the budget.
+
+        With a known episode ``step_limit`` (the env's time limit) the worst case must fit, so the
+        env-step budget is a hard cap; without one, the estimate plus a 25 % margin must fit.
+        """
         n_eps = n_candidates * self.train_episodes
-        return self.budget.can_afford(usage, 1.25 * n_eps * est_episode_steps, n_eps)
+        cost = n_eps * step_limit if step_limit else 1.25 * n_eps * est_episode_steps
+        return self.budget.can_afford(usage, cost, n_eps)
 
     @staticmethod
     def worth_gating(candidate_train_mean: float, incumbent_train_mean: float, incumbent_validation_mean: float) -> bool:
@@ -144,14 +150,16 @@ class IncumbentPlanner:
         return candidate_train_mean >= incumbent_train_mean and candidate_train_mean > incumbent_validation_mean
 
     def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float,
-                    next_generation_steps: float = 0.0) -> bool:
+                    next_generation_steps: float = 0.0, step_limit: int | None = None) -> bool:
         """Whether to validate one candidate now.
 
-        Yes when the budget affords it and either validation stays within ``max_share`` of all env
-        steps, or this is the last chance: after it the budget could not pay for another generation.
+        Yes when the budget surely affords it (worst case when ``step_limit`` is known) and either
+        validation stays within ``max_share`` of all env steps, or this is the last chance: after
+        it the budget could not pay for another generation (``next_generation_steps``).
         """
         cost = n_validation * est_episode_steps
-        if not self.budget.can_afford(usage, cost, n_validation):
+        worst = n_validation * step_limit if step_limit else cost
+        if not self.budget.can_afford(usage, worst, n_validation):
             return False
         if usage.validation_env_steps + cost <= self.max_share * (usage.env_steps + cost):
             return True

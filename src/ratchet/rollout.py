@@ -25,7 +25,8 @@ class Episode:
         terminated: The task ended (Gymnasium ``terminated``).
         truncated: The time limit cut the episode (Gymnasium ``truncated``). Never merged with
             ``terminated``; both are False for an errored episode.
-        success: Task-defined success, or None when the task defines none.
+        success: Task-defined success, or None when the task defines none (and for errored
+            episodes, which count as failures wherever the task defines success).
         error: Why the episode failed (policy exception, invalid action, timeout, worker crash), or None.
         diagnostics: Task details: ``final_observation`` (list of float), ``cause``
             (``"terminated"``, ``"truncated"`` or ``"error"``).
@@ -55,7 +56,7 @@ class Episode:
     @classmethod
     def failed(cls, seed: int, error: str, length: int = 0, episode_return: float = 0.0) -> Episode:
         """An errored episode (used by executors for timeouts and crashes)."""
-        return cls(seed, episode_return, length, False, False, False, error, {"cause": "error"})
+        return cls(seed, episode_return, length, False, False, None, error, {"cause": "error"})
 
 
 class InvalidAction(ValueError):
@@ -185,10 +186,10 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
                 break
     except Exception as exc:  # the policy's failure is the episode's outcome
         kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
-        return Episode(seed, total, steps, False, False, False, f"{kind}: {exc}"[:500],
+        return Episode(seed, total, steps, False, False, None, f"{kind}: {exc}"[:500],
                        {"cause": "error", "final_observation": _obs_list(obs)})
     if not math.isfinite(total):
-        return Episode(seed, total, steps, False, False, False, "non-finite return",
+        return Episode(seed, total, steps, False, False, None, "non-finite return",
                        {"cause": "error", "final_observation": _obs_list(obs)})
     success = task.is_success(total, bool(terminated), bool(truncated))
     return Episode(seed, total, steps, bool(terminated), bool(truncated), success, None,

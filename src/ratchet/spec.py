@@ -185,6 +185,9 @@ def load_spec(path: str | Path) -> RunSpec:
         p = p / "ratchet.toml"
     if not p.is_file():
         raise SpecError(f"spec not found: {p} (give a ratchet.toml file or a folder that holds one)")
+    if p.suffix == ".py":
+        raise SpecError(f"{p} is a Python file; `ratchet run` takes a ratchet.toml spec (its [policy] path names "
+                        "the policy file); to just score a policy use `ratchet evaluate POLICY.py --env ID`")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

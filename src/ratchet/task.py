@@ -60,6 +60,14 @@ class GymTask:
             object.__setattr__(self, "success_threshold", float(spec.reward_threshold))
         object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
 
+    @property
+    def step_limit(self) -> int | None:
+        """Most env steps an episode can take (the time limit), or None when the env has none."""
+        if self.max_episode_steps is not None:
+            return int(self.max_episode_steps)
+        limit = gym_spec(self.env_id).max_episode_steps
+        return None if limit is None else int(limit)
+
     def make_env(self, render_mode: str | None = None) -> Any:
         """Make the environment (``gymnasium.make``) with this task's keyword arguments."""
         import gymnasium as gym
