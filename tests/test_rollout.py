@@ -167,6 +167,7 @@ def test_episode_dict_roundtrip():
     ep = _episode("cartpole_linear.py", GOOD_WEIGHTS, seed=5, task=GymTask("CartPole-v1", max_episode_steps=20))
     back = Episode.from_dict(ep.to_dict())
     assert back == ep and back.diagnostics == ep.diagnostics
-    failed = Episode.failed(9, "timeout")
+    failed = Episode.failed(9, "timeout", task=GymTask("CartPole-v1"))
     assert (failed.error, failed.success, failed.terminated, failed.truncated) == ("timeout", False, False, False)
+    assert Episode.failed(9, "timeout").success is None  # no task: success undefined
     assert math.isfinite(failed.episode_return)

@@ -25,8 +25,8 @@ class Episode:
         terminated: The task ended (Gymnasium ``terminated``).
         truncated: The time limit cut the episode (Gymnasium ``truncated``). Never merged with
             ``terminated``; both are False for an errored episode.
-        success: Task-defined success, or None when the task defines none (and for errored
-            episodes, which count as failures wherever the task defines success).
+        success: Task-defined success (False for an errored episode), or None when the task
+            defines no success.
         error: Why the episode failed (policy exception, invalid action, timeout, worker crash), or None.
         diagnostics: Task details: ``final_observation`` (list of float), ``cause``
             (``"terminated"``, ``"truncated"`` or ``"error"``).
@@ -54,9 +54,19 @@ class Episode:
                                          "success", "error")}, diagnostics=d.get("diagnostics", {}))
 
     @classmethod
-    def failed(cls, seed: int, error: str, length: int = 0, episode_return: float = 0.0) -> Episode:
-        """An errored episode (used by executors for timeouts and crashes)."""
-        return cls(seed, episode_return, length, False, False, None, error, {"cause": "error"})
+    def failed(cls, seed: int, error: str, length: int = 0, episode_return: float = 0.0, task: Any = None) -> Episode:
+        """An errored episode (used by executors for timeouts and crashes).
+
+        ``success`` is False when ``task`` defines success (an error is a failure), else None.
+        """
+        return cls(seed, episode_return, length, False, False, _failure(task), error, {"cause": "error"})
+
+
+def _failure(task: Any) -> bool | None:
+    """The ``success`` value of an errored episode: False if the task defines success, else None."""
+    if task is None:
+        return None
+    return None if task.is_success(0.0, False, False) is None else False
 
 
 class InvalidAction(ValueError):
@@ -186,10 +196,10 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
                 break
     except Exception as exc:  # the policy's failure is the episode's outcome
         kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
-        return Episode(seed, total, steps, False, False, None, f"{kind}: {exc}"[:500],
+        return Episode(seed, total, steps, False, False, _failure(task), f"{kind}: {exc}"[:500],
                        {"cause": "error", "final_observation": _obs_list(obs)})
     if not math.isfinite(total):
-        return Episode(seed, total, steps, False, False, None, "non-finite return",
+        return Episode(seed, total, steps, False, False, _failure(task), "non-finite return",
                        {"cause": "error", "final_observation": _obs_list(obs)})
     success = task.is_success(total, bool(terminated), bool(truncated))
     return Episode(seed, total, steps, bool(terminated), bool(truncated), success, None,

@@ -131,7 +131,7 @@ class ProcessExecutor:
                 job = jobs[i]
                 cid = job.candidate.id
                 if cid in failed_candidates:
-                    finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}"))
+                    finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}", task=task))
                     continue
                 w = idle.pop()
                 key = _source_key(job.candidate.source)
@@ -159,7 +159,7 @@ class ProcessExecutor:
                     code = w.exit_code()
                     reason = f"worker died (exit code {code}) on seed {jobs[w.job].seed}"
                     failed_candidates[jobs[w.job].candidate.id] = reason
-                    finish(w.job, Episode.failed(jobs[w.job].seed, reason))
+                    finish(w.job, Episode.failed(jobs[w.job].seed, reason, task=task))
                     self._replace(w, idle)
                     continue
                 finish(job_id, Episode.from_dict(ep_dict))
@@ -171,7 +171,7 @@ class ProcessExecutor:
                     busy.pop(conn)
                     reason = f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.job].seed}"
                     failed_candidates[jobs[w.job].candidate.id] = reason
-                    finish(w.job, Episode.failed(jobs[w.job].seed, reason))
+                    finish(w.job, Episode.failed(jobs[w.job].seed, reason, task=task))
                     self._replace(w, idle)
         return [r for r in results if r is not None]
 

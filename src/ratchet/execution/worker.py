@@ -56,9 +56,9 @@ def worker_main(conn: Any) -> None:
                     modules[key] = exc
             module = modules[key]
             if isinstance(module, Exception):
-                ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500])
+                ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500], task=task)
             elif not callable(getattr(module, "act", None)):
-                ep = Episode.failed(seed, "policy has no callable act()")
+                ep = Episode.failed(seed, "policy has no callable act()", task=task)
             elif render_path:
                 from ratchet.report.video import record_episode
 
