@@ -219,9 +219,8 @@ def test_export_writes_the_incumbent(finished_run, runner, tmp_path):
     assert parse_policy(out.read_text()).defaults == original.defaults
 
 
-@pytest.mark.xfail(reason="BUG: cli.py export always writes the incumbent's validation mean into the header, even "
-                          "for --candidate <other id>, so an exported baseline claims the refined policy's score",
-                   strict=False)
+# regression (was a bug): cli.py export always writes the incumbent's validation mean into the header, even for
+# --candidate <other id>, so an exported baseline claims the refined policy's score
 def test_export_header_describes_the_exported_candidate(finished_run, runner, tmp_path):
     _, run_dir, _ = finished_run
     st = project(read_events(run_dir))
@@ -235,8 +234,8 @@ def test_export_header_describes_the_exported_candidate(finished_run, runner, tm
     assert f"{base_val.mean:.2f}" in header
 
 
-@pytest.mark.xfail(reason="BUG: cli.py export writes with Path.write_text outside any error handling, so an "
-                          "output path in a missing folder ends in a FileNotFoundError traceback", strict=False)
+# regression (was a bug): cli.py export writes with Path.write_text outside any error handling, so an output path in
+# a missing folder ends in a FileNotFoundError traceback
 def test_export_into_missing_folder_is_a_clean_error(finished_run, runner, tmp_path):
     _, run_dir, _ = finished_run
     res = invoke(runner, "export", run_dir, "-o", tmp_path / "no" / "such" / "dir.py")
@@ -257,9 +256,9 @@ def test_run_invalid_spec(runner, tmp_path):
     assert_one_line_error(invoke(runner, "run", tmp_path, "--runs-dir", tmp_path / "runs"), "unknown key", "bogus")
 
 
-@pytest.mark.xfail(reason="BUG: cli.py _fail prints the message through Rich markup without escaping it, so section "
-                          "names such as [task] or [policy] in SpecError messages are swallowed as markup tags "
-                          "('unknown key  bogus', 'missing  section')", strict=False)
+# regression (was a bug): cli.py _fail prints the message through Rich markup without escaping it, so section names
+# such as [task] or [policy] in SpecError messages are swallowed as markup tags ('unknown key  bogus', 'missing 
+# section')
 @pytest.mark.parametrize("toml, fragment", [('[task]\nenv_id = "CartPole-v1"\nbogus = 1\n', "unknown key [task] bogus"),
                                             ('name = "x"\n', "missing [task] section")])
 def test_error_messages_keep_section_names(runner, tmp_path, toml, fragment):

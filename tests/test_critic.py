@@ -47,10 +47,9 @@ def test_errors_count_as_failures_and_keep_partial_steps():
     assert math.isclose(e.mean, 169.0)
 
 
-@pytest.mark.xfail(reason="BUG: critic.py Evaluation.success_rate returns 0.0-based rates for a task with no "
-                          "success threshold as soon as one episode errors (Episode.failed sets success=False, and "
-                          "the None check requires every episode to be error-free), although the docstring says "
-                          "None when the task has no success", strict=False)
+# regression (was a bug): critic.py Evaluation.success_rate returns 0.0-based rates for a task with no success
+# threshold as soon as one episode errors (Episode.failed sets success=False, and the None check requires every
+# episode to be error-free), although the docstring says None when the task has no success
 def test_success_rate_stays_none_without_threshold_even_with_errors():
     e = Evaluation("c", "train", (ep(1, 10), ep(2, 20), ep(3, 0, length=0, error="timeout")))
     assert e.success_rate is None

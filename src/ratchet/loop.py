@@ -85,7 +85,8 @@ class _Run:
                             spec.task.action, spec.task.max_episode_steps)
         self.splits = SeedSplits(spec.seed)
         self.budget = Budget(spec.budget)
-        self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget)
+        self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
+                                        spec.refiner.gate_candidate)
         self.refiner = CMAESRefiner(program, spec.refiner.sigma0, spec.refiner.popsize, seed=spec.seed)
         self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement)
         self.critic = Critic()
@@ -197,12 +198,11 @@ class _Run:
             # critique
             inc_train = train[incumbent.id]
             critique = self.critic.critique(inc_train)
-            clean = [c for c in contenders if train[c.id].n_errors == 0]
-            best = max(clean, key=lambda c: train[c.id].mean, default=None)
+            best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
             decision = None
             val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
-            if (best is not None and self.planner.worth_gating(train[best.id].mean, inc_train.mean, inc_val.mean)
+            if (best is not None and self.planner.worth_gating(train[best.id], inc_train, inc_val.mean)
                     and self.planner.should_gate(self.usage, n_val, val_len, self._generation_cost(n_candidates, est_len),
                                                  self.task.step_limit)):
                 cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]

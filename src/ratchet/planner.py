@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from ratchet.critic import Evaluation
+from ratchet.policy import Candidate
 
 from ratchet.spec import BudgetSpec
 
@@ -118,10 +124,13 @@ class IncumbentPlanner:
         train_episodes: Training seeds per generation.
         max_share: Largest share of env steps to spend on validation, in (0, 1].
         budget: The run's budget.
+        gate_choice: ``"mean"`` or ``"best"``; see :meth:`gate_candidate`.
     """
 
-    def __init__(self, splits: SeedSplits, train_episodes: int, max_share: float, budget: Budget) -> None:
+    def __init__(self, splits: SeedSplits, train_episodes: int, max_share: float, budget: Budget,
+                 gate_choice: str = "best") -> None:
         self.splits, self.train_episodes, self.max_share, self.budget = splits, train_episodes, max_share, budget
+        self.gate_choice = gate_choice
 
     def plan(self, generation: int) -> Plan:
         """Plan ``generation`` (1-based)."""
@@ -139,15 +148,31 @@ class IncumbentPlanner:
         cost = n_eps * step_limit if step_limit else 1.25 * n_eps * est_episode_steps
         return self.budget.can_afford(usage, cost, n_eps)
 
+    def gate_candidate(self, contenders: Sequence[Candidate], recommended: Candidate | None,
+                       train: Mapping[str, Evaluation], incumbent: Candidate) -> Candidate | None:
+        """Which contender to send to the gate.
+
+        With ``gate_candidate="mean"`` it is the refiner's recommendation (CMA-ES's
+        distribution mean): it was not selected on these training seeds, so its training score is
+        unbiased, and in noisy problems the mean is the better estimate of the optimum. Before the
+        refiner has a recommendation, or with ``"best"`` (default), it is the contender with the highest
+        training mean. Contenders with errored episodes are never chosen.
+        """
+        clean = [c for c in contenders if train[c.id].n_errors == 0]
+        if self.gate_choice == "mean" and recommended is not None and recommended in clean:
+            return recommended
+        return max(clean, key=lambda c: train[c.id].mean, default=None)
+
     @staticmethod
-    def worth_gating(candidate_train_mean: float, incumbent_train_mean: float, incumbent_validation_mean: float) -> bool:
+    def worth_gating(candidate_train: Evaluation, incumbent_train: Evaluation, incumbent_validation_mean: float) -> bool:
         """Screen before spending validation episodes on a candidate.
 
-        The candidate must do at least as well as the incumbent on this generation's training seeds
-        (ties count: both may sit at the return ceiling) and better than the incumbent's validation
-        mean, the lower-noise estimate of the incumbent's expected return.
+        The candidate must beat the incumbent on this generation's training seeds (paired, same
+        seeds), or tie it there while scoring above the incumbent's validation mean (both may sit at
+        the return ceiling, as in CartPole's 500).
         """
-        return candidate_train_mean >= incumbent_train_mean and candidate_train_mean > incumbent_validation_mean
+        diff = float(np.mean(candidate_train.returns - incumbent_train.returns))
+        return diff > 0 or (diff == 0 and candidate_train.mean > incumbent_validation_mean)
 
     def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float,
                     next_generation_steps: float = 0.0, step_limit: int | None = None) -> bool:

@@ -70,6 +70,8 @@ class RefinerSpec(_Section):
     sigma0: float = Field(0.2, gt=0, le=1, description="Initial step size, as a fraction of each parameter's range.")
     popsize: int | None = Field(None, ge=2, description="Candidates per generation; default pycma's 4 + 3 ln n.")
     train_episodes: int = Field(5, ge=1, description="Fresh training seeds per generation (episodes per candidate).")
+    gate_candidate: Literal["mean", "best"] = Field(
+        "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
 
 
 class GateSpec(_Section):
