@@ -346,6 +346,12 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     started = ledger.get("run_started")
     if started is None:
         raise LedgerError(f"{ledger.path} has no run_started event; it cannot be resumed")
+    from ratchet.ledger.projection import project
+
+    state = project(ledger.read())
+    if state.status == "running":
+        raise LedgerError(f"run {started.payload['run_id']} is still running in another process; stop it first "
+                          "(resuming would make two writers)")
     if ledger.get("run_finished") is not None:
         raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
     spec = spec_from_dict(started.payload["spec"], where="ledger spec")

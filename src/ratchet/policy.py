@@ -291,14 +291,14 @@ def export_source(source: str, params: Mapping[str, float], *, header: str | Non
     return out
 
 
-def compile_policy(source: str, filename: str = "<policy>") -> types.ModuleType:
-    """Execute policy source in a fresh module. Only worker processes call this.
+def compile_policy(source: str | types.CodeType, filename: str = "<policy>") -> types.ModuleType:
+    """Execute policy source (or its compiled code object) in a fresh module. Only workers call this.
 
     Raises:
-        Exception: whatever the policy's top-level code raises.
+        Exception: whatever the policy's top-level code raises (SyntaxError for bad source).
     """
     module = types.ModuleType("ratchet_policy")
     module.__file__ = filename
-    code = compile(source, filename, "exec")
+    code = source if isinstance(source, types.CodeType) else compile(source, filename, "exec")
     exec(code, module.__dict__)  # noqa: S102 - running policy code is the worker's job
     return module

@@ -30,6 +30,7 @@ def worker_main(conn: Any) -> None:
     conn.send("ready")
     sources: dict[str, str] = {}
     modules: dict[str, Any] = {}
+    codes: dict[str, Any] = {}
     envs: dict[str, tuple[Any, Any]] = {}
     while True:
         try:
@@ -51,10 +52,17 @@ def worker_main(conn: Any) -> None:
                 if len(modules) >= _MODULE_CACHE_SIZE:
                     modules.pop(next(iter(modules)))
                 try:
-                    modules[key] = compile_policy(sources[key], "<policy>")
+                    if key not in codes:
+                        codes[key] = compile(sources[key], "<policy>", "exec")
+                    modules[key] = compile_policy(codes[key], "<policy>")
                 except Exception as exc:
                     modules[key] = exc
             module = modules[key]
+            if not isinstance(module, Exception) and not hasattr(module, "reset"):
+                # No reset(): give every episode a freshly executed module, so state a policy keeps in
+                # module globals cannot leak between episodes (results never depend on which worker or
+                # in which order episodes ran). Policies with reset() own their state and are reused.
+                modules.pop(key)
             if isinstance(module, Exception):
                 ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500], task=task)
             elif not callable(getattr(module, "act", None)):
