@@ -348,8 +348,11 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         raise LedgerError(f"{ledger.path} has no run_started event; it cannot be resumed")
     from ratchet.ledger.projection import project
 
-    state = project(ledger.read())
-    if state.status == "running":
+    events = ledger.read()
+    state = project(events)
+    writer = next((e.payload.get("pid") for e in reversed(events)
+                   if e.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED)), None)
+    if state.status == "running" and writer != os.getpid():
         raise LedgerError(f"run {started.payload['run_id']} is still running in another process; stop it first "
                           "(resuming would make two writers)")
     if ledger.get("run_finished") is not None:
