@@ -37,13 +37,17 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=sorted(EXAMPLES), help="Run only these examples.")
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
+    ap.add_argument("--seeds", default="0", help="Comma-separated run seeds (default: the spec's seed 0). With "
+                                                 "several, the table has one row per (example, run seed).")
     args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
     rows = []
-    for name in args.only or list(EXAMPLES):
+    for name, seed in [(n, sd) for n in (args.only or list(EXAMPLES)) for sd in seeds]:
         target, check, budget, ref = EXAMPLES[name]
         spec = load_spec(ROOT / "examples" / name)
+        spec = spec.model_copy(update={"seed": seed})
         t0 = time.perf_counter()
-        result = start_run(spec, args.runs_dir, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        result = start_run(spec, args.runs_dir, f"{name}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         wall = time.perf_counter() - t0
         from ratchet.ledger.projection import project
         from ratchet.loop import open_ledger
@@ -52,17 +56,20 @@ def main() -> None:
         s, b = state.test, state.baseline_test
         met = check(s) and state.env_steps <= budget
         sr = lambda x: "–" if x["success_rate"] is None else f"{100 * x['success_rate']:.1f} %"  # noqa: E731
-        rows.append(f"| {name} | {b['mean']:.1f} ± {b['std']:.1f} ({sr(b)}) | {s['mean']:.1f} ± {s['std']:.1f} | {sr(s)} | "
+        paired = float((result.test.returns - result.baseline_test.returns).mean())
+        rows.append(f"| {name} | {seed} | {b['mean']:.1f} ± {b['std']:.1f} ({sr(b)}) | {s['mean']:.1f} ± {s['std']:.1f} | {sr(s)} | {paired:+.1f} | "
                     f"{state.env_steps:,} / {budget:,} | {wall:.0f} | {len(state.promotions)} | {target} | "
                     f"{'yes' if met else 'NO'} | {ref} |")
         print(rows[-1], flush=True)
-    table = ("| example | start: test mean ± std (success) | refined: test mean ± std | success | env steps used / budget | "
-             "wall clock (s) | promotions | target on test seeds | met | published reference |\n"
-             "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    table = ("| example | run seed | start: test mean ± std (success) | refined: test mean ± std | success | "
+             "paired gain on test seeds | env steps used / budget | wall clock (s) | promotions | target on test seeds | "
+             "met | published reference |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     print(table)
     if args.write:
-        write_section("Examples", f"Command: `python benchmarks/examples.py --write` (default settings of each "
-                                  f"example's ratchet.toml, run seed 0, 2 workers).\n\nMachine: {machine()}\n\n{table}")
+        title = "Examples" if seeds == [0] else "Examples across run seeds"
+        write_section(title, f"Command: `python benchmarks/examples.py --write{'' if seeds == [0] else ' --seeds ' + args.seeds}`"
+                             f" (default settings of each example's ratchet.toml, 2 workers; the run seed also draws "
+                             f"the validation and test seeds).\n\nMachine: {machine()}\n\n{table}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ class _Progress:
 
 
 def _print_result(run_dir: Path, state) -> None:
-    t = Table(title=f"run {state.run_id}: {state.stop_reason}")
+    out.print(f"run {state.run_id} stopped: {state.stop_reason}", highlight=False, soft_wrap=True)
+    t = Table()
     t.add_column("policy")
     t.add_column("test mean", justify="right")
     t.add_column("std", justify="right")
