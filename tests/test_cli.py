@@ -334,3 +334,36 @@ def test_debug_flag_shows_the_exception(runner, tmp_path):
     from ratchet.errors import RunNotFoundError
 
     assert isinstance(res.exception, RunNotFoundError)
+
+
+# -- critique -------------------------------------------------------------------------------------
+
+def test_critique_prints_failure_modes_and_intervals(finished_run, runner):
+    _, run_dir, _ = finished_run
+    st = project(read_events(run_dir))
+    res = invoke(runner, "critique", run_dir, "--split", "test", "--candidate", st.baseline_id)
+    assert res.exit_code == 0, res.output
+    assert "95 % CI" in res.stdout and "failure modes" in res.stdout and "pole fell" in res.stdout
+    assert "compared seed by seed with the incumbent" in res.stdout
+
+
+def test_critique_json_is_structured(finished_run, runner):
+    _, run_dir, _ = finished_run
+    res = invoke(runner, "critique", run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["split"] == "validation"
+    assert {"stats", "mean_ci", "success_ci", "failure_modes", "regressions", "new_failures", "text"} <= set(data)
+
+
+def test_critique_bad_split_and_unknown_candidate(finished_run, runner):
+    _, run_dir, _ = finished_run
+    assert_one_line_error(invoke(runner, "critique", run_dir, "--split", "holdout"), "--split must be")
+    assert_one_line_error(invoke(runner, "critique", run_dir, "--candidate", "zzzz"), "no unique candidate")
+
+
+def test_finished_run_stores_test_critiques(finished_run):
+    _, run_dir, _ = finished_run
+    fin = events_of(read_events(run_dir), EventType.RUN_FINISHED)[0].payload
+    assert fin["baseline_test_critique"]["failure_modes"][0]["label"] in ("pole fell", "cart left the track")
+    assert "text" in fin["test_critique"]

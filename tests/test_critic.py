@@ -77,7 +77,7 @@ def test_critique_regressions_against_incumbent():
     cand = Evaluation("cand", "validation", (ep(1, 150), ep(2, 99), ep(3, 40), ep(4, 100), ep(9, 1)))
     c = Critic().critique(cand, inc)
     assert c.regressions == [(2, 99.0, 100.0), (3, 40.0, 100.0)]  # seed 9 has no incumbent episode
-    assert "regressions vs incumbent: 2 of 5 seeds" in c.text
+    assert "regressions against the compared policy: 2 of 5 seeds worse" in c.text
     tolerant = Critic(regression_tolerance=5.0).critique(cand, inc)
     assert tolerant.regressions == [(3, 40.0, 100.0)]
 

@@ -143,12 +143,24 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
         _fail(exc)
 
 
+def _write_report(state, run_dir: Path, path: Path, videos: bool) -> Path:
+    from ratchet.report.html import write_report
+    from ratchet.report.video import render_failure_examples
+
+    gifs = {}
+    if videos and state.status == "finished":
+        try:
+            gifs = render_failure_examples(state, run_dir / "videos")
+        except Exception as exc:  # rendering needs pygame; the report is still useful without GIFs
+            err.print(f"note: failure-mode GIFs skipped ({type(exc).__name__}: {escape(str(exc))})", highlight=False)
+    return write_report(state, path, gifs)
+
+
 def _finish(run_dir: Path, report: bool) -> None:
     state, _ = _load_state(str(run_dir), ".")
     if report:
-        from ratchet.report.html import write_report
-
-        write_report(state, run_dir / "report.html")
+        path = _write_report(state, run_dir, run_dir / "report.html", videos=True)
+        out.print(f"report: {path}", highlight=False, soft_wrap=True)
     _print_result(run_dir, state)
 
 
@@ -238,13 +250,13 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
 
 @app.command()
 def report(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
-           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html).")) -> None:
+           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
+           videos: bool = typer.Option(True, "--videos/--no-videos",
+                                       help="Render one GIF per top failure mode (re-runs those episodes).")) -> None:
     """Write a self-contained HTML report (opens offline)."""
-    from ratchet.report.html import write_report
-
     try:
         st, run_dir = _load_state(run, runs_dir)
-        path = write_report(st, output or run_dir / "report.html")
+        path = _write_report(st, run_dir, output or run_dir / "report.html", videos)
     except RatchetError as exc:
         _fail(exc)
         return
@@ -301,7 +313,6 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
     """Re-run one recorded episode and check its return against the ledger, bit for bit."""
     from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
-    from ratchet.task import GymTask
 
     try:
         st, _ = _load_state(run, runs_dir)
@@ -323,9 +334,7 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
             hint = ", ".join(map(str, seen[:5])) or "none"
             raise RunNotFoundError(f"candidate {cand.id} has no recorded episode with seed {seed}; recorded seeds "
                                    f"include {hint}")
-        t = st.spec["task"]
-        task = GymTask(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
-                       t.get("max_episode_steps"))
+        task = _task_of(st)
         if video is not None and video.suffix.lower() not in (".gif", ".mp4"):
             raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
         ex = ProcessExecutor(workers=1, episode_timeout_s=max(60.0, float(st.spec["execution"]["episode_timeout_s"])))
@@ -345,6 +354,55 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
             out.print(f"video: {video}", highlight=False, soft_wrap=True)
     except RatchetError as exc:
         _fail(exc)
+
+
+def _task_of(state):
+    from ratchet.task import GymTask
+
+    t = state.spec["task"]
+    return GymTask(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
+                   t.get("max_episode_steps"))
+
+
+@app.command()
+def critique(run: str = typer.Argument(..., help="Run id or run directory."),
+             candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
+             split: str = typer.Option("validation", "--split", help="validation, test or train (its latest evaluation)."),
+             runs_dir: str = RUNS_DIR_OPT,
+             as_json: bool = typer.Option(False, "--json", help="Print the structured critique as JSON.")) -> None:
+    """Diagnose a candidate's episodes: intervals, failure modes, regressions vs the incumbent."""
+    from rich.markdown import Markdown
+
+    from ratchet.critic import Critic
+
+    try:
+        if split not in ("validation", "test", "train"):
+            raise RatchetError(f"--split must be validation, test or train, got {split!r}")
+        st, _ = _load_state(run, runs_dir)
+        cid = candidate or st.incumbent_id
+        try:
+            cand = st.candidate(cid)
+        except KeyError:
+            raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}") from None
+        ev = st.evaluation(cand.id, split)
+        if ev is None:
+            raise RunNotFoundError(f"candidate {cand.id} has no {split} evaluation in run {st.run_id}"
+                                   + ("; the test split is evaluated only when a run finishes" if split == "test" else ""))
+        reference = st.incumbent_id if cand.id != st.incumbent_id else st.baseline_id
+        ref_ev = st.evaluation(reference, split) if reference and reference != cand.id else None
+        if ref_ev is not None and ref_ev.seeds != ev.seeds:
+            ref_ev = None
+        crit = Critic.for_task(_task_of(st)).critique(ev, ref_ev)
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(crit.to_dict(), indent=2) + "\n")
+        return
+    if ref_ev is not None:
+        out.print(f"(compared seed by seed with {'the incumbent' if reference == st.incumbent_id else 'the starting policy'} "
+                  f"{reference})", highlight=False)
+    out.print(Markdown(crit.text))
 
 
 @app.command()

@@ -11,7 +11,7 @@ import numpy as np
 
 from ratchet.rollout import Episode
 
-__all__ = ["Evaluation", "Critique", "Critic"]
+__all__ = ["Evaluation", "Critique", "Critic", "FailureMode", "is_failure"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,33 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class FailureMode:
+    """One group of failing episodes.
+
+    Attributes:
+        label: The cause (a diagnoser label, ``error: …``, or ``cluster k``).
+        count: Failing episodes in the group.
+        share: ``count`` over all episodes of the evaluation, in [0, 1].
+        mean_return: Mean return of the group's episodes.
+        example_seeds: Up to three seeds of the group, lowest return first.
+        description: For clusters, the final-state features that set the group apart, e.g.
+            ``"vy low (−2.1σ), angle high (+1.4σ)"`` (σ: standard deviation over all episodes).
+    """
+
+    label: str
+    count: int
+    share: float
+    mean_return: float
+    example_seeds: tuple[int, ...]
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"label": self.label, "count": self.count, "share": self.share, "mean_return": self.mean_return,
+                "example_seeds": list(self.example_seeds), "description": self.description}
+
+
+@dataclass(frozen=True)
 class Critique:
     """What went wrong in an evaluation, for a person or a refiner.
 
@@ -84,10 +111,16 @@ class Critique:
         candidate_id: The candidate critiqued.
         split: The split its evaluation covers.
         stats: :meth:`Evaluation.summary` of the evaluation.
+        mean_ci: 95 % bootstrap interval of the mean return (``scipy.stats.bootstrap``, BCa), or None
+            for fewer than 2 episodes.
+        success_ci: 95 % Wilson interval of the success rate, or None when the task has no success.
+        failure_modes: Failing episodes (errored, or unsuccessful where the task defines success)
+            grouped by cause, largest group first.
         errors: Error reason (first 80 chars) -> count.
         worst_seeds: Up to 5 ``(seed, return)`` pairs, lowest return first.
         regressions: Seeds where the candidate is worse than the incumbent by more than the tolerance,
             as ``(seed, candidate_return, incumbent_return)``.
+        new_failures: Seeds the incumbent succeeds on and the candidate fails.
         text: A short markdown rendering.
     """
 
@@ -98,18 +131,59 @@ class Critique:
     worst_seeds: list[tuple[int, float]] = field(default_factory=list)
     regressions: list[tuple[int, float, float]] = field(default_factory=list)
     text: str = ""
+    mean_ci: tuple[float, float] | None = None
+    success_ci: tuple[float, float] | None = None
+    failure_modes: list[FailureMode] = field(default_factory=list)
+    new_failures: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (stored in the ledger)."""
+        return {"candidate_id": self.candidate_id, "split": self.split, "stats": self.stats,
+                "mean_ci": list(self.mean_ci) if self.mean_ci else None,
+                "success_ci": list(self.success_ci) if self.success_ci else None,
+                "failure_modes": [m.to_dict() for m in self.failure_modes], "errors": self.errors,
+                "worst_seeds": [list(w) for w in self.worst_seeds],
+                "regressions": [list(r) for r in self.regressions], "new_failures": self.new_failures,
+                "text": self.text}
+
+
+def is_failure(ep: Episode) -> bool:
+    """An episode fails when it errored or, where the task defines success, did not succeed."""
+    return ep.error is not None or ep.success is False
 
 
 class Critic:
-    """Turns evaluations into critiques.
+    """Turns evaluations into critiques: intervals, failure modes, regressions, a readable text.
+
+    Failing episodes are grouped by ``diagnose(episode)[0]`` when a diagnoser is given (see
+    :mod:`ratchet.diagnosers`). Otherwise errored episodes are grouped by error text and the other
+    failing episodes are clustered on their final observation with k-means (scikit-learn; k in 2..4
+    chosen by silhouette score, one group when no clustering scores above 0.25); each cluster is
+    described by the two features whose cluster mean stands furthest, in standard deviations, from
+    the evaluation's mean.
 
     Args:
-        regression_tolerance: A seed counts as a regression when the candidate's return is lower
-            than the incumbent's by more than this (return units).
+        diagnose: Optional diagnoser ``Episode -> list[str]``.
+        observation_names: Names for final-observation features in cluster descriptions: a list, or
+            a function of the observation size returning one.
+        regression_tolerance: A seed is a regression when the candidate's return is lower than the
+            incumbent's by more than this (return units).
+        n_resamples: Bootstrap resamples for the mean's interval.
+        seed: Seed for the bootstrap and k-means (critiques are deterministic).
     """
 
-    def __init__(self, regression_tolerance: float = 0.0) -> None:
+    def __init__(self, diagnose: Any = None, observation_names: Sequence[str] | Any = None,
+                 regression_tolerance: float = 0.0, n_resamples: int = 2000, seed: int = 0) -> None:
+        self.diagnose = diagnose
+        self.observation_names = observation_names
         self.regression_tolerance = regression_tolerance
+        self.n_resamples = n_resamples
+        self.seed = seed
+
+    @classmethod
+    def for_task(cls, task: Any, **kwargs: Any) -> Critic:
+        """A critic using the task's diagnoser and observation names, when it has them."""
+        return cls(getattr(task, "diagnose", None), getattr(task, "observation_names", None), **kwargs)
 
     def critique(self, evaluation: Evaluation, incumbent: Evaluation | None = None) -> Critique:
         """Critique ``evaluation``, comparing seed by seed with ``incumbent`` when given."""
@@ -117,23 +191,135 @@ class Critic:
         errors = Counter((e.error or "")[:80] for e in eps if e.error)
         worst = sorted(((e.seed, e.episode_return) for e in eps), key=lambda t: t[1])[:5]
         regressions: list[tuple[int, float, float]] = []
+        new_failures: list[int] = []
         if incumbent is not None:
-            inc = {e.seed: e.episode_return for e in incumbent.episodes}
-            regressions = [(e.seed, e.episode_return, inc[e.seed]) for e in eps
-                           if e.seed in inc and e.episode_return < inc[e.seed] - self.regression_tolerance]
+            inc = {e.seed: e for e in incumbent.episodes}
+            regressions = [(e.seed, e.episode_return, inc[e.seed].episode_return) for e in eps
+                           if e.seed in inc and e.episode_return < inc[e.seed].episode_return - self.regression_tolerance]
+            new_failures = [e.seed for e in eps if e.seed in inc and is_failure(e) and inc[e.seed].success is True]
         stats = evaluation.summary()
-        lines = [f"### Candidate {evaluation.candidate_id} on {evaluation.split} ({stats['n']} episodes)",
-                 f"- mean return {stats['mean']:.2f} ± {stats['std']:.2f} (std)"]
-        if stats["success_rate"] is not None:
-            lines.append(f"- success rate {100 * stats['success_rate']:.1f} %")
-        if errors:
-            lines.append("- errors: " + "; ".join(f"{n}× {r}" for r, n in errors.most_common(3)))
-        if worst:
-            lines.append("- worst seeds: " + ", ".join(f"{s} ({r:.1f})" for s, r in worst))
-        if incumbent is not None:
-            lines.append(f"- regressions vs incumbent: {len(regressions)} of {len(eps)} seeds")
-        return Critique(evaluation.candidate_id, evaluation.split, stats, dict(errors), worst, regressions,
-                        "\n".join(lines))
+        mean_ci = self._mean_ci(evaluation.returns)
+        success_ci = self._success_ci(evaluation)
+        modes = self.failure_modes(evaluation)
+        text = _render(evaluation, stats, mean_ci, success_ci, modes, errors, worst,
+                       regressions if incumbent is not None else None, new_failures)
+        return Critique(evaluation.candidate_id, evaluation.split, stats, dict(errors), worst, regressions, text,
+                        mean_ci, success_ci, modes, new_failures)
+
+    def _mean_ci(self, returns: np.ndarray) -> tuple[float, float] | None:
+        if len(returns) < 2:
+            return None
+        if np.all(returns == returns[0]):
+            return (float(returns[0]), float(returns[0]))
+        from scipy.stats import bootstrap
+
+        res = bootstrap((returns,), np.mean, confidence_level=0.95, n_resamples=self.n_resamples,
+                        method="BCa", random_state=np.random.default_rng(self.seed))
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if not (np.isfinite(lo) and np.isfinite(hi)):  # BCa can fail on degenerate samples
+            lo, hi = (float(x) for x in np.percentile(returns, [2.5, 97.5]))
+        return (lo, hi)
+
+    @staticmethod
+    def _success_ci(evaluation: Evaluation) -> tuple[float, float] | None:
+        rate = evaluation.success_rate
+        if rate is None or evaluation.n == 0:
+            return None
+        from scipy.stats import binomtest
+
+        k = int(round(rate * evaluation.n))
+        ci = binomtest(k, evaluation.n).proportion_ci(confidence_level=0.95, method="wilson")
+        return (float(ci.low), float(ci.high))
+
+    def failure_modes(self, evaluation: Evaluation) -> list[FailureMode]:
+        """Group the evaluation's failing episodes by cause (see the class docstring)."""
+        eps = evaluation.episodes
+        failing = [e for e in eps if is_failure(e)]
+        if not failing:
+            return []
+        groups: dict[str, list[Episode]] = {}
+        descriptions: dict[str, str] = {}
+        if self.diagnose is not None:
+            for e in failing:
+                labels = self.diagnose(e) or ["unknown"]
+                groups.setdefault(labels[0], []).append(e)
+        else:
+            for e in failing:
+                if e.error:
+                    groups.setdefault("error: " + e.error[:60], []).append(e)
+            rest = [e for e in failing if not e.error]
+            if rest:
+                for label, members, desc in self._clusters(rest, eps):
+                    groups[label] = members
+                    descriptions[label] = desc
+        n = len(eps)
+        modes = []
+        for label, members in groups.items():
+            members = sorted(members, key=lambda e: e.episode_return)
+            modes.append(FailureMode(label, len(members), len(members) / n,
+                                     float(np.mean([e.episode_return for e in members])),
+                                     tuple(e.seed for e in members[:3]), descriptions.get(label, "")))
+        return sorted(modes, key=lambda m: (-m.count, m.label))
+
+    def _clusters(self, failing: list[Episode], all_eps: Sequence[Episode]) -> list[tuple[str, list[Episode], str]]:
+        feats = [e.diagnostics.get("final_observation") for e in failing]
+        sizes = {len(f) for f in feats if f}
+        if None in feats or len(sizes) != 1 or len(failing) < 6:
+            return [("failed", failing, "")]
+        X = np.array(feats, dtype=np.float64)
+        ref = np.array([e.diagnostics["final_observation"] for e in all_eps
+                        if e.diagnostics.get("final_observation") and len(e.diagnostics["final_observation"]) == X.shape[1]])
+        mu, sd = ref.mean(axis=0), ref.std(axis=0)
+        sd[sd == 0] = 1.0
+        Z = (X - mu) / sd
+        from sklearn.cluster import KMeans
+        from sklearn.metrics import silhouette_score
+
+        best_k, best_score, best_labels = 1, 0.25, np.zeros(len(failing), dtype=int)
+        for k in range(2, min(4, len(failing) // 3) + 1):
+            labels = KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit_predict(Z)
+            if len(set(labels)) < 2:
+                continue
+            score = silhouette_score(Z, labels)
+            if score > best_score:
+                best_k, best_score, best_labels = k, score, labels
+        names = self.observation_names(X.shape[1]) if callable(self.observation_names) else self.observation_names
+        if not names or len(names) != X.shape[1]:
+            names = [f"obs[{i}]" for i in range(X.shape[1])]
+        out = []
+        for c in range(best_k):
+            members = [e for e, lab in zip(failing, best_labels) if lab == c]
+            zc = Z[best_labels == c].mean(axis=0)
+            top = np.argsort(-np.abs(zc))[:2]
+            desc = ", ".join(f"{names[i]} {'high' if zc[i] > 0 else 'low'} ({zc[i]:+.1f}σ)" for i in top)
+            out.append((f"cluster {c + 1}" if best_k > 1 else "failed", members, desc))
+        return out
+
+
+def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float, float] | None,
+            success_ci: tuple[float, float] | None, modes: list[FailureMode], errors: Counter,
+            worst: list[tuple[int, float]], regressions: list[tuple[int, float, float]] | None,
+            new_failures: list[int]) -> str:
+    ci = f" (95 % CI {mean_ci[0]:.2f} to {mean_ci[1]:.2f})" if mean_ci else ""
+    lines = [f"### Candidate {evaluation.candidate_id} on {evaluation.split} ({stats['n']} episodes)",
+             f"- mean return {stats['mean']:.2f}{ci}, std {stats['std']:.2f}"]
+    if stats["success_rate"] is not None:
+        sci = f" (95 % CI {100 * success_ci[0]:.1f}–{100 * success_ci[1]:.1f} %)" if success_ci else ""
+        lines.append(f"- success rate {100 * stats['success_rate']:.1f} %{sci}")
+    if modes:
+        lines.append("- failure modes:")
+        for m in modes:
+            desc = f" — {m.description}" if m.description else ""
+            lines.append(f"  - **{m.label}**: {m.count} episode{'s' if m.count != 1 else ''} ({100 * m.share:.1f} %), mean return "
+                         f"{m.mean_return:.1f}, e.g. seeds {', '.join(map(str, m.example_seeds))}{desc}")
+    if errors:
+        lines.append("- errors: " + "; ".join(f"{n}× {r}" for r, n in errors.most_common(3)))
+    if worst:
+        lines.append("- worst seeds: " + ", ".join(f"{s} ({r:.1f})" for s, r in worst))
+    if regressions is not None:
+        lines.append(f"- regressions against the compared policy: {len(regressions)} of {len(evaluation.episodes)} "
+                     f"seeds worse, {len(new_failures)} newly failing")
+    return "\n".join(lines)
 
 
 def evaluation_from_episodes(candidate_id: str, split: str, episodes: Sequence[Episode]) -> Evaluation:

@@ -89,7 +89,7 @@ class _Run:
                                         spec.refiner.gate_candidate)
         self.refiner = CMAESRefiner(program, spec.refiner.sigma0, spec.refiner.popsize, seed=spec.seed)
         self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement)
-        self.critic = Critic()
+        self.critic = Critic.for_task(self.task, seed=spec.seed)
         self.rng = np.random.default_rng(spec.seed)
         self.usage = Usage()
         self.validation_seeds = self.splits.seeds("validation", 0, spec.gate.validation_episodes)
@@ -209,6 +209,7 @@ class _Run:
                 decision = self.gate.decide(cand_val, inc_val)
                 self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
                             {"generation": generation, **decision.to_dict(),
+                             "critique": self.critic.critique(cand_val, inc_val).to_dict(),
                              "candidate_validation": cand_val.summary(), "incumbent_validation": inc_val.summary(),
                              "env_steps": self.usage.env_steps})
                 if decision.promoted:
@@ -225,7 +226,7 @@ class _Run:
                        "promoted": bool(decision and decision.promoted), "sigma": self.refiner.sigma,
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,
-                       "critique": critique.text}
+                       "critique": critique.to_dict()}
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
             self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s)
             completed = generation
@@ -237,6 +238,8 @@ class _Run:
                     {"stop_reason": stop, "generations": completed, "incumbent_id": incumbent.id,
                      "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
                      "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
+                     "test_critique": self.critic.critique(test[incumbent.id], test[baseline.id]).to_dict(),
+                     "baseline_test_critique": self.critic.critique(test[baseline.id]).to_dict(),
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                      "wall_clock_s": self.usage.wall_clock_s})
         return RunResult(self.run_dir, stop, incumbent, test[baseline.id], test[incumbent.id])

@@ -28,8 +28,9 @@ class Episode:
         success: Task-defined success (False for an errored episode), or None when the task
             defines no success.
         error: Why the episode failed (policy exception, invalid action, timeout, worker crash), or None.
-        diagnostics: Task details: ``final_observation`` (list of float), ``cause``
-            (``"terminated"``, ``"truncated"`` or ``"error"``).
+        diagnostics: Task details: ``final_observation`` (list of float, at most 64 entries),
+            ``final_reward`` (the last step's reward), ``cause`` (``"terminated"``, ``"truncated"`` or
+            ``"error"``).
     """
 
     seed: int
@@ -177,7 +178,7 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
     random.seed(seed)
     np.random.seed(seed % 2**32)
     params = dict(params)
-    total, steps = 0.0, 0
+    total, steps, reward = 0.0, 0, 0.0
     obs = None
     try:
         if reset is not None:
@@ -203,4 +204,5 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
                        {"cause": "error", "final_observation": _obs_list(obs)})
     success = task.is_success(total, bool(terminated), bool(truncated))
     return Episode(seed, total, steps, bool(terminated), bool(truncated), success, None,
-                   {"cause": "terminated" if terminated else "truncated", "final_observation": _obs_list(obs)})
+                   {"cause": "terminated" if terminated else "truncated", "final_observation": _obs_list(obs),
+                    "final_reward": float(reward)})

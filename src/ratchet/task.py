@@ -88,6 +88,22 @@ class GymTask:
             return None
         return bool(episode_return >= self.success_threshold)
 
+    @property
+    def diagnose(self) -> Any:
+        """The shipped failure diagnoser for this env (``Episode -> list[str]``), or None.
+
+        See :mod:`ratchet.diagnosers` (LunarLander, CartPole, BipedalWalker).
+        """
+        from ratchet.diagnosers import diagnoser_for
+
+        return diagnoser_for(self.env_id)
+
+    def observation_names(self, size: int) -> list[str]:
+        """Readable names for the ``size`` observation components."""
+        from ratchet.diagnosers import observation_names
+
+        return observation_names(self.env_id, size)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description."""
         return {"kind": "gym", "env_id": self.env_id, "env_kwargs": dict(self.env_kwargs),

@@ -45,6 +45,8 @@ class RunState:
     generation_log: list[dict[str, Any]] = field(default_factory=list)
     baseline_test: dict[str, Any] | None = None
     test: dict[str, Any] | None = None
+    baseline_test_critique: dict[str, Any] | None = None
+    test_critique: dict[str, Any] | None = None
 
     def candidate(self, candidate_id: str) -> Candidate:
         """The full candidate (source resolved) with this id (a unique prefix is enough).
@@ -139,6 +141,7 @@ def project(events: list[Event]) -> RunState:
         elif ev.type is EventType.RUN_FINISHED:
             st.status, st.stop_reason = "finished", p["stop_reason"]
             st.baseline_test, st.test = p["baseline_test"], p["test"]
+            st.baseline_test_critique, st.test_critique = p.get("baseline_test_critique"), p.get("test_critique")
             st.wall_clock_s = p.get("wall_clock_s", ev.time - st.started_at)
         elif ev.type is EventType.RUN_FAILED:
             st.status, st.error = "failed", p["error"]

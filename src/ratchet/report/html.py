@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Mapping
 from pathlib import Path
 
 from ratchet.ledger.projection import RunState
@@ -29,12 +30,40 @@ def _fmt(x, digits: int = 2) -> str:
     return html.escape(str(x))
 
 
-def render_report(state: RunState) -> str:
+def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
+    esc = html.escape
+    parts = []
+    for tag, title, crit in (("before", "starting policy", state.baseline_test_critique),
+                             ("after", "final incumbent", state.test_critique)):
+        if crit is None:
+            continue
+        modes = crit.get("failure_modes", [])
+        if not modes:
+            parts.append(f"<h3>{title}: no failing test episodes</h3>")
+            continue
+        rows = "".join(f"<tr><td style='text-align:left'>{esc(m['label'])}</td><td>{m['count']}</td>"
+                       f"<td>{100 * m['share']:.1f} %</td><td>{m['mean_return']:.1f}</td>"
+                       f"<td>{esc(', '.join(map(str, m['example_seeds'])))}</td>"
+                       f"<td style='text-align:left'>{esc(m.get('description', ''))}</td></tr>" for m in modes)
+        parts.append(f"<h3>{title}</h3><table><tr><th>failure mode</th><th>episodes</th><th>share</th>"
+                     f"<th>mean return</th><th>example seeds</th><th>what sets it apart</th></tr>{rows}</table>")
+        gifs = [(label, path) for label, path in videos.items() if label.startswith(tag + ":")]
+        for label, path in gifs:
+            data = base64.b64encode(Path(path).read_bytes()).decode()
+            parts.append(f"<figure style='display:inline-block;margin:4px'><img alt='{esc(label)}' "
+                         f"src='data:image/gif;base64,{data}'><figcaption>{esc(label)}</figcaption></figure>")
+    if not parts:
+        return ""
+    return "<h2>Failure modes on the test split, before vs after</h2>" + "".join(parts)
+
+
+def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> str:
     """The report page for a run, as an HTML string.
 
     Sections: summary (baseline vs final on the test split), incumbent validation score vs env steps,
-    test-return distributions before vs after, success rate before vs after, parameter changes,
-    lineage of promotions.
+    test-return distributions before vs after, success rate before vs after, failure modes before vs
+    after (with an example GIF per top mode when ``videos`` has one), parameter changes, lineage of
+    promotions.
     """
     import matplotlib
 
@@ -102,6 +131,8 @@ def render_report(state: RunState) -> str:
             axes[1].set_axis_off()
         parts.append("<h2>Test returns and success rate, before vs after</h2>" + _png(fig))
 
+    parts.append(_failure_table(state, videos or {}))
+
     # parameter changes
     if state.baseline_id and state.incumbent_id:
         b = state.candidates[state.baseline_id]["params"]
@@ -134,9 +165,9 @@ def render_report(state: RunState) -> str:
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
 
 
-def write_report(state: RunState, path: str | Path) -> Path:
-    """Write :func:`render_report` to ``path`` and return it."""
+def write_report(state: RunState, path: str | Path, videos: Mapping[str, Path] | None = None) -> Path:
+    """Write :func:`render_report` to ``path`` and return it (GIFs in ``videos`` are embedded)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(state), encoding="utf-8")
+    out.write_text(render_report(state, videos), encoding="utf-8")
     return out

@@ -44,8 +44,47 @@ def record_episode(env: Any, module: Any, params: Mapping[str, float], seed: int
     frames = [f for f in rec.frames if f is not None]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".gif":
-        imageio.mimsave(out, frames[::2], duration=1000 * 2 / fps, loop=0)
+    if out.suffix.lower() == ".gif":  # every 2nd frame at half resolution keeps GIFs small
+        small = [f[::2, ::2] for f in frames[::2][:300]]
+        imageio.mimsave(out, small, duration=1000 * 2 / fps, loop=0)
     else:
         imageio.mimsave(out, frames, fps=fps)
     return ep
+
+
+def render_failure_examples(state: Any, out_dir: str | Path, max_modes: int = 3,
+                            timeout_s: float = 120.0) -> dict[str, Path]:
+    """Render one example episode (GIF) per top test-split failure mode, before and after.
+
+    Reads the failure modes stored with the finished run (``ratchet critique`` computes the same)
+    and re-runs each mode's first example seed with the starting policy ("before") or the final
+    incumbent ("after") in a worker process.
+
+    Returns:
+        ``"<before|after>: <mode label>"`` -> GIF path, for the episodes that rendered.
+    """
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.task import GymTask
+
+    out_dir = Path(out_dir)
+    t = state.spec["task"]
+    task = GymTask(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
+                   t.get("max_episode_steps"))
+    wanted: list[tuple[str, Any, int, Path]] = []
+    for tag, crit, cid in (("before", state.baseline_test_critique, state.baseline_id),
+                           ("after", state.test_critique, state.incumbent_id)):
+        if not crit or not cid:
+            continue
+        for i, mode in enumerate(crit.get("failure_modes", [])[:max_modes]):
+            if mode["example_seeds"]:
+                wanted.append((f"{tag}: {mode['label']}", state.candidate(cid), int(mode["example_seeds"][0]),
+                               out_dir / f"failure-{tag}-{i + 1}.gif"))
+    if not wanted:
+        return {}
+    ex = ProcessExecutor(workers=1, episode_timeout_s=timeout_s)
+    try:
+        eps = ex.run(task, [Job(c, s) for _, c, s, _ in wanted], render_paths=[str(p.resolve()) for *_, p in wanted])
+    finally:
+        ex.close()
+    return {label: path for (label, _, _, path), ep in zip(wanted, eps) if ep.error is None and path.is_file()}
