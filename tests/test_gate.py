@@ -42,7 +42,7 @@ def test_clear_improvement_promotes(gate):
     assert d.promoted is True
     assert d.p_value < 0.001
     assert math.isclose(d.mean_diff, float(gain.mean()), rel_tol=1e-9)
-    assert (d.candidate_id, d.incumbent_id, d.n, d.test, d.alpha) == ("cand", "inc", 20, gate.test, 0.05)
+    assert (d.candidate_id, d.incumbent_id, d.n, d.test, d.alpha) == ("cand", "inc", 20, gate.test, 0.025)  # α/(1·2)
     assert "better" in d.reason
     assert d.to_dict()["promoted"] is True
 
@@ -157,3 +157,50 @@ def test_incumbent_mean_never_decreases_on_promotion(gate):
         d = gate.decide(ev("c", cand), ev("i", inc))
         if d.promoted:
             assert cand.mean() > inc.mean()
+
+
+# -- alpha spending and regression obligations ------------------------------------------------------
+
+def test_harmonic_spending_levels_sum_to_alpha():
+    from ratchet.gate import spending_level
+
+    levels = [spending_level(0.05, k, "harmonic") for k in range(1, 10_001)]
+    assert levels[:3] == pytest.approx([0.025, 0.05 / 6, 0.05 / 12])
+    assert sum(levels) < 0.05 and sum(levels) == pytest.approx(0.05, rel=1e-3)
+    assert spending_level(0.05, 7, "none") == 0.05
+
+
+def test_later_decisions_need_stronger_evidence():
+    gate = PairedTestGate(alpha=0.05)
+    inc = base()
+    gain = np.random.default_rng(3).normal(1.0, 2.5, size=20)  # p around 0.03–0.05
+    first, tenth = gate.decide(ev("c", inc + gain), ev("inc", inc), k=1), gate.decide(ev("c", inc + gain), ev("inc", inc), k=10)
+    assert first.p_value == tenth.p_value
+    assert tenth.alpha == pytest.approx(0.05 / 110)
+    assert first.promoted or first.p_value >= 0.025
+    assert not tenth.promoted and "α_10" in tenth.reason
+    assert PairedTestGate(alpha=0.05, spending="none").decide(ev("c", inc + gain), ev("inc", inc), k=10).alpha == 0.05
+
+
+def _success_ev(cid, returns, successes):
+    return Evaluation(cid, "validation", tuple(Episode(i, float(r), 10, True, False, bool(s))
+                                                for i, (r, s) in enumerate(zip(returns, successes))))
+
+
+def test_regression_obligation_rejects_new_failures_despite_higher_mean():
+    inc = _success_ev("inc", [200.0] * 20, [True] * 20)
+    # far higher mean, but fails 3 of the 20 seeds the incumbent succeeds on
+    cand = _success_ev("cand", [400.0] * 17 + [150.0] * 3, [True] * 17 + [False] * 3)
+    assert PairedTestGate().decide(cand, inc).promoted
+    strict = PairedTestGate(max_new_failures=0.1).decide(cand, inc)
+    assert not strict.promoted and "newly fails 3 of 20" in strict.reason
+    assert PairedTestGate(max_new_failures=0.2).decide(cand, inc).promoted
+
+
+def test_bad_spending_and_obligation_rejected():
+    with pytest.raises(ValueError):
+        PairedTestGate(spending="bonferroni")
+    with pytest.raises(ValueError):
+        PairedTestGate(max_new_failures=1.5)
+    with pytest.raises(ValueError):
+        PairedTestGate().decide(ev("c", base()), ev("i", base()), k=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
@@ -118,3 +119,69 @@ def test_should_gate_respects_max_share_when_budget_is_far(share):
     assert p.should_gate(used, 10, 100.0) is False  # (share*10k + 1k) / 11k > share
     fresh = Usage(env_steps=10_000, validation_env_steps=0)
     assert p.should_gate(fresh, 10, 100.0) is True
+
+
+# -- weakness-focused training seeds --------------------------------------------------------------
+
+def _ep(seed, ret, success=None, error=None):
+    from ratchet.rollout import Episode
+
+    return Episode(seed, float(ret), 10, error is None, False, success, error)
+
+
+def test_weakness_pool_weights_by_shortfall_and_forgets_solved_seeds():
+    from ratchet.planner import WeaknessPool
+
+    pool = WeaknessPool(max_size=3)
+    pool.update([_ep(1, 100, False), _ep(2, 190, False), _ep(3, 250, True), _ep(4, 0, error="boom")], reference=200)
+    assert pool.weights[1] == pytest.approx(100) and pool.weights[2] == pytest.approx(10)
+    assert 3 not in pool.weights and 4 in pool.weights
+    pool.update([_ep(1, 230, True)], reference=200)  # the incumbent now lands seed 1
+    assert 1 not in pool.weights
+    pool.update([_ep(5, -50, False), _ep(6, -80, False)], reference=200)
+    assert len(pool) == 3 and 2 not in pool.weights  # only the worst three stay
+
+
+def test_weakness_pool_samples_in_proportion_to_weight():
+    from ratchet.planner import WeaknessPool
+
+    pool = WeaknessPool()
+    pool.update([_ep(10, 0, False), _ep(20, 199, False)], reference=200)  # weights 200 and 1
+    rng = np.random.default_rng(0)
+    draws = [pool.sample(1, rng)[0] for _ in range(400)]
+    assert draws.count(10) > 370
+    assert sorted(pool.sample(5, rng)) == [10, 20]  # never more than the pool holds, no repeats
+
+
+def test_plan_mixes_pool_and_fresh_seeds_deterministically():
+    from ratchet.planner import Budget, IncumbentPlanner, SeedSplits
+    from ratchet.spec import BudgetSpec
+
+    def planner(share):
+        p = IncumbentPlanner(SeedSplits(3), 5, 0.3, Budget(BudgetSpec(env_steps=10_000)), weakness_share=share)
+        p.pool.update([_ep(s, 0, False) for s in (3, 6, 9, 12)], reference=200)
+        return p
+
+    plain = planner(0.0).plan(4)
+    assert plain.weak_seeds == () and len(plain.train_seeds) == 5
+    a, b = planner(0.4).plan(4), planner(0.4).plan(4)
+    assert a == b and len(a.weak_seeds) == 2 and set(a.weak_seeds) <= {3, 6, 9, 12}
+    assert len(a.train_seeds) == 5 and set(a.train_seeds) - set(a.weak_seeds) <= set(plain.train_seeds)
+
+
+def test_run_with_weakness_share_replays_failed_training_seeds(tmp_path):
+    from conftest import make_spec_dir, read_events
+    from ratchet.ledger.projection import project
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    spec = load_spec(make_spec_dir(tmp_path / "s", planner={"weakness_share": 0.6}, refiner={"train_episodes": 5},
+                                   budget={"env_steps": 60_000, "target": 500},
+                                   test={"episodes": 3}, execution={"workers": 1}))
+    start_run(spec, tmp_path / "runs", "weak")
+    st = project(read_events(tmp_path / "runs" / "weak"))
+    weak = [s for g in st.generation_log for s in g["weak_seeds"]]
+    assert weak, "the incumbent fails CartPole at first, so later generations should revisit those seeds"
+    assert all(s % 3 == 0 for s in weak)  # train split only
+    earlier = {s for g in st.generation_log for s in g["train_seeds"]}
+    assert set(weak) <= earlier

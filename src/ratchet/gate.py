@@ -11,7 +11,7 @@ from scipy import stats
 
 from ratchet.critic import Evaluation
 
-__all__ = ["Decision", "Gate", "PairedTestGate"]
+__all__ = ["Decision", "Gate", "PairedTestGate", "spending_level"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Decision:
         mean_diff: Mean paired difference candidate − incumbent (return units).
         n: Number of paired validation seeds.
         test: Test used (``"t"`` or ``"wilcoxon"``).
-        alpha: Significance level used.
+        alpha: Significance level used for this decision (after alpha spending).
         reason: One line explaining the verdict.
     """
 
@@ -48,52 +48,90 @@ class Decision:
 class Gate(Protocol):
     """Decides promotions from validation evaluations only."""
 
-    def decide(self, candidate: Evaluation, incumbent: Evaluation) -> Decision:
-        """Compare two evaluations on the same validation seeds."""
+    def decide(self, candidate: Evaluation, incumbent: Evaluation, k: int = 1) -> Decision:
+        """Compare two evaluations on the same validation seeds as the run's ``k``-th decision."""
+
+
+def spending_level(alpha: float, k: int, spending: str) -> float:
+    """Significance level of the run's ``k``-th gate decision (1-based).
+
+    ``"harmonic"``: ``alpha / (k (k + 1))`` — the levels sum to ``alpha`` over any number of
+    decisions, so by the union bound the chance that a run *ever* promotes a candidate that is not
+    better (family-wise false-promotion rate) stays at most ``alpha``, however often it gates.
+    ``"none"``: ``alpha`` for every decision (each decision alone is a level-``alpha`` test).
+    """
+    if spending == "none":
+        return alpha
+    return alpha / (k * (k + 1))
 
 
 class PairedTestGate:
-    """One-sided paired test over the validation seeds.
+    """One-sided paired test over the validation seeds, with alpha spending across decisions.
 
     Promotes when the candidate has no errored episode, its mean paired difference exceeds
-    ``min_improvement``, and the one-sided p-value is below ``alpha``. With ``test="t"`` this is the
-    paired t-test (``scipy.stats.ttest_rel``, ``alternative="greater"``); with ``"wilcoxon"`` the
-    Wilcoxon signed-rank test (``scipy.stats.wilcoxon``). When every paired difference is equal (for
-    example all episodes at the time limit) the t statistic is undefined: equal positive differences
-    give p = 0, zero differences give p = 1.
+    ``min_improvement``, it does not newly fail too many of the seeds the incumbent succeeds on
+    (``max_new_failures``), and the one-sided p-value is below this decision's level. With
+    ``test="t"`` the p-value is the paired t-test's (``scipy.stats.ttest_1samp`` on the differences,
+    ``alternative="greater"``); with ``"wilcoxon"`` the Wilcoxon signed-rank test's
+    (``scipy.stats.wilcoxon``). When every paired difference is equal (for example all episodes at
+    the time limit) the t statistic is undefined: equal positive differences give p = 0, zero
+    differences give p = 1.
+
+    Why alpha spending: a run tests many candidates against one fixed validation set; at a constant
+    level α each decision has an α chance of promoting noise, so a run with 20 gates would promote
+    noise far more often than α. With ``spending="harmonic"`` (default) the k-th decision uses
+    ``alpha / (k (k + 1))`` (see :func:`spending_level`), which keeps the chance of any false
+    promotion in a whole run at most α (union bound; the decision to gate may depend on training
+    data and on the incumbent's validation scores without breaking this, since each level-α_k test is
+    valid whatever led to it). The price is power late in a run: later candidates need stronger
+    evidence. Refreshing validation seeds would not remove the multiplicity; an anytime-valid test
+    would, but needs more episodes per decision.
 
     Because a promoted candidate always has a higher validation mean than the incumbent, the
     incumbent's validation mean never goes down.
 
     Args:
-        alpha: Significance level in (0, 1).
+        alpha: Family-wise significance level in (0, 1).
         test: ``"t"`` or ``"wilcoxon"``.
         min_improvement: Minimum mean paired difference (return units) to promote.
+        spending: ``"harmonic"`` or ``"none"``.
+        max_new_failures: Regression obligation: reject when the candidate fails more than this share
+            (0–1) of the validation seeds on which the incumbent succeeds, whatever its mean. None
+            disables the check.
 
     Raises:
-        ValueError: bad ``alpha`` or ``test``.
+        ValueError: bad ``alpha``, ``test``, ``spending`` or ``max_new_failures``.
     """
 
-    def __init__(self, alpha: float = 0.05, test: str = "t", min_improvement: float = 0.0) -> None:
+    def __init__(self, alpha: float = 0.05, test: str = "t", min_improvement: float = 0.0,
+                 spending: str = "harmonic", max_new_failures: float | None = None) -> None:
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if test not in ("t", "wilcoxon"):
             raise ValueError(f"test must be \"t\" or \"wilcoxon\", got {test!r}")
+        if spending not in ("harmonic", "none"):
+            raise ValueError(f"spending must be \"harmonic\" or \"none\", got {spending!r}")
+        if max_new_failures is not None and not 0.0 <= max_new_failures <= 1.0:
+            raise ValueError(f"max_new_failures must be in [0, 1], got {max_new_failures}")
         self.alpha, self.test, self.min_improvement = alpha, test, min_improvement
+        self.spending, self.max_new_failures = spending, max_new_failures
 
-    def decide(self, candidate: Evaluation, incumbent: Evaluation) -> Decision:
-        """See class docstring.
+    def decide(self, candidate: Evaluation, incumbent: Evaluation, k: int = 1) -> Decision:
+        """Decide on ``candidate`` as the run's ``k``-th gate decision (1-based; sets the level).
 
         Raises:
-            ValueError: the two evaluations do not cover the same seeds.
+            ValueError: the two evaluations do not cover the same seeds, or ``k < 1``.
         """
         if candidate.seeds != incumbent.seeds:
             raise ValueError("candidate and incumbent must be evaluated on the same validation seeds")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
         n = candidate.n
+        level = spending_level(self.alpha, k, self.spending)
 
         def verdict(promoted: bool, p: float, diff: float, reason: str) -> Decision:
             return Decision(candidate.candidate_id, incumbent.candidate_id, promoted, p, diff, n, self.test,
-                            self.alpha, reason)
+                            level, reason)
 
         if candidate.n_errors:
             return verdict(False, 1.0, float("nan"), f"{candidate.n_errors} validation episode(s) failed with an error")
@@ -102,9 +140,14 @@ class PairedTestGate:
         p = self._p_value(d)
         if diff <= self.min_improvement:
             return verdict(False, p, diff, f"mean difference {diff:+.3f} not above {self.min_improvement:g}")
-        if p >= self.alpha:
-            return verdict(False, p, diff, f"not significant: p = {p:.4f} ≥ α = {self.alpha:g}")
-        return verdict(True, p, diff, f"better by {diff:+.3f} (p = {p:.2g} < α = {self.alpha:g})")
+        if self.max_new_failures is not None:
+            held = [c.success is not True for c, i in zip(candidate.episodes, incumbent.episodes) if i.success is True]
+            if held and sum(held) / len(held) > self.max_new_failures:
+                return verdict(False, p, diff, f"newly fails {sum(held)} of {len(held)} validation seeds the incumbent "
+                                               f"succeeds on (more than {100 * self.max_new_failures:g} %)")
+        if p >= level:
+            return verdict(False, p, diff, f"not significant: p = {p:.4g} ≥ α_{k} = {level:.4g}")
+        return verdict(True, p, diff, f"better by {diff:+.3f} (p = {p:.2g} < α_{k} = {level:.4g})")
 
     def _p_value(self, d: np.ndarray) -> float:
         if len(d) < 2:

@@ -86,9 +86,11 @@ class _Run:
         self.splits = SeedSplits(spec.seed)
         self.budget = Budget(spec.budget)
         self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
-                                        spec.refiner.gate_candidate)
+                                        spec.refiner.gate_candidate, spec.planner.weakness_share,
+                                        spec.planner.pool_size)
         self.refiner = CMAESRefiner(program, spec.refiner.sigma0, spec.refiner.popsize, seed=spec.seed)
-        self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement)
+        self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement, spec.gate.spending,
+                                   spec.gate.max_new_failures)
         self.critic = Critic.for_task(self.task, seed=spec.seed)
         self.rng = np.random.default_rng(spec.seed)
         self.usage = Usage()
@@ -166,7 +168,7 @@ class _Run:
         incumbent = baseline
         inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
-        stale, generation, completed, stop = 0, 0, 0, None
+        stale, generation, completed, n_decisions, stop = 0, 0, 0, 0, None
         while stop is None:
             generation += 1
             replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
@@ -198,6 +200,8 @@ class _Run:
             # critique
             inc_train = train[incumbent.id]
             critique = self.critic.critique(inc_train)
+            threshold = self.task.success_threshold
+            self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
             best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
             decision = None
@@ -206,7 +210,8 @@ class _Run:
                     and self.planner.should_gate(self.usage, n_val, val_len, self._generation_cost(n_candidates, est_len),
                                                  self.task.step_limit)):
                 cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
-                decision = self.gate.decide(cand_val, inc_val)
+                n_decisions += 1
+                decision = self.gate.decide(cand_val, inc_val, k=n_decisions)
                 self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
                             {"generation": generation, **decision.to_dict(),
                              "critique": self.critic.critique(cand_val, inc_val).to_dict(),
@@ -220,6 +225,7 @@ class _Run:
                     incumbent, inc_val = best, cand_val
             stale = 0 if decision is not None and decision.promoted else stale + 1
             summary = {"generation": generation, "train_seeds": list(plan.train_seeds),
+                       "weak_seeds": list(plan.weak_seeds), "weakness_pool": len(self.planner.pool),
                        "best_train_mean": train[best.id].mean if best else None,
                        "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
@@ -255,7 +261,7 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(2).hex()}"
 
 
-def _drive(run: _Run) -> RunResult:
+def _drive(run: _Run, close_executor: bool) -> RunResult:
     try:
         return run.run()
     except KeyboardInterrupt:
@@ -264,7 +270,8 @@ def _drive(run: _Run) -> RunResult:
         run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
         raise
     finally:
-        run.executor.close()
+        if close_executor:
+            run.executor.close()
 
 
 def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None = None, *,
@@ -275,7 +282,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         spec: Validated run spec.
         runs_dir: Folder that holds run directories.
         run_id: Directory name; default ``<spec.name>-<timestamp>-<hex>``.
-        executor: Where episodes run; default a process pool per ``[execution]``.
+        executor: Where episodes run; default a process pool per ``[execution]`` (closed at the end;
+            an executor passed in stays open, so one pool can serve many runs).
         progress: Called with a dict after each generation.
 
     Returns:
@@ -300,7 +308,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
-    return _drive(run)
+    return _drive(run, close_executor=executor is None)
 
 
 def _executor_for(spec: RunSpec) -> Executor:
@@ -366,4 +374,4 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     events = ledger.read()
     r._clock_offset = _active_seconds(events)
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "events_before": len(events)})
-    return _drive(r)
+    return _drive(r, close_executor=executor is None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from ratchet.policy import Candidate
 
 from ratchet.spec import BudgetSpec
 
-__all__ = ["SeedSplits", "Usage", "Budget", "Plan", "IncumbentPlanner"]
+__all__ = ["SeedSplits", "Usage", "Budget", "Plan", "WeaknessPool", "IncumbentPlanner"]
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 
@@ -105,11 +106,59 @@ class Plan:
 
     Attributes:
         generation: 1-based generation number.
-        train_seeds: Fresh training seeds, shared by every candidate (common random numbers).
+        train_seeds: Training seeds, shared by every candidate (common random numbers): fresh ones,
+            plus ``weak_seeds`` drawn from the weakness pool.
+        weak_seeds: The part of ``train_seeds`` drawn from the weakness pool.
     """
 
     generation: int
     train_seeds: tuple[int, ...]
+    weak_seeds: tuple[int, ...] = ()
+
+
+class WeaknessPool:
+    """Training seeds on which the incumbent failed, weighted by how badly.
+
+    After every generation the planner shows the pool the incumbent's training episodes: a seed
+    enters (or stays) when the incumbent's return there falls short of the reference — the task's
+    success threshold when it has one, else the incumbent's validation mean — with weight equal to
+    the shortfall (return units); a seed the incumbent now handles leaves. Sampling is weighted,
+    without replacement. The idea follows weakness-guided environment generation and
+    autocurricula over hard instances (e.g. prioritized level replay, Jiang et al. 2021).
+
+    Args:
+        max_size: Most seeds kept (the worst ones stay).
+    """
+
+    def __init__(self, max_size: int = 200) -> None:
+        self.max_size = max_size
+        self.weights: dict[int, float] = {}
+
+    def update(self, episodes: Sequence[Any], reference: float | None) -> None:
+        """Add, reweight or drop seeds given the incumbent's episodes on them."""
+        for ep in episodes:
+            shortfall = (reference - ep.episode_return) if reference is not None else None
+            failed = ep.error is not None or ep.success is False or (shortfall is not None and shortfall > 0)
+            if failed:  # an errored episode counts at least as badly as a unit shortfall
+                self.weights[ep.seed] = max(shortfall or 0.0, 1.0 if ep.error else 1e-3)
+            else:
+                self.weights.pop(ep.seed, None)
+        if len(self.weights) > self.max_size:
+            keep = sorted(self.weights.items(), key=lambda kv: -kv[1])[:self.max_size]
+            self.weights = dict(keep)
+
+    def sample(self, k: int, rng: np.random.Generator) -> list[int]:
+        """Up to ``k`` distinct seeds, drawn with probability proportional to their weight."""
+        if k <= 0 or not self.weights:
+            return []
+        seeds = sorted(self.weights)
+        w = np.array([self.weights[s] for s in seeds], dtype=np.float64)
+        k = min(k, len(seeds))
+        idx = rng.choice(len(seeds), size=k, replace=False, p=w / w.sum())
+        return [seeds[i] for i in sorted(idx)]
+
+    def __len__(self) -> int:
+        return len(self.weights)
 
 
 class IncumbentPlanner:
@@ -125,17 +174,39 @@ class IncumbentPlanner:
         max_share: Largest share of env steps to spend on validation, in (0, 1].
         budget: The run's budget.
         gate_choice: ``"mean"`` or ``"best"``; see :meth:`gate_candidate`.
+        weakness_share: Share (0–1) of each generation's training seeds drawn from the weakness pool
+            (seeds the incumbent failed on); 0 gives fresh seeds only.
+        pool_size: Most seeds the weakness pool keeps.
     """
 
     def __init__(self, splits: SeedSplits, train_episodes: int, max_share: float, budget: Budget,
-                 gate_choice: str = "best") -> None:
+                 gate_choice: str = "best", weakness_share: float = 0.0, pool_size: int = 200) -> None:
         self.splits, self.train_episodes, self.max_share, self.budget = splits, train_episodes, max_share, budget
         self.gate_choice = gate_choice
+        self.weakness_share = weakness_share
+        self.pool = WeaknessPool(pool_size)
 
     def plan(self, generation: int) -> Plan:
-        """Plan ``generation`` (1-based)."""
+        """Plan ``generation`` (1-based): ``train_episodes`` seeds, a ``weakness_share`` of them from the
+        weakness pool (when it has any) and the rest fresh. Deterministic given the run seed and the
+        pool's history, so a resumed run plans the same seeds."""
+        n_weak = int(round(self.weakness_share * self.train_episodes))
+        rng = np.random.default_rng([self.splits.run_seed, generation, 7])
+        weak = self.pool.sample(n_weak, rng)
         start = (generation - 1) * self.train_episodes
-        return Plan(generation, tuple(self.splits.seeds("train", start, self.train_episodes)))
+        fresh = self.splits.seeds("train", start, self.train_episodes - len(weak))
+        return Plan(generation, tuple(fresh + weak), tuple(weak))
+
+    def observe_incumbent(self, train: Evaluation, reference: float | None) -> None:
+        """Feed the incumbent's training episodes of a generation to the weakness pool.
+
+        Args:
+            train: The incumbent's evaluation on the generation's training seeds.
+            reference: The return an episode should reach (the loop passes the task's success
+                threshold, or the incumbent's validation mean when the task has none); None uses the
+                episodes' ``success`` flags and errors only.
+        """
+        self.pool.update(train.episodes, reference)
 
     def can_afford_generation(self, usage: Usage, n_candidates: int, est_episode_steps: float,
                               step_limit: int | None = None) -> bool:

@@ -82,6 +82,20 @@ class GateSpec(_Section):
     validation_episodes: int = Field(50, ge=2, description="Number of fixed validation seeds.")
     min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).")
     max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.")
+    spending: Literal["harmonic", "none"] = Field(
+        "harmonic", description="Alpha spending across a run's gate decisions: harmonic keeps the chance of any "
+                                "false promotion in a run at most alpha; none tests every decision at alpha.")
+    max_new_failures: float | None = Field(
+        None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
+                                      "seeds the incumbent succeeds on, even if its mean is higher.")
+
+
+class PlannerSpec(_Section):
+    """``[planner]``: where the training episodes go."""
+
+    weakness_share: float = Field(0.0, ge=0, le=1, description="Share of each generation's training seeds drawn "
+                                  "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.")
+    pool_size: int = Field(200, ge=1, description="Most seeds the weakness pool keeps.")
 
 
 class BudgetSpec(_Section):
@@ -122,6 +136,7 @@ class RunSpec(_Section):
     task: TaskSpec
     policy: PolicySpec = PolicySpec()
     refiner: RefinerSpec = RefinerSpec()
+    planner: PlannerSpec = PlannerSpec()
     gate: GateSpec = GateSpec()
     budget: BudgetSpec = BudgetSpec()
     test: TestSpec = TestSpec()

@@ -1,0 +1,49 @@
+"""A fast version of the null-gate experiment (benchmarks/null_gate.py runs 100 runs per setting).
+
+On the null task no candidate is better in expectation, so every promotion is false. With alpha
+spending a run's chance of any promotion is at most alpha; without it, repeated gating inflates it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ratchet.execution.process import ProcessExecutor
+from ratchet.ledger.projection import project
+from ratchet.loop import open_ledger, start_run
+from ratchet.spec import load_spec
+
+NULL_TASK = Path(__file__).resolve().parents[1] / "benchmarks" / "null_task"
+
+
+def _runs_with_promotion(tmp_path, spending: str, n_runs: int) -> tuple[int, int]:
+    base = load_spec(NULL_TASK)
+    promoted = decisions = 0
+    with ProcessExecutor(workers=2) as ex:
+        for seed in range(n_runs):
+            spec = base.model_copy(update={
+                "seed": seed,
+                "budget": base.budget.model_copy(update={"env_steps": 30_000}),
+                "gate": base.gate.model_copy(update={"spending": spending}),
+                "test": base.test.model_copy(update={"episodes": 2}),
+            })
+            result = start_run(spec, tmp_path / spending, f"null-{seed}", executor=ex)
+            st = project(open_ledger(result.run_dir).read())
+            decisions += len(st.gates)
+            promoted += bool(st.promotions)
+    return promoted, decisions
+
+
+def test_null_runs_rarely_promote_with_alpha_spending(tmp_path):
+    promoted, decisions = _runs_with_promotion(tmp_path, "harmonic", 16)
+    assert decisions >= 16, "the null task should gate several times per run, or the test proves nothing"
+    # at most alpha = 0.05 of runs in expectation; 16 runs: P(>= 4 promoted runs) < 1 % at exactly 5 %
+    assert promoted <= 3
+
+
+@pytest.mark.slow
+def test_null_runs_without_spending_promote_too_often(tmp_path):
+    promoted, _ = _runs_with_promotion(tmp_path, "none", 24)
+    assert promoted >= 2
