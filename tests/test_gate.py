@@ -42,7 +42,7 @@ def test_clear_improvement_promotes(gate):
     assert d.promoted is True
     assert d.p_value < 0.001
     assert math.isclose(d.mean_diff, float(gain.mean()), rel_tol=1e-9)
-    assert (d.candidate_id, d.incumbent_id, d.n, d.test, d.alpha) == ("cand", "inc", 20, gate.test, 0.025)  # α/(1·2)
+    assert (d.candidate_id, d.incumbent_id, d.n, d.test, d.alpha) == ("cand", "inc", 20, gate.test, 0.0125)  # α/(2·1·2)
     assert "better" in d.reason
     assert d.to_dict()["promoted"] is True
 
@@ -165,8 +165,9 @@ def test_harmonic_spending_levels_sum_to_alpha():
     from ratchet.gate import spending_level
 
     levels = [spending_level(0.05, k, "harmonic") for k in range(1, 10_001)]
-    assert levels[:3] == pytest.approx([0.025, 0.05 / 6, 0.05 / 12])
-    assert sum(levels) < 0.05 and sum(levels) == pytest.approx(0.05, rel=1e-3)
+    assert levels[:3] == pytest.approx([0.0125, 0.05 / 12, 0.05 / 24])
+    # the levels sum to alpha/2; under the null about half the decisions are contested, hence alpha
+    assert sum(levels) < 0.025 and sum(levels) == pytest.approx(0.025, rel=1e-3)
     assert spending_level(0.05, 7, "none") == 0.05
 
 
@@ -176,8 +177,8 @@ def test_later_decisions_need_stronger_evidence():
     gain = np.random.default_rng(3).normal(1.0, 2.5, size=20)  # p around 0.03–0.05
     first, tenth = gate.decide(ev("c", inc + gain), ev("inc", inc), k=1), gate.decide(ev("c", inc + gain), ev("inc", inc), k=10)
     assert first.p_value == tenth.p_value
-    assert tenth.alpha == pytest.approx(0.05 / 110)
-    assert first.promoted or first.p_value >= 0.025
+    assert tenth.alpha == pytest.approx(0.05 / 220)
+    assert first.promoted or first.p_value >= 0.0125
     assert not tenth.promoted and "α_10" in tenth.reason
     assert PairedTestGate(alpha=0.05, spending="none").decide(ev("c", inc + gain), ev("inc", inc), k=10).alpha == 0.05
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ratchet.errors import RatchetError, ReplayMismatchError, RunNotFoundError
+from ratchet.errors import LedgerError, RatchetError, ReplayMismatchError, RunNotFoundError
 
 app = typer.Typer(help="ratchet: make an existing decision policy better, provably "
                        "(plan → execute → critique → refine → gate).",
@@ -45,14 +45,17 @@ def _load_state(run: str, runs_dir: str):
     from ratchet.ledger.projection import project
     from ratchet.loop import open_ledger
 
-    ledger = open_ledger(run, runs_dir)
+    ledger = open_ledger(run, runs_dir, readonly=True)
     try:
         events = ledger.read()
     finally:
         ledger.close()
     if not events:
         raise RunNotFoundError(f"run {run!r} has an empty ledger")
-    return project(events), ledger.path.parent
+    try:
+        return project(events), ledger.path.parent
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LedgerError(f"ledger {ledger.path} is damaged: an event lacks {exc}") from None
 
 
 class _Progress:
@@ -125,9 +128,12 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
 
+    from ratchet.loop import new_run_id
+
     progress = None
     try:
         s = load_spec(spec)
+        run_id = run_id or new_run_id(s.name)
         progress = _Progress()
         result = start_run(s, runs_dir, run_id, progress=progress)
         progress.stop()
@@ -135,7 +141,7 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
     except KeyboardInterrupt:
         if progress:
             progress.stop()
-        err.print("interrupted; continue with `ratchet resume RUN`")
+        err.print(f"interrupted; continue with `ratchet resume {Path(runs_dir) / str(run_id)}`", highlight=False)
         raise typer.Exit(130)
     except RatchetError as exc:
         if progress:
@@ -179,7 +185,7 @@ def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs
     except KeyboardInterrupt:
         if progress:
             progress.stop()
-        err.print("interrupted; continue with `ratchet resume RUN`")
+        err.print(f"interrupted; continue with `ratchet resume {run}`", highlight=False)
         raise typer.Exit(130)
     except RatchetError as exc:
         if progress:
@@ -193,18 +199,21 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT) -> None:
     from ratchet.loop import LEDGER_FILE
 
     root = Path(runs_dir)
+    if root.exists() and not root.is_dir():
+        _fail(RunNotFoundError(f"--runs-dir {root} is a file; runs live in the folder `ratchet run --runs-dir` used"))
     dirs = sorted(p for p in root.iterdir() if (p / LEDGER_FILE).is_file()) if root.is_dir() else []
     if not dirs:
         out.print(f"no runs in {root}")
         return
     t = Table()
     for col in ("run", "status", "env", "gens", "env steps", "incumbent val", "test mean", "test success"):
-        t.add_column(col, justify="right" if col not in ("run", "status", "env") else "left")
+        t.add_column(col, justify="right" if col not in ("run", "status", "env") else "left",
+                     no_wrap=col == "run", min_width=None)
     for d in dirs:
         try:
             st, _ = _load_state(str(d), ".")
-        except RatchetError as exc:
-            t.add_row(d.name, f"unreadable: {exc}", "", "", "", "", "", "")
+        except Exception as exc:  # one damaged run must not hide the others
+            t.add_row(d.name, f"unreadable: {escape(str(exc))[:80]}", "", "", "", "", "", "")
             continue
         test = st.test or {}
         sr = test.get("success_rate")
@@ -252,11 +261,17 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
 def report(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
            videos: bool = typer.Option(True, "--videos/--no-videos",
-                                       help="Render one GIF per top failure mode (re-runs those episodes).")) -> None:
+                                       help="Render one GIF per top failure mode (re-runs those episodes)."),
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file.")) -> None:
     """Write a self-contained HTML report (opens offline)."""
     try:
         st, run_dir = _load_state(run, runs_dir)
-        path = _write_report(st, run_dir, output or run_dir / "report.html", videos)
+        if output is not None:
+            _check_output(output, force, "--output")
+        try:
+            path = _write_report(st, run_dir, output or run_dir / "report.html", videos)
+        except OSError as exc:
+            raise RatchetError(f"cannot write the report: {exc.strerror or exc}") from None
     except RatchetError as exc:
         _fail(exc)
         return
@@ -277,8 +292,11 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
     from ratchet.task import GymTask
 
     try:
+        from ratchet.loop import check_task
+
         program = load_policy(policy)
         task = GymTask(env)
+        check_task(task)
         cand = program.candidate()
         ex = make_executor(workers, timeout)
         try:
@@ -294,7 +312,7 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
         t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
     for e in eps[:50]:
         t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), str(e.terminated), str(e.truncated),
-                  str(e.success), e.error or "")
+                  str(e.success), escape(e.error or ""))
     if len(eps) > 50:
         t.add_row("…", "", "", "", "", "", f"{len(eps) - 50} more")
     out.print(t)
@@ -302,6 +320,8 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
     sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
     out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} over {s['n']} episodes{sr} · errors {s['n_errors']} · "
               f"{s['env_steps']:,} env steps")
+    if s["n_errors"] == s["n"]:
+        _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy and evaluate again"))
 
 
 @app.command()
@@ -335,8 +355,17 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
             raise RunNotFoundError(f"candidate {cand.id} has no recorded episode with seed {seed}; recorded seeds "
                                    f"include {hint}")
         task = _task_of(st)
-        if video is not None and video.suffix.lower() not in (".gif", ".mp4"):
-            raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
+        if video is not None:
+            if video.suffix.lower() not in (".gif", ".mp4"):
+                raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
+            if video.suffix.lower() == ".mp4":
+                try:
+                    import imageio_ffmpeg  # noqa: F401
+                except ImportError:
+                    raise RatchetError("--video .mp4 needs ffmpeg: pip install 'policy-ratchet[video]' "
+                                       "(or write a .gif)") from None
+            if video.is_dir() or not video.parent.is_dir():
+                raise RatchetError(f"--video {video}: give a file in an existing folder")
         ex = ProcessExecutor(workers=1, episode_timeout_s=max(60.0, float(st.spec["execution"]["episode_timeout_s"])))
         try:
             ep = ex.run(task, [Job(cand, seed)], render_paths=[str(video.resolve()) if video else None])[0]
@@ -354,6 +383,18 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
             out.print(f"video: {video}", highlight=False, soft_wrap=True)
     except RatchetError as exc:
         _fail(exc)
+
+
+def _check_output(path: Path, force: bool, what: str) -> None:
+    """Refuse to clobber a ledger ever, or any existing file without --force."""
+    from ratchet.loop import LEDGER_FILE
+
+    if path.is_dir():
+        raise RatchetError(f"{what} {path} is a folder; give a file name")
+    if path.name.startswith(LEDGER_FILE) or (path.is_file() and path.read_bytes()[:15] == b"SQLite format 3"):
+        raise RatchetError(f"refusing to overwrite {path}: it is a run ledger; choose another output file")
+    if path.exists() and not force:
+        raise RatchetError(f"{path} exists; pass --force to overwrite it")
 
 
 def _task_of(state):
@@ -421,8 +462,7 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
             cand = st.candidate(cid)
         except KeyError:
             raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}") from None
-        if output.exists() and not force:
-            raise RatchetError(f"{output} exists; pass --force to overwrite it")
+        _check_output(output, force, "--output")
         val = st.evaluation(cand.id, "validation")
         score = f" (validation mean {val.mean:.2f} on {val.n} episodes)" if val is not None else ""
         header = f"Exported by ratchet from run {st.run_id}, candidate {cand.id}{score}."

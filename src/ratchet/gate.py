@@ -27,6 +27,7 @@ class Decision:
         n: Number of paired validation seeds.
         test: Test used (``"t"`` or ``"wilcoxon"``).
         alpha: Significance level used for this decision (after alpha spending).
+        contested: Whether the mean difference was positive (only such decisions spend alpha).
         reason: One line explaining the verdict.
     """
 
@@ -39,6 +40,7 @@ class Decision:
     test: str
     alpha: float
     reason: str
+    contested: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -53,16 +55,22 @@ class Gate(Protocol):
 
 
 def spending_level(alpha: float, k: int, spending: str) -> float:
-    """Significance level of the run's ``k``-th gate decision (1-based).
+    """Significance level of the run's ``k``-th *contested* gate decision (1-based).
 
-    ``"harmonic"``: ``alpha / (k (k + 1))`` — the levels sum to ``alpha`` over any number of
-    decisions, so by the union bound the chance that a run *ever* promotes a candidate that is not
-    better (family-wise false-promotion rate) stays at most ``alpha``, however often it gates.
+    A decision is contested when the candidate's mean paired difference on validation is positive;
+    a candidate that does worse than the incumbent on validation cannot be promoted at any level, so
+    it spends nothing.
+
+    ``"harmonic"``: ``alpha / (2 k (k + 1))``. The levels sum to ``alpha / 2``; under the null a
+    decision is contested with probability about 1/2 (a symmetric paired difference), so the
+    expected number of decisions up to and including the k-th contested one is at most 2 per
+    contested decision, and the union bound gives a run-wide chance of any false promotion of at
+    most ``2 · alpha / 2 = alpha``, however often the run gates.
     ``"none"``: ``alpha`` for every decision (each decision alone is a level-``alpha`` test).
     """
     if spending == "none":
         return alpha
-    return alpha / (k * (k + 1))
+    return alpha / (2 * k * (k + 1))
 
 
 class PairedTestGate:
@@ -79,20 +87,22 @@ class PairedTestGate:
 
     Why alpha spending: a run tests many candidates against one fixed validation set; at a constant
     level α each decision has an α chance of promoting noise, so a run with 20 gates would promote
-    noise far more often than α. With ``spending="harmonic"`` (default) the k-th decision uses
-    ``alpha / (k (k + 1))`` (see :func:`spending_level`), which keeps the chance of any false
-    promotion in a whole run at most α (union bound; the decision to gate may depend on training
-    data and on the incumbent's validation scores without breaking this, since each level-α_k test is
-    valid whatever led to it). The price is power late in a run: later candidates need stronger
-    evidence. Refreshing validation seeds would not remove the multiplicity; an anytime-valid test
-    would, but needs more episodes per decision.
+    noise far more often than α. With ``spending="harmonic"`` (default) the k-th contested decision
+    (positive mean difference) uses ``alpha / (2 k (k + 1))`` (see :func:`spending_level`), which
+    keeps the chance of any false promotion in a whole run at most α (union bound; the decision to
+    gate may depend on training data and on the incumbent's validation scores without breaking
+    this, since each test is valid whatever led to it). The price is power late in a run: later
+    candidates need stronger evidence, so tasks with noisy returns need more validation episodes.
+    Refreshing validation seeds would not remove the multiplicity; an anytime-valid test would, but
+    needs more episodes per decision.
 
     Because a promoted candidate always has a higher validation mean than the incumbent, the
     incumbent's validation mean never goes down.
 
     Args:
         alpha: Family-wise significance level in (0, 1).
-        test: ``"t"`` or ``"wilcoxon"``.
+        test: ``"t"`` (default) or ``"wilcoxon"`` (rank based: more power on heavy-tailed returns, but it
+            tests a shift of the typical episode rather than of the mean).
         min_improvement: Minimum mean paired difference (return units) to promote.
         spending: ``"harmonic"`` or ``"none"``.
         max_new_failures: Regression obligation: reject when the candidate fails more than this share
@@ -117,7 +127,9 @@ class PairedTestGate:
         self.spending, self.max_new_failures = spending, max_new_failures
 
     def decide(self, candidate: Evaluation, incumbent: Evaluation, k: int = 1) -> Decision:
-        """Decide on ``candidate`` as the run's ``k``-th gate decision (1-based; sets the level).
+        """Decide on ``candidate``; if contested (positive mean difference) it is the run's ``k``-th
+        contested decision (1-based), which sets its level. The caller counts contested decisions:
+        :attr:`Decision.contested`.
 
         Raises:
             ValueError: the two evaluations do not cover the same seeds, or ``k < 1``.
@@ -131,7 +143,7 @@ class PairedTestGate:
 
         def verdict(promoted: bool, p: float, diff: float, reason: str) -> Decision:
             return Decision(candidate.candidate_id, incumbent.candidate_id, promoted, p, diff, n, self.test,
-                            level, reason)
+                            level, reason, bool(diff > 0))
 
         if candidate.n_errors:
             return verdict(False, 1.0, float("nan"), f"{candidate.n_errors} validation episode(s) failed with an error")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
 from ratchet.execution import Executor, Job, make_executor
 from ratchet.gate import PairedTestGate
 from ratchet.ledger import EventType, SQLiteLedger
+from ratchet.ledger.projection import active_seconds
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
 from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy
 from ratchet.refiners import CMAESRefiner
@@ -168,7 +170,7 @@ class _Run:
         incumbent = baseline
         inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
-        stale, generation, completed, n_decisions, stop = 0, 0, 0, 0, None
+        stale, generation, completed, n_contested, stop = 0, 0, 0, 0, None
         while stop is None:
             generation += 1
             replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
@@ -210,8 +212,8 @@ class _Run:
                     and self.planner.should_gate(self.usage, n_val, val_len, self._generation_cost(n_candidates, est_len),
                                                  self.task.step_limit)):
                 cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
-                n_decisions += 1
-                decision = self.gate.decide(cand_val, inc_val, k=n_decisions)
+                decision = self.gate.decide(cand_val, inc_val, k=n_contested + 1)
+                n_contested += decision.contested
                 self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
                             {"generation": generation, **decision.to_dict(),
                              "critique": self.critic.critique(cand_val, inc_val).to_dict(),
@@ -295,11 +297,22 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     """
     program = load_policy(spec.policy_path)
     run_id = run_id or new_run_id(spec.name)
+    if not _RUN_ID.match(run_id) or ".." in run_id:
+        raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
+    if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
+        raise RatchetError(f"--runs-dir {runs_dir} is a file; give a folder for run directories")
     run_dir = Path(runs_dir) / run_id
     if (run_dir / LEDGER_FILE).exists():
-        raise RatchetError(f"run {run_id} already exists in {runs_dir}; resume it with `ratchet resume {run_dir}` "
-                           "or pick another --run-id")
-    run_dir.mkdir(parents=True, exist_ok=True)
+        raise RatchetError(f"run {run_id} already exists in {runs_dir}; pick another --run-id "
+                           f"(or `ratchet resume {run_dir}` if it was interrupted)")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise RatchetError(f"{run_dir} exists and is not a run directory; pick another --run-id or --runs-dir")
+    check_task(GymTask(spec.task.env_id, spec.task.env_kwargs, spec.task.success_threshold, spec.task.action,
+                       spec.task.max_episode_steps))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
     (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
     ledger = SQLiteLedger(run_dir / LEDGER_FILE)
     run = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
@@ -311,36 +324,37 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     return _drive(run, close_executor=executor is None)
 
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_task(task: GymTask) -> None:
+    """Make the task's environment once (no policy code involved) so setup problems — a missing extra
+    such as MuJoCo, bad ``env_kwargs`` — fail the command up front in one line instead of failing every
+    episode later.
+
+    Raises:
+        TaskError: the environment cannot be made.
+    """
+    env = task.make_env()
+    env.close()
+
+
 def _executor_for(spec: RunSpec) -> Executor:
     return make_executor(spec.execution.workers, spec.execution.episode_timeout_s)
 
 
-def open_ledger(run: str | Path, runs_dir: str | Path = "runs") -> SQLiteLedger:
+def open_ledger(run: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False) -> SQLiteLedger:
     """Open an existing run's ledger, given a run directory or a run id under ``runs_dir``.
 
     Raises:
         RunNotFoundError: no such run.
+        LedgerError: the ledger file is damaged.
     """
     for cand in (Path(run), Path(runs_dir) / str(run)):
         if (cand / LEDGER_FILE).is_file():
-            return SQLiteLedger(cand / LEDGER_FILE, create=False)
+            return SQLiteLedger(cand / LEDGER_FILE, create=False, readonly=readonly)
     raise RunNotFoundError(f"no run {str(run)!r} (looked in {run} and {Path(runs_dir) / str(run)}); "
                            "`ratchet runs` lists the runs")
-
-
-def _active_seconds(events: Sequence[Any]) -> float:
-    """Wall-clock seconds the run was actually running: the sum over its sessions (start or resume
-    to that session's last event), so downtime between a kill and a resume is not counted."""
-    total, session_start, last = 0.0, None, None
-    for ev in events:
-        if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED):
-            if session_start is not None and last is not None:
-                total += last - session_start
-            session_start = ev.time
-        last = ev.time
-    if session_start is not None and last is not None:
-        total += last - session_start
-    return total
 
 
 def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Executor | None = None,
@@ -372,6 +386,6 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
     r = _Run(ledger.path.parent, spec, program, ledger, executor or _executor_for(spec), progress)
     events = ledger.read()
-    r._clock_offset = _active_seconds(events)
+    r._clock_offset = active_seconds(events)
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "events_before": len(events)})
     return _drive(r, close_executor=executor is None)

@@ -234,6 +234,9 @@ def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, .
         scale = spec.get("scale", "linear")
         if scale not in ("linear", "log"):
             raise PolicyError(f"{where}: parameter {name!r}: scale must be \"linear\" or \"log\", got {scale!r}")
+        if not math.isfinite(vals["high"] - vals["low"]):
+            raise PolicyError(f"{where}: parameter {name!r}: the range high - low overflows a float; use narrower "
+                              "bounds or scale \"log\"")
         if not vals["low"] < vals["high"]:
             raise PolicyError(f"{where}: parameter {name!r}: low ({vals['low']}) must be below high ({vals['high']})")
         if not vals["low"] <= vals["default"] <= vals["high"]:

@@ -108,12 +108,12 @@ def action_checker(space: Any, mode: str) -> Any:
                     if isinstance(action, (float, np.floating)) and not math.isfinite(action):
                         raise InvalidAction(f"action is non-finite ({action!r})")
                     raise InvalidAction(f"expected an int action for Discrete({hi - lo + 1}), "
-                                        f"got {type(action).__name__} {action!r}")
+                                        f"got {type(action).__name__} {repr(action)[:60]}")
                 a = int(action)
             if not lo <= a <= hi:
                 if mode == "clip":
                     return min(hi, max(lo, a))
-                raise InvalidAction(f"action {a} outside Discrete range [{lo}, {hi}]")
+                raise InvalidAction(f"action {str(a)[:40]} outside Discrete range [{lo}, {hi}]")
             return a
 
         return check_discrete
@@ -122,6 +122,8 @@ def action_checker(space: Any, mode: str) -> Any:
         size = int(np.prod(shape))
 
         def check_box(action: Any) -> np.ndarray:
+            if action is None or isinstance(action, (bool, np.bool_, str, bytes)):
+                raise InvalidAction(f"expected a numeric array of shape {shape}, got {type(action).__name__}")
             try:
                 arr = np.asarray(action, dtype=np.float64)
             except (TypeError, ValueError):
@@ -195,9 +197,13 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
             total += float(reward)
             if terminated or truncated:
                 break
-    except Exception as exc:  # the policy's failure is the episode's outcome
+    except BaseException as exc:  # the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
         kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
-        return Episode(seed, total, steps, False, False, _failure(task), f"{kind}: {exc}"[:500],
+        try:
+            text = str(exc)[:400]
+        except Exception:
+            text = "<unprintable exception>"
+        return Episode(seed, total, steps, False, False, _failure(task), f"{kind}: {text}"[:500],
                        {"cause": "error", "final_observation": _obs_list(obs)})
     if not math.isfinite(total):
         return Episode(seed, total, steps, False, False, _failure(task), "non-finite return",

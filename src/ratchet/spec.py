@@ -32,7 +32,7 @@ __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class TaskSpec(_Section):
@@ -78,7 +78,9 @@ class GateSpec(_Section):
     """``[gate]``: the promotion test on the fixed validation seeds."""
 
     alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided paired test.")
-    test: Literal["t", "wilcoxon"] = "t"
+    test: Literal["t", "wilcoxon"] = Field(
+        "t", description="Paired test on the validation seeds: the paired t-test (about the mean return) or the "
+                         "Wilcoxon signed-rank test (rank based, robust to heavy tails).")
     validation_episodes: int = Field(50, ge=2, description="Number of fixed validation seeds.")
     min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).")
     max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.")
@@ -131,7 +133,8 @@ class ExecutionSpec(_Section):
 class RunSpec(_Section):
     """A whole run spec. ``base_dir`` (the spec file's folder) resolves relative paths."""
 
-    name: str = "run"
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                      description="Run-id prefix: letters, digits, '.', '_', '-'.")
     seed: int = Field(0, ge=0, description="Run seed: fixes seed splits and the refiner's sampling.")
     task: TaskSpec
     policy: PolicySpec = PolicySpec()
@@ -182,6 +185,8 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
     """
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a table of settings")
+    if "base_dir" in data:
+        raise SpecError(f"{where}: unknown key base_dir; paths are relative to the spec file's folder")
     try:
         return RunSpec(**{**data, "base_dir": str(base_dir)})
     except ValidationError as exc:
@@ -209,6 +214,8 @@ def load_spec(path: str | Path) -> RunSpec:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{p}: invalid TOML: {exc}") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise SpecError(f"{p}: cannot read the spec as UTF-8 text ({type(exc).__name__}); give a ratchet.toml file") from None
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
     if not spec.policy_path.is_file():
         raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")

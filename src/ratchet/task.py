@@ -79,8 +79,9 @@ class GymTask:
             kwargs["max_episode_steps"] = self.max_episode_steps
         try:
             return gym.make(self.env_id, **kwargs)
-        except Exception as exc:  # gymnasium raises many types here
-            raise TaskError(f"cannot make {self.env_id} with {kwargs}: {exc}") from exc
+        except Exception as exc:  # gymnasium raises many types here (DependencyNotInstalled, TypeError, …)
+            text = " ".join(str(exc).split())[:300]
+            raise TaskError(f"cannot make {self.env_id} with env_kwargs {dict(self.env_kwargs)}: {text}") from None
 
     def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
         """``episode_return >= success_threshold``; ``None`` when there is no threshold."""

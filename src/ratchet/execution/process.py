@@ -34,7 +34,7 @@ class _Worker:
 
     def __init__(self) -> None:
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ, RATCHET_WORKER_FD=str(child_sock.fileno()))
+        env = dict(os.environ, RATCHET_WORKER_FD=str(child_sock.fileno()), RATCHET_PARENT_PID=str(os.getpid()))
         self.proc = subprocess.Popen([sys.executable, "-m", "ratchet.execution.worker"], env=env,
                                      pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
                                      start_new_session=True)

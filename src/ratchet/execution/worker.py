@@ -5,9 +5,33 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 _MODULE_CACHE_SIZE = 16
+
+
+def _exit_with_parent() -> None:
+    """Die with the parent: Linux's parent-death signal, plus a watchdog thread elsewhere (and for the
+    race where the parent died before the signal was armed). A hung policy cannot outlive ratchet."""
+    parent = int(os.environ.get("RATCHET_PARENT_PID", "0")) or os.getppid()
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True, name="ratchet-parent-watch").start()
 
 
 def worker_main(conn: Any) -> None:
@@ -16,6 +40,7 @@ def worker_main(conn: Any) -> None:
     Messages in: ``("job", job_id, task_dict, source_key, source_or_None, params, seed, render_path)``.
     Messages out: ``(job_id, episode_dict)``.
     """
+    _exit_with_parent()
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # headless rendering for --video
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     if not os.environ.get("RATCHET_WORKER_OUTPUT"):
@@ -77,9 +102,30 @@ def worker_main(conn: Any) -> None:
                     render_env.close()
             else:
                 ep = run_episode(env, module.act, getattr(module, "reset", None), params, seed, task)
-            conn.send((job_id, ep.to_dict()))
+            reply = (job_id, ep.to_dict())
         except Exception as exc:  # environment trouble: report it as this episode's error
-            conn.send((job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {exc}"[:500]).to_dict()))
+            reply = (job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
+                                            task=_task_or_none(task_dict)).to_dict())
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return  # the parent is gone
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)[:300]
+    except Exception:
+        return "<unprintable>"
+
+
+def _task_or_none(task_dict: Any) -> Any:
+    try:
+        from ratchet.task import GymTask
+
+        return GymTask.from_dict(task_dict)
+    except Exception:
+        return None
 
 
 if __name__ == "__main__":

@@ -105,6 +105,21 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
+def active_seconds(events: list[Event]) -> float:
+    """Wall-clock seconds the run was actually running: the sum over its sessions (start or resume
+    to that session's last event), so downtime between a kill and a resume is not counted."""
+    total, session_start, last = 0.0, None, None
+    for ev in events:
+        if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED):
+            if session_start is not None and last is not None:
+                total += last - session_start
+            session_start = ev.time
+        last = ev.time
+    if session_start is not None and last is not None:
+        total += last - session_start
+    return total
+
+
 def project(events: list[Event]) -> RunState:
     """Fold events into a :class:`RunState`."""
     st = RunState()
@@ -146,7 +161,7 @@ def project(events: list[Event]) -> RunState:
         elif ev.type is EventType.RUN_FAILED:
             st.status, st.error = "failed", p["error"]
     if st.status != "finished" and events:
-        st.wall_clock_s = events[-1].time - st.started_at
+        st.wall_clock_s = active_seconds(events)
         if st.status == "running" and not _pid_alive(pid):
             st.status = "interrupted"
     return st

@@ -39,19 +39,24 @@ class SQLiteLedger:
         LedgerError: the file is missing (``create=False``) or is not a ratchet ledger.
     """
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
-        if not create and not self.path.is_file():
+        if (not create or readonly) and not self.path.is_file():
             raise LedgerError(f"no ledger at {self.path}")
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"{self.path} is not a readable ratchet ledger: {exc}") from exc
+            if readonly:  # never modify the file (a damaged ledger stays as it is)
+                self._db = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro", uri=True, timeout=30,
+                                           isolation_level=None)
+                self._db.execute("SELECT seq, type, key, time, payload FROM events LIMIT 1").fetchall()
+            else:
+                if create:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerError(f"{self.path} is not a readable ratchet ledger: {exc}") from None
 
     def append(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
         """Append one event unless its key exists.
@@ -75,18 +80,30 @@ class SQLiteLedger:
 
     def get(self, key: str) -> Event | None:
         """The event with this key, or None."""
-        row = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE key = ?", (key,)).fetchone()
+        try:
+            row = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return None if row is None else self._row(row)
 
     def read(self, from_seq: int = 0) -> list[Event]:
-        """All events with ``seq > from_seq``, in order."""
-        rows = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE seq > ? ORDER BY seq",
-                                (from_seq,)).fetchall()
+        """All events with ``seq > from_seq``, in order.
+
+        Raises:
+            LedgerError: the file is damaged (unreadable rows, bad JSON, unknown event types).
+        """
+        try:
+            rows = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE seq > ? ORDER BY seq",
+                                    (from_seq,)).fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return [self._row(r) for r in rows]
 
-    @staticmethod
-    def _row(row: tuple) -> Event:
-        return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
+    def _row(self, row: tuple) -> Event:
+        try:
+            return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
+        except (ValueError, TypeError) as exc:
+            raise LedgerError(f"ledger {self.path} is damaged at event {row[0]}: {exc}") from None
 
     def close(self) -> None:
         """Close the connection."""
