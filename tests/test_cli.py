@@ -164,8 +164,8 @@ def test_evaluate_prints_table_and_mean(runner, pool, cartpole_task):
 
 def test_evaluate_reports_policy_errors_in_the_table(runner):
     res = invoke(runner, "evaluate", DATA / "policy_raises.py", "--env", "CartPole-v1", "-n", "2", "--workers", "1")
-    assert res.exit_code == 0, res.output
-    assert "errors 2" in res.stdout and "ZeroDivisionError" in res.stdout
+    assert "errors 2" in res.stdout and "ZeroDivisionError" in res.stdout  # the table shows every episode
+    assert_one_line_error(res, "every episode failed")  # and a policy that never works is a failed command
 
 
 # -- replay --------------------------------------------------------------------------------------
@@ -367,3 +367,54 @@ def test_finished_run_stores_test_critiques(finished_run):
     fin = events_of(read_events(run_dir), EventType.RUN_FINISHED)[0].payload
     assert fin["baseline_test_critique"]["failure_modes"][0]["label"] in ("pole fell", "cart left the track")
     assert "text" in fin["test_critique"]
+
+
+def test_bad_outputs_never_clobber_runs(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    assert_one_line_error(invoke(runner, "report", run_dir, "-o", run_dir / "ledger.sqlite", "--no-videos"), "run ledger")
+    assert_one_line_error(invoke(runner, "export", run_dir, "-o", run_dir / "ledger.sqlite", "--force"), "run ledger")
+    existing = tmp_path / "r.html"
+    existing.write_text("keep me")
+    assert_one_line_error(invoke(runner, "report", run_dir, "-o", existing, "--no-videos"), "--force")
+    assert existing.read_text() == "keep me"
+    assert project(read_events(run_dir)).status == "finished"
+
+
+def test_run_ids_must_be_plain_names(runner, tmp_path):
+    from conftest import make_spec_dir
+
+    spec_dir = make_spec_dir(tmp_path / "s")
+    for bad in ("../escaped", "a/b", "."):
+        assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", bad),
+                              "plain name")
+    (tmp_path / "runs" / "proj").mkdir(parents=True)
+    (tmp_path / "runs" / "proj" / "policy.py").write_text("# precious")
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "proj"),
+                          "not a run directory")
+    assert (tmp_path / "runs" / "proj" / "policy.py").read_text() == "# precious"
+
+
+def test_damaged_ledger_is_one_line_and_left_untouched(finished_run, runner, tmp_path):
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    db = sqlite3.connect(broken / "ledger.sqlite")
+    db.execute("UPDATE events SET payload = '{not json' WHERE seq = 3")
+    db.commit()
+    db.close()
+    before = (broken / "ledger.sqlite").read_bytes()
+    for cmd in (["show", broken], ["show", broken, "--json"], ["report", broken, "--no-videos", "-o", tmp_path / "x.html"],
+                ["export", broken, "-o", tmp_path / "p.py"]):
+        assert_one_line_error(invoke(runner, *cmd), "damaged")
+    assert (broken / "ledger.sqlite").read_bytes() == before
+
+
+def test_env_setup_problems_fail_up_front(runner, tmp_path):
+    from conftest import make_spec_dir
+
+    spec_dir = make_spec_dir(tmp_path / "s", task={"env_id": "CartPole-v1", "env_kwargs": {"bogus": 1}})
+    line = assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs"), "cannot make CartPole-v1")
+    assert "bogus" in line
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -364,8 +364,12 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
                 except ImportError:
                     raise RatchetError("--video .mp4 needs ffmpeg: pip install 'policy-ratchet[video]' "
                                        "(or write a .gif)") from None
-            if video.is_dir() or not video.parent.is_dir():
-                raise RatchetError(f"--video {video}: give a file in an existing folder")
+            try:
+                video.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                raise RatchetError(f"--video {video}: cannot create its folder") from None
+            if video.is_dir():
+                raise RatchetError(f"--video {video} is a folder; give a file name")
         ex = ProcessExecutor(workers=1, episode_timeout_s=max(60.0, float(st.spec["execution"]["episode_timeout_s"])))
         try:
             ep = ex.run(task, [Job(cand, seed)], render_paths=[str(video.resolve()) if video else None])[0]
