@@ -9,6 +9,7 @@ as copied in the project's shared/reference/published-numbers.md.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -39,13 +40,23 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     ap.add_argument("--seeds", default="0", help="Comma-separated run seeds (default: the spec's seed 0). With "
                                                  "several, the table has one row per (example, run seed).")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=JSON",
+                    help="Override a spec setting, e.g. --set gate.spending='\"harmonic\"'.")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
+    overrides = []
+    for item in args.set:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        overrides.append((section, name, json.loads(value)))  # applied per run below
     rows = []
     for name, seed in [(n, sd) for n in (args.only or list(EXAMPLES)) for sd in seeds]:
         target, check, budget, ref = EXAMPLES[name]
         spec = load_spec(ROOT / "examples" / name)
         spec = spec.model_copy(update={"seed": seed})
+        for section, key, value in overrides:
+            part = getattr(spec, section)
+            spec = spec.model_copy(update={section: part.model_copy(update={key: value})})
         t0 = time.perf_counter()
         result = start_run(spec, args.runs_dir, f"{name}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
         wall = time.perf_counter() - t0
@@ -67,7 +78,10 @@ def main() -> None:
     print(table)
     if args.write:
         title = "Examples" if seeds == [0] else "Examples across run seeds"
-        write_section(title, f"Command: `python benchmarks/examples.py --write{'' if seeds == [0] else ' --seeds ' + args.seeds}`"
+        extra = "".join(f" --set {x}" for x in args.set) + (f" --only {' '.join(args.only)}" if args.only else "")
+        if extra:
+            title += " with " + ", ".join(args.set or ["defaults"])
+        write_section(title, f"Command: `python benchmarks/examples.py --write{'' if seeds == [0] else ' --seeds ' + args.seeds}{extra}`"
                              f" (default settings of each example's ratchet.toml, 2 workers; the run seed also draws "
                              f"the validation and test seeds).\n\nMachine: {machine()}\n\n{table}")
 

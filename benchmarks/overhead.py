@@ -9,16 +9,17 @@ Writes the table to benchmarks/RESULTS.md (section "Executor overhead").
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
-
-import gymnasium as gym
 
 from _common import machine, write_section
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
-from ratchet.policy import compile_policy, load_policy
+from ratchet.policy import load_policy
 from ratchet.task import GymTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,21 +28,38 @@ CASES = [("CartPole-v1", ROOT / "examples/cartpole/policy.py",
          ("LunarLander-v3", ROOT / "examples/lunar_lander/policy.py", None)]  # Gymnasium's heuristic
 
 
+_PLAIN = """
+import json, sys, time
+import gymnasium as gym
+from ratchet.policy import compile_policy
+env_id, source, params, seeds = json.loads(sys.stdin.read())
+module = compile_policy(source)
+env = gym.make(env_id)
+steps, total = 0, 0.0
+env.reset(seed=10_000)  # warm-up, like the executor's warm-up batch
+t0 = time.perf_counter()
+for seed in seeds:
+    obs, _ = env.reset(seed=seed)
+    while True:
+        obs, reward, terminated, truncated, _ = env.step(module.act(obs, params))
+        total += float(reward)
+        steps += 1
+        if terminated or truncated:
+            break
+print(json.dumps([time.perf_counter() - t0, steps]))
+"""
+
+
 def plain_loop(env_id: str, source: str, params: dict, seeds: list[int]) -> tuple[float, int]:
-    """The baseline: one process, gymnasium.make + reset(seed) + step loop, the policy called directly."""
-    module = compile_policy(source)
-    env = gym.make(env_id)
-    steps, total = 0, 0.0
-    t0 = time.perf_counter()
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        while True:
-            obs, reward, terminated, truncated, _ = env.step(module.act(obs, params))
-            total += float(reward)
-            steps += 1
-            if terminated or truncated:
-                break
-    return time.perf_counter() - t0, steps
+    """The baseline: a plain gymnasium.make + reset(seed) + step loop calling the policy directly.
+
+    It runs in a fresh Python process, as ratchet's workers do, so both sides pay the same
+    process-placement luck (a fresh interpreter's speed on this machine varies by about ±5 %).
+    """
+    out = subprocess.run([sys.executable, "-c", _PLAIN], input=json.dumps([env_id, source, params, seeds]),
+                         capture_output=True, text=True, check=True)
+    elapsed, steps = json.loads(out.stdout.strip().splitlines()[-1])
+    return elapsed, steps
 
 
 def ratchet_run(env_id: str, cand, seeds: list[int], workers: int) -> tuple[float, int]:
@@ -86,7 +104,8 @@ def main() -> None:
         f"| {e} | {n} | {s:,} | {p:.3f} | {o:.3f} | {w:.3f} | {r:.3f} | {sp:.2f}× |\n" for e, n, s, p, o, w, r, sp in rows)
     print(table)
     body = (f"Command: `python benchmarks/overhead.py --episodes {args.episodes} --repeats {args.repeats}` "
-            f"(median of {args.repeats} interleaved repeats; worker start-up excluded by a warm-up batch).\n\n"
+            f"(median of {args.repeats} interleaved repeats; worker start-up excluded by a warm-up batch; the plain loop "
+            f"runs in a fresh Python process like a worker).\n\n"
             f"Machine: {machine()}\n\n{table}")
     write_section("Executor overhead", body)
 

@@ -84,7 +84,7 @@ class _Progress:
             fracs.append(usage.wall_clock_s / budget.wall_clock_s)
         frac = min(1.0, max(fracs)) if fracs else 0.0
         elapsed = time.monotonic() - self.t0
-        left = f"{elapsed * (1 - frac) / frac:.0f} s left" if frac > 0.01 else "…"
+        left = f"≈{elapsed * (1 - frac) / frac:.0f} s left" if frac > 0.05 else "estimating time left"
         best = info.get("best_train_mean")
         steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
         desc = (f"gen {info['generation']:>3} | best train {best if best is None else f'{best:9.2f}'} | "
@@ -253,7 +253,11 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         if s:
             sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+    if data["test_worst_seeds"]:
+        t.add_row("worst test seeds", ", ".join(map(str, data["test_worst_seeds"])) + "  (ratchet replay RUN --seed S)")
     t.add_row("directory", str(run_dir))
+    if (run_dir / "report.html").is_file():
+        t.add_row("report", str(run_dir / "report.html"))
     out.print(t)
 
 

@@ -276,7 +276,8 @@ class Critic:
         from sklearn.metrics import silhouette_score
 
         best_k, best_score, best_labels = 1, 0.25, np.zeros(len(failing), dtype=int)
-        for k in range(2, min(4, len(failing) // 3) + 1):
+        distinct = len(np.unique(np.round(Z, 9), axis=0))
+        for k in range(2, min(4, len(failing) // 3, distinct) + 1):
             labels = KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit_predict(Z)
             if len(set(labels)) < 2:
                 continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,9 +44,9 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        d = asdict(self)
-        d["diagnostics"] = dict(self.diagnostics)
-        return d
+        return {"seed": self.seed, "episode_return": self.episode_return, "length": self.length,
+                "terminated": self.terminated, "truncated": self.truncated, "success": self.success,
+                "error": self.error, "diagnostics": dict(self.diagnostics)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Episode:

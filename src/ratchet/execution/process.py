@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -42,7 +43,8 @@ class _Worker:
         self.conn = Connection(parent_sock.detach())
         self.ready = False
         self.known_sources: set[str] = set()
-        self.job: int | None = None
+        self.known_tasks: set[str] = set()
+        self.jobs: deque[int] = deque()
         self.deadline = 0.0
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
@@ -106,6 +108,10 @@ class ProcessExecutor:
             render_paths: Sequence[str | None] | None = None) -> list[Episode]:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
 
+        Each worker holds up to two jobs (the one running and the next), so it never waits for the
+        parent between episodes. A job's timeout clock starts when the job before it on the same
+        worker has finished.
+
         Args:
             render_paths: Optional per-job output file (GIF/MP4); when set the episode is rendered
                 to it (used by ``ratchet replay --video``).
@@ -114,75 +120,93 @@ class ProcessExecutor:
         if not jobs:
             return []
         task_dict = task.to_dict()
+        task_key = json.dumps(task_dict, sort_keys=True)
         pending: deque[int] = deque(range(len(jobs)))
         failed_candidates: dict[str, str] = {}
         self._ensure_workers(min(self.n_workers, len(jobs)))
-        idle = list(self._workers)
-        busy: dict[Any, _Worker] = {}
+        workers = list(self._workers)
+        for w in workers:
+            w.jobs = deque()
 
         def finish(i: int, ep: Episode) -> None:
             results[i] = ep
             if on_episode is not None:
                 on_episode(i, ep)
 
-        while pending or busy:
-            while pending and idle:
+        def fail_head(w: _Worker, reason: str) -> None:
+            """The worker's running job failed (timeout or crash): record it, requeue the job queued
+            behind it (it never started), and replace the worker."""
+            head = w.jobs.popleft()
+            failed_candidates[jobs[head].candidate.id] = reason
+            finish(head, Episode.failed(jobs[head].seed, reason, task=task))
+            pending.extendleft(reversed(w.jobs))
+            workers.remove(w)
+            workers.append(self._replace(w))
+
+        def dispatch(w: _Worker) -> bool:
+            while pending:
                 i = pending.popleft()
                 job = jobs[i]
                 cid = job.candidate.id
                 if cid in failed_candidates:
                     finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}", task=task))
                     continue
-                w = idle.pop()
                 key = _source_key(job.candidate.source)
                 src = None if key in w.known_sources else job.candidate.source
+                tdict = None if task_key in w.known_tasks else task_dict
                 try:
-                    w.conn.send(("job", i, task_dict, key, src, dict(job.candidate.params), job.seed,
+                    w.conn.send(("job", i, task_key, tdict, key, src, dict(job.candidate.params), job.seed,
                                  render_paths[i] if render_paths else None))
                 except (BrokenPipeError, OSError):
-                    self._replace(w, idle)
                     pending.appendleft(i)
-                    continue
+                    return False
                 w.known_sources.add(key)
-                w.job = i
-                w.deadline = time.monotonic() + self.episode_timeout_s
-                busy[w.conn] = w
+                w.known_tasks.add(task_key)
+                if not w.jobs:
+                    w.deadline = time.monotonic() + self.episode_timeout_s
+                w.jobs.append(i)
+                return True
+            return False
+
+        while True:
+            for depth in (1, 2):  # fill idle workers first, then queue one job behind each running one
+                for w in list(workers):
+                    if len(w.jobs) < depth and pending:
+                        if not dispatch(w) and pending and not w.jobs:
+                            workers.remove(w)
+                            workers.append(self._replace(w))
+            busy = {w.conn: w for w in workers if w.jobs}
             if not busy:
+                if not pending:
+                    break
                 continue
             timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            ready = wait(list(busy), timeout=timeout)
-            for conn in ready:
-                w = busy.pop(conn)
+            for conn in wait(list(busy), timeout=timeout):
+                w = busy[conn]
                 try:
                     job_id, ep_dict = conn.recv()
                 except (EOFError, OSError):
                     code = w.exit_code()
-                    reason = f"worker died (exit code {code}) on seed {jobs[w.job].seed}"
-                    failed_candidates[jobs[w.job].candidate.id] = reason
-                    finish(w.job, Episode.failed(jobs[w.job].seed, reason, task=task))
-                    self._replace(w, idle)
+                    fail_head(w, f"worker died (exit code {code}) on seed {jobs[w.jobs[0]].seed}")
                     continue
+                w.jobs.popleft()
+                w.deadline = time.monotonic() + self.episode_timeout_s
                 finish(job_id, Episode.from_dict(ep_dict))
-                w.job = None
-                idle.append(w)
             now = time.monotonic()
-            for conn, w in list(busy.items()):
-                if now >= w.deadline:
-                    busy.pop(conn)
-                    reason = f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.job].seed}"
-                    failed_candidates[jobs[w.job].candidate.id] = reason
-                    finish(w.job, Episode.failed(jobs[w.job].seed, reason, task=task))
-                    self._replace(w, idle)
+            for w in list(busy.values()):
+                if w.jobs and w in workers and now >= w.deadline:
+                    fail_head(w, f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.jobs[0]].seed}")
         return [r for r in results if r is not None]
 
-    def _replace(self, w: _Worker, idle: list[_Worker]) -> None:
+    def _replace(self, w: _Worker) -> _Worker:
+        """Kill ``w`` and start a ready replacement."""
         w.kill()
         if w in self._workers:
             self._workers.remove(w)
         nw = _Worker()
         nw.wait_ready()
         self._workers.append(nw)
-        idle.append(nw)
+        return nw
 
     def close(self) -> None:
         """Stop all workers."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -31,13 +30,15 @@ def _exit_with_parent() -> None:
                 os._exit(0)
             time.sleep(1.0)
 
-    threading.Thread(target=watch, daemon=True, name="ratchet-parent-watch").start()
+    if not os.environ.get("RATCHET_NO_WATCH"):
+        threading.Thread(target=watch, daemon=True, name="ratchet-parent-watch").start()
 
 
 def worker_main(conn: Any) -> None:
     """Serve jobs from ``conn`` until it closes.
 
-    Messages in: ``("job", job_id, task_dict, source_key, source_or_None, params, seed, render_path)``.
+    Messages in: ``("job", job_id, task_key, task_dict_or_None, source_key, source_or_None, params, seed,
+    render_path)`` (the task and source travel only the first time a worker sees them).
     Messages out: ``(job_id, episode_dict)``.
     """
     _exit_with_parent()
@@ -54,6 +55,7 @@ def worker_main(conn: Any) -> None:
 
     conn.send("ready")
     sources: dict[str, str] = {}
+    task_dicts: dict[str, Any] = {}
     modules: dict[str, Any] = {}
     codes: dict[str, Any] = {}
     envs: dict[str, tuple[Any, Any]] = {}
@@ -64,11 +66,13 @@ def worker_main(conn: Any) -> None:
             return
         if msg is None:
             return
-        _, job_id, task_dict, key, source, params, seed, render_path = msg
+        _, job_id, task_key, task_dict, key, source, params, seed, render_path = msg
         if source is not None:
             sources[key] = source
+        if task_dict is not None:
+            task_dicts[task_key] = task_dict
+        task_dict = task_dicts[task_key]
         try:
-            task_key = json.dumps(task_dict, sort_keys=True)
             if task_key not in envs:
                 task = GymTask.from_dict(task_dict)
                 envs[task_key] = (task, task.make_env())

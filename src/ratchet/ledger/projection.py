@@ -80,7 +80,10 @@ class RunState:
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
                               "params": dict(self.candidates.get(self.incumbent_id or "", {}).get("params", {}))},
                 "promotions": len(self.promotions),
-                "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test)}
+                "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
+                "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
+                "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
+                                       for m in (self.test_critique or {}).get("failure_modes", [])]}
 
 
 def _test_summary(s: dict[str, Any] | None) -> dict[str, Any] | None:
