@@ -90,3 +90,60 @@ def test_errored_candidates_rank_last():
     before = a.recommend().id
     a.observe([])  # observing again without proposing is a no-op
     assert a.recommend().id == before
+
+
+# -- several refiners, one budget ------------------------------------------------------------------
+
+def test_thompson_allocator_favours_the_arm_with_real_gains():
+    from ratchet.refiners import ThompsonAllocator
+
+    gains = {"good": 10.0, "meh": 1.0, "bad": 0.0}
+    alloc = ThompsonAllocator(list(gains), seed=0)
+    chosen = []
+    for gen in range(1, 121):
+        arm, why = alloc.choose(gen)
+        assert why["arm"] == arm and set(why["arms"]) == set(gains)
+        chosen.append(arm)
+        alloc.record(arm, gains[arm] if gen % 2 else 0.0)  # promotions in half the generations
+    assert chosen[:3] == ["good", "meh", "bad"]  # every arm tried once first
+    assert chosen[60:].count("good") > 45
+    again = ThompsonAllocator(list(gains), seed=0)
+    for gen, arm in enumerate(chosen[:10], start=1):  # deterministic: a resumed run re-makes the same choices
+        assert again.choose(gen)[0] == arm
+        again.record(arm, gains[arm] if gen % 2 else 0.0)
+
+
+def test_ipop_restart_doubles_the_population_after_stagnation():
+    import numpy as np
+
+    from ratchet.critic import Evaluation
+    from ratchet.policy import parse_policy
+    from ratchet.refiners import CMAESRefiner
+    from ratchet.rollout import Episode
+
+    prog = parse_policy('PARAMETERS = {"a": (0.0, -1.0, 1.0), "b": (0.0, -1.0, 1.0)}\ndef act(o, p):\n    return 0\n')
+    ref = CMAESRefiner(prog, 0.2, popsize=4, seed=1, restarts="ipop", stagnation=2)
+    parent = prog.candidate()
+    for _ in range(4):  # a flat objective never improves on its first generation's best
+        cands = ref.propose(parent, None, np.random.default_rng(0))
+        ref.observe([Evaluation(c.id, "train", (Episode(1, 1.0, 5, True, False),)) for c in cands])
+    assert ref.population_size == 8 and ref.n_restarts == 1
+
+
+def test_run_with_variants_records_each_allocation(tmp_path):
+    from conftest import make_spec_dir, read_events
+    from ratchet.ledger import EventType
+    from ratchet.ledger.projection import project
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    spec = load_spec(make_spec_dir(tmp_path / "s", refiner={"sigma0_variants": [0.1, 0.5], "train_episodes": 2},
+                                   budget={"env_steps": 40_000, "target": 500}, test={"episodes": 3}))
+    start_run(spec, tmp_path / "runs", "arms")
+    events = read_events(tmp_path / "runs" / "arms")
+    plans = [e.payload for e in events if e.type is EventType.GENERATION_PLANNED]
+    gens = project(events).generation_log
+    assert len(plans) >= len(gens) >= 2
+    assert {p["arm"] for p in plans[:2]} == {"cmaes-s0.1", "cmaes-s0.5"}
+    assert all(p["reason"] and set(p["arms"]) == {"cmaes-s0.1", "cmaes-s0.5"} for p in plans)
+    assert [g["refiner"] for g in gens] == [p["arm"] for p in plans[:len(gens)]]

@@ -30,7 +30,7 @@ from ratchet.ledger import EventType, SQLiteLedger
 from ratchet.ledger.projection import active_seconds
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
 from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy
-from ratchet.refiners import CMAESRefiner
+from ratchet.refiners import CMAESRefiner, ThompsonAllocator
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.task import GymTask
@@ -90,7 +90,13 @@ class _Run:
         self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
                                         spec.refiner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
-        self.refiner = CMAESRefiner(program, spec.refiner.sigma0, spec.refiner.popsize, seed=spec.seed)
+        r = spec.refiner
+        variants = r.sigma0_variants or [r.sigma0]
+        names = [f"cmaes-s{v:g}" for v in variants] if r.sigma0_variants else ["cmaes"]
+        self.refiners = {name: CMAESRefiner(program, v, r.popsize, seed=spec.seed + i, restarts=r.restarts,
+                                            stagnation=r.stagnation, name=name)
+                         for i, (name, v) in enumerate(zip(names, variants))}
+        self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
         self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement, spec.gate.spending,
                                    spec.gate.max_new_failures)
         self.critic = Critic.for_task(self.task, seed=spec.seed)
@@ -153,6 +159,15 @@ class _Run:
                     self.usage.validation_env_steps += ev.env_steps
         return out
 
+    def choose_refiner(self, generation: int) -> str:
+        """Which refiner configuration gets this generation (Thompson sampling when there are several);
+        the choice and its reasons are recorded in the ledger."""
+        if self.allocator is None:
+            return next(iter(self.refiners))
+        arm, why = self.allocator.choose(generation)
+        self.record(EventType.GENERATION_PLANNED, f"plan/{generation}", {"generation": generation, **why})
+        return arm
+
     def _generation_cost(self, n_candidates: int, est_len: float) -> float:
         n_eps = n_candidates * self.spec.refiner.train_episodes
         limit = self.task.step_limit
@@ -171,12 +186,15 @@ class _Run:
         inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
         stale, generation, completed, n_contested, stop = 0, 0, 0, 0, None
+        critique = None  # the incumbent's latest training critique, handed to the refiner
         while stop is None:
             generation += 1
             replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
             self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
             stop = self.budget.stop_reason(self.usage, inc_val.mean, stale, check_clock=not replaying)
-            n_candidates = (self.refiner.popsize or _default_popsize(len(self.program.parameters))) + 2
+            arm = self.choose_refiner(generation) if stop is None else next(iter(self.refiners))
+            refiner = self.refiners[arm]
+            n_candidates = refiner.population_size + 2
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
                                                                        self.task.step_limit):
                 stop = "budget: no room for another generation"
@@ -187,14 +205,14 @@ class _Run:
             # plan
             plan = self.planner.plan(generation)
             # refine (propose) — from the incumbent and its latest critique
-            recommended = self.refiner.recommend()
-            proposals = self.refiner.propose(incumbent, None, self.rng)
+            recommended = refiner.recommend()
+            proposals = refiner.propose(incumbent, critique, self.rng)
             contenders = proposals + ([recommended] if recommended is not None else [])
             for cand in contenders:
                 self.record_candidate(cand, generation)
             # execute
             train = self.evaluate(contenders + [incumbent], plan.train_seeds, "train", generation)
-            self.refiner.observe([train[c.id] for c in proposals])
+            refiner.observe([train[c.id] for c in proposals])
             gen_evals = list(train.values())
             if not any(e.env_steps for e in gen_evals):
                 stop = "every episode of the generation failed before its first env step; check the policy with `ratchet evaluate`"
@@ -220,18 +238,23 @@ class _Run:
                              "candidate_validation": cand_val.summary(), "incumbent_validation": inc_val.summary(),
                              "env_steps": self.usage.env_steps})
                 if decision.promoted:
+                    gain = cand_val.mean - inc_val.mean
                     self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
                                 {"generation": generation, "from": incumbent.id, "to": best.id,
                                  "validation_mean": cand_val.mean, "previous_validation_mean": inc_val.mean,
                                  "env_steps": self.usage.env_steps, "params": dict(best.params)})
                     incumbent, inc_val = best, cand_val
-            stale = 0 if decision is not None and decision.promoted else stale + 1
+            promoted = decision is not None and decision.promoted
+            if self.allocator is not None:
+                self.allocator.record(arm, gain if promoted else 0.0)
+            stale = 0 if promoted else stale + 1
             summary = {"generation": generation, "train_seeds": list(plan.train_seeds),
                        "weak_seeds": list(plan.weak_seeds), "weakness_pool": len(self.planner.pool),
                        "best_train_mean": train[best.id].mean if best else None,
                        "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
-                       "promoted": bool(decision and decision.promoted), "sigma": self.refiner.sigma,
+                       "promoted": promoted, "refiner": arm, "sigma": refiner.sigma,
+                       "population": refiner.population_size, "restarts": refiner.n_restarts,
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,
                        "critique": critique.to_dict()}
@@ -251,11 +274,6 @@ class _Run:
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                      "wall_clock_s": self.usage.wall_clock_s})
         return RunResult(self.run_dir, stop, incumbent, test[baseline.id], test[incumbent.id])
-
-
-def _default_popsize(n: int) -> int:
-    """pycma's default population size ``4 + floor(3 ln n)`` (n ≥ 2)."""
-    return 4 + int(3 * np.log(max(2, n)))
 
 
 def new_run_id(name: str) -> str:

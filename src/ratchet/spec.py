@@ -66,10 +66,24 @@ class PolicySpec(_Section):
 class RefinerSpec(_Section):
     """``[refiner]``: CMA-ES settings."""
 
+    @field_validator("sigma0_variants")
+    @classmethod
+    def _variants(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x <= 1 for x in v) or len(set(v)) != len(v):
+            raise ValueError("each variant must be a distinct step size in (0, 1]")
+        return v
+
     kind: Literal["cmaes"] = "cmaes"
     sigma0: float = Field(0.2, gt=0, le=1, description="Initial step size, as a fraction of each parameter's range.")
     popsize: int | None = Field(None, ge=2, description="Candidates per generation; default pycma's 4 + 3 ln n.")
     train_episodes: int = Field(5, ge=1, description="Fresh training seeds per generation (episodes per candidate).")
+    sigma0_variants: list[float] = Field(
+        default_factory=list, description="Several CMA-ES configurations sharing the budget, one per initial "
+                                          "step size; the planner allocates generations among them by Thompson "
+                                          "sampling over the promotion gains each produced. Empty: one CMA-ES.")
+    restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
+                                                                   "a doubled population on stagnation.")
+    stagnation: int = Field(10, ge=1, description="Generations without a better best training score before a restart.")
     gate_candidate: Literal["mean", "best"] = Field(
         "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
 

@@ -13,9 +13,10 @@ import numpy as np
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate
+from ratchet.refiners.allocation import ThompsonAllocator
 from ratchet.refiners.cmaes import CMAESRefiner
 
-__all__ = ["Refiner", "CMAESRefiner"]
+__all__ = ["Refiner", "CMAESRefiner", "ThompsonAllocator"]
 
 
 class Refiner(Protocol):

@@ -22,20 +22,37 @@ class CMAESRefiner:
     bounds (in log space for ``scale="log"``), and pycma's bound handling keeps samples inside.
     Fitness is the negative mean training return; a candidate with any errored episode ranks last.
 
+    With ``restarts="ipop"`` the search restarts from the current incumbent with a doubled
+    population when its best training score has not improved for ``stagnation`` generations (or its
+    step size collapsed): IPOP-CMA-ES (A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With
+    Increasing Population Size", CEC 2005).
+
     Args:
         program: The policy whose ``PARAMETERS`` are searched.
         sigma0: Initial step size in normalised units (fraction of each parameter's range), in (0, 1].
         popsize: Candidates per generation; None uses pycma's default ``4 + floor(3 ln n)``.
         seed: Seed for pycma's sampler (the run's seed makes the whole run reproducible).
+        restarts: ``"none"`` or ``"ipop"``.
+        stagnation: Generations without a better best training score before an IPOP restart.
+        name: Name recorded as the candidates' refiner (default ``"cmaes"``).
     """
 
     name = "cmaes"
 
-    def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0) -> None:
+    def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0,
+                 restarts: str = "none", stagnation: int = 10, name: str | None = None) -> None:
         self.program = program
         self.sigma0 = sigma0
         self.popsize = popsize
         self.seed = seed
+        self.restarts = restarts
+        self.stagnation = stagnation
+        self.n_restarts = 0
+        if name:
+            self.name = name
+        self._best = float("-inf")
+        self._stale = 0
+        self._restart_due = False
         self._es = None
         self._asked: dict[str, np.ndarray] = {}
         self._parent_id: str | None = None
@@ -45,7 +62,8 @@ class CMAESRefiner:
         import cma
 
         x0 = [p.to_unit(parent.params[p.name]) for p in self.program.parameters]
-        opts = {"bounds": [0.0, 1.0], "seed": int(self.seed) % (2**31 - 1) + 1, "verbose": -9}
+        opts = {"bounds": [0.0, 1.0], "seed": (int(self.seed) + 7919 * self.n_restarts) % (2**31 - 1) + 1,
+                "verbose": -9}
         if self.popsize:
             opts["popsize"] = int(self.popsize)
         if len(x0) == 1:  # pycma needs dimension >= 2; a dummy coordinate is harmless
@@ -64,7 +82,11 @@ class CMAESRefiner:
         """
         if not self.program.parameters:
             return []
-        if self._es is None:
+        if self._es is None or self._restart_due:
+            if self._restart_due:  # IPOP-CMA-ES: restart from the incumbent with a doubled population
+                self.n_restarts += 1
+                self.popsize = 2 * self.population_size
+                self._restart_due, self._best, self._stale = False, float("-inf"), 0
             self._start(parent)
         self._parent_id = parent.id
         xs = self._es.ask()
@@ -91,12 +113,28 @@ class CMAESRefiner:
         xs = [self._asked[cid] for cid in self._order]
         self._es.tell(xs, [worst if f is None else f for f in fits])
         self._asked = {}
+        if self.restarts == "ipop" and finite:
+            gen_best = -min(finite)
+            if gen_best > self._best:
+                self._best, self._stale = gen_best, 0
+            else:
+                self._stale += 1
+            if self._stale >= self.stagnation or self._es.sigma < 1e-4:
+                self._restart_due = True
 
     def recommend(self) -> Candidate | None:
         """The CMA-ES distribution mean (pycma's ``xfavorite``), a lower-noise estimate than the best sample."""
         if self._es is None:
             return None
         return self._candidate(np.asarray(self._es.result.xfavorite), self.name + "-mean")
+
+    @property
+    def population_size(self) -> int:
+        """Candidates per generation: pycma's population, or the configured/default size before it starts."""
+        if self._es is not None:
+            return int(self._es.popsize)
+        n = max(2, len(self.program.parameters))
+        return int(self.popsize or 4 + int(3 * np.log(n)))
 
     @property
     def sigma(self) -> float | None:
