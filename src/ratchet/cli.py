@@ -109,10 +109,14 @@ def _print_result(run_dir: Path, state) -> None:
     t.add_column("std", justify="right")
     t.add_column("success", justify="right")
     t.add_column("episodes", justify="right")
-    for label, s in (("start", state.baseline_test), ("refined", state.test)):
-        if s:
-            sr = "–" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f} %"
-            t.add_row(label, f"{s['mean']:.2f}", f"{s['std']:.2f}", sr, str(s["n"]))
+    tests = [(label, s) for label, s in (("start", state.baseline_test), ("refined", state.test)) if s]
+    show_errors = any(s.get("n_errors") for _, s in tests)
+    if show_errors:  # an errored episode's return is only its partial return: say so
+        t.add_column("errored", justify="right")
+    for label, s in tests:
+        sr = "–" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f} %"
+        row = [label, f"{s['mean']:.2f}", f"{s['std']:.2f}", sr, str(s["n"])]
+        t.add_row(*(row + [str(s.get("n_errors", 0))] if show_errors else row))
     out.print(t)
     out.print(f"env steps {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s · "
               f"promotions {len(state.promotions)}")

@@ -100,8 +100,8 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
                 label="incumbent (validation mean)", color="C0", lw=2)
         ax.plot([g["env_steps"] for g in state.generation_log], [g["best_train_mean"] for g in state.generation_log], ".", color="C1", alpha=0.6,
                 label="best candidate (training seeds)")
-        for p in state.promotions:
-            ax.axvline(p["env_steps"], color="C2", alpha=0.3, lw=1)
+        for i, p in enumerate(state.promotions):
+            ax.axvline(p["env_steps"], color="C2", alpha=0.3, lw=1, label="promotion" if i == 0 else None)
         ax.set_xlabel("env steps (training + validation)")
         ax.set_ylabel("mean return")
         ax.legend(loc="lower right")
@@ -125,7 +125,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
         if sb is not None and sa is not None:
             bars = axes[1].bar(["before", "after"], [100 * sb, 100 * sa], color=["C0", "C1"])
             axes[1].bar_label(bars, fmt="%.1f %%")
-            axes[1].set_ylim(0, 100)
+            axes[1].set_ylim(0, 110)
             axes[1].set_ylabel("success rate (%)")
         else:
             axes[1].set_axis_off()
