@@ -134,22 +134,30 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
 
     from ratchet.loop import new_run_id
 
-    progress = None
     try:
         s = load_spec(spec)
-        run_id = run_id or new_run_id(s.name)
-        progress = _Progress()
-        result = start_run(s, runs_dir, run_id, progress=progress)
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    run_id = run_id or new_run_id(s.name)
+    _with_progress(lambda progress: start_run(s, runs_dir, run_id, progress=progress),
+                   str(Path(runs_dir) / run_id), report)
+
+
+def _with_progress(drive, resume_target: str, report: bool) -> None:
+    """Run ``drive(progress)`` with live progress, then print the result (and write the report).
+    Ctrl-C leaves a resumable run and says how to resume it."""
+    progress = _Progress()
+    try:
+        result = drive(progress)
         progress.stop()
         _finish(result.run_dir, report)
     except KeyboardInterrupt:
-        if progress:
-            progress.stop()
-        err.print(f"interrupted; continue with `ratchet resume {Path(runs_dir) / str(run_id)}`", highlight=False)
+        progress.stop()
+        err.print(f"interrupted; continue with `ratchet resume {resume_target}`", highlight=False)
         raise typer.Exit(130)
     except RatchetError as exc:
-        if progress:
-            progress.stop()
+        progress.stop()
         _fail(exc)
 
 
@@ -180,21 +188,7 @@ def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs
     """Continue an interrupted run (even after kill -9) without redoing recorded evaluations."""
     from ratchet.loop import resume_run
 
-    progress = None
-    try:
-        progress = _Progress()
-        result = resume_run(run, runs_dir, progress=progress)
-        progress.stop()
-        _finish(result.run_dir, report)
-    except KeyboardInterrupt:
-        if progress:
-            progress.stop()
-        err.print(f"interrupted; continue with `ratchet resume {run}`", highlight=False)
-        raise typer.Exit(130)
-    except RatchetError as exc:
-        if progress:
-            progress.stop()
-        _fail(exc)
+    _with_progress(lambda progress: resume_run(run, runs_dir, progress=progress), run, report)
 
 
 @app.command("runs")
@@ -344,12 +338,7 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
 
     try:
         st, _ = _load_state(run, runs_dir)
-        cid = candidate or st.incumbent_id
-        try:
-            cand = st.candidate(cid)
-        except KeyError:
-            raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}; `ratchet show {st.run_id} --json` "
-                                   "gives the incumbent id") from None
+        cand = _candidate_of(st, candidate)
         recorded = None
         seen: list[int] = []
         for ev in st.evaluations:
@@ -409,6 +398,20 @@ def _check_output(path: Path, force: bool, what: str) -> None:
         raise RatchetError(f"{path} exists; pass --force to overwrite it")
 
 
+def _candidate_of(state, candidate: str | None):
+    """The candidate named by id or unique prefix (default the incumbent).
+
+    Raises:
+        RunNotFoundError: no unique match.
+    """
+    cid = candidate or state.incumbent_id
+    try:
+        return state.candidate(cid)
+    except KeyError:
+        raise RunNotFoundError(f"no unique candidate {cid!r} in run {state.run_id}; `ratchet show {state.run_id} --json` "
+                               "gives the incumbent and baseline ids") from None
+
+
 def _task_of(state):
     from ratchet.task import GymTask
 
@@ -432,11 +435,7 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
         if split not in ("validation", "test", "train"):
             raise RatchetError(f"--split must be validation, test or train, got {split!r}")
         st, _ = _load_state(run, runs_dir)
-        cid = candidate or st.incumbent_id
-        try:
-            cand = st.candidate(cid)
-        except KeyError:
-            raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}") from None
+        cand = _candidate_of(st, candidate)
         ev = st.evaluation(cand.id, split)
         if ev is None:
             raise RunNotFoundError(f"candidate {cand.id} has no {split} evaluation in run {st.run_id}"
@@ -469,11 +468,7 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
 
     try:
         st, _ = _load_state(run, runs_dir)
-        cid = candidate or st.incumbent_id
-        try:
-            cand = st.candidate(cid)
-        except KeyError:
-            raise RunNotFoundError(f"no unique candidate {cid!r} in run {st.run_id}") from None
+        cand = _candidate_of(st, candidate)
         _check_output(output, force, "--output")
         val = st.evaluation(cand.id, "validation")
         score = f" (validation mean {val.mean:.2f} on {val.n} episodes)" if val is not None else ""
