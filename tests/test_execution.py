@@ -173,3 +173,23 @@ def test_close_is_idempotent(cartpole_task):
 
 def test_good_weights_constant_matches_fixture():
     assert set(GOOD_WEIGHTS) == set(good_candidate().params)
+
+
+def test_episode_does_not_depend_on_earlier_episodes_in_the_worker():
+    """BipedalWalker-v3 keeps its Box2D world across reset(); the worker makes a fresh env per
+    episode, so a seed's return is the same whatever ran before it in that worker."""
+    from pathlib import Path
+
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.policy import load_policy
+    from ratchet.task import GymTask
+
+    policy = Path(__file__).resolve().parents[1] / "examples" / "bipedal_walker" / "policy.py"
+    cand = load_policy(policy).candidate()
+    task = GymTask("BipedalWalker-v3", max_episode_steps=600)
+    with ProcessExecutor(workers=1) as ex:
+        eps = ex.run(task, [Job(cand, s) for s in (0, 0, 0, 1, 0)])
+    returns = [e.episode_return for e in eps]
+    # with one env reused across resets the third run of seed 0 returned -25.3 instead of 108.3
+    assert returns[0] == returns[1] == returns[2] == returns[4]

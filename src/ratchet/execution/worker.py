@@ -58,7 +58,7 @@ def worker_main(conn: Any) -> None:
     task_dicts: dict[str, Any] = {}
     modules: dict[str, Any] = {}
     codes: dict[str, Any] = {}
-    envs: dict[str, tuple[Any, Any]] = {}
+    tasks: dict[str, Any] = {}
     while True:
         try:
             msg = conn.recv()
@@ -72,11 +72,11 @@ def worker_main(conn: Any) -> None:
         if task_dict is not None:
             task_dicts[task_key] = task_dict
         task_dict = task_dicts[task_key]
+        env = None
         try:
-            if task_key not in envs:
-                task = GymTask.from_dict(task_dict)
-                envs[task_key] = (task, task.make_env())
-            task, env = envs[task_key]
+            if task_key not in tasks:
+                tasks[task_key] = GymTask.from_dict(task_dict)
+            task = tasks[task_key]
             if key not in modules:
                 if len(modules) >= _MODULE_CACHE_SIZE:
                     modules.pop(next(iter(modules)))
@@ -105,11 +105,20 @@ def worker_main(conn: Any) -> None:
                 finally:
                     render_env.close()
             else:
+                # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
+                # Box2D world does), which would make a return depend on the episodes run before it.
+                env = task.make_env()
                 ep = run_episode(env, module.act, getattr(module, "reset", None), params, seed, task)
             reply = (job_id, ep.to_dict())
         except Exception as exc:  # environment trouble: report it as this episode's error
             reply = (job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=_task_or_none(task_dict)).to_dict())
+        finally:
+            if env is not None:
+                try:
+                    env.close()
+                except Exception:
+                    pass
         try:
             conn.send(reply)
         except (BrokenPipeError, ConnectionResetError, OSError):
