@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--share", type=float, default=0.4)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks-planner"))
+    ap.add_argument("--budget", type=int, default=None, help="Override the env-step budget (both settings alike).")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -40,6 +41,8 @@ def main() -> None:
             for share in (0.0, args.share):
                 spec = base.model_copy(update={"seed": seed, "planner": base.planner.model_copy(
                     update={"weakness_share": share})})
+                if args.budget:
+                    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"env_steps": args.budget})})
                 t0 = time.perf_counter()
                 r = start_run(spec, args.runs_dir, f"{name}-w{share:g}-s{seed}-{time.strftime('%H%M%S')}")
                 fail = 1.0 - (r.test.success_rate or 0.0)
@@ -67,10 +70,11 @@ def main() -> None:
     print(table)
     print(table2)
     if args.write:
-        write_section("Planner: uniform vs weakness-focused training seeds",
+        write_section("Planner: uniform vs weakness-focused training seeds: " + ", ".join(args.examples),
                       f"Command: `python benchmarks/planner.py --examples {' '.join(args.examples)} --seeds {args.seeds} "
-                      f"--share {args.share:g} --write` (each example's default spec otherwise; same env-step budget "
-                      f"for both settings).\n\nMachine: {machine()}\n\n{table2}\n\n{table}")
+                      f"--share {args.share:g}{f' --budget {args.budget}' if args.budget else ''} --write` (each "
+                      f"example's default spec otherwise; same env-step budget for both settings).\n\n"
+                      f"Machine: {machine()}\n\n{table2}\n\n{table}")
 
 
 if __name__ == "__main__":

@@ -311,3 +311,16 @@ def test_compile_policy_runs_the_module():
     assert mod.act([0.0, 0.0, 1.0, 0.0], {"w_position": 0, "w_velocity": 0, "w_angle": 1, "w_angular_velocity": 0}) == 1
     with pytest.raises(RuntimeError, match="broken at import"):
         compile_policy(data_source("policy_import_error.py"))
+
+
+def test_duplicate_parameter_is_named():
+    src = 'PARAMETERS = {\n    "k": (1.0, 0.0, 2.0),\n    "k": (5.0, 0.0, 2.0),\n}\ndef act(o, p):\n    return 0\n'
+    with pytest.raises(PolicyError, match=r"p.py:3: parameter 'k' is declared twice"):
+        parse_policy(src, "p.py")
+
+
+def test_spec_file_given_as_policy(tmp_path):
+    f = tmp_path / "ratchet.toml"
+    f.write_text("[task]\nenv_id = 'CartPole-v1'\n")
+    with pytest.raises(PolicyError, match="not a policy"):
+        load_policy(f)

@@ -153,6 +153,9 @@ def load_policy(path: str | Path) -> PolicyProgram:
     p = Path(path)
     if not p.is_file():
         raise PolicyError(f"policy file not found: {p} (give the path to a .py file defining PARAMETERS and act)")
+    if p.suffix in (".toml", ".json", ".yaml", ".yml"):
+        raise PolicyError(f"{p} is a {p.suffix[1:]} file, not a policy; give the .py file defining PARAMETERS and act "
+                          "(a ratchet.toml goes to `ratchet run`)")
     try:
         source = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -194,6 +197,13 @@ def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
     if node is None:
         raise PolicyError(f"{path}: no PARAMETERS; add e.g. PARAMETERS = {{\"gain\": {{\"default\": 1.0, \"low\": 0.0, \"high\": 2.0}}}}"
                           " (use PARAMETERS = {} for none)")
+    if isinstance(node, ast.Dict):
+        seen: set[object] = set()
+        for key in node.keys:
+            if isinstance(key, ast.Constant):
+                if key.value in seen:
+                    raise PolicyError(f"{path}:{key.lineno}: parameter {key.value!r} is declared twice in PARAMETERS")
+                seen.add(key.value)
     try:
         raw = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
