@@ -415,9 +415,7 @@ def _candidate_of(state, candidate: str | None):
 def _task_of(state):
     from ratchet.task import GymTask
 
-    t = state.spec["task"]
-    return GymTask(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
-                   t.get("max_episode_steps"))
+    return GymTask.from_spec(state.spec["task"])
 
 
 @app.command()

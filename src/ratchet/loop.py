@@ -83,8 +83,7 @@ class _Run:
                  executor: Executor, progress: ProgressFn | None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
         self.executor, self.progress = executor, progress
-        self.task = GymTask(spec.task.env_id, spec.task.env_kwargs, spec.task.success_threshold,
-                            spec.task.action, spec.task.max_episode_steps)
+        self.task = GymTask.from_spec(spec.task)
         self.splits = SeedSplits(spec.seed)
         self.budget = Budget(spec.budget)
         self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
@@ -325,8 +324,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
                            f"(or `ratchet resume {run_dir}` if it was interrupted)")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise RatchetError(f"{run_dir} exists and is not a run directory; pick another --run-id or --runs-dir")
-    check_task(GymTask(spec.task.env_id, spec.task.env_kwargs, spec.task.success_threshold, spec.task.action,
-                       spec.task.max_episode_steps))
+    check_task(GymTask.from_spec(spec.task))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -112,6 +112,14 @@ class GymTask:
                 "max_episode_steps": self.max_episode_steps}
 
     @classmethod
+    def from_spec(cls, task: Any) -> GymTask:
+        """Build from a run spec's ``[task]`` table (a :class:`~ratchet.spec.TaskSpec` or its dict form,
+        as stored in the ledger)."""
+        t = task if isinstance(task, Mapping) else task.model_dump()
+        return cls(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
+                   t.get("max_episode_steps"))
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GymTask:
         """Inverse of :meth:`to_dict`."""
         return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),

@@ -68,9 +68,7 @@ def render_failure_examples(state: Any, out_dir: str | Path, max_modes: int = 3,
     from ratchet.task import GymTask
 
     out_dir = Path(out_dir)
-    t = state.spec["task"]
-    task = GymTask(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
-                   t.get("max_episode_steps"))
+    task = GymTask.from_spec(state.spec["task"])
     wanted: list[tuple[str, Any, int, Path]] = []
     for tag, crit, cid in (("before", state.baseline_test_critique, state.baseline_id),
                            ("after", state.test_critique, state.incumbent_id)):
