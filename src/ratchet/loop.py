@@ -167,11 +167,6 @@ class _Run:
         self.record(EventType.GENERATION_PLANNED, f"plan/{generation}", {"generation": generation, **why})
         return arm
 
-    def _generation_cost(self, n_candidates: int, est_len: float) -> float:
-        n_eps = n_candidates * self.spec.refiner.train_episodes
-        limit = self.task.step_limit
-        return n_eps * limit if limit else 1.25 * n_eps * est_len
-
     def report_progress(self, **info: Any) -> None:
         if self.progress is not None:
             self.progress({"usage": self.usage, "budget": self.spec.budget, **info})
@@ -226,7 +221,7 @@ class _Run:
             decision = None
             val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
             if (best is not None and self.planner.worth_gating(train[best.id], inc_train, inc_val.mean)
-                    and self.planner.should_gate(self.usage, n_val, val_len, self._generation_cost(n_candidates, est_len),
+                    and self.planner.should_gate(self.usage, n_val, val_len, self.planner.generation_cost(n_candidates, est_len, self.task.step_limit),
                                                  self.task.step_limit)):
                 cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
                 decision = self.gate.decide(cand_val, inc_val, k=n_contested + 1)

@@ -215,9 +215,14 @@ class IncumbentPlanner:
         With a known episode ``step_limit`` (the env's time limit) the worst case must fit, so the
         env-step budget is a hard cap; without one, the estimate plus a 25 % margin must fit.
         """
+        cost = self.generation_cost(n_candidates, est_episode_steps, step_limit)
+        return self.budget.can_afford(usage, cost, n_candidates * self.train_episodes)
+
+    def generation_cost(self, n_candidates: int, est_episode_steps: float, step_limit: int | None = None) -> float:
+        """Env steps one generation may take: the worst case with a known ``step_limit``, else the
+        estimate plus a 25 % margin."""
         n_eps = n_candidates * self.train_episodes
-        cost = n_eps * step_limit if step_limit else 1.25 * n_eps * est_episode_steps
-        return self.budget.can_afford(usage, cost, n_eps)
+        return n_eps * step_limit if step_limit else 1.25 * n_eps * est_episode_steps
 
     def gate_candidate(self, contenders: Sequence[Candidate], recommended: Candidate | None,
                        train: Mapping[str, Evaluation], incumbent: Candidate) -> Candidate | None:
