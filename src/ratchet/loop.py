@@ -24,7 +24,7 @@ import numpy as np
 
 from ratchet.critic import Critic, Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
-from ratchet.execution import Executor, Job, make_executor
+from ratchet.execution import Executor, Job, executor_from_spec
 from ratchet.gate import PairedTestGate
 from ratchet.ledger import EventType, SQLiteLedger
 from ratchet.ledger.projection import active_seconds
@@ -351,7 +351,7 @@ def check_task(task: GymTask) -> None:
 
 
 def _executor_for(spec: RunSpec) -> Executor:
-    return make_executor(spec.execution.workers, spec.execution.episode_timeout_s)
+    return executor_from_spec(spec.execution)
 
 
 def open_ledger(run: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False) -> SQLiteLedger:

@@ -139,9 +139,24 @@ class TestSpec(_Section):
 class ExecutionSpec(_Section):
     """``[execution]``: where episodes run."""
 
-    backend: Literal["process"] = "process"
-    workers: int = Field(0, ge=0, description="Worker processes; 0 means one per CPU core.")
+    backend: Literal["process", "ray"] = Field(
+        "process", description='"process": a local pool of sandboxed workers; "ray": Ray tasks (pip install ".[ray]").')
+    address: str | None = Field(None, description='Ray only: "auto", "ray://host:10001", or unset to start a local Ray.')
+    batch_episodes: int = Field(0, ge=0, description="Ray only: episodes per Ray task; 0 picks one from the batch.")
+    workers: int = Field(0, ge=0, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
+                                              "per CPU core.")
     episode_timeout_s: float = Field(60.0, gt=0, description="Per-episode wall-clock limit (seconds).")
+    sandbox: bool = Field(True, description="Run policy code under resource limits, a scrubbed environment, a fresh "
+                                            "temporary directory and (where the OS allows) no network.")
+    require_isolation: bool = Field(False, description="Refuse to run unless policy code gets its own network "
+                                                       "namespace.")
+    memory_limit_mb: int = Field(4096, ge=64, description="Address-space limit per worker process (MiB).")
+    cpu_limit_s: int = Field(3600, ge=1, description="CPU-time limit per worker process (seconds).")
+    max_open_files: int = Field(256, ge=16, description="Open-file limit per worker process.")
+    max_processes: int = Field(64, ge=1, description="Limit on processes a worker's policy may start (beyond those "
+                                                     "already running as the same user).")
+    env_allowlist: list[str] = Field(default_factory=list, description="Extra environment variables passed to "
+                                                                        "workers (beyond PATH, HOME, LANG, ...).")
 
 
 class RunSpec(_Section):

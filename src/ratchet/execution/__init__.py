@@ -1,6 +1,6 @@
 """Executors run (candidate, seed) pairs somewhere and return :class:`~ratchet.rollout.Episode` records.
 
-The interface is small so that backends (process pool today, Ray later) are swappable and share one
+The interface is small so that backends (a local process pool, Ray) are swappable and share one
 conformance test suite.
 """
 
@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from ratchet.errors import RatchetError
+from ratchet.execution.sandbox import Sandbox
 
 from ratchet.policy import Candidate
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
-__all__ = ["Job", "Executor", "ProcessExecutor", "make_executor"]
+__all__ = ["Job", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,39 @@ class Executor(Protocol):
         """Stop workers. Safe to call twice."""
 
 
-def make_executor(workers: int = 0, episode_timeout_s: float = 60.0) -> Executor:
-    """The default executor: a pool of ``workers`` processes (0 means one per CPU core)."""
-    from ratchet.execution.process import ProcessExecutor
+def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend: str = "process",
+                  sandbox: Sandbox | None = None, address: str | None = None, batch_episodes: int = 0) -> Executor:
+    """Build an executor.
 
-    return ProcessExecutor(workers=workers, episode_timeout_s=episode_timeout_s)
+    Args:
+        workers: Worker processes (``"process"``) or CPUs of a local Ray (``"ray"``); 0 means one per core.
+        episode_timeout_s: Per-episode wall-clock limit, seconds.
+        backend: ``"process"`` (local pool) or ``"ray"`` (needs ``pip install "policy-ratchet[ray]"``).
+        sandbox: How policy code is confined; default :class:`Sandbox()` (on).
+        address: Ray only: cluster address (``"auto"``, ``"ray://host:10001"``); None starts a local Ray.
+        batch_episodes: Ray only: episodes per Ray task; 0 picks one.
+
+    Raises:
+        RatchetError: unknown backend, or Ray asked for but not installed.
+    """
+    sandbox = sandbox if sandbox is not None else Sandbox()
+    if backend == "process":
+        from ratchet.execution.process import ProcessExecutor
+
+        return ProcessExecutor(workers=workers, episode_timeout_s=episode_timeout_s, sandbox=sandbox)
+    if backend == "ray":
+        from ratchet.execution.ray_executor import RayExecutor
+
+        return RayExecutor(address=address, workers=workers, batch_episodes=batch_episodes,
+                           episode_timeout_s=episode_timeout_s, sandbox=sandbox)
+    raise RatchetError(f"unknown execution backend {backend!r}; use \"process\" or \"ray\"")
+
+
+def executor_from_spec(execution: Any) -> Executor:
+    """The executor a spec's ``[execution]`` section (:class:`ratchet.spec.ExecutionSpec`) asks for."""
+    return make_executor(execution.workers, execution.episode_timeout_s, backend=execution.backend,
+                         sandbox=Sandbox.from_spec(execution), address=execution.address,
+                         batch_episodes=execution.batch_episodes)
 
 
 def __getattr__(name: str):  # lazy: keep `import ratchet.execution` light

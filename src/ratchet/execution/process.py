@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ratchet.execution import Job
+from ratchet.execution.sandbox import Sandbox
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
@@ -91,7 +92,8 @@ class ProcessExecutor:
         episode_timeout_s: Per-episode wall-clock limit in seconds.
     """
 
-    def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0) -> None:
+    def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None) -> None:
+        self.sandbox = sandbox if sandbox is not None else Sandbox()
         self.n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         self.episode_timeout_s = float(episode_timeout_s)
         self._workers: list[_Worker] = []
