@@ -5,18 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ratchet.errors import RatchetError
 from ratchet.execution import Job
-from ratchet.execution.sandbox import Sandbox
+from ratchet.execution.sandbox import Sandbox, remove_cgroup
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
@@ -30,16 +33,24 @@ def _source_key(source: str) -> str:
 class _Worker:
     """One worker: a fresh ``python -m ratchet.execution.worker`` process talking over a socket pair.
 
-    Started with ``subprocess`` (fork + exec, no ``preexec_fn``) in its own session, so it never
-    re-imports the caller's ``__main__`` and can be killed with its whole process group.
+    Started with ``subprocess`` (fork + exec, no ``preexec_fn``) in its own session, through the
+    sandbox's launcher (bubblewrap and/or a pids cgroup), in a fresh temporary directory whose
+    ``worker.log`` takes its stdout and stderr. It never re-imports the caller's ``__main__`` and
+    is killed with its whole process group (and cgroup).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="ratchet-worker-")
+        self.cgroup = sandbox.make_cgroup()
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ, RATCHET_WORKER_FD=str(child_sock.fileno()), RATCHET_PARENT_PID=str(os.getpid()))
-        self.proc = subprocess.Popen([sys.executable, "-m", "ratchet.execution.worker"], env=env,
-                                     pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        env = sandbox.environment(self.workdir, {"RATCHET_WORKER_FD": str(child_sock.fileno()),
+                                                 "RATCHET_PARENT_PID": str(os.getpid())})
+        argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], self.workdir, self.cgroup)
+        self.log_path = os.path.join(self.workdir, "worker.log")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, pass_fds=(child_sock.fileno(),),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.ready = False
@@ -60,11 +71,24 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def exit_code(self) -> int | None:
+    def death(self) -> str:
+        """Why the worker died: its exit status (signal name) and the last line it wrote."""
         try:
-            return self.proc.wait(1)
+            code = self.proc.wait(1)
         except subprocess.TimeoutExpired:
-            return None
+            return "worker stopped answering"
+        signum = -code if code < 0 else code - 128 if 128 < code <= 192 else 0  # launchers report 128 + signal
+        if signum:
+            try:
+                what = f"killed by {signal.Signals(signum).name}"
+            except ValueError:
+                what = f"killed by signal {signum}"
+            if signum == signal.SIGXCPU:
+                what += " (CPU-time limit)"
+        else:
+            what = f"exit code {code}"
+        tail = _last_line(self.log_path)
+        return f"worker died ({what}{': ' + tail if tail else ''})"
 
     def kill(self) -> None:
         try:
@@ -76,6 +100,33 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.conn.close()
+        if self.cgroup is not None:
+            remove_cgroup(self.cgroup)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _check_started(w: _Worker) -> None:
+    """Wait for a new worker's handshake (no policy code has run yet, so failing is ratchet's problem).
+
+    Raises:
+        RatchetError: the worker exited or hung during start-up.
+    """
+    if not w.wait_ready():
+        reason = w.death() if not w.alive() else "no handshake within 120 s"
+        w.kill()
+        raise RatchetError(f"a worker process failed to start ({reason}); rerun with --debug, or set "
+                           "[execution] sandbox = false to see whether the sandbox is the cause")
+
+
+def _last_line(path: str, limit: int = 200) -> str:
+    """The last non-empty line of a worker's log (its stderr), shortened."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
 
 
 class ProcessExecutor:
@@ -90,10 +141,15 @@ class ProcessExecutor:
     Args:
         workers: Number of worker processes; 0 means ``os.cpu_count()``.
         episode_timeout_s: Per-episode wall-clock limit in seconds.
+        sandbox: How workers are confined (:class:`~ratchet.execution.sandbox.Sandbox`); default on.
+
+    Raises:
+        SandboxError: the sandbox requires isolation this machine cannot give.
     """
 
     def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None) -> None:
         self.sandbox = sandbox if sandbox is not None else Sandbox()
+        self.sandbox.check()
         self.n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         self.episode_timeout_s = float(episode_timeout_s)
         self._workers: list[_Worker] = []
@@ -101,9 +157,9 @@ class ProcessExecutor:
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
         while len(self._workers) < n:
-            self._workers.append(_Worker())
+            self._workers.append(_Worker(self.sandbox))
         for w in self._workers:  # started together, so they boot in parallel
-            w.wait_ready()
+            _check_started(w)
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None,
@@ -130,7 +186,13 @@ class ProcessExecutor:
         for w in workers:
             w.jobs = deque()
 
+        renders: dict[int, tuple[str, str]] = {}
+
         def finish(i: int, ep: Episode) -> None:
+            if i in renders:
+                made, wanted = renders.pop(i)
+                if os.path.exists(made):
+                    shutil.move(made, wanted)
             results[i] = ep
             if on_episode is not None:
                 on_episode(i, ep)
@@ -156,9 +218,13 @@ class ProcessExecutor:
                 key = _source_key(job.candidate.source)
                 src = None if key in w.known_sources else job.candidate.source
                 tdict = None if task_key in w.known_tasks else task_dict
+                render = None
+                if render_paths and render_paths[i]:  # the worker writes only inside its own directory
+                    render = os.path.join(w.workdir, f"render-{i}{os.path.splitext(render_paths[i])[1]}")
+                    renders[i] = (render, render_paths[i])
                 try:
                     w.conn.send(("job", i, task_key, tdict, key, src, dict(job.candidate.params), job.seed,
-                                 render_paths[i] if render_paths else None))
+                                 render))
                 except (BrokenPipeError, OSError):
                     pending.appendleft(i)
                     return False
@@ -188,8 +254,7 @@ class ProcessExecutor:
                 try:
                     job_id, ep_dict = conn.recv()
                 except (EOFError, OSError):
-                    code = w.exit_code()
-                    fail_head(w, f"worker died (exit code {code}) on seed {jobs[w.jobs[0]].seed}")
+                    fail_head(w, f"{w.death()} on seed {jobs[w.jobs[0]].seed}")
                     continue
                 w.jobs.popleft()
                 w.deadline = time.monotonic() + self.episode_timeout_s
@@ -205,8 +270,8 @@ class ProcessExecutor:
         w.kill()
         if w in self._workers:
             self._workers.remove(w)
-        nw = _Worker()
-        nw.wait_ready()
+        nw = _Worker(self.sandbox)
+        _check_started(nw)
         self._workers.append(nw)
         return nw
 

@@ -18,11 +18,35 @@ Where the process limit cannot be enforced by ``RLIMIT_NPROC`` (root is exempt f
 
 from __future__ import annotations
 
+import functools
+import json
 import os
-from dataclasses import dataclass, field
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Sandbox"]
+from ratchet.errors import RatchetError
+
+__all__ = ["Sandbox", "SandboxError", "isolation", "confine", "rearm_cpu_limit", "reap_strays"]
+
+#: Variables a worker inherits from the parent (plus :attr:`Sandbox.env_allowlist`). Everything else,
+#: API keys and tokens included, is dropped.
+BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
+                      "VIRTUAL_ENV", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                      "SDL_VIDEODRIVER", "SDL_AUDIODRIVER", "MUJOCO_GL", "RATCHET_WORKER_OUTPUT")
+
+_PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+_FILE_SIZE_LIMIT = 256 * 2**20  # bytes one worker may write to a single file
+
+
+class SandboxError(RatchetError):
+    """The sandbox cannot give what the spec requires (``require_isolation = true``)."""
 
 
 @dataclass(frozen=True)
@@ -54,3 +78,236 @@ class Sandbox:
                    memory_limit_mb=execution.memory_limit_mb, cpu_limit_s=execution.cpu_limit_s,
                    max_open_files=execution.max_open_files, max_processes=execution.max_processes,
                    env_allowlist=tuple(execution.env_allowlist))
+
+    def environment(self, workdir: str, extra: dict[str, str]) -> dict[str, str]:
+        """The worker's environment: the allow-list only, ``HOME``/``TMPDIR`` set to ``workdir``.
+
+        With the sandbox off, the parent's whole environment (the caller asked for no confinement).
+        """
+        if not self.enabled:
+            return dict(os.environ, **extra)
+        keep = set(BASE_ENV_ALLOWLIST) | set(self.env_allowlist)
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        env.update(HOME=workdir, TMPDIR=workdir, MPLCONFIGDIR=workdir, PYTHONDONTWRITEBYTECODE="1")
+        env.update(extra)
+        env["RATCHET_SANDBOX"] = json.dumps({**asdict(self), "isolation": isolation()})
+        return env
+
+    def command(self, argv: list[str], workdir: str, cgroup: Path | None) -> list[str]:
+        """The launcher command line for ``argv`` (a worker's ``python -m ...``) running in ``workdir``.
+
+        Under bubblewrap the filesystem is read-only but for ``workdir`` and ``/dev`` basics, with new
+        network/PID/IPC/UTS namespaces and no capabilities. With a pids ``cgroup`` a tiny ``sh``
+        launcher enters it before ``exec`` (so nothing the worker starts can escape the bound).
+        """
+        if not self.enabled:
+            return argv
+        if isolation() == "bwrap":
+            argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                    "--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
+                    "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL", "--die-with-parent", "--", *argv]
+        if cgroup is not None:
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
+        return argv
+
+    def make_cgroup(self) -> Path | None:
+        """A fresh pids cgroup bounding a worker to :attr:`max_processes`, or None where none can be made
+        (not root, no cgroup-v1 pids controller mounted writable)."""
+        if not self.enabled or os.geteuid() != 0 or not os.access(_PIDS_CGROUP, os.W_OK):
+            return None
+        try:
+            path = Path(tempfile.mkdtemp(prefix=f"ratchet-{os.getpid()}-", dir=_PIDS_CGROUP))
+        except OSError:
+            return None
+        try:
+            (path / "pids.max").write_text(str(self.max_processes + 2))  # + launcher and bwrap's init
+        except OSError:
+            remove_cgroup(path)
+            return None
+        return path
+
+    def check(self) -> None:
+        """Say once (stderr) what isolation is missing; raise if the spec requires it.
+
+        Raises:
+            SandboxError: ``require_isolation`` is set and policy code would get the host's network.
+        """
+        level = isolation()
+        if not self.enabled:
+            if self.require_isolation:
+                raise SandboxError("require_isolation = true conflicts with sandbox = false in [execution]")
+            return
+        if level == "none":
+            if self.require_isolation:
+                raise SandboxError("require_isolation = true, but this machine cannot give policy code its own "
+                                   "network namespace; install bubblewrap (apt-get install bubblewrap) or run "
+                                   "where unprivileged user namespaces are allowed")
+            _warn_once("policy code runs with the host's network and filesystem (only resource limits and a "
+                       "scrubbed environment apply); install bubblewrap (apt-get install bubblewrap) to isolate it")
+        elif level == "netns":
+            _warn_once("policy code has no network but can write where this user can (bubblewrap not found; "
+                       "apt-get install bubblewrap for a read-only filesystem)")
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        print(f"ratchet: warning: {message}", file=sys.stderr)
+
+
+@functools.cache
+def isolation() -> str:
+    """The strongest isolation this machine gives worker processes: ``"bwrap"`` (bubblewrap works),
+    ``"netns"`` (``unshare(2)`` of a network namespace works) or ``"none"``. Probed once per process."""
+    if os.environ.get("RATCHET_FORCE_ISOLATION") in ("bwrap", "netns", "none"):  # for tests of the fallbacks
+        return os.environ["RATCHET_FORCE_ISOLATION"]
+    if shutil.which("bwrap"):
+        try:
+            probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                                    "--unshare-net", "--unshare-pid", "--cap-drop", "ALL", "--", "true"],
+                                   capture_output=True, timeout=30)
+            if probe.returncode == 0:
+                return "bwrap"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        probe = subprocess.run([sys.executable, "-c", "from ratchet.execution.sandbox import _unshare_net;"
+                                "raise SystemExit(0 if _unshare_net() else 1)"], capture_output=True, timeout=60)
+        if probe.returncode == 0:
+            return "netns"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "none"
+
+
+def _unshare_net() -> bool:
+    """Move this process into a new, empty network namespace (a user namespace first when not root)."""
+    import ctypes
+
+    clone_newnet, clone_newuser = 0x40000000, 0x10000000
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    if libc.unshare(clone_newnet) == 0:
+        return True
+    return libc.unshare(clone_newuser | clone_newnet) == 0
+
+
+def confine(settings: dict[str, Any]) -> None:
+    """Called by a worker on itself before it reads a job: resource limits, a network namespace
+    where bubblewrap did not give one, and child-subreaper status (so every process the policy
+    starts stays this worker's descendant and is reaped by :func:`reap_strays`).
+
+    Raises:
+        SandboxError: ``require_isolation`` is set and the network namespace could not be made.
+    """
+    import ctypes
+    import resource
+
+    def limit(which: int, value: int) -> None:
+        soft, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+    limit(resource.RLIMIT_AS, int(settings["memory_limit_mb"]) * 2**20)
+    limit(resource.RLIMIT_NOFILE, int(settings["max_open_files"]))
+    limit(resource.RLIMIT_FSIZE, _FILE_SIZE_LIMIT)
+    if os.geteuid() != 0:  # root ignores RLIMIT_NPROC; the parent's pids cgroup bounds it instead
+        limit(resource.RLIMIT_NPROC, _user_processes() + int(settings["max_processes"]))
+    rearm_cpu_limit(int(settings["cpu_limit_s"]))
+    try:
+        ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+    if settings.get("isolation") == "netns" and not _unshare_net() and settings.get("require_isolation"):
+        raise SandboxError("could not create a network namespace for the worker")
+
+
+def rearm_cpu_limit(seconds: int) -> None:
+    """Let this process use ``seconds`` more CPU time from now (soft ``RLIMIT_CPU``; SIGXCPU past it).
+    Child processes inherit the limit, counted from their own start. The per-episode wall-clock
+    timeout in the parent is the guarantee; this bounds CPU that escapes it (e.g. forked children)."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(used.ru_utime + used.ru_stime) + seconds
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def reap_strays() -> int:
+    """Kill and reap every child process still running (a policy's forks; orphans re-parent here
+    because the worker is a child subreaper). Returns how many there were."""
+    me, killed = os.getpid(), 0
+    for _ in range(50):  # a fork bomb may be forking while we kill; bounded by the pids limit
+        kids = _children(me)
+        if not kids:
+            break
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                    time.sleep(0.005)
+            except ChildProcessError:
+                break
+    return killed
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _user_processes() -> int:
+    uid, n = os.getuid(), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                n += entry.stat().st_uid == uid
+            except OSError:
+                pass
+    return n
+
+
+def remove_cgroup(path: Path) -> None:
+    """Kill whatever is left in a worker's pids cgroup and remove it (best effort)."""
+    for _ in range(100):
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)

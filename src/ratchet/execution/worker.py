@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -11,10 +12,12 @@ from typing import Any
 _MODULE_CACHE_SIZE = 16
 
 
-def _exit_with_parent() -> None:
+def _exit_with_parent(own_pid_namespace: bool) -> None:
     """Die with the parent: Linux's parent-death signal, plus a watchdog thread elsewhere (and for the
-    race where the parent died before the signal was armed). A hung policy cannot outlive ratchet."""
-    parent = int(os.environ.get("RATCHET_PARENT_PID", "0")) or os.getppid()
+    race where the parent died before the signal was armed). A hung policy cannot outlive ratchet.
+    In bubblewrap's PID namespace the parent is bwrap's init, which itself dies with ratchet."""
+    given = int(os.environ.pop("RATCHET_PARENT_PID", "0"))
+    parent = os.getppid() if own_pid_namespace or not given else given
     try:
         import ctypes
         import signal
@@ -37,11 +40,20 @@ def _exit_with_parent() -> None:
 def worker_main(conn: Any) -> None:
     """Serve jobs from ``conn`` until it closes.
 
+    Confines itself first when the parent passed sandbox settings (``RATCHET_SANDBOX``): resource
+    limits, network namespace, child-subreaper (see :mod:`ratchet.execution.sandbox`). After each
+    episode, processes the policy left behind are killed and the episode counts as failed.
+
     Messages in: ``("job", job_id, task_key, task_dict_or_None, source_key, source_or_None, params, seed,
     render_path)`` (the task and source travel only the first time a worker sees them).
     Messages out: ``(job_id, episode_dict)``.
     """
-    _exit_with_parent()
+    sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
+    _exit_with_parent(own_pid_namespace=sandbox is not None and sandbox.get("isolation") == "bwrap")
+    if sandbox is not None:
+        from ratchet.execution.sandbox import confine, rearm_cpu_limit, reap_strays
+
+        confine(sandbox)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # headless rendering for --video
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     if not os.environ.get("RATCHET_WORKER_OUTPUT"):
@@ -73,6 +85,8 @@ def worker_main(conn: Any) -> None:
             task_dicts[task_key] = task_dict
         task_dict = task_dicts[task_key]
         env = None
+        if sandbox is not None:
+            rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
         try:
             if task_key not in tasks:
                 tasks[task_key] = GymTask.from_dict(task_dict)
@@ -109,6 +123,10 @@ def worker_main(conn: Any) -> None:
                 # Box2D world does), which would make a return depend on the episodes run before it.
                 env = task.make_env()
                 ep = run_episode(env, module.act, getattr(module, "reset", None), params, seed, task)
+            if sandbox is not None:
+                strays = reap_strays()
+                if strays and ep.error is None:
+                    ep = Episode.failed(seed, f"policy left {strays} process(es) running (killed)", task=task)
             reply = (job_id, ep.to_dict())
         except Exception as exc:  # environment trouble: report it as this episode's error
             reply = (job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],

@@ -1,0 +1,278 @@
+"""Ray executor: batches of (candidate, seed) jobs run as Ray tasks, on a local Ray or a cluster.
+
+Each Ray task runs one batch (several seeds of one candidate) through a one-worker
+:class:`~ratchet.execution.process.ProcessExecutor` that lives in the Ray worker process, so policy
+code stays in a sandboxed subprocess on every node, a per-episode timeout still kills it, and a crashing
+policy fails only its own episodes, exactly as on the process backend.
+
+**Exactly once.** A task returns its batch's episodes only when the whole batch is done; nothing is
+streamed. If a Ray worker or node dies, Ray re-runs the task (``max_retries``) and the driver sees only
+the one result of the attempt that finished, so every job is reported to ``on_episode`` exactly once and
+a re-run never counts twice. Episodes are deterministic in (policy source, parameters, seed, task), so a
+re-run gives the same numbers bit for bit, the same as the process backend. A batch that still fails
+after its retries becomes errored episodes, never a crashed run. (The loop's ledger adds the other half:
+evaluations are stored under a content key, so a resumed run never records or recomputes one twice.)
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+import os
+import platform
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ratchet.errors import RatchetError
+from ratchet.execution import Job
+from ratchet.execution.sandbox import Sandbox
+from ratchet.rollout import Episode
+from ratchet.task import Task
+
+__all__ = ["RayExecutor", "default_batch_episodes"]
+
+#: Tasks per CPU the default batch size aims for: enough to balance uneven episode lengths, few enough
+#: that Ray's per-task overhead stays small (see benchmarks/ray_throughput.py).
+TASKS_PER_CPU = 4
+
+_INSTALL_HINT = 'pip install "policy-ratchet[ray]"'
+_VERSIONED = ("policy-ratchet", "gymnasium", "numpy")
+
+
+def default_batch_episodes(n_jobs: int, cpus: int) -> int:
+    """Episodes per Ray task when ``batch_episodes = 0``: about :data:`TASKS_PER_CPU` tasks per CPU.
+
+    Args:
+        n_jobs: Episodes in the call.
+        cpus: CPUs of the Ray cluster.
+
+    Returns:
+        At least 1.
+    """
+    return max(1, math.ceil(n_jobs / (TASKS_PER_CPU * max(1, cpus))))
+
+
+def split_batches(jobs: Sequence[Job], batch_episodes: int) -> list[list[int]]:
+    """Split job indices into batches: consecutive jobs of one candidate, at most ``batch_episodes`` each.
+
+    A run of one candidate's jobs is cut into equal pieces (sizes differ by at most one), so a batch
+    never mixes candidates and a candidate that hangs costs one timeout per batch, as on one worker.
+    """
+    batches: list[list[int]] = []
+    start = 0
+    for i in range(1, len(jobs) + 1):
+        if i == len(jobs) or jobs[i].candidate.id != jobs[start].candidate.id:
+            n = i - start
+            pieces = math.ceil(n / batch_episodes)
+            bounds = [start + (n * k) // pieces for k in range(pieces + 1)]
+            batches += [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+            start = i
+    return batches
+
+
+# -- inside Ray workers -------------------------------------------------------------------------------
+
+_POOL: tuple[tuple[float, Sandbox], Any] | None = None  # this Ray worker's ProcessExecutor, reused across tasks
+_REMOTE: Any = None  # the driver's Ray remote function for _run_batch
+
+
+def _run_batch(task_dict: dict[str, Any], candidate: dict[str, Any], seeds: list[int], episode_timeout_s: float,
+               sandbox: Sandbox) -> list[dict[str, Any]]:
+    """Ray task body: one candidate on ``seeds`` through a one-worker sandboxed process pool."""
+    global _POOL
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.policy import Candidate
+    from ratchet.task import GymTask
+
+    key = (float(episode_timeout_s), sandbox)
+    if _POOL is None or _POOL[0] != key:
+        if _POOL is not None:
+            _POOL[1].close()
+        _POOL = (key, ProcessExecutor(workers=1, episode_timeout_s=episode_timeout_s, sandbox=sandbox))
+    cand = Candidate.from_dict(candidate)
+    eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cand, s) for s in seeds])
+    return [e.to_dict() for e in eps]
+
+
+def _remote_batch(ray: Any) -> Any:
+    """:func:`_run_batch` as a Ray remote function (made once per process; Ray re-exports it after a restart)."""
+    global _REMOTE
+    if _REMOTE is None:
+        _REMOTE = ray.remote(_run_batch)
+    return _REMOTE
+
+
+def _versions() -> dict[str, str]:
+    """Versions that decide episode numbers; they must match between the driver and every node."""
+    out = {"python": ".".join(platform.python_version_tuple()[:2])}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+# -- the driver ---------------------------------------------------------------------------------------
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RatchetError(f'[execution] backend = "ray" needs Ray, which is not installed; run: {_INSTALL_HINT}') from None
+    return ray
+
+
+class RayExecutor:
+    """Runs episodes as Ray tasks, each a batch of one candidate's seeds.
+
+    Args:
+        address: Cluster to join: ``"auto"`` (the cluster this node belongs to, see ``ray start``),
+            ``"ray://host:10001"`` (Ray Client) or ``"host:6379"``; None starts a local Ray with
+            ``workers`` CPUs. If Ray is already initialised in this process it is used as it is.
+        workers: CPUs of a local Ray; 0 means ``os.cpu_count()``. Ignored when joining a cluster.
+        batch_episodes: Episodes per Ray task; 0 picks :func:`default_batch_episodes` for each call.
+        episode_timeout_s: Per-episode wall-clock limit in seconds (enforced on the node).
+        sandbox: How policy code is confined on the nodes; default :class:`Sandbox()`.
+        max_retries: Times Ray re-runs a task whose worker process or node died.
+
+    Raises:
+        RatchetError: Ray is not installed, the cluster cannot be reached, or a node lacks ratchet or
+            runs other versions of ratchet, Gymnasium or NumPy than this machine.
+    """
+
+    def __init__(self, address: str | None = None, workers: int = 0, batch_episodes: int = 0,
+                 episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None, max_retries: int = 3) -> None:
+        if batch_episodes < 0:
+            raise RatchetError(f"batch_episodes must be ≥ 0 (0 picks one), got {batch_episodes}")
+        self._ray = _import_ray()
+        self.address = address
+        self.workers = int(workers)
+        self.batch_episodes = int(batch_episodes)
+        self.episode_timeout_s = float(episode_timeout_s)
+        self.sandbox = sandbox if sandbox is not None else Sandbox()
+        self.max_retries = int(max_retries)
+        self._owns_ray = self._checked = False
+        self._connect()
+
+    def _connect(self) -> None:
+        """Start or join Ray unless this process is connected already, then check the nodes."""
+        ray = self._ray
+        if not ray.is_initialized():
+            self._init_ray()
+        if not self._checked:
+            self._check_nodes()
+            self._checked = True
+
+    def _init_ray(self) -> None:
+        ray = self._ray
+        options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                   "logging_level": logging.WARNING}
+        if self.address is None:  # "local": a new runtime, even if `ray start` runs on this machine
+            options["num_cpus"] = self.workers if self.workers > 0 else (os.cpu_count() or 1)
+        try:
+            ray.init(address=self.address or "local", **options)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RatchetError(f"cannot start or join Ray at address {self.address!r}: {_first_line(exc)}; check "
+                               "[execution] address (\"auto\" needs `ray start` on this machine)") from None
+        self._owns_ray = True
+
+    def _check_nodes(self, timeout_s: float = 300.0) -> None:
+        """Run a probe task on every alive node: ratchet importable and the same versions as here."""
+        ray = self._ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(_versions)
+        nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+        refs = {n["NodeManagerAddress"]: probe.options(num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            n["NodeID"], soft=False)).remote() for n in nodes}
+        here = _versions()
+        for node, ref in refs.items():
+            try:
+                there = ray.get(ref, timeout=timeout_s)
+            except Exception as exc:
+                raise RatchetError(f"Ray node {node} cannot run ratchet ({type(exc).__name__}: {_first_line(exc)}); "
+                                   "install policy-ratchet on every node of the cluster") from None
+            if there != here:
+                diff = ", ".join(f"{k} {there.get(k)} there vs {v} here" for k, v in here.items() if there.get(k) != v)
+                raise RatchetError(f"Ray node {node} runs other versions ({diff}); install the same versions on "
+                                   "every node, or episodes would differ between nodes")
+
+    def cpus(self) -> int:
+        """CPUs the Ray cluster has now."""
+        return int(self._ray.cluster_resources().get("CPU", 1))
+
+    def run(self, task: Task, jobs: Sequence[Job],
+            on_episode: Callable[[int, Episode], None] | None = None) -> list[Episode]:
+        """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
+
+        ``on_episode`` is called for a batch's jobs (in job order) when the whole batch has finished.
+
+        Raises:
+            RatchetError: a node refused to run policy code (for example the sandbox requires isolation
+                the node cannot give). Policy failures and worker deaths are errored episodes instead.
+        """
+        if not jobs:
+            return []
+        self._connect()
+        ray = self._ray
+        size = self.batch_episodes or default_batch_episodes(len(jobs), self.cpus())
+        task_dict = task.to_dict()
+        task_ref = ray.put(task_dict)
+        submit = _remote_batch(ray).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False).remote
+        pending: dict[Any, list[int]] = {}
+        for batch in split_batches(jobs, size):
+            cand = jobs[batch[0]].candidate
+            ref = submit(task_ref, cand.to_dict(), [jobs[i].seed for i in batch], self.episode_timeout_s, self.sandbox)
+            pending[ref] = batch
+        results: list[Episode | None] = [None] * len(jobs)
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    batch = pending.pop(ref)
+                    for i, ep in zip(batch, self._collect(ref, [jobs[i].seed for i in batch], task)):
+                        results[i] = ep
+                        if on_episode is not None:
+                            on_episode(i, ep)
+        finally:
+            for ref in pending:  # interrupted (an exception in on_episode, Ctrl-C): stop the rest
+                ray.cancel(ref, force=True)
+        return [r for r in results if r is not None]
+
+    def _collect(self, ref: Any, seeds: list[int], task: Task) -> list[Episode]:
+        """A finished task's episodes, or errored ones if it failed for good."""
+        ray = self._ray
+        try:
+            eps = [Episode.from_dict(d) for d in ray.get(ref)]
+        except ray.exceptions.RayTaskError as exc:  # raised by our task body: not retried
+            cause = getattr(exc, "cause", None) or exc
+            if isinstance(cause, RatchetError):
+                raise RatchetError(str(cause)) from None
+            reason = f"ray task failed: {type(cause).__name__}: {_first_line(cause)}"
+        except ray.exceptions.RayError as exc:  # worker or node died on every attempt, out of memory, ...
+            reason = f"ray task failed after {self.max_retries} retries: {type(exc).__name__}: {_first_line(exc)}"
+        else:
+            if [e.seed for e in eps] == seeds:
+                return eps
+            reason = f"ray task returned seeds {[e.seed for e in eps]}, expected {seeds}"
+        return [Episode.failed(s, reason[:500], task=task) for s in seeds]
+
+    def close(self) -> None:
+        """Shut Ray down if this executor started it. Safe to call twice; a later :meth:`run` starts it again."""
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
+            self._checked = False
+        self._owns_ray = False
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else ""

@@ -1,0 +1,177 @@
+"""Hostile policies are contained by the sandboxed executor: each is that candidate's failure with a
+clear reason, the other candidates' episodes are unaffected, and the host is untouched."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+from conftest import DATA, candidate_of, good_candidate
+from ratchet.execution import Job
+from ratchet.execution.process import ProcessExecutor
+from ratchet.execution.sandbox import Sandbox, SandboxError, isolation
+from ratchet.policy import load_policy
+from ratchet.task import GymTask
+
+SEEDS = [1, 2, 3]
+TIMEOUT_S = 3.0
+needs_bwrap = pytest.mark.skipif(isolation() != "bwrap", reason="needs bubblewrap (apt-get install bubblewrap)")
+
+
+def hostile(name: str, params: dict[str, float] | None = None):
+    return load_policy(DATA / "hostile" / f"{name}.py").candidate(params)
+
+
+@pytest.fixture(scope="module")
+def sandboxed(request):
+    os.environ["RATCHET_TEST_API_KEY"] = "sk-test-do-not-leak"  # set before workers start
+    ex = ProcessExecutor(workers=2, episode_timeout_s=TIMEOUT_S, sandbox=Sandbox(memory_limit_mb=2048))
+    request.addfinalizer(ex.close)
+    yield ex
+    os.environ.pop("RATCHET_TEST_API_KEY", None)
+
+
+@pytest.fixture(scope="module")
+def reference(sandboxed):
+    """The good candidate's episodes on a clean run."""
+    return [e.to_dict() for e in sandboxed.run(GymTask("CartPole-v1"), [Job(good_candidate(), s) for s in SEEDS])]
+
+
+def _run_beside_good(ex, bad, reference):
+    """Run the hostile candidate between two copies of a good one; the good ones must be unaffected."""
+    good = good_candidate()
+    jobs = [Job(good, s) for s in SEEDS] + [Job(bad, s) for s in SEEDS] + [Job(good, s) for s in SEEDS]
+    eps = ex.run(GymTask("CartPole-v1"), jobs)
+    assert [e.to_dict() for e in eps[:3]] == reference
+    assert [e.to_dict() for e in eps[6:]] == reference
+    bad_eps = eps[3:6]
+    assert all(e.error for e in bad_eps), [e.error for e in bad_eps]
+    assert all(e.success is False and not e.terminated and not e.truncated for e in bad_eps)
+    return bad_eps
+
+
+def _processes() -> int:
+    return sum(1 for p in os.listdir("/proc") if p.isdigit())
+
+
+def test_raising_policy_is_recorded(sandboxed, reference):
+    eps = _run_beside_good(sandboxed, candidate_of("policy_raises.py"), reference)
+    assert "ZeroDivisionError: policy bug on purpose" in eps[0].error
+
+
+def test_nan_action_is_recorded(sandboxed, reference):
+    eps = _run_beside_good(sandboxed, candidate_of("policy_nan.py"), reference)
+    assert "non-finite" in eps[0].error
+
+
+def test_infinite_loop_is_killed_by_the_timeout(sandboxed, reference):
+    t0 = time.monotonic()
+    eps = _run_beside_good(sandboxed, hostile("loops_forever"), reference)
+    assert eps[0].error.startswith(f"timeout after {TIMEOUT_S:g} s")
+    # at most one timeout per worker that picked the candidate up; the rest are skipped
+    assert all(e.error.startswith(("skipped: timeout", "timeout after")) for e in eps[1:])
+    assert eps[2].error.startswith("skipped: timeout")
+    assert time.monotonic() - t0 < 4 * TIMEOUT_S + 30
+
+
+def test_10_gb_allocation_hits_the_memory_limit(sandboxed, reference):
+    eps = _run_beside_good(sandboxed, hostile("allocates_10gb"), reference)
+    assert "MemoryError" in eps[0].error
+
+
+def test_fork_bomb_is_bounded_and_cleaned_up(sandboxed, reference):
+    before = _processes()
+    eps = _run_beside_good(sandboxed, hostile("fork_bomb"), reference)
+    assert "BlockingIOError" in eps[0].error or "left" in eps[0].error, eps[0].error
+    deadline = time.monotonic() + 10
+    while _processes() > before + 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes() <= before + 5  # the forks are gone from the host
+
+
+@needs_bwrap
+def test_socket_to_host_loopback_is_refused(sandboxed, reference):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    try:
+        port = server.getsockname()[1]
+        eps = _run_beside_good(sandboxed, hostile("opens_socket", {"port": float(port)}), reference)
+        assert any(w in eps[0].error for w in ("ConnectionRefused", "unreachable", "timed out")), eps[0].error
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing ever connected
+    finally:
+        server.close()
+
+
+def test_environment_secrets_never_reach_policy_code(sandboxed, reference):
+    assert os.environ["RATCHET_TEST_API_KEY"]
+    eps = _run_beside_good(sandboxed, hostile("reads_secret"), reference)
+    assert "leaked {}" in eps[0].error
+    assert "sk-test-do-not-leak" not in eps[0].error
+
+
+@needs_bwrap
+def test_writes_outside_the_worker_directory_fail(sandboxed, reference):
+    tag = uuid.uuid4().int % 10**9
+    target = f"/tmp/ratchet-escape-{tag}"
+    eps = _run_beside_good(sandboxed, hostile("writes_outside", {"tag": float(tag)}), reference)
+    assert "Read-only file system" in eps[0].error
+    assert not os.path.exists(target)
+
+
+def test_segfault_is_recorded_and_the_worker_replaced(sandboxed, reference):
+    eps = _run_beside_good(sandboxed, candidate_of("policy_segfault.py"), reference)
+    assert "worker died (killed by SIGSEGV" in eps[0].error
+
+
+def test_workers_start_in_a_fresh_directory_with_a_scrubbed_environment(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('import os\nPARAMETERS = {"w": {"default": 0.0, "low": -1.0, "high": 1.0}}\n\n\n'
+                     "def act(observation, params):\n"
+                     "    raise RuntimeError(f\"cwd={os.getcwd()} files={os.listdir('.')} "
+                     "env={sorted(os.environ)}\")\n")
+    os.environ["RATCHET_TEST_TOKEN"] = "tok"
+    try:
+        with ProcessExecutor(workers=1, episode_timeout_s=30) as ex:
+            (ep,) = ex.run(GymTask("CartPole-v1"), [Job(load_policy(probe).candidate(), 0)])
+    finally:
+        del os.environ["RATCHET_TEST_TOKEN"]
+    assert "cwd=/tmp/ratchet-worker-" in ep.error or "cwd=" + os.path.realpath("/tmp") in ep.error
+    assert "files=['worker.log']" in ep.error
+    assert "RATCHET_TEST_TOKEN" not in ep.error and "HOME" in ep.error
+
+
+def test_require_isolation_refuses_when_none_is_available(monkeypatch):
+    isolation.cache_clear()
+    monkeypatch.setenv("RATCHET_FORCE_ISOLATION", "none")
+    try:
+        with pytest.raises(SandboxError, match="require_isolation"):
+            ProcessExecutor(workers=1, sandbox=Sandbox(require_isolation=True))
+        with pytest.raises(SandboxError, match="conflicts"):
+            ProcessExecutor(workers=1, sandbox=Sandbox(enabled=False, require_isolation=True))
+    finally:
+        monkeypatch.delenv("RATCHET_FORCE_ISOLATION")
+        isolation.cache_clear()
+
+
+def test_missing_isolation_is_said_once(monkeypatch, capsys):
+    from ratchet.execution import sandbox as sandbox_module
+
+    isolation.cache_clear()
+    monkeypatch.setenv("RATCHET_FORCE_ISOLATION", "none")
+    monkeypatch.setattr(sandbox_module, "_warned", set())
+    try:
+        Sandbox().check()
+        Sandbox().check()
+    finally:
+        monkeypatch.delenv("RATCHET_FORCE_ISOLATION")
+        isolation.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("ratchet: warning: policy code runs with the host's network") == 1
+    assert "apt-get install bubblewrap" in err
