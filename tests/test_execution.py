@@ -193,3 +193,30 @@ def test_episode_does_not_depend_on_earlier_episodes_in_the_worker():
     returns = [e.episode_return for e in eps]
     # with one env reused across resets the third run of seed 0 returned -25.3 instead of 108.3
     assert returns[0] == returns[1] == returns[2] == returns[4]
+
+
+def test_worker_killed_from_outside_is_retried_without_trace(cartpole_task):
+    """A worker SIGKILLed mid-episode by something else (OOM killer, operator, fault injection): the
+    episode runs again on a fresh worker and the result is the same as an undisturbed run."""
+    import os
+    import signal
+    import threading
+
+    slow = candidate_of("cartpole_slow.py")
+    jobs = [Job(slow, s) for s in (11, 12)]
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        clean = ex.run(cartpole_task, jobs)
+        victim = ex._workers[0].proc.pid
+        killer = threading.Timer(0.5, lambda: os.killpg(victim, signal.SIGKILL))
+        killer.start()
+        disturbed = ex.run(cartpole_task, jobs)
+        killer.join()
+        assert ex._workers[0].proc.pid != victim  # it was replaced
+    assert all(e.error is None for e in clean) and clean[0].length > 100
+    assert [e.to_dict() for e in disturbed] == [e.to_dict() for e in clean]
+
+
+def test_worker_that_dies_every_time_fails_after_one_retry(cartpole_task):
+    with ProcessExecutor(workers=1, episode_timeout_s=30, death_retries=1) as ex:
+        (ep,) = ex.run(cartpole_task, [Job(candidate_of("policy_exits.py"), 5)])
+    assert ep.error.startswith("worker died (exit code 3")

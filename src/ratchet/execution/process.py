@@ -132,22 +132,29 @@ def _last_line(path: str, limit: int = 200) -> str:
 class ProcessExecutor:
     """Runs episodes in a pool of worker processes.
 
-    The parent never imports policy code. Workers compile each candidate once and reuse their
-    environments. A worker whose episode exceeds ``episode_timeout_s`` (seconds of wall clock) is
-    killed and replaced; so is one that dies (segfault, ``os._exit``, out of memory). Either way
-    only that episode is an error, and the remaining queued episodes *of the same candidate* are
+    The parent never imports policy code; workers run it inside the sandbox (see
+    :mod:`ratchet.execution.sandbox`), with a fresh environment per episode. A worker whose episode
+    exceeds ``episode_timeout_s`` (seconds of wall clock) is killed and replaced, and the episode is an
+    error. A worker that dies (segfault, ``os._exit``, out of memory, killed from outside) is replaced
+    and its episode retried on a fresh worker up to ``death_retries`` times before it is an error.
+    After a timeout or a final death, the remaining queued episodes *of the same candidate* are
     recorded as skipped, so one hanging candidate costs one timeout, not one per seed.
 
     Args:
         workers: Number of worker processes; 0 means ``os.cpu_count()``.
         episode_timeout_s: Per-episode wall-clock limit in seconds.
         sandbox: How workers are confined (:class:`~ratchet.execution.sandbox.Sandbox`); default on.
+        death_retries: Times an episode whose worker died (killed from outside, crashed) is run again
+            on a fresh worker before it counts as the candidate's failure. Deterministic crashes
+            (a policy that segfaults) fail again and are recorded; a stray kill leaves no trace.
 
     Raises:
         SandboxError: the sandbox requires isolation this machine cannot give.
     """
 
-    def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None) -> None:
+    def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None,
+                 death_retries: int = 1) -> None:
+        self.death_retries = int(death_retries)
         self.sandbox = sandbox if sandbox is not None else Sandbox()
         self.sandbox.check()
         self.n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
@@ -156,10 +163,13 @@ class ProcessExecutor:
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
-        while len(self._workers) < n:
-            self._workers.append(_Worker(self.sandbox))
-        for w in self._workers:  # started together, so they boot in parallel
-            _check_started(w)
+        new = [_Worker(self.sandbox) for _ in range(n - len(self._workers))]  # boot in parallel
+        for w in new:
+            try:
+                _check_started(w)
+            except RatchetError:
+                w = self._start_worker()
+            self._workers.append(w)
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None,
@@ -197,13 +207,20 @@ class ProcessExecutor:
             if on_episode is not None:
                 on_episode(i, ep)
 
-        def fail_head(w: _Worker, reason: str) -> None:
-            """The worker's running job failed (timeout or crash): record it, requeue the job queued
-            behind it (it never started), and replace the worker."""
+        deaths: dict[int, int] = {}
+
+        def fail_head(w: _Worker, reason: str, retry: bool = False) -> None:
+            """The worker's running job failed (timeout or crash): requeue the job queued behind it (it
+            never started), replace the worker, and record the failure — unless ``retry`` (the worker
+            died) and the job has retries left, in which case it runs again on a fresh worker."""
             head = w.jobs.popleft()
-            failed_candidates[jobs[head].candidate.id] = reason
-            finish(head, Episode.failed(jobs[head].seed, reason, task=task))
             pending.extendleft(reversed(w.jobs))
+            deaths[head] = deaths.get(head, 0) + 1
+            if retry and deaths[head] <= self.death_retries:
+                pending.appendleft(head)
+            else:
+                failed_candidates[jobs[head].candidate.id] = reason
+                finish(head, Episode.failed(jobs[head].seed, reason, task=task))
             workers.remove(w)
             workers.append(self._replace(w))
 
@@ -254,7 +271,7 @@ class ProcessExecutor:
                 try:
                     job_id, ep_dict = conn.recv()
                 except (EOFError, OSError):
-                    fail_head(w, f"{w.death()} on seed {jobs[w.jobs[0]].seed}")
+                    fail_head(w, f"{w.death()} on seed {jobs[w.jobs[0]].seed}", retry=True)
                     continue
                 w.jobs.popleft()
                 w.deadline = time.monotonic() + self.episode_timeout_s
@@ -270,10 +287,21 @@ class ProcessExecutor:
         w.kill()
         if w in self._workers:
             self._workers.remove(w)
-        nw = _Worker(self.sandbox)
-        _check_started(nw)
+        nw = self._start_worker()
         self._workers.append(nw)
         return nw
+
+    def _start_worker(self, attempts: int = 3) -> _Worker:
+        """A ready worker; a start that fails (e.g. the process was killed from outside) is retried."""
+        for attempt in range(attempts):
+            w = _Worker(self.sandbox)
+            try:
+                _check_started(w)
+                return w
+            except RatchetError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Stop all workers."""
