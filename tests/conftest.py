@@ -7,18 +7,23 @@ things (worker pools, one finished refinement run) are session-scoped so the who
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import tomllib
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import LEDGER_FILE, start_run
 from ratchet.policy import Candidate, load_policy
+from ratchet.rollout import Episode
 from ratchet.spec import load_spec
 from ratchet.task import GymTask
 
@@ -113,7 +118,7 @@ def count_events(db_path: Path, type: str) -> int:
         return 0
 
 
-_VOLATILE = {"pid", "wall_clock_s", "run_id", "versions", "policy_path", "events_before"}
+_VOLATILE = {"pid", "host", "wall_clock_s", "run_id", "versions", "policy_path", "events_before"}
 
 
 def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
@@ -127,6 +132,87 @@ def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
         return x
 
     return [(e.type.value, e.key, strip(e.payload)) for e in events]
+
+
+class SimulatedKill(BaseException):
+    """Stands in for kill -9: not an Exception, so the loop records no run_failed event."""
+
+
+class RecordingExecutor:
+    """Wraps a real executor; records every job it runs and can 'die' after N episodes."""
+
+    def __init__(self, inner, die_after: int | None = None, max_calls: int | None = None) -> None:
+        self.inner, self.die_after, self.max_calls = inner, die_after, max_calls
+        self.jobs: list[tuple[str, int]] = []
+        self.calls = 0
+        self.episodes = 0
+
+    def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None):
+        self.calls += 1
+        if self.max_calls is not None and self.calls > self.max_calls:
+            raise SimulatedKill(f"runaway: {self.calls} executor calls")
+        self.jobs += [(j.candidate.id, j.seed) for j in jobs]
+
+        def cb(i: int, ep: Episode) -> None:
+            if on_episode is not None:
+                on_episode(i, ep)
+            self.episodes += 1
+            if self.die_after is not None and self.episodes >= self.die_after:
+                raise SimulatedKill("killed")
+
+        return self.inner.run(task, jobs, cb)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# -- PostgreSQL (opt-in: set RATCHET_TEST_POSTGRES_URL) ---------------------------------------------
+
+POSTGRES_ENV = "RATCHET_TEST_POSTGRES_URL"
+#: Prefix of every run id the tests write to a shared database (deleted again at the end of the session).
+RUN_PREFIX = f"test{uuid.uuid4().hex[:6]}"
+
+
+def unique_run_id(name: str) -> str:
+    """A run id no other test (or earlier test session on the same database) uses."""
+    return f"{RUN_PREFIX}-{name}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """URL of a PostgreSQL database the tests may write to; the test is skipped when none is given."""
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"needs PostgreSQL: set {POSTGRES_ENV}=postgresql://USER:PASSWORD@HOST:PORT/DB, or run the tests "
+                    "under scripts/test-postgres.sh (starts a throwaway server and sets it)")
+    yield url
+    from sqlalchemy import create_engine, text
+
+    from ratchet.ledger.sql import TABLE, database_url
+
+    engine = create_engine(database_url(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"DELETE FROM {TABLE} WHERE run_id LIKE :p"), {"p": f"{RUN_PREFIX}-%"})
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_storage(request, tmp_path: Path) -> str:
+    """A database URL for ``--storage``: a SQLite file, then PostgreSQL (skipped without one)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared' / 'ledgers.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+def password_to_env(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put a URL's password in PGPASSWORD, as a user whose run directory points to the database would."""
+    from sqlalchemy.engine import make_url
+
+    password = make_url(url).password
+    if password:
+        monkeypatch.setenv("PGPASSWORD", password)
 
 
 @pytest.fixture(scope="session")

@@ -418,3 +418,94 @@ def test_env_setup_problems_fail_up_front(runner, tmp_path):
     line = assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs"), "cannot make CartPole-v1")
     assert "bogus" in line
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# -- --storage: ledgers in a database ------------------------------------------------------------
+
+def _tiny_spec(directory):
+    """A spec whose policy declares no parameters: the run evaluates it and stops (about a second)."""
+    directory.mkdir(parents=True)
+    shutil.copy(DATA / "policy_no_params.py", directory / "policy.py")
+    (directory / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n[gate]\nvalidation_episodes = 3\n'
+                                            '[test]\nepisodes = 3\n[execution]\nworkers = 1\n')
+    return directory
+
+
+def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatch):
+    from sqlalchemy.engine import make_url
+
+    from conftest import password_to_env, unique_run_id
+
+    run_id, runs = unique_run_id("cli"), tmp_path / "runs"
+    res = invoke(runner, "run", _tiny_spec(tmp_path / "s"), "--storage", shared_storage, "--runs-dir", runs,
+                 "--run-id", run_id, "--no-report")
+    assert res.exit_code == 0, res.output
+    run_dir = runs / run_id
+    assert f"run directory: {run_dir}" in res.stdout
+    assert (run_dir / "ledger.json").is_file() and not (run_dir / "ledger.sqlite").exists()
+    password = make_url(shared_storage).password
+    if password:
+        assert password not in (run_dir / "ledger.json").read_text() and password not in res.output
+
+    # the run directory alone finds its ledger (a password comes from PGPASSWORD)
+    password_to_env(shared_storage, monkeypatch)
+    shown = invoke(runner, "show", run_dir, "--json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["status"] == "finished"
+
+    # another machine: no run directory there, the run is looked up by id in the database
+    nowhere = tmp_path / "nowhere"
+    other = invoke(runner, "show", run_id, "--runs-dir", nowhere, "--storage", shared_storage)
+    assert other.exit_code == 0, other.output
+    assert "finished" in other.stdout and run_id in other.stdout
+    listed = invoke(runner, "runs", "--storage", shared_storage)
+    assert listed.exit_code == 0, listed.output
+    assert run_id in listed.stdout and "finished" in listed.stdout
+    crit = invoke(runner, "critique", run_id, "--runs-dir", nowhere, "--storage", shared_storage, "--split", "test",
+                  "--json")
+    assert crit.exit_code == 0, crit.output
+    assert json.loads(crit.stdout)["split"] == "test"
+    rep = invoke(runner, "report", run_id, "--runs-dir", nowhere, "--storage", shared_storage, "--no-videos")
+    assert rep.exit_code == 0, rep.output
+    assert (nowhere / run_id / "report.html").is_file()
+    via_env = runner.invoke(app, ["show", run_id, "--runs-dir", str(tmp_path / "none")],
+                            env={"COLUMNS": "250", "RATCHET_STORAGE": shared_storage})
+    assert via_env.exit_code == 0, via_env.output
+
+
+def test_resume_with_storage_through_the_run_directory(shared_storage, runner, tmp_path, monkeypatch):
+    """An interrupted run whose ledger is in a database resumes from its run directory alone."""
+    from conftest import RecordingExecutor, SimulatedKill, make_spec_dir, password_to_env, unique_run_id
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.loop import open_ledger, start_run
+    from ratchet.spec import load_spec
+
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 60_000, "episodes": 80}, test={"episodes": 5},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    run_id = unique_run_id("resume")
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", run_id, storage=shared_storage,
+                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=12))
+    password_to_env(shared_storage, monkeypatch)
+    run_dir = tmp_path / "runs" / run_id
+    res = invoke(runner, "resume", run_dir, "--no-report")
+    assert res.exit_code == 0, res.output
+    assert f"run {run_id} stopped" in res.stdout
+    events = open_ledger(run_dir).read()
+    assert project(events).status == "finished"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert len(events_of(events, EventType.RUN_RESUMED)) == 1
+
+
+@pytest.mark.parametrize("storage, fragment", [
+    ("not a url", "not a database URL"),
+    ("postgresql://ratchet:s3cret@127.0.0.1:1/ratchet", "cannot open ledger database"),
+    ("mysql://ratchet@127.0.0.1/ratchet", "driver for mysql is not installed"),
+    ("nosuchdb://x", "unknown database kind"),
+])
+def test_bad_storage_is_one_line(runner, tmp_path, storage, fragment):
+    spec_dir = _tiny_spec(tmp_path / "s")
+    for args in (["runs"], ["show", "x", "--runs-dir", tmp_path], ["run", spec_dir, "--runs-dir", tmp_path / "runs"]):
+        line = assert_one_line_error(invoke(runner, *args, "--storage", storage), fragment)
+        assert "s3cret" not in line
+    assert not (tmp_path / "runs").exists()

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
 
 import pytest
 
-from conftest import events_of, make_spec_dir, normalized, read_events
+from conftest import RecordingExecutor, SimulatedKill, events_of, make_spec_dir, normalized, read_events
 from ratchet.critic import Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
-from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.gate import PairedTestGate
 from ratchet.ledger import EventType
@@ -20,38 +18,6 @@ from ratchet.planner import SeedSplits
 from ratchet.policy import load_policy
 from ratchet.rollout import Episode
 from ratchet.spec import load_spec
-
-
-class SimulatedKill(BaseException):
-    """Stands in for kill -9: not an Exception, so the loop records no run_failed event."""
-
-
-class RecordingExecutor:
-    """Wraps a real executor; records every job it runs and can 'die' after N episodes."""
-
-    def __init__(self, inner, die_after: int | None = None, max_calls: int | None = None) -> None:
-        self.inner, self.die_after, self.max_calls = inner, die_after, max_calls
-        self.jobs: list[tuple[str, int]] = []
-        self.calls = 0
-        self.episodes = 0
-
-    def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None):
-        self.calls += 1
-        if self.max_calls is not None and self.calls > self.max_calls:
-            raise SimulatedKill(f"runaway: {self.calls} executor calls")
-        self.jobs += [(j.candidate.id, j.seed) for j in jobs]
-
-        def cb(i: int, ep: Episode) -> None:
-            if on_episode is not None:
-                on_episode(i, ep)
-            self.episodes += 1
-            if self.die_after is not None and self.episodes >= self.die_after:
-                raise SimulatedKill("killed")
-
-        return self.inner.run(task, jobs, cb)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # -- the shared finished run -----------------------------------------------------------------------
@@ -333,3 +299,50 @@ def test_wall_clock_excludes_downtime_across_two_resumes(tmp_path):
     st = project(read_events(runs / "wc"))
     assert st.status == "finished"
     assert st.wall_clock_s < 600
+
+
+# -- ledgers in a database (--storage) -------------------------------------------------------------
+
+def test_run_in_a_database_resumes_on_another_machine(shared_storage, tmp_path):
+    """A run whose ledger lives in a shared database is killed; another machine (no run directory there)
+    resumes it by id; its events stay gap-free and the recorded prefix is untouched."""
+    from sqlalchemy.engine import make_url
+
+    from conftest import unique_run_id
+    from ratchet.loop import open_ledger
+
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 60_000, "episodes": 80}, test={"episodes": 5},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    run_id = unique_run_id("db")
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", run_id, storage=shared_storage,
+                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=15))
+    run_dir = tmp_path / "runs" / run_id
+    assert (run_dir / "policy.py").is_file() and not (run_dir / "ledger.sqlite").exists()
+    pointer = (run_dir / "ledger.json").read_text()
+    password = make_url(shared_storage).password
+    assert run_id in pointer and (not password or password not in pointer)
+    with pytest.raises(RatchetError, match="already exists"):
+        start_run(spec, tmp_path / "other", run_id, storage=shared_storage)
+    assert not (tmp_path / "other").exists()
+
+    elsewhere = tmp_path / "elsewhere"
+    before = open_ledger(run_id, elsewhere, storage=shared_storage).read()
+    assert project(before).status in ("running", "interrupted")  # (the "killed" writer is this process)
+    result = resume_run(run_id, elsewhere, storage=shared_storage, executor=ProcessExecutor(workers=1))
+    assert result.run_dir == elsewhere / run_id and (elsewhere / run_id / "ledger.json").is_file()
+    after = open_ledger(elsewhere / run_id, storage=shared_storage).read()
+    assert after[:len(before)] == before
+    assert [e.seq for e in after] == list(range(1, len(after) + 1))
+    assert project(after).status == "finished" and len(events_of(after, EventType.RUN_RESUMED)) == 1
+    keys = [e.key for e in events_of(after, EventType.EPISODES_EVALUATED)]
+    assert len(keys) == len(set(keys))
+
+
+def test_bad_storage_fails_before_a_run_directory_exists(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s"))
+    for storage in ("not a url", "postgresql://ratchet:s3cret@127.0.0.1:1/ratchet"):
+        with pytest.raises(LedgerError) as info:
+            start_run(spec, tmp_path / "runs", "bad", storage=storage)
+        assert "s3cret" not in str(info.value)
+    assert not (tmp_path / "runs").exists()

@@ -27,6 +27,12 @@ err = Console(stderr=True)
 _state = {"debug": False}
 
 RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", help="Folder holding run directories.")
+STORAGE_OPT = typer.Option(
+    None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
+    help="Keep ledgers in a database shared by many runs: postgresql://USER@HOST[:PORT]/DB (password from "
+         "PGPASSWORD or ~/.pgpass, or in the URL) or sqlite:///PATH. Default: ledger.sqlite in each run "
+         "directory. A run directory made with a URL points to its database, so later commands find it "
+         "without this option; with it, runs without a directory here are looked up by id in the database.")
 
 
 @app.callback()
@@ -41,11 +47,18 @@ def _fail(exc: BaseException) -> None:
     raise typer.Exit(1)
 
 
-def _load_state(run: str, runs_dir: str):
-    from ratchet.ledger.projection import project
-    from ratchet.loop import open_ledger
+def _load_state(run: str, runs_dir: str, storage: str | None = None):
+    """``(state, run_dir)`` of a run (see :func:`ratchet.loop.open_run`)."""
+    from ratchet.loop import open_run
 
-    ledger = open_ledger(run, runs_dir, readonly=True)
+    ledger, run_dir = open_run(run, runs_dir, storage=storage, readonly=True)
+    return _project(ledger, run), run_dir
+
+
+def _project(ledger, run: str):
+    """Read a ledger (then close it) and fold it into a run state."""
+    from ratchet.ledger.projection import project
+
     try:
         events = ledger.read()
     finally:
@@ -53,9 +66,9 @@ def _load_state(run: str, runs_dir: str):
     if not events:
         raise RunNotFoundError(f"run {run!r} has an empty ledger")
     try:
-        return project(events), ledger.path.parent
+        return project(events)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise LedgerError(f"ledger {ledger.path} is damaged: an event lacks {exc}") from None
+        raise LedgerError(f"ledger {ledger.location} is damaged: an event lacks {exc}") from None
 
 
 class _Progress:
@@ -127,7 +140,8 @@ def _print_result(run_dir: Path, state) -> None:
 def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder that holds one."),
         runs_dir: str = RUNS_DIR_OPT,
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
-        report: bool = typer.Option(True, "--report/--no-report", help="Write report.html in the run directory.")) -> None:
+        report: bool = typer.Option(True, "--report/--no-report", help="Write report.html in the run directory."),
+        storage: Optional[str] = STORAGE_OPT) -> None:
     """Refine the spec's policy until its budget or a stop rule ends the run."""
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
@@ -140,18 +154,18 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
         _fail(exc)
         return
     run_id = run_id or new_run_id(s.name)
-    _with_progress(lambda progress: start_run(s, runs_dir, run_id, progress=progress),
-                   str(Path(runs_dir) / run_id), report)
+    _with_progress(lambda progress: start_run(s, runs_dir, run_id, progress=progress, storage=storage),
+                   str(Path(runs_dir) / run_id), report, storage)
 
 
-def _with_progress(drive, resume_target: str, report: bool) -> None:
+def _with_progress(drive, resume_target: str, report: bool, storage: str | None) -> None:
     """Run ``drive(progress)`` with live progress, then print the result (and write the report).
     Ctrl-C leaves a resumable run and says how to resume it."""
     progress = _Progress()
     try:
         result = drive(progress)
         progress.stop()
-        _finish(result.run_dir, report)
+        _finish(result.run_dir, report, storage)
     except KeyboardInterrupt:
         progress.stop()
         err.print(f"interrupted; continue with `ratchet resume {resume_target}`", highlight=False)
@@ -174,8 +188,8 @@ def _write_report(state, run_dir: Path, path: Path, videos: bool) -> Path:
     return write_report(state, path, gifs)
 
 
-def _finish(run_dir: Path, report: bool) -> None:
-    state, _ = _load_state(str(run_dir), ".")
+def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
+    state, _ = _load_state(str(run_dir), ".", storage)
     if report:
         path = _write_report(state, run_dir, run_dir / "report.html", videos=True)
         out.print(f"report: {path}", highlight=False, soft_wrap=True)
@@ -184,34 +198,50 @@ def _finish(run_dir: Path, report: bool) -> None:
 
 @app.command()
 def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
-           report: bool = typer.Option(True, "--report/--no-report", help="Write report.html when done.")) -> None:
+           report: bool = typer.Option(True, "--report/--no-report", help="Write report.html when done."),
+           storage: Optional[str] = STORAGE_OPT) -> None:
     """Continue an interrupted run (even after kill -9) without redoing recorded evaluations."""
     from ratchet.loop import resume_run
 
-    _with_progress(lambda progress: resume_run(run, runs_dir, progress=progress), run, report)
+    _with_progress(lambda progress: resume_run(run, runs_dir, progress=progress, storage=storage), run, report,
+                   storage)
 
 
 @app.command("runs")
-def list_runs(runs_dir: str = RUNS_DIR_OPT) -> None:
-    """List the runs in --runs-dir."""
-    from ratchet.loop import LEDGER_FILE
+def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+    """List the runs in --runs-dir, or with --storage the runs in that database."""
+    from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, storage_url
 
-    root = Path(runs_dir)
-    if root.exists() and not root.is_dir():
-        _fail(RunNotFoundError(f"--runs-dir {root} is a file; runs live in the folder `ratchet run --runs-dir` used"))
-    dirs = sorted(p for p in root.iterdir() if (p / LEDGER_FILE).is_file()) if root.is_dir() else []
-    if not dirs:
-        out.print(f"no runs in {root}")
+    try:
+        url = storage_url(storage)
+        if url is not None:
+            from ratchet.ledger.sql import SQLAlchemyLedger, display_url, list_runs as runs_in
+
+            where = display_url(url, password=True)
+            runs = [(run_id, lambda run_id=run_id: _project(SQLAlchemyLedger(url, run_id, readonly=True), run_id))
+                    for run_id, _ in runs_in(url)]
+        else:
+            root = where = Path(runs_dir)
+            if root.exists() and not root.is_dir():
+                raise RunNotFoundError(f"--runs-dir {root} is a file; runs live in the folder `ratchet run --runs-dir` used")
+            dirs = sorted(p for p in root.iterdir() if (p / LEDGER_FILE).is_file() or (p / POINTER_FILE).is_file()) \
+                if root.is_dir() else []
+            runs = [(d.name, lambda d=d: _load_state(str(d), ".")[0]) for d in dirs]
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    if not runs:
+        out.print(f"no runs in {where}", highlight=False, soft_wrap=True)
         return
     t = Table()
     for col in ("run", "status", "env", "gens", "env steps", "incumbent val", "test mean", "test success"):
         t.add_column(col, justify="right" if col not in ("run", "status", "env") else "left",
                      no_wrap=col == "run", min_width=None)
-    for d in dirs:
+    for name, load in runs:
         try:
-            st, _ = _load_state(str(d), ".")
+            st = load()
         except Exception as exc:  # one damaged run must not hide the others
-            t.add_row(d.name, f"unreadable: {escape(str(exc))[:80]}", "", "", "", "", "", "")
+            t.add_row(name, f"unreadable: {escape(str(exc))[:80]}", "", "", "", "", "", "")
             continue
         test = st.test or {}
         sr = test.get("success_rate")
@@ -227,10 +257,14 @@ def _num(x: Any) -> str:
 
 @app.command()
 def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
-         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+         storage: Optional[str] = STORAGE_OPT) -> None:
     """Show a run's status, budget used, incumbent and test results."""
+    from ratchet.loop import open_run
+
     try:
-        st, run_dir = _load_state(run, runs_dir)
+        ledger, run_dir = open_run(run, runs_dir, storage=storage, readonly=True)
+        st = _project(ledger, run)
     except RatchetError as exc:
         _fail(exc)
         return
@@ -253,7 +287,9 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
     if data["test_worst_seeds"]:
         t.add_row("worst test seeds", ", ".join(map(str, data["test_worst_seeds"])) + "  (ratchet replay RUN --seed S)")
-    t.add_row("directory", str(run_dir))
+    if run_dir.is_dir():
+        t.add_row("directory", str(run_dir))
+    t.add_row("ledger", ledger.location)
     if (run_dir / "report.html").is_file():
         t.add_row("report", str(run_dir / "report.html"))
     out.print(t)
@@ -264,13 +300,16 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
            videos: bool = typer.Option(True, "--videos/--no-videos",
                                        help="Render one GIF per top failure mode (re-runs those episodes)."),
-           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file.")) -> None:
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+           storage: Optional[str] = STORAGE_OPT) -> None:
     """Write a self-contained HTML report (opens offline)."""
     try:
-        st, run_dir = _load_state(run, runs_dir)
+        st, run_dir = _load_state(run, runs_dir, storage)
         if output is not None:
             _check_output(output, force, "--output")
         try:
+            if output is None:  # a run found only in the database gets its run directory here
+                run_dir.mkdir(parents=True, exist_ok=True)
             path = _write_report(st, run_dir, output or run_dir / "report.html", videos)
         except OSError as exc:
             raise RatchetError(f"cannot write the report: {exc.strerror or exc}") from None
@@ -331,13 +370,13 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
            seed: int = typer.Option(..., "--seed", help="Seed of a recorded episode."),
            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
            video: Optional[Path] = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
-           runs_dir: str = RUNS_DIR_OPT) -> None:
+           runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
     """Re-run one recorded episode and check its return against the ledger, bit for bit."""
     from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
 
     try:
-        st, _ = _load_state(run, runs_dir)
+        st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
         recorded = None
         seen: list[int] = []
@@ -388,11 +427,11 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
 
 def _check_output(path: Path, force: bool, what: str) -> None:
     """Refuse to clobber a ledger ever, or any existing file without --force."""
-    from ratchet.loop import LEDGER_FILE
+    from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE
 
     if path.is_dir():
         raise RatchetError(f"{what} {path} is a folder; give a file name")
-    if path.name.startswith(LEDGER_FILE) or (path.is_file() and path.read_bytes()[:15] == b"SQLite format 3"):
+    if path.name.startswith(LEDGER_FILE) or path.name == POINTER_FILE or (path.is_file() and path.read_bytes()[:15] == b"SQLite format 3"):
         raise RatchetError(f"refusing to overwrite {path}: it is a run ledger; choose another output file")
     if path.exists() and not force:
         raise RatchetError(f"{path} exists; pass --force to overwrite it")
@@ -423,7 +462,8 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
              candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
              split: str = typer.Option("validation", "--split", help="validation, test or train (its latest evaluation)."),
              runs_dir: str = RUNS_DIR_OPT,
-             as_json: bool = typer.Option(False, "--json", help="Print the structured critique as JSON.")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="Print the structured critique as JSON."),
+             storage: Optional[str] = STORAGE_OPT) -> None:
     """Diagnose a candidate's episodes: intervals, failure modes, regressions vs the incumbent."""
     from rich.markdown import Markdown
 
@@ -432,7 +472,7 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
     try:
         if split not in ("validation", "test", "train"):
             raise RatchetError(f"--split must be validation, test or train, got {split!r}")
-        st, _ = _load_state(run, runs_dir)
+        st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
         ev = st.evaluation(cand.id, split)
         if ev is None:
@@ -460,12 +500,13 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
            output: Path = typer.Option(..., "-o", "--output", help="Policy file to write."),
            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
            runs_dir: str = RUNS_DIR_OPT,
-           force: bool = typer.Option(False, "--force", help="Overwrite an existing file.")) -> None:
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+           storage: Optional[str] = STORAGE_OPT) -> None:
     """Write a standalone policy file whose defaults are the refined values."""
     from ratchet.policy import export_source
 
     try:
-        st, _ = _load_state(run, runs_dir)
+        st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
         _check_output(output, force, "--output")
         val = st.evaluation(cand.id, "validation")

@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import platform
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from ratchet.critic import Critic, Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
 from ratchet.execution import Executor, Job, executor_from_spec
 from ratchet.gate import PairedTestGate
-from ratchet.ledger import EventType, SQLiteLedger
+from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.projection import active_seconds
+from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_pointer, storage_url, with_password_of,
+                                    write_pointer)
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
 from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy
 from ratchet.refiners import CMAESRefiner, ThompsonAllocator
@@ -35,9 +38,8 @@ from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.task import GymTask
 
-__all__ = ["RunResult", "start_run", "resume_run", "LEDGER_FILE"]
+__all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "LEDGER_FILE"]
 
-LEDGER_FILE = "ledger.sqlite"
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
@@ -46,7 +48,8 @@ class RunResult:
     """What a finished run returns.
 
     Attributes:
-        run_dir: The run's directory (holds ``ledger.sqlite``).
+        run_dir: The run's directory (holds ``policy.py``, the report, and ``ledger.sqlite`` or, with a
+            storage URL, the ``ledger.json`` pointer to the database).
         stop_reason: Why the loop stopped.
         incumbent: The final incumbent candidate.
         baseline_test: Test evaluation of the starting policy.
@@ -79,7 +82,7 @@ def eval_key(split: str, candidate_id: str, seeds: Sequence[int]) -> str:
 class _Run:
     """One run's wiring. The loop in :meth:`run` holds no policy logic of its own."""
 
-    def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: SQLiteLedger,
+    def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
                  executor: Executor, progress: ProgressFn | None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
         self.executor, self.progress = executor, progress
@@ -284,12 +287,14 @@ def _drive(run: _Run, close_executor: bool) -> RunResult:
         run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
         raise
     finally:
+        run.ledger.close()
         if close_executor:
             run.executor.close()
 
 
 def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None = None, *,
-              executor: Executor | None = None, progress: ProgressFn | None = None) -> RunResult:
+              executor: Executor | None = None, progress: ProgressFn | None = None,
+              storage: str | None = None) -> RunResult:
     """Start a new run of ``spec`` in ``runs_dir/run_id`` and drive it to the end.
 
     Args:
@@ -299,13 +304,17 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         executor: Where episodes run; default a process pool per ``[execution]`` (closed at the end;
             an executor passed in stays open, so one pool can serve many runs).
         progress: Called with a dict after each generation.
+        storage: Where the ledger goes: None for ``ledger.sqlite`` in the run directory, or a database
+            URL (``postgresql://USER@HOST/DB``, ``sqlite:///PATH``) shared by many runs; the run directory
+            then holds a ``ledger.json`` pointer to it (without the password).
 
     Returns:
         The :class:`RunResult`.
 
     Raises:
         PolicyError: the policy file is invalid.
-        RatchetError: the run directory already holds a run (use :func:`resume_run`).
+        LedgerError: bad storage URL or unreachable database.
+        RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
     """
     program = load_policy(spec.policy_path)
     run_id = run_id or new_run_id(spec.name)
@@ -314,22 +323,34 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RatchetError(f"--runs-dir {runs_dir} is a file; give a folder for run directories")
     run_dir = Path(runs_dir) / run_id
-    if (run_dir / LEDGER_FILE).exists():
+    if (run_dir / LEDGER_FILE).exists() or (run_dir / POINTER_FILE).exists():
         raise RatchetError(f"run {run_id} already exists in {runs_dir}; pick another --run-id "
                            f"(or `ratchet resume {run_dir}` if it was interrupted)")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise RatchetError(f"{run_dir} exists and is not a run directory; pick another --run-id or --runs-dir")
+    url = storage_url(storage)
     check_task(GymTask.from_spec(spec.task))
+    ledger = open_store(url, run_dir, run_id) if url else None  # a bad URL fails before any folder is made
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
-    (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
-    ledger = SQLiteLedger(run_dir / LEDGER_FILE)
+        if ledger is not None and ledger.get("run_started") is not None:
+            raise RatchetError(f"{ledger.location} already exists; pick another --run-id "
+                               f"(or `ratchet resume {run_id} --storage URL` if it was interrupted)")
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
+            if url:
+                write_pointer(run_dir, url, run_id)
+        except OSError as exc:
+            raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
+    except BaseException:
+        if ledger is not None:
+            ledger.close()
+        raise
+    ledger = ledger or open_store(None, run_dir, run_id)
     run = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
     ledger.append(EventType.RUN_STARTED, "run_started", {
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
-        "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(),
+        "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
     return _drive(run, close_executor=executor is None)
@@ -354,49 +375,104 @@ def _executor_for(spec: RunSpec) -> Executor:
     return executor_from_spec(spec.execution)
 
 
-def open_ledger(run: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False) -> SQLiteLedger:
-    """Open an existing run's ledger, given a run directory or a run id under ``runs_dir``.
+def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | None = None,
+             readonly: bool = False) -> tuple[LedgerStore, Path]:
+    """Find an existing run and open its ledger.
+
+    A run directory (``run`` itself, or ``runs_dir/run``) holds either ``ledger.sqlite`` or a
+    ``ledger.json`` pointer to a database; a pointer's URL has no password, so ``storage`` naming the
+    same database (or libpq's ``PGPASSWORD``/``~/.pgpass``) supplies it. A run with no directory here
+    is looked up by id (the last path component of ``run``) in the ``storage`` database.
+
+    Args:
+        run: Run id or run directory.
+        runs_dir: Folder that holds run directories.
+        storage: Database URL to look the run up in, or None.
+        readonly: Open the ledger read-only.
+
+    Returns:
+        ``(ledger, run_dir)``; ``run_dir`` does not exist when the run was found only in ``storage``.
 
     Raises:
         RunNotFoundError: no such run.
-        LedgerError: the ledger file is damaged.
+        LedgerError: the ledger is damaged, the storage URL is bad or the database is unreachable.
     """
     for cand in (Path(run), Path(runs_dir) / str(run)):
         if (cand / LEDGER_FILE).is_file():
-            return SQLiteLedger(cand / LEDGER_FILE, create=False, readonly=readonly)
+            return open_store(None, cand, cand.name, create=False, readonly=readonly), cand
+        pointer = read_pointer(cand) if cand.is_dir() else None
+        if pointer is not None:
+            url = with_password_of(pointer.storage, storage)
+            return open_store(url, cand, pointer.run_id, create=False, readonly=readonly), cand
+    if storage_url(storage) is not None:
+        run_id = Path(run).name
+        return open_store(storage, Path(runs_dir) / run_id, run_id, create=False, readonly=readonly), \
+            Path(runs_dir) / run_id
     raise RunNotFoundError(f"no run {str(run)!r} (looked in {run} and {Path(runs_dir) / str(run)}); "
-                           "`ratchet runs` lists the runs")
+                           "`ratchet runs` lists the runs (add --storage URL for runs kept in a database)")
 
 
-def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Executor | None = None,
-               progress: ProgressFn | None = None) -> RunResult:
-    """Continue a run that was interrupted (Ctrl-C, crash, ``kill -9``).
-
-    The spec and policy come from the ledger, not from files that may have changed since.
+def open_ledger(run: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False,
+                storage: str | None = None) -> LedgerStore:
+    """Open an existing run's ledger, given a run directory or a run id (see :func:`open_run`).
 
     Raises:
         RunNotFoundError: no such run.
-        LedgerError: the run already finished, or its ledger has no start event.
+        LedgerError: the ledger is damaged or its database unreachable.
     """
-    ledger = open_ledger(run, runs_dir)
-    started = ledger.get("run_started")
-    if started is None:
-        raise LedgerError(f"{ledger.path} has no run_started event; it cannot be resumed")
-    from ratchet.ledger.projection import project
+    return open_run(run, runs_dir, storage=storage, readonly=readonly)[0]
 
-    events = ledger.read()
-    state = project(events)
-    writer = next((e.payload.get("pid") for e in reversed(events)
-                   if e.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED)), None)
-    if state.status == "running" and writer != os.getpid():
-        raise LedgerError(f"run {started.payload['run_id']} is still running in another process; stop it first "
-                          "(resuming would make two writers)")
-    if ledger.get("run_finished") is not None:
-        raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
-    spec = spec_from_dict(started.payload["spec"], where="ledger spec")
-    program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
-    r = _Run(ledger.path.parent, spec, program, ledger, executor or _executor_for(spec), progress)
-    events = ledger.read()
+
+def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Executor | None = None,
+               progress: ProgressFn | None = None, storage: str | None = None) -> RunResult:
+    """Continue a run that was interrupted (Ctrl-C, crash, ``kill -9``).
+
+    The spec and policy come from the ledger, not from files that may have changed since. A run
+    found only in ``storage`` (started on another machine) gets a run directory ``runs_dir/RUN_ID``
+    with a pointer to its database.
+
+    Args:
+        run: Run id or run directory.
+        runs_dir: Folder that holds run directories.
+        executor: As for :func:`start_run`.
+        progress: As for :func:`start_run`.
+        storage: Database URL to look the run up in (see :func:`open_run`).
+
+    Raises:
+        RunNotFoundError: no such run.
+        LedgerError: the run already finished, is still running, or its ledger has no start event.
+    """
+    ledger, run_dir = open_run(run, runs_dir, storage=storage)
+    try:
+        started = ledger.get("run_started")
+        if started is None:
+            raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed")
+        from ratchet.ledger.projection import project
+
+        events = ledger.read()
+        state = project(events)
+        writer = next((e.payload for e in reversed(events)
+                       if e.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED)), {})
+        if state.status == "running" and writer.get("pid") != os.getpid():
+            where = f" on host {writer['host']}" if writer.get("host", socket.gethostname()) != socket.gethostname() else ""
+            raise LedgerError(f"run {started.payload['run_id']} is still running in another process{where}; stop it "
+                              "first (resuming would make two writers)")
+        if ledger.get("run_finished") is not None:
+            raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
+        spec = spec_from_dict(started.payload["spec"], where="ledger spec")
+        program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
+        if not run_dir.exists():  # found only in the database: give it a run directory here
+            try:
+                run_dir.mkdir(parents=True)
+                (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
+                write_pointer(run_dir, storage, started.payload["run_id"])
+            except OSError as exc:
+                raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
+        r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
+    except BaseException:
+        ledger.close()
+        raise
     r._clock_offset = active_seconds(events)
-    ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "events_before": len(events)})
+    ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
+                                                                      "events_before": len(events)})
     return _drive(r, close_executor=executor is None)

@@ -1,17 +1,32 @@
-"""The ledger: an append-only log of typed events; a run's state is a projection of it."""
+"""The ledger: an append-only log of typed events; a run's state is a projection of it.
+
+Two stores implement :class:`LedgerStore`: :class:`SQLiteLedger` (one SQLite file per run, the
+default) and :class:`SQLAlchemyLedger` (many runs in one PostgreSQL or SQLite database, imported on
+first use). :func:`ratchet.ledger.storage.open_store` picks one from a ``--storage`` value.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.ledger.events import Event, EventType
 from ratchet.ledger.sqlite import SQLiteLedger
 
-__all__ = ["Event", "EventType", "LedgerStore", "SQLiteLedger"]
+if TYPE_CHECKING:
+    from ratchet.ledger.sql import SQLAlchemyLedger
+
+__all__ = ["Event", "EventType", "LedgerStore", "SQLAlchemyLedger", "SQLiteLedger"]
 
 
 class LedgerStore(Protocol):
-    """What a ledger backend provides. Appends are idempotent by key."""
+    """What a ledger backend provides. Appends are idempotent by key.
+
+    Attributes:
+        location: Where the ledger is, for messages (a file path, or a run id and a URL without its
+            password).
+    """
+
+    location: str
 
     def append(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
         """Append unless ``key`` exists; return (stored event, created)."""
@@ -24,3 +39,11 @@ class LedgerStore(Protocol):
 
     def close(self) -> None:
         """Release resources."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SQLAlchemyLedger":  # SQLAlchemy loads only when a database store is used
+        from ratchet.ledger.sql import SQLAlchemyLedger
+
+        return SQLAlchemyLedger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

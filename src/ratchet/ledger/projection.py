@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +93,11 @@ def _test_summary(s: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: s.get(k) for k in ("mean", "std", "n", "success_rate", "n_errors")}
 
 
-def _pid_alive(pid: int | None) -> bool:
+def _pid_alive(pid: int | None, host: str | None = None) -> bool:
+    """Whether the writer ``pid`` still runs; a writer on another host cannot be checked and counts as
+    alive (its ledger is in a shared database)."""
+    if host is not None and host != socket.gethostname():
+        return True
     if not pid:
         return False
     try:
@@ -126,14 +131,15 @@ def active_seconds(events: list[Event]) -> float:
 def project(events: list[Event]) -> RunState:
     """Fold events into a :class:`RunState`."""
     st = RunState()
-    pid = None
+    pid = host = None
     for ev in events:
         p = ev.payload
         if ev.type is EventType.RUN_STARTED:
             st.run_id, st.spec, st.versions = p["run_id"], p["spec"], p.get("versions", {})
             st.policy_source, st.started_at, pid, st.status = p["policy_source"], ev.time, p.get("pid"), "running"
+            host = p.get("host")
         elif ev.type is EventType.RUN_RESUMED:
-            pid, st.status, st.error = p.get("pid"), "running", None
+            pid, host, st.status, st.error = p.get("pid"), p.get("host"), "running", None
         elif ev.type is EventType.CANDIDATE_PROPOSED:
             c = p["candidate"]
             st.candidates.setdefault(c["id"], c)
@@ -165,6 +171,6 @@ def project(events: list[Event]) -> RunState:
             st.status, st.error = "failed", p["error"]
     if st.status != "finished" and events:
         st.wall_clock_s = active_seconds(events)
-        if st.status == "running" and not _pid_alive(pid):
+        if st.status == "running" and not _pid_alive(pid, host):
             st.status = "interrupted"
     return st

@@ -34,6 +34,11 @@ class SQLiteLedger:
     Args:
         path: The database file (created if missing, with its parent directory when ``create``).
         create: Allow creating a new file; with False a missing file raises.
+        readonly: Open the file read-only (appends raise :class:`LedgerError`; the file is never modified).
+
+    Attributes:
+        path: The database file.
+        location: The file, as a string (for messages; the same attribute every store has).
 
     Raises:
         LedgerError: the file is missing (``create=False``) or is not a ratchet ledger.
@@ -41,6 +46,7 @@ class SQLiteLedger:
 
     def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.location = str(self.path)
         if (not create or readonly) and not self.path.is_file():
             raise LedgerError(f"no ledger at {self.path}")
         try:
@@ -63,6 +69,9 @@ class SQLiteLedger:
 
         Returns:
             ``(event, created)``: the stored event and whether this call created it.
+
+        Raises:
+            LedgerError: the ledger is read-only or the write failed.
         """
         existing = self.get(key)
         if existing is not None:
@@ -76,6 +85,8 @@ class SQLiteLedger:
             stored = self.get(key)
             assert stored is not None
             return stored, False
+        except sqlite3.Error as exc:  # read-only, disk full, locked for longer than the timeout
+            raise LedgerError(f"cannot append to ledger {self.path}: {exc}") from None
         return Event(int(cur.lastrowid), type, key, now, payload), True
 
     def get(self, key: str) -> Event | None:

@@ -1,0 +1,270 @@
+"""One conformance suite for every ledger store (the LedgerStore contract).
+
+Stores: ``SQLiteLedger`` (one file per run), ``SQLAlchemyLedger`` on a SQLite file shared by runs, and
+``SQLAlchemyLedger`` on PostgreSQL (skipped unless RATCHET_TEST_POSTGRES_URL is set; scripts/test-postgres.sh
+sets it). Includes several processes appending at once while another reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import unique_run_id
+from ratchet.errors import LedgerError, RatchetError
+from ratchet.ledger import Event, EventType, SQLiteLedger
+from ratchet.ledger.sql import TABLE, SQLAlchemyLedger
+
+
+@dataclass
+class Store:
+    """One kind of store under test: opens a run's ledger, and can damage a stored row."""
+
+    kind: str
+    root: Path
+    url: str | None  # None: SQLiteLedger files under root
+
+    def run_id(self, name: str) -> str:
+        return unique_run_id(name) if self.kind == "postgresql" else name
+
+    def open(self, run_id: str, **kw):
+        if self.url is None:
+            return SQLiteLedger(self.root / run_id / "ledger.sqlite", **kw)
+        return SQLAlchemyLedger(self.url, run_id, **kw)
+
+    def damage(self, run_id: str, seq: int) -> None:
+        """Overwrite one event's payload with text that is not JSON (as disk damage or a bad hand edit would)."""
+        if self.url is None:
+            con = sqlite3.connect(self.root / run_id / "ledger.sqlite")
+            with con:
+                con.execute("UPDATE events SET payload = '{not json' WHERE seq = ?", (seq,))
+            con.close()
+            return
+        from sqlalchemy import create_engine, text
+
+        from ratchet.ledger.sql import database_url
+
+        engine = create_engine(database_url(self.url))
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {TABLE} SET payload = '{{not json' WHERE run_id = :r AND seq = :s"),
+                         {"r": run_id, "s": seq})
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite-file", "sqlalchemy-sqlite", "postgresql"])
+def store(request, tmp_path) -> Store:
+    if request.param == "sqlite-file":
+        return Store("sqlite-file", tmp_path, None)
+    if request.param == "sqlalchemy-sqlite":
+        return Store("sqlalchemy-sqlite", tmp_path, f"sqlite:///{tmp_path / 'db' / 'ledgers.db'}")
+    return Store("postgresql", tmp_path, request.getfixturevalue("postgres_url"))
+
+
+PAYLOAD = {"run_id": "r", "x": [1, 2.5, None], "nested": {"a": {"b": [True, False]}}, "text": "αβγ \"quoted\" \n",
+           "big": 2**53 + 1, "tiny": 5e-324}
+
+
+def test_append_read_get(store):
+    run = store.run_id("basic")
+    led = store.open(run)
+    e1, created1 = led.append(EventType.RUN_STARTED, "run_started", PAYLOAD)
+    e2, created2 = led.append(EventType.GENERATION_FINISHED, "generation/1", {"generation": 1})
+    assert created1 and created2
+    assert (e1.seq, e2.seq) == (1, 2) and e1.time <= e2.time
+    assert isinstance(e1, Event) and e1.type is EventType.RUN_STARTED
+    assert [e.key for e in led.read()] == ["run_started", "generation/1"]
+    assert led.read() == [e1, e2]
+    got = led.get("run_started")
+    assert got == e1 and got.payload == PAYLOAD
+    assert led.get("missing") is None
+    assert isinstance(led.location, str) and led.location
+    led.close()
+
+
+def test_append_is_idempotent_by_key(store):
+    run = store.run_id("idem")
+    led = store.open(run)
+    first, created = led.append(EventType.INCUMBENT_CHANGED, "incumbent/3/abc", {"to": "abc", "v": 1})
+    again, created_again = led.append(EventType.INCUMBENT_CHANGED, "incumbent/3/abc", {"to": "xyz", "v": 2})
+    assert created is True and created_again is False
+    assert again == first and again.payload == {"to": "abc", "v": 1}  # the stored event wins
+    later, _ = led.append(EventType.GENERATION_FINISHED, "generation/1", {})
+    assert later.seq == 2  # a refused duplicate leaves no gap
+    assert [e.key for e in led.read()] == ["incumbent/3/abc", "generation/1"]
+    led.close()
+
+
+def test_order_and_read_from_seq(store):
+    run = store.run_id("order")
+    led = store.open(run)
+    for i in range(10):
+        led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i})
+    events = led.read()
+    assert [e.seq for e in events] == list(range(1, 11))
+    assert [e.payload["i"] for e in events] == list(range(10))
+    assert [e.seq for e in led.read(from_seq=7)] == [8, 9, 10]
+    assert led.read(from_seq=10) == [] and led.read(from_seq=99) == []
+    led.close()
+
+
+def test_persistence_across_reopen(store):
+    run = store.run_id("reopen")
+    led = store.open(run)
+    for i in range(5):
+        led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i, "f": 0.1 * i})
+    before = led.read()
+    led.close()
+    reopened = store.open(run, create=False)
+    assert reopened.read() == before
+    e, created = reopened.append(EventType.CANDIDATE_PROPOSED, "proposed/1/5", {"i": 5})
+    assert created and e.seq == 6
+    reopened.close()
+
+
+def test_readonly_refuses_writes(store):
+    run = store.run_id("ro")
+    led = store.open(run)
+    led.append(EventType.RUN_STARTED, "run_started", {"run_id": run})
+    ro = store.open(run, readonly=True)
+    with pytest.raises(LedgerError):
+        ro.append(EventType.GENERATION_FINISHED, "generation/1", {})
+    assert [e.key for e in ro.read()] == ["run_started"]
+    assert ro.get("run_started") is not None
+    ro.close()
+    assert [e.key for e in led.read()] == ["run_started"]
+    led.close()
+
+
+def test_opening_a_missing_run_without_create_raises(store):
+    run = store.run_id("ghost")
+    store.open(store.run_id("other")).close()  # the database (or folder) exists, this run does not
+    with pytest.raises(RatchetError):
+        store.open(run, create=False)
+    with pytest.raises(RatchetError):
+        store.open(run, readonly=True)
+
+
+def test_runs_are_isolated(store):
+    a, b = store.run_id("iso-a"), store.run_id("iso-b")
+    la, lb = store.open(a), store.open(b)
+    la.append(EventType.RUN_STARTED, "run_started", {"run": "a"})
+    lb.append(EventType.RUN_STARTED, "run_started", {"run": "b"})  # the same key in another run is another event
+    la.append(EventType.GENERATION_FINISHED, "generation/1", {"run": "a"})
+    assert [(e.seq, e.payload["run"]) for e in la.read()] == [(1, "a"), (2, "a")]
+    assert [(e.seq, e.payload["run"]) for e in lb.read()] == [(1, "b")]
+    assert lb.get("generation/1") is None
+    la.close()
+    lb.close()
+
+
+def test_nan_and_every_event_type_roundtrip(store):
+    run = store.run_id("types")
+    led = store.open(run)
+    for t in EventType:
+        led.append(t, f"k/{t.value}", {"mean_diff": float("nan"), "inf": float("inf")})
+    events = led.read()
+    assert [e.type for e in events] == list(EventType)
+    assert math.isnan(events[0].payload["mean_diff"]) and events[0].payload["inf"] == math.inf
+    led.close()
+
+
+def test_damaged_row_is_a_ledger_error(store):
+    run = store.run_id("damaged")
+    led = store.open(run)
+    for i in range(3):
+        led.append(EventType.GENERATION_FINISHED, f"generation/{i}", {"i": i})
+    led.close()
+    store.damage(run, 2)
+    ro = store.open(run, readonly=True)
+    with pytest.raises(LedgerError, match="damaged"):
+        ro.read()
+    assert ro.get("generation/0").payload == {"i": 0}
+    ro.close()
+
+
+# -- several processes at once ---------------------------------------------------------------------
+
+_WRITER = r"""
+import json, os, sys, time
+from pathlib import Path
+from ratchet.ledger import EventType, SQLiteLedger
+from ratchet.ledger.sql import SQLAlchemyLedger
+
+a = json.loads(sys.argv[1])
+def open_(run):
+    if a["url"] is None:
+        return SQLiteLedger(Path(a["root"]) / run / "ledger.sqlite")
+    return SQLAlchemyLedger(a["url"], run)
+own, shared = open_(a["own"]), open_(a["shared"])
+go = Path(a["go"])
+while not go.exists():
+    time.sleep(0.002)
+for i in range(a["n"]):
+    body = {"writer": a["w"], "i": i, "returns": [float(i)] * 20}
+    own.append(EventType.EPISODES_EVALUATED, f"w{a['w']}/{i}", body)
+    shared.append(EventType.EPISODES_EVALUATED, f"w{a['w']}/{i}", body)
+    if i == a["n"] // 2:  # a retried append (as on resume) changes nothing, even under contention
+        shared.append(EventType.EPISODES_EVALUATED, f"w{a['w']}/0", {"dup": True})
+os._exit(0)  # no close: every append is durable when it returns
+"""
+
+
+def test_concurrent_writers_and_a_reader(store, tmp_path):
+    """4 processes append to their own runs and to one shared run at once while this process polls the
+    shared run: every read is a gap-free prefix, a tail reader (``read(from_seq=last)``) misses nothing,
+    and in the end no event is lost, duplicated or out of its writer's order."""
+    writers, n = 4, 40
+    shared = store.run_id("shared")
+    own = [store.run_id(f"own{w}") for w in range(writers)]
+    first = store.open(shared)
+    first.append(EventType.RUN_STARTED, "run_started", {})
+    reader = store.open(shared, readonly=True)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, json.dumps(
+        {"url": store.url, "root": str(store.root), "own": own[w], "shared": shared, "w": w, "n": n, "go": str(go)})])
+        for w in range(writers)]
+    try:
+        time.sleep(0.5)  # let the writers start and open their ledgers
+        go.touch()
+        tail: list[Event] = reader.read()
+        polls = 0
+        while True:
+            done = all(p.poll() is not None for p in procs)
+            snapshot = reader.read()
+            assert [e.seq for e in snapshot] == list(range(1, len(snapshot) + 1))  # a prefix, no holes
+            assert len(snapshot) >= len(tail)
+            new = reader.read(from_seq=tail[-1].seq)
+            assert [e.seq for e in new] == list(range(tail[-1].seq + 1, tail[-1].seq + 1 + len(new)))
+            tail += new
+            polls += 1
+            if done:
+                break
+            time.sleep(0.01)
+        assert all(p.wait(timeout=120) == 0 for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    events = reader.read()
+    assert tail == events  # the tail reader saw every event exactly once
+    assert polls >= 2
+    assert [e.seq for e in events] == list(range(1, 1 + 1 + writers * n))
+    keys = [e.key for e in events]
+    assert len(set(keys)) == len(keys)
+    for w in range(writers):
+        mine = [e.payload["i"] for e in events if e.key.startswith(f"w{w}/")]
+        assert mine == list(range(n)), w  # each writer's events in its own order
+        led = store.open(own[w], readonly=True)
+        assert [(e.seq, e.payload["i"]) for e in led.read()] == [(i + 1, i) for i in range(n)]
+        led.close()
+    assert not any(e.payload.get("dup") for e in events)
+    reader.close()
+    first.close()
