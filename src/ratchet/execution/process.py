@@ -291,7 +291,7 @@ class ProcessExecutor:
         self._workers.append(nw)
         return nw
 
-    def _start_worker(self, attempts: int = 3) -> _Worker:
+    def _start_worker(self, attempts: int = 5) -> _Worker:
         """A ready worker; a start that fails (e.g. the process was killed from outside) is retried."""
         for attempt in range(attempts):
             w = _Worker(self.sandbox)
