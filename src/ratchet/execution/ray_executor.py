@@ -91,7 +91,12 @@ def _run_batch(task_dict: dict[str, Any], candidate: dict[str, Any], seeds: list
             _POOL[1].close()
         _POOL = (key, ProcessExecutor(workers=1, episode_timeout_s=episode_timeout_s, sandbox=sandbox))
     cand = Candidate.from_dict(candidate)
-    eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cand, s) for s in seeds])
+    try:
+        eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cand, s) for s in seeds])
+    except BaseException:  # interrupted mid-batch: a late reply must never reach the next batch
+        _POOL[1].close()
+        _POOL = None
+        raise
     return [e.to_dict() for e in eps]
 
 

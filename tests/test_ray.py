@@ -1,0 +1,235 @@
+"""ratchet.execution.ray_executor: Ray tasks give the process pool's episodes, exactly once.
+
+One local Ray runtime (2 CPUs, started here, no external cluster) serves the whole file; starting it
+takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import test_execution as conformance
+from test_loop import RecordingExecutor, SimulatedKill
+from conftest import GOOD_WEIGHTS, candidate_of, events_of, good_candidate, make_spec_dir, read_events, zero_candidate
+from ratchet.errors import RatchetError
+from ratchet.execution import Job, make_executor
+from ratchet.execution.ray_executor import RayExecutor, default_batch_episodes, split_batches
+from ratchet.ledger import EventType
+from ratchet.loop import resume_run, start_run
+from ratchet.policy import load_policy
+from ratchet.spec import load_spec
+from ratchet.task import GymTask
+
+ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "policy-ratchet[ray]")')
+
+LANDER = Path(__file__).resolve().parents[1] / "examples" / "lunar_lander" / "policy.py"
+
+# Balances the pole like cartpole_linear.py, but each episode first sleeps in reset(), so a Ray task
+# is still running when the test kills its worker process.
+SLOW_POLICY = '''"""CartPole linear policy whose reset() sleeps (test fixture)."""
+import time
+
+PARAMETERS = {
+    "w_position": {"default": 0.1, "low": -1.0, "high": 1.0},
+    "w_velocity": {"default": 0.5, "low": -1.0, "high": 1.0},
+    "w_angle": {"default": 1.0, "low": -1.0, "high": 1.0},
+    "w_angular_velocity": {"default": 0.5, "low": -1.0, "high": 1.0},
+}
+
+
+def reset(params, seed):
+    time.sleep(1.5)
+
+
+def act(observation, params):
+    z = (params["w_position"] * observation[0] + params["w_velocity"] * observation[1]
+         + params["w_angle"] * observation[2] + params["w_angular_velocity"] * observation[3])
+    return 1 if z > 0 else 0
+'''
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    """A local Ray with 2 CPUs; executors in this file join it (and so never shut it down)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_pool(ray_runtime):
+    ex = RayExecutor(episode_timeout_s=30)
+    yield ex
+    ex.close()
+
+
+def _dicts(eps):
+    return [e.to_dict() for e in eps]
+
+
+# -- the process pool's conformance checks, on Ray -----------------------------------------------------
+
+@pytest.mark.parametrize("check", [
+    conformance.test_empty_job_list,
+    conformance.test_same_candidate_and_seed_is_bit_identical,
+    conformance.test_on_episode_called_once_per_job,
+    conformance.test_terminated_and_truncated_recorded_separately,
+    conformance.test_policy_exception_gives_errored_episode,
+    conformance.test_policy_failing_to_load,
+], ids=lambda f: f.__name__.removeprefix("test_"))
+def test_process_pool_conformance_on_ray(check, ray_pool, cartpole_task):
+    check(ray_pool, cartpole_task)
+
+
+def test_task_settings_and_action_mode_reach_ray_workers(ray_pool):
+    conformance.test_task_settings_reach_the_worker(ray_pool)
+    conformance.test_clip_mode_in_worker(ray_pool)
+    conformance.test_invalid_action_gives_errored_episode(ray_pool, "policy_out_of_range.py", "error",
+                                                          "outside Discrete range")
+
+
+# -- bit-identical to the process pool ---------------------------------------------------------------
+
+@pytest.mark.parametrize("batch_episodes", [0, 1, 7])
+def test_lunar_lander_returns_bit_identical_to_process_pool(ray_runtime, pool, batch_episodes):
+    program = load_policy(LANDER)
+    cands = [program.candidate(), program.candidate({**program.candidate().params, "angle_p": 0.8})]
+    jobs = [Job(c, s) for c in cands for s in range(100, 110)]
+    task = GymTask("LunarLander-v3")
+    expected = pool.run(task, jobs)
+    with RayExecutor(batch_episodes=batch_episodes, episode_timeout_s=30) as ex:
+        got = ex.run(task, jobs)
+    assert _dicts(got) == _dicts(expected)  # returns, lengths, terminated/truncated, final observations
+    assert all(e.error is None for e in got) and len({e.episode_return for e in got}) == len(jobs)
+
+
+def test_run_on_ray_records_the_same_evaluations_as_on_the_process_pool(ray_runtime, finished_run, tmp_path):
+    ref_result, ref_dir, _ = finished_run  # tests/data/cartpole.toml on the process backend
+    spec = load_spec(make_spec_dir(tmp_path / "spec", execution={"backend": "ray"}))
+    result = start_run(spec, tmp_path / "runs", "cp-ray")
+
+    assert spec.execution.backend == "ray"
+    got, expected = _evaluations(tmp_path / "runs" / "cp-ray"), _evaluations(ref_dir)
+    assert got == expected and len(got) > 5
+    assert result.test.mean == ref_result.test.mean and result.incumbent.id == ref_result.incumbent.id
+    assert ray.is_initialized()  # the run's executor joined this Ray and left it running
+
+
+def test_run_killed_on_ray_resumes_without_recounting(ray_runtime, finished_run, tmp_path):
+    ref_result, ref_dir, spec_dir = finished_run
+    runs = tmp_path / "runs"
+    with pytest.raises(SimulatedKill):  # raised inside on_episode, mid-evaluation
+        start_run(load_spec(spec_dir), runs, "cp-ref", executor=RecordingExecutor(RayExecutor(), die_after=120))
+    recorded = {(e.payload["candidate_id"], s) for e in events_of(read_events(runs / "cp-ref"),
+                                                                   EventType.EPISODES_EVALUATED) for s in e.payload["seeds"]}
+    assert recorded
+    resumer = RecordingExecutor(RayExecutor())
+    result = resume_run("cp-ref", runs, executor=resumer)
+    assert not recorded & set(resumer.jobs)  # nothing recorded ran again
+    assert _evaluations(runs / "cp-ref") == _evaluations(ref_dir)  # nothing lost, nothing counted twice
+    assert result.test.summary() == ref_result.test.summary()
+
+
+def _evaluations(run_dir):
+    """Each recorded evaluation's episodes by ledger key (keys are unique, so none is recorded twice)."""
+    events = events_of(read_events(run_dir), EventType.EPISODES_EVALUATED)
+    assert len({e.key for e in events}) == len(events)
+    return {e.key: e.payload["episodes"] for e in events}
+
+
+# -- worker death, hangs, crashes --------------------------------------------------------------------
+
+def _kill_a_running_batch(raylet_pid: int, deadline_s: float = 60.0) -> int:
+    """SIGKILL one Ray worker process of this runtime while it executes a batch; returns its pid."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes()
+                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if title.startswith(b"ray::_run_batch") and ppid == raylet_pid:
+                os.kill(int(pid), signal.SIGKILL)
+                return int(pid)
+        time.sleep(0.05)
+    raise AssertionError("no Ray worker ran a batch")
+
+
+@pytest.mark.parametrize("max_retries", [3, 0])
+def test_worker_death_is_retried_and_every_job_reported_once(ray_runtime, pool, tmp_path, cartpole_task, max_retries):
+    (tmp_path / "slow.py").write_text(SLOW_POLICY)
+    slow = load_policy(tmp_path / "slow.py").candidate()
+    assert dict(slow.params) == GOOD_WEIGHTS
+    jobs = [Job(slow, s) for s in (1, 2)] + [Job(good_candidate(), s) for s in (1, 2)]
+    expected = pool.run(cartpole_task, jobs[2:]) * 2  # the slow policy balances exactly like the good candidate
+    raylet_pid = ray.get(ray.remote(lambda: os.getppid()).remote())
+    calls: list[int] = []
+    out: dict[str, list] = {}
+    with RayExecutor(batch_episodes=1, episode_timeout_s=30, max_retries=max_retries) as ex:
+        runner = threading.Thread(target=lambda: out.setdefault("eps", ex.run(cartpole_task, jobs,
+                                                                              lambda i, _: calls.append(i))))
+        runner.start()
+        killed = _kill_a_running_batch(raylet_pid)
+        runner.join(120)
+    assert not runner.is_alive() and not Path(f"/proc/{killed}").exists()
+    eps = out["eps"]
+    assert sorted(calls) == list(range(len(jobs)))  # exactly once each
+    if max_retries:
+        assert _dicts(eps) == _dicts(expected)
+    else:  # no retries: the killed batch's job is an errored episode, the others are intact
+        failed = [i for i, e in enumerate(eps) if e.error is not None]
+        assert len(failed) == 1 and eps[failed[0]].error.startswith("ray task failed after 0 retries: ")
+        assert eps[failed[0]].seed == jobs[failed[0]].seed and eps[failed[0]].success is False
+        assert [d for i, d in enumerate(_dicts(eps)) if i != failed[0]] == \
+               [d for i, d in enumerate(_dicts(expected)) if i != failed[0]]
+
+
+def test_hanging_and_crashing_policies_fail_only_their_episodes(ray_runtime, pool, cartpole_task):
+    others = [Job(good_candidate(), s) for s in (1, 2)] + [Job(zero_candidate(), s) for s in (1, 2, 3)]
+    expected = pool.run(cartpole_task, others)
+    hang, crash = candidate_of("policy_sleeps.py"), candidate_of("policy_exits.py")
+    jobs = [Job(hang, 8), Job(hang, 9)] + others + [Job(crash, 5), Job(crash, 6)]
+    with RayExecutor(batch_episodes=5, episode_timeout_s=2.0) as ex:
+        eps = ex.run(cartpole_task, jobs)
+    # one batch per candidate: the second seed of each bad candidate is skipped, as on one worker
+    assert eps[0].error == "timeout after 2 s on seed 8" and eps[1].error == "skipped: timeout after 2 s on seed 8"
+    assert eps[-2].error.startswith("worker died (exit code 3) on seed 5")
+    assert eps[-1].error.startswith("skipped: worker died")
+    assert _dicts(eps[2:-2]) == _dicts(expected)
+
+
+# -- batching and set-up -----------------------------------------------------------------------------
+
+def test_batches_never_mix_candidates_and_are_even():
+    a, b = good_candidate(), zero_candidate()
+    jobs = [Job(a, s) for s in range(10)] + [Job(b, s) for s in range(3)] + [Job(a, 99)]
+    assert [len(x) for x in split_batches(jobs, 4)] == [3, 3, 4, 3, 1]
+    assert sum(split_batches(jobs, 4), []) == list(range(len(jobs)))
+    assert split_batches(jobs, 100) == [list(range(10)), [10, 11, 12], [13]]
+    assert default_batch_episodes(1, 2) == 1 and default_batch_episodes(200, 2) == 25
+
+
+def test_make_executor_builds_a_ray_executor(ray_runtime):
+    ex = make_executor(0, 5.0, backend="ray", batch_episodes=3)
+    try:
+        assert isinstance(ex, RayExecutor) and (ex.batch_episodes, ex.episode_timeout_s) == (3, 5.0)
+        assert ex.cpus() == 2
+    finally:
+        ex.close()
+    assert ray.is_initialized()  # it joined the runtime this file started, so it left it running
+
+
+def test_missing_ray_is_one_line_with_the_install_command(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(RatchetError, match=r'pip install "policy-ratchet\[ray\]"'):
+        make_executor(backend="ray")
