@@ -175,3 +175,29 @@ def test_missing_isolation_is_said_once(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("ratchet: warning: policy code runs with the host's network") == 1
     assert "apt-get install bubblewrap" in err
+
+
+@pytest.mark.parametrize("level", ["netns", "none"])
+def test_fallback_isolation_levels_still_run_and_limit(monkeypatch, level, reference):
+    """Without bubblewrap: a network namespace through unshare(2) (where allowed), else limits only."""
+    isolation.cache_clear()
+    monkeypatch.setenv("RATCHET_FORCE_ISOLATION", level)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        with ProcessExecutor(workers=1, episode_timeout_s=TIMEOUT_S) as ex:
+            _run_beside_good(ex, hostile("allocates_10gb"), reference)
+            sock = hostile("opens_socket", {"port": float(server.getsockname()[1])})
+            (ep,) = ex.run(GymTask("CartPole-v1"), [Job(sock, 1)])
+        server.setblocking(False)
+        if level == "netns":
+            assert ep.error and "unreachable" in ep.error  # a new namespace has no loopback up
+            with pytest.raises(BlockingIOError):
+                server.accept()
+        else:
+            server.accept()[0].close()  # it got through: ratchet warned (once) that it cannot stop this
+    finally:
+        server.close()
+        monkeypatch.delenv("RATCHET_FORCE_ISOLATION")
+        isolation.cache_clear()

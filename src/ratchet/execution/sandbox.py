@@ -269,6 +269,17 @@ def reap_strays() -> int:
 
 
 def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (``/proc/PID/task/*/children``; a full ``/proc`` scan where the
+    kernel lacks that file)."""
+    tasks = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    if tasks:
+        out: list[int] = []
+        for t in tasks:
+            try:
+                out += [int(x) for x in t.read_text().split()]
+            except (OSError, ValueError):
+                pass
+        return out
     out = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
