@@ -214,7 +214,9 @@ def test_batches_never_mix_candidates_and_are_even():
     assert [len(x) for x in split_batches(jobs, 4)] == [3, 3, 4, 3, 1]
     assert sum(split_batches(jobs, 4), []) == list(range(len(jobs)))
     assert split_batches(jobs, 100) == [list(range(10)), [10, 11, 12], [13]]
-    assert default_batch_episodes(1, 2) == 1 and default_batch_episodes(200, 2) == 25
+    assert default_batch_episodes(1, 2) == 1 and default_batch_episodes(200, 2) == 25  # 4 tasks per CPU
+    assert default_batch_episodes(200, 2, episode_s=0.001) == 100  # ≥ 0.1 s per task, but every CPU busy
+    assert default_batch_episodes(200, 2, episode_s=0.02) == 25 and default_batch_episodes(20, 2, 0.02) == 5
 
 
 def test_make_executor_builds_a_ray_executor(ray_runtime):

@@ -17,10 +17,14 @@ evaluations are stored under a content key, so a resumed run never records or re
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import math
 import os
 import platform
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,22 +39,33 @@ __all__ = ["RayExecutor", "default_batch_episodes"]
 #: Tasks per CPU the default batch size aims for: enough to balance uneven episode lengths, few enough
 #: that Ray's per-task overhead stays small (see benchmarks/ray_throughput.py).
 TASKS_PER_CPU = 4
+#: Seconds of work a task should hold at least: ratchet's Ray task path costs about 3.5 ms of CPU per
+#: task (benchmarks/ray_throughput.py), so 0.1 s keeps Ray's overhead under 5 %.
+MIN_TASK_S = 0.1
 
 _INSTALL_HINT = 'pip install "policy-ratchet[ray]"'
 _VERSIONED = ("policy-ratchet", "gymnasium", "numpy")
 
 
-def default_batch_episodes(n_jobs: int, cpus: int) -> int:
-    """Episodes per Ray task when ``batch_episodes = 0``: about :data:`TASKS_PER_CPU` tasks per CPU.
+def default_batch_episodes(n_jobs: int, cpus: int, episode_s: float | None = None) -> int:
+    """Episodes per Ray task when ``batch_episodes = 0``.
+
+    About :data:`TASKS_PER_CPU` tasks per CPU; when the typical episode duration is known, at least
+    :data:`MIN_TASK_S` seconds of work per task; never fewer tasks than CPUs.
 
     Args:
         n_jobs: Episodes in the call.
         cpus: CPUs of the Ray cluster.
+        episode_s: Typical wall-clock seconds of one episode on a node, or None if not known yet.
 
     Returns:
         At least 1.
     """
-    return max(1, math.ceil(n_jobs / (TASKS_PER_CPU * max(1, cpus))))
+    cpus = max(1, cpus)
+    size = math.ceil(n_jobs / (TASKS_PER_CPU * cpus))
+    if episode_s and episode_s > 0:
+        size = max(size, math.ceil(MIN_TASK_S / episode_s))
+    return max(1, min(size, math.ceil(n_jobs / cpus)))
 
 
 def split_batches(jobs: Sequence[Job], batch_episodes: int) -> list[list[int]]:
@@ -78,8 +93,12 @@ _REMOTE: Any = None  # the driver's Ray remote function for _run_batch
 
 
 def _run_batch(task_dict: dict[str, Any], candidate: dict[str, Any], seeds: list[int], episode_timeout_s: float,
-               sandbox: Sandbox) -> list[dict[str, Any]]:
-    """Ray task body: one candidate on ``seeds`` through a one-worker sandboxed process pool."""
+               sandbox: Sandbox) -> tuple[list[dict[str, Any]], float]:
+    """Ray task body: one candidate on ``seeds`` through a one-worker sandboxed process pool.
+
+    Returns:
+        The episodes (:meth:`Episode.to_dict`) in seed order, and the batch's wall-clock seconds.
+    """
     global _POOL
     from ratchet.execution.process import ProcessExecutor
     from ratchet.policy import Candidate
@@ -91,13 +110,14 @@ def _run_batch(task_dict: dict[str, Any], candidate: dict[str, Any], seeds: list
             _POOL[1].close()
         _POOL = (key, ProcessExecutor(workers=1, episode_timeout_s=episode_timeout_s, sandbox=sandbox))
     cand = Candidate.from_dict(candidate)
+    t0 = time.perf_counter()
     try:
         eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cand, s) for s in seeds])
     except BaseException:  # interrupted mid-batch: a late reply must never reach the next batch
         _POOL[1].close()
         _POOL = None
         raise
-    return [e.to_dict() for e in eps]
+    return [e.to_dict() for e in eps], time.perf_counter() - t0
 
 
 def _remote_batch(ray: Any) -> Any:
@@ -159,6 +179,7 @@ class RayExecutor:
         self.sandbox = sandbox if sandbox is not None else Sandbox()
         self.max_retries = int(max_retries)
         self._owns_ray = self._checked = False
+        self._episode_s: dict[str, deque[float]] = {}  # per task: recent batches' seconds per episode
         self._connect()
 
     def _connect(self) -> None:
@@ -208,6 +229,14 @@ class RayExecutor:
         """CPUs the Ray cluster has now."""
         return int(self._ray.cluster_resources().get("CPU", 1))
 
+    def batch_size(self, task_dict: dict[str, Any], n_jobs: int) -> int:
+        """Episodes per Ray task for ``n_jobs`` episodes of a task (:meth:`Task.to_dict`): ``batch_episodes``,
+        or :func:`default_batch_episodes` with the median episode duration this executor saw on that task."""
+        if self.batch_episodes:
+            return self.batch_episodes
+        seen = self._episode_s.get(json.dumps(task_dict, sort_keys=True))
+        return default_batch_episodes(n_jobs, self.cpus(), statistics.median(seen) if seen else None)
+
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None) -> list[Episode]:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
@@ -222,8 +251,9 @@ class RayExecutor:
             return []
         self._connect()
         ray = self._ray
-        size = self.batch_episodes or default_batch_episodes(len(jobs), self.cpus())
         task_dict = task.to_dict()
+        size = self.batch_size(task_dict, len(jobs))
+        durations = self._episode_s.setdefault(json.dumps(task_dict, sort_keys=True), deque(maxlen=64))
         task_ref = ray.put(task_dict)
         submit = _remote_batch(ray).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False).remote
         pending: dict[Any, list[int]] = {}
@@ -237,7 +267,7 @@ class RayExecutor:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
                     batch = pending.pop(ref)
-                    for i, ep in zip(batch, self._collect(ref, [jobs[i].seed for i in batch], task)):
+                    for i, ep in zip(batch, self._collect(ref, [jobs[i].seed for i in batch], task, durations)):
                         results[i] = ep
                         if on_episode is not None:
                             on_episode(i, ep)
@@ -246,11 +276,13 @@ class RayExecutor:
                 ray.cancel(ref, force=True)
         return [r for r in results if r is not None]
 
-    def _collect(self, ref: Any, seeds: list[int], task: Task) -> list[Episode]:
-        """A finished task's episodes, or errored ones if it failed for good."""
+    def _collect(self, ref: Any, seeds: list[int], task: Task, durations: deque[float]) -> list[Episode]:
+        """A finished task's episodes (its seconds per episode go to ``durations``), or errored ones if it
+        failed for good."""
         ray = self._ray
         try:
-            eps = [Episode.from_dict(d) for d in ray.get(ref)]
+            dicts, seconds = ray.get(ref)
+            eps = [Episode.from_dict(d) for d in dicts]
         except ray.exceptions.RayTaskError as exc:  # raised by our task body: not retried
             cause = getattr(exc, "cause", None) or exc
             if isinstance(cause, RatchetError):
@@ -260,6 +292,7 @@ class RayExecutor:
             reason = f"ray task failed after {self.max_retries} retries: {type(exc).__name__}: {_first_line(exc)}"
         else:
             if [e.seed for e in eps] == seeds:
+                durations.append(seconds / len(seeds))
                 return eps
             reason = f"ray task returned seeds {[e.seed for e in eps]}, expected {seeds}"
         return [Episode.failed(s, reason[:500], task=task) for s in seeds]
