@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from conftest import GOOD_WEIGHTS, candidate_of, events_of, good_candidate, make
 from ratchet.errors import RatchetError
 from ratchet.execution import Job, make_executor
 from ratchet.execution.ray_executor import RayExecutor, default_batch_episodes, split_batches
+from ratchet.execution.sandbox import SandboxError
 from ratchet.ledger import EventType
 from ratchet.loop import resume_run, start_run
 from ratchet.policy import load_policy
@@ -199,21 +201,33 @@ def test_hanging_and_crashing_policies_fail_only_their_episodes(ray_runtime, poo
     jobs = [Job(hang, 8), Job(hang, 9)] + others + [Job(crash, 5), Job(crash, 6)]
     with RayExecutor(batch_episodes=5, episode_timeout_s=2.0) as ex:
         eps = ex.run(cartpole_task, jobs)
-    # one batch per candidate: the second seed of each bad candidate is skipped, as on one worker
+    # batches [hang, hang, others...] and [..., crash, crash]: within a batch a failed candidate's other
+    # seeds are skipped, as on one worker
     assert eps[0].error == "timeout after 2 s on seed 8" and eps[1].error == "skipped: timeout after 2 s on seed 8"
     assert eps[-2].error.startswith("worker died (exit code 3) on seed 5")
     assert eps[-1].error.startswith("skipped: worker died")
     assert _dicts(eps[2:-2]) == _dicts(expected)
 
 
+def test_errors_raised_by_a_batch_task(ray_pool, cartpole_task):
+    def failing(exc):
+        def body():
+            raise exc
+        return ray.remote(body).options(max_retries=0).remote()
+
+    (ep,) = ray_pool._collect(failing(ValueError("bad\nsecond line")), [7], cartpole_task, deque())
+    assert ep.error == "ray task failed: ValueError: bad" and ep.seed == 7 and ep.success is False
+    # ratchet refusing to run policy code on a node (e.g. the sandbox cannot isolate it) stops the run
+    with pytest.raises(SandboxError, match="no isolation"):
+        ray_pool._collect(failing(SandboxError("no isolation")), [7], cartpole_task, deque())
+
+
 # -- batching and set-up -----------------------------------------------------------------------------
 
-def test_batches_never_mix_candidates_and_are_even():
-    a, b = good_candidate(), zero_candidate()
-    jobs = [Job(a, s) for s in range(10)] + [Job(b, s) for s in range(3)] + [Job(a, 99)]
-    assert [len(x) for x in split_batches(jobs, 4)] == [3, 3, 4, 3, 1]
-    assert sum(split_batches(jobs, 4), []) == list(range(len(jobs)))
-    assert split_batches(jobs, 100) == [list(range(10)), [10, 11, 12], [13]]
+def test_batches_are_consecutive_and_even():
+    assert [len(b) for b in split_batches(14, 4)] == [3, 4, 3, 4]
+    assert [i for b in split_batches(14, 4) for i in b] == list(range(14))
+    assert split_batches(3, 100) == [range(3)] and len(split_batches(5, 1)) == 5
     assert default_batch_episodes(1, 2) == 1 and default_batch_episodes(200, 2) == 25  # 4 tasks per CPU
     assert default_batch_episodes(200, 2, episode_s=0.001) == 100  # ≥ 0.1 s per task, but every CPU busy
     assert default_batch_episodes(200, 2, episode_s=0.02) == 25 and default_batch_episodes(20, 2, 0.02) == 5

@@ -1,8 +1,8 @@
 """Ray executor: batches of (candidate, seed) jobs run as Ray tasks, on a local Ray or a cluster.
 
-Each Ray task runs one batch (several seeds of one candidate) through a one-worker
-:class:`~ratchet.execution.process.ProcessExecutor` that lives in the Ray worker process, so policy
-code stays in a sandboxed subprocess on every node, a per-episode timeout still kills it, and a crashing
+Each Ray task runs one batch (consecutive jobs: seeds of one or a few candidates) through a one-worker
+:class:`~ratchet.execution.process.ProcessExecutor` that lives in the Ray worker process, so policy code
+stays in a sandboxed subprocess on every node, a per-episode timeout still kills it, and a crashing
 policy fails only its own episodes, exactly as on the process backend.
 
 **Exactly once.** A task returns its batch's episodes only when the whole batch is done; nothing is
@@ -68,22 +68,12 @@ def default_batch_episodes(n_jobs: int, cpus: int, episode_s: float | None = Non
     return max(1, min(size, math.ceil(n_jobs / cpus)))
 
 
-def split_batches(jobs: Sequence[Job], batch_episodes: int) -> list[list[int]]:
-    """Split job indices into batches: consecutive jobs of one candidate, at most ``batch_episodes`` each.
-
-    A run of one candidate's jobs is cut into equal pieces (sizes differ by at most one), so a batch
-    never mixes candidates and a candidate that hangs costs one timeout per batch, as on one worker.
-    """
-    batches: list[list[int]] = []
-    start = 0
-    for i in range(1, len(jobs) + 1):
-        if i == len(jobs) or jobs[i].candidate.id != jobs[start].candidate.id:
-            n = i - start
-            pieces = math.ceil(n / batch_episodes)
-            bounds = [start + (n * k) // pieces for k in range(pieces + 1)]
-            batches += [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
-            start = i
-    return batches
+def split_batches(n_jobs: int, batch_episodes: int) -> list[range]:
+    """Split job indices ``0..n_jobs-1`` into runs of consecutive jobs, at most ``batch_episodes`` each,
+    of equal sizes (differing by at most one)."""
+    pieces = math.ceil(n_jobs / batch_episodes)
+    bounds = [(n_jobs * k) // pieces for k in range(pieces + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 # -- inside Ray workers -------------------------------------------------------------------------------
@@ -92,12 +82,15 @@ _POOL: tuple[tuple[float, Sandbox], Any] | None = None  # this Ray worker's Proc
 _REMOTE: Any = None  # the driver's Ray remote function for _run_batch
 
 
-def _run_batch(task_dict: dict[str, Any], candidate: dict[str, Any], seeds: list[int], episode_timeout_s: float,
-               sandbox: Sandbox) -> tuple[list[dict[str, Any]], float]:
-    """Ray task body: one candidate on ``seeds`` through a one-worker sandboxed process pool.
+def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]], jobs: list[tuple[str, int]],
+               episode_timeout_s: float, sandbox: Sandbox) -> tuple[list[dict[str, Any]], float]:
+    """Ray task body: ``jobs`` (candidate id, seed) through a one-worker sandboxed process pool.
+
+    Args:
+        candidates: :meth:`Candidate.to_dict` by id, for the candidates in ``jobs``.
 
     Returns:
-        The episodes (:meth:`Episode.to_dict`) in seed order, and the batch's wall-clock seconds.
+        The episodes (:meth:`Episode.to_dict`) in job order, and the batch's wall-clock seconds.
     """
     global _POOL
     from ratchet.execution.process import ProcessExecutor
@@ -109,10 +102,10 @@ def _run_batch(task_dict: dict[str, Any], candidate: dict[str, Any], seeds: list
         if _POOL is not None:
             _POOL[1].close()
         _POOL = (key, ProcessExecutor(workers=1, episode_timeout_s=episode_timeout_s, sandbox=sandbox))
-    cand = Candidate.from_dict(candidate)
+    cands = {cid: Candidate.from_dict(d) for cid, d in candidates.items()}
     t0 = time.perf_counter()
     try:
-        eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cand, s) for s in seeds])
+        eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cands[cid], seed) for cid, seed in jobs])
     except BaseException:  # interrupted mid-batch: a late reply must never reach the next batch
         _POOL[1].close()
         _POOL = None
@@ -150,7 +143,7 @@ def _import_ray() -> Any:
 
 
 class RayExecutor:
-    """Runs episodes as Ray tasks, each a batch of one candidate's seeds.
+    """Runs episodes as Ray tasks, each a batch of consecutive jobs.
 
     Args:
         address: Cluster to join: ``"auto"`` (the cluster this node belongs to, see ``ray start``),
@@ -256,10 +249,11 @@ class RayExecutor:
         durations = self._episode_s.setdefault(json.dumps(task_dict, sort_keys=True), deque(maxlen=64))
         task_ref = ray.put(task_dict)
         submit = _remote_batch(ray).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False).remote
-        pending: dict[Any, list[int]] = {}
-        for batch in split_batches(jobs, size):
-            cand = jobs[batch[0]].candidate
-            ref = submit(task_ref, cand.to_dict(), [jobs[i].seed for i in batch], self.episode_timeout_s, self.sandbox)
+        pending: dict[Any, range] = {}
+        for batch in split_batches(len(jobs), size):
+            cands = {jobs[i].candidate.id: jobs[i].candidate for i in batch}
+            ref = submit(task_ref, {cid: c.to_dict() for cid, c in cands.items()},
+                         [(jobs[i].candidate.id, jobs[i].seed) for i in batch], self.episode_timeout_s, self.sandbox)
             pending[ref] = batch
         results: list[Episode | None] = [None] * len(jobs)
         try:
@@ -285,8 +279,8 @@ class RayExecutor:
             eps = [Episode.from_dict(d) for d in dicts]
         except ray.exceptions.RayTaskError as exc:  # raised by our task body: not retried
             cause = getattr(exc, "cause", None) or exc
-            if isinstance(cause, RatchetError):
-                raise RatchetError(str(cause)) from None
+            if isinstance(cause, RatchetError):  # e.g. SandboxError: the node cannot confine policy code
+                raise cause from None
             reason = f"ray task failed: {type(cause).__name__}: {_first_line(cause)}"
         except ray.exceptions.RayError as exc:  # worker or node died on every attempt, out of memory, ...
             reason = f"ray task failed after {self.max_retries} retries: {type(exc).__name__}: {_first_line(exc)}"
