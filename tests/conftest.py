@@ -206,6 +206,18 @@ def shared_storage(request, tmp_path: Path) -> str:
     return request.getfixturevalue("postgres_url")
 
 
+def interrupted_run(tmp_path: Path, storage: str | None, name: str, die_after: int = 15) -> str:
+    """Start a small CartPole run in ``tmp_path/runs`` with ``storage`` and 'kill' it after ``die_after``
+    episodes (mid-run, nothing recorded about the kill). Returns its run id."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 60_000, "episodes": 80}, test={"episodes": 5},
+                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
+    run_id = unique_run_id(name)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", run_id, storage=storage,
+                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=die_after))
+    return run_id
+
+
 def password_to_env(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Put a URL's password in PGPASSWORD, as a user whose run directory points to the database would."""
     from sqlalchemy.engine import make_url

@@ -475,17 +475,10 @@ def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatc
 
 def test_resume_with_storage_through_the_run_directory(shared_storage, runner, tmp_path, monkeypatch):
     """An interrupted run whose ledger is in a database resumes from its run directory alone."""
-    from conftest import RecordingExecutor, SimulatedKill, make_spec_dir, password_to_env, unique_run_id
-    from ratchet.execution.process import ProcessExecutor
-    from ratchet.loop import open_ledger, start_run
-    from ratchet.spec import load_spec
+    from conftest import interrupted_run, password_to_env
+    from ratchet.loop import open_ledger
 
-    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 60_000, "episodes": 80}, test={"episodes": 5},
-                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
-    run_id = unique_run_id("resume")
-    with pytest.raises(SimulatedKill):
-        start_run(spec, tmp_path / "runs", run_id, storage=shared_storage,
-                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=12))
+    run_id = interrupted_run(tmp_path, shared_storage, "resume")
     password_to_env(shared_storage, monkeypatch)
     run_dir = tmp_path / "runs" / run_id
     res = invoke(runner, "resume", run_dir, "--no-report")

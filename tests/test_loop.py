@@ -308,15 +308,11 @@ def test_run_in_a_database_resumes_on_another_machine(shared_storage, tmp_path):
     resumes it by id; its events stay gap-free and the recorded prefix is untouched."""
     from sqlalchemy.engine import make_url
 
-    from conftest import unique_run_id
+    from conftest import interrupted_run
     from ratchet.loop import open_ledger
 
-    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 60_000, "episodes": 80}, test={"episodes": 5},
-                                   gate={"validation_episodes": 5}, execution={"workers": 1}))
-    run_id = unique_run_id("db")
-    with pytest.raises(SimulatedKill):
-        start_run(spec, tmp_path / "runs", run_id, storage=shared_storage,
-                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=15))
+    run_id = interrupted_run(tmp_path, shared_storage, "db")
+    spec = load_spec(tmp_path / "s")
     run_dir = tmp_path / "runs" / run_id
     assert (run_dir / "policy.py").is_file() and not (run_dir / "ledger.sqlite").exists()
     pointer = (run_dir / "ledger.json").read_text()
