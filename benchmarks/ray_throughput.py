@@ -2,8 +2,11 @@
 
 Same policy (Gymnasium's LunarLander-v3 heuristic, examples/lunar_lander/policy.py), same seeds, on
 ProcessExecutor(workers=2) and on RayExecutor over a local Ray with 2 CPUs at several batch sizes
-(episodes per Ray task), interleaved repeats, median reported; every configuration's returns are
-checked bit for bit against the process pool's. Worker start-up is excluded by a warm-up.
+(episodes per Ray task, 0 = the default), and a training generation's shape (14 candidates x 5 seeds)
+with the default batch size; interleaved repeats, medians reported; every configuration's returns are
+checked bit for bit against the process pool's. Worker start-up is excluded by a warm-up. Time is wall
+clock; CPU time is summed over every process involved, which the load of other work on the machine
+does not change.
 
 Per-task overhead, for a capacity model:
 * empty Ray tasks (Ray alone), and
@@ -13,7 +16,7 @@ With ``o`` that overhead (CPU-seconds per task) and ``t`` the CPU-seconds of one
 at ``b`` episodes per task is ``o / (b t)``; it stays under 5 % when a task holds at least ``20 o``
 seconds of work, i.e. ``b ≥ o / (0.05 t)``.
 
-Usage: python benchmarks/ray_throughput.py [--episodes N] [--repeats R] [--batches 1,5,25,100] [--write]
+Usage: python benchmarks/ray_throughput.py [--episodes N] [--repeats R] [--batches 1,5,25,100,0] [--write]
 """
 
 from __future__ import annotations
@@ -90,12 +93,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5, help="Interleaved repeats (rotating order); medians reported.")
-    ap.add_argument("--batches", default="1,5,25,100", help="Episodes per Ray task to measure (0 = the default).")
+    ap.add_argument("--batches", default="1,5,25,100,0", help="Episodes per Ray task to measure (0 = the default).")
     ap.add_argument("--tiny", type=int, default=400, help="1-episode CartPole tasks for the per-task overhead.")
     ap.add_argument("--write", action="store_true", help="write the tables into benchmarks/RESULTS.md")
     args = ap.parse_args()
     n, batches = args.episodes, [int(b) for b in args.batches.split(",")]
-    lander = load_policy(ROOT / "examples/lunar_lander/policy.py").candidate()
+    program = load_policy(ROOT / "examples/lunar_lander/policy.py")
+    lander = program.candidate()
+    # a training generation's shape: 14 candidates (x_gain varied) x 5 seeds, 70 episodes in one call
+    generation = [Job(program.candidate({**lander.params, "x_gain": 0.3 + 0.04 * k}), s)
+                  for k in range(14) for s in range(1000, 1005)]
     cartpole = load_policy(ROOT / "examples/cartpole/policy.py").candidate()  # all weights 0: ~10-step episodes
     task, tiny_task = GymTask("LunarLander-v3"), GymTask("CartPole-v1")
     jobs = [Job(lander, s) for s in range(n)]
@@ -116,6 +123,7 @@ def main() -> None:
         return rx.run(t, js)
 
     configs = {"pool": (px.run, task, jobs), **{f"ray {b}": (on_ray, b, task, jobs) for b in batches},
+               "gen pool": (px.run, task, generation), "gen ray": (on_ray, 0, task, generation),
                "tiny pool": (px.run, tiny_task, tiny), "tiny ray": (on_ray, 1, tiny_task, tiny)}
     wall: dict[str, list[float]] = {k: [] for k in configs}
     cpu: dict[str, list[float]] = {k: [] for k in configs}
@@ -123,18 +131,20 @@ def main() -> None:
         warm = [Job(lander, s) for s in range(10_000, 10_008)]
         px.run(task, warm)
         on_ray(1, task, warm)  # every Ray worker starts its sandboxed worker process
-        reference = {t.env_id: [e.episode_return for e in px.run(t, js)] for t, js in ((task, jobs), (tiny_task, tiny))}
+        reference = {id(js): [e.episode_return for e in px.run(t, js)] for t, js in
+                     ((task, jobs), (task, generation), (tiny_task, tiny))}
         names = list(configs)
         for r in range(args.repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 run, *rest = configs[name]
                 w, c, rets = timed(run, *rest)
-                assert rets == reference[rest[-2].env_id], f"{name}: returns differ from the process pool's"
+                assert rets == reference[id(rest[-1])], f"{name}: returns differ from the process pool's"
                 wall[name].append(w)
                 cpu[name].append(c)
             print(f"repeat {r + 1}: " + ", ".join(f"{k} {wall[k][-1]:.2f}s" for k in names), flush=True)
         rx.batch_episodes = 0
         default_size = rx.batch_size(task.to_dict(), n)  # what batch_episodes = 0 chose (it learns episode times)
+        gen_size = rx.batch_size(task.to_dict(), len(generation))
         noop_wall_ms, noop_cpu_ms = empty_tasks()
     finally:
         px.close()
@@ -153,6 +163,11 @@ def main() -> None:
         w, c = med[f"ray {b}"]
         rows.append(f"| Ray, local {CPUS} CPUs | {size}{' (default)' if b == 0 else ''} | {w:.2f} | {n / w:.1f} | "
                     f"{c / n * 1000:.1f} | {(w / pool_wall - 1) * 100:+.1f} % | {(c / pool_cpu - 1) * 100:+.1f} % |")
+    (gw_pool, gc_pool), (gw_ray, gc_ray), ng = med["gen pool"], med["gen ray"], len(generation)
+    rows.append(f"| process pool, {CPUS} workers: a generation (14 candidates × 5 seeds) | — | {gw_pool:.2f} | "
+                f"{ng / gw_pool:.1f} | {gc_pool / ng * 1000:.1f} | — | — |")
+    rows.append(f"| Ray, local {CPUS} CPUs: the same generation | {gen_size} (default) | {gw_ray:.2f} | {ng / gw_ray:.1f} | "
+                f"{gc_ray / ng * 1000:.1f} | {(gw_ray / gw_pool - 1) * 100:+.1f} % | {(gc_ray / gc_pool - 1) * 100:+.1f} % |")
     table = ("| executor | episodes per Ray task | time (s) | episodes/s | CPU-ms per episode (all processes) | "
              "time vs pool | CPU vs pool |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     (tw_pool, tc_pool), (tw_ray, tc_ray) = med["tiny pool"], med["tiny ray"]
@@ -181,8 +196,9 @@ def main() -> None:
     if args.write:
         body = (f"Command: `python benchmarks/ray_throughput.py --episodes {n} --repeats {args.repeats} "
                 f"--batches {args.batches} --write` (LunarLander-v3 heuristic, seeds 0–{n - 1}; median of "
-                f"{args.repeats} interleaved repeats in rotating order; start-up excluded by a warm-up; CPU time "
-                f"summed over every process involved; every configuration's returns equal the process pool's bit "
+                f"{args.repeats} interleaved repeats in rotating order; start-up excluded by a warm-up; time is wall "
+                f"clock, which other work on a shared machine blurs; CPU time, summed over every process involved, "
+                f"is the overhead measure; every configuration's returns equal the process pool's bit "
                 f"for bit).\n\nMachine: {machine()}\n\n{table}\nCapacity model:\n\n{model}\n")
         write_section("Ray vs process pool throughput", body)
 
