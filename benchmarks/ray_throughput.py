@@ -33,9 +33,9 @@ from pathlib import Path
 # overhead, so unless told otherwise they run at the process pool's priority here.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
-import ray  # noqa: E402 - after the environment above
-
+import ray  # after the environment above
 from _common import machine, write_section
+
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.execution.ray_executor import MIN_TASK_S, TASKS_PER_CPU, RayExecutor
@@ -156,8 +156,8 @@ def main() -> None:
 
     med = {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in configs}
     pool_wall, pool_cpu = med["pool"]
-    rows = [f"| process pool, {CPUS} workers | — | {pool_wall:.2f} | {n / pool_wall:.1f} | {pool_cpu / n * 1000:.1f} "
-            f"| — | — |"]
+    rows = [(f"| process pool, {CPUS} workers | — | {pool_wall:.2f} | {n / pool_wall:.1f} | "
+             f"{pool_cpu / n * 1000:.1f} | — | — |")]
     for b in batches:
         size = b or default_size
         w, c = med[f"ray {b}"]
@@ -166,8 +166,9 @@ def main() -> None:
     (gw_pool, gc_pool), (gw_ray, gc_ray), ng = med["gen pool"], med["gen ray"], len(generation)
     rows.append(f"| process pool, {CPUS} workers: a generation (14 candidates × 5 seeds) | — | {gw_pool:.2f} | "
                 f"{ng / gw_pool:.1f} | {gc_pool / ng * 1000:.1f} | — | — |")
-    rows.append(f"| Ray, local {CPUS} CPUs: the same generation | {gen_size} (default) | {gw_ray:.2f} | {ng / gw_ray:.1f} | "
-                f"{gc_ray / ng * 1000:.1f} | {(gw_ray / gw_pool - 1) * 100:+.1f} % | {(gc_ray / gc_pool - 1) * 100:+.1f} % |")
+    rows.append(f"| Ray, local {CPUS} CPUs: the same generation | {gen_size} (default) | {gw_ray:.2f} | "
+                f"{ng / gw_ray:.1f} | {gc_ray / ng * 1000:.1f} | {(gw_ray / gw_pool - 1) * 100:+.1f} % | "
+                f"{(gc_ray / gc_pool - 1) * 100:+.1f} % |")
     table = ("| executor | episodes per Ray task | time (s) | episodes/s | CPU-ms per episode (all processes) | "
              "time vs pool | CPU vs pool |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     (tw_pool, tc_pool), (tw_ray, tc_ray) = med["tiny pool"], med["tiny ray"]
@@ -175,12 +176,14 @@ def main() -> None:
     o_wall = (tw_ray - tw_pool) * CPUS / args.tiny * 1000  # wall-ms per task and CPU
     ep_ms = pool_cpu / n * 1000
     o = max(o_cpu, o_wall)
-    model = (f"- empty Ray task: {noop_wall_ms:.2f} ms wall with {CPUS} CPUs busy, {noop_cpu_ms:.2f} CPU-ms (Ray alone)\n"
+    model = (f"- empty Ray task: {noop_wall_ms:.2f} ms wall with {CPUS} CPUs busy, {noop_cpu_ms:.2f} CPU-ms "
+             f"(Ray alone)\n"
              f"- ratchet's Ray task path (Ray + batch set-up + sandboxed worker round trip), from {args.tiny} "
              f"1-episode CartPole tasks on Ray vs the same episodes on the pool: **{o_cpu:.1f} CPU-ms per task**, "
              f"{o_wall:.1f} ms of wall clock per task and CPU ({tw_ray:.2f} s vs {tw_pool:.2f} s)\n"
              f"- one LunarLander-v3 heuristic episode: {ep_ms:.1f} CPU-ms\n"
-             f"- Ray's overhead at b episodes of t CPU-ms per task ≈ o / (b t): under 5 % needs **≥ {20 * o / 1000:.2f} s "
+             f"- Ray's overhead at b episodes of t CPU-ms per task ≈ o / (b t): under 5 % needs "
+             f"**≥ {20 * o / 1000:.2f} s "
              f"of work per task** (o = {o:.1f} ms, the larger of the two); for LunarLander b ≥ "
              f"{max(1, math.ceil(o / (0.05 * ep_ms)))} episodes. Larger batches cost balance instead: with b = n / "
              f"{CPUS}, one slow task holds the whole call\n"

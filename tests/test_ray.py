@@ -18,7 +18,6 @@ import pytest
 
 import test_execution as conformance
 from conftest import candidate_of, events_of, good_candidate, make_spec_dir, read_events, zero_candidate
-from test_loop import RecordingExecutor, SimulatedKill
 from ratchet.errors import RatchetError
 from ratchet.execution import Job, make_executor
 from ratchet.execution.ray_executor import RayExecutor, default_batch_episodes, split_batches
@@ -28,6 +27,7 @@ from ratchet.loop import resume_run, start_run
 from ratchet.policy import load_policy
 from ratchet.spec import load_spec
 from ratchet.task import GymTask
+from test_loop import RecordingExecutor, SimulatedKill
 
 ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "policy-ratchet[ray]")')
 
@@ -106,8 +106,8 @@ def test_run_killed_on_ray_resumes_without_recounting(ray_runtime, finished_run,
     runs = tmp_path / "runs"
     with pytest.raises(SimulatedKill):  # raised inside on_episode, mid-evaluation
         start_run(load_spec(spec_dir), runs, "cp-ref", executor=RecordingExecutor(RayExecutor(), die_after=120))
-    recorded = {(e.payload["candidate_id"], s) for e in events_of(read_events(runs / "cp-ref"),
-                                                                   EventType.EPISODES_EVALUATED) for s in e.payload["seeds"]}
+    evaluated = events_of(read_events(runs / "cp-ref"), EventType.EPISODES_EVALUATED)
+    recorded = {(e.payload["candidate_id"], s) for e in evaluated for s in e.payload["seeds"]}
     assert recorded
     resumer = RecordingExecutor(RayExecutor())
     result = resume_run("cp-ref", runs, executor=resumer)
@@ -239,7 +239,7 @@ def test_readme_ray_snippet_is_a_valid_spec():
     from ratchet.spec import spec_from_dict
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (snippet,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if 'backend = "ray"' in b]
-    table = tomllib.loads(re.sub(r"^# ", "", snippet, flags=re.M))["execution"]  # with the commented options
+    (snippet,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if 'backend = "ray"' in b]
+    table = tomllib.loads(re.sub(r"^# ", "", snippet, flags=re.MULTILINE))["execution"]  # with the commented options
     spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "execution": table})
     assert (spec.execution.backend, spec.execution.address, spec.execution.batch_episodes) == ("ray", "auto", 0)

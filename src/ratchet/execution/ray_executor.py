@@ -17,6 +17,7 @@ evaluations are stored under a content key, so a resumed run never records or re
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import logging
 import math
@@ -73,7 +74,7 @@ def split_batches(n_jobs: int, batch_episodes: int) -> list[range]:
     of equal sizes (differing by at most one)."""
     pieces = math.ceil(n_jobs / batch_episodes)
     bounds = [(n_jobs * k) // pieces for k in range(pieces + 1)]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 # -- inside Ray workers -------------------------------------------------------------------------------
@@ -138,7 +139,8 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RatchetError(f'[execution] backend = "ray" needs Ray, which is not installed; run: {_INSTALL_HINT}') from None
+        raise RatchetError('[execution] backend = "ray" needs Ray, which is not installed; '
+                           f"run: {_INSTALL_HINT}") from None
     return ray
 
 
@@ -186,14 +188,16 @@ class RayExecutor:
 
     def _init_ray(self) -> None:
         ray = self._ray
+        # ERROR: Ray's start-up notices (its auth token, ...) would break the one-line-per-generation output
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                   "logging_level": logging.WARNING}
+                                   "logging_level": logging.ERROR}
         if self.address is None:  # "local": a new runtime, even if `ray start` runs on this machine
             options["num_cpus"] = self.workers if self.workers > 0 else (os.cpu_count() or 1)
         try:
             ray.init(address=self.address or "local", **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise RatchetError(f"cannot start or join Ray at address {self.address!r}: {_first_line(exc)}; check "
+            why = _first_line(exc).rstrip(".")
+            raise RatchetError(f"cannot start or join Ray at address {self.address!r}: {why}; check "
                                "[execution] address (\"auto\" needs `ray start` on this machine)") from None
         self._owns_ray = True
 
@@ -210,7 +214,7 @@ class RayExecutor:
         for node, ref in refs.items():
             try:
                 there = ray.get(ref, timeout=timeout_s)
-            except Exception as exc:
+            except ray.exceptions.RayError as exc:  # ratchet missing there, a timeout, ...
                 raise RatchetError(f"Ray node {node} cannot run ratchet ({type(exc).__name__}: {_first_line(exc)}); "
                                    "install policy-ratchet on every node of the cluster") from None
             if there != here:
