@@ -40,8 +40,8 @@ __all__ = ["RayExecutor", "default_batch_episodes"]
 #: Tasks per CPU the default batch size aims for: enough to balance uneven episode lengths, few enough
 #: that Ray's per-task overhead stays small (see benchmarks/ray_throughput.py).
 TASKS_PER_CPU = 4
-#: Seconds of work a task should hold at least: ratchet's Ray task path costs about 3.5 ms of CPU per
-#: task (benchmarks/ray_throughput.py), so 0.1 s keeps Ray's overhead under 5 %.
+#: Seconds of work a task should hold at least: ratchet's Ray task path costs about 3 ms per task
+#: (benchmarks/ray_throughput.py), so 0.1 s keeps Ray's overhead under 5 %.
 MIN_TASK_S = 0.1
 
 _INSTALL_HINT = 'pip install "policy-ratchet[ray]"'
