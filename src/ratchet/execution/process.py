@@ -216,7 +216,7 @@ class ProcessExecutor:
             head = w.jobs.popleft()
             pending.extendleft(reversed(w.jobs))
             deaths[head] = deaths.get(head, 0) + 1
-            if retry and deaths[head] <= self.death_retries:
+            if retry and deaths[head] <= self.death_retries and jobs[head].candidate.id not in failed_candidates:
                 pending.appendleft(head)
             else:
                 failed_candidates[jobs[head].candidate.id] = reason
