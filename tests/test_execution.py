@@ -113,10 +113,10 @@ def test_worker_death_is_isolated(cartpole_task, policy, code):
         bad = candidate_of(policy)
         eps = ex.run(cartpole_task, [Job(bad, s) for s in (5, 6, 7)] + reference)
         bad_eps, rest = eps[:3], eps[3:]
-        assert bad_eps[0].error.startswith("worker died") and code in bad_eps[0].error
-        assert "seed 5" in bad_eps[0].error
-        # the crashing candidate's other seeds either died too or were skipped; never silently fine
-        for ep in bad_eps[1:]:
+        # each seed's worker died (a death is retried once, on a fresh worker) or, once the candidate
+        # had failed on another seed, was skipped; never silently fine
+        assert any(ep.error.startswith("worker died") and code in ep.error for ep in bad_eps)
+        for ep in bad_eps:
             assert ep.error is not None and ("worker died" in ep.error or ep.error.startswith("skipped: worker died"))
         assert [e.to_dict() for e in rest] == [e.to_dict() for e in expected]
         # the pool keeps working afterwards
