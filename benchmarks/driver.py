@@ -21,18 +21,24 @@ from ratchet.spec import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 class TimedExecutor:
     """Wraps an executor; sums wall-clock time spent inside ``run`` and counts jobs."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.seconds, self.jobs, self.calls = inner, 0.0, 0, 0
+        self.inner, self.seconds, self.cpu, self.jobs, self.calls = inner, 0.0, 0.0, 0, 0
 
     def run(self, task, jobs, on_episode=None):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         try:
             return self.inner.run(task, jobs, on_episode)
         finally:
             self.seconds += time.perf_counter() - t0
+            self.cpu += _cpu() - c0
             self.jobs += len(jobs)
             self.calls += 1
 
@@ -66,25 +72,30 @@ def main() -> None:
     ex = TimedExecutor(executor_from_spec(spec.execution))
     try:
         with tempfile.TemporaryDirectory() as runs:
-            cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            cpu0, t0 = _cpu(), time.perf_counter()
             result = start_run(spec, runs, "driver", executor=ex)
             wall = time.perf_counter() - t0
-            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-            events = len(SQLiteLedger(Path(runs) / "driver" / "ledger.sqlite", readonly=True).read())
+            driver_cpu = _cpu() - cpu0
+            recorded = SQLiteLedger(Path(runs) / "driver" / "ledger.sqlite", readonly=True).read()
+            events = len(recorded)
+            generations = sum(1 for e in recorded if e.type.value == "generation_finished")
     finally:
         SQLiteLedger.append = original
         ex.close()
-    driver_cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     outside = wall - ex.seconds
     rows = [("run wall clock (s)", f"{wall:.1f}"),
             ("inside executor.run (s)", f"{ex.seconds:.1f} ({ex.seconds / wall:.1%})"),
             ("driver outside the executor (s)", f"{outside:.1f} ({outside / wall:.1%})"),
-            ("of which ledger appends (s)", f"{appends['s']:.2f} ({appends['n']} appends, "
+            ("ledger appends, during and between evaluations (s)", f"{appends['s']:.2f} ({appends['n']} appends, "
                                             f"{1000 * appends['s'] / max(1, appends['n']):.2f} ms each)"),
-            ("driver CPU, whole run (s)", f"{driver_cpu:.1f}"),
+            ("driver CPU, whole run (s)", f"{driver_cpu:.2f}, of which {ex.cpu:.2f} inside executor.run "
+                                          "(dispatching episodes, recording evaluations)"),
             ("episodes", f"{ex.jobs:,} in {ex.calls} executor calls"),
             ("events in the ledger", f"{events:,} ({events / ex.jobs:.2f} per episode)"),
-            ("driver CPU per episode (ms)", f"{1000 * driver_cpu / ex.jobs:.2f}"),
+            ("driver CPU per episode (ms)", f"{1000 * driver_cpu / ex.jobs:.2f} (inside executor.run "
+                                            f"{1000 * ex.cpu / ex.jobs:.2f})"),
+            ("driver CPU per generation outside the executor (ms)",
+             f"{1000 * (driver_cpu - ex.cpu) / max(1, generations):.1f} ({generations} generations)"),
             ("test mean", f"{result.baseline_test.mean:.1f} → {result.test.mean:.1f}")]
     table = "| quantity | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
     print(table)
