@@ -105,6 +105,7 @@ def main() -> None:
     from _common import machine, write_section
 
     size = len(json.dumps(evaluation_payload(0), separators=(",", ":")))
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ratchet-ledger-bench-") as tmp:
         root = Path(tmp)
         stores = [("SQLiteLedger (file per run)", None),
@@ -134,7 +135,9 @@ def main() -> None:
                 f"interleaved repeats; each writer is a process appending {args.events} evaluation events of "
                 f"{size / 1024:.1f} KiB (100 episodes) in durable transactions. \"Own runs\": each writer its own run "
                 f"(SQLiteLedger: its own file; SQLAlchemyLedger: one database, so the writers contend for it). "
-                f"\"One run\": all four append to the same run.\n\nMachine: {machine()}\n\n{table}")
+                f"\"One run\": all four append to the same run. Load average {load_before:.1f} before, "
+                f"{os.getloadavg()[0]:.1f} after (other work on the machine widens the ranges).\n\n"
+                f"Machine: {machine()}\n\n{table}")
         write_section(SECTION, body)
 
 

@@ -40,6 +40,14 @@ class Store:
             return SQLiteLedger(self.root / run_id / "ledger.sqlite", **kw)
         return SQLAlchemyLedger(self.url, run_id, **kw)
 
+    def with_events(self, name: str, n: int):
+        """A new run holding ``n`` candidate_proposed events (payload ``{"i": i}``); returns (run id, open ledger)."""
+        run_id = self.run_id(name)
+        led = self.open(run_id)
+        for i in range(n):
+            led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i})
+        return run_id, led
+
     def damage(self, run_id: str, seq: int) -> None:
         """Overwrite one event's payload with text that is not JSON (as disk damage or a bad hand edit would)."""
         if self.url is None:
@@ -103,10 +111,7 @@ def test_append_is_idempotent_by_key(store):
 
 
 def test_order_and_read_from_seq(store):
-    run = store.run_id("order")
-    led = store.open(run)
-    for i in range(10):
-        led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i})
+    _, led = store.with_events("order", 10)
     events = led.read()
     assert [e.seq for e in events] == list(range(1, 11))
     assert [e.payload["i"] for e in events] == list(range(10))
@@ -116,10 +121,7 @@ def test_order_and_read_from_seq(store):
 
 
 def test_persistence_across_reopen(store):
-    run = store.run_id("reopen")
-    led = store.open(run)
-    for i in range(5):
-        led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i, "f": 0.1 * i})
+    run, led = store.with_events("reopen", 5)
     before = led.read()
     led.close()
     reopened = store.open(run, create=False)
@@ -177,16 +179,13 @@ def test_nan_and_every_event_type_roundtrip(store):
 
 
 def test_damaged_row_is_a_ledger_error(store):
-    run = store.run_id("damaged")
-    led = store.open(run)
-    for i in range(3):
-        led.append(EventType.GENERATION_FINISHED, f"generation/{i}", {"i": i})
+    run, led = store.with_events("damaged", 3)
     led.close()
     store.damage(run, 2)
     ro = store.open(run, readonly=True)
     with pytest.raises(LedgerError, match="damaged"):
         ro.read()
-    assert ro.get("generation/0").payload == {"i": 0}
+    assert ro.get("proposed/1/0").payload == {"i": 0}
     ro.close()
 
 

@@ -111,9 +111,8 @@ def _engine(url: URL, readonly: bool) -> Engine:
     backend = url.get_backend_name()
     connect_args: dict[str, Any] = {}
     if backend == "postgresql":
-        connect_args = {"application_name": "ratchet"}
-        if "connect_timeout" not in url.query:
-            connect_args["connect_timeout"] = 10
+        defaults = {"application_name": "ratchet", "connect_timeout": 10}  # a URL's own settings win
+        connect_args = {k: v for k, v in defaults.items() if k not in url.query}
         if readonly:
             opts = url.query.get("options", "")
             opts = " ".join(opts) if isinstance(opts, tuple) else opts
