@@ -79,6 +79,7 @@ def test_show_table(finished_run, runner):
     assert res.exit_code == 0, res.output
     assert "finished" in res.stdout and result.incumbent.id in res.stdout
     assert "baseline_test" in res.stdout and "on 20 episodes" in res.stdout
+    assert "execution" in res.stdout and "(process)" in res.stdout
     # a run directory works as well as an id
     assert invoke(runner, "show", run_dir).stdout == res.stdout
 
@@ -95,6 +96,9 @@ def test_show_json(finished_run, runner):
     assert isinstance(data["episodes"], int) and data["wall_clock_s"] > 0
     assert data["incumbent"]["candidate_id"] == result.incumbent.id
     assert isinstance(data["incumbent"]["validation_mean"], float)
+    # where it ran and how policy code was confined is part of the record
+    assert data["execution"]["backend"] == "process" and data["execution"]["workers"] == 2
+    assert data["execution"]["sandbox"].startswith(("bwrap;", "netns;", "none;"))
     for key, ev in (("baseline_test", result.baseline_test), ("test", result.test)):
         for k in ("mean", "std", "n", "success_rate"):
             assert data[key][k] == ev.summary()[k], (key, k)

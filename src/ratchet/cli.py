@@ -279,6 +279,9 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
               "wall_clock_s", "promotions", "error"):
         if data.get(k) is not None:
             t.add_row(k, str(data[k]))
+    if data["execution"]:
+        ex = data["execution"]
+        t.add_row("execution", ", ".join(f"{k} {v}" for k, v in ex.items() if k != "backend") + f" ({ex['backend']})")
     t.add_row("incumbent", f"{data['incumbent']['candidate_id']} (validation mean {_num(data['incumbent']['validation_mean'])})")
     for k in ("baseline_test", "test"):
         s = data[k]

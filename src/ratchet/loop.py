@@ -351,9 +351,18 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     ledger.append(EventType.RUN_STARTED, "run_started", {
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
+        "execution": _describe(run.executor),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
     return _drive(run, close_executor=executor is None)
+
+
+def _describe(executor: Executor) -> dict[str, Any]:
+    describe = getattr(executor, "describe", None)  # optional: wrappers and custom executors may lack it
+    try:
+        return describe() if callable(describe) else {"backend": type(executor).__name__}
+    except Exception:
+        return {"backend": type(executor).__name__}
 
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

@@ -45,6 +45,9 @@ class Executor(Protocol):
     def close(self) -> None:
         """Stop workers. Safe to call twice."""
 
+    def describe(self) -> dict[str, Any]:
+        """Where episodes run and how policy code is confined (recorded in the run's ledger)."""
+
 
 def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend: str = "process",
                   sandbox: Sandbox | None = None, address: str | None = None, batch_episodes: int = 0) -> Executor:

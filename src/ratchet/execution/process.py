@@ -303,6 +303,10 @@ class ProcessExecutor:
                     raise
         raise AssertionError("unreachable")
 
+    def describe(self) -> dict[str, Any]:
+        """``{"backend": "process", "workers": n, "sandbox": "..."}``."""
+        return {"backend": "process", "workers": self.n_workers, "sandbox": self.sandbox.describe()}
+
     def close(self) -> None:
         """Stop all workers."""
         for w in self._workers:

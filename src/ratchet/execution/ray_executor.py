@@ -295,6 +295,11 @@ class RayExecutor:
             reason = f"ray task returned seeds {[e.seed for e in eps]}, expected {seeds}"
         return [Episode.failed(s, reason[:500], task=task) for s in seeds]
 
+    def describe(self) -> dict[str, Any]:
+        """``{"backend": "ray", "address": ..., "sandbox": "..."}`` (the sandbox as seen on the driver's machine)."""
+        return {"backend": "ray", "address": self.address or "local", "workers": self.workers,
+                "sandbox": self.sandbox.describe()}
+
     def close(self) -> None:
         """Shut Ray down if this executor started it. Safe to call twice; a later :meth:`run` starts it again."""
         if self._owns_ray and self._ray.is_initialized():

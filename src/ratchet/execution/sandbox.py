@@ -79,6 +79,13 @@ class Sandbox:
                    max_open_files=execution.max_open_files, max_processes=execution.max_processes,
                    env_allowlist=tuple(execution.env_allowlist))
 
+    def describe(self) -> str:
+        """One line for the ledger and ``ratchet show``: the isolation level and the limits."""
+        if not self.enabled:
+            return "off"
+        return (f"{isolation()}; {self.memory_limit_mb} MiB, {self.cpu_limit_s} s CPU, {self.max_open_files} files, "
+                f"{self.max_processes} processes per worker")
+
     def environment(self, workdir: str, extra: dict[str, str]) -> dict[str, str]:
         """The worker's environment: the allow-list only, ``HOME``/``TMPDIR`` set to ``workdir``.
 

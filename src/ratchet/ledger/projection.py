@@ -27,6 +27,7 @@ class RunState:
     status: str = "unknown"
     spec: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    execution: dict[str, Any] = field(default_factory=dict)
     policy_source: str = ""
     env_steps: int = 0
     episodes: int = 0
@@ -75,7 +76,7 @@ class RunState:
                 "episodes": self.episodes, "validation_env_steps": self.validation_env_steps,
                 "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
                 "stop_reason": self.stop_reason, "error": self.error,
-                "env_id": self.spec.get("task", {}).get("env_id"),
+                "env_id": self.spec.get("task", {}).get("env_id"), "execution": self.execution,
                 "budget": self.spec.get("budget"),
                 "baseline": {"candidate_id": self.baseline_id},
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
@@ -136,6 +137,7 @@ def project(events: list[Event]) -> RunState:
         p = ev.payload
         if ev.type is EventType.RUN_STARTED:
             st.run_id, st.spec, st.versions = p["run_id"], p["spec"], p.get("versions", {})
+            st.execution = p.get("execution", {})
             st.policy_source, st.started_at, pid, st.status = p["policy_source"], ev.time, p.get("pid"), "running"
             host = p.get("host")
         elif ev.type is EventType.RUN_RESUMED:
