@@ -278,14 +278,23 @@ def reap_strays() -> int:
 def _children(pid: int) -> list[int]:
     """Direct children of ``pid`` (``/proc/PID/task/*/children``; a full ``/proc`` scan where the
     kernel lacks that file)."""
-    tasks = list(Path(f"/proc/{pid}/task").glob("*/children"))
-    if tasks:
-        out: list[int] = []
-        for t in tasks:
-            try:
-                out += [int(x) for x in t.read_text().split()]
-            except (OSError, ValueError):
-                pass
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    out: list[int] = []
+    found = False
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+        except OSError:
+            continue
+        found = True
+        try:
+            out += [int(x) for x in os.read(fd, 1 << 16).split()]
+        finally:
+            os.close(fd)
+    if found:
         return out
     out = []
     for entry in os.scandir("/proc"):
