@@ -71,10 +71,9 @@ def test_nan_action_is_recorded(sandboxed, reference):
 def test_infinite_loop_is_killed_by_the_timeout(sandboxed, reference):
     t0 = time.monotonic()
     eps = _run_beside_good(sandboxed, hostile("loops_forever"), reference)
-    assert eps[0].error.startswith(f"timeout after {TIMEOUT_S:g} s")
-    # at most one timeout per worker that picked the candidate up; the rest are skipped
-    assert all(e.error.startswith(("skipped: timeout", "timeout after")) for e in eps[1:])
-    assert eps[2].error.startswith("skipped: timeout")
+    # at most one timeout per worker (2) that picked the candidate up; the rest are skipped
+    assert all(e.error.startswith(("skipped: timeout", f"timeout after {TIMEOUT_S:g} s")) for e in eps)
+    assert 1 <= sum(e.error.startswith("timeout") for e in eps) <= 2
     assert time.monotonic() - t0 < 4 * TIMEOUT_S + 30
 
 
