@@ -5,8 +5,9 @@ ledger; the incumbent only moves up.
 """
 
 from ratchet.critic import Critic, Critique, Evaluation
-from ratchet.errors import LedgerError, PolicyError, RatchetError, RunNotFoundError, SpecError, TaskError
-from ratchet.execution import Executor, Job, make_executor
+from ratchet.errors import (LedgerError, PolicyError, RatchetError, RunNotFoundError, SandboxError, SpecError,
+                            TaskError)
+from ratchet.execution import Executor, Job, Sandbox, executor_from_spec, make_executor
 from ratchet.gate import Decision, PairedTestGate
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import RunResult, resume_run, start_run
@@ -22,6 +23,7 @@ __all__ = [
     "Candidate", "CMAESRefiner", "Critic", "Critique", "Decision", "Episode", "Evaluation", "Event",
     "EventType", "Executor", "GymTask", "Job", "LedgerError", "PairedTestGate", "Parameter", "PolicyError",
     "PolicyProgram", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
-    "SpecError", "Task", "TaskError", "export_source", "load_policy", "load_spec", "make_executor",
+    "Sandbox", "SandboxError", "SpecError", "Task", "TaskError", "executor_from_spec", "export_source", "load_policy",
+    "load_spec", "make_executor",
     "parse_policy", "resume_run", "start_run",
 ]

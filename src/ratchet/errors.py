@@ -43,3 +43,8 @@ class RunNotFoundError(RatchetError):
 
 class ReplayMismatchError(RatchetError):
     """A replayed episode did not reproduce the return recorded in the ledger."""
+
+
+class SandboxError(RatchetError):
+    """The sandbox cannot give what the spec requires (``require_isolation = true``), or a worker
+    process cannot be started under it."""

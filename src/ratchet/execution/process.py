@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ratchet.errors import RatchetError
+from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import Job
 from ratchet.execution.sandbox import Sandbox, remove_cgroup
 from ratchet.rollout import Episode
@@ -109,12 +109,12 @@ def _check_started(w: _Worker) -> None:
     """Wait for a new worker's handshake (no policy code has run yet, so failing is ratchet's problem).
 
     Raises:
-        RatchetError: the worker exited or hung during start-up.
+        SandboxError: the worker exited or hung during start-up.
     """
     if not w.wait_ready():
         reason = w.death() if not w.alive() else "no handshake within 120 s"
         w.kill()
-        raise RatchetError(f"a worker process failed to start ({reason}); rerun with --debug, or set "
+        raise SandboxError(f"a worker process failed to start ({reason}); rerun with --debug, or set "
                            "[execution] sandbox = false to see whether the sandbox is the cause")
 
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ratchet.errors import RatchetError
+from ratchet.errors import SandboxError
 
 __all__ = ["Sandbox", "SandboxError", "isolation", "confine", "rearm_cpu_limit", "reap_strays"]
 
@@ -43,10 +43,6 @@ BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "P
 
 _PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 _FILE_SIZE_LIMIT = 256 * 2**20  # bytes one worker may write to a single file
-
-
-class SandboxError(RatchetError):
-    """The sandbox cannot give what the spec requires (``require_isolation = true``)."""
 
 
 @dataclass(frozen=True)
