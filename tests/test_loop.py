@@ -190,9 +190,10 @@ def test_episode_budget(tmp_path):
     assert st.generations >= 1
 
 
-def test_wall_clock_budget(tmp_path):
+def test_wall_clock_budget(tmp_path, pool):
     spec = _small_spec(tmp_path, {"wall_clock_s": 1.5})
-    result = start_run(spec, tmp_path / "runs", "wc")
+    # a warm pool: on a loaded machine, starting a worker alone can take longer than the budget
+    result = start_run(spec, tmp_path / "runs", "wc", executor=pool)
     st = project(read_events(tmp_path / "runs" / "wc"))
     assert result.stop_reason == "wall-clock budget used"
     assert st.generation_log and st.generation_log[-1]["env_steps"] > 0
