@@ -118,7 +118,8 @@ def count_events(db_path: Path, type: str) -> int:
         return 0
 
 
-_VOLATILE = {"pid", "host", "wall_clock_s", "run_id", "versions", "policy_path", "events_before"}
+_VOLATILE = {"pid", "host", "wall_clock_s", "run_id", "versions", "policy_path", "events_before",
+             "execution"}  # where episodes ran (pool size, backend) does not change what a run records
 
 
 def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
@@ -161,6 +162,9 @@ class RecordingExecutor:
                 raise SimulatedKill("killed")
 
         return self.inner.run(task, jobs, cb)
+
+    def describe(self) -> dict:
+        return self.inner.describe()
 
     def close(self) -> None:
         self.inner.close()
