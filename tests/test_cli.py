@@ -506,3 +506,15 @@ def test_bad_storage_is_one_line(runner, tmp_path, storage, fragment):
         line = assert_one_line_error(invoke(runner, *args, "--storage", storage), fragment)
         assert "s3cret" not in line
     assert not (tmp_path / "runs").exists()
+
+
+def test_report_renders_failure_mode_gifs(finished_run, tmp_path):
+    """The report's failure-mode GIFs are rendered by sandboxed workers and land in a folder that did not
+    exist yet (regression: the sandbox's move out of the worker directory failed on a missing folder)."""
+    from ratchet.report.video import render_failure_examples
+
+    _, run_dir, _ = finished_run
+    st = project(read_events(run_dir))
+    assert st.baseline_test_critique["failure_modes"]
+    gifs = render_failure_examples(st, tmp_path / "new" / "videos", max_modes=1)
+    assert gifs and all(p.read_bytes()[:4] == b"GIF8" for p in gifs.values())

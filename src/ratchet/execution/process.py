@@ -202,7 +202,11 @@ class ProcessExecutor:
             if i in renders:
                 made, wanted = renders.pop(i)
                 if os.path.exists(made):
-                    shutil.move(made, wanted)
+                    try:
+                        os.makedirs(os.path.dirname(os.path.abspath(wanted)), exist_ok=True)
+                        shutil.move(made, wanted)
+                    except OSError as exc:
+                        ep = Episode.failed(ep.seed, f"could not write {wanted}: {exc.strerror or exc}", task=task)
             results[i] = ep
             if on_episode is not None:
                 on_episode(i, ep)
