@@ -200,3 +200,23 @@ def test_fallback_isolation_levels_still_run_and_limit(monkeypatch, level, refer
         server.close()
         monkeypatch.delenv("RATCHET_FORCE_ISOLATION")
         isolation.cache_clear()
+
+
+@needs_bwrap
+def test_files_in_the_callers_home_are_out_of_reach(sandboxed, reference):
+    """~/.pgpass, ~/.ssh, cloud credentials: the home directory is replaced by an empty one, and as root
+    policy code runs as nobody (root would read any root-owned file, and ignores RLIMIT_NPROC)."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    if not (home == "/root" or home.startswith("/home/")):
+        pytest.skip("the hostile policy looks in /root and /home/*")
+    secret = os.path.join(home, f".ratchet-secret-{uuid.uuid4().hex}")
+    with open(secret, "w") as f:
+        f.write("hunter2")
+    os.chmod(secret, 0o600)
+    try:
+        eps = _run_beside_good(sandboxed, hostile("reads_home_secret"), reference)
+    finally:
+        os.remove(secret)
+    assert "found {}" in eps[0].error and "hunter2" not in eps[0].error
+    if os.geteuid() == 0:
+        assert "uid 65534" in eps[0].error

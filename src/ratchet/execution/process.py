@@ -41,10 +41,11 @@ class _Worker:
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.workdir = tempfile.mkdtemp(prefix="ratchet-worker-")
+        sandbox.prepare_workdir(self.workdir)
         self.cgroup = sandbox.make_cgroup()
         parent_sock, child_sock = socket.socketpair()
         env = sandbox.environment(self.workdir, {"RATCHET_WORKER_FD": str(child_sock.fileno()),
-                                                 "RATCHET_PARENT_PID": str(os.getpid())})
+                                                 "RATCHET_PARENT_PID": str(os.getpid())}, self.cgroup)
         argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], self.workdir, self.cgroup)
         self.log_path = os.path.join(self.workdir, "worker.log")
         with open(self.log_path, "wb") as log:
@@ -60,12 +61,17 @@ class _Worker:
         self.deadline = 0.0
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
-        """Block until the worker has imported its libraries (so start-up never counts as episode time)."""
-        if not self.ready and self.conn.poll(timeout):
-            try:
-                self.ready = self.conn.recv() == "ready"
-            except (EOFError, OSError):
-                self.ready = False
+        """Block until the worker has imported its libraries (so start-up never counts as episode time).
+        Returns False at once if the launcher exits first (e.g. bubblewrap refused to start)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready and time.monotonic() < deadline:
+            if self.conn.poll(0.05):
+                try:
+                    self.ready = self.conn.recv() == "ready"
+                except (EOFError, OSError):
+                    return False
+            elif self.proc.poll() is not None:
+                return False
         return self.ready
 
     def alive(self) -> bool:

@@ -82,8 +82,22 @@ class Sandbox:
         return (f"{isolation()}; {self.memory_limit_mb} MiB, {self.cpu_limit_s} s CPU, {self.max_open_files} files, "
                 f"{self.max_processes} processes per worker")
 
-    def environment(self, workdir: str, extra: dict[str, str]) -> dict[str, str]:
-        """The worker's environment: the allow-list only, ``HOME``/``TMPDIR`` set to ``workdir``.
+    def drop_to_uid(self) -> int | None:
+        """The uid policy code runs as: ``nobody`` (65534) when ratchet runs as root under bubblewrap
+        (root owns ``/root``, ``~/.pgpass``, ``/etc/shadow``, and is exempt from ``RLIMIT_NPROC``), else
+        None (the caller's uid)."""
+        return _NOBODY if self.enabled and os.geteuid() == 0 and isolation() == "bwrap" else None
+
+    def prepare_workdir(self, workdir: str) -> None:
+        """Make the worker's fresh directory writable by the uid it will run as."""
+        uid = self.drop_to_uid()
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+            os.chmod(workdir, 0o755)  # bubblewrap, root without capabilities, must still enter it
+
+    def environment(self, workdir: str, extra: dict[str, str], cgroup: Path | None = None) -> dict[str, str]:
+        """The worker's environment: the allow-list only, ``HOME``/``TMPDIR`` set to ``workdir``, and
+        ``RATCHET_SANDBOX`` (the settings :func:`confine` applies).
 
         With the sandbox off, the parent's whole environment (the caller asked for no confinement).
         """
@@ -93,22 +107,39 @@ class Sandbox:
         env = {k: v for k, v in os.environ.items() if k in keep}
         env.update(HOME=workdir, TMPDIR=workdir, MPLCONFIGDIR=workdir, PYTHONDONTWRITEBYTECODE="1")
         env.update(extra)
-        env["RATCHET_SANDBOX"] = json.dumps({**asdict(self), "isolation": isolation()})
+        env["RATCHET_SANDBOX"] = json.dumps({**asdict(self), "isolation": isolation(), "drop_to": self.drop_to_uid(),
+                                             "cgroup": cgroup is not None})
         return env
 
     def command(self, argv: list[str], workdir: str, cgroup: Path | None) -> list[str]:
         """The launcher command line for ``argv`` (a worker's ``python -m ...``) running in ``workdir``.
 
-        Under bubblewrap the filesystem is read-only but for ``workdir`` and ``/dev`` basics, with new
-        network/PID/IPC/UTS namespaces and no capabilities. With a pids ``cgroup`` a tiny ``sh``
+        Under bubblewrap the filesystem is read-only but for ``workdir`` and ``/dev`` basics, the
+        caller's home directory is replaced by an empty one (bar the Python installation, read-only,
+        if it lives there), with new network/PID/IPC/UTS namespaces and no capabilities. With a pids ``cgroup`` a tiny ``sh``
         launcher enters it before ``exec`` (so nothing the worker starts can escape the bound).
         """
         if not self.enabled:
             return argv
         if isolation() == "bwrap":
-            argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            home = _private_home()
+            hide: list[str] = []
+            if home is not None:  # an empty home; the Python installation inside it (if any) read-only
+                hide, made = ["--tmpfs", home], {home}
+                for path in _python_paths():
+                    if path.startswith(home + os.sep):
+                        parts = Path(path).relative_to(home).parts
+                        for k in range(1, len(parts)):  # traversable by the worker's uid (bwrap's default: 0700)
+                            parent = os.path.join(home, *parts[:k])
+                            if parent not in made:
+                                made.add(parent)
+                                hide += ["--perms", "0755", "--dir", parent]
+                        hide += ["--ro-bind", path, path]
+            # as root, keep only what is needed to become nobody; setuid() then clears every capability
+            caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if self.drop_to_uid() is not None else []
+            argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *hide,
                     "--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
-                    "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL", "--die-with-parent", "--", *argv]
+                    "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL", *caps, "--die-with-parent", "--", *argv]
         if cgroup is not None:
             argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
         return argv
@@ -153,6 +184,28 @@ class Sandbox:
 
 
 _warned: set[str] = set()
+_NOBODY = 65534
+
+
+def _private_home() -> str | None:
+    """The caller's home directory (hidden from policy code), unless it is ``/`` or missing."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    return home if home != "/" and os.path.isdir(home) else None
+
+
+def _python_paths() -> list[str]:
+    """Paths the worker's Python needs: prefixes, the interpreter, and every import path."""
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(sys.executable),
+                  *sys.path, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    out: list[str] = []
+    for p in candidates:
+        if p and os.path.exists(p):
+            p = os.path.realpath(p)
+            if p not in out:
+                out.append(p)
+    # a path inside another one is bound with it
+    return [p for p in out if not any(p != q and p.startswith(q + os.sep) for q in out)]
 
 
 def _warn_once(message: str) -> None:
@@ -211,6 +264,12 @@ def confine(settings: dict[str, Any]) -> None:
     import ctypes
     import resource
 
+    uid = settings.get("drop_to")
+    if uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # from root to another uid: every capability is gone too
+
     def limit(which: int, value: int) -> None:
         soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -219,7 +278,7 @@ def confine(settings: dict[str, Any]) -> None:
     limit(resource.RLIMIT_AS, int(settings["memory_limit_mb"]) * 2**20)
     limit(resource.RLIMIT_NOFILE, int(settings["max_open_files"]))
     limit(resource.RLIMIT_FSIZE, _FILE_SIZE_LIMIT)
-    if os.geteuid() != 0:  # root ignores RLIMIT_NPROC; the parent's pids cgroup bounds it instead
+    if not settings.get("cgroup") and os.geteuid() != 0:  # a pids cgroup, where there is one, is exact
         limit(resource.RLIMIT_NPROC, _user_processes() + int(settings["max_processes"]))
     rearm_cpu_limit(int(settings["cpu_limit_s"]))
     try:
