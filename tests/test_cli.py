@@ -518,3 +518,18 @@ def test_report_renders_failure_mode_gifs(finished_run, tmp_path):
     assert st.baseline_test_critique["failure_modes"]
     gifs = render_failure_examples(st, tmp_path / "new" / "videos", max_modes=1)
     assert gifs and all(p.read_bytes()[:4] == b"GIF8" for p in gifs.values())
+
+
+def test_replay_video_is_not_overwritten_without_force(finished_run, runner, tmp_path):
+    _, run_dir, _ = finished_run
+    st = project(read_events(run_dir))
+    seed = st.evaluations[0]["episodes"][0]["seed"]
+    cand = st.evaluations[0]["candidate_id"][:8]
+    gif = tmp_path / "x.gif"
+    gif.write_bytes(b"mine")
+    assert_one_line_error(invoke(runner, "replay", run_dir, "--seed", seed, "--candidate", cand, "--video", gif),
+                          "--force")
+    assert gif.read_bytes() == b"mine"
+    res = invoke(runner, "replay", run_dir, "--seed", seed, "--candidate", cand, "--video", gif, "--force")
+    assert res.exit_code == 0, res.output
+    assert gif.read_bytes()[:4] == b"GIF8"

@@ -373,6 +373,7 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
            seed: int = typer.Option(..., "--seed", help="Seed of a recorded episode."),
            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
            video: Optional[Path] = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing --video file."),
            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
     """Re-run one recorded episode and check its return against the ledger, bit for bit."""
     from ratchet.execution import Job
@@ -397,6 +398,7 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
         if video is not None:
             if video.suffix.lower() not in (".gif", ".mp4"):
                 raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
+            _check_output(video, force, "--video")
             if video.suffix.lower() == ".mp4":
                 try:
                     import imageio_ffmpeg  # noqa: F401

@@ -197,8 +197,11 @@ class RayExecutor:
             ray.init(address=self.address or "local", **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             why = _first_line(exc).rstrip(".")
-            raise RatchetError(f"cannot start or join Ray at address {self.address!r}: {why}; check "
-                               "[execution] address (\"auto\" needs `ray start` on this machine)") from None
+            if str(self.address).startswith("ray://"):
+                hint = "a ray:// address needs `pip install \"ray[client]\"` and the head's client server (port 10001)"
+            else:
+                hint = "check [execution] address (\"auto\" needs `ray start` on this machine)"
+            raise RatchetError(f"cannot start or join Ray at address {self.address!r}: {why}; {hint}") from None
         self._owns_ray = True
 
     def _check_nodes(self, timeout_s: float = 300.0) -> None:
