@@ -343,3 +343,11 @@ def test_bad_storage_fails_before_a_run_directory_exists(tmp_path):
             start_run(spec, tmp_path / "runs", "bad", storage=storage)
         assert "s3cret" not in str(info.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_budget_too_small_for_one_generation_says_why(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 2000}, test={"episodes": 3},
+                                   gate={"validation_episodes": 3}, execution={"workers": 1}))
+    result = start_run(spec, tmp_path / "runs", "tiny")
+    assert result.stop_reason.startswith("budget: no room for a single generation (up to ")
+    assert "raise [budget] env_steps" in result.stop_reason

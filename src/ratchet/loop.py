@@ -195,6 +195,13 @@ class _Run:
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
                                                                        self.task.step_limit):
                 stop = "budget: no room for another generation"
+                if generation == 1:  # nothing would happen at all: say why, in numbers
+                    cost = self.planner.generation_cost(n_candidates, est_len, self.task.step_limit)
+                    stop = (f"budget: no room for a single generation (up to {cost:,.0f} env steps: {n_candidates} "
+                            f"candidates × {spec.refiner.train_episodes} training episodes"
+                            f"{f' × {self.task.step_limit} steps' if self.task.step_limit else ''}, after "
+                            f"{self.usage.env_steps:,} spent on validation); raise [budget] env_steps or lower "
+                            "[refiner] popsize / train_episodes")
             if stop is not None or not self.program.parameters:
                 stop = stop or "policy declares no parameters"
                 break
