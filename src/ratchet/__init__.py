@@ -27,3 +27,15 @@ __all__ = [
     "load_spec", "make_executor",
     "parse_policy", "resume_run", "start_run",
 ]
+
+
+def __getattr__(name: str):  # lazy, so `import ratchet` does not start importing Ray or subprocess plumbing
+    if name == "ProcessExecutor":
+        from ratchet.execution.process import ProcessExecutor
+
+        return ProcessExecutor
+    if name == "RayExecutor":
+        from ratchet.execution.ray_executor import RayExecutor
+
+        return RayExecutor
+    raise AttributeError(f"module 'ratchet' has no attribute {name!r}")

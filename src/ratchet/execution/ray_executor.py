@@ -300,7 +300,8 @@ class RayExecutor:
 
     def describe(self) -> dict[str, Any]:
         """``{"backend": "ray", "address": ..., "sandbox": "..."}`` (the sandbox as seen on the driver's machine)."""
-        return {"backend": "ray", "address": self.address or "local", "workers": self.workers,
+        return {"backend": "ray", "address": self.address or "local",
+                "workers": self.workers if self.workers > 0 else "one per CPU",
                 "sandbox": self.sandbox.describe()}
 
     def close(self) -> None:
