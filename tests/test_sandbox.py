@@ -220,3 +220,18 @@ def test_files_in_the_callers_home_are_out_of_reach(sandboxed, reference):
     assert "found {}" in eps[0].error and "hunter2" not in eps[0].error
     if os.geteuid() == 0:
         assert "uid 65534" in eps[0].error
+
+
+@pytest.mark.parametrize("mode, reason", [(0, "not JSON"), (1, "not JSON"), (2, "a reply of 2147483632 bytes"),
+                                          (3, "a reply that stalled")])
+def test_forged_messages_to_the_parent_are_contained(monkeypatch, reference, mode, reason):
+    """Policy code can write anything to its worker's socket: the parent never unpickles it (a pickle
+    runs code), bounds its size, and does not wait forever for a message that never completes."""
+    from ratchet.execution import process
+
+    monkeypatch.setattr(process, "_REPLY_TIMEOUT_S", 2.0)
+    tag = uuid.uuid4().int % 10**9
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        eps = _run_beside_good(ex, hostile("forges_replies", {"mode": float(mode), "tag": float(tag)}), reference)
+    assert reason in eps[0].error and "interfered" in eps[0].error, eps[0].error
+    assert not os.path.exists(f"/tmp/ratchet-pwned-{tag}")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -67,8 +69,8 @@ class _Worker:
         while not self.ready and time.monotonic() < deadline:
             if self.conn.poll(0.05):
                 try:
-                    self.ready = self.conn.recv() == "ready"
-                except (EOFError, OSError):
+                    self.ready = _read_json(self.conn, 10.0) == "ready"
+                except (EOFError, OSError, BadReply):
                     return False
             elif self.proc.poll() is not None:
                 return False
@@ -109,6 +111,58 @@ class _Worker:
         if self.cgroup is not None:
             remove_cgroup(self.cgroup)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_MAX_REPLY_BYTES = 16 * 2**20
+_REPLY_TIMEOUT_S = 30.0
+
+
+class BadReply(Exception):
+    """A worker's reply is not a well-formed episode record for the job it was running."""
+
+
+def _read_json(conn: Connection, timeout_s: float) -> Any:
+    """Read one message a worker wrote with ``send_bytes`` (4-byte big-endian length, then JSON).
+
+    Worker replies are never unpickled: policy code runs in the worker and can write anything to
+    this socket, and unpickling runs code. A reply that is oversized, stalls, or is not JSON raises
+    :class:`BadReply`; end of file raises EOFError.
+    """
+    fd = conn.fileno()
+    deadline = time.monotonic() + timeout_s
+    (n,) = struct.unpack("!i", _read_exact(fd, 4, deadline))
+    if not 0 <= n <= _MAX_REPLY_BYTES:
+        raise BadReply(f"a reply of {n} bytes")
+    try:
+        return json.loads(_read_exact(fd, n, deadline))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReply(f"a reply that is not JSON ({str(exc)[:80]})") from None
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise BadReply("a reply that stalled")
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def _episode_reply(msg: Any, job_id: int, seed: int) -> Episode:
+    """The episode in a worker's ``[job_id, episode_dict]`` reply, checked against the job it was running."""
+    try:
+        rid, ep_dict = msg
+        ep = Episode.from_dict(ep_dict)
+    except (TypeError, ValueError, KeyError):
+        raise BadReply("a malformed reply") from None
+    if rid != job_id or ep.seed != seed or not isinstance(ep.episode_return, (int, float)) \
+            or not isinstance(ep.length, int) or not isinstance(ep.diagnostics, dict):
+        raise BadReply("a reply that does not match its job")
+    return ep
 
 
 def _check_started(w: _Worker) -> None:
@@ -278,14 +332,19 @@ class ProcessExecutor:
             timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
             for conn in wait(list(busy), timeout=timeout):
                 w = busy[conn]
+                head = w.jobs[0]
                 try:
-                    job_id, ep_dict = conn.recv()
+                    ep = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed)
                 except (EOFError, OSError):
-                    fail_head(w, f"{w.death()} on seed {jobs[w.jobs[0]].seed}", retry=True)
+                    fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
+                    continue
+                except BadReply as exc:  # only policy code tampering with the worker's socket does this
+                    fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its "
+                                 "worker")
                     continue
                 w.jobs.popleft()
                 w.deadline = time.monotonic() + self.episode_timeout_s
-                finish(job_id, Episode.from_dict(ep_dict))
+                finish(head, ep)
             now = time.monotonic()
             for w in list(busy.values()):
                 if w.jobs and w in workers and now >= w.deadline:

@@ -65,7 +65,7 @@ def worker_main(conn: Any) -> None:
 
     import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
 
-    conn.send("ready")
+    conn.send_bytes(b'"ready"')  # replies are JSON, never pickles: the parent must not unpickle policy bytes
     sources: dict[str, str] = {}
     task_dicts: dict[str, Any] = {}
     modules: dict[str, Any] = {}
@@ -138,7 +138,7 @@ def worker_main(conn: Any) -> None:
                 except Exception:
                     pass
         try:
-            conn.send(reply)
+            conn.send_bytes(json.dumps(reply).encode())
         except (BrokenPipeError, ConnectionResetError, OSError):
             return  # the parent is gone
 
