@@ -338,30 +338,44 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     url = storage_url(storage)
     check_task(GymTask.from_spec(spec.task))
     ledger = open_store(url, run_dir, run_id) if url else None  # a bad URL fails before any folder is made
+    own_executor = executor is None
     try:
         if ledger is not None and ledger.get("run_started") is not None:
             raise RatchetError(f"{ledger.location} already exists; pick another --run-id "
                                f"(or `ratchet resume {run_id} --storage URL` if it was interrupted)")
+        # an executor that cannot start (Ray unreachable, isolation required but missing) fails here,
+        # before any run directory exists
+        executor = executor or _executor_for(spec)
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.mkdir(exist_ok=run_dir.is_dir())  # atomic: of two runs racing for one id, one gets it
             (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if url:
                 write_pointer(run_dir, url, run_id)
+        except FileExistsError:
+            raise RatchetError(f"run {run_id} already exists in {runs_dir}; pick another --run-id") from None
         except OSError as exc:
             raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
     except BaseException:
         if ledger is not None:
             ledger.close()
+        if own_executor and executor is not None:
+            executor.close()
         raise
     ledger = ledger or open_store(None, run_dir, run_id)
-    run = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
-    ledger.append(EventType.RUN_STARTED, "run_started", {
+    run = _Run(run_dir, spec, program, ledger, executor, progress)
+    _, created = ledger.append(EventType.RUN_STARTED, "run_started", {
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
         "execution": _describe(run.executor),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
-    return _drive(run, close_executor=executor is None)
+    if not created:  # another process started this run id between our checks and now
+        if own_executor:
+            executor.close()
+        ledger.close()
+        raise RatchetError(f"run {run_id} was started by another process just now; pick another --run-id")
+    return _drive(run, close_executor=own_executor)
 
 
 def _describe(executor: Executor) -> dict[str, Any]:
