@@ -267,3 +267,16 @@ def test_concurrent_writers_and_a_reader(store, tmp_path):
     assert not any(e.payload.get("dup") for e in events)
     reader.close()
     first.close()
+
+
+@pytest.mark.parametrize("url, message", [
+    ("sqlite://", "in-memory"), ("sqlite:///", "in-memory"), ("sqlite:///:memory:", "in-memory"),
+    ("postgresql://u@h/db?password=TOPSECRET", "PGPASSWORD"), ("postgresql://u@h/db?sslpassword=TOPSECRET", "PGPASSWORD"),
+    ("postgresql://u:TOP@SECRET@h/db", "%40")])
+def test_storage_urls_that_would_lose_the_ledger_or_leak_a_password_are_refused(url, message):
+    from ratchet.errors import LedgerError
+    from ratchet.ledger.sql import database_url
+
+    with pytest.raises(LedgerError, match=message) as info:
+        database_url(url)
+    assert "SECRET" not in str(info.value)

@@ -46,9 +46,13 @@ _EXPECTED = "expected postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH"
 _APPEND_DEADLINE_S = 60.0
 
 
+_SECRET_QUERY_KEYS = {"password", "sslpassword", "passfile"}
+
+
 def _mask(raw: str) -> str:
-    """``raw`` with any password between ``user:`` and ``@`` replaced by ``***``."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", raw)
+    """``raw`` with any password (between ``user:`` and the last ``@``, or as a query value) replaced by ``***``."""
+    raw = re.sub(r"(://[^:/@]*:).*@", r"\1***@", raw)
+    return re.sub(r"((?:ssl)?password=)[^&]*", r"\1***", raw, flags=re.I)
 
 
 def database_url(storage: str) -> URL:
@@ -66,6 +70,10 @@ def database_url(storage: str) -> URL:
     Raises:
         LedgerError: ``storage`` is not a database URL.
     """
+    netloc = storage.split("://", 1)[-1].split("/", 1)[0]
+    if netloc.count("@") > 1:
+        raise LedgerError(f"storage {_mask(storage)!r} has more than one '@' before the host; write an '@' in the "
+                          "password as %40")
     try:
         url = make_url(storage)
     except (sa_exc.ArgumentError, ValueError) as exc:
@@ -73,9 +81,16 @@ def database_url(storage: str) -> URL:
         raise LedgerError(f"storage {_mask(storage)!r} is not a database URL{detail}; {_EXPECTED}") from None
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-            and not url.database.startswith("file:"):
-        url = url.set(database=str(Path(url.database).expanduser().resolve()))
+    if url.get_backend_name() == "sqlite":
+        if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
+            raise LedgerError(f"storage {_mask(storage)!r} is an in-memory database: the ledger would vanish with "
+                              "the process; give a file, sqlite:///PATH")
+        if not url.database.startswith("file:"):
+            url = url.set(database=str(Path(url.database).expanduser().resolve()))
+    secret = [k for k in url.query if k.lower() in _SECRET_QUERY_KEYS]
+    if secret:
+        raise LedgerError(f"storage URL carries a password in its query ({', '.join(secret)}=…), where ratchet "
+                          "would store and print it; put it in PGPASSWORD or ~/.pgpass, or as USER:PASSWORD@HOST")
     return url
 
 
