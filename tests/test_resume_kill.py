@@ -102,7 +102,8 @@ def test_kill_9_then_resume(tmp_path):
     assert st.test is not None and st.test["n"] == 10
 
 
-def test_ctrl_c_then_resume(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_then_resume(tmp_path, signum):
     spec_dir = make_spec_dir(tmp_path / "spec", budget={"env_steps": 60_000}, gate={"validation_episodes": 10},
                              test={"episodes": 10}, execution={"workers": 1})
     runs = tmp_path / "runs"
@@ -119,7 +120,7 @@ def test_ctrl_c_then_resume(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         workers |= _children(proc.pid)
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

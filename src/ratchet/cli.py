@@ -528,7 +528,14 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM (``kill``, ``timeout``, a scheduler's stop) is handled like
+    Ctrl-C: the run stops cleanly, its workers are stopped, and ``ratchet resume`` continues it."""
+    import signal
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
     app()
 
 
