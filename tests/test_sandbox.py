@@ -235,3 +235,13 @@ def test_forged_messages_to_the_parent_are_contained(monkeypatch, reference, mod
         eps = _run_beside_good(ex, hostile("forges_replies", {"mode": float(mode), "tag": float(tag)}), reference)
     assert reason in eps[0].error and "interfered" in eps[0].error, eps[0].error
     assert not os.path.exists(f"/tmp/ratchet-pwned-{tag}")
+
+
+def test_a_policy_flooding_stderr_cannot_fill_the_disk(reference):
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        eps = ex.run(GymTask("CartPole-v1"), [Job(hostile("floods_stderr"), s) for s in range(5)]
+                     + [Job(good_candidate(), s) for s in SEEDS])
+        log = ex._workers[0].log_path
+        assert os.path.getsize(log) < 16 * 2**20  # 50 MB were written
+    assert all(e.error is None for e in eps)  # writing to stderr is allowed, just not kept
+    assert [e.to_dict() for e in eps[5:]] == reference

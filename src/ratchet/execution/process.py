@@ -50,7 +50,7 @@ class _Worker:
                                                  "RATCHET_PARENT_PID": str(os.getpid())}, self.cgroup)
         argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], self.workdir, self.cgroup)
         self.log_path = os.path.join(self.workdir, "worker.log")
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
             self.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, pass_fds=(child_sock.fileno(),),
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)

@@ -123,6 +123,7 @@ def worker_main(conn: Any) -> None:
                 # Box2D world does), which would make a return depend on the episodes run before it.
                 env = task.make_env()
                 ep = run_episode(env, module.act, getattr(module, "reset", None), params, seed, task)
+            _trim_log()
             if sandbox is not None:
                 strays = reap_strays()
                 if strays and ep.error is None:
@@ -141,6 +142,19 @@ def worker_main(conn: Any) -> None:
             conn.send_bytes(json.dumps(reply).encode())
         except (BrokenPipeError, ConnectionResetError, OSError):
             return  # the parent is gone
+
+
+_LOG_LIMIT = 4 * 2**20
+
+
+def _trim_log() -> None:
+    """Keep the worker's stderr log (opened in append mode by the parent) small: a policy that writes
+    megabytes must not fill the disk or hit the file-size limit for the episodes after it."""
+    try:
+        if os.fstat(2).st_size > _LOG_LIMIT:
+            os.ftruncate(2, 0)
+    except OSError:
+        pass
 
 
 def _text(exc: BaseException) -> str:
