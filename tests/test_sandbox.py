@@ -245,3 +245,26 @@ def test_a_policy_flooding_stderr_cannot_fill_the_disk(reference):
         assert os.path.getsize(log) < 16 * 2**20  # 50 MB were written
     assert all(e.error is None for e in eps)  # writing to stderr is allowed, just not kept
     assert [e.to_dict() for e in eps[5:]] == reference
+
+
+def test_leftovers_of_killed_runs_are_swept(tmp_path, monkeypatch):
+    """kill -9 gives a run no chance to remove its workers' directories; the next executor does it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from ratchet.execution.sandbox import sweep_leftovers
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None
+    try:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout.strip()
+        stale, live = tmp_path / f"ratchet-worker-{dead}-abc", tmp_path / f"ratchet-worker-{os.getpid()}-abc"
+        stale.mkdir()
+        (stale / "worker.log").write_text("x")
+        live.mkdir()
+        assert sweep_leftovers() >= 1
+        assert not stale.exists() and live.exists()
+    finally:
+        tempfile.tempdir = None

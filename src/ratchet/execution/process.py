@@ -21,7 +21,7 @@ from typing import Any
 
 from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import Job
-from ratchet.execution.sandbox import Sandbox, remove_cgroup
+from ratchet.execution.sandbox import Sandbox, remove_cgroup, sweep_leftovers
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
@@ -42,7 +42,7 @@ class _Worker:
     """
 
     def __init__(self, sandbox: Sandbox) -> None:
-        self.workdir = tempfile.mkdtemp(prefix="ratchet-worker-")
+        self.workdir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-")
         sandbox.prepare_workdir(self.workdir)
         self.cgroup = sandbox.make_cgroup()
         parent_sock, child_sock = socket.socketpair()
@@ -217,6 +217,7 @@ class ProcessExecutor:
         self.death_retries = int(death_retries)
         self.sandbox = sandbox if sandbox is not None else Sandbox()
         self.sandbox.check()
+        sweep_leftovers()
         self.n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         self.episode_timeout_s = float(episode_timeout_s)
         self._workers: list[_Worker] = []

@@ -33,7 +33,7 @@ from typing import Any
 
 from ratchet.errors import SandboxError
 
-__all__ = ["Sandbox", "SandboxError", "isolation", "confine", "rearm_cpu_limit", "reap_strays"]
+__all__ = ["Sandbox", "SandboxError", "isolation", "confine", "rearm_cpu_limit", "reap_strays", "sweep_leftovers"]
 
 #: Variables a worker inherits from the parent (plus :attr:`Sandbox.env_allowlist`). Everything else,
 #: API keys and tokens included, is dropped.
@@ -393,3 +393,39 @@ def remove_cgroup(path: Path) -> None:
             return
         except OSError:
             time.sleep(0.02)
+
+
+def sweep_leftovers() -> int:
+    """Remove worker directories (``$TMPDIR/ratchet-worker-<pid>-*``) and pids cgroups
+    (``ratchet-<pid>-*``) left by ratchet processes that are gone (``kill -9`` gives them no chance to
+    clean up). Best effort; returns how many were removed."""
+    removed = 0
+    places = [(Path(tempfile.gettempdir()), "ratchet-worker-")]
+    if os.access(_PIDS_CGROUP, os.W_OK):
+        places.append((_PIDS_CGROUP, "ratchet-"))
+    for folder, prefix in places:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            rest = path.name[len(prefix):] if path.name.startswith(prefix) else ""
+            pid = rest.split("-", 1)[0]
+            if not pid.isdigit() or _pid_alive(int(pid)) or not path.is_dir():
+                continue
+            if folder == _PIDS_CGROUP:
+                remove_cgroup(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            removed += not path.exists()
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
