@@ -351,3 +351,22 @@ def test_a_budget_too_small_for_one_generation_says_why(tmp_path):
     result = start_run(spec, tmp_path / "runs", "tiny")
     assert result.stop_reason.startswith("budget: no room for a single generation (up to ")
     assert "raise [budget] env_steps" in result.stop_reason
+
+
+def test_a_run_being_written_cannot_be_resumed_or_restarted_from_this_machine(tmp_path):
+    """Two writers would interleave one ledger: the run directory's lock lets only one in."""
+    from ratchet.loop import lock_run_dir
+
+    spec = _small_spec(tmp_path, {"env_steps": 3000})
+    runs = tmp_path / "runs"
+    with pytest.raises(SimulatedKill):
+        start_run(spec, runs, "locked", executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=5))
+    held = lock_run_dir(runs / "locked")  # stands in for a writer that is still alive
+    try:
+        with pytest.raises(LedgerError, match="being written by another ratchet process"):
+            resume_run("locked", runs)
+    finally:
+        import os
+
+        os.close(held)
+    assert resume_run("locked", runs).stop_reason  # once the writer is gone, it resumes

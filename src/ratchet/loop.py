@@ -285,7 +285,26 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(2).hex()}"
 
 
-def _drive(run: _Run, close_executor: bool) -> RunResult:
+def lock_run_dir(run_dir: Path) -> int:
+    """Take the run directory's writer lock (``flock`` on ``RUN_DIR/.lock``) for this process's lifetime
+    or until the returned descriptor is closed; the kernel drops it if the process dies.
+
+    Raises:
+        LedgerError: another process on this machine is writing this run.
+    """
+    import fcntl
+
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise LedgerError(f"run {run_dir.name} is being written by another ratchet process on this machine; "
+                          "wait for it or stop it (two writers would interleave one ledger)") from None
+    return fd
+
+
+def _drive(run: _Run, close_executor: bool, lock_fd: int) -> RunResult:
     try:
         return run.run()
     except KeyboardInterrupt:
@@ -297,6 +316,7 @@ def _drive(run: _Run, close_executor: bool) -> RunResult:
         run.ledger.close()
         if close_executor:
             run.executor.close()
+        os.close(lock_fd)
 
 
 def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None = None, *,
@@ -338,7 +358,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     url = storage_url(storage)
     check_task(GymTask.from_spec(spec.task))
     ledger = open_store(url, run_dir, run_id) if url else None  # a bad URL fails before any folder is made
-    own_executor = executor is None
+    own_executor, lock_fd = executor is None, None
     try:
         if ledger is not None and ledger.get("run_started") is not None:
             raise RatchetError(f"{ledger.location} already exists; pick another --run-id "
@@ -349,6 +369,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             run_dir.mkdir(exist_ok=run_dir.is_dir())  # atomic: of two runs racing for one id, one gets it
+            lock_fd = lock_run_dir(run_dir)
             (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if url:
                 write_pointer(run_dir, url, run_id)
@@ -361,6 +382,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             ledger.close()
         if own_executor and executor is not None:
             executor.close()
+        if lock_fd is not None:
+            os.close(lock_fd)
         raise
     ledger = ledger or open_store(None, run_dir, run_id)
     run = _Run(run_dir, spec, program, ledger, executor, progress)
@@ -374,8 +397,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         if own_executor:
             executor.close()
         ledger.close()
+        os.close(lock_fd)
         raise RatchetError(f"run {run_id} was started by another process just now; pick another --run-id")
-    return _drive(run, close_executor=own_executor)
+    return _drive(run, close_executor=own_executor, lock_fd=lock_fd)
 
 
 def _describe(executor: Executor) -> dict[str, Any]:
@@ -473,7 +497,10 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         LedgerError: the run already finished, is still running, or its ledger has no start event.
     """
     ledger, run_dir = open_run(run, runs_dir, storage=storage)
+    lock_fd = None
     try:
+        if run_dir.is_dir():  # before reading its state: a second resumer waits out here
+            lock_fd = lock_run_dir(run_dir)
         started = ledger.get("run_started")
         if started is None:
             raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed")
@@ -498,11 +525,15 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
                 write_pointer(run_dir, storage, started.payload["run_id"])
             except OSError as exc:
                 raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
+        if lock_fd is None:
+            lock_fd = lock_run_dir(run_dir)
         r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
     except BaseException:
         ledger.close()
+        if lock_fd is not None:
+            os.close(lock_fd)
         raise
     r._clock_offset = active_seconds(events)
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
                                                                       "events_before": len(events)})
-    return _drive(r, close_executor=executor is None)
+    return _drive(r, close_executor=executor is None, lock_fd=lock_fd)
