@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from ratchet.critic import Critic, Evaluation, evaluation_from_episodes
 from ratchet.rollout import Episode

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.errors import SandboxError
+from ratchet.processes import process_running
 
 __all__ = ["Sandbox", "SandboxError", "isolation", "confine", "rearm_cpu_limit", "reap_strays", "sweep_leftovers"]
 
@@ -411,7 +412,7 @@ def sweep_leftovers() -> int:
         for path in entries:
             rest = path.name[len(prefix):] if path.name.startswith(prefix) else ""
             pid = rest.split("-", 1)[0]
-            if not pid.isdigit() or _pid_alive(int(pid)) or not path.is_dir():
+            if not pid.isdigit() or process_running(int(pid)) or not path.is_dir():
                 continue
             if folder == _PIDS_CGROUP:
                 remove_cgroup(path)
@@ -419,13 +420,3 @@ def sweep_leftovers() -> int:
                 shutil.rmtree(path, ignore_errors=True)
             removed += not path.exists()
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from ratchet.critic import Evaluation
 from ratchet.ledger.events import Event, EventType
 from ratchet.policy import Candidate
+from ratchet.processes import process_running
 from ratchet.rollout import Episode
 
 __all__ = ["RunState", "project"]
@@ -99,19 +99,7 @@ def _pid_alive(pid: int | None, host: str | None = None) -> bool:
     alive (its ledger is in a shared database)."""
     if host is not None and host != socket.gethostname():
         return True
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed but unreaped process (zombie) is not running
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return bool(pid) and process_running(pid)
 
 
 def active_seconds(events: list[Event]) -> float:
