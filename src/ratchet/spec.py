@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ratchet.errors import SpecError, TaskError
+from ratchet.execution.sandbox import Sandbox
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
@@ -150,12 +151,12 @@ class ExecutionSpec(_Section):
                                             "temporary directory and (where the OS allows) no network.")
     require_isolation: bool = Field(False, description="Refuse to run unless policy code gets its own network "
                                                        "namespace.")
-    memory_limit_mb: int = Field(4096, ge=1024, le=2**30, description="Address-space limit per worker process (MiB); "
+    memory_limit_mb: int = Field(Sandbox.memory_limit_mb, ge=1024, le=2**30, description="Address-space limit per worker process (MiB); "
                                                                      "a worker with Gymnasium loaded maps ≈ 0.5 GiB.")
-    cpu_limit_s: int = Field(3600, ge=1, le=10**7, description="CPU-time limit per episode per worker process "
+    cpu_limit_s: int = Field(Sandbox.cpu_limit_s, ge=1, le=10**7, description="CPU-time limit per episode per worker process "
                                                                "(seconds).")
-    max_open_files: int = Field(256, ge=32, le=2**20, description="Open-file limit per worker process.")
-    max_processes: int = Field(64, ge=8, le=2**16, description="Processes and threads a worker may hold at once, "
+    max_open_files: int = Field(Sandbox.max_open_files, ge=32, le=2**20, description="Open-file limit per worker process.")
+    max_processes: int = Field(Sandbox.max_processes, ge=8, le=2**16, description="Processes and threads a worker may hold at once, "
                                                                "its own included.")
     env_allowlist: list[str] = Field(default_factory=list, description="Extra environment variables passed to "
                                                                         "workers (beyond PATH, HOME, LANG, ...).")

@@ -117,8 +117,9 @@ class Sandbox:
 
         Under bubblewrap the filesystem is read-only but for ``workdir`` and ``/dev`` basics, the
         caller's home directory is replaced by an empty one (bar the Python installation, read-only,
-        if it lives there), with new network/PID/IPC/UTS namespaces and no capabilities. With a pids ``cgroup`` a tiny ``sh``
-        launcher enters it before ``exec`` (so nothing the worker starts can escape the bound).
+        if it lives there), with new network/PID/IPC/UTS namespaces and no capabilities. With a pids
+        ``cgroup`` a tiny ``sh`` launcher enters it before ``exec`` (so nothing the worker starts can
+        escape the bound).
         """
         if not self.enabled:
             return argv
