@@ -268,3 +268,38 @@ def test_leftovers_of_killed_runs_are_swept(tmp_path, monkeypatch):
         assert not stale.exists() and live.exists()
     finally:
         tempfile.tempdir = None
+
+
+def test_policy_code_stays_root_without_capabilities_when_nobody_could_not_read_the_install(monkeypatch):
+    """A checkout inside a 0700 folder (mktemp -d) is unreadable to nobody: dropping to nobody would break
+    every import, so the worker stays root (capabilities dropped, home hidden) and ratchet says so."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ratchet.execution import sandbox as sandbox_module
+
+    tmp_path = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp folders are 0700
+    try:
+        _check_readability(sandbox_module, tmp_path, monkeypatch)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _check_readability(sandbox_module, tmp_path, monkeypatch):
+    private = tmp_path / "private"
+    (private / "site").mkdir(parents=True)
+    private.chmod(0o700)
+    (tmp_path / "open" / "site").mkdir(parents=True)
+    for d in (tmp_path, tmp_path / "open", tmp_path / "open" / "site"):
+        d.chmod(0o755)
+    assert sandbox_module._readable_by_others([str(tmp_path / "open" / "site")], None) is None
+    assert sandbox_module._readable_by_others([str(private / "site")], None) == str(private)
+    # folders inside the hidden home are recreated 0755, so they do not count
+    assert sandbox_module._readable_by_others([str(private / "site")], str(private)) is None
+    if os.geteuid() == 0 and isolation() == "bwrap":
+        monkeypatch.setattr(sandbox_module, "_python_paths", lambda: [str(private / "site")])
+        monkeypatch.setattr(sandbox_module, "_private_home", lambda: None)
+        monkeypatch.setattr(sandbox_module, "_warned", set())
+        assert Sandbox().drop_to_uid() is None
+        Sandbox().check()

@@ -86,8 +86,12 @@ class Sandbox:
     def drop_to_uid(self) -> int | None:
         """The uid policy code runs as: ``nobody`` (65534) when ratchet runs as root under bubblewrap
         (root owns ``/root``, ``~/.pgpass``, ``/etc/shadow``, and is exempt from ``RLIMIT_NPROC``), else
-        None (the caller's uid)."""
-        return _NOBODY if self.enabled and os.geteuid() == 0 and isolation() == "bwrap" else None
+        None (the caller's uid). Also None when ``nobody`` could not read the Python installation or
+        the project (e.g. a checkout inside a 0700 folder): policy code then runs as root without
+        capabilities, and :meth:`check` says so once."""
+        if not (self.enabled and os.geteuid() == 0 and isolation() == "bwrap"):
+            return None
+        return _NOBODY if _readable_by_others(_python_paths(), _private_home()) is None else None
 
     def prepare_workdir(self, workdir: str) -> None:
         """Make the worker's fresh directory writable by the uid it will run as."""
@@ -180,6 +184,11 @@ class Sandbox:
                                    "where unprivileged user namespaces are allowed")
             _warn_once("policy code runs with the host's network and filesystem (only resource limits and a "
                        "scrubbed environment apply); install bubblewrap (apt-get install bubblewrap) to isolate it")
+        elif level == "bwrap" and os.geteuid() == 0 and self.drop_to_uid() is None:
+            blocked = _readable_by_others(_python_paths(), _private_home())
+            _warn_once(f"policy code runs as root (without capabilities), not as nobody, because {blocked} is not "
+                       "readable by other users; root-owned files such as /etc/shadow stay readable to it. Install "
+                       "ratchet where every user can read it to close this")
         elif level == "netns":
             _warn_once("policy code has no network but can write where this user can (bubblewrap not found; "
                        "apt-get install bubblewrap for a read-only filesystem)")
@@ -193,6 +202,29 @@ def _private_home() -> str | None:
     """The caller's home directory (hidden from policy code), unless it is ``/`` or missing."""
     home = os.path.realpath(os.path.expanduser("~"))
     return home if home != "/" and os.path.isdir(home) else None
+
+
+def _readable_by_others(paths: list[str], home: str | None) -> str | None:
+    """The first folder or file among ``paths`` (and their parents) that a user other than its owner
+    cannot reach, or None. Folders inside ``home`` are skipped: the sandbox recreates them 0755."""
+    import stat
+
+    for path in paths:
+        parts = Path(path).parts
+        for k in range(1, len(parts) + 1):
+            p = os.path.join(*parts[:k])
+            if home is not None and (p == home or p.startswith(home + os.sep)) and k < len(parts):
+                continue
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:
+                continue
+            need = stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH
+            if k == len(parts) and stat.S_ISDIR(mode):
+                need |= stat.S_IROTH
+            if not mode & need:
+                return p
+    return None
 
 
 def _python_paths() -> list[str]:
