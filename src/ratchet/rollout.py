@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["Episode", "run_episode", "check_action", "action_checker"]
+__all__ = ["Episode", "run_episode", "check_action", "action_checker", "PolicyFailure", "RolloutAborted"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,36 @@ def _failure(task: Any) -> bool | None:
     if task is None:
         return None
     return None if task.is_success(0.0, False, False) is None else False
+
+
+class PolicyFailure(Exception):
+    """The policy failed in its own process (raised, failed to load, has no ``act``), as reported to
+    the trusted env host; :func:`run_episode` records it as the episode's error.
+
+    Attributes:
+        kind: The error's prefix, e.g. ``"policy raised ValueError"``.
+        text: Its message (untrusted text).
+    """
+
+    def __init__(self, kind: str, text: str = "") -> None:
+        super().__init__(f"{kind}: {text}" if text else kind)
+        self.kind, self.text = kind, text
+
+
+class RolloutAborted(Exception):
+    """Raised by a remote policy when its process is lost (died, timed out, sent garbage): not an
+    answer of the policy but the executor's business. :func:`run_episode` attaches what the episode
+    had reached (``length`` in env steps, ``episode_return``, ``final_observation``) and re-raises.
+
+    Attributes:
+        status: ``"died"``, ``"timeout"`` or ``"interfered"``.
+        detail: A short description (for ``"interfered"``: what was sent).
+    """
+
+    def __init__(self, status: str, detail: str = "") -> None:
+        super().__init__(f"{status}: {detail}" if detail else status)
+        self.status, self.detail = status, detail
+        self.length, self.episode_return, self.final_observation = 0, 0.0, None
 
 
 class InvalidAction(ValueError):
@@ -197,13 +227,20 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
             total += float(reward)
             if terminated or truncated:
                 break
+    except RolloutAborted as exc:
+        exc.length, exc.episode_return, exc.final_observation = steps, total, _obs_list(obs)
+        raise
     except BaseException as exc:  # the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
-        kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
-        try:
-            text = str(exc)[:400]
-        except Exception:
-            text = "<unprintable exception>"
-        return Episode(seed, total, steps, False, False, _failure(task), f"{kind}: {text}"[:500],
+        if isinstance(exc, PolicyFailure):
+            error = f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
+        else:
+            kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
+            try:
+                text = str(exc)[:400]
+            except Exception:
+                text = "<unprintable exception>"
+            error = f"{kind}: {text}"
+        return Episode(seed, total, steps, False, False, _failure(task), error[:500],
                        {"cause": "error", "final_observation": _obs_list(obs)})
     if not math.isfinite(total):
         return Episode(seed, total, steps, False, False, _failure(task), "non-finite return",

@@ -160,6 +160,10 @@ class ExecutionSpec(_Section):
                                                                "its own included.")
     env_allowlist: list[str] = Field(default_factory=list, description="Extra environment variables passed to "
                                                                         "workers (beyond PATH, HOME, LANG, ...).")
+    trusted_rollouts: bool = Field(Sandbox.trusted_rollouts, description="Step the environment in a trusted process "
+                                   "outside the policy's sandbox (policy code cannot forge a return); false runs "
+                                   "policy and env in one process (faster, but returns are only as honest as the "
+                                   "policy).")
 
 
 class RunSpec(_Section):

@@ -33,34 +33,76 @@ def _source_key(source: str) -> str:
 
 
 class _Worker:
-    """One worker: a fresh ``python -m ratchet.execution.worker`` process talking over a socket pair.
+    """One worker: fresh processes talking to the driver over a socket pair.
 
-    Started with ``subprocess`` (fork + exec, no ``preexec_fn``) in its own session, through the
-    sandbox's launcher (bubblewrap and/or a pids cgroup), in a fresh temporary directory whose
-    ``worker.log`` takes its stdout and stderr. It never re-imports the caller's ``__main__`` and
-    is killed with its whole process group (and cgroup).
+    With ``sandbox.trusted_rollouts`` (the default) a worker is a pair: a sandboxed policy process
+    (``python -m ratchet.execution.worker``, in a fresh temporary directory whose ``worker.log`` takes
+    its output) and a trusted env host (``python -m ratchet.execution.envhost``, outside the policy's
+    sandbox, in a private directory of its own) that steps the environment and talks to the driver;
+    the two exchange observations and actions over two pipes. Without it, one sandboxed process runs
+    policy and environment together. Processes are started with ``subprocess`` (fork + exec, no
+    ``preexec_fn``) in their own sessions, never re-import the caller's ``__main__``, and are killed
+    with their whole process groups (and cgroup).
     """
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, cpu: int | None = None) -> None:
+        self.trusted, self.cpu = sandbox.trusted_rollouts, cpu
         self.workdir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-")
         sandbox.prepare_workdir(self.workdir)
         self.cgroup = sandbox.make_cgroup()
-        parent_sock, child_sock = socket.socketpair()
-        env = sandbox.environment(self.workdir, {"RATCHET_WORKER_FD": str(child_sock.fileno()),
-                                                 "RATCHET_PARENT_PID": str(os.getpid())}, self.cgroup)
-        argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], self.workdir, self.cgroup)
         self.log_path = os.path.join(self.workdir, "worker.log")
-        with open(self.log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
-            self.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, pass_fds=(child_sock.fileno(),),
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        child_sock.close()
+        parent_sock, child_sock = socket.socketpair()
+        python = [sys.executable, "-m"]
+        if self.trusted:
+            self.hostdir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-host-")  # 0700: not the policy's
+            to_policy_r, to_policy_w = os.pipe()
+            to_host_r, to_host_w = os.pipe()
+            policy_fds = (to_policy_r, to_host_w)
+            host_fds = (child_sock.fileno(), to_host_r, to_policy_w)
+            extra = {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w}"}
+            if cpu is not None:  # the pair shares one CPU (see channel.pin_to_cpu)
+                extra["RATCHET_CPU"] = str(cpu)
+        else:
+            self.hostdir = None
+            policy_fds = (child_sock.fileno(),)
+            extra = {"RATCHET_WORKER_FD": str(child_sock.fileno())}
+        env = sandbox.environment(self.workdir, {**extra, "RATCHET_PARENT_PID": str(os.getpid())}, self.cgroup)
+        argv = sandbox.command([*python, "ratchet.execution.worker"], self.workdir, self.cgroup)
+        try:
+            with open(self.log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
+                self.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, pass_fds=policy_fds,
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+            self.host = None
+            if self.trusted:
+                host_env = dict(os.environ, RATCHET_ENVHOST_FDS=",".join(map(str, host_fds)),
+                                RATCHET_PARENT_PID=str(os.getpid()), **{k: v for k, v in extra.items()
+                                                                         if k == "RATCHET_CPU"})
+                with open(os.path.join(self.hostdir, "envhost.log"), "ab") as log:
+                    self.host = subprocess.Popen([*python, "ratchet.execution.envhost"], env=host_env,
+                                                 cwd=self.hostdir, pass_fds=host_fds, stdin=subprocess.DEVNULL,
+                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            child_sock.close()
+            if self.trusted:
+                for fd in (to_policy_r, to_policy_w, to_host_r, to_host_w):
+                    os.close(fd)
         self.conn = Connection(parent_sock.detach())
         self.ready = False
         self.known_sources: set[str] = set()
         self.known_tasks: set[str] = set()
         self.jobs: deque[int] = deque()
         self.deadline = 0.0
+
+    @property
+    def outdir(self) -> str:
+        """Where the process that renders episodes writes its files (the env host's own directory
+        when rollouts are trusted: policy code cannot write there)."""
+        return self.hostdir or self.workdir
+
+    @property
+    def _driver_side(self) -> subprocess.Popen:
+        return self.host or self.proc
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
         """Block until the worker has imported its libraries (so start-up never counts as episode time).
@@ -72,19 +114,23 @@ class _Worker:
                     self.ready = _read_json(self.conn, 10.0) == "ready"
                 except (EOFError, OSError, BadReply):
                     return False
-            elif self.proc.poll() is not None:
+            elif self._driver_side.poll() is not None:
                 return False
         return self.ready
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.proc.poll() is None and (self.host is None or self.host.poll() is None)
 
     def death(self) -> str:
-        """Why the worker died: its exit status (signal name) and the last line it wrote."""
+        """Why the worker died: the exit status (signal name) of its policy process and the last line
+        it wrote; or, when the policy process lives on, of the env host."""
+        proc, log = self.proc, self.log_path
         try:
-            code = self.proc.wait(1)
+            code = proc.wait(1 if self.host is None or self.host.poll() is None else 0.2)
         except subprocess.TimeoutExpired:
-            return "worker stopped answering"
+            if self.host is None or self.host.poll() is None:
+                return "worker stopped answering"
+            proc, log, code = self.host, os.path.join(self.outdir, "envhost.log"), self.host.returncode
         signum = -code if code < 0 else code - 128 if 128 < code <= 192 else 0  # launchers report 128 + signal
         if signum:
             try:
@@ -95,25 +141,35 @@ class _Worker:
                 what += " (CPU-time limit)"
         else:
             what = f"exit code {code}"
-        tail = _last_line(self.log_path)
-        return f"worker died ({what}{': ' + tail if tail else ''})"
+        tail = _last_line(log)
+        who = "env host" if proc is self.host else "worker"
+        return f"{who} died ({what}{': ' + tail if tail else ''})"
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        for proc in (self.proc, self.host):
+            if proc is None:
+                continue
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in (self.proc, self.host):
+            if proc is None:
+                continue
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         self.conn.close()
         if self.cgroup is not None:
             remove_cgroup(self.cgroup)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.hostdir is not None:
+            shutil.rmtree(self.hostdir, ignore_errors=True)
 
 
 _MAX_REPLY_BYTES = 16 * 2**20
+_HOST_GRACE_S = 5.0
 _REPLY_TIMEOUT_S = 30.0
 
 
@@ -152,8 +208,14 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
-def _episode_reply(msg: Any, job_id: int, seed: int) -> Episode:
-    """The episode in a worker's ``[job_id, episode_dict]`` reply, checked against the job it was running."""
+def _episode_reply(msg: Any, job_id: int, seed: int) -> tuple[Episode, str]:
+    """The episode and status in a worker's ``[job_id, episode_dict]`` or env host's ``[job_id,
+    episode_dict, status]`` reply, checked against the job it was running."""
+    status = "ok"
+    if isinstance(msg, list) and len(msg) == 3:
+        *msg, status = msg
+        if status not in _STATUSES:
+            raise BadReply("a reply with an unknown status")
     try:
         rid, ep_dict = msg
         ep = Episode.from_dict(ep_dict)
@@ -162,7 +224,19 @@ def _episode_reply(msg: Any, job_id: int, seed: int) -> Episode:
     if rid != job_id or ep.seed != seed or not isinstance(ep.episode_return, (int, float)) \
             or not isinstance(ep.length, int) or not isinstance(ep.diagnostics, dict):
         raise BadReply("a reply that does not match its job")
-    return ep
+    return ep, status
+
+
+_STATUSES = ("ok", "died", "timeout", "interfered")
+
+
+def _abort_reason(status: str, ep: Episode, seed: int, w: _Worker) -> str:
+    """The failure reason for an episode an env host stopped (``status`` is not ``"ok"``)."""
+    if status == "died":
+        return f"{w.death()} on seed {seed}"
+    if status == "timeout":
+        return f"{ep.error} on seed {seed}"
+    return f"{ep.error} on seed {seed}; the policy interfered with its worker"
 
 
 def _check_started(w: _Worker) -> None:
@@ -220,11 +294,16 @@ class ProcessExecutor:
         sweep_leftovers()
         self.n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         self.episode_timeout_s = float(episode_timeout_s)
+        # a trusted env host stops a hanging episode itself (with its true step count); the driver's own
+        # deadline is then only a backstop for an env host that hangs
+        self._deadline_s = self.episode_timeout_s + (_HOST_GRACE_S if self.sandbox.trusted_rollouts else 0.0)
         self._workers: list[_Worker] = []
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
-        new = [_Worker(self.sandbox) for _ in range(n - len(self._workers))]  # boot in parallel
+        new = []
+        for _ in range(n - len(self._workers)):  # boot in parallel
+            new.append(_Worker(self.sandbox, self._pick_cpu(new)))
         for w in new:
             try:
                 _check_started(w)
@@ -274,10 +353,11 @@ class ProcessExecutor:
 
         deaths: dict[int, int] = {}
 
-        def fail_head(w: _Worker, reason: str, retry: bool = False) -> None:
+        def fail_head(w: _Worker, reason: str, retry: bool = False, episode: Episode | None = None) -> None:
             """The worker's running job failed (timeout or crash): requeue the job queued behind it (it
             never started), replace the worker, and record the failure — unless ``retry`` (the worker
-            died) and the job has retries left, in which case it runs again on a fresh worker."""
+            died) and the job has retries left, in which case it runs again on a fresh worker. The
+            env steps and partial return of ``episode`` (from a trusted env host) are kept."""
             head = w.jobs.popleft()
             pending.extendleft(reversed(w.jobs))
             deaths[head] = deaths.get(head, 0) + 1
@@ -285,7 +365,8 @@ class ProcessExecutor:
                 pending.appendleft(head)
             else:
                 failed_candidates[jobs[head].candidate.id] = reason
-                finish(head, Episode.failed(jobs[head].seed, reason, task=task))
+                steps = (episode.length, episode.episode_return) if episode is not None else (0, 0.0)
+                finish(head, Episode.failed(jobs[head].seed, reason, *steps, task=task))
             workers.remove(w)
             workers.append(self._replace(w))
 
@@ -302,18 +383,18 @@ class ProcessExecutor:
                 tdict = None if task_key in w.known_tasks else task_dict
                 render = None
                 if render_paths and render_paths[i]:  # the worker writes only inside its own directory
-                    render = os.path.join(w.workdir, f"render-{i}{os.path.splitext(render_paths[i])[1]}")
+                    render = os.path.join(w.outdir, f"render-{i}{os.path.splitext(render_paths[i])[1]}")
                     renders[i] = (render, render_paths[i])
                 try:
                     w.conn.send(("job", i, task_key, tdict, key, src, dict(job.candidate.params), job.seed,
-                                 render))
+                                 render, self.episode_timeout_s))
                 except (BrokenPipeError, OSError):
                     pending.appendleft(i)
                     return False
                 w.known_sources.add(key)
                 w.known_tasks.add(task_key)
                 if not w.jobs:
-                    w.deadline = time.monotonic() + self.episode_timeout_s
+                    w.deadline = time.monotonic() + self._deadline_s
                 w.jobs.append(i)
                 return True
             return False
@@ -335,7 +416,7 @@ class ProcessExecutor:
                 w = busy[conn]
                 head = w.jobs[0]
                 try:
-                    ep = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed)
+                    ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed)
                 except (EOFError, OSError):
                     fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
                     continue
@@ -343,8 +424,11 @@ class ProcessExecutor:
                     fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its "
                                  "worker")
                     continue
+                if status != "ok":  # the env host stopped the episode: the policy process must go
+                    fail_head(w, _abort_reason(status, ep, jobs[head].seed, w), retry=status == "died", episode=ep)
+                    continue
                 w.jobs.popleft()
-                w.deadline = time.monotonic() + self.episode_timeout_s
+                w.deadline = time.monotonic() + self._deadline_s
                 finish(head, ep)
             now = time.monotonic()
             for w in list(busy.values()):
@@ -361,10 +445,23 @@ class ProcessExecutor:
         self._workers.append(nw)
         return nw
 
+    def _pick_cpu(self, starting: Sequence[_Worker] = ()) -> int | None:
+        """The CPU for a new worker pair: the one fewest live pairs of this executor use (first ties in an
+        order offset by this process's pid, so executors of different processes spread out); None when
+        rollouts are not split or this process may use only one CPU."""
+        if not self.sandbox.trusted_rollouts or not hasattr(os, "sched_getaffinity"):
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            return None
+        used = [w.cpu for w in [*self._workers, *starting] if w.cpu is not None]
+        order = cpus[os.getpid() % len(cpus):] + cpus[:os.getpid() % len(cpus)]
+        return min(order, key=used.count)
+
     def _start_worker(self, attempts: int = 5) -> _Worker:
         """A ready worker; a start that fails (e.g. the process was killed from outside) is retried."""
         for attempt in range(attempts):
-            w = _Worker(self.sandbox)
+            w = _Worker(self.sandbox, self._pick_cpu())
             try:
                 _check_started(w)
                 return w

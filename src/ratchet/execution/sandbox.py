@@ -58,6 +58,11 @@ class Sandbox:
         max_open_files: ``RLIMIT_NOFILE`` per worker process.
         max_processes: Processes a worker may hold at once, itself included (fork-bomb bound).
         env_allowlist: Extra environment variables passed through to workers.
+        trusted_rollouts: Step the environment in a trusted env host process outside the policy's
+            sandbox, which exchanges only observations and actions with the sandboxed policy process, so
+            policy code cannot forge a return (see :mod:`ratchet.execution.envhost`). False runs policy
+            and environment in one sandboxed process: a little faster, but a policy can then report any
+            return it likes.
     """
 
     enabled: bool = True
@@ -67,6 +72,7 @@ class Sandbox:
     max_open_files: int = 256
     max_processes: int = 64
     env_allowlist: tuple[str, ...] = field(default_factory=tuple)
+    trusted_rollouts: bool = True
 
     @classmethod
     def from_spec(cls, execution: Any) -> Sandbox:
@@ -74,13 +80,15 @@ class Sandbox:
         return cls(enabled=execution.sandbox, require_isolation=execution.require_isolation,
                    memory_limit_mb=execution.memory_limit_mb, cpu_limit_s=execution.cpu_limit_s,
                    max_open_files=execution.max_open_files, max_processes=execution.max_processes,
-                   env_allowlist=tuple(execution.env_allowlist))
+                   env_allowlist=tuple(execution.env_allowlist),
+                   trusted_rollouts=execution.trusted_rollouts)
 
     def describe(self) -> str:
         """One line for the ledger and ``ratchet show``: the isolation level and the limits."""
+        rollouts = "trusted rollouts" if self.trusted_rollouts else "policy and env in one process"
         if not self.enabled:
-            return "off"
-        return (f"{isolation()}; {self.memory_limit_mb} MiB, {self.cpu_limit_s} s CPU, {self.max_open_files} files, "
+            return f"off; {rollouts}"
+        return (f"{isolation()}; {rollouts}; {self.memory_limit_mb} MiB, {self.cpu_limit_s} s CPU, {self.max_open_files} files, "
                 f"{self.max_processes} processes per worker")
 
     def drop_to_uid(self) -> int | None:

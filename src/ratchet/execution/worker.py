@@ -37,21 +37,43 @@ def _exit_with_parent(own_pid_namespace: bool) -> None:
         threading.Thread(target=watch, daemon=True, name="ratchet-parent-watch").start()
 
 
-def worker_main(conn: Any) -> None:
-    """Serve jobs from ``conn`` until it closes.
+class _Policies:
+    """Compiled policy modules of one worker, by source key (a bounded cache)."""
 
-    Confines itself first when the parent passed sandbox settings (``RATCHET_SANDBOX``): resource
-    limits, network namespace, child-subreaper (see :mod:`ratchet.execution.sandbox`). After each
-    episode, processes the policy left behind are killed and the episode counts as failed.
+    def __init__(self) -> None:
+        self.sources: dict[str, str] = {}
+        self.codes: dict[str, Any] = {}
+        self.modules: dict[str, Any] = {}
 
-    Messages in: ``("job", job_id, task_key, task_dict_or_None, source_key, source_or_None, params, seed,
-    render_path)`` (the task and source travel only the first time a worker sees them).
-    Messages out: ``(job_id, episode_dict)``.
-    """
-    sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
+    def load(self, key: str, source: str | None) -> Any:
+        """The module for ``key`` (``source`` is sent only the first time), or the exception that loading
+        it raised. A policy without ``reset()`` gets a freshly executed module every episode, so state it
+        keeps in module globals cannot leak between episodes (results never depend on which worker or in
+        which order episodes ran); policies with ``reset()`` own their state and are reused."""
+        from ratchet.policy import compile_policy
+
+        if source is not None:
+            self.sources[key] = source
+        if key not in self.modules:
+            if len(self.modules) >= _MODULE_CACHE_SIZE:
+                self.modules.pop(next(iter(self.modules)))
+            try:
+                if key not in self.codes:
+                    self.codes[key] = compile(self.sources[key], "<policy>", "exec")
+                self.modules[key] = compile_policy(self.codes[key], "<policy>")
+            except Exception as exc:
+                self.modules[key] = exc
+        module = self.modules[key]
+        if not isinstance(module, Exception) and not hasattr(module, "reset"):
+            self.modules.pop(key)
+        return module
+
+
+def _start(sandbox: dict[str, Any] | None) -> None:
+    """Confine this process (when the parent passed sandbox settings) and silence its stdout."""
     _exit_with_parent(own_pid_namespace=sandbox is not None and sandbox.get("isolation") == "bwrap")
     if sandbox is not None:
-        from ratchet.execution.sandbox import confine, rearm_cpu_limit, reap_strays
+        from ratchet.execution.sandbox import confine
 
         confine(sandbox)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # headless rendering for --video
@@ -59,17 +81,104 @@ def worker_main(conn: Any) -> None:
     if not os.environ.get("RATCHET_WORKER_OUTPUT"):
         devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
         sys.stdout = devnull
-    from ratchet.policy import compile_policy
+
+
+def policy_main(chan: Any) -> None:
+    """Serve a trusted env host (:mod:`ratchet.execution.envhost`) over ``chan``: the policy half of a
+    trusted rollout. This process never sees the environment, its rewards or the step count; it maps
+    the observations it is sent to actions (see :mod:`ratchet.execution.protocol`).
+    """
+    import pickle
+    import random
+
+    import numpy as np
+
+    from ratchet.execution.channel import pin_to_cpu
+    from ratchet.execution.protocol import encode_action, encode_error
+
+    sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
+    pin_to_cpu()
+    _start(sandbox)
+    if sandbox is not None:
+        from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
+    policies = _Policies()
+    chan.send(b"R")
+    act, params, raw = None, {}, None
+    frombuffer = np.frombuffer
+    while True:
+        try:
+            data = chan.recv()  # from the trusted env host only
+        except (EOFError, OSError):
+            return
+        if data[:1] == b"O":  # an observation as raw bytes, of the dtype and shape the episode announced
+            msg = ("obs", frombuffer(data, raw[0], offset=1).reshape(raw[1]).copy())
+        else:
+            msg = pickle.loads(data[1:])
+        kind = msg[0]
+        try:
+            if kind == "obs":
+                try:
+                    reply = encode_action(act(msg[1], params))
+                except BaseException as exc:  # the policy's failure is the episode's outcome
+                    reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
+            elif kind == "episode":
+                _, key, source, params, seed, raw = msg
+                raw = None if raw is None else (np.dtype(raw[0]), tuple(raw[1]))
+                if sandbox is not None:
+                    rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
+                module = policies.load(key, source)
+                act, params = None, dict(params)
+                if isinstance(module, Exception):
+                    reply = encode_error("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
+                elif not callable(getattr(module, "act", None)):
+                    reply = encode_error("policy has no callable act()", "")
+                else:
+                    random.seed(seed)
+                    np.random.seed(seed % 2**32)
+                    reply = b"K"
+                    reset = getattr(module, "reset", None)
+                    if reset is not None:
+                        try:
+                            reset(params, seed)
+                        except BaseException as exc:
+                            reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
+                    act = module.act
+            elif kind == "end":
+                _trim_log()
+                strays = reap_strays() if sandbox is not None else 0
+                reply = b"S" + json.dumps({"strays": strays}).encode()
+            else:
+                return
+            chan.send(reply)
+        except (BrokenPipeError, OSError):
+            return  # the env host is gone
+
+
+def worker_main(conn: Any) -> None:
+    """Serve whole-episode jobs from ``conn`` until it closes: policy and environment in this one
+    process (``[execution] trusted_rollouts = false``; the trusted default splits them, see
+    :mod:`ratchet.execution.envhost`).
+
+    Confines itself first when the parent passed sandbox settings (``RATCHET_SANDBOX``): resource
+    limits, network namespace, child-subreaper (see :mod:`ratchet.execution.sandbox`). After each
+    episode, processes the policy left behind are killed and the episode counts as failed.
+
+    Messages in: ``("job", job_id, task_key, task_dict_or_None, source_key, source_or_None, params, seed,
+    render_path, timeout_s)`` (the task and source travel only the first time a worker sees them).
+    Messages out: ``(job_id, episode_dict)``.
+    """
+    sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
+    _start(sandbox)
+    if sandbox is not None:
+        from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
     from ratchet.rollout import Episode, run_episode
     from ratchet.task import GymTask
 
     import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
 
     conn.send_bytes(b'"ready"')  # replies are JSON, never pickles: the parent must not unpickle policy bytes
-    sources: dict[str, str] = {}
+    policies = _Policies()
     task_dicts: dict[str, Any] = {}
-    modules: dict[str, Any] = {}
-    codes: dict[str, Any] = {}
     tasks: dict[str, Any] = {}
     while True:
         try:
@@ -78,9 +187,7 @@ def worker_main(conn: Any) -> None:
             return
         if msg is None:
             return
-        _, job_id, task_key, task_dict, key, source, params, seed, render_path = msg
-        if source is not None:
-            sources[key] = source
+        _, job_id, task_key, task_dict, key, source, params, seed, render_path, _timeout = msg
         if task_dict is not None:
             task_dicts[task_key] = task_dict
         task_dict = task_dicts[task_key]
@@ -91,21 +198,7 @@ def worker_main(conn: Any) -> None:
             if task_key not in tasks:
                 tasks[task_key] = GymTask.from_dict(task_dict)
             task = tasks[task_key]
-            if key not in modules:
-                if len(modules) >= _MODULE_CACHE_SIZE:
-                    modules.pop(next(iter(modules)))
-                try:
-                    if key not in codes:
-                        codes[key] = compile(sources[key], "<policy>", "exec")
-                    modules[key] = compile_policy(codes[key], "<policy>")
-                except Exception as exc:
-                    modules[key] = exc
-            module = modules[key]
-            if not isinstance(module, Exception) and not hasattr(module, "reset"):
-                # No reset(): give every episode a freshly executed module, so state a policy keeps in
-                # module globals cannot leak between episodes (results never depend on which worker or
-                # in which order episodes ran). Policies with reset() own their state and are reused.
-                modules.pop(key)
+            module = policies.load(key, source)
             if isinstance(module, Exception):
                 ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500], task=task)
             elif not callable(getattr(module, "act", None)):
@@ -157,9 +250,9 @@ def _trim_log() -> None:
         pass
 
 
-def _text(exc: BaseException) -> str:
+def _text(exc: BaseException, limit: int = 300) -> str:
     try:
-        return str(exc)[:300]
+        return str(exc)[:limit]
     except Exception:
         return "<unprintable>"
 
@@ -174,6 +267,12 @@ def _task_or_none(task_dict: Any) -> Any:
 
 
 if __name__ == "__main__":
-    from multiprocessing.connection import Connection
+    if "RATCHET_POLICY_FDS" in os.environ:
+        from ratchet.execution.channel import Channel
 
-    worker_main(Connection(int(os.environ.pop("RATCHET_WORKER_FD"))))
+        read_fd, write_fd = map(int, os.environ.pop("RATCHET_POLICY_FDS").split(","))
+        policy_main(Channel(read_fd, write_fd, max_message=1 << 30))
+    else:
+        from multiprocessing.connection import Connection
+
+        worker_main(Connection(int(os.environ.pop("RATCHET_WORKER_FD"))))

@@ -1,0 +1,219 @@
+"""The trusted env host: the half of a trusted rollout that owns the environment.
+
+With ``[execution] trusted_rollouts = true`` (the default) every worker is a pair of processes:
+
+* the **policy process** (:func:`ratchet.execution.worker.policy_main`), inside the sandbox, which
+  loads the policy and maps observations to actions, and
+* this **env host**, outside the policy's sandbox, which makes the environment, steps it, counts env
+  steps, sums rewards and enforces the per-episode timeout.
+
+The two exchange only observations and actions (:mod:`ratchet.execution.protocol`), so policy code
+cannot forge a return, a length or a success: the numbers the gate reads come from this process.
+A policy that hangs is stopped here with its true step count; one that dies or sends garbage ends its
+episode with the steps it took. Replies to the driver are the executor's usual JSON
+``[job_id, episode_dict, status]`` with ``status`` one of ``"ok"``, ``"died"``, ``"timeout"``,
+``"interfered"`` (the last three: the policy process must be replaced).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ratchet.execution.channel import BadMessage, Channel, ChannelTimeout, pin_to_cpu
+from ratchet.execution.protocol import BadReply, Opaque, decode_reply
+from ratchet.rollout import Episode, InvalidAction, RolloutAborted, run_episode
+from gymnasium.spaces import Box
+
+__all__ = ["RemotePolicy", "envhost_main"]
+
+_START_TIMEOUT_S = 120.0
+_END_GRACE_S = 10.0
+
+
+class RemotePolicy:
+    """The policy, as seen from the env host: ``reset`` and ``act`` are requests to the policy process.
+
+    An observation that is an ``ndarray`` of the observation space's dtype and shape travels as raw
+    bytes (``O`` + the array's bytes; the policy process knows dtype and shape from the episode
+    message); anything else is pickled. The episode's deadline is a real-time timer (``SIGALRM``), so
+    waiting for an action is a single blocking ``read``.
+
+    Args:
+        chan: Channel to the policy process.
+        key: Source key of the candidate's policy file.
+        source: The source, or None when the policy process has it already.
+        observation_space: The env's observation space.
+
+    Raises (from ``reset``/``act``):
+        PolicyFailure: the policy raised, failed to load or has no ``act``.
+        InvalidAction: it returned something that is not a number or numeric array.
+        RolloutAborted: the policy process died, timed out or sent garbage.
+    """
+
+    def __init__(self, chan: Channel, key: str, source: str | None, observation_space: Any) -> None:
+        self.chan, self.key, self.source = chan, key, source
+        dtype, shape = getattr(observation_space, "dtype", None), getattr(observation_space, "shape", None)
+        self.raw = (np.dtype(dtype), tuple(shape)) if isinstance(observation_space, Box) else None
+
+    def _ask(self, payload: bytes, expect: str) -> Any:
+        try:
+            self.chan.send(payload)
+            return decode_reply(self.chan.recv(), expect)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise RolloutAborted("died") from None
+        except (BadMessage, BadReply) as exc:
+            raise RolloutAborted("interfered", str(exc)) from None
+
+    def reset(self, params: Any, seed: int) -> None:
+        raw = None if self.raw is None else (self.raw[0].str, self.raw[1])
+        self._ask(_pickled(("episode", self.key, self.source, dict(params), int(seed), raw)), "started")
+
+    def act(self, observation: Any, params: Any) -> Any:
+        raw = self.raw
+        if raw is not None and type(observation) is np.ndarray and observation.dtype == raw[0] \
+                and observation.shape == raw[1]:
+            payload = b"O" + observation.tobytes()
+        else:
+            payload = _pickled(("obs", observation))
+        action = self._ask(payload, "action")
+        if isinstance(action, Opaque):
+            raise InvalidAction(f"expected a number or a numeric array, got {action.type_name} {action.text}")
+        return action
+
+    def end(self) -> int:
+        """Tell the policy process the episode is over; returns the stray processes it killed."""
+        return self._ask(_pickled(("end",)), "end")
+
+
+def _pickled(message: tuple) -> bytes:
+    return b"P" + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _Deadline:
+    """A per-episode real-time timer: past it, :class:`RolloutAborted` ("timeout") is raised wherever the
+    env host is (waiting for an action, or stepping the env)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        signal.signal(signal.SIGALRM, self._fire)
+
+    def _fire(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise RolloutAborted("timeout")
+
+    def arm(self, seconds: float) -> None:
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+
+    def disarm(self) -> None:
+        self.armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _serve(conn: Any, chan: Channel) -> None:
+    from ratchet.task import GymTask
+
+    deadline = _Deadline()
+
+    known_sources: set[str] = set()
+    task_dicts: dict[str, Any] = {}
+    tasks: dict[str, Any] = {}
+    while True:
+        try:
+            msg = conn.recv()  # from the driver (trusted)
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        _, job_id, task_key, task_dict, key, source, params, seed, render_path, timeout_s = msg
+        if task_dict is not None:
+            task_dicts[task_key] = task_dict
+        status, env, task = "ok", None, None
+        try:
+            if task_key not in tasks:
+                tasks[task_key] = GymTask.from_dict(task_dicts[task_key])
+            task = tasks[task_key]
+            if source is not None:
+                known_sources.add(key)
+            elif key not in known_sources:
+                raise RuntimeError("policy source missing")
+            try:
+                deadline.arm(float(timeout_s))
+                # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
+                # Box2D world does), which would make a return depend on the episodes run before it.
+                env = task.make_env(render_mode="rgb_array" if render_path else None)
+                # the source travels once per worker pair: the policy process keeps it from then on
+                policy = RemotePolicy(chan, key, source, env.observation_space)
+                if render_path:
+                    from ratchet.report.video import record_episode
+
+                    ep = record_episode(env, policy, params, seed, task, render_path)
+                else:
+                    ep = run_episode(env, policy.act, policy.reset, params, seed, task)
+                deadline.arm(_END_GRACE_S)
+                strays = policy.end()
+                deadline.disarm()
+                if strays and ep.error is None:
+                    ep = Episode.failed(seed, f"policy left {strays} process(es) running (killed)", ep.length,
+                                        ep.episode_return, task=task)
+            except RolloutAborted as exc:
+                deadline.disarm()
+                status = exc.status
+                reason = {"died": "policy process died", "timeout": f"timeout after {float(timeout_s):g} s",
+                          "interfered": f"policy process sent {exc.detail}"}.get(status, status)
+                ep = Episode.failed(seed, reason, exc.length, exc.episode_return, task=task)
+            reply = [job_id, ep.to_dict(), status]
+        except Exception as exc:  # environment trouble: report it as this episode's error
+            text = " ".join(str(exc).split())[:300]
+            reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {text}"[:500],
+                                            task=task).to_dict(), status]
+        finally:
+            if env is not None:
+                try:
+                    env.close()
+                except Exception:
+                    pass
+        try:
+            conn.send_bytes(json.dumps(reply).encode())
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return  # the driver is gone
+        if status != "ok":
+            return  # the driver replaces this pair
+
+
+def envhost_main(conn: Any, chan: Channel) -> None:
+    """Wait for the policy process's handshake, tell the driver, then serve jobs until ``conn`` closes.
+
+    Exits with status 3 (its log says why) when the policy process does not start.
+    """
+    from ratchet.execution.worker import _exit_with_parent
+
+    _exit_with_parent(own_pid_namespace=False)
+    pin_to_cpu()
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # headless rendering for --video
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
+
+    try:
+        decode_reply(chan.recv(time.monotonic() + _START_TIMEOUT_S), "ready")
+    except (EOFError, OSError, ChannelTimeout, BadMessage, BadReply) as exc:
+        print(f"policy process did not start ({type(exc).__name__})", file=sys.stderr)
+        sys.exit(3)
+    conn.send_bytes(b'"ready"')
+    _serve(conn, chan)
+
+
+if __name__ == "__main__":
+    from multiprocessing.connection import Connection
+
+    sock_fd, read_fd, write_fd = map(int, os.environ.pop("RATCHET_ENVHOST_FDS").split(","))
+    envhost_main(Connection(sock_fd), Channel(read_fd, write_fd, max_message=1 << 20))

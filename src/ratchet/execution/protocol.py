@@ -1,0 +1,170 @@
+"""What the sandboxed policy process and the trusted env host say to each other.
+
+The env host owns the environment, counts env steps and sums rewards; the policy process only maps
+observations to actions. Messages from the env host are trusted (pickles: they carry observations of
+any Gymnasium space, bit for bit). Messages from the policy process are **never unpickled**: each is a
+one-byte tag and a small binary or JSON body, decoded by :func:`decode_reply` with strict checks, so
+policy code can send the env host nothing but an action, an error text, or garbage that is recorded
+as its failure.
+
+Env host → policy (pickled tuples):
+    ``("episode", source_key, source_or_None, params, seed)`` — load the policy, seed, call ``reset``;
+    ``("obs", observation)`` — return an action; ``("end",)`` — the episode is over.
+Policy → env host (tagged bytes):
+    ``R`` ready · ``K`` episode started · ``E`` + JSON ``{"kind", "text"}`` the policy failed ·
+    ``i`` int64 · ``f`` float64 · ``b`` bool · ``a`` numeric array · ``o`` + JSON ``{"type", "repr"}``
+    any other object · ``S`` + JSON ``{"strays": n}`` episode cleanup done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from ratchet.rollout import PolicyFailure
+
+__all__ = ["encode_action", "decode_reply", "encode_error", "Opaque", "BadReply", "PolicyFailure"]
+
+_I64 = struct.Struct("!q")
+_F64 = struct.Struct("!d")
+_ARRAY_KINDS = {"b", "i", "u", "f"}
+_MAX_DIMS = 8
+_MAX_TEXT = 2000
+
+
+class BadReply(Exception):
+    """The policy process sent bytes that are not a valid reply."""
+
+
+class Opaque:
+    """An action the policy returned that is not a number or a numeric array (None, a string, a dict):
+    only its type name and a short repr cross the boundary; every action check rejects it."""
+
+    def __init__(self, type_name: str, text: str) -> None:
+        self.type_name, self.text = type_name, text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def encode_error(kind: str, text: str) -> bytes:
+    """Policy side: the ``E`` reply."""
+    return b"E" + json.dumps({"kind": kind[:200], "text": text[:_MAX_TEXT]}).encode()
+
+
+def encode_action(action: Any) -> bytes:
+    """Policy side: an action as tagged bytes (exact: the env host rebuilds the same numbers)."""
+    if isinstance(action, (bool, np.bool_)):
+        return b"b" + (b"\x01" if action else b"\x00")
+    if isinstance(action, (int, np.integer)):
+        if -2**63 <= int(action) < 2**63:
+            return b"i" + _I64.pack(int(action))
+    elif isinstance(action, (float, np.floating)):
+        return b"f" + _F64.pack(float(action))
+    else:
+        try:
+            arr = np.asarray(action)
+        except Exception:
+            arr = None
+        if arr is not None and arr.dtype.kind in _ARRAY_KINDS and arr.ndim <= _MAX_DIMS:
+            if arr.dtype.kind == "b":
+                arr = arr.astype(np.uint8)
+                kind = b"b"
+            else:
+                kind = arr.dtype.kind.encode()
+            arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+            head = kind + bytes([arr.dtype.itemsize, arr.ndim]) + struct.pack(f"<{arr.ndim}I", *arr.shape)
+            return b"a" + head + arr.tobytes()
+    try:
+        text = repr(action)[:60]
+    except Exception:
+        text = "<unprintable>"
+    return b"o" + json.dumps({"type": type(action).__name__[:100], "repr": text}).encode()
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        d = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadReply("a reply that is not JSON") from None
+    if not isinstance(d, dict):
+        raise BadReply("a malformed reply")
+    return d
+
+
+def _text(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    if not isinstance(v, str):
+        raise BadReply("a malformed reply")
+    return v[:_MAX_TEXT]
+
+
+def decode_reply(msg: bytes, expect: str) -> Any:
+    """Env host side: decode one reply of the policy process, checking it is the kind expected.
+
+    Args:
+        msg: The message bytes.
+        expect: ``"ready"``, ``"started"``, ``"action"`` or ``"end"``.
+
+    Returns:
+        For ``"action"``: an int, float, bool, ``numpy.ndarray`` or :class:`Opaque`. For ``"end"``: the
+        number of stray processes the policy process killed. Otherwise None.
+
+    Raises:
+        PolicyFailure: the policy reported its own failure (``E``).
+        BadReply: anything else that is not the expected reply.
+    """
+    if not msg:
+        raise BadReply("an empty reply")
+    tag, body = msg[:1], msg[1:]
+    if tag == b"E" and expect in ("started", "action"):
+        d = _json(body)
+        raise PolicyFailure(_text(d, "kind"), _text(d, "text"))
+    if expect == "ready" and msg == b"R":
+        return None
+    if expect == "started" and msg == b"K":
+        return None
+    if expect == "end" and tag == b"S":
+        n = _json(body).get("strays")
+        if type(n) is not int or not 0 <= n < 2**31:
+            raise BadReply("a malformed reply")
+        return n
+    if expect != "action":
+        raise BadReply(f"an unexpected reply (waiting for {expect})")
+    if tag == b"i" and len(body) == 8:
+        return _I64.unpack(body)[0]
+    if tag == b"f" and len(body) == 8:
+        return _F64.unpack(body)[0]
+    if tag == b"b" and body in (b"\x00", b"\x01"):
+        return body == b"\x01"
+    if tag == b"a" and len(body) >= 3:
+        return _decode_array(body)
+    if tag == b"o":
+        d = _json(body)
+        return Opaque(_text(d, "type")[:100], _text(d, "repr")[:60])
+    raise BadReply("an undecodable action")
+
+
+def _decode_array(body: bytes) -> np.ndarray:
+    kind, itemsize, ndim = chr(body[0]), body[1], body[2]
+    if kind not in _ARRAY_KINDS or ndim > _MAX_DIMS or itemsize not in (1, 2, 4, 8):
+        raise BadReply("an undecodable action")
+    if kind == "f" and itemsize == 1:
+        raise BadReply("an undecodable action")
+    head = 3 + 4 * ndim
+    if len(body) < head:
+        raise BadReply("an undecodable action")
+    shape = struct.unpack_from(f"<{ndim}I", body, 3)
+    size = math.prod(shape)
+    data = body[head:]
+    if len(data) != size * itemsize:
+        raise BadReply("an action whose size does not match its shape")
+    dtype = np.dtype(f"<{'u' if kind == 'b' else kind}{itemsize}")
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if kind == "b":
+        return arr.astype(bool)
+    return arr.astype(dtype.newbyteorder("="))
