@@ -225,15 +225,30 @@ def test_files_in_the_callers_home_are_out_of_reach(sandboxed, reference):
 @pytest.mark.parametrize("mode, reason", [(0, "not JSON"), (1, "not JSON"), (2, "a reply of 2147483632 bytes"),
                                           (3, "a reply that stalled")])
 def test_forged_messages_to_the_parent_are_contained(monkeypatch, reference, mode, reason):
-    """Policy code can write anything to its worker's socket: the parent never unpickles it (a pickle
-    runs code), bounds its size, and does not wait forever for a message that never completes."""
+    """Without trusted rollouts, policy code can write anything to its worker's socket: the parent never
+    unpickles it (a pickle runs code), bounds its size, and does not wait forever for a message that
+    never completes."""
     from ratchet.execution import process
 
     monkeypatch.setattr(process, "_REPLY_TIMEOUT_S", 2.0)
     tag = uuid.uuid4().int % 10**9
-    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+    with ProcessExecutor(workers=1, episode_timeout_s=60, sandbox=Sandbox(trusted_rollouts=False)) as ex:
         eps = _run_beside_good(ex, hostile("forges_replies", {"mode": float(mode), "tag": float(tag)}), reference)
     assert reason in eps[0].error and "interfered" in eps[0].error, eps[0].error
+    assert not os.path.exists(f"/tmp/ratchet-pwned-{tag}")
+
+
+@pytest.mark.parametrize("mode, reason", [(0, "undecodable action"), (1, "undecodable action"),
+                                          (2, "a message of 2,147,483,632 bytes"), (3, "timeout after 3 s")])
+def test_forged_messages_to_the_env_host_are_contained(reference, mode, reason):
+    """With trusted rollouts the policy process holds only its pipes to the env host: whatever it writes
+    there is decoded without unpickling, size-capped, and a message that never completes is a hang that
+    the episode timeout ends (with the env steps taken so far)."""
+    tag = uuid.uuid4().int % 10**9
+    with ProcessExecutor(workers=1, episode_timeout_s=3) as ex:
+        eps = _run_beside_good(ex, hostile("forges_replies", {"mode": float(mode), "tag": float(tag)}), reference)
+    assert reason in eps[0].error, eps[0].error
+    assert mode == 3 or "interfered" in eps[0].error
     assert not os.path.exists(f"/tmp/ratchet-pwned-{tag}")
 
 
@@ -303,3 +318,24 @@ def _check_readability(sandbox_module, tmp_path, monkeypatch):
         monkeypatch.setattr(sandbox_module, "_warned", set())
         assert Sandbox().drop_to_uid() is None
         Sandbox().check()
+
+
+def test_trusted_rollouts_stop_a_policy_forging_its_return():
+    """A policy that patches the env it runs beside forges its return when policy and env share a
+    process; with trusted rollouts (the default) the env is out of its reach and the return is honest."""
+    task, jobs = GymTask("CartPole-v1"), [Job(hostile("forges_return"), s) for s in SEEDS]
+    with ProcessExecutor(workers=1, sandbox=Sandbox(trusted_rollouts=False)) as ex:
+        forged = ex.run(task, jobs)
+    with ProcessExecutor(workers=1) as ex:
+        honest = ex.run(task, jobs)
+    assert all(e.episode_return >= 1000 for e in forged)  # what the old design let through
+    assert all(e.error is None and e.episode_return == e.length and e.length < 50 for e in honest)
+    assert all(e.terminated for e in honest)  # always pushing left, the pole falls
+
+
+def test_a_timed_out_episode_counts_its_true_env_steps():
+    """The env host ends a hanging episode at the timeout and reports the env steps it took."""
+    with ProcessExecutor(workers=1, episode_timeout_s=2) as ex:
+        eps = ex.run(GymTask("CartPole-v1"), [Job(hostile("hangs_after_steps"), 1), Job(good_candidate(), 2)])
+    assert "timeout after 2 s" in eps[0].error and eps[0].length == 40 and eps[0].episode_return == 40.0
+    assert eps[1].error is None and eps[1].length == 500

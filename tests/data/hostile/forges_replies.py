@@ -1,4 +1,5 @@
-"""Hostile: writes its own messages on the worker's socket to the parent.
+"""Hostile: writes its own messages on every socket and pipe it holds (the worker's socket to the
+parent without trusted rollouts; its pipe to the env host with them).
 
 ``mode`` 0: a pickle whose loading would create /tmp/ratchet-pwned-<tag> (code run in the parent);
 1: bytes that are no message at all; 2: a header announcing 2 GB; 3: a header, then nothing."""
@@ -22,7 +23,7 @@ class Pwn:
 def _socket_fds():
     for fd in range(3, 256):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(("socket:", "pipe:")):
                 yield fd
         except OSError:
             pass
@@ -40,7 +41,10 @@ def act(observation, params):
     else:
         message = struct.pack("!i", 1000) + b"{"
     for fd in _socket_fds():
-        os.write(fd, message)
+        try:
+            os.write(fd, message)
+        except OSError:  # the read end of a pipe
+            pass
     if mode == 3:
         time.sleep(1000)
     return 0
