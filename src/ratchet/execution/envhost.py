@@ -92,6 +92,11 @@ class RemotePolicy:
         """Tell the policy process the episode is over; returns the stray processes it killed."""
         return self._ask(_pickled(("end",)), "end")
 
+    def retire(self) -> None:
+        """End the policy process's current candidate (its forked process exits; see
+        :func:`ratchet.execution.worker.policy_main`)."""
+        self._ask(_pickled(("retire",)), "retired")
+
 
 def _pickled(message: tuple) -> bytes:
     return b"P" + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -123,6 +128,7 @@ def _serve(conn: Any, chan: Channel) -> None:
     from ratchet.task import GymTask
 
     deadline = _Deadline()
+    loaded: str | None = None  # the candidate (source key and parameters) the policy process serves
 
     known_sources: set[str] = set()
     task_dicts: dict[str, Any] = {}
@@ -153,6 +159,10 @@ def _serve(conn: Any, chan: Channel) -> None:
                 env = task.make_env(render_mode="rgb_array" if render_path else None)
                 # the source travels once per worker pair: the policy process keeps it from then on
                 policy = RemotePolicy(chan, key, source, env.observation_space)
+                candidate = json.dumps([key, params], sort_keys=True)
+                if loaded is not None and loaded != candidate:
+                    policy.retire()
+                loaded = candidate
                 if render_path:
                     from ratchet.report.video import record_episode
 

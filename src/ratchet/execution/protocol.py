@@ -9,7 +9,8 @@ as its failure.
 
 Env host → policy (pickled tuples):
     ``("episode", source_key, source_or_None, params, seed)`` — load the policy, seed, call ``reset``;
-    ``("obs", observation)`` — return an action; ``("end",)`` — the episode is over.
+    ``("obs", observation)`` — return an action; ``("end",)`` — the episode is over;
+    ``("retire",)`` — the next episode is another candidate's (the candidate's process exits).
 Policy → env host (tagged bytes):
     ``R`` ready · ``K`` episode started · ``E`` + JSON ``{"kind", "text"}`` the policy failed ·
     ``i`` int64 · ``f`` float64 · ``b`` bool · ``a`` numeric array · ``o`` + JSON ``{"type", "repr"}``
@@ -108,7 +109,7 @@ def decode_reply(msg: bytes, expect: str) -> Any:
 
     Args:
         msg: The message bytes.
-        expect: ``"ready"``, ``"started"``, ``"action"`` or ``"end"``.
+        expect: ``"ready"``, ``"started"``, ``"action"``, ``"end"`` or ``"retired"``.
 
     Returns:
         For ``"action"``: an int, float, bool, ``numpy.ndarray`` or :class:`Opaque`. For ``"end"``: the
@@ -126,7 +127,7 @@ def decode_reply(msg: bytes, expect: str) -> Any:
         raise PolicyFailure(_text(d, "kind"), _text(d, "text"))
     if expect == "ready" and msg == b"R":
         return None
-    if expect == "started" and msg == b"K":
+    if (expect, msg) in (("started", b"K"), ("retired", b"X")):
         return None
     if expect == "end" and tag == b"S":
         n = _json(body).get("strays")

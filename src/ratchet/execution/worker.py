@@ -87,33 +87,81 @@ def policy_main(chan: Any) -> None:
     """Serve a trusted env host (:mod:`ratchet.execution.envhost`) over ``chan``: the policy half of a
     trusted rollout. This process never sees the environment, its rewards or the step count; it maps
     the observations it is sent to actions (see :mod:`ratchet.execution.protocol`).
+
+    It is a *zygote*: it never runs policy code itself. For each candidate it forks a child that loads
+    the policy and serves that candidate's episodes until the env host retires it; so a policy that
+    tampers with the interpreter (monkeypatches NumPy, plants code in the worker's modules) affects
+    only its own episodes, never a later candidate's. A child that dies takes the zygote with it, with
+    the child's exit status, so the driver reports the death as before.
     """
     import pickle
-    import random
 
-    import numpy as np
+    import numpy as np  # noqa: F401 - imported once here, before forking, for every candidate
 
     from ratchet.execution.channel import pin_to_cpu
-    from ratchet.execution.protocol import encode_action, encode_error
 
     sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
     pin_to_cpu()
     _start(sandbox)
-    if sandbox is not None:
-        from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
     policies = _Policies()
     chan.send(b"R")
-    act, params, raw = None, {}, None
-    frombuffer = np.frombuffer
     while True:
         try:
             data = chan.recv()  # from the trusted env host only
         except (EOFError, OSError):
             return
-        if data[:1] == b"O":  # an observation as raw bytes, of the dtype and shape the episode announced
-            msg = ("obs", frombuffer(data, raw[0], offset=1).reshape(raw[1]).copy())
-        else:
-            msg = pickle.loads(data[1:])
+        msg = pickle.loads(data[1:])
+        if msg[0] != "episode":
+            return
+        if msg[2] is not None:
+            policies.sources[msg[1]] = msg[2]
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _serve_candidate(chan, msg, policies, sandbox)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            continue  # retired
+        code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status) or 1
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict[str, Any] | None) -> None:
+    """A forked child of :func:`policy_main`: serve one candidate's episodes, starting with ``first``,
+    until the env host sends ``("retire",)``."""
+    import ctypes
+    import pickle
+    import random
+
+    import numpy as np
+
+    from ratchet.execution.protocol import encode_action, encode_error
+
+    if sandbox is not None:
+        from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
+
+        try:
+            ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the policy's orphans come back here
+        except (OSError, AttributeError):
+            pass
+    act, params, raw = None, {}, None
+    frombuffer = np.frombuffer
+    msg: tuple | None = first
+    while True:
+        if msg is None:
+            try:
+                data = chan.recv()
+            except (EOFError, OSError):
+                return
+            if data[:1] == b"O":  # an observation as raw bytes, of the dtype and shape the episode announced
+                msg = ("obs", frombuffer(data, raw[0], offset=1).reshape(raw[1]).copy())
+            else:
+                msg = pickle.loads(data[1:])
         kind = msg[0]
         try:
             if kind == "obs":
@@ -147,11 +195,15 @@ def policy_main(chan: Any) -> None:
                 _trim_log()
                 strays = reap_strays() if sandbox is not None else 0
                 reply = b"S" + json.dumps({"strays": strays}).encode()
+            elif kind == "retire":
+                chan.send(b"X")
+                return
             else:
                 return
             chan.send(reply)
         except (BrokenPipeError, OSError):
             return  # the env host is gone
+        msg = None
 
 
 def worker_main(conn: Any) -> None:
