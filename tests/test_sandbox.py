@@ -339,3 +339,18 @@ def test_a_timed_out_episode_counts_its_true_env_steps():
         eps = ex.run(GymTask("CartPole-v1"), [Job(hostile("hangs_after_steps"), 1), Job(good_candidate(), 2)])
     assert "timeout after 2 s" in eps[0].error and eps[0].length == 40 and eps[0].episode_return == 40.0
     assert eps[1].error is None and eps[1].length == 500
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_candidate_cannot_sabotage_later_candidates_on_its_worker(reference, trusted):
+    """Candidates share workers; with trusted rollouts each runs in a process forked from a zygote that
+    never ran policy code, so a policy that patches the worker's modules affects only itself."""
+    good = good_candidate()
+    jobs = [Job(hostile("sabotages_later_candidates"), 1)] + [Job(good, s) for s in SEEDS]
+    with ProcessExecutor(workers=1, sandbox=Sandbox(trusted_rollouts=trusted)) as ex:
+        eps = ex.run(GymTask("CartPole-v1"), jobs)
+    after = [e.to_dict() for e in eps[1:]]
+    if trusted:
+        assert after == reference
+    else:  # what the old design let through: the good candidate's pole falls
+        assert all(e["episode_return"] < 100 for e in after)
