@@ -125,6 +125,7 @@ class _Deadline:
 
 
 def _serve(conn: Any, chan: Channel) -> None:
+    from ratchet.execution.worker import _text, close_quietly, send_reply
     from ratchet.task import GymTask
 
     deadline = _Deadline()
@@ -183,18 +184,11 @@ def _serve(conn: Any, chan: Channel) -> None:
                 ep = Episode.failed(seed, reason, exc.length, exc.episode_return, task=task)
             reply = [job_id, ep.to_dict(), status]
         except Exception as exc:  # environment trouble: report it as this episode's error
-            text = " ".join(str(exc).split())[:300]
-            reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {text}"[:500],
+            reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=task).to_dict(), status]
         finally:
-            if env is not None:
-                try:
-                    env.close()
-                except Exception:
-                    pass
-        try:
-            conn.send_bytes(json.dumps(reply).encode())
-        except (BrokenPipeError, ConnectionResetError, OSError):
+            close_quietly(env)
+        if not send_reply(conn, reply):
             return  # the driver is gone
         if status != "ok":
             return  # the driver replaces this pair

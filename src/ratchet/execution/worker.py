@@ -278,15 +278,27 @@ def worker_main(conn: Any) -> None:
             reply = (job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=_task_or_none(task_dict)).to_dict())
         finally:
-            if env is not None:
-                try:
-                    env.close()
-                except Exception:
-                    pass
-        try:
-            conn.send_bytes(json.dumps(reply).encode())
-        except (BrokenPipeError, ConnectionResetError, OSError):
+            close_quietly(env)
+        if not send_reply(conn, reply):
             return  # the parent is gone
+
+
+def close_quietly(env: Any) -> None:
+    """Close an environment (or None), ignoring its errors."""
+    if env is not None:
+        try:
+            env.close()
+        except Exception:
+            pass
+
+
+def send_reply(conn: Any, reply: Any) -> bool:
+    """Send ``reply`` to the driver as JSON (never a pickle); False when the driver is gone."""
+    try:
+        conn.send_bytes(json.dumps(reply).encode())
+        return True
+    except (BrokenPipeError, ConnectionResetError, OSError):
+        return False
 
 
 _LOG_LIMIT = 4 * 2**20
