@@ -533,3 +533,106 @@ def test_replay_video_is_not_overwritten_without_force(finished_run, runner, tmp
     res = invoke(runner, "replay", run_dir, "--seed", seed, "--candidate", cand, "--video", gif, "--force")
     assert res.exit_code == 0, res.output
     assert gif.read_bytes()[:4] == b"GIF8"
+
+
+# -- issue 8: budgets, bounds and small ones --------------------------------------------------------
+
+def _spec_dir(tmp_path, toml: str):
+    spec_dir = tmp_path / "s"
+    spec_dir.mkdir(exist_ok=True)
+    shutil.copy(DATA / "cartpole_linear.py", spec_dir / "policy.py")
+    (spec_dir / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n' + toml, encoding="utf-8")
+    return spec_dir
+
+
+# regression (was a bug): these ran (30 validation episodes on a budget of 5, an unbounded CliffWalking run) or
+# crashed later (OverflowError, a start-up that never ends, pycma's AssertionError after 50 generations)
+@pytest.mark.parametrize("toml, fragments", [
+    ("[gate]\nvalidation_episodes = 30\n[budget]\nepisodes = 5\n", ("[budget] episodes = 5", "first validation")),
+    ("[execution]\nepisode_timeout_s = 1e7\n", ("[execution] episode_timeout_s", "≤ 86400")),
+    ("[gate]\nvalidation_episodes = 2000000000\n", ("[gate] validation_episodes", "≤ 100000")),
+    ("[test]\nepisodes = 1000000000\n", ("[test] episodes", "≤ 100000")),
+    ("[refiner]\nsigma0 = 1e-300\n", ("[refiner] sigma0", "≥ 1e-06")),
+    ('[gate]\ntest = "wilcoxon"\nvalidation_episodes = 6\n', ("[gate] validation_episodes = 6", "at least 7")),
+    ("env_kwargs = { max_episode_steps = 20000 }\n", ("[task] env_kwargs", "[task] max_episode_steps")),
+])
+def test_run_refuses_unbounded_specs_in_one_line(tmp_path, runner, toml, fragments):
+    spec_dir = _spec_dir(tmp_path, toml)  # env_kwargs lands under the [task] header _spec_dir writes
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs"), *fragments)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_run_refuses_an_env_without_a_time_limit(tmp_path, runner):
+    spec_dir = _spec_dir(tmp_path, "")
+    (spec_dir / "ratchet.toml").write_text('[task]\nenv_id = "CliffWalking-v1"\n', encoding="utf-8")
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs"),
+                          "CliffWalking-v1 has no time limit", "set [task] max_episode_steps")
+    assert not (tmp_path / "runs").exists()
+
+
+# regression (was a bug): --run-id $'nl\n' was accepted: the id check's "$" matches before a final newline
+def test_run_refuses_a_run_id_with_a_newline(tmp_path, runner):
+    spec_dir = _spec_dir(tmp_path, "")
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "nl\n"),
+                          "must be a plain name")
+    assert not (tmp_path / "runs").exists()
+
+
+# regression (was a bug): `evaluate --timeout inf` raised OverflowError; huge --episodes hung
+@pytest.mark.parametrize("args, fragment", [
+    (("--timeout", "inf"), "--timeout inf"),
+    (("--timeout", "1e7"), "at most 86400"),
+    (("--episodes", "1000000000"), "--episodes 1000000000: at most 100000"),
+])
+def test_evaluate_bounds_its_numbers(runner, args, fragment):
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", *args)
+    assert_one_line_error(res, fragment)
+
+
+# regression (was a bug): Rich read "[budget]" and "[refiner]" in a stop reason as markup and dropped them
+# ("raise  env_steps or lower  popsize")
+def test_stop_reasons_print_their_brackets(tmp_path, runner):
+    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nenv_steps = 2000\n[test]\nepisodes = 2\n"
+                                   "[execution]\nworkers = 1\n")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
+    assert res.exit_code == 0, res.output
+    assert "raise [budget] env_steps or lower [refiner] popsize" in res.stdout
+    show = invoke(runner, "show", tmp_path / "runs" / "small")
+    assert "[budget] env_steps" in show.stdout
+
+
+# regression (was a bug): at 80 columns `ratchet runs` squeezed every column but the run id to nothing
+def test_runs_fits_an_80_column_terminal(finished_run, tmp_path):
+    _, run_dir, _ = finished_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / "cp-ref")
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["runs", "--runs-dir", str(runs)])
+    assert res.exit_code == 0, res.output
+    assert "cp-ref" in res.stdout and "finished" in res.stdout and "CartPole-v1" in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+
+
+def test_runs_keeps_a_200_character_id_whole(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import ratchet.cli as cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=buf, width=80, markup=False))
+    long_id = "r" * 200
+    cli._print_runs([(long_id, "finished", "CartPole-v1", "8", "46,390", "500.00", "499.00", "100.0 %")])
+    text = buf.getvalue()
+    assert long_id in text.replace("\n", "")
+    for value in ("finished", "CartPole-v1", "46,390", "500.00", "499.00", "100.0 %"):
+        assert value in text
+
+
+# regression (was a bug): `ratchet resume` on a 0-byte ledger wrote a schema into it
+def test_resume_refuses_an_empty_ledger_and_leaves_it_alone(tmp_path, runner):
+    (tmp_path / "runs" / "empty").mkdir(parents=True)
+    ledger = tmp_path / "runs" / "empty" / "ledger.sqlite"
+    ledger.write_bytes(b"")
+    assert_one_line_error(invoke(runner, "resume", "empty", "--runs-dir", tmp_path / "runs"), "not a readable ratchet ledger")
+    assert ledger.stat().st_size == 0

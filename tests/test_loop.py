@@ -8,7 +8,7 @@ import pytest
 
 from conftest import RecordingExecutor, SimulatedKill, events_of, make_spec_dir, normalized, read_events
 from ratchet.critic import Evaluation
-from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
+from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, SpecError
 from ratchet.execution.process import ProcessExecutor
 from ratchet.gate import PairedTestGate
 from ratchet.ledger import EventType
@@ -211,7 +211,7 @@ def test_patience(tmp_path):
 # regression (was a bug): planner.py/loop.py treat the env-step budget as a soft limit: can_afford_generation and
 # should_gate estimate episode length from the previous generation, so when CMA-ES finds much longer episodes the
 # run overshoots [budget] env_steps (seed 2, 1000 steps -> 1638)
-@pytest.mark.parametrize("seed, env_steps", [(2, 1000), (2, 25_000), (3, 40_000)])
+@pytest.mark.parametrize("seed, env_steps", [(2, 2500), (2, 25_000), (3, 40_000)])
 def test_env_step_budget_is_never_exceeded(tmp_path, seed, env_steps):
     spec = load_spec(make_spec_dir(tmp_path / "s", seed=seed, budget={"env_steps": env_steps}, test={"episodes": 3},
                                    gate={"validation_episodes": 5}, execution={"workers": 1}))
@@ -370,3 +370,62 @@ def test_a_run_being_written_cannot_be_resumed_or_restarted_from_this_machine(tm
 
         os.close(held)
     assert resume_run("locked", runs).stop_reason  # once the writer is gone, it resumes
+
+
+# -- the budget is a hard cap (issue 8) -------------------------------------------------------------
+
+# regression (was a bug): the starting policy's first validation ignored the budget: [budget] episodes = 5 ran its
+# 30 validation episodes. A spec built with model_copy skips validation, so start_run checks again.
+def test_start_run_refuses_a_budget_too_small_for_the_first_validation(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", gate={"validation_episodes": 30}, execution={"workers": 1}))
+    small = spec.model_copy(update={"budget": spec.budget.model_copy(update={"episodes": 5})})
+    with pytest.raises(SpecError, match=r"\[budget\] episodes = 5 cannot pay for the starting policy's first "
+                                        r"validation \(\[gate\] validation_episodes = 30"):
+        start_run(small, tmp_path / "runs", "tiny")
+    assert not (tmp_path / "runs").exists()  # nothing was written
+
+
+# regression (was a bug): "nl\n" passed the run-id check (the regex's "$" matches before a final newline)
+@pytest.mark.parametrize("run_id", ["nl\n", "a\nb", "x" * 201, "../up"])
+def test_start_run_refuses_bad_run_ids(tmp_path, run_id):
+    spec = load_spec(make_spec_dir(tmp_path / "s", execution={"workers": 1}))
+    with pytest.raises(RatchetError, match="must be a plain name"):
+        start_run(spec, tmp_path / "runs", run_id)
+    assert not (tmp_path / "runs").exists()
+
+
+class _ScriptedExecutor:
+    """Returns made-up episodes of 40 env steps without running anything: every third one errored (a timeout
+    that reports its length), every other one truncated."""
+
+    def run(self, task, jobs, on_episode=None):
+        eps = []
+        for i, job in enumerate(jobs):
+            if job.seed // 3 % 3 == 0:  # seed % 3 is the split
+                ep = Episode.failed(job.seed, "timeout after 1 s", length=40, task=task)
+            else:
+                ep = Episode(job.seed, float(job.seed % 11), 40, False, job.seed // 3 % 2 == 0, None)
+            eps.append(ep)
+            if on_episode is not None:
+                on_episode(i, ep)
+        return eps
+
+    def describe(self):
+        return {"backend": "scripted"}
+
+    def close(self):
+        pass
+
+
+def test_every_env_step_counts_whatever_ended_the_episode(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 4000}, gate={"validation_episodes": 5},
+                                   task={"env_id": "CartPole-v1", "max_episode_steps": 40}, test={"episodes": 3},
+                                   execution={"workers": 1}))
+    start_run(spec, tmp_path / "runs", "steps", executor=_ScriptedExecutor())
+    events = read_events(tmp_path / "runs" / "steps")
+    st = project(events)
+    evals = [e.payload for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] != "test"]
+    lengths = [ep["length"] for p in evals for ep in p["episodes"]]
+    assert any(ep["error"] for p in evals for ep in p["episodes"])  # errored episodes were there, and counted
+    assert st.generations >= 2
+    assert st.env_steps == sum(lengths) == 40 * len(lengths) <= 4000

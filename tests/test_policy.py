@@ -142,7 +142,9 @@ def test_parameters_not_a_dict():
     ('{"a": {"low": 0.0, "high": 1.0}}', ("'a'", "missing", "default")),
     ('{"a": {"default": 0.5, "high": 1.0}}', ("'a'", "missing", "low")),
     ('{"a": {"default": 0.5, "low": 0.0, "high": 1.0, "step": 0.1}}', ("'a'", "unknown key", "step")),
-    ('{"a": {"default": "0.5", "low": 0.0, "high": 1.0}}', ("'a'", "default must be a finite number")),
+    # regression (was a bug): a quoted number was reported as "got 0.5", which reads like a valid value
+    ('{"a": {"default": "0.5", "low": 0.0, "high": 1.0}}', ("'a'", "default must be a finite number, got '0.5'",
+                                                          "without quotes")),
     ('{"a": {"default": True, "low": 0.0, "high": 1.0}}', ("'a'", "default must be a finite number")),
     ('{"a": {"default": 0.5, "low": None, "high": 1.0}}', ("'a'", "low must be a finite number")),
     ('{"a": {"default": 0.5, "low": 0.0, "high": 1e999}}', ("'a'", "high must be a finite number")),

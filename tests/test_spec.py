@@ -96,12 +96,12 @@ def test_unknown_section(tmp_path):
 
 @pytest.mark.parametrize("text, fragments", [
     ('[budget]\nenv_steps = "lots"\n', ("[budget] env_steps", "integer", "'lots'")),
-    ("[budget]\nenv_steps = -5\n", ("[budget] env_steps", "greater than 0")),
+    ("[budget]\nenv_steps = -5\n", ("[budget] env_steps", "must be > 0", "(got -5)")),
     ("[gate]\nalpha = 1.5\n", ("[gate] alpha",)),
     ("[gate]\nvalidation_episodes = 1\n", ("[gate] validation_episodes",)),
     ('[gate]\ntest = "z"\n', ("[gate] test",)),
     ('[task]\nenv_id = "CartPole-v1"\naction = "ignore"\n', ("[task] action",)),
-    ("seed = -1\n", ("seed: ", "greater than or equal to 0")),
+    ("seed = -1\n", ("seed: ", "must be ≥ 0")),
     ('seed = "zero"\n', ("seed", "integer")),
     ("[execution]\nworkers = 1.5\n", ("[execution] workers",)),
 ])
@@ -139,3 +139,73 @@ def test_specs_are_frozen(tmp_path):
     with pytest.raises(Exception):
         spec.seed = 3  # type: ignore[misc]
     assert isinstance(spec, RunSpec)
+
+
+# -- every number is bounded, and a budget is a hard cap (issue 8) -----------------------------------
+
+# regression (was a bug): these values passed validation, then hung at start-up (seed lists of 2e9 / 1e9 seeds),
+# overflowed (a 1e7 s timeout) or failed the run after 50 generations (pycma's assertion on sigma0 = 1e-300)
+@pytest.mark.parametrize("text, fragments", [
+    ("[execution]\nepisode_timeout_s = 1e7\n", ("[execution] episode_timeout_s", "≤ 86400", "(got 10000000.0)")),
+    ("[gate]\nvalidation_episodes = 2000000000\n", ("[gate] validation_episodes", "≥ 2 and ≤ 100000")),
+    ("[test]\nepisodes = 1000000000\n", ("[test] episodes", "≤ 100000", "(got 1000000000)")),
+    ("[refiner]\nsigma0 = 1e-300\n", ("[refiner] sigma0", "≥ 1e-06 and ≤ 1", "(got 1e-300)")),
+    ("[refiner]\nsigma0_variants = [1e-300, 0.2]\n", ("[refiner] sigma0_variants", "[1e-06, 1]")),
+    ("[refiner]\ntrain_episodes = 1000000\n", ("[refiner] train_episodes", "≤ 100000")),
+    ("[execution]\nworkers = 100000\n", ("[execution] workers", "≤ 1024")),
+    ("[budget]\nenv_steps = 10000000000000\n", ("[budget] env_steps", "≤ 1000000000000")),
+    ("seed = 18446744073709551615\n", ("seed: ", "≤ 9223372036854775807")),
+])
+def test_numbers_are_bounded(tmp_path, text, fragments):
+    text = MINIMAL + text if text.startswith("[") else text + MINIMAL
+    spec_error(tmp_path, text, *fragments)
+
+
+# regression (was a bug): a Wilcoxon gate on 6 validation episodes cannot reach p < alpha/4 = 0.0125 (its smallest
+# p is 1/2^6 = 0.0156), so the run could never promote anything; it was accepted
+@pytest.mark.parametrize("gate, need", [
+    ('test = "wilcoxon"\nvalidation_episodes = 6\n', 7),  # harmonic: first level alpha/4 = 0.0125
+    ('test = "wilcoxon"\nvalidation_episodes = 4\nspending = "none"\n', 5),  # 1/2^4 = 0.0625 >= 0.05
+    ('test = "wilcoxon"\nvalidation_episodes = 8\nalpha = 0.01\n', 9),  # 1/2^8 = 0.0039 >= alpha/4 = 0.0025
+])
+def test_a_gate_that_can_never_promote_is_refused(tmp_path, gate, need):
+    spec_error(tmp_path, MINIMAL + "[gate]\n" + gate, "[gate] validation_episodes", "can never promote",
+               f"at least {need}")
+    spec = load_spec(write(tmp_path, MINIMAL + "[gate]\n" + gate.replace(
+        f"validation_episodes = {need - 1}", f"validation_episodes = {need}")))
+    assert spec.gate.validation_episodes == need
+
+
+def test_the_t_test_can_promote_with_two_episodes(tmp_path):
+    # the one-sided t-test on 2 pairs (1 degree of freedom) reaches any level for a large enough t
+    assert load_spec(write(tmp_path, MINIMAL + "[gate]\nvalidation_episodes = 2\n")).gate.validation_episodes == 2
+
+
+# regression (was a bug): [budget] episodes = 5 ran the starting policy's 30 validation episodes anyway
+def test_a_budget_too_small_for_the_first_validation_is_refused(tmp_path):
+    spec_error(tmp_path, MINIMAL + "[gate]\nvalidation_episodes = 30\n[budget]\nepisodes = 5\n",
+               "[budget] episodes = 5", "first validation", "validation_episodes = 30", "raise [budget] episodes")
+    spec_error(tmp_path, MINIMAL + "[gate]\nvalidation_episodes = 30\n[budget]\nenv_steps = 14999\n",
+               "[budget] env_steps = 14,999", "30 episodes × 500 env steps", "= 15,000", "raise [budget] env_steps")
+    assert load_spec(write(tmp_path, MINIMAL + "[gate]\nvalidation_episodes = 30\n[budget]\nenv_steps = 15000\n"))
+    assert load_spec(write(tmp_path, MINIMAL + "max_episode_steps = 100\n[gate]\nvalidation_episodes = 30\n"
+                                     "[budget]\nenv_steps = 3000\n"))  # 30 × 100 fits
+
+
+# regression (was a bug): on CliffWalking-v1 (no time limit) a run spent 91 s in episodes nobody bounded
+def test_an_env_without_a_time_limit_needs_max_episode_steps(tmp_path):
+    spec_error(tmp_path, '[task]\nenv_id = "CliffWalking-v1"\n', "[task] max_episode_steps",
+               "CliffWalking-v1 has no time limit", "set [task] max_episode_steps")
+    spec = load_spec(write(tmp_path, '[task]\nenv_id = "CliffWalking-v1"\nmax_episode_steps = 200\n'))
+    assert spec.task.max_episode_steps == 200
+
+
+# regression (was a bug): env_kwargs = {max_episode_steps = 20000} on CartPole-v1 ran episodes of up to 20,000 steps
+# while the budget's worst case assumed the registered 500 (20,619 env steps used of 20,000)
+def test_the_time_limit_in_env_kwargs_is_refused(tmp_path):
+    spec_error(tmp_path, MINIMAL + "env_kwargs = { max_episode_steps = 20000 }\n", "[task] env_kwargs",
+               "max_episode_steps = 20000", "move it to [task] max_episode_steps")
+
+
+def test_spec_text_values_are_quoted_in_errors(tmp_path):
+    spec_error(tmp_path, MINIMAL + '[gate]\nalpha = "0.05"\n', "[gate] alpha", "(got '0.05')")

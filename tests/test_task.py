@@ -52,3 +52,18 @@ def test_dict_roundtrip_and_pickle():
         assert env.spec.max_episode_steps == 50
     finally:
         env.close()
+
+
+# regression (was a bug): GymTask("CartPole-v1", {"max_episode_steps": 20000}).step_limit was the registered 500,
+# so the budget's worst case was 40 times too small
+def test_step_limit_reads_a_time_limit_given_in_env_kwargs():
+    task = GymTask("CartPole-v1", {"max_episode_steps": 20000})
+    assert task.step_limit == 20000 and task.max_episode_steps == 20000 and task.env_kwargs == {}
+    assert GymTask.from_dict(task.to_dict()) == task
+    with pytest.raises(TaskError, match="two time limits"):
+        GymTask("CartPole-v1", {"max_episode_steps": 20000}, max_episode_steps=500)
+
+
+def test_step_limit_is_none_without_a_time_limit():
+    assert GymTask("CliffWalking-v1").step_limit is None
+    assert GymTask("CliffWalking-v1", max_episode_steps=200).step_limit == 200

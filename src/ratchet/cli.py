@@ -14,16 +14,18 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from ratchet.errors import LedgerError, RatchetError, ReplayMismatchError, RunNotFoundError
 
 app = typer.Typer(help="ratchet: make an existing decision policy better, provably "
                        "(plan → execute → critique → refine → gate).",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-out = Console()
-err = Console(stderr=True)
+# markup off: messages, stop reasons, run ids and paths print as they are ("[budget] env_steps" stays)
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
 _state = {"debug": False}
 
 RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", help="Folder holding run directories.")
@@ -43,7 +45,7 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 def _fail(exc: BaseException) -> None:
     if _state["debug"]:
         raise exc
-    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    err.print(Text.assemble(("error:", "red"), f" {exc}"), highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -184,7 +186,7 @@ def _write_report(state, run_dir: Path, path: Path, videos: bool) -> Path:
         try:
             gifs = render_failure_examples(state, run_dir / "videos")
         except Exception as exc:  # rendering needs pygame; the report is still useful without GIFs
-            err.print(f"note: failure-mode GIFs skipped ({type(exc).__name__}: {escape(str(exc))})", highlight=False)
+            err.print(f"note: failure-mode GIFs skipped ({type(exc).__name__}: {exc})", highlight=False)
     return write_report(state, path, gifs)
 
 
@@ -233,22 +235,41 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT
     if not runs:
         out.print(f"no runs in {where}", highlight=False, soft_wrap=True)
         return
-    t = Table()
-    for col in ("run", "status", "env", "gens", "env steps", "incumbent val", "test mean", "test success"):
-        t.add_column(col, justify="right" if col not in ("run", "status", "env") else "left",
-                     no_wrap=col == "run", min_width=None)
+    rows: list[tuple[str, ...]] = []
     for name, load in runs:
         try:
             st = load()
         except Exception as exc:  # one damaged run must not hide the others
-            t.add_row(name, f"unreadable: {escape(str(exc))[:80]}", "", "", "", "", "", "")
+            rows.append((name, f"unreadable: {str(exc)[:80]}", "", "", "", "", "", ""))
             continue
         test = st.test or {}
         sr = test.get("success_rate")
-        t.add_row(st.run_id, st.status, str(st.spec.get("task", {}).get("env_id")), str(st.generations),
-                  f"{st.env_steps:,}", _num(st.incumbent_validation_mean), _num(test.get("mean")),
-                  "–" if sr is None else f"{100 * sr:.1f} %")
-    out.print(t)
+        rows.append((st.run_id, st.status, str(st.spec.get("task", {}).get("env_id")), str(st.generations),
+                     f"{st.env_steps:,}", _num(st.incumbent_validation_mean), _num(test.get("mean")),
+                     "–" if sr is None else f"{100 * sr:.1f} %"))
+    _print_runs(rows)
+
+
+_RUNS_COLUMNS = ("run", "status", "env", "gens", "env steps", "incumbent val", "test mean", "test success")
+
+
+def _print_runs(rows: list[tuple[str, ...]]) -> None:
+    """One table row per run when the table fits the terminal; otherwise (a narrow terminal, a long run
+    id) one block per run: the id on its own line, then its values, so nothing is squeezed away."""
+    t = Table()
+    for col in _RUNS_COLUMNS:
+        t.add_column(col, justify="left" if col in ("run", "status", "env") else "right", no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    if Measurement.get(out, out.options.update_width(10**6), t).maximum <= out.width:  # its natural width
+        out.print(t)
+        return
+    for row in rows:
+        out.print(row[0], highlight=False, soft_wrap=True)
+        labelled = [f"{col} {v}" for col, v in zip(_RUNS_COLUMNS, row) if v]
+        for part in ([v for v in row[1:3] if v] + labelled[3:5], labelled[5:]):  # two lines of ≈ 60 characters
+            if part:
+                out.print("  " + " · ".join(part), highlight=False)
 
 
 def _num(x: Any) -> str:
@@ -325,17 +346,27 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
 @app.command()
 def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETERS + act)."),
              env: str = typer.Option(..., "--env", help="Gymnasium env id, e.g. LunarLander-v3."),
-             episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes."),
+             episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes (at most 100000)."),
              seed: int = typer.Option(0, "--seed", min=0, help="First seed; episodes use seed, seed+1, …"),
-             workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core)."),
-             timeout: float = typer.Option(60.0, "--timeout", min=0.001, help="Per-episode timeout (seconds).")) -> None:
+             workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core; at most 1024)."),
+             timeout: float = typer.Option(60.0, "--timeout", min=0.001,
+                                           help="Per-episode timeout (seconds, at most 86400).")) -> None:
     """Evaluate a policy file with its default parameters and print a table."""
     from ratchet.critic import Evaluation
     from ratchet.execution import Job, make_executor
     from ratchet.policy import load_policy
+    from ratchet.spec import MAX_EPISODES, MAX_TIMEOUT_S, MAX_WORKERS
     from ratchet.task import GymTask
 
     try:
+        if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+            raise RatchetError(f"--timeout {timeout:g}: give a per-episode limit in seconds, at most {MAX_TIMEOUT_S:g}")
+        if episodes > MAX_EPISODES:
+            raise RatchetError(f"--episodes {episodes}: at most {MAX_EPISODES}; evaluate in several batches with --seed")
+        if workers > MAX_WORKERS:
+            raise RatchetError(f"--workers {workers}: at most {MAX_WORKERS}")
+        if seed + episodes > 2**63:
+            raise RatchetError(f"--seed {seed}: seeds must stay below 2**63; give a smaller --seed")
         from ratchet.loop import check_task
 
         program = load_policy(policy)
@@ -356,7 +387,7 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
         t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
     for e in eps[:50]:
         t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), str(e.terminated), str(e.truncated),
-                  str(e.success), escape(e.error or ""))
+                  str(e.success), e.error or "")
     if len(eps) > 50:
         t.add_row("…", "", "", "", "", "", f"{len(eps) - 50} more")
     out.print(t)
@@ -423,7 +454,7 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
         if ep.episode_return != recorded["episode_return"] or ep.length != recorded["length"]:
             raise ReplayMismatchError(f"replay differs from the ledger: return {ep.episode_return!r} vs "
                                       f"{recorded['episode_return']!r}; check package versions against `ratchet show`")
-        out.print("[green]match[/green]: identical return and length")
+        out.print(Text.assemble(("match", "green"), ": identical return and length"))
         if video is not None:
             out.print(f"video: {video}", highlight=False, soft_wrap=True)
     except RatchetError as exc:

@@ -152,8 +152,10 @@ class _Run:
                 out[cand.id] = ev
 
         self.executor.run(self.task, jobs, on_episode)
-        for cand in candidates:
-            ev = out[cand.id]
+        # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
+        # a candidate listed twice ran once
+        for cand_id in dict.fromkeys(c.id for c in candidates):
+            ev = out[cand_id]
             if split != "test":
                 self.usage.env_steps += ev.env_steps
                 self.usage.episodes += ev.n
@@ -339,13 +341,16 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         The :class:`RunResult`.
 
     Raises:
+        SpecError: the spec is invalid (checked again here: ``model_copy`` skips validation), e.g. its
+            budget cannot pay for the starting policy's first validation.
         PolicyError: the policy file is invalid.
         LedgerError: bad storage URL or unreachable database.
         RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
     """
+    spec_from_dict(spec.to_dict(), spec.base_dir)
     program = load_policy(spec.policy_path)
     run_id = run_id or new_run_id(spec.name)
-    if not _RUN_ID.match(run_id) or ".." in run_id:
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RatchetError(f"--runs-dir {runs_dir} is a file; give a folder for run directories")
@@ -410,7 +415,7 @@ def _describe(executor: Executor) -> dict[str, Any]:
         return {"backend": type(executor).__name__}
 
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # use fullmatch: "$" also matches before a final "\n"
 
 
 def check_task(task: GymTask) -> None:

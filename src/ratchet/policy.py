@@ -239,7 +239,8 @@ def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, .
             except OverflowError:
                 ok = False
             if not ok:
-                raise PolicyError(f"{where}: parameter {name!r}: {key} must be a finite number, got {str(v)[:40]}")
+                hint = "; write it without quotes" if isinstance(v, str) else ""
+                raise PolicyError(f"{where}: parameter {name!r}: {key} must be a finite number, got {repr(v)[:40]}{hint}")
             vals[key] = float(v)
         scale = spec.get("scale", "linear")
         if scale not in ("linear", "log"):

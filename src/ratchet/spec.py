@@ -31,6 +31,17 @@ from ratchet.execution.sandbox import Sandbox
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
+#: Most episodes of one split per candidate (training, validation, test) and per Ray batch.
+MAX_EPISODES = 100_000
+#: Longest per-episode wall-clock limit, seconds (one day).
+MAX_TIMEOUT_S = 86_400.0
+#: Longest time limit of one episode, env steps.
+MAX_EPISODE_STEPS = 100_000_000
+#: Smallest CMA-ES initial step size (fraction of a parameter's range); below it pycma fails numerically.
+MIN_SIGMA0 = 1e-6
+#: Most worker processes (or local Ray CPUs).
+MAX_WORKERS = 1024
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -44,7 +55,27 @@ class TaskSpec(_Section):
     success_threshold: float | None = Field(None, description="Return at or above which an episode succeeds; "
                                             "default: the env's reward_threshold.")
     action: Literal["error", "clip"] = Field("error", description="Invalid actions: make the episode an error, or clip.")
-    max_episode_steps: int | None = Field(None, gt=0, description="Override the env's time limit (env steps).")
+    max_episode_steps: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS,
+                                          description="Override the env's time limit (env steps per episode); "
+                                                      "required for an env registered without one.")
+
+    @field_validator("env_kwargs")
+    @classmethod
+    def _no_time_limit_kwarg(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "max_episode_steps" in v:  # one place for the time limit, the one the budget's worst case reads
+            raise ValueError(f"max_episode_steps = {v['max_episode_steps']!r} is the time limit, not an env "
+                             "argument; move it to [task] max_episode_steps")
+        return v
+
+    @model_validator(mode="after")
+    def _bounded_episodes(self) -> TaskSpec:
+        from ratchet.task import GymTask
+
+        if GymTask.from_spec(self).step_limit is None:
+            raise ValueError(f"[task] max_episode_steps: {self.env_id} has no time limit, so neither its episodes "
+                             "nor the env-step budget would be bounded; set [task] max_episode_steps (env steps "
+                             "per episode, e.g. 1000)")
+        return self
 
     @field_validator("env_id")
     @classmethod
@@ -70,21 +101,21 @@ class RefinerSpec(_Section):
     @field_validator("sigma0_variants")
     @classmethod
     def _variants(cls, v: list[float]) -> list[float]:
-        if any(not 0 < x <= 1 for x in v) or len(set(v)) != len(v):
-            raise ValueError("each variant must be a distinct step size in (0, 1]")
+        if any(not MIN_SIGMA0 <= x <= 1 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"each variant must be a distinct step size in [{MIN_SIGMA0:g}, 1]")
         return v
 
     kind: Literal["cmaes"] = "cmaes"
-    sigma0: float = Field(0.2, gt=0, le=1, description="Initial step size, as a fraction of each parameter's range.")
-    popsize: int | None = Field(None, ge=2, description="Candidates per generation; default pycma's 4 + 3 ln n.")
-    train_episodes: int = Field(5, ge=1, description="Fresh training seeds per generation (episodes per candidate).")
+    sigma0: float = Field(0.2, ge=MIN_SIGMA0, le=1, description="Initial step size, as a fraction of each parameter's range.")
+    popsize: int | None = Field(None, ge=2, le=10_000, description="Candidates per generation; default pycma's 4 + 3 ln n.")
+    train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).")
     sigma0_variants: list[float] = Field(
         default_factory=list, description="Several CMA-ES configurations sharing the budget, one per initial "
                                           "step size; the planner allocates generations among them by Thompson "
                                           "sampling over the promotion gains each produced. Empty: one CMA-ES.")
     restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
                                                                    "a doubled population on stagnation.")
-    stagnation: int = Field(10, ge=1, description="Generations without a better best training score before a restart.")
+    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
     gate_candidate: Literal["mean", "best"] = Field(
         "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
 
@@ -96,7 +127,8 @@ class GateSpec(_Section):
     test: Literal["t", "wilcoxon"] = Field(
         "t", description="Paired test on the validation seeds: the paired t-test (about the mean return) or the "
                          "Wilcoxon signed-rank test (rank based, robust to heavy tails).")
-    validation_episodes: int = Field(50, ge=2, description="Number of fixed validation seeds.")
+    validation_episodes: int = Field(50, ge=2, le=MAX_EPISODES, description="Number of fixed validation seeds "
+                                     "(episodes per candidate at each gate).")
     min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).")
     max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.")
     spending: Literal["harmonic", "none"] = Field(
@@ -106,23 +138,45 @@ class GateSpec(_Section):
         None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
                                       "seeds the incumbent succeeds on, even if its mean is higher.")
 
+    @model_validator(mode="after")
+    def _can_promote(self) -> GateSpec:
+        from ratchet.gate import spending_level
+
+        level = spending_level(self.alpha, 1, self.spending)
+        if self.test == "wilcoxon":
+            # the exact one-sided signed-rank test on n pairs never gives p below 1 / 2**n (all n differences
+            # positive), and the gate promotes only when p < level
+            need = 1
+            while 0.5 ** need >= level:
+                need += 1
+            if self.validation_episodes < need:
+                n = self.validation_episodes
+                raise ValueError(
+                    f"[gate] validation_episodes = {n} can never promote: the one-sided Wilcoxon test on {n} "
+                    f"pairs gives p ≥ 1/2^{n} = {0.5 ** n:.3g}, never below the first decision's level "
+                    f"{level:.3g} (alpha {self.alpha:g}, spending \"{self.spending}\"); set validation_episodes "
+                    f"to at least {need}, or test = \"t\"")
+        return self
+
 
 class PlannerSpec(_Section):
     """``[planner]``: where the training episodes go."""
 
     weakness_share: float = Field(0.0, ge=0, le=1, description="Share of each generation's training seeds drawn "
                                   "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.")
-    pool_size: int = Field(200, ge=1, description="Most seeds the weakness pool keeps.")
+    pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.")
 
 
 class BudgetSpec(_Section):
     """``[budget]``: the run stops at whichever limit comes first."""
 
-    env_steps: int | None = Field(None, gt=0, description="Env steps for training and validation episodes.")
-    episodes: int | None = Field(None, gt=0, description="Training and validation episodes.")
-    wall_clock_s: float | None = Field(None, gt=0, description="Seconds of wall clock.")
+    env_steps: int | None = Field(None, gt=0, le=10**12, description="Env steps for training and validation "
+                                  "episodes: every step taken to make a decision counts, whatever ended its episode.")
+    episodes: int | None = Field(None, gt=0, le=10**9, description="Training and validation episodes.")
+    wall_clock_s: float | None = Field(None, gt=0, le=10**8, description="Seconds of wall clock.")
     target: float | None = Field(None, description="Stop once the incumbent's validation mean reaches this.")
-    patience: int | None = Field(None, gt=0, description="Stop after this many generations without a promotion.")
+    patience: int | None = Field(None, gt=0, le=1_000_000,
+                                 description="Stop after this many generations without a promotion.")
 
     @model_validator(mode="after")
     def _bounded(self) -> BudgetSpec:
@@ -134,7 +188,7 @@ class BudgetSpec(_Section):
 class TestSpec(_Section):
     """``[test]``: the final, report-only evaluation."""
 
-    episodes: int = Field(100, ge=1, description="Number of test seeds (never used for selection).")
+    episodes: int = Field(100, ge=1, le=MAX_EPISODES, description="Number of test seeds (never used for selection).")
 
 
 class ExecutionSpec(_Section):
@@ -143,10 +197,10 @@ class ExecutionSpec(_Section):
     backend: Literal["process", "ray"] = Field(
         "process", description='"process": a local pool of sandboxed workers; "ray": Ray tasks (pip install ".[ray]").')
     address: str | None = Field(None, description='Ray only: "auto", "ray://host:10001", or unset to start a local Ray.')
-    batch_episodes: int = Field(0, ge=0, description="Ray only: episodes per Ray task; 0 picks one from the batch.")
-    workers: int = Field(0, ge=0, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
+    batch_episodes: int = Field(0, ge=0, le=MAX_EPISODES, description="Ray only: episodes per Ray task; 0 picks one from the batch.")
+    workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
                                               "per CPU core.")
-    episode_timeout_s: float = Field(60.0, gt=0, description="Per-episode wall-clock limit (seconds).")
+    episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).")
     sandbox: bool = Field(True, description="Run policy code under resource limits, a scrubbed environment, a fresh "
                                             "temporary directory and (where the OS allows) no network.")
     require_isolation: bool = Field(False, description="Refuse to run unless policy code gets its own network "
@@ -171,7 +225,7 @@ class RunSpec(_Section):
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                       description="Run-id prefix: letters, digits, '.', '_', '-'.")
-    seed: int = Field(0, ge=0, description="Run seed: fixes seed splits and the refiner's sampling.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Run seed: fixes seed splits and the refiner's sampling.")
     task: TaskSpec
     policy: PolicySpec = PolicySpec()
     refiner: RefinerSpec = RefinerSpec()
@@ -181,6 +235,24 @@ class RunSpec(_Section):
     test: TestSpec = TestSpec()
     execution: ExecutionSpec = ExecutionSpec()
     base_dir: str = Field(".", exclude=True)
+
+    @model_validator(mode="after")
+    def _first_validation_fits(self) -> RunSpec:
+        """The starting policy's validation runs before any budget decision, so the budget must pay for it."""
+        from ratchet.task import GymTask
+
+        n, b = self.gate.validation_episodes, self.budget
+        if b.episodes is not None and b.episodes < n:
+            raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for the starting policy's first "
+                             f"validation ([gate] validation_episodes = {n:,} episodes); raise [budget] episodes "
+                             f"above {n:,} (training needs more) or lower [gate] validation_episodes")
+        limit = GymTask.from_spec(self.task).step_limit
+        if b.env_steps is not None and limit is not None and n * limit > b.env_steps:
+            raise ValueError(f"[budget] env_steps = {b.env_steps:,} cannot pay for the starting policy's first "
+                             f"validation: up to {n:,} episodes × {limit:,} env steps (the time limit) = "
+                             f"{n * limit:,}; raise [budget] env_steps above {n * limit:,} or lower [gate] "
+                             "validation_episodes or [task] max_episode_steps")
+        return self
 
     @property
     def policy_path(self) -> Path:
@@ -208,9 +280,31 @@ def _format_error(err: dict[str, Any], where: str) -> str:
             return f"{where}: missing [task] env_id; set it to a Gymnasium id such as \"CartPole-v1\""
         return f"{where}: missing required key {name}"
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "value_error" and len(loc) <= 1 and isinstance(err.get("input"), dict):
+        return f"{where}: {msg}"  # a check across keys (a model validator): its message names the keys
+    if err["type"] in _BOUND_ERRORS:
+        msg = _allowed_range(section, key) or msg
     got = err.get("input")
     got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
     return f"{where}: {name}: {msg}{got_txt}"
+
+
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _allowed_range(section: str, key: str) -> str | None:
+    """``"must be ≥ 2 and ≤ 100000"`` for a bounded key (None when its bounds are not found)."""
+    model = RunSpec.model_fields[section].annotation if section in RunSpec.model_fields else None
+    field = getattr(model, "model_fields", {}).get(key) if section else RunSpec.model_fields.get(key)
+    if field is None:
+        return None
+    words = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
+    parts = [f"{words[attr]} {_number(getattr(m, attr))}" for m in field.metadata for attr in words if hasattr(m, attr)]
+    return f"must be {' and '.join(parts)}" if parts else None
+
+
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str = "spec") -> RunSpec:

@@ -39,11 +39,14 @@ class GymTask:
         success_threshold: An episode succeeds when its return is ``>=`` this. ``None`` uses the env's
             registered ``reward_threshold`` (and no success at all when the env has none).
         action_mode: ``"error"`` (default) or ``"clip"``; see :class:`Task`.
-        max_episode_steps: Override the registered time limit (env steps); ``None`` keeps it.
+        max_episode_steps: Override the registered time limit (env steps); ``None`` keeps it. A
+            ``max_episode_steps`` in ``env_kwargs`` (how tasks recorded by older versions set it) is moved
+            here, so :attr:`step_limit` is always the limit episodes really have.
 
     Raises:
-        TaskError: the id is not registered (the message lists close matches), or the environment
-            cannot be made with these keyword arguments.
+        TaskError: the id is not registered (the message lists close matches), ``env_kwargs`` and
+            ``max_episode_steps`` set two different time limits, or the environment cannot be made with
+            these keyword arguments.
     """
 
     env_id: str
@@ -58,11 +61,24 @@ class GymTask:
         spec = gym_spec(self.env_id)
         if self.success_threshold is None and spec.reward_threshold is not None:
             object.__setattr__(self, "success_threshold", float(spec.reward_threshold))
-        object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))
+        kwargs = dict(self.env_kwargs)
+        if "max_episode_steps" in kwargs:
+            limit = kwargs.pop("max_episode_steps")
+            if self.max_episode_steps is not None and limit != self.max_episode_steps:
+                raise TaskError(f"two time limits: env_kwargs max_episode_steps = {limit!r} and max_episode_steps = "
+                                f"{self.max_episode_steps!r}; keep only max_episode_steps")
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise TaskError(f"max_episode_steps must be a positive int (env steps), got {limit!r}")
+            object.__setattr__(self, "max_episode_steps", limit)
+        object.__setattr__(self, "env_kwargs", kwargs)
 
     @property
     def step_limit(self) -> int | None:
-        """Most env steps an episode can take (the time limit), or None when the env has none."""
+        """Most env steps an episode can take (the time limit, env steps), or None when the env has none.
+
+        ``max_episode_steps`` when set, else the registered ``max_episode_steps`` of the env id. A run
+        refuses an env without one (see :class:`ratchet.spec.TaskSpec`): its budget could not be a hard cap.
+        """
         if self.max_episode_steps is not None:
             return int(self.max_episode_steps)
         limit = gym_spec(self.env_id).max_episode_steps

@@ -58,6 +58,8 @@ class SQLiteLedger:
                 if create:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+                if not create:  # an existing ledger must already be one: never write a schema into another file
+                    self._db.execute("SELECT seq, type, key, time, payload FROM events LIMIT 1").fetchall()
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(_SCHEMA)
