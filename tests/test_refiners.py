@@ -147,3 +147,18 @@ def test_run_with_variants_records_each_allocation(tmp_path):
     assert {p["arm"] for p in plans[:2]} == {"cmaes-s0.1", "cmaes-s0.5"}
     assert all(p["reason"] and set(p["arms"]) == {"cmaes-s0.1", "cmaes-s0.5"} for p in plans)
     assert [g["refiner"] for g in gens] == [p["arm"] for p in plans[:len(gens)]]
+
+
+def test_the_search_follows_the_incumbent_after_a_promotion():
+    """A new parent (a promotion) moves the CMA-ES mean onto it; step size is kept."""
+    prog = load_policy(DATA / "cartpole_linear.py")
+    r = CMAESRefiner(prog, sigma0=0.3, seed=1)
+    pop = r.propose(prog.candidate(), None, np.random.default_rng(0))
+    r.observe([evaluation(c.id, float(i)) for i, c in enumerate(pop)])
+    promoted = pop[2]
+    sigma = r.sigma
+    later = r.propose(promoted, None, np.random.default_rng(0))
+    unit = [p.to_unit(promoted.params[p.name]) for p in prog.parameters]
+    assert np.allclose(r._es.mean, unit) and r.sigma == sigma
+    assert all(c.parent_id == promoted.id for c in later)
+    assert r.recommend().params == promoted.params

@@ -22,6 +22,10 @@ class CMAESRefiner:
     bounds (in log space for ``scale="log"``), and pycma's bound handling keeps samples inside.
     Fitness is the negative mean training return; a candidate with any errored episode ranks last.
 
+    The search follows the incumbent: when the parent handed to :meth:`propose` changes (a promotion),
+    the distribution's mean moves to it, keeping step size and covariance. Without this the mean keeps
+    drifting with the population while the incumbent stays put, and most later samples lose to it.
+
     With ``restarts="ipop"`` the search restarts from the current incumbent with a doubled
     population when its best training score has not improved for ``stagnation`` generations (or its
     step size collapsed): IPOP-CMA-ES (A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With
@@ -58,10 +62,13 @@ class CMAESRefiner:
         self._parent_id: str | None = None
         self._order: list[str] = []
 
+    def _unit(self, parent: Candidate) -> list[float]:
+        return [p.to_unit(parent.params[p.name]) for p in self.program.parameters]
+
     def _start(self, parent: Candidate) -> None:
         import cma
 
-        x0 = [p.to_unit(parent.params[p.name]) for p in self.program.parameters]
+        x0 = self._unit(parent)
         opts = {"bounds": [0.0, 1.0], "seed": (int(self.seed) + 7919 * self.n_restarts) % (2**31 - 1) + 1,
                 "verbose": -9}
         if self.popsize:
@@ -88,6 +95,9 @@ class CMAESRefiner:
                 self.popsize = 2 * self.population_size
                 self._restart_due, self._best, self._stale = False, float("-inf"), 0
             self._start(parent)
+        elif parent.id != self._parent_id:  # a promotion: follow the new incumbent
+            x = np.clip(self._unit(parent), 0.0, 1.0)
+            self._es.mean = np.concatenate([x, self._es.mean[len(x):]])
         self._parent_id = parent.id
         xs = self._es.ask()
         self._asked = {}
