@@ -185,3 +185,28 @@ def test_run_with_weakness_share_replays_failed_training_seeds(tmp_path):
     assert all(s % 3 == 0 for s in weak)  # train split only
     earlier = {s for g in st.generation_log for s in g["train_seeds"]}
     assert set(weak) <= earlier
+
+
+def test_the_last_chance_gate_fires_under_an_episode_budget():
+    """Regression: the last-chance check was passed 0 episodes for the next generation, so under an
+    ``episodes`` budget it never saw that no generation would follow."""
+    p = IncumbentPlanner(SeedSplits(0), train_episodes=2, max_share=0.1, budget=budget(episodes=100))
+    used = Usage(env_steps=1000, episodes=80, validation_env_steps=100)
+    assert p.should_gate(used, 10, 10.0, next_generation_steps=100, next_generation_episodes=20) is True
+    assert p.should_gate(used, 10, 10.0, next_generation_steps=100, next_generation_episodes=5) is False
+    hold = p.validation_hold(used, 10, 10.0, next_generation_steps=100, next_generation_episodes=5)
+    assert "max_share = 0.1" in hold and "18 % of env steps" in hold
+
+
+def test_the_screen_says_why_a_candidate_is_not_gated():
+    from ratchet.critic import Evaluation
+    from ratchet.rollout import Episode
+
+    def ev(cid, returns):
+        return Evaluation(cid, "train", tuple(Episode(i, r, 10, True, False) for i, r in enumerate(returns)))
+
+    inc = ev("inc", [10.0, 20.0])
+    assert "paired mean difference -5.00" in IncumbentPlanner.screen(ev("c", [5.0, 15.0]), inc, 0.0)
+    assert "not above the incumbent's validation mean 30.00" in IncumbentPlanner.screen(ev("c", [20.0, 30.0]), inc,
+                                                                                          30.0)
+    assert IncumbentPlanner.screen(ev("c", [40.0, 30.0]), inc, 30.0) is None

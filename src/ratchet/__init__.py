@@ -12,7 +12,9 @@ from ratchet.gate import Decision, PairedTestGate
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import RunResult, resume_run, start_run
 from ratchet.policy import Candidate, Parameter, PolicyProgram, export_source, load_policy, parse_policy
+from ratchet.progress import ProgressPrinter
 from ratchet.refiners import CMAESRefiner, Refiner
+from ratchet.report import write_run_report
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, load_spec
 from ratchet.task import GymTask, Task
@@ -22,10 +24,10 @@ __version__ = "0.1.0"
 __all__ = [
     "Candidate", "CMAESRefiner", "Critic", "Critique", "Decision", "Episode", "Evaluation", "Event",
     "EventType", "Executor", "GymTask", "Job", "LedgerError", "PairedTestGate", "Parameter", "PolicyError",
-    "PolicyProgram", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
+    "PolicyProgram", "ProgressPrinter", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
     "Sandbox", "SandboxError", "SpecError", "Task", "TaskError", "executor_from_spec", "export_source", "load_policy",
     "load_spec", "make_executor",
-    "parse_policy", "resume_run", "start_run",
+    "parse_policy", "resume_run", "start_run", "write_run_report",
 ]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -73,49 +72,6 @@ def _project(ledger, run: str):
         raise LedgerError(f"ledger {ledger.location} is damaged: an event lacks {exc}") from None
 
 
-class _Progress:
-    """Live progress: a Rich bar on a terminal, one line per generation otherwise."""
-
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-        self.live = err.is_terminal
-        self.bar = None
-        if self.live:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                                TimeElapsedColumn(), console=err, transient=False)
-            self.task = self.bar.add_task("starting", total=1.0)
-            self.bar.start()
-
-    def __call__(self, info: dict[str, Any]) -> None:
-        usage, budget = info["usage"], info["budget"]
-        fracs = []
-        if budget.env_steps:
-            fracs.append(usage.env_steps / budget.env_steps)
-        if budget.episodes:
-            fracs.append(usage.episodes / budget.episodes)
-        if budget.wall_clock_s:
-            fracs.append(usage.wall_clock_s / budget.wall_clock_s)
-        frac = min(1.0, max(fracs)) if fracs else 0.0
-        elapsed = time.monotonic() - self.t0
-        left = f"≈{elapsed * (1 - frac) / frac:.0f} s left" if frac > 0.05 else "estimating time left"
-        best = info.get("best_train_mean")
-        steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
-        desc = (f"gen {info['generation']:>3} | best train {best if best is None else f'{best:9.2f}'} | "
-                f"incumbent val {info['incumbent_validation_mean']:9.2f} | env steps {steps} | {left}")
-        if info.get("promoted"):
-            desc += " | promoted"
-        if self.bar is not None:
-            self.bar.update(self.task, completed=frac, description=desc)
-        else:
-            err.print(desc, highlight=False, soft_wrap=True)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _print_result(run_dir: Path, state) -> None:
     out.print(f"run {state.run_id} stopped: {state.stop_reason}", highlight=False, soft_wrap=True)
     t = Table()
@@ -163,7 +119,9 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
 def _with_progress(drive, resume_target: str, report: bool, storage: str | None) -> None:
     """Run ``drive(progress)`` with live progress, then print the result (and write the report).
     Ctrl-C leaves a resumable run and says how to resume it."""
-    progress = _Progress()
+    from ratchet.progress import ProgressPrinter
+
+    progress = ProgressPrinter(err)
     try:
         result = drive(progress)
         progress.stop()
@@ -178,16 +136,9 @@ def _with_progress(drive, resume_target: str, report: bool, storage: str | None)
 
 
 def _write_report(state, run_dir: Path, path: Path, videos: bool) -> Path:
-    from ratchet.report.html import write_report
-    from ratchet.report.video import render_failure_examples
+    from ratchet.report import render_report
 
-    gifs = {}
-    if videos and state.status == "finished":
-        try:
-            gifs = render_failure_examples(state, run_dir / "videos")
-        except Exception as exc:  # rendering needs pygame; the report is still useful without GIFs
-            err.print(f"note: failure-mode GIFs skipped ({type(exc).__name__}: {exc})", highlight=False)
-    return write_report(state, path, gifs)
+    return render_report(state, run_dir, path, videos, note=lambda text: err.print(f"note: {text}", highlight=False))
 
 
 def _finish(run_dir: Path, report: bool, storage: str | None) -> None:

@@ -107,6 +107,7 @@ class _Run:
         self.validation_seeds = self.splits.seeds("validation", 0, spec.gate.validation_episodes)
         self.test_seeds = self.splits.seeds("test", 0, spec.test.episodes)
         self._clock_offset = 0.0
+        self._n_contested = 0  # gate decisions so far whose candidate beat the incumbent's mean (alpha spending)
         self._replaying = False
         self._session_start = time.monotonic()
 
@@ -176,15 +177,46 @@ class _Run:
         if self.progress is not None:
             self.progress({"usage": self.usage, "budget": self.spec.budget, **info})
 
+    def gate_step(self, generation: int, best: Candidate | None, train: dict[str, Evaluation], incumbent: Candidate,
+                  inc_val: Evaluation, next_cost: tuple[float, int],
+                  est_len: float) -> tuple[Any, str, Evaluation | None]:
+        """Screen the generation's best contender, validate it when the budget allows, and let the gate
+        decide. Returns the decision (None when no gate ran), one line saying why no gate ran or the
+        gate's verdict, and the contender's validation evaluation (None when no gate ran)."""
+        if best is None:
+            return None, "no contender finished its training episodes without an error", None
+        inc_train = train[incumbent.id]
+        note = self.planner.screen(train[best.id], inc_train, inc_val.mean)
+        if note is None:
+            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
+            note = self.planner.validation_hold(self.usage, len(self.validation_seeds), val_len, next_cost[0],
+                                                self.task.step_limit, next_cost[1])
+        if note is not None:
+            return None, note, None
+        cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
+        decision = self.gate.decide(cand_val, inc_val, k=self._n_contested + 1)
+        self._n_contested += decision.contested
+        self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
+                    {"generation": generation, **decision.to_dict(),
+                     "critique": self.critic.critique(cand_val, inc_val).to_dict(),
+                     "candidate_validation": cand_val.summary(), "incumbent_validation": inc_val.summary(),
+                     "env_steps": self.usage.env_steps})
+        if decision.promoted:
+            self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
+                        {"generation": generation, "from": incumbent.id, "to": best.id,
+                         "validation_mean": cand_val.mean, "previous_validation_mean": inc_val.mean,
+                         "env_steps": self.usage.env_steps, "params": dict(best.params)})
+        return decision, decision.reason, cand_val
+
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        spec, n_val = self.spec, len(self.validation_seeds)
+        spec = self.spec
         baseline = self.program.candidate()
         self.record_candidate(baseline, 0)
         incumbent = baseline
         inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
-        stale, generation, completed, n_contested, stop = 0, 0, 0, 0, None
+        stale, generation, completed, stop = 0, 0, 0, None
         critique = None  # the incumbent's latest training critique, handed to the refiner
         while stop is None:
             generation += 1
@@ -230,26 +262,12 @@ class _Run:
             self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
             best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
-            decision = None
-            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
-            if (best is not None and self.planner.worth_gating(train[best.id], inc_train, inc_val.mean)
-                    and self.planner.should_gate(self.usage, n_val, val_len, self.planner.generation_cost(n_candidates, est_len, self.task.step_limit),
-                                                 self.task.step_limit)):
-                cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
-                decision = self.gate.decide(cand_val, inc_val, k=n_contested + 1)
-                n_contested += decision.contested
-                self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
-                            {"generation": generation, **decision.to_dict(),
-                             "critique": self.critic.critique(cand_val, inc_val).to_dict(),
-                             "candidate_validation": cand_val.summary(), "incumbent_validation": inc_val.summary(),
-                             "env_steps": self.usage.env_steps})
-                if decision.promoted:
-                    gain = cand_val.mean - inc_val.mean
-                    self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
-                                {"generation": generation, "from": incumbent.id, "to": best.id,
-                                 "validation_mean": cand_val.mean, "previous_validation_mean": inc_val.mean,
-                                 "env_steps": self.usage.env_steps, "params": dict(best.params)})
-                    incumbent, inc_val = best, cand_val
+            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.task.step_limit),
+                         n_candidates * spec.refiner.train_episodes)
+            decision, note, cand_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost, est_len)
+            if decision is not None and decision.promoted:
+                gain = cand_val.mean - inc_val.mean
+                incumbent, inc_val = best, cand_val
             promoted = decision is not None and decision.promoted
             if self.allocator is not None:
                 self.allocator.record(arm, gain if promoted else 0.0)
@@ -259,6 +277,7 @@ class _Run:
                        "best_train_mean": train[best.id].mean if best else None,
                        "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
+                       "gate_note": note,
                        "promoted": promoted, "refiner": arm, "sigma": refiner.sigma,
                        "population": refiner.population_size, "restarts": refiner.n_restarts,
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
@@ -332,7 +351,12 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         run_id: Directory name; default ``<spec.name>-<timestamp>-<hex>``.
         executor: Where episodes run; default a process pool per ``[execution]`` (closed at the end;
             an executor passed in stays open, so one pool can serve many runs).
-        progress: Called with a dict after each generation.
+        progress: Called after each generation with a dict: ``generation``, ``best_train_mean`` (None
+            when no contender finished cleanly), ``incumbent_validation_mean``, ``incumbent_id``,
+            ``gated``, ``promoted``, ``gate_note`` (why no gate ran, or the gate's verdict, one line),
+            ``usage`` (:class:`ratchet.planner.Usage`: env steps, episodes, validation env steps,
+            seconds), ``budget`` (the spec's ``[budget]``) and more (see the ``generation_finished``
+            event). :class:`ratchet.progress.ProgressPrinter` prints it as ``ratchet run`` does.
         storage: Where the ledger goes: None for ``ledger.sqlite`` in the run directory, or a database
             URL (``postgresql://USER@HOST/DB``, ``sqlite:///PATH``) shared by many runs; the run directory
             then holds a ``ledger.json`` pointer to it (without the password).

@@ -241,6 +241,11 @@ class IncumbentPlanner:
 
     @staticmethod
     def worth_gating(candidate_train: Evaluation, incumbent_train: Evaluation, incumbent_validation_mean: float) -> bool:
+        """True when :meth:`screen` lets the candidate through."""
+        return IncumbentPlanner.screen(candidate_train, incumbent_train, incumbent_validation_mean) is None
+
+    @staticmethod
+    def screen(candidate_train: Evaluation, incumbent_train: Evaluation, incumbent_validation_mean: float) -> str | None:
         """Screen before spending validation episodes on a candidate.
 
         The candidate must do at least as well as the incumbent on this generation's training seeds
@@ -250,24 +255,50 @@ class IncumbentPlanner:
         best of a population on a few seeds beats it on those seeds by luck alone quite often, and
         each such gate costs a full validation (measured on lunar_lander, run seeds 0–2: test means
         281.4 / 288.4 / 273.8 with both conditions vs 273.2 / 283.5 / 273.8 with the paired one only).
+
+        Returns:
+            None when the candidate passes, else why not (one line, with the numbers).
         """
         diff = float(np.mean(candidate_train.returns - incumbent_train.returns))
-        return diff >= 0 and candidate_train.mean > incumbent_validation_mean
+        if diff < 0:
+            return f"not better on training seeds (paired mean difference {diff:+.2f})"
+        if not candidate_train.mean > incumbent_validation_mean:
+            return (f"training mean {candidate_train.mean:.2f} not above the incumbent's validation mean "
+                    f"{incumbent_validation_mean:.2f}")
+        return None
 
     def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float,
-                    next_generation_steps: float = 0.0, step_limit: int | None = None) -> bool:
+                    next_generation_steps: float = 0.0, step_limit: int | None = None,
+                    next_generation_episodes: int = 0) -> bool:
+        """True when :meth:`validation_hold` has no objection."""
+        return self.validation_hold(usage, n_validation, est_episode_steps, next_generation_steps, step_limit,
+                                    next_generation_episodes) is None
+
+    def validation_hold(self, usage: Usage, n_validation: int, est_episode_steps: float,
+                        next_generation_steps: float = 0.0, step_limit: int | None = None,
+                        next_generation_episodes: int = 0) -> str | None:
         """Whether to validate one candidate now.
 
         Yes when the budget surely affords it (worst case when ``step_limit`` is known) and either
         validation stays within ``max_share`` of all env steps, or this is the last chance: after
-        it the budget could not pay for another generation (``next_generation_steps``).
+        it the budget could not pay for another generation (``next_generation_steps`` env steps and
+        ``next_generation_episodes`` episodes; both matter, so the last chance also comes under an
+        ``episodes`` budget).
+
+        Returns:
+            None to validate now, else why not (one line, with the numbers).
         """
         cost = n_validation * est_episode_steps
         worst = n_validation * step_limit if step_limit else cost
         if not self.budget.can_afford(usage, worst, n_validation):
-            return False
+            return (f"the budget cannot pay for validation ({n_validation} episodes, up to {worst:,.0f} env steps); "
+                    "a smaller [gate] validation_episodes or a larger budget would let it")
         if usage.validation_env_steps + cost <= self.max_share * (usage.env_steps + cost):
-            return True
+            return None
         after = Usage(usage.env_steps + int(cost), usage.episodes + n_validation, usage.validation_env_steps,
                       usage.wall_clock_s)
-        return not self.budget.can_afford(after, next_generation_steps, 0)
+        if not self.budget.can_afford(after, next_generation_steps, next_generation_episodes):
+            return None  # the last chance: after it no further generation would fit
+        share = (usage.validation_env_steps + cost) / (usage.env_steps + cost)
+        return (f"validation would take {100 * share:.0f} % of env steps, over [gate] max_share = "
+                f"{self.max_share:g}; it waits until search has spent more")

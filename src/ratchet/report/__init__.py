@@ -1,1 +1,63 @@
-"""Reports: a self-contained HTML page per run, plots, and episode videos."""
+"""Reports of runs: a self-contained HTML file (:mod:`ratchet.report.html`) with failure-mode GIFs
+(:mod:`ratchet.report.video`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_run_report", "render_report"]
+
+
+def render_report(state: Any, run_dir: Path, path: Path, videos: bool = True,
+                  note: Callable[[str], None] | None = None) -> Path:
+    """Write the HTML report of a projected run state (``ratchet.ledger.projection.project``) to ``path``.
+
+    With ``videos`` and a finished run, one example episode per top test failure mode is re-run in a
+    worker and embedded as a GIF (into ``run_dir/videos``); when rendering fails the report is written
+    without them and ``note`` is told why.
+    """
+    from ratchet.report.html import write_report
+    from ratchet.report.video import render_failure_examples
+
+    gifs = {}
+    if videos and state.status == "finished":
+        try:
+            gifs = render_failure_examples(state, Path(run_dir) / "videos")
+        except Exception as exc:  # rendering needs pygame; the report is still useful without GIFs
+            if note is not None:
+                note(f"failure-mode GIFs skipped ({type(exc).__name__}: {exc})")
+    return write_report(state, Path(path), gifs)
+
+
+def write_run_report(run: str | Path, runs_dir: str | Path = "runs", output: str | Path | None = None, *,
+                     videos: bool = True, storage: str | None = None) -> Path:
+    """Write a run's HTML report, as ``ratchet report`` does (it opens offline).
+
+    Args:
+        run: Run id or run directory.
+        runs_dir: Folder that holds run directories.
+        output: The HTML file to write; default ``RUN_DIR/report.html`` (overwritten).
+        videos: Embed one GIF per top failure mode (re-runs those episodes in a sandboxed worker).
+        storage: Database URL for runs kept in a database.
+
+    Returns:
+        The path written.
+
+    Raises:
+        RunNotFoundError: no such run.
+        LedgerError: its ledger is damaged or unreachable.
+    """
+    from ratchet.ledger.projection import project
+    from ratchet.loop import open_run
+
+    ledger, run_dir = open_run(run, runs_dir, storage=storage, readonly=True)
+    try:
+        events = ledger.read()
+    finally:
+        ledger.close()
+    state = project(events)
+    if output is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return render_report(state, run_dir, Path(output) if output is not None else run_dir / "report.html", videos)

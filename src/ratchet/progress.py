@@ -1,0 +1,108 @@
+"""Progress reporting for runs: the callback ``start_run(..., progress=...)`` takes, and a ready one.
+
+After every generation the loop calls ``progress(info)`` with a dict (see :func:`progress_line` for the
+keys it reads). :class:`ProgressPrinter` prints what ``ratchet run`` prints: a Rich bar on a terminal,
+one line per generation otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+__all__ = ["ProgressPrinter", "progress_line", "budget_fraction"]
+
+
+def budget_fraction(info: dict[str, Any]) -> float:
+    """Share of the budget used (0–1): the largest of env steps, episodes and wall clock used."""
+    usage, budget = info["usage"], info["budget"]
+    fracs = []
+    if budget.env_steps:
+        fracs.append(usage.env_steps / budget.env_steps)
+    if budget.episodes:
+        fracs.append(usage.episodes / budget.episodes)
+    if budget.wall_clock_s:
+        fracs.append(usage.wall_clock_s / budget.wall_clock_s)
+    return min(1.0, max(fracs)) if fracs else 0.0
+
+
+def progress_line(info: dict[str, Any], time_left: str = "") -> str:
+    """One generation as one line: best training mean, incumbent validation mean, budget used (env steps,
+    and episodes when the budget counts them), time left, and what the gate did and why.
+
+    Args:
+        info: The dict the loop passes to ``progress``: ``generation``, ``best_train_mean`` (or None),
+            ``incumbent_validation_mean``, ``usage`` (:class:`ratchet.planner.Usage`), ``budget``
+            (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line).
+        time_left: Text such as ``"≈12 s left"``.
+    """
+    usage, budget = info["usage"], info["budget"]
+    best = info.get("best_train_mean")
+    steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
+    line = (f"gen {info['generation']:>3} | best train {'–' if best is None else f'{best:9.2f}'} | "
+            f"incumbent val {info['incumbent_validation_mean']:9.2f} | env steps {steps}")
+    if budget.episodes:
+        line += f" | episodes {usage.episodes:,}/{budget.episodes:,}"
+    if time_left:
+        line += f" | {time_left}"
+    note = info.get("gate_note")
+    if info.get("promoted"):
+        line += " | promoted"
+    elif info.get("gated"):
+        line += f" | rejected: {note}" if note else " | rejected"
+    elif note:
+        line += f" | no gate: {note}"
+    return line
+
+
+class ProgressPrinter:
+    """A progress callback that prints like ``ratchet run``: a Rich bar on a terminal, one line per
+    generation otherwise (to ``stderr`` by default).
+
+    Example::
+
+        from ratchet import ProgressPrinter, load_spec, start_run
+
+        progress = ProgressPrinter()
+        try:
+            start_run(load_spec("examples/cartpole"), progress=progress)
+        finally:
+            progress.stop()
+
+    Args:
+        console: A ``rich.console.Console`` to print to; default one on ``stderr`` without markup.
+        live: Show a live bar; default: when the console is a terminal.
+    """
+
+    def __init__(self, console: Any = None, live: bool | None = None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(file=sys.stderr, markup=False)
+        self.t0 = time.monotonic()
+        self.live = self.console.is_terminal if live is None else live
+        self.bar = None
+        if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                                TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=self.console,
+                                transient=False)
+            self.task = self.bar.add_task("starting", total=1.0)
+            self.bar.start()
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        frac = budget_fraction(info)
+        elapsed = time.monotonic() - self.t0
+        left = f"≈{elapsed * (1 - frac) / frac:.0f} s left" if frac > 0.05 else "estimating time left"
+        line = progress_line(info, left)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=frac, description=line)
+        else:
+            self.console.print(line, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        """Stop the live bar (safe to call twice)."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
