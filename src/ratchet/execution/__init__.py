@@ -31,8 +31,13 @@ class Job:
 class Executor(Protocol):
     """Runs jobs; a failing policy gives errored episodes, never an exception."""
 
+    #: Whether :meth:`run` honours ``max_env_steps`` exactly. Executors without the attribute are taken
+    #: not to, and the loop prices every episode at the task's time limit instead.
+    caps_env_steps: bool
+
     def run(self, task: Task, jobs: Sequence[Job],
-            on_episode: Callable[[int, Episode], None] | None = None) -> list[Episode]:
+            on_episode: Callable[[int, Episode], None] | None = None, *,
+            max_env_steps: int | None = None) -> list[Episode]:
         """Run every job and return its episode, in job order.
 
         Args:
@@ -40,6 +45,8 @@ class Executor(Protocol):
             jobs: (candidate, seed) pairs.
             on_episode: Called as ``on_episode(job_index, episode)`` as each episode finishes
                 (completion order).
+            max_env_steps: Hard cap on the env steps all these jobs may take together (see
+                :meth:`ratchet.execution.process.ProcessExecutor.run`); None for no cap.
         """
 
     def close(self) -> None:

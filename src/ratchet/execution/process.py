@@ -168,6 +168,8 @@ class _Worker:
             shutil.rmtree(self.hostdir, ignore_errors=True)
 
 
+#: The error of an episode that never ran because the env-step cap (``max_env_steps``) left no room.
+BUDGET_SKIP = "skipped: env-step budget used"
 _MAX_REPLY_BYTES = 16 * 2**20
 _HOST_GRACE_S = 5.0
 _REPLY_TIMEOUT_S = 30.0
@@ -311,9 +313,12 @@ class ProcessExecutor:
                 w = self._start_worker()
             self._workers.append(w)
 
+    #: :meth:`run` honours ``max_env_steps`` exactly (the loop may then price work by observed lengths).
+    caps_env_steps = True
+
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None,
-            render_paths: Sequence[str | None] | None = None) -> list[Episode]:
+            render_paths: Sequence[str | None] | None = None, *, max_env_steps: int | None = None) -> list[Episode]:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
 
         Each worker holds up to two jobs (the one running and the next), so it never waits for the
@@ -323,6 +328,10 @@ class ProcessExecutor:
         Args:
             render_paths: Optional per-job output file (GIF/MP4); when set the episode is rendered
                 to it (used by ``ratchet replay --video``).
+            max_env_steps: A hard cap on the env steps these jobs may take together. A job starts only
+                when the steps already taken plus the task's time limit for it and for every job still
+                running fit; when none can start, the rest are recorded as ``"skipped: env-step budget
+                used"`` (0 env steps). Ignored when the task has no time limit.
         """
         results: list[Episode | None] = [None] * len(jobs)
         if not jobs:
@@ -337,6 +346,8 @@ class ProcessExecutor:
             w.jobs = deque()
 
         renders: dict[int, tuple[str, str]] = {}
+        cap = max_env_steps if max_env_steps is not None and task.step_limit else None
+        spent, held = [0], [False]  # env steps of finished jobs; whether the cap held a job back
 
         def finish(i: int, ep: Episode) -> None:
             if i in renders:
@@ -348,6 +359,7 @@ class ProcessExecutor:
                     except OSError as exc:
                         ep = Episode.failed(ep.seed, f"could not write {wanted}: {exc.strerror or exc}", task=task)
             results[i] = ep
+            spent[0] += ep.length
             if on_episode is not None:
                 on_episode(i, ep)
 
@@ -371,7 +383,18 @@ class ProcessExecutor:
             workers.append(self._replace(w))
 
         def dispatch(w: _Worker) -> bool:
+            held[0] = False
             while pending:
+                if cap is not None:
+                    running = sum(len(x.jobs) for x in workers)
+                    if spent[0] + (running + 1) * task.step_limit > cap:
+                        if running:
+                            held[0] = True
+                            return False
+                        while pending:
+                            j = pending.popleft()
+                            finish(j, Episode.failed(jobs[j].seed, BUDGET_SKIP, task=task))
+                        return False
                 i = pending.popleft()
                 job = jobs[i]
                 cid = job.candidate.id
@@ -403,7 +426,7 @@ class ProcessExecutor:
             for depth in (1, 2):  # fill idle workers first, then queue one job behind each running one
                 for w in list(workers):
                     if len(w.jobs) < depth and pending:
-                        if not dispatch(w) and pending and not w.jobs:
+                        if not dispatch(w) and pending and not w.jobs and not held[0]:
                             workers.remove(w)
                             workers.append(self._replace(w))
             busy = {w.conn: w for w in workers if w.jobs}

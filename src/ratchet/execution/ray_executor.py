@@ -237,11 +237,17 @@ class RayExecutor:
         seen = self._episode_s.get(json.dumps(task_dict, sort_keys=True))
         return default_batch_episodes(n_jobs, self.cpus(), statistics.median(seen) if seen else None)
 
+    #: ``max_env_steps`` is not honoured (batches run in parallel on the cluster); the loop then prices
+    #: every episode at the task's time limit, which keeps the env-step budget a hard cap.
+    caps_env_steps = False
+
     def run(self, task: Task, jobs: Sequence[Job],
-            on_episode: Callable[[int, Episode], None] | None = None) -> list[Episode]:
+            on_episode: Callable[[int, Episode], None] | None = None, *,
+            max_env_steps: int | None = None) -> list[Episode]:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
 
         ``on_episode`` is called for a batch's jobs (in job order) when the whole batch has finished.
+        ``max_env_steps`` is ignored (see :attr:`caps_env_steps`).
 
         Raises:
             RatchetError: a node refused to run policy code (for example the sandbox requires isolation
