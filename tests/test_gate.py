@@ -364,3 +364,13 @@ def test_betting_capital_vectorised_and_group_sequential_spending_sums_to_level(
     looks = [10, 20, 30, 40, 50]
     spent = [group_sequential_level(0.01, n, p, 50) for n, p in zip(looks, [0] + looks[:-1])]
     assert sum(spent) == pytest.approx(0.01) and spent == sorted(spent)
+
+
+def test_higher_futility_bound_stops_no_better_candidates_sooner():
+    rng = np.random.default_rng(18)
+    d = np.clip(rng.standard_normal((200, 100)), -4, 4)
+    used = {ft: np.mean([drive(SequentialGate(return_range=(0.0, 4.0), futility_t=ft), row).episodes_used
+                         for row in d]) for ft in (0.0, 1.0)}
+    assert used[1.0] < used[0.0]
+    with pytest.raises(ValueError, match="futility_t"):
+        SequentialGate(futility_t=float("nan"))
