@@ -12,8 +12,9 @@ Paired differences d = δ·σ + σ·Z on each validation seed, with Z of mean 0 
 
 Methods: "t-fixed" = PairedTestGate(test="t", spending="harmonic"), today's gate, reading all n_cap seeds;
 "group-t" and "betting" = SequentialGate(method=...) with "every" spending, batches of 10 seeds (4 at
-n_cap ≤ 16), futility (mean difference ≤ 0 at a look) from 20 seeds on (8 at n_cap ≤ 16); the betting gate's range puts the lower bound of d at
-−L·σ. The simulation mirrors GateSession's rules (checked against it on a sample at start-up).
+n_cap ≤ 16), futility (mean difference ≤ 0 at a look) from 20 seeds on (8 at n_cap ≤ 16); the betting gate's
+range puts the lower bound of d at −L·σ. The simulation mirrors GateSession's rules (checked against it on a
+sample at start-up).
 
 Usage: python benchmarks/gate_power.py [--runs 2000] [--decisions 20] [--power-runs 2000] [--write]
 """

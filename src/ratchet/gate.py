@@ -250,8 +250,8 @@ def group_sequential_level(alpha: float, n: int, n_prev: int, cap: int) -> float
     """Share of ``alpha`` a group-sequential t-test spends at a look after ``n`` paired seeds.
 
     Lan–DeMets spending function of O'Brien–Fleming type, ``f(t) = 2 - 2 Φ(z_{α/2} / √t)`` at information
-    fraction ``t = n / cap`` (``f(1) = α``); the look spends ``f(n/cap) - f(n_prev/cap)``. The looks are combined by the
-    union bound (Bonferroni over looks), which is valid whatever their correlation and slightly conservative.
+    fraction ``t = n / cap`` (``f(1) = α``); the look spends ``f(n/cap) - f(n_prev/cap)``. The looks are combined by
+    the union bound (Bonferroni over looks), which is valid whatever their correlation and slightly conservative.
 
     Source: K. K. G. Lan and D. L. DeMets, "Discrete sequential boundaries for clinical trials", Biometrika 70(3),
     1983; P. C. O'Brien and T. R. Fleming, "A multiple testing procedure for clinical trials", Biometrics 35, 1979.
