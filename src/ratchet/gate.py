@@ -321,11 +321,10 @@ class GateSession:
         self._check_open()
         if candidate.n_errors:
             return self._stop("reject", "error", f"{candidate.n_errors} validation episode(s) failed with an error")
-        for c, i in zip(candidate.episodes, incumbent.episodes):
-            if i.success is True:
-                self._held += 1
-                self._new_failures += c.success is not True
-        return self.add((candidate.returns - incumbent.returns).tolist())
+        d = self._validated(candidate.returns - incumbent.returns)
+        held = [c.success is not True for c, i in zip(candidate.episodes, incumbent.episodes) if i.success is True]
+        self._held, self._new_failures = self._held + len(held), self._new_failures + sum(held)
+        return self.add(d)
 
     def add(self, diffs: list[float] | np.ndarray) -> str:
         """Add paired differences candidate − incumbent (return units) of the next seeds and look at the evidence.
@@ -337,11 +336,7 @@ class GateSession:
             ValueError: a difference is not finite, too many seeds for the cap, or the session has stopped.
         """
         self._check_open()
-        d = np.asarray(diffs, dtype=np.float64).ravel()
-        if not np.all(np.isfinite(d)):
-            raise ValueError(f"paired differences must be finite, got {d[~np.isfinite(d)][:3].tolist()}")
-        if self.n + len(d) > self.cap:
-            raise ValueError(f"expected at most {self.cap - self.n} more paired seeds (cap {self.cap}), got {len(d)}")
+        d = self._validated(diffs)
         if len(d) == 0:
             return self.status
         self.diffs.extend(d.tolist())
@@ -361,6 +356,14 @@ class GateSession:
                         self.stopped_because if self.status != "continue" else "unfinished")
 
     # -- internals
+    def _validated(self, diffs: list[float] | np.ndarray) -> np.ndarray:
+        d = np.asarray(diffs, dtype=np.float64).ravel()
+        if not np.all(np.isfinite(d)):
+            raise ValueError(f"paired differences must be finite, got {d[~np.isfinite(d)][:3].tolist()}")
+        if self.n + len(d) > self.cap:
+            raise ValueError(f"expected at most {self.cap - self.n} more paired seeds (cap {self.cap}), got {len(d)}")
+        return d
+
     def _check_open(self) -> None:
         if self.status != "continue":
             raise ValueError(f"the decision has already stopped ({self.stopped_because}); start a new session")
