@@ -12,11 +12,12 @@ Paired differences d = δ·σ + σ·Z on each validation seed, with Z of mean 0 
 
 Methods: "t-fixed" = PairedTestGate(test="t", spending="harmonic"), today's gate, reading all n_cap seeds;
 "group-t" and "betting" = SequentialGate(method=...) with "every" spending, batches of 10 seeds (4 at
-n_cap ≤ 16), futility (mean difference ≤ 0 at a look) from 20 seeds on (8 at n_cap ≤ 16); the betting gate's
-range puts the lower bound of d at −L·σ. The simulation mirrors GateSession's rules (checked against it on a
-sample at start-up).
+n_cap ≤ 16), futility (t statistic ≤ --futility-t, default 0: mean difference ≤ 0, at a look) from 20 seeds on
+(8 at n_cap ≤ 16); the betting gate's range puts the lower bound of d at −L·σ. The simulation mirrors
+GateSession's rules (checked against it on a sample at start-up).
 
-Usage: python benchmarks/gate_power.py [--runs 2000] [--decisions 20] [--power-runs 2000] [--write]
+Usage: python benchmarks/gate_power.py [--runs 2000] [--decisions 20] [--power-runs 2000] [--caps 12 50 100 200]
+       [--futility-t 0] [--write]
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def design(cap: int) -> tuple[int, int]:
     return (4, 8) if cap <= 16 else (10, 20)
 
 
-def sequential(d: np.ndarray, levels: np.ndarray, method: str, cap: int, lower: float) -> tuple[np.ndarray, np.ndarray]:
+def sequential(d: np.ndarray, levels: np.ndarray, method: str, cap: int, lower: float,
+               futility_t: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised SequentialGate: d (m, cap), levels (m,) → (promoted, episodes used)."""
     m = d.shape[0]
     batch, min_eps = design(cap)
@@ -65,15 +67,17 @@ def sequential(d: np.ndarray, levels: np.ndarray, method: str, cap: int, lower: 
     prev = 0
     for n in looks:
         mean = cs[:, n - 1] / n
+        var = np.maximum(css[:, n - 1] - n * mean ** 2, 0) / (n - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(var > 0, mean / np.sqrt(var / n), np.sign(mean) * np.inf)
+        t = np.nan_to_num(t, nan=0.0, posinf=np.inf, neginf=-np.inf)
         if method == "betting":
             crossed = max_log_k[:, n - 1] >= np.log(1 / levels)
         else:
-            var = np.maximum(css[:, n - 1] - n * mean ** 2, 0) / (n - 1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                p = np.where(var > 0, special.stdtr(n - 1, -mean / np.sqrt(var / n)), np.where(mean > 0, 0.0, 1.0))
+            p = np.where(var > 0, special.stdtr(n - 1, -t), np.where(mean > 0, 0.0, 1.0))
             crossed = p < np.array([group_sequential_level(a, n, prev, cap) for a in levels])
         win = alive & crossed & (mean > 0)
-        stop = win | (alive & (n >= cap)) | (alive & (n >= min_eps) & (mean <= 0))
+        stop = win | (alive & (n >= cap)) | (alive & (n >= min_eps) & (t <= futility_t))
         promoted |= win
         used[alive & stop] = n
         alive &= ~stop
@@ -89,7 +93,7 @@ def fixed_t(d: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def simulate(rng: np.random.Generator, method: str, shape: str, delta: float, cap: int, runs: int, decisions: int,
-             lower: float = -4.0) -> tuple[np.ndarray, np.ndarray]:
+             lower: float = -4.0, futility_t: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Runs of ``decisions`` decisions with true gain δ (σ units): (promoted, episodes), each (runs, decisions)."""
     promoted, used = np.zeros((runs, decisions), bool), np.zeros((runs, decisions), int)
     contested = np.zeros(runs, int)
@@ -101,19 +105,19 @@ def simulate(rng: np.random.Generator, method: str, shape: str, delta: float, ca
             contested += d.mean(1) > 0
         else:
             levels = np.full(runs, spending_level(ALPHA, k + 1, "every"))
-            promoted[:, k], used[:, k] = sequential(d, levels, method, cap, lower)
+            promoted[:, k], used[:, k] = sequential(d, levels, method, cap, lower, futility_t)
     return promoted, used
 
 
-def self_check() -> None:
+def self_check(futility_t: float) -> None:
     """The vectorised simulation agrees with GateSession decision by decision."""
     rng = np.random.default_rng(99)
     for method in ("betting", "group-t"):
         for cap in (12, 50):
             d = 0.5 + noise(rng, "crash", (100, cap))
             batch, min_eps = design(cap)
-            gate = SequentialGate(ALPHA, method, batch, min_eps, return_range=(0.0, 4.0))
-            got = sequential(d, np.full(100, spending_level(ALPHA, 3, "every")), method, cap, -4.0)
+            gate = SequentialGate(ALPHA, method, batch, min_eps, return_range=(0.0, 4.0), futility_t=futility_t)
+            got = sequential(d, np.full(100, spending_level(ALPHA, 3, "every")), method, cap, -4.0, futility_t)
             for i, row in enumerate(d):
                 s = gate.start(3, cap)
                 while (b := s.next_batch_size()) > 0:
@@ -130,9 +134,10 @@ def main() -> None:
     ap.add_argument("--power-runs", type=int, default=2000, help="simulated decisions per effect size")
     ap.add_argument("--caps", type=int, nargs="+", default=[12, 50, 100, 200])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--futility-t", type=float, default=0.0, help="SequentialGate futility_t (0: mean ≤ 0)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    self_check()
+    self_check(args.futility_t)
     rng = np.random.default_rng(args.seed)
     methods = [("t-fixed", "t-fixed", -4.0), ("group-t", "group-t", -4.0),
                ("betting L=4σ", "betting", -4.0), ("betting L=8σ", "betting", -8.0)]
@@ -140,14 +145,14 @@ def main() -> None:
     for shape in SHAPES:
         for cap in args.caps:
             for name, method, lower in methods:
-                prom, used = simulate(rng, method, shape, 0.0, cap, args.runs, args.decisions, lower)
+                prom, used = simulate(rng, method, shape, 0.0, cap, args.runs, args.decisions, lower, args.futility_t)
                 k = int(prom.any(1).sum())
                 ci = binomtest(k, args.runs).proportion_ci(method="wilson")
                 cells = [shape, str(cap), name, f"{k / args.runs:.3f} ({ci.low:.3f}–{ci.high:.3f})",
                          "**no**" if ci.low > ALPHA else ("yes" if k / args.runs <= ALPHA else "within CI"),
                          f"{used.mean():.1f}"]
                 for delta in EFFECTS:
-                    p, u = simulate(rng, method, shape, delta, cap, args.power_runs, 10, lower)
+                    p, u = simulate(rng, method, shape, delta, cap, args.power_runs, 10, lower, args.futility_t)
                     cells.append(f"{p[:, 0].mean():.2f} / {p[:, 9].mean():.2f} ({u[:, 0].mean():.0f})")
                 rows.append("| " + " | ".join(cells) + " |")
                 print(rows[-1], flush=True)
@@ -161,7 +166,8 @@ def main() -> None:
     if args.write:
         write_section("Gate power and level (simulation)",
                       f"Command: `python benchmarks/gate_power.py --runs {args.runs} --decisions {args.decisions} "
-                      f"--power-runs {args.power_runs} --caps {' '.join(map(str, args.caps))} --write` "
+                      f"--power-runs {args.power_runs} --caps {' '.join(map(str, args.caps))}"
+                      f"{f' --futility-t {args.futility_t:g}' if args.futility_t else ''} --write` "
                       f"(numpy simulation of paired differences in σ units, no env; α = 0.05; "
                       f"{args.runs} null runs of {args.decisions} decisions per row, {args.power_runs} decisions per "
                       "effect size; see the script's docstring for the noise shapes and settings).\n\n"
