@@ -205,3 +205,172 @@ def test_bad_spending_and_obligation_rejected():
         PairedTestGate(max_new_failures=1.5)
     with pytest.raises(ValueError):
         PairedTestGate().decide(ev("c", base()), ev("i", base()), k=0)
+
+
+# -- sequential gates ---------------------------------------------------------------------------------
+
+from ratchet.gate import SequentialGate, betting_log_capital, group_sequential_level, make_gate  # noqa: E402
+
+
+def crash_noise(rng, size):
+    """Mean 0, variance 1, left-skewed: slightly better on 90 % of seeds, much worse (a crash) on 10 %."""
+    crash = rng.random(size) < 0.1
+    return np.where(crash, -2.85, 0.3167) + np.clip(0.316 * rng.standard_normal(size), -1, 1)
+
+
+def drive(gate, d, k=1, cap=None):
+    s = gate.start(k, len(d) if cap is None else cap)
+    while (b := s.next_batch_size()) > 0:
+        s.add(d[s.n:s.n + b])
+    return s.decision()
+
+
+BET = SequentialGate(alpha=0.05, return_range=(0.0, 4.0))  # differences in units of σ, bounded below by -4σ
+
+
+def test_betting_level_on_skewed_null_where_t_tests_fail():
+    rng = np.random.default_rng(11)
+    n, cap = 3000, 50
+    d = crash_noise(rng, (n, cap))  # mean-zero differences: every promotion is false
+    rate = np.mean([drive(BET, row).promoted for row in d])
+    level = 0.05 / 2  # α_1 with "every" spending
+    assert rate <= level + 3 * math.sqrt(level * (1 - level) / n)
+    # the fixed-n t-test, at the same level, promotes this null far more often than its level
+    p = stats.ttest_1samp(d, 0.0, axis=1, alternative="greater").pvalue
+    assert np.mean(p < level) > 3 * level
+
+
+@pytest.mark.parametrize("method", ["betting", "group-t"])
+def test_run_wide_false_promotion_rate_at_most_alpha(method):
+    rng = np.random.default_rng(12)
+    gate = SequentialGate(alpha=0.05, method=method, return_range=(0.0, 4.0))
+    runs, decisions = 300, 10
+    d = np.clip(rng.standard_normal((runs, decisions, 50)), -4, 4)
+    any_false = [any(drive(gate, d[r, k], k=k + 1).promoted for k in range(decisions)) for r in range(runs)]
+    assert np.mean(any_false) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs)
+
+
+@pytest.mark.parametrize("method", ["betting", "group-t"])
+def test_power_on_a_known_gain_with_fewer_episodes_than_the_cap(method):
+    rng = np.random.default_rng(13)
+    gate = SequentialGate(alpha=0.05, method=method, return_range=(0.0, 4.0))
+    decisions = [drive(gate, 0.8 + np.clip(rng.standard_normal(50), -3, 3)) for _ in range(400)]
+    assert np.mean([d.promoted for d in decisions]) >= 0.9
+    assert np.mean([d.episodes_used for d in decisions]) < 0.8 * 50
+    promoted = next(d for d in decisions if d.promoted)
+    assert promoted.stopped_because == "efficacy" and promoted.contested
+    if method == "betting":
+        assert promoted.e_value >= 1 / promoted.alpha and promoted.p_value == pytest.approx(1 / promoted.e_value)
+
+
+def test_null_candidates_stop_early_for_futility():
+    rng = np.random.default_rng(14)
+    decisions = [drive(BET, np.clip(rng.standard_normal(100), -4, 4)) for _ in range(200)]
+    assert np.mean([d.episodes_used for d in decisions]) < 60
+    assert {d.stopped_because for d in decisions} <= {"futility", "cap", "efficacy"}
+    assert any(d.stopped_because == "futility" and d.episodes_used == 20 for d in decisions)
+
+
+def test_sequential_decision_is_deterministic_and_replay_matches_session():
+    inc = base(40)
+    cand = inc + np.random.default_rng(15).normal(10.0, 15.0, size=40)
+    gate = SequentialGate(return_range=(0.0, 400.0))
+    seeds = list(range(40))
+    a = gate.decide(ev("c", cand, seeds=seeds), ev("i", inc, seeds=seeds), k=2)
+    b = gate.decide(ev("c", cand, seeds=seeds), ev("i", inc, seeds=seeds), k=2)
+    assert a == b
+    assert drive(gate, cand - inc, k=2).to_dict() | {"candidate_id": "c", "incumbent_id": "i"} == a.to_dict()
+    assert a.alpha == pytest.approx(0.05 / 6) and a.test == "betting"
+    assert set(a.to_dict()) >= {"promoted", "p_value", "n", "contested", "episodes_used", "e_value", "stopped_because"}
+
+
+@pytest.mark.parametrize("method", ["betting", "group-t"])
+def test_all_equal_differences(method):
+    gate = SequentialGate(method=method, return_range=(0.0, 100.0))
+    up = drive(gate, np.full(50, 30.0))
+    assert up.promoted and up.stopped_because == "efficacy" and up.episodes_used < 50
+    flat = drive(gate, np.zeros(50))  # zero variance, zero gain
+    assert not flat.promoted and flat.stopped_because == "futility" and flat.episodes_used == 20
+
+
+def test_nan_and_bad_input_rejected():
+    s = BET.start(1, 20)
+    with pytest.raises(ValueError, match="finite"):
+        s.add([1.0, float("nan")])
+    with pytest.raises(ValueError, match="cap"):
+        s.add(np.zeros(21))
+    s.add(np.full(10, -1.0))
+    s.add(np.full(10, -1.0))
+    assert s.status == "reject"
+    with pytest.raises(ValueError, match="already stopped"):
+        s.add([1.0])
+    assert s.next_batch_size() == 0
+
+
+def test_difference_below_the_range_rejects():
+    s = BET.start(1, 50)
+    assert s.add([1.0] * 9 + [-4.5]) == "reject"
+    d = s.decision()
+    assert not d.promoted and d.stopped_because == "out_of_range" and not d.contested
+
+
+def test_errors_and_new_failures_reject():
+    gate = SequentialGate(return_range=(0.0, 500.0), max_new_failures=0.1)
+    s = gate.start(1, 20)
+    assert s.add_evaluations(ev("c", base(10) + 50, errors={3}), ev("i", base(10))) == "reject"
+    assert s.decision().stopped_because == "error"
+    inc = _success_ev("inc", [200.0] * 20, [True] * 20)
+    cand = _success_ev("cand", [400.0] * 17 + [150.0] * 3, [True] * 17 + [False] * 3)
+    d = gate.decide(cand, inc)
+    assert not d.promoted and d.stopped_because == "regression" and "newly fails" in d.reason
+
+
+def test_min_improvement_is_the_null():
+    gate = SequentialGate(return_range=(0.0, 20.0), min_improvement=5.0)
+    rng = np.random.default_rng(16)
+    assert not drive(gate, 4.0 + rng.normal(0, 1, 50)).promoted
+    assert drive(gate, 9.0 + rng.normal(0, 1, 50)).promoted
+
+
+def test_unfinished_session_does_not_promote():
+    s = BET.start(1, 50)
+    s.add(np.full(10, 0.5))
+    d = s.decision()
+    assert s.status == "continue" and not d.promoted and d.stopped_because == "unfinished"
+    assert s.next_batch_size() == 10
+
+
+def test_sequential_settings_validated():
+    with pytest.raises(ValueError, match="range of returns"):
+        SequentialGate().start(1, 50)
+    for bad in ({"method": "z"}, {"batch": 1}, {"return_range": (1.0, 1.0)}, {"spending": "x"},
+                {"max_bet": 1.0}, {"alpha": 1.0}, {"min_improvement": -1.0}):
+        with pytest.raises(ValueError):
+            SequentialGate(**bad)
+    with pytest.raises(ValueError):
+        BET.start(0, 50)
+    with pytest.raises(ValueError):
+        BET.start(1, 50, lower_bound=1.0)
+    assert isinstance(make_gate("group-t", batch=5), SequentialGate)
+    assert isinstance(make_gate("wilcoxon"), PairedTestGate)
+    with pytest.raises(ValueError, match="test must be"):
+        make_gate("sequential-z")
+
+
+def test_betting_capital_vectorised_and_group_sequential_spending_sums_to_level():
+    x = np.random.default_rng(17).uniform(-1, 1, size=(3, 30))
+    rows = np.stack([betting_log_capital(r) for r in x])
+    assert np.allclose(betting_log_capital(x), rows) and np.all(betting_log_capital(x)[:, 0] == 0.0)
+    looks = [10, 20, 30, 40, 50]
+    spent = [group_sequential_level(0.01, n, p, 50) for n, p in zip(looks, [0] + looks[:-1])]
+    assert sum(spent) == pytest.approx(0.01) and spent == sorted(spent)
+
+
+def test_higher_futility_bound_stops_no_better_candidates_sooner():
+    rng = np.random.default_rng(18)
+    d = np.clip(rng.standard_normal((200, 100)), -4, 4)
+    used = {ft: np.mean([drive(SequentialGate(return_range=(0.0, 4.0), futility_t=ft), row).episodes_used
+                         for row in d]) for ft in (0.0, 1.0)}
+    assert used[1.0] < used[0.0]
+    with pytest.raises(ValueError, match="futility_t"):
+        SequentialGate(futility_t=float("nan"))
