@@ -148,7 +148,11 @@ class RecordingExecutor:
         self.calls = 0
         self.episodes = 0
 
-    def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None):
+    @property
+    def caps_env_steps(self) -> bool:
+        return bool(getattr(self.inner, "caps_env_steps", False))
+
+    def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None, **kw):
         self.calls += 1
         if self.max_calls is not None and self.calls > self.max_calls:
             raise SimulatedKill(f"runaway: {self.calls} executor calls")
@@ -161,7 +165,7 @@ class RecordingExecutor:
             if self.die_after is not None and self.episodes >= self.die_after:
                 raise SimulatedKill("killed")
 
-        return self.inner.run(task, jobs, cb)
+        return self.inner.run(task, jobs, cb, **kw)
 
     def describe(self) -> dict:
         return self.inner.describe()

@@ -346,11 +346,24 @@ def test_bad_storage_fails_before_a_run_directory_exists(tmp_path):
 
 
 def test_a_budget_too_small_for_one_generation_says_why(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 2000, "episodes": 20}, test={"episodes": 3},
+                                   gate={"validation_episodes": 3}, execution={"workers": 1}))
+    result = start_run(spec, tmp_path / "runs", "tiny")
+    assert result.stop_reason.startswith("budget: no room for a single generation (")
+    assert "of [budget] episodes = 20); raise [budget] episodes" in result.stop_reason
+
+
+def test_a_generation_the_env_step_cap_cuts_short_is_not_judged(tmp_path):
+    """Work is priced by the episode lengths seen; when the executor's hard cap stops a generation, the
+    run ends without judging it, and the env-step budget is never exceeded."""
     spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 2000}, test={"episodes": 3},
                                    gate={"validation_episodes": 3}, execution={"workers": 1}))
     result = start_run(spec, tmp_path / "runs", "tiny")
-    assert result.stop_reason.startswith("budget: no room for a single generation (up to ")
-    assert "raise [budget] env_steps" in result.stop_reason
+    state = project(read_events(tmp_path / "runs" / "tiny"))
+    assert state.env_steps <= 2000
+    assert result.stop_reason.startswith("env-step budget used (the last generation was cut short")
+    finished = events_of(read_events(tmp_path / "runs" / "tiny"), EventType.RUN_FINISHED)[0].payload
+    assert sum(v for v in finished["env_steps_breakdown"].values()) == 2000
 
 
 def test_a_run_being_written_cannot_be_resumed_or_restarted_from_this_machine(tmp_path):

@@ -109,7 +109,9 @@ def test_can_afford_generation_has_a_safety_margin():
 def test_should_gate_respects_budget():
     p = IncumbentPlanner(SeedSplits(0), train_episodes=2, max_share=0.3, budget=budget(env_steps=1000))
     assert p.should_gate(Usage(env_steps=950), 10, 10.0) is False  # 100 more steps do not fit
-    assert p.should_gate(Usage(env_steps=900, validation_env_steps=0), 10, 10.0) is True  # 100/1000 <= 0.3
+    # priced by the observed length (no time limit given) with a 25 % margin: 125 steps must fit
+    assert p.should_gate(Usage(env_steps=900, validation_env_steps=0), 10, 10.0) is False
+    assert p.should_gate(Usage(env_steps=875, validation_env_steps=0), 10, 10.0) is True  # 100/975 <= 0.3
 
 
 @pytest.mark.parametrize("share", [0.3, 0.5])

@@ -10,6 +10,7 @@ evaluation.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import platform
@@ -25,8 +26,8 @@ import numpy as np
 
 from ratchet.critic import Critic, Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
-from ratchet.execution import Executor, Job, executor_from_spec
-from ratchet.gate import PairedTestGate
+from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
+from ratchet.gate import SequentialGate, make_gate
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_pointer, storage_url, with_password_of,
@@ -83,7 +84,7 @@ class _Run:
     """One run's wiring. The loop in :meth:`run` holds no policy logic of its own."""
 
     def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
-                 executor: Executor, progress: ProgressFn | None) -> None:
+                 executor: Executor, progress: ProgressFn | None, pricing: str | None = None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
         self.executor, self.progress = executor, progress
         self.task = GymTask.from_spec(spec.task)
@@ -99,8 +100,20 @@ class _Run:
                                             stagnation=r.stagnation, name=name)
                          for i, (name, v) in enumerate(zip(names, variants))}
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
-        self.gate = PairedTestGate(spec.gate.alpha, spec.gate.test, spec.gate.min_improvement, spec.gate.spending,
-                                   spec.gate.max_new_failures)
+        g = spec.gate
+        sequential = g.test in ("betting", "group-t")
+        self.gate = make_gate(g.test, g.alpha, min_improvement=g.min_improvement, spending=g.spending,
+                              max_new_failures=g.max_new_failures,
+                              **({"batch": g.batch, "min_episodes": g.min_episodes, "futility_t": g.futility_t,
+                                  "return_range": tuple(g.return_range) if g.return_range else None}
+                                 if sequential else {}))
+        # Where the executor enforces the env-step budget exactly, work is priced by the episode lengths
+        # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
+        # choice is recorded when the run starts and kept on resume (the same decisions, whatever executor).
+        self.caps_steps = bool(getattr(executor, "caps_env_steps", False))
+        self.pricing = pricing or ("observed" if self.caps_steps else "worst-case")
+        self.price_limit = None if self.pricing == "observed" else self.task.step_limit
+        self._train_returns = [math.inf, -math.inf]  # lowest and highest training return seen (betting bound)
         self.critic = Critic.for_task(self.task, seed=spec.seed)
         self.rng = np.random.default_rng(spec.seed)
         self.usage = Usage()
@@ -152,7 +165,10 @@ class _Run:
                              "episodes": [e.to_dict() for e in eps]})
                 out[cand.id] = ev
 
-        self.executor.run(self.task, jobs, on_episode)
+        cap = None
+        if self.caps_steps and split != "test" and self.spec.budget.env_steps is not None:
+            cap = max(0, self.spec.budget.env_steps - self.usage.env_steps)
+        self.executor.run(self.task, jobs, on_episode, **({} if cap is None else {"max_env_steps": cap}))
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
         # a candidate listed twice ran once
         for cand_id in dict.fromkeys(c.id for c in candidates):
@@ -179,34 +195,108 @@ class _Run:
 
     def gate_step(self, generation: int, best: Candidate | None, train: dict[str, Evaluation], incumbent: Candidate,
                   inc_val: Evaluation, next_cost: tuple[float, int],
-                  est_len: float) -> tuple[Any, str, Evaluation | None]:
+                  est_len: float) -> tuple[Any, str, Evaluation | None, Evaluation]:
         """Screen the generation's best contender, validate it when the budget allows, and let the gate
         decide. Returns the decision (None when no gate ran), one line saying why no gate ran or the
-        gate's verdict, and the contender's validation evaluation (None when no gate ran)."""
+        gate's verdict, the contender's validation evaluation (None when no gate ran), and the
+        incumbent's validation evaluation (a sequential gate may extend it to more seeds)."""
         if best is None:
-            return None, "no contender finished its training episodes without an error", None
+            return None, "no contender finished its training episodes without an error", None, inc_val
         inc_train = train[incumbent.id]
         note = self.planner.screen(train[best.id], inc_train, inc_val.mean)
         if note is None:
             val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
-            note = self.planner.validation_hold(self.usage, len(self.validation_seeds), val_len, next_cost[0],
-                                                self.task.step_limit, next_cost[1])
+            note = self.planner.validation_hold(self.usage, self.validation_price(), val_len, next_cost[0],
+                                                self.price_limit, next_cost[1])
         if note is not None:
-            return None, note, None
-        cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
-        decision = self.gate.decide(cand_val, inc_val, k=self._n_contested + 1)
+            return None, note, None, inc_val
+        if isinstance(self.gate, SequentialGate):
+            decision, cand_val, inc_val = self.validate_sequentially(generation, best, incumbent, inc_val)
+        else:
+            cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
+            decision = None if _cut(cand_val) else self.gate.decide(cand_val, inc_val, k=self._n_contested + 1)
+        if decision is None:
+            return None, "validation cut short by the env-step budget", None, inc_val
         self._n_contested += decision.contested
+        inc_part = Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n])
         self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
                     {"generation": generation, **decision.to_dict(),
-                     "critique": self.critic.critique(cand_val, inc_val).to_dict(),
-                     "candidate_validation": cand_val.summary(), "incumbent_validation": inc_val.summary(),
+                     "critique": self.critic.critique(cand_val, inc_part).to_dict(),
+                     "candidate_validation": cand_val.summary(), "incumbent_validation": inc_part.summary(),
                      "env_steps": self.usage.env_steps})
         if decision.promoted:
             self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
                         {"generation": generation, "from": incumbent.id, "to": best.id,
-                         "validation_mean": cand_val.mean, "previous_validation_mean": inc_val.mean,
+                         "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
                          "env_steps": self.usage.env_steps, "params": dict(best.params)})
-        return decision, decision.reason, cand_val
+        return decision, decision.reason, cand_val, inc_val
+
+    def no_room_message(self, n_candidates: int, est_len: float) -> str:
+        """Why not even one generation fits the budget, in numbers, naming the budget that binds."""
+        episodes = n_candidates * self.spec.refiner.train_episodes
+        b, u = self.spec.budget, self.usage
+        if b.episodes is not None and u.episodes + episodes > b.episodes:
+            return (f"budget: no room for a single generation ({episodes} episodes: {n_candidates} candidates × "
+                    f"{self.spec.refiner.train_episodes} training episodes, after {u.episodes} spent on "
+                    f"validation, of [budget] episodes = {b.episodes}); raise [budget] episodes or lower "
+                    "[refiner] popsize / train_episodes")
+        cost = self.planner.generation_cost(n_candidates, est_len, self.price_limit)
+        per = f"{self.price_limit} steps (the time limit)" if self.price_limit else f"{1.25 * est_len:,.0f} steps"
+        return (f"budget: no room for a single generation (up to {cost:,.0f} env steps: {n_candidates} candidates × "
+                f"{self.spec.refiner.train_episodes} training episodes × {per}, after {u.env_steps:,} spent on "
+                f"validation, of [budget] env_steps = {b.env_steps:,}); raise [budget] env_steps or lower "
+                "[refiner] popsize / train_episodes")
+
+    def validation_price(self) -> int:
+        """Validation episodes one gate is priced at: all validation seeds for a fixed-n test; for a
+        sequential test, twice the seeds it reads before it may stop for futility (a decision that is no
+        better stops there about half the time; one cut short by the budget simply does not promote)."""
+        n = len(self.validation_seeds)
+        if isinstance(self.gate, SequentialGate):
+            return min(n, 2 * max(self.gate.batch, self.gate.min_episodes))
+        return n
+
+    def validate_sequentially(self, generation: int, best: Candidate, incumbent: Candidate,
+                              inc_val: Evaluation) -> tuple[Any, Evaluation, Evaluation]:
+        """Drive a :class:`~ratchet.gate.SequentialGate` decision: run ``best`` on the next batch of
+        validation seeds (the incumbent too, where its validation does not reach that far yet) until the
+        gate decides. Returns the decision (None when the budget cut validation short), the candidate's
+        validation evaluation on the seeds read, and the incumbent's (possibly extended) one."""
+        session = self.gate.start(self._n_contested + 1, len(self.validation_seeds), lower_bound=self.lower_bound(),
+                                  candidate_id=best.id, incumbent_id=incumbent.id)
+        parts: list[Evaluation] = []
+        while (b := session.next_batch_size()) > 0:
+            lo, hi = session.n, session.n + b
+            inc_val = self.extend_validation(incumbent, inc_val, hi, generation)
+            part = self.evaluate([best], self.validation_seeds[lo:hi], "validation", generation)[best.id]
+            if _cut(part) or inc_val.n < hi:
+                return None, part, inc_val
+            parts.append(part)
+            session.add_evaluations(part, Evaluation(incumbent.id, "validation", inc_val.episodes[lo:hi]))
+        cand_val = Evaluation(best.id, "validation", tuple(e for p in parts for e in p.episodes))
+        return session.decision(), cand_val, inc_val
+
+    def extend_validation(self, cand: Candidate, val: Evaluation, upto: int, generation: int) -> Evaluation:
+        """``val`` (``cand`` on the first validation seeds) extended to the first ``upto`` seeds. When the
+        env-step budget cuts the extension short, ``val`` comes back unchanged."""
+        if val.n >= upto:
+            return val
+        more = self.evaluate([cand], self.validation_seeds[val.n:upto], "validation", generation)[cand.id]
+        if _cut(more):
+            return val
+        return Evaluation(cand.id, "validation", val.episodes + more.episodes)
+
+    def lower_bound(self) -> float | None:
+        """The betting gate's lower bound on a paired difference (return units) when ``[gate] return_range`` is
+        not set: 1.5 times the spread of every training return seen so far (never validation returns), so a
+        difference below it is far outside what the task has shown; the gate rejects a decision that sees
+        one. A safeguard rather than a guarantee: declare ``return_range`` where the task's range is known."""
+        if self.spec.gate.return_range is not None:
+            return None
+        lo, hi = self._train_returns
+        if not lo < hi:
+            return -max(1.0, abs(hi) if math.isfinite(hi) else 1.0)
+        return -1.5 * (hi - lo)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -214,7 +304,10 @@ class _Run:
         baseline = self.program.candidate()
         self.record_candidate(baseline, 0)
         incumbent = baseline
-        inc_val = self.evaluate([incumbent], self.validation_seeds, "validation", 0)[incumbent.id]
+        n_first = len(self.validation_seeds)
+        if isinstance(self.gate, SequentialGate):  # a sequential gate extends it as far as decisions read
+            n_first = min(n_first, max(self.gate.batch, self.gate.min_episodes))
+        inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
         stale, generation, completed, stop = 0, 0, 0, None
         critique = None  # the incumbent's latest training critique, handed to the refiner
@@ -227,15 +320,10 @@ class _Run:
             refiner = self.refiners[arm]
             n_candidates = refiner.population_size + 2
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
-                                                                       self.task.step_limit):
+                                                                       self.price_limit):
                 stop = "budget: no room for another generation"
                 if generation == 1:  # nothing would happen at all: say why, in numbers
-                    cost = self.planner.generation_cost(n_candidates, est_len, self.task.step_limit)
-                    stop = (f"budget: no room for a single generation (up to {cost:,.0f} env steps: {n_candidates} "
-                            f"candidates × {spec.refiner.train_episodes} training episodes"
-                            f"{f' × {self.task.step_limit} steps' if self.task.step_limit else ''}, after "
-                            f"{self.usage.env_steps:,} spent on validation); raise [budget] env_steps or lower "
-                            "[refiner] popsize / train_episodes")
+                    stop = self.no_room_message(n_candidates, est_len)
             if stop is not None or not self.program.parameters:
                 stop = stop or "policy declares no parameters"
                 break
@@ -250,8 +338,18 @@ class _Run:
                 self.record_candidate(cand, generation)
             # execute
             train = self.evaluate(contenders + [incumbent], plan.train_seeds, "train", generation)
-            refiner.observe([train[c.id] for c in proposals])
             gen_evals = list(train.values())
+            self.usage.reeval_env_steps += sum(train[c].env_steps for c in {incumbent.id, getattr(recommended, "id", "")}
+                                               if c in train)
+            if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
+                stop = "env-step budget used (the last generation was cut short by the cap; it was not judged)"
+                break
+            refiner.observe([train[c.id] for c in proposals])
+            for e in gen_evals:
+                for ep in e.episodes:
+                    if ep.error is None:
+                        self._train_returns = [min(self._train_returns[0], ep.episode_return),
+                                               max(self._train_returns[1], ep.episode_return)]
             if not any(e.env_steps for e in gen_evals):
                 stop = "every episode of the generation failed before its first env step; check the policy with `ratchet evaluate`"
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
@@ -262,9 +360,10 @@ class _Run:
             self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
             best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
-            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.task.step_limit),
+            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.price_limit),
                          n_candidates * spec.refiner.train_episodes)
-            decision, note, cand_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost, est_len)
+            decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
+                                                               est_len)
             if decision is not None and decision.promoted:
                 gain = cand_val.mean - inc_val.mean
                 incumbent, inc_val = best, cand_val
@@ -297,8 +396,14 @@ class _Run:
                      "test_critique": self.critic.critique(test[incumbent.id], test[baseline.id]).to_dict(),
                      "baseline_test_critique": self.critic.critique(test[baseline.id]).to_dict(),
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
-                     "wall_clock_s": self.usage.wall_clock_s})
+                     "wall_clock_s": self.usage.wall_clock_s,
+                     "env_steps_breakdown": self.usage.breakdown(spec.budget.env_steps)})
         return RunResult(self.run_dir, stop, incumbent, test[baseline.id], test[incumbent.id])
+
+
+def _cut(evaluation: Evaluation) -> bool:
+    """Whether the executor's env-step cap left some of the evaluation's episodes unrun."""
+    return any(ep.error == BUDGET_SKIP for ep in evaluation.episodes)
 
 
 def new_run_id(name: str) -> str:
@@ -419,7 +524,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     _, created = ledger.append(EventType.RUN_STARTED, "run_started", {
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
-        "execution": _describe(run.executor),
+        "execution": _describe(run.executor), "pricing": run.pricing,
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
     if not created:  # another process started this run id between our checks and now
@@ -556,7 +661,8 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
                 raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
         if lock_fd is None:
             lock_fd = lock_run_dir(run_dir)
-        r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress)
+        r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
+                 pricing=started.payload.get("pricing", "worst-case"))
     except BaseException:
         ledger.close()
         if lock_fd is not None:

@@ -60,12 +60,23 @@ class Usage:
         episodes: Episodes.
         validation_env_steps: The part of ``env_steps`` spent on validation.
         wall_clock_s: Seconds since the run started (summed over resumed sessions).
+        reeval_env_steps: The part of ``env_steps`` spent re-running the incumbent and the refiner's
+            recommendation on each generation's training seeds (the rest of the training steps is search).
     """
 
     env_steps: int = 0
     episodes: int = 0
     validation_env_steps: int = 0
     wall_clock_s: float = 0.0
+    reeval_env_steps: int = 0
+
+    def breakdown(self, budget_env_steps: int | None) -> dict[str, int | None]:
+        """Where the env steps went: ``search``, ``re-evaluation``, ``validation`` and ``unused`` (of the
+        env-step budget; None without one)."""
+        search = self.env_steps - self.validation_env_steps - self.reeval_env_steps
+        unused = None if budget_env_steps is None else max(0, budget_env_steps - self.env_steps)
+        return {"search": search, "re-evaluation": self.reeval_env_steps, "validation": self.validation_env_steps,
+                "unused": unused}
 
 
 class Budget:
@@ -289,7 +300,7 @@ class IncumbentPlanner:
             None to validate now, else why not (one line, with the numbers).
         """
         cost = n_validation * est_episode_steps
-        worst = n_validation * step_limit if step_limit else cost
+        worst = n_validation * step_limit if step_limit else 1.25 * cost
         if not self.budget.can_afford(usage, worst, n_validation):
             return (f"the budget cannot pay for validation ({n_validation} episodes, up to {worst:,.0f} env steps); "
                     "a smaller [gate] validation_episodes or a larger budget would let it")

@@ -20,6 +20,7 @@ Unknown keys are rejected; every error names the key and the fix.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -124,16 +125,29 @@ class GateSpec(_Section):
     """``[gate]``: the promotion test on the fixed validation seeds."""
 
     alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided paired test.")
-    test: Literal["t", "wilcoxon"] = Field(
-        "t", description="Paired test on the validation seeds: the paired t-test (about the mean return) or the "
-                         "Wilcoxon signed-rank test (rank based, robust to heavy tails).")
+    test: Literal["t", "wilcoxon", "betting", "group-t"] = Field(
+        "t", description="Paired test on the validation seeds: the paired t-test (about the mean return), the "
+                         "Wilcoxon signed-rank test (rank based, robust to heavy tails), or a sequential test that "
+                         "reads the validation seeds in batches and stops when the evidence decides: \"betting\" "
+                         "(an e-process, valid for any distribution within return_range) or \"group-t\" "
+                         "(group-sequential t-test).")
     validation_episodes: int = Field(50, ge=2, le=MAX_EPISODES, description="Number of fixed validation seeds "
-                                     "(episodes per candidate at each gate).")
+                                     "(episodes per candidate at each gate; for sequential tests the most a "
+                                     "decision may read).")
+    batch: int = Field(10, ge=2, le=10_000, description="Sequential tests: validation seeds read per look.")
+    min_episodes: int = Field(20, ge=1, le=MAX_EPISODES, description="Sequential tests: seeds read before a "
+                                                                     "futility stop.")
+    futility_t: float = Field(0.0, ge=-5, le=5, description="Sequential tests: reject once the running paired t "
+                                                            "statistic is at most this (after min_episodes).")
+    return_range: list[float] | None = Field(
+        None, description="Betting test: (lowest, highest) episode return the task can give (return units); "
+                          "default: 1.5 times the range of the training returns seen so far.")
     min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).")
     max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.")
-    spending: Literal["harmonic", "none"] = Field(
-        "harmonic", description="Alpha spending across a run's gate decisions: harmonic keeps the chance of any "
-                                "false promotion in a run at most alpha; none tests every decision at alpha.")
+    spending: Literal["harmonic", "every", "none"] = Field(
+        "harmonic", description="Alpha spending across a run's gate decisions: harmonic (α/(2k(k+1)) for the k-th "
+                                "contested decision) and every (α/(k(k+1)) for the k-th tested one) keep the chance "
+                                "of any false promotion in a run at most alpha; none tests every decision at alpha.")
     max_new_failures: float | None = Field(
         None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
                                       "seeds the incumbent succeeds on, even if its mean is higher.")
@@ -143,6 +157,20 @@ class GateSpec(_Section):
         from ratchet.gate import spending_level
 
         level = spending_level(self.alpha, 1, self.spending)
+        if self.return_range is not None:
+            if len(self.return_range) != 2:
+                raise ValueError(f"[gate] return_range must be [lowest, highest]; got {self.return_range}")
+            lo, hi = self.return_range
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"[gate] return_range must be two finite numbers, lowest first; got [{lo}, {hi}]")
+        if self.test == "betting":
+            # even a bet of 0.9 of the capital won in full on every seed grows it at most 1.9-fold per seed
+            need = math.ceil(math.log(1 / level) / math.log(1.9))
+            if self.validation_episodes < need:
+                raise ValueError(
+                    f"[gate] validation_episodes = {self.validation_episodes} can never promote with test = "
+                    f"\"betting\": the e-value must reach 1/{level:.3g}, which takes at least {need} seeds; set "
+                    "validation_episodes to 100 or more (the test stops early when the evidence is clear)")
         if self.test == "wilcoxon":
             # the exact one-sided signed-rank test on n pairs never gives p below 1 / 2**n (all n differences
             # positive), and the gate promotes only when p < level

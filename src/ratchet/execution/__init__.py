@@ -17,7 +17,11 @@ from ratchet.policy import Candidate
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
-__all__ = ["Job", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
+__all__ = ["BUDGET_SKIP", "Job", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
+
+
+#: The error of an episode that never ran because an env-step cap (``max_env_steps``) left no room.
+BUDGET_SKIP = "skipped: env-step budget used"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ratchet.errors import RatchetError, SandboxError
-from ratchet.execution import Job
+from ratchet.execution import BUDGET_SKIP, Job
 from ratchet.execution.sandbox import Sandbox, remove_cgroup, sweep_leftovers
 from ratchet.rollout import Episode
 from ratchet.task import Task
@@ -168,8 +168,6 @@ class _Worker:
             shutil.rmtree(self.hostdir, ignore_errors=True)
 
 
-#: The error of an episode that never ran because the env-step cap (``max_env_steps``) left no room.
-BUDGET_SKIP = "skipped: env-step budget used"
 _MAX_REPLY_BYTES = 16 * 2**20
 _HOST_GRACE_S = 5.0
 _REPLY_TIMEOUT_S = 30.0
