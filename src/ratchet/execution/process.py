@@ -114,6 +114,7 @@ class _Worker:
 
 
 _MAX_REPLY_BYTES = 16 * 2**20
+_RENDER_MAX_BYTES = 256 * 2**20  # the worker's file-size limit (RLIMIT_FSIZE)
 _REPLY_TIMEOUT_S = 30.0
 
 
@@ -152,17 +153,15 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
-def _episode_reply(msg: Any, job_id: int, seed: int) -> Episode:
-    """The episode in a worker's ``[job_id, episode_dict]`` reply, checked against the job it was running."""
+def _episode_reply(msg: Any, job_id: int, seed: int, step_limit: int | None = None) -> Episode:
+    """The episode in a worker's ``[job_id, episode_dict]`` reply, validated against the job it was running
+    (:func:`ratchet.execution.replies.parse_episode_reply`)."""
+    from ratchet.execution import replies
+
     try:
-        rid, ep_dict = msg
-        ep = Episode.from_dict(ep_dict)
-    except (TypeError, ValueError, KeyError):
-        raise BadReply("a malformed reply") from None
-    if rid != job_id or ep.seed != seed or not isinstance(ep.episode_return, (int, float)) \
-            or not isinstance(ep.length, int) or not isinstance(ep.diagnostics, dict):
-        raise BadReply("a reply that does not match its job")
-    return ep
+        return replies.parse_episode_reply(msg, job_id, seed, step_limit)
+    except replies.BadReply as exc:
+        raise BadReply(str(exc)) from None
 
 
 def _check_started(w: _Worker) -> None:
@@ -179,14 +178,18 @@ def _check_started(w: _Worker) -> None:
 
 
 def _last_line(path: str, limit: int = 200) -> str:
-    """The last non-empty line of a worker's log (its stderr), shortened."""
+    """The last non-empty line of a worker's log (its stderr), shortened and cleaned for a terminal.
+    The policy may have replaced the log (symlink, FIFO, device): it is read without following links
+    (:func:`ratchet.safefile.read_tail`), and anything but a plain file gives ``""``."""
+    from ratchet.safefile import read_tail
+    from ratchet.text import clean
+
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        tail = read_tail(path, 4096, deadline_s=2.0)
     except OSError:
         return ""
-    return lines[-1][:limit] if lines else ""
+    lines = [ln.strip() for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return clean(lines[-1], limit) if lines else ""
 
 
 class ProcessExecutor:
@@ -262,12 +265,14 @@ class ProcessExecutor:
         def finish(i: int, ep: Episode) -> None:
             if i in renders:
                 made, wanted = renders.pop(i)
-                if os.path.exists(made):
+                if os.path.lexists(made):  # copied, never moved or followed: the policy could swap it for a link
+                    from ratchet.safefile import UnsafeFile, copy_out
+
                     try:
-                        os.makedirs(os.path.dirname(os.path.abspath(wanted)), exist_ok=True)
-                        shutil.move(made, wanted)
+                        copy_out(made, wanted, _RENDER_MAX_BYTES)
                     except OSError as exc:
-                        ep = Episode.failed(ep.seed, f"could not write {wanted}: {exc.strerror or exc}", task=task)
+                        why = str(exc) if isinstance(exc, UnsafeFile) else exc.strerror or str(exc)
+                        ep = Episode.failed(ep.seed, f"could not write {wanted}: {why}", task=task)
             results[i] = ep
             if on_episode is not None:
                 on_episode(i, ep)
@@ -335,7 +340,8 @@ class ProcessExecutor:
                 w = busy[conn]
                 head = w.jobs[0]
                 try:
-                    ep = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed)
+                    ep = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
+                                     getattr(task, "step_limit", None))
                 except (EOFError, OSError):
                     fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
                     continue
