@@ -568,7 +568,8 @@ def hostile_ledger_run(finished_run, tmp_path):
     (copy / ".lock").unlink(missing_ok=True)
     st = project(read_events(copy))
     con = sqlite3.connect(copy / "ledger.sqlite")
-    rows = con.execute("SELECT seq, payload FROM events WHERE type = ?", (EventType.EPISODES_EVALUATED.value,)).fetchall()
+    rows = con.execute("SELECT seq, payload FROM events WHERE type = ?",
+                       (EventType.EPISODES_EVALUATED.value,)).fetchall()
     seq, payload = next((s, json.loads(p)) for s, p in reversed(rows)
                         if json.loads(p)["candidate_id"] == st.incumbent_id and json.loads(p)["split"] == "validation")
     for ep, error in zip(payload["episodes"], (HOSTILE_TEXT, "\ud800", 12345)):

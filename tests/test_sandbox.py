@@ -319,7 +319,8 @@ def root_secret():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", [0, 1, 2, 3], ids=["symlink-to-secret", "symlink-to-environ", "fifo", "dev-zero"])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3],
+                         ids=["symlink-to-secret", "symlink-to-environ", "fifo", "dev-zero"])
 def test_the_driver_never_follows_what_a_policy_plants_as_its_log(root_secret, mode, reference):
     """A dying worker's last log line is quoted in the failure reason; a policy that swapped the log
     for a link to a secret, a FIFO or /dev/zero gets no secret out, no hang and no memory blow-up."""
@@ -350,7 +351,8 @@ def test_a_render_left_as_a_symlink_is_refused(root_secret, tmp_path):
 
 
 @pytest.mark.parametrize("mode, reason", [(0, "episode_return out of range"), (1, "error of type int"),
-                                          (2, "length -1000000000000000000 (expected an int in 0..500)"), (3, "bytes of diagnostics")])
+                                          (2, "length -1000000000000000000 (expected an int in 0..500)"),
+                                          (3, "bytes of diagnostics")])
 def test_forged_well_formed_replies_are_validated(reference, mode, reason):
     """Policy code that walks up its stack to the job and writes a well-formed JSON reply with wrong values
     (a return no float holds, a non-text error, a negative length, 15 MiB of diagnostics) fails its
