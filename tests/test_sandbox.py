@@ -379,10 +379,11 @@ def test_policy_code_cannot_read_other_runs(reference):
     other.mkdir(parents=True)
     try:
         (other / "ledger.sqlite").write_text("ledger-secret")
-        os.close(lock_run_dir(other))
-        assert other.stat().st_mode & 0o777 == 0o700
+        os.close(lock_run_dir(other))  # what start_run and resume_run do to a run directory
+        mode = other.stat().st_mode & 0o777
         with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
             eps = _run_beside_good(ex, hostile("reads_other_runs", {"tag": float(tag)}), reference)
     finally:
         shutil.rmtree(runs)
     assert "ledger-secret" not in eps[0].error and "'.lock'" not in eps[0].error, eps[0].error
+    assert mode == 0o700
