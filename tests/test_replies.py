@@ -95,3 +95,12 @@ def test_error_text_is_cleaned():
                      success=False, diagnostics={"cause": "error"}))
     assert ep.error == "policy raised ValueError: \\x1b[2K\\x1b[1A\\ud800 fake"
     ep.error.encode("utf-8")
+
+
+def test_decode_reply_turns_every_bad_body_into_bad_reply():
+    from ratchet.execution.replies import decode_reply
+
+    assert decode_reply(b'[1, {"a": null}]') == [1, {"a": None}]
+    for body in (b"\x80\x81", b"{", b"this is not a pickle", b"[" * 200_000 + b"]" * 200_000):
+        with pytest.raises(BadReply, match="not JSON"):
+            decode_reply(body)

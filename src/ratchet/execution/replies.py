@@ -17,7 +17,7 @@ from typing import Any
 from ratchet.rollout import Episode
 from ratchet.text import clean
 
-__all__ = ["BadReply", "parse_episode_reply", "EPISODE_KEYS", "DIAGNOSTICS_KEYS"]
+__all__ = ["BadReply", "decode_reply", "parse_episode_reply", "EPISODE_KEYS", "DIAGNOSTICS_KEYS"]
 
 #: The keys of an episode record (:meth:`Episode.to_dict`), all required, no others allowed.
 EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "truncated", "success", "error",
@@ -36,6 +36,21 @@ _MAX_INT_AS_FLOAT = 1e300
 class BadReply(Exception):
     """A worker's reply is not a well-formed episode record for the job it was running; ``str(exc)``
     says what was wrong (e.g. ``"a reply with length -1000 (expected 0..500)"``)."""
+
+
+def decode_reply(body: bytes) -> Any:
+    """The JSON value of a reply's body (never a pickle: unpickling runs code).
+
+    Raises:
+        BadReply: ``body`` is not UTF-8 JSON, or nests so deeply that decoding it would exhaust the
+            driver's stack (``json.loads`` raises RecursionError on ``"[" * 100_000``).
+    """
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReply(f"a reply that is not JSON ({clean(str(exc), 80)})") from None
+    except RecursionError:
+        raise BadReply("a reply that is not JSON (nested too deeply)") from None
 
 
 def _number(value: Any, name: str, finite: bool = True) -> float:
