@@ -636,3 +636,71 @@ def test_resume_refuses_an_empty_ledger_and_leaves_it_alone(tmp_path, runner):
     ledger.write_bytes(b"")
     assert_one_line_error(invoke(runner, "resume", "empty", "--runs-dir", tmp_path / "runs"), "not a readable ratchet ledger")
     assert ledger.stat().st_size == 0
+
+
+# -- text from policy code -------------------------------------------------------------------------
+
+HOSTILE_TEXT = "\x1b[2K\x1b[1A\r[bold green]all episodes succeeded[/bold green]\x07"
+
+
+def _assert_clean(text: str) -> None:
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    text.encode("utf-8")  # no lone surrogate
+
+
+def test_evaluate_shows_escape_sequences_and_surrogates_from_policy_errors_as_text(runner):
+    """A policy raising with a terminal escape sequence or a lone surrogate gets a cleaned line in the
+    table; ``evaluate`` neither crashes nor lets the policy rewrite the lines above."""
+    res = invoke(runner, "evaluate", DATA / "hostile" / "raises_escapes.py", "--env", "CartPole-v1", "-n", "3",
+                 "--seed", "0", "--workers", "1")
+    assert res.exit_code == 0, (res.exit_code, res.output, res.exception)
+    _assert_clean(res.output)
+    assert "\\x1b[2K\\x1b[1A\\r[bold green]all episodes succeeded" in res.stdout  # shown, markup not applied
+    assert "\\ud800" in res.stdout and "errors 2" in res.stdout
+
+
+@pytest.fixture
+def hostile_ledger_run(finished_run, tmp_path):
+    """A copy of the finished run whose incumbent's latest validation episodes carry hostile error texts,
+    as a ledger written before replies were validated could (one error is even an int)."""
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    copy = tmp_path / "runs" / "cp-hostile"
+    shutil.copytree(run_dir, copy)
+    (copy / ".lock").unlink(missing_ok=True)
+    st = project(read_events(copy))
+    con = sqlite3.connect(copy / "ledger.sqlite")
+    rows = con.execute("SELECT seq, payload FROM events WHERE type = ?",
+                       (EventType.EPISODES_EVALUATED.value,)).fetchall()
+    seq, payload = next((s, json.loads(p)) for s, p in reversed(rows)
+                        if json.loads(p)["candidate_id"] == st.incumbent_id and json.loads(p)["split"] == "validation")
+    for ep, error in zip(payload["episodes"], (HOSTILE_TEXT, "\ud800", 12345)):
+        ep.update(error=error, terminated=False, truncated=False, success=False, diagnostics={"cause": "error"})
+    con.execute("UPDATE events SET payload = ? WHERE seq = ?", (json.dumps(payload), seq))
+    con.commit()
+    con.close()
+    return copy
+
+
+def test_critique_of_a_ledger_with_hostile_error_texts(hostile_ledger_run, runner):
+    res = invoke(runner, "critique", hostile_ledger_run)
+    assert res.exit_code == 0, (res.exit_code, res.output, res.exception)
+    _assert_clean(res.output)
+    assert "\\x1b[2K" in res.stdout and "\\ud800" in res.stdout and "12345" in res.stdout
+
+
+def test_report_of_a_ledger_with_hostile_texts_escapes_them(finished_run, tmp_path):
+    """Failure-mode labels (error texts) reach the HTML report cleaned and HTML-escaped."""
+    import dataclasses
+
+    from ratchet.report.html import render_report
+
+    _, run_dir, _ = finished_run
+    st = project(read_events(run_dir))
+    mode = {"label": "error: " + HOSTILE_TEXT + "\ud800<script>", "count": 1, "share": 1.0, "mean_return": 0.0,
+            "example_seeds": [1], "description": "\x1b[31m<b>"}
+    st = dataclasses.replace(st, test_critique={"failure_modes": [mode]})
+    page = render_report(st)
+    _assert_clean(page)
+    assert "<script>" not in page and "\\x1b[2K" in page and "\\ud800&lt;script&gt;" in page

@@ -354,3 +354,103 @@ def test_a_candidate_cannot_sabotage_later_candidates_on_its_worker(reference, t
         assert after == reference
     else:  # what the old design let through: the good candidate's pole falls
         assert all(e["episode_return"] < 100 for e in after)
+
+
+@pytest.fixture
+def root_secret():
+    """A root-only file at /tmp/ratchet-secret-<tag>; yields (tag, content)."""
+    tag = uuid.uuid4().int % 10**9
+    path = f"/tmp/ratchet-secret-{tag}"
+    content = f"hunter2-{uuid.uuid4().hex}"
+    with open(path, "w") as f:
+        f.write(content)
+    os.chmod(path, 0o600)
+    yield tag, content
+    os.remove(path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [0, 1, 2, 3],
+                         ids=["symlink-to-secret", "symlink-to-environ", "fifo", "dev-zero"])
+def test_the_driver_never_follows_what_a_policy_plants_as_its_log(root_secret, mode, reference):
+    """A dying worker's last log line is quoted in the failure reason; a policy that swapped the log
+    for a link to a secret, a FIFO or /dev/zero gets no secret out, no hang and no memory blow-up."""
+    tag, content = root_secret
+    os.environ["RATCHET_TEST_API_KEY"] = "sk-test-do-not-leak"
+    try:
+        with ProcessExecutor(workers=1, episode_timeout_s=20) as ex:
+            eps = _run_beside_good(ex, hostile("plants_in_workdir", {"mode": float(mode), "tag": float(tag)}),
+                                   reference)
+    finally:
+        os.environ.pop("RATCHET_TEST_API_KEY", None)
+    assert "worker died (exit code 1" in eps[0].error, eps[0].error
+    assert content not in eps[0].error and "sk-test" not in eps[0].error and "PATH=" not in eps[0].error
+
+
+@needs_bwrap
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_render_left_as_a_symlink_is_refused(root_secret, tmp_path, trusted):
+    """``replay --video`` copies the render out of the folder of the process that rendered it. With
+    policy and env in one process a link planted there (to a private key, say) is refused, never moved
+    out nor followed; with trusted rollouts the env host renders in a folder policy code cannot write."""
+    tag, content = root_secret
+    out = tmp_path / "out.gif"
+    with ProcessExecutor(workers=1, episode_timeout_s=60, sandbox=Sandbox(trusted_rollouts=trusted)) as ex:
+        ep = ex.run(GymTask("CartPole-v1"), [Job(hostile("fakes_render", {"tag": float(tag)}), 1)],
+                    render_paths=[str(out)])[0]
+    if trusted:
+        assert ep.error is None and not out.is_symlink() and out.read_bytes()[:4] == b"GIF8"
+        assert content.encode() not in out.read_bytes()
+        return
+    assert ep.error is not None and "symbolic link" in ep.error, ep.error
+    assert not os.path.lexists(out)
+    assert content not in ep.error
+
+
+@pytest.mark.parametrize("mode, reason", [(0, "episode_return out of range"), (1, "error of type int"),
+                                          (2, "length -1000000000000000000 (expected an int in 0..500)"),
+                                          (3, "bytes of diagnostics")])
+def test_forged_well_formed_replies_are_validated(reference, mode, reason):
+    """With policy and env in one process (``trusted_rollouts = false``), policy code that walks up its
+    stack to the job and writes a well-formed JSON reply with wrong values (a return no float holds, a
+    non-text error, a negative length, 15 MiB of diagnostics) fails its candidate with a reason; the
+    driver neither crashes nor records the values. (With trusted rollouts it cannot reach the driver.)"""
+    with ProcessExecutor(workers=1, episode_timeout_s=60, sandbox=Sandbox(trusted_rollouts=False)) as ex:
+        eps = _run_beside_good(ex, hostile("forges_episodes", {"mode": float(mode)}), reference)
+    assert all(isinstance(e.error, str) and e.length == 0 for e in eps)
+    assert reason in eps[0].error and "interfered" in eps[0].error, eps[0].error
+    assert len(eps[0].error) < 600
+
+
+@needs_bwrap
+def test_policy_code_cannot_read_other_runs(reference):
+    """Run directories are 0700 (policy code runs as nobody when ratchet is root) and, under bubblewrap,
+    hidden from workers (they see an empty folder where the runs folder is)."""
+    import shutil
+    from pathlib import Path
+
+    from ratchet.loop import lock_run_dir
+
+    tag = uuid.uuid4().int % 10**9
+    runs = Path(f"/tmp/ratchet-runs-{tag}")
+    other = runs / "other-run"
+    other.mkdir(parents=True)
+    try:
+        (other / "ledger.sqlite").write_text("ledger-secret")
+        os.close(lock_run_dir(other))  # what start_run and resume_run do to a run directory
+        mode = other.stat().st_mode & 0o777
+        with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+            eps = _run_beside_good(ex, hostile("reads_other_runs", {"tag": float(tag)}), reference)
+    finally:
+        shutil.rmtree(runs)
+    assert "ledger-secret" not in eps[0].error and "'.lock'" not in eps[0].error, eps[0].error
+    assert mode == 0o700
+
+
+def test_forged_replies_cannot_reach_the_driver_with_trusted_rollouts(reference):
+    """The same forger under trusted rollouts finds no job on its stack and no socket to the driver:
+    its episodes fail as its own errors, and nothing it would have forged is recorded."""
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        eps = _run_beside_good(ex, hostile("forges_episodes", {"mode": 0.0}), reference)
+    assert all(e.error.startswith("policy raised RuntimeError: no job on the stack") for e in eps), eps[0].error
+    assert all(e.episode_return == 0.0 and e.length == 0 for e in eps)

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet.errors import LedgerError, RatchetError, ReplayMismatchError, RunNotFoundError
+from ratchet.text import clean
 
 app = typer.Typer(help="ratchet: make an existing decision policy better, provably "
                        "(plan → execute → critique → refine → gate).",
@@ -44,8 +45,15 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 def _fail(exc: BaseException) -> None:
     if _state["debug"]:
         raise exc
-    err.print(Text.assemble(("error:", "red"), f" {exc}"), highlight=False, soft_wrap=True)
+    err.print(Text.assemble(("error:", "red"), f" {_safe(str(exc), 2000, multiline=True)}"), highlight=False,
+              soft_wrap=True)
     raise typer.Exit(1)
+
+
+def _safe(text: object, max_len: int | None = 500, multiline: bool = False) -> str:
+    """Text for Rich: control characters and lone surrogates made visible (:func:`ratchet.text.clean`;
+    error texts come from policy code, and old ledgers may hold them raw)."""
+    return clean(text, max_len, multiline=multiline)  # the consoles print without markup
 
 
 def _load_state(run: str, runs_dir: str, storage: str | None = None):
@@ -138,7 +146,8 @@ def _with_progress(drive, resume_target: str, report: bool, storage: str | None)
 def _write_report(state, run_dir: Path, path: Path, videos: bool) -> Path:
     from ratchet.report import render_report
 
-    return render_report(state, run_dir, path, videos, note=lambda text: err.print(f"note: {text}", highlight=False))
+    return render_report(state, run_dir, path, videos,
+                         note=lambda text: err.print(f"note: {_safe(text)}", highlight=False))
 
 
 def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
@@ -191,7 +200,7 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT
         try:
             st = load()
         except Exception as exc:  # one damaged run must not hide the others
-            rows.append((name, f"unreadable: {str(exc)[:80]}", "", "", "", "", "", ""))
+            rows.append((name, f"unreadable: {_safe(str(exc), 80)}", "", "", "", "", "", ""))
             continue
         test = st.test or {}
         sr = test.get("success_rate")
@@ -250,7 +259,7 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
     for k in ("status", "env_id", "stop_reason", "generations", "env_steps", "validation_env_steps", "episodes",
               "wall_clock_s", "promotions", "error"):
         if data.get(k) is not None:
-            t.add_row(k, str(data[k]))
+            t.add_row(k, _safe(data[k]))
     if data["execution"]:
         ex = data["execution"]
         t.add_row("execution", ", ".join(f"{k} {v}" for k, v in ex.items() if k != "backend") + f" ({ex['backend']})")
@@ -338,7 +347,7 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
         t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
     for e in eps[:50]:
         t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), str(e.terminated), str(e.truncated),
-                  str(e.success), e.error or "")
+                  str(e.success), _safe(e.error or ""))
     if len(eps) > 50:
         t.add_row("…", "", "", "", "", "", f"{len(eps) - 50} more")
     out.print(t)
@@ -479,7 +488,7 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
     if ref_ev is not None:
         out.print(f"(compared seed by seed with {'the incumbent' if reference == st.incumbent_id else 'the starting policy'} "
                   f"{reference})", highlight=False)
-    out.print(Markdown(crit.text))
+    out.print(Markdown(clean(crit.text, None, multiline=True)))
 
 
 @app.command()

@@ -420,6 +420,13 @@ def lock_run_dir(run_dir: Path) -> int:
     """
     import fcntl
 
+    from ratchet.execution.sandbox import hide_from_policies
+
+    try:  # the ledger, report and policies of runs are not for policy code to read (see the README, Sandbox)
+        os.chmod(run_dir, 0o700)
+    except OSError:
+        pass
+    hide_from_policies(run_dir.parent, run_dir)
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -502,7 +509,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         executor = executor or _executor_for(spec)
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
-            run_dir.mkdir(exist_ok=run_dir.is_dir())  # atomic: of two runs racing for one id, one gets it
+            # atomic: of two runs racing for one id, one gets it; 0700: policy code (nobody) cannot read it
+            run_dir.mkdir(mode=0o700, exist_ok=run_dir.is_dir())
             lock_fd = lock_run_dir(run_dir)
             (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if url:
@@ -654,7 +662,7 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
         if not run_dir.exists():  # found only in the database: give it a run directory here
             try:
-                run_dir.mkdir(parents=True)
+                run_dir.mkdir(mode=0o700, parents=True)
                 (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
                 write_pointer(run_dir, storage, started.payload["run_id"])
             except OSError as exc:

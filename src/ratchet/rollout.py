@@ -50,9 +50,12 @@ class Episode:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Episode:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**{k: d[k] for k in ("seed", "episode_return", "length", "terminated", "truncated",
-                                         "success", "error")}, diagnostics=d.get("diagnostics", {}))
+        """Inverse of :meth:`to_dict`. A non-text ``error`` (ledgers written before replies were
+        validated could hold one) is read as its ``str()``."""
+        error = d["error"]
+        return cls(**{k: d[k] for k in ("seed", "episode_return", "length", "terminated", "truncated", "success")},
+                   error=error if error is None or isinstance(error, str) else str(error),
+                   diagnostics=d.get("diagnostics", {}))
 
     @classmethod
     def failed(cls, seed: int, error: str, length: int = 0, episode_return: float = 0.0, task: Any = None) -> Episode:
@@ -182,10 +185,14 @@ def action_checker(space: Any, mode: str) -> Any:
 
 
 def _obs_list(obs: Any) -> list[float] | None:
+    """The first 64 numbers of an observation, or None (no observation yet, not numeric, not finite)."""
+    if obs is None:
+        return None
     try:
-        return [float(x) for x in np.asarray(obs, dtype=np.float64).ravel()[:64]]
+        out = [float(x) for x in np.asarray(obs, dtype=np.float64).ravel()[:64]]
     except (TypeError, ValueError):
         return None
+    return out if all(math.isfinite(x) for x in out) else None
 
 
 def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], seed: int,

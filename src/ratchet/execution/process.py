@@ -21,6 +21,7 @@ from typing import Any
 
 from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, Job
+from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, remove_cgroup, sweep_leftovers
 from ratchet.rollout import Episode
 from ratchet.task import Task
@@ -170,11 +171,8 @@ class _Worker:
 
 _MAX_REPLY_BYTES = 16 * 2**20
 _HOST_GRACE_S = 5.0
+_RENDER_MAX_BYTES = 256 * 2**20  # the worker's file-size limit (RLIMIT_FSIZE)
 _REPLY_TIMEOUT_S = 30.0
-
-
-class BadReply(Exception):
-    """A worker's reply is not a well-formed episode record for the job it was running."""
 
 
 def _read_json(conn: Connection, timeout_s: float) -> Any:
@@ -189,10 +187,7 @@ def _read_json(conn: Connection, timeout_s: float) -> Any:
     (n,) = struct.unpack("!i", _read_exact(fd, 4, deadline))
     if not 0 <= n <= _MAX_REPLY_BYTES:
         raise BadReply(f"a reply of {n} bytes")
-    try:
-        return json.loads(_read_exact(fd, n, deadline))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadReply(f"a reply that is not JSON ({str(exc)[:80]})") from None
+    return decode_reply(_read_exact(fd, n, deadline))
 
 
 def _read_exact(fd: int, n: int, deadline: float) -> bytes:
@@ -208,23 +203,18 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
-def _episode_reply(msg: Any, job_id: int, seed: int) -> tuple[Episode, str]:
+def _episode_reply(msg: Any, job_id: int, seed: int, step_limit: int | None = None) -> tuple[Episode, str]:
     """The episode and status in a worker's ``[job_id, episode_dict]`` or env host's ``[job_id,
-    episode_dict, status]`` reply, checked against the job it was running."""
+    episode_dict, status]`` reply, validated against the job it was running
+    (:func:`ratchet.execution.replies.parse_episode_reply`)."""
+    from ratchet.execution import replies
+
     status = "ok"
     if isinstance(msg, list) and len(msg) == 3:
         *msg, status = msg
         if status not in _STATUSES:
             raise BadReply("a reply with an unknown status")
-    try:
-        rid, ep_dict = msg
-        ep = Episode.from_dict(ep_dict)
-    except (TypeError, ValueError, KeyError):
-        raise BadReply("a malformed reply") from None
-    if rid != job_id or ep.seed != seed or not isinstance(ep.episode_return, (int, float)) \
-            or not isinstance(ep.length, int) or not isinstance(ep.diagnostics, dict):
-        raise BadReply("a reply that does not match its job")
-    return ep, status
+    return replies.parse_episode_reply(msg, job_id, seed, step_limit), status
 
 
 _STATUSES = ("ok", "died", "timeout", "interfered")
@@ -253,14 +243,18 @@ def _check_started(w: _Worker) -> None:
 
 
 def _last_line(path: str, limit: int = 200) -> str:
-    """The last non-empty line of a worker's log (its stderr), shortened."""
+    """The last non-empty line of a worker's log (its stderr), shortened and cleaned for a terminal.
+    The policy may have replaced the log (symlink, FIFO, device): it is read without following links
+    (:func:`ratchet.safefile.read_tail`), and anything but a plain file gives ``""``."""
+    from ratchet.safefile import read_tail
+    from ratchet.text import clean
+
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        tail = read_tail(path, 4096, deadline_s=2.0)
     except OSError:
         return ""
-    return lines[-1][:limit] if lines else ""
+    lines = [ln.strip() for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return clean(lines[-1], limit) if lines else ""
 
 
 class ProcessExecutor:
@@ -350,12 +344,14 @@ class ProcessExecutor:
         def finish(i: int, ep: Episode) -> None:
             if i in renders:
                 made, wanted = renders.pop(i)
-                if os.path.exists(made):
+                if os.path.lexists(made):  # copied, never moved or followed: the policy could swap it for a link
+                    from ratchet.safefile import UnsafeFile, copy_out
+
                     try:
-                        os.makedirs(os.path.dirname(os.path.abspath(wanted)), exist_ok=True)
-                        shutil.move(made, wanted)
+                        copy_out(made, wanted, _RENDER_MAX_BYTES)
                     except OSError as exc:
-                        ep = Episode.failed(ep.seed, f"could not write {wanted}: {exc.strerror or exc}", task=task)
+                        why = str(exc) if isinstance(exc, UnsafeFile) else exc.strerror or str(exc)
+                        ep = Episode.failed(ep.seed, f"could not write {wanted}: {why}", task=task)
             results[i] = ep
             spent[0] += ep.length
             if on_episode is not None:
@@ -437,7 +433,8 @@ class ProcessExecutor:
                 w = busy[conn]
                 head = w.jobs[0]
                 try:
-                    ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed)
+                    ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
+                                                getattr(task, "step_limit", None))
                 except (EOFError, OSError):
                     fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
                     continue

@@ -34,7 +34,8 @@ from typing import Any
 from ratchet.errors import SandboxError
 from ratchet.processes import process_running
 
-__all__ = ["Sandbox", "SandboxError", "isolation", "confine", "rearm_cpu_limit", "reap_strays", "sweep_leftovers"]
+__all__ = ["Sandbox", "SandboxError", "isolation", "hide_from_policies", "confine", "rearm_cpu_limit", "reap_strays",
+           "sweep_leftovers"]
 
 #: Variables a worker inherits from the parent (plus :attr:`Sandbox.env_allowlist`). Everything else,
 #: API keys and tokens included, is dropped.
@@ -149,6 +150,7 @@ class Sandbox:
                                 made.add(parent)
                                 hide += ["--perms", "0755", "--dir", parent]
                         hide += ["--ro-bind", path, path]
+            hide += _hidden_mounts(home, workdir)
             # as root, keep only what is needed to become nobody; setuid() then clears every capability
             caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if self.drop_to_uid() is not None else []
             argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *hide,
@@ -204,6 +206,33 @@ class Sandbox:
 
 _warned: set[str] = set()
 _NOBODY = 65534
+_hidden: set[str] = set()
+
+
+def hide_from_policies(*paths: str | os.PathLike[str]) -> None:
+    """Replace each of ``paths`` (folders: the runs folder, a run's directory) by an empty one in the
+    view of every worker started from now on under bubblewrap, so policy code cannot read ledgers,
+    reports or other runs' policies even where it runs as the caller's uid. A folder that holds the
+    Python installation or the project is left visible (hiding it would break every worker); give a
+    narrower one beside it (the run's own directory). No effect without bubblewrap."""
+    _hidden.update(os.path.realpath(p) for p in paths)
+
+
+def _hidden_mounts(home: str | None, workdir: str) -> list[str]:
+    """bubblewrap arguments that hide the folders given to :func:`hide_from_policies`."""
+    def inside(p: str, q: str) -> bool:
+        return p == q or p.startswith(q.rstrip(os.sep) + os.sep)
+
+    needed = [*_python_paths(), os.path.realpath(workdir)]
+    done: list[str] = [home] if home is not None else []  # the home is already an empty tmpfs
+    out: list[str] = []
+    for path in sorted(_hidden):  # a parent sorts before its children
+        if path == os.sep or not os.path.isdir(path) or any(inside(p, path) for p in needed) \
+                or any(inside(path, q) for q in done):
+            continue
+        done.append(path)
+        out += ["--tmpfs", path]
+    return out
 
 
 def _private_home() -> str | None:

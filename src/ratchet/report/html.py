@@ -9,8 +9,19 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ratchet.ledger.projection import RunState
+from ratchet.safefile import read_bytes
+from ratchet.text import clean
 
 __all__ = ["render_report", "write_report"]
+
+
+_MAX_GIF_BYTES = 64 * 2**20
+
+
+def _esc(x: object) -> str:
+    """HTML-escaped text, with control characters and lone surrogates made visible (:func:`clean`): error
+    texts and failure-mode labels come from policy code."""
+    return html.escape(clean(x, None))
 
 
 def _png(fig) -> str:
@@ -27,11 +38,11 @@ def _fmt(x, digits: int = 2) -> str:
         return "–"
     if isinstance(x, float):
         return f"{x:.{digits}f}"
-    return html.escape(str(x))
+    return _esc(x)
 
 
 def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
-    esc = html.escape
+    esc = _esc
     parts = []
     for tag, title, crit in (("before", "starting policy", state.baseline_test_critique),
                              ("after", "final incumbent", state.test_critique)):
@@ -49,7 +60,10 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
                      f"<th>mean return</th><th>example seeds</th><th>what sets it apart</th></tr>{rows}</table>")
         gifs = [(label, path) for label, path in videos.items() if label.startswith(tag + ":")]
         for label, path in gifs:
-            data = base64.b64encode(Path(path).read_bytes()).decode()
+            try:  # a regular file only, never a link's target (the GIF was rendered by policy code's worker)
+                data = base64.b64encode(read_bytes(path, _MAX_GIF_BYTES)).decode()
+            except OSError:
+                continue
             parts.append(f"<figure style='display:inline-block;margin:4px'><img alt='{esc(label)}' "
                          f"src='data:image/gif;base64,{data}'><figcaption>{esc(label)}</figcaption></figure>")
     if not parts:
@@ -70,7 +84,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    esc = html.escape
+    esc = _esc
     parts: list[str] = []
     env_id = state.spec.get("task", {}).get("env_id", "?")
     parts.append(f"<h1>ratchet run {esc(state.run_id)}</h1>")
