@@ -381,6 +381,7 @@ from ratchet.ledger.sql import SQLAlchemyLedger
 a = json.loads(sys.argv[1])
 led = SQLiteLedger(Path(a["root"]) / a["run"] / "ledger.sqlite") if a["url"] is None else SQLAlchemyLedger(a["url"], a["run"])
 go = Path(a["go"])
+(go.parent / f"ready-{a['i']}").touch()
 while not go.exists():
     time.sleep(0.002)
 me = LeaseHolder(f"racer-{a['i']}", "h", a["i"])
@@ -390,7 +391,7 @@ print(json.dumps(led.acquire_lease(me, 30).holder.token == me.token))
 
 @pytest.mark.parametrize("expired_first", [False, True])
 def test_lease_race_has_one_winner(store, tmp_path, expired_first):
-    """6 processes race for a run's lease (absent, or expired): exactly one gets it."""
+    """3 processes race for a run's lease (absent, or expired): exactly one gets it."""
     run = store.run_id("race")
     led = store.open(run)
     led.append(EventType.RUN_STARTED, "run_started", {})
@@ -400,8 +401,10 @@ def test_lease_race_has_one_winner(store, tmp_path, expired_first):
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", _RACER, json.dumps(
         {"url": store.url, "root": str(store.root), "run": run, "go": str(go), "i": i})], stdout=subprocess.PIPE,
-        text=True) for i in range(6)]
-    time.sleep(0.5)
+        text=True) for i in range(3)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{i}").exists() for i in range(3)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     go.touch()
     won = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
