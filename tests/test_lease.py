@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -251,8 +252,8 @@ def test_two_host_resume(shared_storage, tmp_path):
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
 
     _shift_lease(shared_storage, run_id, 120)  # two minutes pass: A's lease expired
-    shown = on_b("show", run_id)
-    assert "stale: last heartbeat 2 min ago on host hosta" in shown.stdout, shown.stdout + shown.stderr
+    shown = on_b("show", run_id)  # (2 min plus the time since A's last heartbeat, up to a third of 60 s)
+    assert re.search(r"stale: last heartbeat [23] min ago on host hosta", shown.stdout), shown.stdout + shown.stderr
     done = on_b("resume", run_id, "--no-report")
     assert done.returncode == 0, done.stdout + done.stderr
 
