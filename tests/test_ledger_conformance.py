@@ -379,7 +379,10 @@ from ratchet.ledger.lease import LeaseHolder
 from ratchet.ledger.sql import SQLAlchemyLedger
 
 a = json.loads(sys.argv[1])
-led = SQLiteLedger(Path(a["root"]) / a["run"] / "ledger.sqlite") if a["url"] is None else SQLAlchemyLedger(a["url"], a["run"])
+if a["url"] is None:
+    led = SQLiteLedger(Path(a["root"]) / a["run"] / "ledger.sqlite")
+else:
+    led = SQLAlchemyLedger(a["url"], a["run"])
 go = Path(a["go"])
 (go.parent / f"ready-{a['i']}").touch()
 while not go.exists():

@@ -497,17 +497,17 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     found only in ``storage`` (started on another machine) gets a run directory ``runs_dir/RUN_ID``
     with a pointer to its database.
 
+    Only one process writes a run at a time, on any machine: resuming takes the run's writer lease
+    (:class:`~ratchet.ledger.lease.WriterLease`), which a live writer holds and renews. A writer that
+    died on this host is noticed at once; one on another host (same ``--storage`` database) once its
+    lease expired, ``$RATCHET_LEASE_TTL_S`` (default 60) seconds after its last heartbeat.
+
     Args:
         run: Run id or run directory.
         runs_dir: Folder that holds run directories.
         executor: As for :func:`start_run`.
         progress: As for :func:`start_run`.
         storage: Database URL to look the run up in (see :func:`open_run`).
-
-    Only one process writes a run at a time, on any machine: resuming takes the run's writer lease
-    (:class:`~ratchet.ledger.lease.WriterLease`), which a live writer holds and renews. A writer that
-    died on this host is noticed at once; one on another host (same ``--storage`` database) once its
-    lease expired, ``$RATCHET_LEASE_TTL_S`` (default 60) seconds after its last heartbeat.
 
     Raises:
         RunNotFoundError: no such run.

@@ -102,7 +102,8 @@ class LeaseInfo:
 
     def to_json(self) -> dict[str, Any]:
         """The lease as ``ratchet show --json`` prints it."""
-        return {"host": self.holder.host, "pid": self.holder.pid, "last_heartbeat_s_ago": round(self.heartbeat_age_s, 1),
+        return {"host": self.holder.host, "pid": self.holder.pid,
+                "last_heartbeat_s_ago": round(self.heartbeat_age_s, 1),
                 "expires_in_s": round(self.expires_in_s, 1), "released": self.released}
 
 

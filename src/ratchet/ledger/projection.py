@@ -66,7 +66,8 @@ class RunState:
         if self.status == "stale" and self.writer:
             from ratchet.ledger.lease import format_age
 
-            return f"stale: last heartbeat {format_age(self.writer['last_heartbeat_s_ago'])} ago on host {self.writer['host']}"
+            age = format_age(self.writer["last_heartbeat_s_ago"])
+            return f"stale: last heartbeat {age} ago on host {self.writer['host']}"
         return self.status
 
     def candidate(self, candidate_id: str) -> Candidate:

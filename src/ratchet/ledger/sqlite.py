@@ -172,7 +172,8 @@ class SQLiteLedger:
                     (holder.token, holder.host, holder.pid, now, now + ttl_s, now, holder.token, take_over or ""))
                 if cur.rowcount == 0:
                     self._db.execute("INSERT OR IGNORE INTO lease(id, token, host, pid, heartbeat_at, expires_at) "
-                                     "VALUES (1, ?, ?, ?, ?, ?)", (holder.token, holder.host, holder.pid, now, now + ttl_s))
+                                     "VALUES (1, ?, ?, ?, ?, ?)",
+                                     (holder.token, holder.host, holder.pid, now, now + ttl_s))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
