@@ -6,7 +6,7 @@ ledger; the incumbent only moves up.
 
 from ratchet.critic import Critic, Critique, Evaluation
 from ratchet.errors import (LedgerError, PolicyError, RatchetError, RunNotFoundError, SandboxError, SpecError,
-                            TaskError)
+                            TaskError, WriterLeaseError)
 from ratchet.execution import Executor, Job, Sandbox, executor_from_spec, make_executor
 from ratchet.gate import Decision, PairedTestGate
 from ratchet.ledger import Event, EventType, SQLiteLedger
@@ -25,7 +25,7 @@ __all__ = [
     "PolicyProgram", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
     "Sandbox", "SandboxError", "SpecError", "Task", "TaskError", "executor_from_spec", "export_source", "load_policy",
     "load_spec", "make_executor",
-    "parse_policy", "resume_run", "start_run",
+    "parse_policy", "resume_run", "start_run", "WriterLeaseError",
 ]
 
 

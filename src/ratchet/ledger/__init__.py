@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.lease import LeaseHolder, LeaseInfo, WriterLease
 from ratchet.ledger.sqlite import SQLiteLedger
 
 if TYPE_CHECKING:
-    from ratchet.ledger.lease import LeaseHolder, LeaseInfo
     from ratchet.ledger.sql import SQLAlchemyLedger
 
-__all__ = ["Event", "EventType", "LedgerStore", "SQLAlchemyLedger", "SQLiteLedger"]
+__all__ = ["Event", "EventType", "LeaseHolder", "LeaseInfo", "LedgerStore", "SQLAlchemyLedger", "SQLiteLedger",
+           "WriterLease"]
 
 
 class LedgerStore(Protocol):
