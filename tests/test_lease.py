@@ -49,9 +49,9 @@ def test_format_age():
 
 def test_heartbeat_keeps_the_lease_and_release_frees_it(tmp_path):
     a = SQLiteLedger(tmp_path / "r" / "ledger.sqlite")
-    lease = WriterLease.acquire(a, "r", ttl_s=0.6)
+    lease = WriterLease.acquire(a, "r", ttl_s=2)
     try:
-        time.sleep(1.5)  # 2.5 ttls: alive only thanks to the heartbeat
+        time.sleep(4)  # two time-to-lives: alive only thanks to the heartbeat (every 0.67 s)
         other = SQLiteLedger(tmp_path / "r" / "ledger.sqlite")
         with pytest.raises(WriterLeaseError, match=rf"run r is being written by pid {os.getpid()} on host .* \(last "
                                                    r"heartbeat \d s ago\); wait for it to end or stop it"):

@@ -299,16 +299,16 @@ def test_lease_acquire_refuse_expire_take_over_and_fence(store):
     a, b = store.open(run), store.open(run)
     ha, hb = _holder("a", 11), _holder("b", 22)
     assert a.read_lease() is None
-    got = a.acquire_lease(ha, 0.6)
-    assert got.holder == ha and not got.expired and 0.5 < got.expires_in_s <= 0.6 and got.heartbeat_age_s < 0.1
+    got = a.acquire_lease(ha, 30)
+    assert got.holder == ha and not got.expired and 25 < got.expires_in_s <= 30 and got.heartbeat_age_s < 5
     a.append(EventType.RUN_STARTED, "run_started", {"by": "a"})
     refused = b.acquire_lease(hb, 30)
     assert refused.holder == ha and not refused.expired  # b learns who holds it
-    assert a.acquire_lease(ha, 0.6).holder == ha  # re-acquiring one's own lease renews it
-    assert a.renew_lease(ha, 0.6)
-    time.sleep(0.7)
+    assert a.acquire_lease(ha, 30).holder == ha  # re-acquiring one's own lease renews it
+    assert a.renew_lease(ha, 0.3)  # the last heartbeat, with a short time-to-live
+    time.sleep(0.4)
     stale = b.read_lease()
-    assert stale.expired and stale.holder == ha and stale.heartbeat_age_s >= 0.6
+    assert stale.expired and stale.holder == ha and stale.heartbeat_age_s >= 0.3
     assert b.acquire_lease(hb, 30).holder == hb  # taken over
     assert not a.renew_lease(ha, 0.6)
     with pytest.raises(WriterLeaseError, match="lost the writer lease.*pid 22 on host host-b"):
