@@ -280,3 +280,138 @@ def test_storage_urls_that_would_lose_the_ledger_or_leak_a_password_are_refused(
     with pytest.raises(LedgerError, match=message) as info:
         database_url(url)
     assert "SECRET" not in str(info.value)
+
+
+# -- the writer lease: one writer per run, across machines -----------------------------------------
+
+def _holder(name: str, pid: int = 1):
+    from ratchet.ledger.lease import LeaseHolder
+
+    return LeaseHolder(f"token-{name}", f"host-{name}", pid)
+
+
+def test_lease_acquire_refuse_expire_take_over_and_fence(store):
+    """A live lease refuses others; once expired another holder takes it, and the first holder's appends
+    (and heartbeats) fail from then on: it cannot interleave a single event."""
+    from ratchet.errors import WriterLeaseError
+
+    run = store.run_id("lease")
+    a, b = store.open(run), store.open(run)
+    ha, hb = _holder("a", 11), _holder("b", 22)
+    assert a.read_lease() is None
+    got = a.acquire_lease(ha, 30)
+    assert got.holder == ha and not got.expired and 25 < got.expires_in_s <= 30 and got.heartbeat_age_s < 5
+    a.append(EventType.RUN_STARTED, "run_started", {"by": "a"})
+    refused = b.acquire_lease(hb, 30)
+    assert refused.holder == ha and not refused.expired  # b learns who holds it
+    assert a.acquire_lease(ha, 30).holder == ha  # re-acquiring one's own lease renews it
+    assert a.renew_lease(ha, 0.3)  # the last heartbeat, with a short time-to-live
+    time.sleep(0.4)
+    stale = b.read_lease()
+    assert stale.expired and stale.holder == ha and stale.heartbeat_age_s >= 0.3
+    assert b.acquire_lease(hb, 30).holder == hb  # taken over
+    assert not a.renew_lease(ha, 0.6)
+    with pytest.raises(WriterLeaseError, match="lost the writer lease.*pid 22 on host host-b"):
+        a.append(EventType.GENERATION_FINISHED, "generation/1", {"by": "a"})
+    b.append(EventType.GENERATION_FINISHED, "generation/1", {"by": "b"})
+    with pytest.raises(WriterLeaseError):  # and it stays stopped
+        a.append(EventType.GENERATION_FINISHED, "generation/2", {"by": "a"})
+    assert [(e.key, e.payload["by"]) for e in b.read()] == [("run_started", "a"), ("generation/1", "b")]
+    a.close()
+    b.close()
+
+
+def test_lease_fence_without_a_heartbeat(store):
+    """A writer whose lease was taken over is refused at its very next append, even before any heartbeat
+    told it (the store checks the lease in the same statement as the insert)."""
+    from ratchet.errors import WriterLeaseError
+
+    run = store.run_id("fence")
+    a, b = store.open(run), store.open(run)
+    ha, hb = _holder("a"), _holder("b")
+    a.acquire_lease(ha, 30)
+    assert b.acquire_lease(hb, 30, take_over=ha.token).holder == hb  # (as for a dead pid on this host)
+    with pytest.raises(WriterLeaseError):
+        a.append(EventType.RUN_STARTED, "run_started", {})
+    assert b.read() == []
+    a.close()
+    b.close()
+
+
+def test_lease_release(store):
+    """A released lease is free at once; it still names its last holder; releasing another's lease does nothing."""
+    run = store.run_id("release")
+    a, b = store.open(run), store.open(run)
+    ha, hb = _holder("a"), _holder("b")
+    a.acquire_lease(ha, 30)
+    b.release_lease(hb)  # not b's: no effect
+    assert b.acquire_lease(hb, 30).holder == ha
+    a.release_lease(ha)
+    info = b.read_lease()
+    assert info.released and info.expired and info.holder == ha and info.expires_in_s == 0
+    assert b.acquire_lease(hb, 30).holder == hb
+    assert not b.read_lease().released
+    a.append(EventType.RUN_STARTED, "run_started", {})  # a store that holds no lease appends unfenced
+    a.close()
+    b.close()
+
+
+def test_lease_is_per_run_and_readable_read_only(store):
+    a, b = store.run_id("lease-a"), store.run_id("lease-b")
+    la, lb = store.open(a), store.open(b)
+    la.append(EventType.RUN_STARTED, "run_started", {})
+    lb.append(EventType.RUN_STARTED, "run_started", {})
+    assert la.acquire_lease(_holder("a"), 30).holder.token == "token-a"
+    assert lb.acquire_lease(_holder("b"), 30).holder.token == "token-b"  # another run: its own lease
+    ro = store.open(a, readonly=True)
+    assert ro.read_lease().holder.token == "token-a"
+    with pytest.raises(LedgerError):
+        ro.acquire_lease(_holder("c"), 30)
+    for led in (ro, la, lb):
+        led.close()
+
+
+_RACER = r"""
+import json, sys, time
+from pathlib import Path
+from ratchet.ledger import SQLiteLedger
+from ratchet.ledger.lease import LeaseHolder
+from ratchet.ledger.sql import SQLAlchemyLedger
+
+a = json.loads(sys.argv[1])
+if a["url"] is None:
+    led = SQLiteLedger(Path(a["root"]) / a["run"] / "ledger.sqlite")
+else:
+    led = SQLAlchemyLedger(a["url"], a["run"])
+go = Path(a["go"])
+(go.parent / f"ready-{a['i']}").touch()
+while not go.exists():
+    time.sleep(0.002)
+me = LeaseHolder(f"racer-{a['i']}", "h", a["i"])
+print(json.dumps(led.acquire_lease(me, 30).holder.token == me.token))
+"""
+
+
+@pytest.mark.parametrize("expired_first", [False, True])
+def test_lease_race_has_one_winner(store, tmp_path, expired_first):
+    """3 processes race for a run's lease (absent, or expired): exactly one gets it."""
+    run = store.run_id("race")
+    led = store.open(run)
+    led.append(EventType.RUN_STARTED, "run_started", {})
+    if expired_first:
+        led.acquire_lease(_holder("dead"), 0.01)
+        time.sleep(0.05)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, json.dumps(
+        {"url": store.url, "root": str(store.root), "run": run, "go": str(go), "i": i})], stdout=subprocess.PIPE,
+        text=True) for i in range(3)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{i}").exists() for i in range(3)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    won = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(won) == 1
+    winner = won.index(True)
+    assert led.read_lease().holder.token == f"racer-{winner}"
+    led.close()

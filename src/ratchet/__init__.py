@@ -6,9 +6,9 @@ ledger; the incumbent only moves up.
 
 from ratchet.critic import Critic, Critique, Evaluation
 from ratchet.errors import (LedgerError, PolicyError, RatchetError, RunNotFoundError, SandboxError, SpecError,
-                            TaskError)
+                            TaskError, WriterLeaseError)
 from ratchet.execution import Executor, Job, Sandbox, executor_from_spec, make_executor
-from ratchet.gate import Decision, PairedTestGate
+from ratchet.gate import Decision, PairedTestGate, SequentialGate
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import RunResult, resume_run, start_run
 from ratchet.policy import Candidate, Parameter, PolicyProgram, export_source, load_policy, parse_policy
@@ -23,11 +23,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Candidate", "CMAESRefiner", "Critic", "Critique", "Decision", "Episode", "Evaluation", "Event",
-    "EventType", "Executor", "GymTask", "Job", "LedgerError", "PairedTestGate", "Parameter", "PolicyError",
+    "EventType", "Executor", "GymTask", "Job", "LedgerError", "PairedTestGate", "Parameter", "SequentialGate", "PolicyError",
     "PolicyProgram", "ProgressPrinter", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
     "Sandbox", "SandboxError", "SpecError", "Task", "TaskError", "executor_from_spec", "export_source", "load_policy",
     "load_spec", "make_executor",
-    "parse_policy", "resume_run", "start_run", "write_run_report",
+    "parse_policy", "resume_run", "start_run", "write_run_report", "WriterLeaseError",
 ]
 
 

@@ -70,12 +70,14 @@ def _project(ledger, run: str):
 
     try:
         events = ledger.read()
+        read_lease = getattr(ledger, "read_lease", None)  # a custom store may keep no leases
+        lease = read_lease() if callable(read_lease) and events else None
     finally:
         ledger.close()
     if not events:
         raise RunNotFoundError(f"run {run!r} has an empty ledger")
     try:
-        return project(events)
+        return project(events, lease)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LedgerError(f"ledger {ledger.location} is damaged: an event lacks {exc}") from None
 
@@ -204,7 +206,7 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT
             continue
         test = st.test or {}
         sr = test.get("success_rate")
-        rows.append((st.run_id, st.status, str(st.spec.get("task", {}).get("env_id")), str(st.generations),
+        rows.append((st.run_id, st.status_text, str(st.spec.get("task", {}).get("env_id")), str(st.generations),
                      f"{st.env_steps:,}", _num(st.incumbent_validation_mean), _num(test.get("mean")),
                      "–" if sr is None else f"{100 * sr:.1f} %"))
     _print_runs(rows)
@@ -256,6 +258,7 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
     t = Table(show_header=False, title=f"run {st.run_id}")
     t.add_column("key")
     t.add_column("value")
+    data["status"] = st.status_text
     for k in ("status", "env_id", "stop_reason", "generations", "env_steps", "validation_env_steps", "episodes",
               "wall_clock_s", "promotions", "error"):
         if data.get(k) is not None:

@@ -12,6 +12,7 @@ __all__ = [
     "SpecError",
     "TaskError",
     "LedgerError",
+    "WriterLeaseError",
     "RunNotFoundError",
     "ReplayMismatchError",
 ]
@@ -35,6 +36,11 @@ class TaskError(RatchetError):
 
 class LedgerError(RatchetError):
     """A run's ledger is unreadable, or a resumed run diverged from what its ledger recorded."""
+
+
+class WriterLeaseError(LedgerError):
+    """Another process holds a run's writer lease (it is being written elsewhere), or took it over
+    from this one (which must then stop writing)."""
 
 
 class RunNotFoundError(RatchetError):

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from ratchet.critic import Critic, Evaluation
-from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
+from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, WriterLeaseError
 from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
 from ratchet.gate import SequentialGate, make_gate
 from ratchet.ledger import EventType, LedgerStore
+from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_pointer, storage_url, with_password_of,
                                     write_pointer)
@@ -415,6 +416,9 @@ def lock_run_dir(run_dir: Path) -> int:
     """Take the run directory's writer lock (``flock`` on ``RUN_DIR/.lock``) for this process's lifetime
     or until the returned descriptor is closed; the kernel drops it if the process dies.
 
+    This guards the run directory's own files (``policy.py``, the report) on one machine; the ledger is
+    guarded across machines by the run's writer lease (:class:`~ratchet.ledger.lease.WriterLease`).
+
     Raises:
         LedgerError: another process on this machine is writing this run.
     """
@@ -437,15 +441,17 @@ def lock_run_dir(run_dir: Path) -> int:
     return fd
 
 
-def _drive(run: _Run, close_executor: bool, lock_fd: int) -> RunResult:
+def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:
     try:
         return run.run()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, WriterLeaseError):  # a lost lease: another process writes the run now
         raise
     except Exception as exc:
-        run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
+        if not lease.lost:
+            run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
         raise
     finally:
+        lease.release()
         run.ledger.close()
         if close_executor:
             run.executor.close()
@@ -529,19 +535,25 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         raise
     ledger = ledger or open_store(None, run_dir, run_id)
     run = _Run(run_dir, spec, program, ledger, executor, progress)
-    _, created = ledger.append(EventType.RUN_STARTED, "run_started", {
+    try:
+        lease: WriterLease | None = WriterLease.acquire(ledger, run_id)
+    except WriterLeaseError:  # another process took this run id between our checks and now
+        lease = None
+    created = lease is not None and ledger.append(EventType.RUN_STARTED, "run_started", {
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
         "execution": _describe(run.executor), "pricing": run.pricing,
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
-                  "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})
+                  "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})[1]
     if not created:  # another process started this run id between our checks and now
+        if lease is not None:
+            lease.release()
         if own_executor:
             executor.close()
         ledger.close()
         os.close(lock_fd)
         raise RatchetError(f"run {run_id} was started by another process just now; pick another --run-id")
-    return _drive(run, close_executor=own_executor, lock_fd=lock_fd)
+    return _drive(run, close_executor=own_executor, lock_fd=lock_fd, lease=lease)
 
 
 def _describe(executor: Executor) -> dict[str, Any]:
@@ -627,6 +639,11 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     found only in ``storage`` (started on another machine) gets a run directory ``runs_dir/RUN_ID``
     with a pointer to its database.
 
+    Only one process writes a run at a time, on any machine: resuming takes the run's writer lease
+    (:class:`~ratchet.ledger.lease.WriterLease`), which a live writer holds and renews. A writer that
+    died on this host is noticed at once; one on another host (same ``--storage`` database) once its
+    lease expired, ``$RATCHET_LEASE_TTL_S`` (default 60) seconds after its last heartbeat.
+
     Args:
         run: Run id or run directory.
         runs_dir: Folder that holds run directories.
@@ -636,26 +653,20 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
 
     Raises:
         RunNotFoundError: no such run.
-        LedgerError: the run already finished, is still running, or its ledger has no start event.
+        WriterLeaseError: another live process is writing the run (here or on another machine).
+        LedgerError: the run already finished or its ledger has no start event.
     """
     ledger, run_dir = open_run(run, runs_dir, storage=storage)
-    lock_fd = None
+    lock_fd = lease = None
     try:
-        if run_dir.is_dir():  # before reading its state: a second resumer waits out here
+        if run_dir.is_dir():  # before reading its state: a second resumer on this machine stops here
             lock_fd = lock_run_dir(run_dir)
         started = ledger.get("run_started")
         if started is None:
             raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed")
-        from ratchet.ledger.projection import project
-
+        # the lease before reading the state: once held, no other process appends (appends are fenced)
+        lease = WriterLease.acquire(ledger, started.payload["run_id"])
         events = ledger.read()
-        state = project(events)
-        writer = next((e.payload for e in reversed(events)
-                       if e.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED)), {})
-        if state.status == "running" and writer.get("pid") != os.getpid():
-            where = f" on host {writer['host']}" if writer.get("host", socket.gethostname()) != socket.gethostname() else ""
-            raise LedgerError(f"run {started.payload['run_id']} is still running in another process{where}; stop it "
-                              "first (resuming would make two writers)")
         if ledger.get("run_finished") is not None:
             raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
         spec = spec_from_dict(started.payload["spec"], where="ledger spec")
@@ -672,6 +683,8 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
                  pricing=started.payload.get("pricing", "worst-case"))
     except BaseException:
+        if lease is not None:
+            lease.release()
         ledger.close()
         if lock_fd is not None:
             os.close(lock_fd)
@@ -679,4 +692,4 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     r._clock_offset = active_seconds(events)
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
                                                                       "events_before": len(events)})
-    return _drive(r, close_executor=executor is None, lock_fd=lock_fd)
+    return _drive(r, close_executor=executor is None, lock_fd=lock_fd, lease=lease)

@@ -2,7 +2,8 @@
 
 Two stores implement :class:`LedgerStore`: :class:`SQLiteLedger` (one SQLite file per run, the
 default) and :class:`SQLAlchemyLedger` (many runs in one PostgreSQL or SQLite database, imported on
-first use). :func:`ratchet.ledger.storage.open_store` picks one from a ``--storage`` value.
+first use). :func:`ratchet.ledger.storage.open_store` picks one from a ``--storage`` value. Each store
+also keeps its runs' writer leases (:mod:`ratchet.ledger.lease`): one writer per run, across machines.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.lease import LeaseHolder, LeaseInfo, WriterLease
 from ratchet.ledger.sqlite import SQLiteLedger
 
 if TYPE_CHECKING:
     from ratchet.ledger.sql import SQLAlchemyLedger
 
-__all__ = ["Event", "EventType", "LedgerStore", "SQLAlchemyLedger", "SQLiteLedger"]
+__all__ = ["Event", "EventType", "LeaseHolder", "LeaseInfo", "LedgerStore", "SQLAlchemyLedger", "SQLiteLedger",
+           "WriterLease"]
 
 
 class LedgerStore(Protocol):
@@ -36,6 +39,23 @@ class LedgerStore(Protocol):
 
     def read(self, from_seq: int = 0) -> list[Event]:
         """Events after ``from_seq`` in order."""
+
+    def acquire_lease(self, holder: LeaseHolder, ttl_s: float, *, take_over: str | None = None) -> LeaseInfo:
+        """Take the run's writer lease (atomic compare-and-set in the store) unless another holder's is
+        live, i.e. neither expired (``ttl_s`` seconds without a heartbeat, on the store's clock) nor
+        released; ``take_over`` names a holder token to take it from regardless. Once taken, this
+        instance's appends are fenced on it (they raise :class:`~ratchet.errors.WriterLeaseError` once
+        another process took the lease over). Returns the lease as stored: ours iff its token is
+        ``holder.token``."""
+
+    def renew_lease(self, holder: LeaseHolder, ttl_s: float) -> bool:
+        """Heartbeat (callable from another thread): expiry = now + ``ttl_s`` seconds; False if lost."""
+
+    def release_lease(self, holder: LeaseHolder) -> None:
+        """Give the lease up if ``holder`` still has it."""
+
+    def read_lease(self) -> LeaseInfo | None:
+        """The run's writer lease (holder, last heartbeat, expiry, the store's now), or None if none was taken."""
 
     def close(self) -> None:
         """Release resources."""

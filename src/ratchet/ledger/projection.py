@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ratchet.critic import Evaluation
 from ratchet.ledger.events import Event, EventType
 from ratchet.policy import Candidate
 from ratchet.processes import process_running
 from ratchet.rollout import Episode
+
+if TYPE_CHECKING:
+    from ratchet.ledger.lease import LeaseInfo
 
 __all__ = ["RunState", "project"]
 
@@ -21,6 +24,12 @@ class RunState:
 
     ``env_steps`` and ``episodes`` count training and validation episodes (the budget's units);
     test episodes are reported separately in ``baseline_test``/``test``.
+
+    ``status`` is ``running``, ``stale`` (its writer's lease expired without the run finishing or
+    failing: the writer died or hangs, possibly on another machine; ``ratchet resume`` takes it over),
+    ``interrupted`` (stopped, or its writer is gone from this machine), ``finished``, ``failed`` or
+    ``unknown``; ``status_text`` says it for people. ``writer`` is the run's writer lease (see
+    :meth:`ratchet.ledger.lease.LeaseInfo.to_json`) while the run is not finished or failed.
     """
 
     run_id: str = ""
@@ -49,6 +58,17 @@ class RunState:
     test: dict[str, Any] | None = None
     baseline_test_critique: dict[str, Any] | None = None
     test_critique: dict[str, Any] | None = None
+    writer: dict[str, Any] | None = None
+
+    @property
+    def status_text(self) -> str:
+        """The status for people: ``"stale: last heartbeat 3 min ago on host X"`` for a stale run."""
+        if self.status == "stale" and self.writer:
+            from ratchet.ledger.lease import format_age
+
+            age = format_age(self.writer["last_heartbeat_s_ago"])
+            return f"stale: last heartbeat {age} ago on host {self.writer['host']}"
+        return self.status
 
     def candidate(self, candidate_id: str) -> Candidate:
         """The full candidate (source resolved) with this id (a unique prefix is enough).
@@ -72,7 +92,8 @@ class RunState:
 
     def to_json(self) -> dict[str, Any]:
         """The summary printed by ``ratchet show --json``."""
-        return {"run_id": self.run_id, "status": self.status, "env_steps": self.env_steps,
+        return {"run_id": self.run_id, "status": self.status, "status_text": self.status_text, "writer": self.writer,
+                "env_steps": self.env_steps,
                 "episodes": self.episodes, "validation_env_steps": self.validation_env_steps,
                 "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
                 "stop_reason": self.stop_reason, "error": self.error,
@@ -117,8 +138,17 @@ def active_seconds(events: list[Event]) -> float:
     return total
 
 
-def project(events: list[Event]) -> RunState:
-    """Fold events into a :class:`RunState`."""
+def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
+    """Fold events into a :class:`RunState`.
+
+    Args:
+        events: The run's events, in order.
+        lease: The run's writer lease (``ledger.read_lease()``), when the store has one. It decides
+            whether a run that neither finished nor failed is ``running`` (lease live), ``stale``
+            (expired: no heartbeat for its time-to-live) or ``interrupted`` (released, or its holder's
+            process is gone from this host). Without one, only a writer on this host can be checked
+            (by pid); one on another host counts as running.
+    """
     st = RunState()
     pid = host = None
     for ev in events:
@@ -161,6 +191,14 @@ def project(events: list[Event]) -> RunState:
             st.status, st.error = "failed", p["error"]
     if st.status != "finished" and events:
         st.wall_clock_s = active_seconds(events)
-        if st.status == "running" and not _pid_alive(pid, host):
+        if st.status == "running" and lease is not None:
+            from ratchet.ledger.lease import writer_dead_here
+
+            st.writer = lease.to_json()
+            if lease.released or writer_dead_here(lease):
+                st.status = "interrupted"
+            elif lease.expired:
+                st.status = "stale"
+        elif st.status == "running" and not _pid_alive(pid, host):
             st.status = "interrupted"
     return st

@@ -14,20 +14,26 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (BigInteger, Column, Double, Engine, MetaData, PrimaryKeyConstraint, String, Table, Text,
-                        UniqueConstraint, create_engine, event, func, insert, inspect, select)
+from sqlalchemy import (BigInteger, Boolean, Column, Double, Engine, MetaData, PrimaryKeyConstraint, String, Table,
+                        Text, UniqueConstraint, cast, create_engine, event, exists, extract, func, insert, inspect,
+                        literal, or_, select, update)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
-from ratchet.errors import LedgerError, RunNotFoundError
+from ratchet.errors import LedgerError, RunNotFoundError, WriterLeaseError
 from ratchet.ledger.events import Event, EventType
 
-__all__ = ["SQLAlchemyLedger", "list_runs", "database_url", "display_url", "TABLE"]
+if TYPE_CHECKING:
+    from ratchet.ledger.lease import LeaseHolder, LeaseInfo
+
+__all__ = ["SQLAlchemyLedger", "list_runs", "database_url", "display_url", "TABLE", "LEASES_TABLE"]
 
 #: Name of the table that holds every run's events.
 TABLE = "ratchet_events"
+#: Name of the table that holds each run's writer lease (see :mod:`ratchet.ledger.lease`).
+LEASES_TABLE = "ratchet_leases"
 
 _metadata = MetaData()
 _events = Table(
@@ -40,6 +46,16 @@ _events = Table(
     Column("payload", Text, nullable=False),
     PrimaryKeyConstraint("run_id", "seq", name=f"{TABLE}_pkey"),
     UniqueConstraint("run_id", "key", name=f"{TABLE}_run_key"),
+)
+_leases = Table(
+    LEASES_TABLE, _metadata,
+    Column("run_id", String(200), primary_key=True),
+    Column("token", String(64), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", BigInteger, nullable=False),
+    Column("heartbeat_at", Double, nullable=False),  # store clock, Unix seconds
+    Column("expires_at", Double, nullable=False),
+    Column("released", Boolean, nullable=False),
 )
 _COLUMNS = (_events.c.seq, _events.c.type, _events.c.key, _events.c.time, _events.c.payload)
 _EXPECTED = "expected postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH"
@@ -186,6 +202,9 @@ class SQLAlchemyLedger:
         self.readonly = readonly
         shown = display_url(self.url, password=True)
         self.location = f"run {run_id} in {shown}"
+        self._fence: str | None = None  # the token of the lease this instance holds: appends are fenced on it
+        self._lease_lost = False
+        self._has_leases = False
         if not run_id or len(run_id) > 200:
             raise LedgerError(f"run id must be 1 to 200 characters, got {len(run_id)}")
         db = self.url.database
@@ -228,17 +247,31 @@ class SQLAlchemyLedger:
         """
         if self.readonly:
             raise LedgerError(f"ledger {self.location} is open read-only; cannot append {key!r}")
+        if self._lease_lost:
+            raise self._lost_error(key)
         body = json.dumps(payload, separators=(",", ":"))
         next_seq = (select(func.coalesce(func.max(_events.c.seq), 0) + 1)
                     .where(_events.c.run_id == self.run_id).scalar_subquery())
         deadline = time.monotonic() + _APPEND_DEADLINE_S
         while True:
             now = time.time()
-            stmt = insert(_events).values(run_id=self.run_id, seq=next_seq, key=key, type=type.value, time=now,
-                                          payload=body).returning(_events.c.seq)
+            if self._fence is None:
+                stmt = insert(_events).values(run_id=self.run_id, seq=next_seq, key=key, type=type.value, time=now,
+                                              payload=body).returning(_events.c.seq)
+            else:  # insert only while our lease row holds our token (locked FOR SHARE on PostgreSQL)
+                held = select(_leases.c.run_id).where(_leases.c.run_id == self.run_id, _leases.c.token == self._fence)
+                if self._postgres:
+                    held = held.with_for_update(read=True)
+                row = select(literal(self.run_id, String), next_seq, literal(key, Text), literal(type.value, String),
+                             literal(now, Double), literal(body, Text)).where(exists(held))
+                stmt = insert(_events).from_select(["run_id", "seq", "key", "type", "time", "payload"], row) \
+                    .returning(_events.c.seq)
             try:
                 with self._engine.connect() as conn:
-                    seq = conn.execute(stmt).scalar_one()
+                    seq = conn.execute(stmt).scalar_one_or_none()
+                if seq is None:
+                    self._lease_lost = True
+                    raise self._lost_error(key)
                 return Event(int(seq), type, key, now, payload), True
             except sa_exc.IntegrityError:
                 stored = self.get(key)
@@ -287,18 +320,153 @@ class SQLAlchemyLedger:
         except (ValueError, TypeError) as exc:
             raise LedgerError(f"ledger {self.location} is damaged at event {row[0]}: {exc}") from None
 
+    # -- writer lease (see ratchet.ledger.lease) ---------------------------------------------------
+    @property
+    def _postgres(self) -> bool:
+        return self.url.get_backend_name() == "postgresql"
+
+    def _now(self):
+        """The store's clock (Unix seconds) as SQL: PostgreSQL's, so machines with skewed clocks agree on
+        expiry; for SQLite (a local file) and other databases, this machine's."""
+        if self._postgres:
+            return cast(extract("epoch", func.statement_timestamp()), Double)
+        return literal(time.time(), Double)
+
+    def _lease_table(self, conn) -> bool:
+        if not self._has_leases:
+            self._has_leases = inspect(conn).has_table(LEASES_TABLE)
+        return self._has_leases
+
+    def acquire_lease(self, holder: LeaseHolder, ttl_s: float, *, take_over: str | None = None) -> LeaseInfo:
+        """Take this run's writer lease unless another holder's is live.
+
+        Atomic without a transaction: an ``UPDATE … WHERE expired OR released OR token IN (ours,
+        take_over)`` (row-locked: of two concurrent takers the second re-checks the row the first wrote
+        and matches nothing), else an ``INSERT`` that the primary key refuses if the row appeared
+        meanwhile. Expiry is judged on the database's clock. Once taken, this instance's appends are fenced.
+
+        Args:
+            holder: Who asks.
+            ttl_s: Seconds the lease lives without a heartbeat.
+            take_over: Also take it from the holder with this token (a dead process on this host).
+
+        Returns:
+            The lease as stored afterwards: ours iff ``info.holder.token == holder.token``.
+
+        Raises:
+            LedgerError: read-only, no permission to create the lease table, or the database failed.
+        """
+        if self.readonly:
+            raise LedgerError(f"ledger {self.location} is open read-only; cannot take its writer lease")
+        c = _leases.c
+        try:
+            with self._engine.connect() as conn:
+                if not self._lease_table(conn):
+                    _create_table(self._engine)
+                    self._has_leases = True
+                now = self._now()
+                mine = dict(token=holder.token, host=holder.host[:255], pid=holder.pid, heartbeat_at=now,
+                            expires_at=now + ttl_s, released=False)
+                took = conn.execute(update(_leases).where(
+                    c.run_id == self.run_id,
+                    or_(c.expires_at <= now, c.released.is_(True), c.token.in_([holder.token, take_over or ""])))
+                    .values(**mine)).rowcount
+                if not took:
+                    try:
+                        conn.execute(insert(_leases).values(run_id=self.run_id, **mine))
+                    except sa_exc.IntegrityError:
+                        pass  # another process inserted it first: read who
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"cannot take the writer lease of {self.location}: {_reason(exc)}") from None
+        info = self.read_lease()
+        assert info is not None
+        if info.holder.token == holder.token:
+            self._fence, self._lease_lost = holder.token, False
+        return info
+
+    def renew_lease(self, holder: LeaseHolder, ttl_s: float) -> bool:
+        """Heartbeat: push the expiry to the database's now + ``ttl_s`` seconds (thread-safe).
+
+        Returns:
+            False when another holder took the lease (this instance's appends then raise).
+
+        Raises:
+            LedgerError: the database failed.
+        """
+        c = _leases.c
+        try:
+            with self._engine.connect() as conn:
+                now = self._now()
+                n = conn.execute(update(_leases).where(c.run_id == self.run_id, c.token == holder.token,
+                                                       c.released.is_(False))
+                                 .values(heartbeat_at=now, expires_at=now + ttl_s)).rowcount
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"cannot renew the writer lease of {self.location}: {_reason(exc)}") from None
+        if n == 0:
+            self._lease_lost = True
+        return not self._lease_lost
+
+    def release_lease(self, holder: LeaseHolder) -> None:
+        """Give the lease up (if still ours); appends are no longer fenced.
+
+        Raises:
+            LedgerError: the database failed.
+        """
+        if self._fence == holder.token:
+            self._fence = None
+        c = _leases.c
+        try:
+            with self._engine.connect() as conn:
+                if self._lease_table(conn):
+                    conn.execute(update(_leases).where(c.run_id == self.run_id, c.token == holder.token)
+                                 .values(released=True, expires_at=self._now()))
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"cannot release the writer lease of {self.location}: {_reason(exc)}") from None
+
+    def read_lease(self) -> LeaseInfo | None:
+        """This run's writer lease, or None when no writer took one (or the database predates leases).
+
+        Raises:
+            LedgerError: the database failed.
+        """
+        from ratchet.ledger.lease import LeaseHolder, LeaseInfo
+
+        c = _leases.c
+        try:
+            with self._engine.connect() as conn:
+                if not self._lease_table(conn):
+                    return None
+                row = conn.execute(select(c.token, c.host, c.pid, c.heartbeat_at, c.expires_at, c.released,
+                                          self._now()).where(c.run_id == self.run_id)).first()
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"cannot read the writer lease of {self.location}: {_reason(exc)}") from None
+        if row is None:
+            return None
+        return LeaseInfo(LeaseHolder(row[0], row[1], int(row[2])), float(row[3]), float(row[4]), float(row[6]),
+                         bool(row[5]))
+
+    def _lost_error(self, key: str) -> WriterLeaseError:
+        try:
+            info = self.read_lease()
+        except LedgerError:
+            info = None
+        who = f" (pid {info.holder.pid} on host {info.holder.host})" if info is not None else ""
+        return WriterLeaseError(f"lost the writer lease of {self.location}: another process{who} took the run over "
+                                f"after this one missed its heartbeats; not appending {key!r} (this process stops "
+                                "writing so that two writers never interleave one ledger)")
+
     def close(self) -> None:
         """Close this ledger's database connections."""
         self._engine.dispose()
 
 
 def _create_table(engine: Engine) -> None:
-    """Create the events table; a concurrent creator winning the race is fine."""
+    """Create the events and leases tables; a concurrent creator winning the race is fine."""
     try:
         _metadata.create_all(engine, checkfirst=True)
     except sa_exc.DBAPIError:
         with engine.connect() as conn:
-            if not inspect(conn).has_table(TABLE):
+            if not (inspect(conn).has_table(TABLE) and inspect(conn).has_table(LEASES_TABLE)):
                 raise
 
 

@@ -6,10 +6,13 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ratchet.errors import LedgerError
+from ratchet.errors import LedgerError, WriterLeaseError
 from ratchet.ledger.events import Event, EventType
+
+if TYPE_CHECKING:
+    from ratchet.ledger.lease import LeaseHolder, LeaseInfo
 
 __all__ = ["SQLiteLedger"]
 
@@ -21,6 +24,20 @@ CREATE TABLE IF NOT EXISTS events (
     time REAL NOT NULL,
     payload TEXT NOT NULL
 );
+"""
+
+# The run's writer lease (see ratchet.ledger.lease): at most one row. Created by the first writer that
+# takes a lease, so opening a ledger never writes it and older files without it stay readable.
+_LEASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS lease (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    token TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    released INTEGER NOT NULL DEFAULT 0
+)
 """
 
 
@@ -47,6 +64,8 @@ class SQLiteLedger:
     def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
         self.location = str(self.path)
+        self._fence: str | None = None  # the token of the lease this instance holds: appends are fenced on it
+        self._lease_lost = False
         if (not create or readonly) and not self.path.is_file():
             raise LedgerError(f"no ledger at {self.path}")
         try:
@@ -78,11 +97,21 @@ class SQLiteLedger:
         existing = self.get(key)
         if existing is not None:
             return existing, False
+        if self._lease_lost:
+            raise self._lost_error(key)
         now = time.time()
         body = json.dumps(payload, separators=(",", ":"))
         try:
-            cur = self._db.execute("INSERT INTO events(key, type, time, payload) VALUES (?, ?, ?, ?)",
-                                   (key, type.value, now, body))
+            if self._fence is None:
+                cur = self._db.execute("INSERT INTO events(key, type, time, payload) VALUES (?, ?, ?, ?)",
+                                       (key, type.value, now, body))
+            else:  # one statement: SQLite holds its write lock from the lease check to the insert
+                cur = self._db.execute("INSERT INTO events(key, type, time, payload) SELECT ?, ?, ?, ? "
+                                       "WHERE EXISTS (SELECT 1 FROM lease WHERE token = ?)",
+                                       (key, type.value, now, body, self._fence))
+                if cur.rowcount == 0:
+                    self._lease_lost = True
+                    raise self._lost_error(key)
         except sqlite3.IntegrityError:  # another writer won the race
             stored = self.get(key)
             assert stored is not None
@@ -117,6 +146,113 @@ class SQLiteLedger:
             return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
         except (ValueError, TypeError) as exc:
             raise LedgerError(f"ledger {self.path} is damaged at event {row[0]}: {exc}") from None
+
+    # -- writer lease (see ratchet.ledger.lease; times are this machine's clock: a SQLite file is local) --
+    def acquire_lease(self, holder: LeaseHolder, ttl_s: float, *, take_over: str | None = None) -> LeaseInfo:
+        """Take the writer lease unless another holder's is live (atomic: one ``BEGIN IMMEDIATE``
+        transaction). Once taken, this instance's appends are fenced on it.
+
+        Args:
+            holder: Who asks.
+            ttl_s: Seconds the lease lives without a heartbeat.
+            take_over: Also take it from the holder with this token (a dead process on this host).
+
+        Returns:
+            The lease as stored afterwards: ours iff ``info.holder.token == holder.token``.
+
+        Raises:
+            LedgerError: read-only or failed write.
+        """
+        now = time.time()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(_LEASE_SCHEMA)
+                cur = self._db.execute(
+                    "UPDATE lease SET token = ?, host = ?, pid = ?, heartbeat_at = ?, expires_at = ?, released = 0 "
+                    "WHERE expires_at <= ? OR released OR token IN (?, ?)",
+                    (holder.token, holder.host, holder.pid, now, now + ttl_s, now, holder.token, take_over or ""))
+                if cur.rowcount == 0:
+                    self._db.execute("INSERT OR IGNORE INTO lease(id, token, host, pid, heartbeat_at, expires_at) "
+                                     "VALUES (1, ?, ?, ?, ?, ?)",
+                                     (holder.token, holder.host, holder.pid, now, now + ttl_s))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot take the writer lease of ledger {self.path}: {exc}") from None
+        info = self.read_lease()
+        assert info is not None
+        if info.holder.token == holder.token:
+            self._fence, self._lease_lost = holder.token, False
+        return info
+
+    def renew_lease(self, holder: LeaseHolder, ttl_s: float) -> bool:
+        """Heartbeat: push the expiry to now + ``ttl_s`` seconds. Safe from another thread (own connection).
+
+        Returns:
+            False when another holder took the lease (this instance's appends then raise).
+
+        Raises:
+            LedgerError: the write failed.
+        """
+        now = time.time()
+        try:
+            con = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            try:
+                cur = con.execute("UPDATE lease SET heartbeat_at = ?, expires_at = ? WHERE token = ? AND NOT released",
+                                  (now, now + ttl_s, holder.token))
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot renew the writer lease of ledger {self.path}: {exc}") from None
+        if cur.rowcount == 0:
+            self._lease_lost = True
+        return not self._lease_lost
+
+    def release_lease(self, holder: LeaseHolder) -> None:
+        """Give the lease up (if still ours); appends are no longer fenced.
+
+        Raises:
+            LedgerError: the write failed.
+        """
+        if self._fence == holder.token:
+            self._fence = None
+        now = time.time()
+        try:
+            self._db.execute("UPDATE lease SET released = 1, expires_at = ? WHERE token = ?", (now, holder.token))
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise LedgerError(f"cannot release the writer lease of ledger {self.path}: {exc}") from None
+
+    def read_lease(self) -> LeaseInfo | None:
+        """The run's writer lease, or None when no writer ever took one (or the ledger predates leases).
+
+        Raises:
+            LedgerError: the file is damaged.
+        """
+        from ratchet.ledger.lease import LeaseHolder, LeaseInfo
+
+        try:
+            row = self._db.execute("SELECT token, host, pid, heartbeat_at, expires_at, released FROM lease").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
+        if row is None:
+            return None
+        return LeaseInfo(LeaseHolder(row[0], row[1], int(row[2])), float(row[3]), float(row[4]), time.time(),
+                         bool(row[5]))
+
+    def _lost_error(self, key: str) -> WriterLeaseError:
+        info = self.read_lease()
+        who = f" (pid {info.holder.pid} on host {info.holder.host})" if info is not None else ""
+        return WriterLeaseError(f"lost the writer lease of ledger {self.path}: another process{who} took the run over "
+                                f"after this one missed its heartbeats; not appending {key!r} (this process stops "
+                                "writing so that two writers never interleave one ledger)")
 
     def close(self) -> None:
         """Close the connection."""
