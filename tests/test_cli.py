@@ -592,13 +592,13 @@ def test_evaluate_bounds_its_numbers(runner, args, fragment):
 # regression (was a bug): Rich read "[budget]" and "[refiner]" in a stop reason as markup and dropped them
 # ("raise  env_steps or lower  popsize")
 def test_stop_reasons_print_their_brackets(tmp_path, runner):
-    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nenv_steps = 2000\n[test]\nepisodes = 2\n"
+    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nepisodes = 20\n[test]\nepisodes = 2\n"
                                    "[execution]\nworkers = 1\n")
     res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
     assert res.exit_code == 0, res.output
-    assert "raise [budget] env_steps or lower [refiner] popsize" in res.stdout
+    assert "raise [budget] episodes or lower [refiner] popsize" in res.stdout
     show = invoke(runner, "show", tmp_path / "runs" / "small")
-    assert "[budget] env_steps" in show.stdout
+    assert "[budget] episodes" in show.stdout
 
 
 # regression (was a bug): at 80 columns `ratchet runs` squeezed every column but the run id to nothing

@@ -232,21 +232,24 @@ class _Run:
                          "env_steps": self.usage.env_steps, "params": dict(best.params)})
         return decision, decision.reason, cand_val, inc_val
 
-    def no_room_message(self, n_candidates: int, est_len: float) -> str:
-        """Why not even one generation fits the budget, in numbers, naming the budget that binds."""
+    def no_room_message(self, n_candidates: int, est_len: float, first: bool) -> str:
+        """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
+        budget that binds."""
+        what = "a single generation" if first else "another generation"
         episodes = n_candidates * self.spec.refiner.train_episodes
         b, u = self.spec.budget, self.usage
+        spent = "after " + ("validation" if first else "the generations so far")
         if b.episodes is not None and u.episodes + episodes > b.episodes:
-            return (f"budget: no room for a single generation ({episodes} episodes: {n_candidates} candidates × "
-                    f"{self.spec.refiner.train_episodes} training episodes, after {u.episodes} spent on "
-                    f"validation, of [budget] episodes = {b.episodes}); raise [budget] episodes or lower "
-                    "[refiner] popsize / train_episodes")
+            return (f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
+                    f"{self.spec.refiner.train_episodes} training episodes, {spent} used {u.episodes} of "
+                    f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
+                                                             "train_episodes" if first else ""))
         cost = self.planner.generation_cost(n_candidates, est_len, self.price_limit)
         per = f"{self.price_limit} steps (the time limit)" if self.price_limit else f"{1.25 * est_len:,.0f} steps"
-        return (f"budget: no room for a single generation (up to {cost:,.0f} env steps: {n_candidates} candidates × "
-                f"{self.spec.refiner.train_episodes} training episodes × {per}, after {u.env_steps:,} spent on "
-                f"validation, of [budget] env_steps = {b.env_steps:,}); raise [budget] env_steps or lower "
-                "[refiner] popsize / train_episodes")
+        return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
+                f"{self.spec.refiner.train_episodes} training episodes × {per}, {spent} used {u.env_steps:,} of "
+                f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
+                                                            "train_episodes" if first else ""))
 
     def validation_price(self) -> int:
         """Validation episodes one gate is priced at: all validation seeds for a fixed-n test; for a
@@ -322,9 +325,9 @@ class _Run:
             n_candidates = refiner.population_size + 2
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
                                                                        self.price_limit):
-                stop = "budget: no room for another generation"
+                stop = self.no_room_message(n_candidates, est_len, first=False)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
-                    stop = self.no_room_message(n_candidates, est_len)
+                    stop = self.no_room_message(n_candidates, est_len, first=True)
             if stop is not None or not self.program.parameters:
                 stop = stop or "policy declares no parameters"
                 break
