@@ -220,3 +220,16 @@ def test_worker_that_dies_every_time_fails_after_one_retry(cartpole_task):
     with ProcessExecutor(workers=1, episode_timeout_s=30, death_retries=1) as ex:
         (ep,) = ex.run(cartpole_task, [Job(candidate_of("policy_exits.py"), 5)])
     assert ep.error.startswith("worker died (exit code 3")
+
+
+def test_max_env_steps_is_a_hard_cap(pool, cartpole_task):
+    """An episode starts only when its worst case (the time limit) fits beside every running one; the rest
+    are recorded as skipped, with 0 env steps, so the cap is never exceeded."""
+    from ratchet.execution import BUDGET_SKIP
+
+    jobs = [Job(good_candidate(), s) for s in range(8)]  # 500 steps each
+    eps = pool.run(cartpole_task, jobs, max_env_steps=1700)
+    ran = [e for e in eps if e.error is None]
+    assert sum(e.length for e in eps) <= 1700 and len(ran) == 3
+    assert all(e.error == BUDGET_SKIP and e.length == 0 for e in eps if e.error is not None)
+    assert [e.seed for e in eps] == list(range(8))

@@ -244,3 +244,12 @@ def test_readme_ray_snippet_is_a_valid_spec():
     table = tomllib.loads(re.sub(r"^# ", "", snippet, flags=re.MULTILINE))["execution"]  # with the commented options
     spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "execution": table})
     assert (spec.execution.backend, spec.execution.address, spec.execution.batch_episodes) == ("ray", "auto", 0)
+
+
+def test_ray_honours_max_env_steps(ray_pool):
+    from ratchet.execution import BUDGET_SKIP
+
+    jobs = [Job(good_candidate(), s) for s in range(8)]  # 500 steps each
+    eps = ray_pool.run(GymTask("CartPole-v1"), jobs, max_env_steps=1700)
+    assert sum(e.length for e in eps) <= 1700 and sum(e.error is None for e in eps) == 3
+    assert all(e.error == BUDGET_SKIP and e.length == 0 for e in eps if e.error is not None)

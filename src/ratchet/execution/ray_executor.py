@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ratchet.errors import RatchetError
-from ratchet.execution import Job
+from ratchet.execution import BUDGET_SKIP, Job
 from ratchet.execution.sandbox import Sandbox
 from ratchet.rollout import Episode
 from ratchet.task import Task
@@ -237,9 +237,9 @@ class RayExecutor:
         seen = self._episode_s.get(json.dumps(task_dict, sort_keys=True))
         return default_batch_episodes(n_jobs, self.cpus(), statistics.median(seen) if seen else None)
 
-    #: ``max_env_steps`` is not honoured (batches run in parallel on the cluster); the loop then prices
-    #: every episode at the task's time limit, which keeps the env-step budget a hard cap.
-    caps_env_steps = False
+    #: :meth:`run` honours ``max_env_steps`` exactly: a batch is submitted only when its jobs' worst case
+    #: fits beside every job still running.
+    caps_env_steps = True
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None, *,
@@ -247,7 +247,10 @@ class RayExecutor:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
 
         ``on_episode`` is called for a batch's jobs (in job order) when the whole batch has finished.
-        ``max_env_steps`` is ignored (see :attr:`caps_env_steps`).
+        With ``max_env_steps`` (and a task time limit) a batch is submitted only when the env steps taken
+        plus the time limit of each of its jobs and of every job still running fit; a batch that does not
+        fit is shortened to the jobs that do, and when none can start the rest are recorded as
+        ``"skipped: env-step budget used"``.
 
         Raises:
             RatchetError: a node refused to run policy code (for example the sandbox requires isolation
@@ -262,22 +265,53 @@ class RayExecutor:
         durations = self._episode_s.setdefault(json.dumps(task_dict, sort_keys=True), deque(maxlen=64))
         task_ref = ray.put(task_dict)
         submit = _remote_batch(ray).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False).remote
-        pending: dict[Any, range] = {}
-        for batch in split_batches(len(jobs), size):
-            cands = {jobs[i].candidate.id: jobs[i].candidate for i in batch}
-            ref = submit(task_ref, {cid: c.to_dict() for cid, c in cands.items()},
-                         [(jobs[i].candidate.id, jobs[i].seed) for i in batch], self.episode_timeout_s, self.sandbox)
-            pending[ref] = batch
+        limit = task.step_limit if max_env_steps is not None else None
+        waiting = deque(list(b) for b in split_batches(len(jobs), size))
+        pending: dict[Any, list[int]] = {}
         results: list[Episode | None] = [None] * len(jobs)
+        spent = 0
+
+        def finish(i: int, ep: Episode) -> None:
+            nonlocal spent
+            results[i] = ep
+            spent += ep.length
+            if on_episode is not None:
+                on_episode(i, ep)
+
+        def submit_what_fits() -> None:
+            while waiting:
+                batch = waiting[0]
+                if limit:
+                    running = sum(len(b) for b in pending.values())
+                    room = (max_env_steps - spent) // limit - running
+                    if room < 1:
+                        if not pending:  # nothing will free room: the rest cannot run
+                            for i in (i for b in waiting for i in b):
+                                finish(i, Episode.failed(jobs[i].seed, BUDGET_SKIP, task=task))
+                            waiting.clear()
+                        return
+                    if room < len(batch):
+                        waiting[0] = batch[room:]
+                        batch = batch[:room]
+                    else:
+                        waiting.popleft()
+                else:
+                    waiting.popleft()
+                cands = {jobs[i].candidate.id: jobs[i].candidate for i in batch}
+                ref = submit(task_ref, {cid: c.to_dict() for cid, c in cands.items()},
+                             [(jobs[i].candidate.id, jobs[i].seed) for i in batch], self.episode_timeout_s,
+                             self.sandbox)
+                pending[ref] = batch
+
         try:
+            submit_what_fits()
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
                     batch = pending.pop(ref)
                     for i, ep in zip(batch, self._collect(ref, [jobs[i].seed for i in batch], task, durations)):
-                        results[i] = ep
-                        if on_episode is not None:
-                            on_episode(i, ep)
+                        finish(i, ep)
+                submit_what_fits()
         finally:
             for ref in pending:  # interrupted (an exception in on_episode, Ctrl-C): stop the rest
                 ray.cancel(ref, force=True)
