@@ -277,6 +277,14 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         if s:
             sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+    if data.get("env_steps_breakdown"):
+        t.add_row("env steps went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
+                                                 if v is not None))
+    if st.status == "finished":
+        from ratchet.advice import run_advice
+
+        for line in run_advice(st):
+            t.add_row("advice", _safe(line, 1000))
     if data["test_worst_seeds"]:
         t.add_row("worst test seeds", ", ".join(map(str, data["test_worst_seeds"])) + "  (ratchet replay RUN --seed S)")
     if run_dir.is_dir():
