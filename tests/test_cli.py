@@ -704,3 +704,39 @@ def test_report_of_a_ledger_with_hostile_texts_escapes_them(finished_run, tmp_pa
     page = render_report(st)
     _assert_clean(page)
     assert "<script>" not in page and "\\x1b[2K" in page and "\\ud800&lt;script&gt;" in page
+
+
+# -- issue 9 §5: repeat a spec without editing it; evaluate on explicit seeds -------------------------
+
+def test_run_takes_a_seed_and_settings_without_editing_the_spec(tmp_path, runner):
+    spec_dir = _spec_dir(tmp_path, "[budget]\nenv_steps = 3000\n[gate]\nvalidation_episodes = 3\n"
+                                   "[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "r", "--no-report",
+                 "--seed", "7", "--set", "refiner.popsize=3", "--set", "budget.env_steps=2500")
+    assert res.exit_code == 0, res.output
+    st = project(read_events(tmp_path / "runs" / "r"))
+    assert st.spec["seed"] == 7 and st.spec["refiner"]["popsize"] == 3 and st.spec["budget"]["env_steps"] == 2500
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--set",
+                                 "gate.validation_episodes=many"), "[gate] validation_episodes")
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--set", "oops"),
+                          "write SECTION.KEY=VALUE")
+
+
+def test_evaluate_on_explicit_seeds_with_a_specs_task(tmp_path, runner):
+    spec_dir = _spec_dir(tmp_path, "max_episode_steps = 30\n")
+    seeds_file = tmp_path / "seeds.txt"
+    seeds_file.write_text("5 9\n11,", encoding="utf-8")
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--spec", spec_dir, "--seeds", str(seeds_file),
+                 "--workers", "1")
+    assert res.exit_code == 0, res.output
+    rows = [ln.split("│") for ln in res.stdout.splitlines() if ln.count("│") > 3]
+    assert [r[1].strip() for r in rows] == ["5", "9", "11"]
+    balancer = tmp_path / "balancer.py"
+    balancer.write_text('PARAMETERS = {"k": {"default": 0.5, "low": 0.0, "high": 1.0}}\n\n\n'
+                        'def act(observation, params):\n'
+                        '    return int(observation[2] + params["k"] * observation[3] > 0)\n', encoding="utf-8")
+    res = invoke(runner, "evaluate", balancer, "--spec", spec_dir, "--seeds", "1,2", "--workers", "1")
+    assert res.exit_code == 0 and "over 2 episodes" in res.stdout and "60 env steps" in res.stdout  # capped at 30
+    assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1",
+                                 "--seeds", "1,x"), "'x' is not a whole number")
+    assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py"), "--env ID or", "--spec")

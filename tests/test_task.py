@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 
+from conftest import DATA
 from ratchet.errors import TaskError
 from ratchet.task import GymTask, Task, gym_spec
 
@@ -67,3 +68,20 @@ def test_step_limit_reads_a_time_limit_given_in_env_kwargs():
 def test_step_limit_is_none_without_a_time_limit():
     assert GymTask("CliffWalking-v1").step_limit is None
     assert GymTask("CliffWalking-v1", max_episode_steps=200).step_limit == 200
+
+
+def test_env_ids_that_need_an_import(monkeypatch):
+    """Gymnasium's ``module:EnvId`` form: the module is imported (it registers the env), then the id is used."""
+    import sys
+
+    from ratchet.errors import TaskError
+
+    monkeypatch.syspath_prepend(str(DATA / "envs"))
+    monkeypatch.setenv("PYTHONPATH", str(DATA / "envs"))
+    task = GymTask("ratchet_test_envs:RatchetCartPole-v0")
+    assert task.step_limit == 200 and task.success_threshold == 190.0
+    env = task.make_env()
+    env.close()
+    with pytest.raises(TaskError, match="needs the module 'no_such_envs_module'.*pip install no_such_envs_module"):
+        GymTask("no_such_envs_module:Foo-v0")
+    sys.modules.pop("ratchet_test_envs", None)

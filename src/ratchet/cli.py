@@ -109,7 +109,12 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
         runs_dir: str = RUNS_DIR_OPT,
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
         report: bool = typer.Option(True, "--report/--no-report", help="Write report.html in the run directory."),
-        storage: Optional[str] = STORAGE_OPT) -> None:
+        storage: Optional[str] = STORAGE_OPT,
+        seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Run seed (draws the seed splits and the "
+                                                                       "refiner's sampling); default the spec's."),
+        overrides: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE",
+                                            help="Override a spec setting (repeatable), e.g. --set "
+                                                 "gate.validation_episodes=100 --set budget.env_steps=20000.")) -> None:
     """Refine the spec's policy until its budget or a stop rule ends the run."""
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
@@ -117,7 +122,7 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
     from ratchet.loop import new_run_id
 
     try:
-        s = load_spec(spec)
+        s = load_spec(spec, overrides, seed)
     except RatchetError as exc:
         _fail(exc)
         return
@@ -272,6 +277,14 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         if s:
             sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+    if data.get("env_steps_breakdown"):
+        t.add_row("env steps went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
+                                                 if v is not None))
+    if st.status == "finished":
+        from ratchet.advice import run_advice
+
+        for line in run_advice(st):
+            t.add_row("advice", _safe(line, 1000))
     if data["test_worst_seeds"]:
         t.add_row("worst test seeds", ", ".join(map(str, data["test_worst_seeds"])) + "  (ratchet replay RUN --seed S)")
     if run_dir.is_dir():
@@ -308,7 +321,12 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
 
 @app.command()
 def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETERS + act)."),
-             env: str = typer.Option(..., "--env", help="Gymnasium env id, e.g. LunarLander-v3."),
+             env: Optional[str] = typer.Option(None, "--env", help="Gymnasium env id, e.g. LunarLander-v3 "
+                                                                   "(or take the task from --spec)."),
+             spec_path: Optional[Path] = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
+                                                      "id, env_kwargs, max_episode_steps, action mode."),
+             seeds: Optional[str] = typer.Option(None, "--seeds", help="Explicit seeds: '1,2,3', or a file of seeds "
+                                                 "(commas or whitespace); replaces --seed/--episodes."),
              episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes (at most 100000)."),
              seed: int = typer.Option(0, "--seed", min=0, help="First seed; episodes use seed, seed+1, …"),
              workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core; at most 1024)."),
@@ -330,22 +348,31 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
             raise RatchetError(f"--workers {workers}: at most {MAX_WORKERS}")
         if seed + episodes > 2**63:
             raise RatchetError(f"--seed {seed}: seeds must stay below 2**63; give a smaller --seed")
+        seed_list = _parse_seeds(seeds) if seeds is not None else list(range(seed, seed + episodes))
         from ratchet.loop import check_task
 
         program = load_policy(policy)
-        task = GymTask(env)
+        if (env is None) == (spec_path is None):
+            raise RatchetError("give the environment with --env ID or a spec's [task] with --spec ratchet.toml "
+                               "(one of the two)")
+        if spec_path is not None:
+            from ratchet.spec import load_spec
+
+            task = GymTask.from_spec(load_spec(spec_path).task)
+        else:
+            task = GymTask(env)
         check_task(task)
         cand = program.candidate()
         ex = make_executor(workers, timeout)
         try:
-            eps = ex.run(task, [Job(cand, s) for s in range(seed, seed + episodes)])
+            eps = ex.run(task, [Job(cand, s) for s in seed_list])
         finally:
             ex.close()
     except RatchetError as exc:
         _fail(exc)
         return
     ev = Evaluation(cand.id, "evaluate", tuple(eps))
-    t = Table(title=f"{policy} on {env}")
+    t = Table(title=f"{policy} on {task.env_id}")
     for col in ("seed", "return", "length", "terminated", "truncated", "success", "error"):
         t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
     for e in eps[:50]:
@@ -360,6 +387,37 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
               f"{s['env_steps']:,} env steps")
     if s["n_errors"] == s["n"]:
         _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy and evaluate again"))
+
+
+def _parse_seeds(text: str) -> list[int]:
+    """``--seeds``: a comma/space separated list, or the name of a file holding one.
+
+    Raises:
+        RatchetError: not whole numbers in [0, 2**63), none, or more than the episode limit.
+    """
+    from ratchet.spec import MAX_EPISODES
+
+    source = text
+    path = Path(text)
+    if not any(ch.isdigit() for ch in text[:1]) and path.is_file():
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RatchetError(f"--seeds {text}: cannot read the file ({type(exc).__name__})") from None
+    parts = [p for p in source.replace(",", " ").split() if p]
+    try:
+        out = [int(p) for p in parts]
+    except ValueError:
+        bad = next(p for p in parts if not p.lstrip("-").isdigit())
+        raise RatchetError(f"--seeds: {bad[:40]!r} is not a whole number; give seeds like 1,2,3 or a file of them") \
+            from None
+    if not out:
+        raise RatchetError("--seeds: no seeds given; give seeds like 1,2,3 or a file of them")
+    if len(out) > MAX_EPISODES:
+        raise RatchetError(f"--seeds: {len(out)} seeds, at most {MAX_EPISODES}")
+    if any(not 0 <= x < 2**63 for x in out):
+        raise RatchetError("--seeds: seeds must be in [0, 2**63)")
+    return out
 
 
 @app.command()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -353,8 +354,44 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
         raise SpecError(f"{where}: {exc}") from None
 
 
-def load_spec(path: str | Path) -> RunSpec:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``data`` (a spec as read from TOML) with ``SECTION.KEY=VALUE`` (or top-level ``KEY=VALUE``) settings
+    applied, as ``ratchet run --set`` gives them. ``VALUE`` is a TOML value (``0.1``, ``true``,
+    ``"betting"``, ``[1, 2]``); a bare word that is not one is taken as a string. The result is validated
+    like the file itself, so a bad key or value is reported with its name.
+
+    Raises:
+        SpecError: an override without ``=``, or naming a key below a value that is not a table.
+    """
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key or any(not part for part in key.split(".")):
+            raise SpecError(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. --set gate.validation_episodes=100")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        *sections, name = key.split(".")
+        node = out
+        for section in sections:
+            child = node.setdefault(section, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {item!r}: {section} is a value, not a [section]")
+            node[section] = child = dict(child)
+            node = child
+        node[name] = value
+    return out
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None = None) -> RunSpec:
     """Read and validate a spec file, or a directory containing ``ratchet.toml``.
+
+    Args:
+        path: The spec file or its folder.
+        overrides: ``SECTION.KEY=VALUE`` settings applied on top of the file (:func:`apply_overrides`).
+        seed: The run seed, instead of the file's ``seed``.
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
@@ -374,6 +411,9 @@ def load_spec(path: str | Path) -> RunSpec:
         raise SpecError(f"{p}: invalid TOML: {exc}") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise SpecError(f"{p}: cannot read the spec as UTF-8 text ({type(exc).__name__}); give a ratchet.toml file") from None
+    data = apply_overrides(data, overrides)
+    if seed is not None:
+        data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
     if not spec.policy_path.is_file():
         raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")

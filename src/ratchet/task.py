@@ -154,6 +154,15 @@ def gym_spec(env_id: str) -> Any:
 
     if not isinstance(env_id, str) or not env_id:
         raise TaskError("env id is empty; set [task] env_id, e.g. \"CartPole-v1\"")
+    if ":" in env_id:  # Gymnasium's "module:EnvId": importing the module registers its envs
+        import importlib
+
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise TaskError(f"env id {module}:{env_id} needs the module {module!r}, which cannot be imported "
+                            f"({exc}); install the package that provides it (e.g. pip install {module})") from None
     try:
         return gym.spec(env_id)
     except Exception:

@@ -59,6 +59,7 @@ class RunState:
     baseline_test_critique: dict[str, Any] | None = None
     test_critique: dict[str, Any] | None = None
     writer: dict[str, Any] | None = None
+    env_steps_breakdown: dict[str, Any] | None = None
 
     @property
     def status_text(self) -> str:
@@ -102,7 +103,7 @@ class RunState:
                 "baseline": {"candidate_id": self.baseline_id},
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
                               "params": dict(self.candidates.get(self.incumbent_id or "", {}).get("params", {}))},
-                "promotions": len(self.promotions),
+                "promotions": len(self.promotions), "env_steps_breakdown": self.env_steps_breakdown,
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
@@ -187,6 +188,7 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
             st.baseline_test, st.test = p["baseline_test"], p["test"]
             st.baseline_test_critique, st.test_critique = p.get("baseline_test_critique"), p.get("test_critique")
             st.wall_clock_s = p.get("wall_clock_s", ev.time - st.started_at)
+            st.env_steps_breakdown = p.get("env_steps_breakdown")
         elif ev.type is EventType.RUN_FAILED:
             st.status, st.error = "failed", p["error"]
     if st.status != "finished" and events:

@@ -156,6 +156,13 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
         parts.append("<h2>Parameter changes</h2><table><tr><th>parameter</th><th>start</th><th>final</th>"
                      f"<th>change</th></tr>{rows}</table>")
 
+    # what to change, when the run promoted little
+    from ratchet.advice import run_advice
+
+    advice = run_advice(state) if state.status == "finished" else []
+    if advice:
+        parts.append("<h2>Why so few promotions, and what to change</h2><ul>"
+                     + "".join(f"<li>{esc(line)}</li>" for line in advice) + "</ul>")
     # lineage
     rows = "".join(f"<tr><td>{p['generation']}</td><td>{p['env_steps']:,}</td><td><code>{esc(p['from'])}</code></td>"
                    f"<td><code>{esc(p['to'])}</code></td><td>{_fmt(p['previous_validation_mean'])} → "

@@ -1,0 +1,81 @@
+"""Why a run promoted little, in numbers, and what to change: read from a finished run's ledger.
+
+:func:`run_advice` looks at what the gate said each generation (the ``gate_note`` of every
+``generation_finished`` event), at the gate decisions, and at the final incumbent's parameters. It
+never runs policy code (the policy file is parsed with ``ast`` only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["run_advice", "parameters_at_bounds"]
+
+_SCREEN = ("not better on training seeds", "training mean")
+_SHARE = "validation would take"
+_BUDGET = "the budget cannot pay for validation"
+
+
+def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
+    """One line per scalar parameter of the final incumbent that sits at (within ``tolerance`` of its
+    range) a bound: the search wanted to go further than the declared range allows."""
+    from ratchet.policy import parse_policy
+
+    if not state.incumbent_id or state.incumbent_id == state.baseline_id or not state.policy_source:
+        return []
+    try:
+        program = parse_policy(state.policy_source, "<policy>")
+    except Exception:
+        return []
+    values = state.candidates.get(state.incumbent_id, {}).get("params", {})
+    out = []
+    for p in program.parameters:
+        v = values.get(p.name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        span = p.high - p.low
+        for side, bound in (("lower", p.low), ("upper", p.high)):
+            if abs(v - bound) <= tolerance * span:
+                out.append(f"parameter {p.name} = {v:.6g} sits at its {side} bound {bound:g}: the search wanted to "
+                           "go further; widen its range in PARAMETERS")
+    return out
+
+
+def run_advice(state: Any) -> list[str]:
+    """Likely causes, in numbers, when a run promoted nothing or little, and what to change (validation
+    episodes, sigma0, bounds, budget), plus parameters left at a bound. Empty when there is nothing to say.
+
+    Args:
+        state: A projected run (:class:`ratchet.ledger.projection.RunState`).
+    """
+    out: list[str] = []
+    log, spec = state.generation_log, state.spec
+    gate, refiner = spec.get("gate", {}), spec.get("refiner", {})
+    n = len(log)
+    if n and len(state.promotions) <= max(1, n // 10):
+        notes = [g.get("gate_note") or "" for g in log if not g.get("gated")]
+        screened = sum(note.startswith(_SCREEN) for note in notes)
+        share = sum(note.startswith(_SHARE) for note in notes)
+        budget = sum(note.startswith(_BUDGET) for note in notes)
+        head = f"{len(state.promotions)} promotion(s) in {n} generation(s)"
+        if screened >= max(1, n // 2):
+            out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
+                       f"the search is not finding better candidates: try a smaller [refiner] sigma0 (now "
+                       f"{refiner.get('sigma0', 0.2):g}) for local steps, more [refiner] train_episodes for less "
+                       "noisy ranking, or wider parameter bounds")
+        if share:
+            out.append(f"{head}: {share} generation(s) skipped the gate because validation would exceed [gate] "
+                       f"max_share = {gate.get('max_share', 0.3):g} of the env steps; raise max_share or lower [gate] "
+                       f"validation_episodes (now {gate.get('validation_episodes')})")
+        if budget:
+            out.append(f"{head}: in {budget} generation(s) the budget could not pay for a validation; lower [gate] "
+                       f"validation_episodes (now {gate.get('validation_episodes')}) or raise the budget")
+        rejected = [g for g in state.gates if not g.get("promoted")]
+        gains = [g["mean_diff"] for g in rejected if isinstance(g.get("mean_diff"), (int, float))
+                 and g["mean_diff"] == g["mean_diff"] and g["mean_diff"] > 0]
+        if gains:
+            out.append(f"{len(rejected)} gated candidate(s) were rejected, {len(gains)} of them with a positive mean "
+                       f"gain ({min(gains):+.3g} to {max(gains):+.3g}) the test could not certify at its level: raise "
+                       f"[gate] validation_episodes (now {gate.get('validation_episodes')}), or use test = \"betting\" "
+                       "with validation_episodes = 100–200 (it stops early when the evidence is clear)")
+    return out + parameters_at_bounds(state)
