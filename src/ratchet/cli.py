@@ -283,6 +283,10 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         ex = data["execution"]
         t.add_row("execution", ", ".join(f"{k} {v}" for k, v in ex.items() if k != "backend") + f" ({ex['backend']})")
     t.add_row("incumbent", f"{data['incumbent']['candidate_id']} (validation mean {_num(data['incumbent']['validation_mean'])})")
+    if data["incumbent"].get("params"):
+        from ratchet.policy import describe_value  # arrays as one summary line each, not one row per element
+
+        t.add_row("incumbent params", "\n".join(f"{k} {describe_value(v)}" for k, v in data["incumbent"]["params"].items()))
     for k in ("baseline_test", "test"):
         s = data[k]
         if s:
