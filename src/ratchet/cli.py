@@ -336,14 +336,13 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
     """Evaluate a policy file with its default parameters and print a table."""
     from ratchet.critic import Evaluation
     from ratchet.execution import Job, make_executor
-    from ratchet.policy import load_policy
     from ratchet.task import GymTask
 
     try:
-        from ratchet.loop import check_task
+        from ratchet.loop import check_task, load_program
 
-        program = load_policy(policy)
         task = GymTask(env)
+        program = load_program(policy, task)
         check_task(task)
         cand = program.candidate()
         ex = make_executor(workers, timeout)

@@ -44,13 +44,18 @@ from typing import Any
 from ratchet.errors import PolicyError
 
 __all__ = ["Parameter", "PolicyProgram", "Candidate", "load_policy", "parse_policy", "export_source",
-           "materialize", "bind_spaces", "describe_value", "MAX_PARAMETER_NUMBERS"]
+           "materialize", "bind_spaces", "describe_value", "space_dims", "uses_task_dims", "MAX_PARAMETER_NUMBERS",
+           "TASK_DIMS"]
 
 _PARAM_KEYS = {"default", "low", "high", "scale", "shape"}
 
 #: Most numbers all of a policy's parameters may hold together (scalars count 1, arrays their size).
 #: Every candidate's values go through the ledger as JSON, so this bounds a candidate's record (≈ 2 MB).
 MAX_PARAMETER_NUMBERS = 100_000
+
+#: Names an array shape may use for the task's sizes: ``"obs"`` (flattened observation) and ``"act"``
+#: (flattened action: ``n`` for a Discrete space); see :func:`space_dims`.
+TASK_DIMS = ("obs", "act")
 
 #: A parameter value: a float (scalar parameter) or nested tuples of floats of the declared shape.
 Value = Any
@@ -173,6 +178,46 @@ def materialize(params: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     return {k: np.array(v, dtype=np.float64) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+
+
+def space_dims(observation_space: Any, action_space: Any) -> dict[str, int]:
+    """The sizes ``"obs"`` and ``"act"`` an array shape may name: each space's
+    :func:`gymnasium.spaces.flatdim` (a Box's element count; a Discrete space's ``n``)."""
+    from gymnasium.spaces import flatdim
+
+    return {"obs": int(flatdim(observation_space)), "act": int(flatdim(action_space))}
+
+
+def uses_task_dims(source: str) -> bool:
+    """Whether a policy's ``PARAMETERS`` write a shape relative to the task's spaces (``"obs"``/``"act"``);
+    False also for invalid source (:func:`parse_policy` then says what is wrong)."""
+    raw = _raw_parameters(source)
+    return any(isinstance(spec, dict) and isinstance(spec.get("shape"), (list, tuple))
+               and any(d in TASK_DIMS for d in spec["shape"]) for spec in raw.values())
+
+
+def _raw_parameters(source: str) -> dict[str, Any]:
+    try:
+        node = _find_parameters_node(ast.parse(source))
+        raw = ast.literal_eval(node) if node is not None else {}
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _infer_dims(source: str, params: Mapping[str, Any]) -> dict[str, int] | None:
+    """The task dims implied by array values whose declared shape names ``"obs"``/``"act"`` (for export)."""
+    import numpy as np
+
+    dims: dict[str, int] = {}
+    for name, spec in _raw_parameters(source).items():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if isinstance(shape, (list, tuple)) and name in params:
+            got = np.shape(params[name])
+            for d, n in zip(shape, got):
+                if d in TASK_DIMS:
+                    dims.setdefault(d, int(n))
+    return dims or None
 
 
 def bind_spaces(module: Any, observation_space: Any, action_space: Any) -> None:
@@ -301,11 +346,13 @@ class Candidate:
         return cand
 
 
-def load_policy(path: str | Path) -> PolicyProgram:
+def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
     """Read and validate a policy file without executing it.
 
     Args:
         path: Path to a ``.py`` file defining ``PARAMETERS`` and ``act``.
+        dims: The task's sizes ``{"obs": n, "act": m}`` (:func:`space_dims`), needed only when an
+            array shape is written relative to the spaces, e.g. ``"shape": ["obs", "act"]``.
 
     Returns:
         The validated :class:`PolicyProgram`.
@@ -324,7 +371,7 @@ def load_policy(path: str | Path) -> PolicyProgram:
         source = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"cannot read policy file {p}: {exc}") from exc
-    return parse_policy(source, str(p))
+    return parse_policy(source, str(p), dims=dims)
 
 
 def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
@@ -337,7 +384,7 @@ def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
     return node
 
 
-def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
+def parse_policy(source: str, path: str = "<string>", *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
     """Validate policy source text (see :func:`load_policy`); never executes it.
 
     Raises:
@@ -373,7 +420,7 @@ def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise PolicyError(f"{path}:{node.lineno}: PARAMETERS must be a literal dict (ratchet reads it without running your code); "
                           "write numbers, not expressions or names") from None
-    params = _validate_parameters(raw, path, node.lineno)
+    params = _validate_parameters(raw, path, node.lineno, dims)
     return PolicyProgram(source=source, parameters=params, path=path, has_reset="reset" in funcs)
 
 
@@ -400,11 +447,16 @@ def _flat(v: Any) -> list[Any]:
     return [y for x in v for y in _flat(x)] if isinstance(v, (list, tuple)) else [v]
 
 
-def _validate_shape(name: str, shape: Any, where: str) -> tuple[int, ...]:
+def _validate_shape(name: str, shape: Any, where: str, dims: Mapping[str, int] | None) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or not shape or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
-        raise PolicyError(f"{where}: parameter {name!r}: shape must be a list of positive integers such as [8, 2], "
-                          f"got {str(shape)[:40]} (leave shape out for a scalar)")
+            (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or d in TASK_DIMS for d in shape):
+        raise PolicyError(f"{where}: parameter {name!r}: shape must be a list of positive integers (or \"obs\", "
+                          f"\"act\") such as [8, 2], got {str(shape)[:40]} (leave shape out for a scalar)")
+    if any(isinstance(d, str) for d in shape):
+        if dims is None:
+            raise PolicyError(f"{where}: parameter {name!r}: shape {list(shape)} refers to the task's spaces; give the "
+                              "task's dims (ratchet run and evaluate do: load_policy(path, dims=space_dims(env)))")
+        shape = [int(dims[d]) if isinstance(d, str) else d for d in shape]
     if math.prod(shape) > MAX_PARAMETER_NUMBERS:
         raise PolicyError(f"{where}: parameter {name!r}: shape {list(shape)} holds {math.prod(shape):,} numbers, "
                           f"more than the {MAX_PARAMETER_NUMBERS:,} ratchet allows; use a smaller shape")
@@ -424,7 +476,7 @@ def _array_field(name: str, key: str, v: Any, shape: tuple[int, ...], where: str
     return float(v) if got == () else _freeze(v)
 
 
-def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, ...]:
+def _validate_parameters(raw: Any, path: str, lineno: int, dims: Mapping[str, int] | None = None) -> tuple[Parameter, ...]:
     where = f"{path}:{lineno}"
     if not isinstance(raw, dict):
         raise PolicyError(f"{where}: PARAMETERS must be a dict name -> {{default, low, high}}, got {type(raw).__name__}")
@@ -448,7 +500,7 @@ def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, .
         if scale not in ("linear", "log"):
             raise PolicyError(f"{where}: parameter {name!r}: scale must be \"linear\" or \"log\", got {scale!r}")
         if "shape" in spec:
-            shape = _validate_shape(name, spec["shape"], where)
+            shape = _validate_shape(name, spec["shape"], where, dims)
             param = _validate_array(name, spec, shape, scale, where)
         else:
             param = _validate_scalar(name, spec, scale, where)
@@ -533,7 +585,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
         PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter or an
             array value does not have its parameter's shape.
     """
-    program = parse_policy(source)
+    program = parse_policy(source, dims=_infer_dims(source, params))
     shapes = {p.name: p.shape for p in program.parameters}
     tree = ast.parse(source)
     node = _find_parameters_node(tree)
@@ -580,7 +632,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     out = data.decode("utf-8")
     if header:
         out = "".join(f"# {h}\n" for h in header.splitlines()) + out
-    parse_policy(out)
+    parse_policy(out, dims=_infer_dims(out, params))
     return out
 
 
