@@ -209,3 +209,44 @@ def test_run_with_an_array_policy_resumes_replays_and_exports(tmp_path):
     html = render_report(st)
     table = html[html.index("<h2>Parameter changes"):html.index("<h2>Lineage")]
     assert "<td>w</td><td>4 array: min 0, mean 0, max 0, norm 0</td>" in table and table.count("<tr>") < 5
+
+
+# -- shapes sized by the task's spaces; the generic example ----------------------------------------
+
+ROOT = DATA.parents[1]
+
+
+def test_shapes_may_name_the_task_sizes():
+    src = _policy('"K": {"shape": ["act", "obs"], "default": 0.0, "low": -1.0, "high": 1.0}')
+    with pytest.raises(PolicyError, match="refers to the task's spaces"):
+        parse_policy(src)
+    prog = parse_policy(src, dims={"obs": 3, "act": 1})
+    assert prog.parameters[0].shape == (1, 3)
+    k = [[0.25, -0.5, 1.0]]
+    out = export_source(src, {"K": k})  # export reads the sizes off the values
+    assert parse_policy(out, dims={"obs": 3, "act": 1}).defaults["K"] == ((0.25, -0.5, 1.0),)
+
+
+def test_readme_array_snippet_is_valid():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if '"shape": [8, 2]' in b)
+    prog = parse_policy(block + "\ndef act(observation, params):\n    return 0\n", dims={"obs": 4, "act": 2})
+    assert [p.shape for p in prog.parameters] == [(8, 2), (2,), (2, 4)]
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_the_generic_example_runs_on_cartpole_unchanged(trusted):
+    from ratchet.loop import load_program
+
+    task = GymTask("CartPole-v1")
+    prog = load_program(ROOT / "examples/linear_generic/policy.py", task)
+    assert [p.shape for p in prog.parameters] == [(2, 4), (2,)]
+    # push right when 0.1 x + 0.5 v + θ + 0.5 ω > 0 (the balancing weights), written for the rescaled observation
+    w = [[0.0] * 4, [0.1 * 4.8, 0.5, 1.0 * 0.41887903, 0.5]]
+    cand = prog.candidate({"W": w, "b": [0.0, 0.0]})
+    with ProcessExecutor(workers=1, episode_timeout_s=60, sandbox=Sandbox(trusted_rollouts=trusted)) as ex:
+        eps = ex.run(task, [Job(cand, s) for s in (1, 2)] + [Job(prog.candidate(), 1)])
+    assert [e.error for e in eps] == [None] * 3
+    assert min(e.length for e in eps[:2]) > 400 and eps[2].length < 20
