@@ -111,7 +111,8 @@ def test_materialize_gives_fresh_float64_arrays_of_the_declared_shape():
 
 def test_describe_value_summarises_arrays():
     assert describe_value(0.25) == "0.25"
-    assert describe_value([[3.0, 4.0], [0.0, 0.0]]) == "2×2 array: min 0, mean 1.75, max 4, norm 5"
+    assert describe_value([[3.0, 4.0], [0.0, 0.0]]) == "array [2, 2]: 3, 4, 0, 0"
+    assert describe_value([[3.0, 4.0, 0.0, 0.0]] * 2) == "array [2, 4]: min 0, mean 1.75, max 4, norm 7.071"
 
 
 # -- export ----------------------------------------------------------------------------------------
@@ -203,12 +204,12 @@ def test_run_with_an_array_policy_resumes_replays_and_exports(tmp_path):
     res = runner.invoke(app, ["replay", str(runs / "arr"), "--seed", str(seed)])
     assert res.exit_code == 0 and "match" in res.stdout, res.output
     res = runner.invoke(app, ["show", str(runs / "arr")])
-    assert res.exit_code == 0 and "4 array: min" in res.stdout, res.output
+    assert res.exit_code == 0 and "w array [4]: 0, 0, 0, 0" in res.stdout, res.output
     from ratchet.report.html import render_report
 
     html = render_report(st)
     table = html[html.index("<h2>Parameter changes"):html.index("<h2>Lineage")]
-    assert "<td>w</td><td>4 array: min 0, mean 0, max 0, norm 0</td>" in table and table.count("<tr>") < 5
+    assert "<td>w</td><td>array [4]: 0, 0, 0, 0</td>" in table and table.count("<tr>") < 5
 
 
 # -- shapes sized by the task's spaces; the generic example ----------------------------------------

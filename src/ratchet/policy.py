@@ -228,17 +228,17 @@ def bind_spaces(module: Any, observation_space: Any, action_space: Any) -> None:
 
 
 def describe_value(value: Any) -> str:
-    """A one-line summary of a parameter value for tables: the number itself for a scalar, else
-    ``"8×2 array: min -0.41, mean 0.02, max 0.93, norm 1.87"`` (norm: Euclidean, of all elements)."""
+    """A one-line summary of a parameter value for tables: the number itself for a scalar; the elements
+    of a small array (at most 6); otherwise ``"array [8, 2]: min -0.41, mean 0.02, max 0.93, norm 1.87"``
+    (norm: Euclidean, over all elements)."""
     import numpy as np
 
     if not isinstance(value, (list, tuple, np.ndarray)):
         return f"{float(value):.6g}"
     a = np.asarray(value, dtype=np.float64)
-    dims = "×".join(map(str, a.shape))
-    if a.size == 0:
-        return f"{dims} array"
-    return (f"{dims} array: min {a.min():.4g}, mean {a.mean():.4g}, max {a.max():.4g}, "
+    if a.size <= 6:
+        return f"array {list(a.shape)}: " + ", ".join(f"{x:.4g}" for x in a.ravel())
+    return (f"array {list(a.shape)}: min {a.min():.4g}, mean {a.mean():.4g}, max {a.max():.4g}, "
             f"norm {float(np.linalg.norm(a)):.4g}")
 
 
