@@ -96,6 +96,7 @@ def policy_main(chan: Any) -> None:
     """
     import pickle
 
+    import gymnasium.spaces  # noqa: F401 - the episode message carries the task's spaces (pickled); import before "ready"
     import numpy as np  # noqa: F401 - imported once here, before forking, for every candidate
 
     from ratchet.execution.channel import pin_to_cpu
