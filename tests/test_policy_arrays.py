@@ -182,6 +182,7 @@ def test_run_with_an_array_policy_resumes_replays_and_exports(tmp_path):
     from ratchet.cli import app
     from ratchet.loop import resume_run, start_run
 
+    # the policy sizes w by the task ("obs"): start and resume both resolve it from the env
     spec_dir = make_spec_dir(tmp_path / "spec", policy="cartpole_array.py", budget={"env_steps": 10000}, refiner={"popsize": 4, "train_episodes": 2},
                              gate={"validation_episodes": 5}, test={"episodes": 5}, execution={"workers": 1})
     spec = load_spec(spec_dir)
@@ -199,7 +200,7 @@ def test_run_with_an_array_policy_resumes_replays_and_exports(tmp_path):
     out = tmp_path / "refined.py"
     res = runner.invoke(app, ["export", str(runs / "arr"), "-o", str(out)])
     assert res.exit_code == 0, res.output
-    assert load_policy(out).candidate().params == inc.params
+    assert load_policy(out, dims={"obs": 4, "act": 2}).candidate().params == inc.params
     seed = next(e for e in st.evaluations if e["candidate_id"] == inc.id and e["split"] == "test")["episodes"][0]["seed"]
     res = runner.invoke(app, ["replay", str(runs / "arr"), "--seed", str(seed)])
     assert res.exit_code == 0 and "match" in res.stdout, res.output

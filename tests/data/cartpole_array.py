@@ -1,7 +1,7 @@
-"""Linear CartPole policy with one array parameter (tests): push right when w · observation > 0."""
+"""Linear CartPole policy with one array parameter sized by the task (tests): push right when w · observation > 0."""
 
 PARAMETERS = {
-    "w": {"shape": [4], "default": 0.0, "low": -1.0, "high": 1.0},
+    "w": {"shape": ["obs"], "default": 0.0, "low": -1.0, "high": 1.0},
 }
 
 
