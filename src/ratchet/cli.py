@@ -272,6 +272,10 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         ex = data["execution"]
         t.add_row("execution", ", ".join(f"{k} {v}" for k, v in ex.items() if k != "backend") + f" ({ex['backend']})")
     t.add_row("incumbent", f"{data['incumbent']['candidate_id']} (validation mean {_num(data['incumbent']['validation_mean'])})")
+    if data["incumbent"].get("params"):
+        from ratchet.policy import describe_value  # arrays as one summary line each, not one row per element
+
+        t.add_row("incumbent params", "\n".join(f"{k} {describe_value(v)}" for k, v in data["incumbent"]["params"].items()))
     for k in ("baseline_test", "test"):
         s = data[k]
         if s:
@@ -335,7 +339,6 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
     """Evaluate a policy file with its default parameters and print a table."""
     from ratchet.critic import Evaluation
     from ratchet.execution import Job, make_executor
-    from ratchet.policy import load_policy
     from ratchet.spec import MAX_EPISODES, MAX_TIMEOUT_S, MAX_WORKERS
     from ratchet.task import GymTask
 
@@ -349,9 +352,8 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
         if seed + episodes > 2**63:
             raise RatchetError(f"--seed {seed}: seeds must stay below 2**63; give a smaller --seed")
         seed_list = _parse_seeds(seeds) if seeds is not None else list(range(seed, seed + episodes))
-        from ratchet.loop import check_task
+        from ratchet.loop import check_task, load_program
 
-        program = load_policy(policy)
         if (env is None) == (spec_path is None):
             raise RatchetError("give the environment with --env ID or a spec's [task] with --spec ratchet.toml "
                                "(one of the two)")
@@ -361,6 +363,7 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
             task = GymTask.from_spec(load_spec(spec_path).task)
         else:
             task = GymTask(env)
+        program = load_program(policy, task)
         check_task(task)
         cand = program.candidate()
         ex = make_executor(workers, timeout)

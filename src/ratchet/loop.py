@@ -34,7 +34,7 @@ from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_pointer, storage_url, with_password_of,
                                     write_pointer)
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
-from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy
+from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy, space_dims, uses_task_dims
 from ratchet.refiners import CMAESRefiner, ThompsonAllocator
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, spec_from_dict
@@ -493,7 +493,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
     """
     spec_from_dict(spec.to_dict(), spec.base_dir)
-    program = load_policy(spec.policy_path)
+    program = load_program(spec.policy_path, GymTask.from_spec(spec.task))
     run_id = run_id or new_run_id(spec.name)
     if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
@@ -570,16 +570,39 @@ def _describe(executor: Executor) -> dict[str, Any]:
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # use fullmatch: "$" also matches before a final "\n"
 
 
-def check_task(task: GymTask) -> None:
+def check_task(task: GymTask) -> dict[str, int]:
     """Make the task's environment once (no policy code involved) so setup problems — a missing extra
     such as MuJoCo, bad ``env_kwargs`` — fail the command up front in one line instead of failing every
     episode later.
+
+    Returns:
+        The task's sizes ``{"obs": n, "act": m}`` (:func:`ratchet.policy.space_dims`), for policies
+        whose array shapes name them.
 
     Raises:
         TaskError: the environment cannot be made.
     """
     env = task.make_env()
-    env.close()
+    try:
+        return space_dims(env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+def load_program(path: str | Path, task: GymTask) -> PolicyProgram:
+    """:func:`ratchet.policy.load_policy` for ``task``: array shapes written as ``"obs"``/``"act"`` are
+    resolved from the task's spaces (the driver makes the env for that; it never runs policy code).
+
+    Raises:
+        PolicyError: the policy file is invalid.
+        TaskError: the policy needs the task's sizes and its environment cannot be made.
+    """
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        source = ""  # load_policy says what is wrong
+    dims = check_task(task) if uses_task_dims(source) else None
+    return load_policy(path, dims=dims)
 
 
 def _executor_for(spec: RunSpec) -> Executor:
@@ -673,7 +696,9 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         if ledger.get("run_finished") is not None:
             raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
         spec = spec_from_dict(started.payload["spec"], where="ledger spec")
-        program = parse_policy(started.payload["policy_source"], started.payload.get("policy_path", "<policy>"))
+        source = started.payload["policy_source"]
+        dims = check_task(GymTask.from_spec(spec.task)) if uses_task_dims(source) else None
+        program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
         if not run_dir.exists():  # found only in the database: give it a run directory here
             try:
                 run_dir.mkdir(mode=0o700, parents=True)

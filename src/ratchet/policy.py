@@ -7,12 +7,22 @@ A policy file looks like::
         "rate": {"default": 1e-3, "low": 1e-5, "high": 1e-1, "scale": "log"},
     }
 
-    def act(observation, params):      # params: dict name -> float
+    def act(observation, params):      # params: dict name -> float (or numpy array, see below)
         ...
         return action
 
     def reset(params, seed):           # optional: fresh state for each episode
         ...
+
+A parameter with a ``"shape"`` is an *array parameter*: ``{"shape": [8, 2], "default": 0.0, "low": -1.0,
+"high": 1.0}`` gives ``act`` a float64 :class:`numpy.ndarray` of shape ``(8, 2)``. Its ``default``,
+``low`` and ``high`` are each a number (the same for every element) or a nested list of that shape.
+Candidates hold array values as nested tuples of floats (immutable, JSON-ready as nested lists);
+workers turn them into arrays with :func:`materialize` just before ``reset``/``act``.
+
+Before an episode's ``reset``/first ``act`` the worker sets the module globals ``OBSERVATION_SPACE``
+and ``ACTION_SPACE`` to the task's Gymnasium spaces (:func:`bind_spaces`), so one policy file can scale
+itself to any environment.
 
 The parent process never executes policy code: this module reads the file with :mod:`ast` only
 (``PARAMETERS`` must therefore be a literal). Worker processes compile and run it
@@ -33,42 +43,203 @@ from typing import Any
 
 from ratchet.errors import PolicyError
 
-__all__ = ["Parameter", "PolicyProgram", "Candidate", "load_policy", "parse_policy", "export_source"]
+__all__ = ["Parameter", "PolicyProgram", "Candidate", "load_policy", "parse_policy", "export_source",
+           "materialize", "bind_spaces", "describe_value", "space_dims", "uses_task_dims", "MAX_PARAMETER_NUMBERS",
+           "TASK_DIMS"]
 
-_PARAM_KEYS = {"default", "low", "high", "scale"}
+_PARAM_KEYS = {"default", "low", "high", "scale", "shape"}
+
+#: Most numbers all of a policy's parameters may hold together (scalars count 1, arrays their size).
+#: Every candidate's values go through the ledger as JSON, so this bounds a candidate's record (≈ 2 MB).
+MAX_PARAMETER_NUMBERS = 100_000
+
+#: Names an array shape may use for the task's sizes: ``"obs"`` (flattened observation) and ``"act"``
+#: (flattened action: ``n`` for a Discrete space); see :func:`space_dims`.
+TASK_DIMS = ("obs", "act")
+
+#: A parameter value: a float (scalar parameter) or nested tuples of floats of the declared shape.
+Value = Any
 
 
 @dataclass(frozen=True)
 class Parameter:
-    """One tunable number of a policy.
+    """One tunable number, or array of numbers, of a policy.
 
     Attributes:
         name: Identifier used as the key in ``params``.
-        default: Starting value (the value the unrefined policy uses).
-        low: Lower bound, inclusive.
-        high: Upper bound, inclusive; ``low < high``.
+        default: Starting value (the value the unrefined policy uses): a float, or for an array
+            parameter a float (every element) or nested tuples of floats of ``shape``.
+        low: Lower bound, inclusive; float or nested tuples like ``default``.
+        high: Upper bound, inclusive; ``low < high`` (elementwise).
         scale: ``"linear"`` or ``"log"`` (log needs ``low > 0``); refiners search log-scaled
             parameters in log space.
+        shape: ``()`` for a scalar; otherwise the array's shape (every dimension ≥ 1).
     """
 
     name: str
-    default: float
-    low: float
-    high: float
+    default: Value
+    low: Value
+    high: Value
     scale: str = "linear"
+    shape: tuple[int, ...] = ()
 
-    def to_unit(self, value: float) -> float:
-        """Map ``value`` in ``[low, high]`` to ``[0, 1]`` (in log space for ``scale="log"``)."""
-        if self.scale == "log":
-            return (math.log(value) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
-        return (value - self.low) / (self.high - self.low)
+    @property
+    def size(self) -> int:
+        """Numbers this parameter holds: 1 for a scalar, the product of ``shape`` for an array."""
+        return math.prod(self.shape)
 
-    def from_unit(self, u: float) -> float:
-        """Inverse of :meth:`to_unit`; ``u`` is clipped to ``[0, 1]`` first."""
-        u = min(1.0, max(0.0, float(u)))
+    @property
+    def is_array(self) -> bool:
+        """True for an array parameter (declared with a ``shape``)."""
+        return self.shape != ()
+
+    def array(self, which: str) -> Any:
+        """``default``, ``low`` or ``high`` as a float64 ndarray of ``shape`` (scalars broadcast)."""
+        import numpy as np
+
+        return np.broadcast_to(np.asarray(getattr(self, which), dtype=np.float64), self.shape).copy()
+
+    @property
+    def default_value(self) -> Value:
+        """The default as a candidate holds it: a float, or nested tuples of ``shape``."""
+        return _freeze(self.array("default")) if self.is_array else float(self.default)
+
+    def to_unit(self, value: Value) -> Any:
+        """Map ``value`` in ``[low, high]`` to ``[0, 1]`` (in log space for ``scale="log"``).
+
+        Returns a float for a scalar parameter, a flat float64 array of ``size`` for an array one.
+        """
+        if not self.is_array:
+            if self.scale == "log":
+                return (math.log(value) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
+            return (value - self.low) / (self.high - self.low)
+        import numpy as np
+
+        v, lo, hi = (np.asarray(x, dtype=np.float64).reshape(-1) for x in
+                     (value, self.array("low"), self.array("high")))
         if self.scale == "log":
-            return math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
-        return self.low + u * (self.high - self.low)
+            v, lo, hi = np.log(v), np.log(lo), np.log(hi)
+        return (v - lo) / (hi - lo)
+
+    def from_unit(self, u: Any) -> Value:
+        """Inverse of :meth:`to_unit`; ``u`` is clipped to ``[0, 1]`` first.
+
+        Args:
+            u: A float for a scalar parameter; ``size`` floats (any shape) for an array one.
+
+        Returns:
+            A float, or nested tuples of floats of ``shape``.
+        """
+        if not self.is_array:
+            u = min(1.0, max(0.0, float(u)))
+            if self.scale == "log":
+                return math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
+            return self.low + u * (self.high - self.low)
+        import numpy as np
+
+        u = np.clip(np.asarray(u, dtype=np.float64).reshape(self.shape), 0.0, 1.0)
+        lo, hi = self.array("low"), self.array("high")
+        if self.scale == "log":
+            out = np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo)))
+        else:
+            out = lo + u * (hi - lo)
+        return _freeze(np.clip(out, lo, hi))  # rounding must never step outside the bounds
+
+
+def _freeze(a: Any) -> Value:
+    """An ndarray (or nested sequence) as nested tuples of Python floats; a 0-d value as a float."""
+    import numpy as np
+
+    def tup(x: Any) -> Any:
+        return tuple(tup(y) for y in x) if isinstance(x, list) else float(x)
+
+    return tup(np.asarray(a, dtype=np.float64).tolist())
+
+
+def _thaw(v: Value) -> Any:
+    """Nested tuples as nested lists (JSON's shape); floats unchanged."""
+    return [_thaw(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def materialize(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameter values as a policy sees them: array values become float64 ndarrays, scalars floats.
+
+    Runs in the worker just before ``reset``/``act``. The shape comes from the nesting of the value,
+    which the driver validated against the declaration when it made the candidate (every dimension is
+    at least 1, so nesting determines the shape). Each call returns fresh arrays, so a policy that
+    writes into its arrays cannot change the next episode's parameters.
+
+    Args:
+        params: name -> float, or nested lists/tuples of floats.
+
+    Returns:
+        A new dict name -> float or ``numpy.ndarray`` (float64).
+    """
+    import numpy as np
+
+    return {k: np.array(v, dtype=np.float64) if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+
+
+def space_dims(observation_space: Any, action_space: Any) -> dict[str, int]:
+    """The sizes ``"obs"`` and ``"act"`` an array shape may name: each space's
+    :func:`gymnasium.spaces.flatdim` (a Box's element count; a Discrete space's ``n``)."""
+    from gymnasium.spaces import flatdim
+
+    return {"obs": int(flatdim(observation_space)), "act": int(flatdim(action_space))}
+
+
+def uses_task_dims(source: str) -> bool:
+    """Whether a policy's ``PARAMETERS`` write a shape relative to the task's spaces (``"obs"``/``"act"``);
+    False also for invalid source (:func:`parse_policy` then says what is wrong)."""
+    raw = _raw_parameters(source)
+    return any(isinstance(spec, dict) and isinstance(spec.get("shape"), (list, tuple))
+               and any(d in TASK_DIMS for d in spec["shape"]) for spec in raw.values())
+
+
+def _raw_parameters(source: str) -> dict[str, Any]:
+    try:
+        node = _find_parameters_node(ast.parse(source))
+        raw = ast.literal_eval(node) if node is not None else {}
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _infer_dims(source: str, params: Mapping[str, Any]) -> dict[str, int] | None:
+    """The task dims implied by array values whose declared shape names ``"obs"``/``"act"`` (for export)."""
+    import numpy as np
+
+    dims: dict[str, int] = {}
+    for name, spec in _raw_parameters(source).items():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if isinstance(shape, (list, tuple)) and name in params:
+            got = np.shape(params[name])
+            for d, n in zip(shape, got):
+                if d in TASK_DIMS:
+                    dims.setdefault(d, int(n))
+    return dims or None
+
+
+def bind_spaces(module: Any, observation_space: Any, action_space: Any) -> None:
+    """Give a loaded policy module the task's spaces as the globals ``OBSERVATION_SPACE`` and
+    ``ACTION_SPACE`` (Gymnasium space objects). Workers call this before each episode's ``reset``."""
+    module.OBSERVATION_SPACE = observation_space
+    module.ACTION_SPACE = action_space
+
+
+def describe_value(value: Any) -> str:
+    """A one-line summary of a parameter value for tables: the number itself for a scalar; the elements
+    of a small array (at most 6); otherwise ``"array [8, 2]: min -0.41, mean 0.02, max 0.93, norm 1.87"``
+    (norm: Euclidean, over all elements)."""
+    import numpy as np
+
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return f"{float(value):.6g}"
+    a = np.asarray(value, dtype=np.float64)
+    if a.size <= 6:
+        return f"array {list(a.shape)}: " + ", ".join(f"{x:.4g}" for x in a.ravel())
+    return (f"array {list(a.shape)}: min {a.min():.4g}, mean {a.mean():.4g}, max {a.max():.4g}, "
+            f"norm {float(np.linalg.norm(a)):.4g}")
 
 
 @dataclass(frozen=True)
@@ -81,21 +252,54 @@ class PolicyProgram:
     has_reset: bool = False
 
     @property
-    def defaults(self) -> dict[str, float]:
-        """Parameter name -> default value."""
-        return {p.name: p.default for p in self.parameters}
+    def defaults(self) -> dict[str, Value]:
+        """Parameter name -> default value (array defaults as nested tuples of the full shape)."""
+        return {p.name: p.default_value for p in self.parameters}
 
-    def candidate(self, params: Mapping[str, float] | None = None, *, parent_id: str | None = None,
+    def candidate(self, params: Mapping[str, Any] | None = None, *, parent_id: str | None = None,
                   refiner: str = "initial") -> Candidate:
-        """Make a :class:`Candidate` of this program (defaults when ``params`` is None)."""
+        """Make a :class:`Candidate` of this program (defaults when ``params`` is None).
+
+        Raises:
+            PolicyError: an array value whose shape is not the declared one.
+        """
         values = dict(self.defaults if params is None else params)
+        import numpy as np
+
+        for p in self.parameters:
+            if p.is_array and p.name in values and np.shape(values[p.name]) != p.shape:
+                raise PolicyError(f"parameter {p.name!r}: expected an array of shape {list(p.shape)}, "
+                                  f"got shape {list(np.shape(values[p.name]))}")
         return Candidate.create(self.source, values, parent_id=parent_id, refiner=refiner)
 
 
-def _candidate_id(source: str, params: Mapping[str, float]) -> str:
-    blob = json.dumps({"source": source, "params": {k: repr(float(v)) for k, v in sorted(params.items())}},
+def _id_repr(v: Any) -> Any:
+    return [_id_repr(x) for x in v] if isinstance(v, (tuple, list)) else repr(float(v))
+
+
+def _candidate_id(source: str, params: Mapping[str, Any]) -> str:
+    # scalars hash as repr(float): ids of scalar-only candidates are those of earlier versions (ledgers resume)
+    blob = json.dumps({"source": source, "params": {k: _id_repr(v) for k, v in sorted(params.items())}},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _value(v: Any) -> Value:
+    """A candidate's stored form of a value: float, or nested tuples of floats for anything array-like."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    import numpy as np
+
+    if isinstance(v, (list, tuple, np.ndarray)):
+        try:
+            a = np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise PolicyError(f"parameter value must be a number or a rectangular nested list of numbers, "
+                              f"got {str(v)[:40]}") from None
+        if a.ndim == 0:
+            return float(a)
+        return _freeze(a)
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -108,20 +312,25 @@ class Candidate:
 
     id: str
     source: str
-    params: Mapping[str, float] = field(hash=False)
+    params: Mapping[str, Value] = field(hash=False)
     parent_id: str | None = None
     refiner: str = "initial"
 
     @classmethod
-    def create(cls, source: str, params: Mapping[str, float], *, parent_id: str | None = None,
+    def create(cls, source: str, params: Mapping[str, Any], *, parent_id: str | None = None,
                refiner: str = "initial") -> Candidate:
-        """Build a candidate, computing its content id. Values are stored as Python floats."""
-        values = types.MappingProxyType({k: float(v) for k, v in params.items()})
+        """Build a candidate, computing its content id.
+
+        Scalar values are stored as Python floats, array values (lists, tuples, ndarrays) as nested
+        tuples of floats, so a candidate stays immutable. The id of a candidate with scalars only is
+        the same as in ratchet versions without array parameters.
+        """
+        values = types.MappingProxyType({k: _value(v) for k, v in params.items()})
         return cls(_candidate_id(source, values), source, values, parent_id, refiner)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (as stored in the ledger)."""
-        return {"id": self.id, "source": self.source, "params": dict(self.params),
+        """JSON-ready form (as stored in the ledger; array values as nested lists)."""
+        return {"id": self.id, "source": self.source, "params": {k: _thaw(v) for k, v in self.params.items()},
                 "parent_id": self.parent_id, "refiner": self.refiner}
 
     @classmethod
@@ -137,11 +346,13 @@ class Candidate:
         return cand
 
 
-def load_policy(path: str | Path) -> PolicyProgram:
+def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
     """Read and validate a policy file without executing it.
 
     Args:
         path: Path to a ``.py`` file defining ``PARAMETERS`` and ``act``.
+        dims: The task's sizes ``{"obs": n, "act": m}`` (:func:`space_dims`), needed only when an
+            array shape is written relative to the spaces, e.g. ``"shape": ["obs", "act"]``.
 
     Returns:
         The validated :class:`PolicyProgram`.
@@ -160,7 +371,7 @@ def load_policy(path: str | Path) -> PolicyProgram:
         source = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"cannot read policy file {p}: {exc}") from exc
-    return parse_policy(source, str(p))
+    return parse_policy(source, str(p), dims=dims)
 
 
 def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
@@ -173,7 +384,7 @@ def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
     return node
 
 
-def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
+def parse_policy(source: str, path: str = "<string>", *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
     """Validate policy source text (see :func:`load_policy`); never executes it.
 
     Raises:
@@ -209,15 +420,68 @@ def parse_policy(source: str, path: str = "<string>") -> PolicyProgram:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise PolicyError(f"{path}:{node.lineno}: PARAMETERS must be a literal dict (ratchet reads it without running your code); "
                           "write numbers, not expressions or names") from None
-    params = _validate_parameters(raw, path, node.lineno)
+    params = _validate_parameters(raw, path, node.lineno, dims)
     return PolicyProgram(source=source, parameters=params, path=path, has_reset="reset" in funcs)
 
 
-def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, ...]:
+def _finite(v: Any) -> bool:
+    try:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _nested_shape(v: Any) -> tuple[int, ...] | None:
+    """Shape of a rectangular nested list/tuple of numbers (``()`` for a number), None if ragged."""
+    if not isinstance(v, (list, tuple)):
+        return ()
+    if not v:
+        return None
+    inner = {_nested_shape(x) for x in v}
+    if len(inner) != 1 or None in inner:
+        return None
+    return (len(v), *inner.pop())
+
+
+def _flat(v: Any) -> list[Any]:
+    return [y for x in v for y in _flat(x)] if isinstance(v, (list, tuple)) else [v]
+
+
+def _validate_shape(name: str, shape: Any, where: str, dims: Mapping[str, int] | None) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not shape or not all(
+            (isinstance(d, int) and not isinstance(d, bool) and d >= 1) or d in TASK_DIMS for d in shape):
+        raise PolicyError(f"{where}: parameter {name!r}: shape must be a list of positive integers (or \"obs\", "
+                          f"\"act\") such as [8, 2], got {str(shape)[:40]} (leave shape out for a scalar)")
+    if any(isinstance(d, str) for d in shape):
+        if dims is None:
+            raise PolicyError(f"{where}: parameter {name!r}: shape {list(shape)} refers to the task's spaces; give the "
+                              "task's dims (ratchet run and evaluate do: load_policy(path, dims=space_dims(env)))")
+        shape = [int(dims[d]) if isinstance(d, str) else d for d in shape]
+    if math.prod(shape) > MAX_PARAMETER_NUMBERS:
+        raise PolicyError(f"{where}: parameter {name!r}: shape {list(shape)} holds {math.prod(shape):,} numbers, "
+                          f"more than the {MAX_PARAMETER_NUMBERS:,} ratchet allows; use a smaller shape")
+    return tuple(shape)
+
+
+def _array_field(name: str, key: str, v: Any, shape: tuple[int, ...], where: str) -> Any:
+    """Check ``default``/``low``/``high`` of an array parameter: a number or a nested list of ``shape``."""
+    got = _nested_shape(v)
+    if got is None or got not in ((), shape):
+        what = "a ragged list" if got is None else f"a list of shape {list(got)}"
+        raise PolicyError(f"{where}: parameter {name!r}: {key} must be a number or a nested list of shape "
+                          f"{list(shape)}, got {what}")
+    for x in _flat(v):
+        if not _finite(x):
+            raise PolicyError(f"{where}: parameter {name!r}: every {key} must be a finite number, got {str(x)[:40]}")
+    return float(v) if got == () else _freeze(v)
+
+
+def _validate_parameters(raw: Any, path: str, lineno: int, dims: Mapping[str, int] | None = None) -> tuple[Parameter, ...]:
     where = f"{path}:{lineno}"
     if not isinstance(raw, dict):
         raise PolicyError(f"{where}: PARAMETERS must be a dict name -> {{default, low, high}}, got {type(raw).__name__}")
     out = []
+    total = 0
     for name, spec in raw.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise PolicyError(f"{where}: parameter name {name!r} must be an identifier string")
@@ -227,53 +491,108 @@ def _validate_parameters(raw: Any, path: str, lineno: int) -> tuple[Parameter, .
             raise PolicyError(f"{where}: parameter {name!r} must be a dict with default, low, high (or a tuple (default, low, high))")
         unknown = set(spec) - _PARAM_KEYS
         if unknown:
-            raise PolicyError(f"{where}: parameter {name!r} has unknown key(s) {sorted(unknown)}; allowed: default, low, high, scale")
+            raise PolicyError(f"{where}: parameter {name!r} has unknown key(s) {sorted(unknown)}; "
+                              "allowed: default, low, high, scale, shape")
         missing = {"default", "low", "high"} - set(spec)
         if missing:
             raise PolicyError(f"{where}: parameter {name!r} is missing {sorted(missing)}; give default, low and high")
-        vals = {}
-        for key in ("default", "low", "high"):
-            v = spec[key]
-            try:
-                ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-            except OverflowError:
-                ok = False
-            if not ok:
-                hint = "; write it without quotes" if isinstance(v, str) else ""
-                raise PolicyError(f"{where}: parameter {name!r}: {key} must be a finite number, got {repr(v)[:40]}{hint}")
-            vals[key] = float(v)
         scale = spec.get("scale", "linear")
         if scale not in ("linear", "log"):
             raise PolicyError(f"{where}: parameter {name!r}: scale must be \"linear\" or \"log\", got {scale!r}")
-        if not math.isfinite(vals["high"] - vals["low"]):
-            raise PolicyError(f"{where}: parameter {name!r}: the range high - low overflows a float; use narrower "
-                              "bounds or scale \"log\"")
-        if not vals["low"] < vals["high"]:
-            raise PolicyError(f"{where}: parameter {name!r}: low ({vals['low']}) must be below high ({vals['high']})")
-        if not vals["low"] <= vals["default"] <= vals["high"]:
-            raise PolicyError(f"{where}: parameter {name!r}: default {vals['default']} is outside its bounds "
-                              f"[{vals['low']}, {vals['high']}]; widen the bounds or change the default")
-        if scale == "log" and vals["low"] <= 0:
-            raise PolicyError(f"{where}: parameter {name!r}: scale \"log\" needs low > 0, got {vals['low']}")
-        out.append(Parameter(name, vals["default"], vals["low"], vals["high"], scale))
+        if "shape" in spec:
+            shape = _validate_shape(name, spec["shape"], where, dims)
+            param = _validate_array(name, spec, shape, scale, where)
+        else:
+            param = _validate_scalar(name, spec, scale, where)
+        total += param.size
+        if total > MAX_PARAMETER_NUMBERS:
+            raise PolicyError(f"{where}: PARAMETERS hold {total:,}+ numbers (at {name!r}), more than the "
+                              f"{MAX_PARAMETER_NUMBERS:,} ratchet allows; use smaller shapes")
+        out.append(param)
     return tuple(out)
 
 
-def export_source(source: str, params: Mapping[str, float], *, header: str | None = None) -> str:
+def _validate_scalar(name: str, spec: dict[str, Any], scale: str, where: str) -> Parameter:
+    vals = {}
+    for key in ("default", "low", "high"):
+        v = spec[key]
+        if isinstance(v, (list, tuple)):
+            raise PolicyError(f"{where}: parameter {name!r}: {key} is a list; add \"shape\": {list(_nested_shape(v) or [len(v)])}"
+                              " to declare an array parameter")
+        if not _finite(v):
+            hint = "; write it without quotes" if isinstance(v, str) else ""
+            raise PolicyError(f"{where}: parameter {name!r}: {key} must be a finite number, got {repr(v)[:40]}{hint}")
+        vals[key] = float(v)
+    if not math.isfinite(vals["high"] - vals["low"]):
+        raise PolicyError(f"{where}: parameter {name!r}: the range high - low overflows a float; use narrower "
+                          "bounds or scale \"log\"")
+    if not vals["low"] < vals["high"]:
+        raise PolicyError(f"{where}: parameter {name!r}: low ({vals['low']}) must be below high ({vals['high']})")
+    if not vals["low"] <= vals["default"] <= vals["high"]:
+        raise PolicyError(f"{where}: parameter {name!r}: default {vals['default']} is outside its bounds "
+                          f"[{vals['low']}, {vals['high']}]; widen the bounds or change the default")
+    if scale == "log" and vals["low"] <= 0:
+        raise PolicyError(f"{where}: parameter {name!r}: scale \"log\" needs low > 0, got {vals['low']}")
+    return Parameter(name, vals["default"], vals["low"], vals["high"], scale)
+
+
+def _validate_array(name: str, spec: dict[str, Any], shape: tuple[int, ...], scale: str, where: str) -> Parameter:
+    import numpy as np
+
+    vals = {key: _array_field(name, key, spec[key], shape, where) for key in ("default", "low", "high")}
+    param = Parameter(name, vals["default"], vals["low"], vals["high"], scale, shape)
+    default, low, high = param.array("default"), param.array("low"), param.array("high")
+
+    def first(mask: Any) -> str:
+        i = tuple(int(j) for j in np.argwhere(mask)[0])
+        return f"at index {list(i)}"
+
+    with np.errstate(over="ignore"):
+        span = high - low
+    if not np.all(np.isfinite(span)):
+        raise PolicyError(f"{where}: parameter {name!r}: the range high - low overflows a float "
+                          f"{first(~np.isfinite(span))}; use narrower bounds or scale \"log\"")
+    if not np.all(low < high):
+        i = first(~(low < high))
+        raise PolicyError(f"{where}: parameter {name!r}: low must be below high elementwise, not so {i}")
+    if not np.all((low <= default) & (default <= high)):
+        i = first(~((low <= default) & (default <= high)))
+        raise PolicyError(f"{where}: parameter {name!r}: default is outside its bounds {i}; widen the bounds or "
+                          "change the default")
+    if scale == "log" and not np.all(low > 0):
+        raise PolicyError(f"{where}: parameter {name!r}: scale \"log\" needs low > 0 everywhere, not so {first(~(low > 0))}")
+    return param
+
+
+def _format_value(v: Any, indent: str) -> str:
+    """Source text of a value: ``repr`` of each float (the shortest text that reads back exactly);
+    a 1-D array on one line; a 2-D (or higher) array with one innermost row per line."""
+    if not isinstance(v, (list, tuple)):
+        return repr(float(v))
+    if not any(isinstance(x, (list, tuple)) for x in v):
+        return "[" + ", ".join(repr(float(x)) for x in v) + "]"
+    inner = indent + "    "
+    return "[\n" + "".join(f"{inner}{_format_value(x, inner)},\n" for x in v) + indent + "]"
+
+
+def export_source(source: str, params: Mapping[str, Any], *, header: str | None = None) -> str:
     """Rewrite ``source`` so each parameter's ``default`` is the given value.
 
     Only the default literals change (plus an optional header comment), so the result diffs cleanly
-    against the original file.
+    against the original file. An array parameter's default becomes a nested list with one row per
+    line (:func:`_format_value`); reading the file back gives exactly the same values.
 
     Raises:
-        PolicyError: if ``source`` is not a valid policy or ``params`` names an unknown parameter.
+        PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter or an
+            array value does not have its parameter's shape.
     """
-    parse_policy(source)
+    program = parse_policy(source, dims=_infer_dims(source, params))
+    shapes = {p.name: p.shape for p in program.parameters}
     tree = ast.parse(source)
     node = _find_parameters_node(tree)
     assert node is not None  # parse_policy checked
     lines = source.splitlines(keepends=True)
-    edits: list[tuple[int, int, int, str]] = []  # (line, col, end_col, text)
+    edits: list[tuple[int, int, int, int, str]] = []  # (line, col, end_line, end_col, text)
     declared = set()
     if isinstance(node, ast.Dict):
         for key, val in zip(node.keys, node.values):
@@ -288,20 +607,33 @@ def export_source(source: str, params: Mapping[str, float], *, header: str | Non
                         target = v2
             elif isinstance(val, (ast.Tuple, ast.List)):
                 target = val.elts[0]
-            if target is None or target.lineno != target.end_lineno:
+            if target is None or target.end_lineno is None or target.end_col_offset is None:
                 raise PolicyError(f"cannot locate the default of parameter {name!r} to rewrite it")
-            edits.append((target.lineno, target.col_offset, target.end_col_offset, repr(float(params[name]))))
+            if shapes.get(name, ()):
+                value = _value(params[name])
+                got = _nested_shape(value)
+                if got != shapes[name]:
+                    raise PolicyError(f"export: parameter {name!r}: expected an array of shape {list(shapes[name])}, "
+                                      f"got {'a number' if got == () else list(got or [])}")
+                line = lines[target.lineno - 1]
+                text = _format_value(value, line[:len(line) - len(line.lstrip())])
+            else:
+                text = repr(float(params[name]))
+            edits.append((target.lineno, target.col_offset, target.end_lineno, target.end_col_offset, text))
     unknown = set(params) - declared
     if unknown:
         raise PolicyError(f"export: unknown parameter(s) {sorted(unknown)} for this policy")
-    for lineno, col, end, text in sorted(edits, reverse=True):
-        line = lines[lineno - 1].encode("utf-8")
-        line = line[:col] + text.encode() + line[end:]
-        lines[lineno - 1] = line.decode("utf-8")
-    out = "".join(lines)
+    blines = [ln.encode("utf-8") for ln in lines]
+    starts = [0]
+    for b in blines:
+        starts.append(starts[-1] + len(b))
+    data = b"".join(blines)
+    for lineno, col, end_line, end, text in sorted(edits, reverse=True):
+        data = data[:starts[lineno - 1] + col] + text.encode() + data[starts[end_line - 1] + end:]
+    out = data.decode("utf-8")
     if header:
         out = "".join(f"# {h}\n" for h in header.splitlines()) + out
-    parse_policy(out)
+    parse_policy(out, dims=_infer_dims(out, params))
     return out
 
 

@@ -51,6 +51,8 @@ class RemotePolicy:
         key: Source key of the candidate's policy file.
         source: The source, or None when the policy process has it already.
         observation_space: The env's observation space.
+        action_space: The env's action space; both spaces travel (pickled) with each episode message,
+            and the policy process binds them to the policy (:func:`ratchet.policy.bind_spaces`).
 
     Raises (from ``reset``/``act``):
         PolicyFailure: the policy raised, failed to load or has no ``act``.
@@ -58,8 +60,10 @@ class RemotePolicy:
         RolloutAborted: the policy process died, timed out or sent garbage.
     """
 
-    def __init__(self, chan: Channel, key: str, source: str | None, observation_space: Any) -> None:
+    def __init__(self, chan: Channel, key: str, source: str | None, observation_space: Any,
+                 action_space: Any = None) -> None:
         self.chan, self.key, self.source = chan, key, source
+        self.spaces = (observation_space, action_space)
         dtype, shape = getattr(observation_space, "dtype", None), getattr(observation_space, "shape", None)
         self.raw = (np.dtype(dtype), tuple(shape)) if isinstance(observation_space, Box) else None
 
@@ -74,7 +78,7 @@ class RemotePolicy:
 
     def reset(self, params: Any, seed: int) -> None:
         raw = None if self.raw is None else (self.raw[0].str, self.raw[1])
-        self._ask(_pickled(("episode", self.key, self.source, dict(params), int(seed), raw)), "started")
+        self._ask(_pickled(("episode", self.key, self.source, dict(params), int(seed), raw, self.spaces)), "started")
 
     def act(self, observation: Any, params: Any) -> Any:
         raw = self.raw
@@ -159,7 +163,7 @@ def _serve(conn: Any, chan: Channel) -> None:
                 # Box2D world does), which would make a return depend on the episodes run before it.
                 env = task.make_env(render_mode="rgb_array" if render_path else None)
                 # the source travels once per worker pair: the policy process keeps it from then on
-                policy = RemotePolicy(chan, key, source, env.observation_space)
+                policy = RemotePolicy(chan, key, source, env.observation_space, env.action_space)
                 candidate = json.dumps([key, params], sort_keys=True)
                 if loaded is not None and loaded != candidate:
                     policy.retire()

@@ -8,7 +8,8 @@ policy code can send the env host nothing but an action, an error text, or garba
 as its failure.
 
 Env host → policy (pickled tuples):
-    ``("episode", source_key, source_or_None, params, seed)`` — load the policy, seed, call ``reset``;
+    ``("episode", source_key, source_or_None, params, seed, raw, (observation_space, action_space))``
+    — load the policy, bind the spaces (:func:`ratchet.policy.bind_spaces`), seed, call ``reset``;
     ``("obs", observation)`` — return an action; ``("end",)`` — the episode is over;
     ``("retire",)`` — the next episode is another candidate's (the candidate's process exits).
 Policy → env host (tagged bytes):

@@ -96,6 +96,7 @@ def policy_main(chan: Any) -> None:
     """
     import pickle
 
+    import gymnasium.spaces  # noqa: F401 - the episode message carries the task's spaces (pickled); import before "ready"
     import numpy as np  # noqa: F401 - imported once here, before forking, for every candidate
 
     from ratchet.execution.channel import pin_to_cpu
@@ -141,6 +142,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
     import numpy as np
 
     from ratchet.execution.protocol import encode_action, encode_error
+    from ratchet.policy import bind_spaces, materialize
 
     if sandbox is not None:
         from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
@@ -170,12 +172,15 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                 except BaseException as exc:  # the policy's failure is the episode's outcome
                     reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
             elif kind == "episode":
-                _, key, source, params, seed, raw = msg
+                _, key, source, params, seed, raw = msg[:6]
+                spaces = msg[6] if len(msg) > 6 else (None, None)  # (observation, action) spaces, from the env host
                 raw = None if raw is None else (np.dtype(raw[0]), tuple(raw[1]))
                 if sandbox is not None:
                     rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
                 module = policies.load(key, source)
-                act, params = None, dict(params)
+                act, params = None, materialize(params)
+                if not isinstance(module, Exception):
+                    bind_spaces(module, *spaces)
                 if isinstance(module, Exception):
                     reply = encode_error("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
                 elif not callable(getattr(module, "act", None)):
@@ -223,6 +228,7 @@ def worker_main(conn: Any) -> None:
     _start(sandbox)
     if sandbox is not None:
         from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
+    from ratchet.policy import bind_spaces, materialize
     from ratchet.rollout import Episode, run_episode
     from ratchet.task import GymTask
 
@@ -260,14 +266,16 @@ def worker_main(conn: Any) -> None:
 
                 render_env = task.make_env(render_mode="rgb_array")
                 try:
-                    ep = record_episode(render_env, module, params, seed, task, render_path)
+                    bind_spaces(module, render_env.observation_space, render_env.action_space)
+                    ep = record_episode(render_env, module, materialize(params), seed, task, render_path)
                 finally:
                     render_env.close()
             else:
                 # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
                 # Box2D world does), which would make a return depend on the episodes run before it.
                 env = task.make_env()
-                ep = run_episode(env, module.act, getattr(module, "reset", None), params, seed, task)
+                bind_spaces(module, env.observation_space, env.action_space)
+                ep = run_episode(env, module.act, getattr(module, "reset", None), materialize(params), seed, task)
             _trim_log()
             if sandbox is not None:
                 strays = reap_strays()

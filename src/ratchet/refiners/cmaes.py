@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,11 @@ class CMAESRefiner:
 
     The search runs in normalised coordinates: each parameter is mapped to ``[0, 1]`` within its
     bounds (in log space for ``scale="log"``), and pycma's bound handling keeps samples inside.
+    Array parameters are flattened (C order) and concatenated with the scalars in declaration order,
+    so CMA-ES searches one vector of ``sum(p.size)`` coordinates (:meth:`flatten`/:meth:`unflatten`).
+    Above ``FULL_COVARIANCE_MAX`` coordinates the covariance is diagonal (sep-CMA-ES: R. Ros and
+    N. Hansen, "A Simple Modification in CMA-ES Achieving Linear Time and Space Complexity", PPSN
+    2008; pycma's ``CMA_diagonal``), since a full matrix costs O(n²) memory and O(n³) updates.
     Fitness is the negative mean training return; a candidate with any errored episode ranks last.
 
     The search follows the incumbent: when the parent handed to :meth:`propose` changes (a promotion),
@@ -43,6 +49,9 @@ class CMAESRefiner:
 
     name = "cmaes"
 
+    #: Search dimension up to which the full covariance matrix is adapted.
+    FULL_COVARIANCE_MAX = 1000
+
     def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0,
                  restarts: str = "none", stagnation: int = 10, name: str | None = None) -> None:
         self.program = program
@@ -62,24 +71,58 @@ class CMAESRefiner:
         self._parent_id: str | None = None
         self._order: list[str] = []
 
-    def _unit(self, parent: Candidate) -> list[float]:
-        return [p.to_unit(parent.params[p.name]) for p in self.program.parameters]
+    @property
+    def dimension(self) -> int:
+        """Length of the searched vector: the parameters' sizes summed (a scalar counts 1)."""
+        return sum(p.size for p in self.program.parameters)
+
+    def flatten(self, params: Mapping[str, Any]) -> list[float]:
+        """Parameter values -> the searched vector in ``[0, 1]`` (declaration order, arrays in C order).
+
+        Args:
+            params: name -> float or nested sequence/array of the parameter's shape.
+
+        Returns:
+            ``dimension`` floats.
+        """
+        x: list[float] = []
+        for p in self.program.parameters:
+            u = p.to_unit(params[p.name])
+            if p.is_array:
+                x.extend(float(v) for v in u)
+            else:
+                x.append(u)
+        return x
+
+    def unflatten(self, x: Sequence[float]) -> dict[str, Any]:
+        """Inverse of :meth:`flatten` (coordinates clipped to ``[0, 1]``): name -> float, or nested
+        tuples of floats for array parameters. Coordinates past ``dimension`` are ignored."""
+        values: dict[str, Any] = {}
+        i = 0
+        for p in self.program.parameters:
+            if p.is_array:
+                values[p.name] = p.from_unit(np.asarray(x[i:i + p.size], dtype=np.float64))
+            else:
+                values[p.name] = p.from_unit(x[i])
+            i += p.size
+        return values
 
     def _start(self, parent: Candidate) -> None:
         import cma
 
-        x0 = self._unit(parent)
+        x0 = self.flatten(parent.params)
         opts = {"bounds": [0.0, 1.0], "seed": (int(self.seed) + 7919 * self.n_restarts) % (2**31 - 1) + 1,
                 "verbose": -9}
         if self.popsize:
             opts["popsize"] = int(self.popsize)
+        if len(x0) > self.FULL_COVARIANCE_MAX:
+            opts["CMA_diagonal"] = True
         if len(x0) == 1:  # pycma needs dimension >= 2; a dummy coordinate is harmless
             x0 = x0 + [0.5]
         self._es = cma.CMAEvolutionStrategy(x0, self.sigma0, opts)
 
     def _candidate(self, x: np.ndarray, refiner: str) -> Candidate:
-        values = {p.name: p.from_unit(x[i]) for i, p in enumerate(self.program.parameters)}
-        return Candidate.create(self.program.source, values, parent_id=self._parent_id, refiner=refiner)
+        return Candidate.create(self.program.source, self.unflatten(x), parent_id=self._parent_id, refiner=refiner)
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Ask pycma for one population (``popsize`` candidates) around the current distribution.
@@ -96,7 +139,7 @@ class CMAESRefiner:
                 self._restart_due, self._best, self._stale = False, float("-inf"), 0
             self._start(parent)
         elif parent.id != self._parent_id:  # a promotion: follow the new incumbent
-            x = np.clip(self._unit(parent), 0.0, 1.0)
+            x = np.clip(self.flatten(parent.params), 0.0, 1.0)
             self._es.mean = np.concatenate([x, self._es.mean[len(x):]])
         self._parent_id = parent.id
         xs = self._es.ask()
@@ -143,7 +186,7 @@ class CMAESRefiner:
         """Candidates per generation: pycma's population, or the configured/default size before it starts."""
         if self._es is not None:
             return int(self._es.popsize)
-        n = max(2, len(self.program.parameters))
+        n = max(2, self.dimension)
         return int(self.popsize or 4 + int(3 * np.log(n)))
 
     @property

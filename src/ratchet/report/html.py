@@ -7,6 +7,7 @@ import html
 import io
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ratchet.ledger.projection import RunState
 from ratchet.safefile import read_bytes
@@ -151,8 +152,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
     if state.baseline_id and state.incumbent_id:
         b = state.candidates[state.baseline_id]["params"]
         a = state.candidates[state.incumbent_id]["params"]
-        rows = "".join(f"<tr><td>{esc(k)}</td><td>{b[k]:.6g}</td><td>{a.get(k, float('nan')):.6g}</td>"
-                       f"<td>{a.get(k, 0) - b[k]:+.4g}</td></tr>" for k in b)
+        rows = "".join(_param_row(k, b[k], a.get(k)) for k in b)
         parts.append("<h2>Parameter changes</h2><table><tr><th>parameter</th><th>start</th><th>final</th>"
                      f"<th>change</th></tr>{rows}</table>")
 
@@ -184,6 +184,24 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
              "th{background:#f4f4f4}img{max-width:100%}.small{font-size:80%;color:#666}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>ratchet {esc(state.run_id)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _param_row(name: str, start: Any, final: Any) -> str:
+    """One table row per parameter; an array is summarised (shape, min/mean/max, norm; the change as the
+    norm of the difference and the number of elements that moved) instead of one row per element."""
+    esc = html.escape
+    if final is None:
+        final = float("nan")
+    if isinstance(start, (list, tuple)):
+        import numpy as np
+
+        from ratchet.policy import describe_value
+
+        diff = np.asarray(final, dtype=float) - np.asarray(start, dtype=float)
+        change = f"norm {float(np.linalg.norm(diff)):.4g} ({int(np.count_nonzero(diff))} of {diff.size} changed)"
+        return (f"<tr><td>{esc(name)}</td><td>{esc(describe_value(start))}</td><td>{esc(describe_value(final))}</td>"
+                f"<td>{esc(change)}</td></tr>")
+    return f"<tr><td>{esc(name)}</td><td>{start:.6g}</td><td>{final:.6g}</td><td>{final - start:+.4g}</td></tr>"
 
 
 def write_report(state: RunState, path: str | Path, videos: Mapping[str, Path] | None = None) -> Path:
