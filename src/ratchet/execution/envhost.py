@@ -176,12 +176,10 @@ def _serve(conn: Any, chan: Channel) -> None:
                     ep = run_episode(env, policy.act, policy.reset, params, seed, task)
                 deadline.arm(_END_GRACE_S)
                 strays = policy.end()
-                deadline.disarm()
                 if strays and ep.error is None:
                     ep = Episode.failed(seed, f"policy left {strays} process(es) running (killed)", ep.length,
                                         ep.episode_return, task=task)
             except RolloutAborted as exc:
-                deadline.disarm()
                 status = exc.status
                 reason = {"died": "policy process died", "timeout": f"timeout after {float(timeout_s):g} s",
                           "interfered": f"policy process sent {exc.detail}"}.get(status, status)
@@ -191,6 +189,7 @@ def _serve(conn: Any, chan: Channel) -> None:
             reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=task).to_dict(), status]
         finally:
+            deadline.disarm()  # also after an error of the env itself: no timer may fire between episodes
             close_quietly(env)
         if not send_reply(conn, reply):
             return  # the driver is gone
