@@ -88,3 +88,11 @@ def test_critique_counts_errors():
     c = Critic().critique(e)
     assert c.errors == {"policy raised KeyError: 'gain'": 2, "timeout after 2 s on seed 3": 1}
     assert "2× policy raised KeyError" in c.text
+
+
+def test_a_task_without_success_says_so_instead_of_no_failures():
+    """A policy that scores nothing on a task with no success threshold is not 'without failures': the
+    critique says success is undefined and how to define it."""
+    crit = Critic().critique(evaluation_from_episodes("c", "test", [ep(1, 0), ep(2, 0)]))
+    assert not crit.failure_modes
+    assert "success is undefined for this task" in crit.text and "[task] success_threshold" in crit.text

@@ -297,6 +297,10 @@ class Critic:
         return out
 
 
+#: What to do when a task defines no success (no threshold given, none registered for the env).
+NO_SUCCESS_HINT = "the env registers no reward threshold; set [task] success_threshold to a return"
+
+
 def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float, float] | None,
             success_ci: tuple[float, float] | None, modes: list[FailureMode], errors: Counter,
             worst: list[tuple[int, float]], regressions: list[tuple[int, float, float]] | None,
@@ -307,6 +311,9 @@ def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float,
     if stats["success_rate"] is not None:
         sci = f" (95 % CI {100 * success_ci[0]:.1f}–{100 * success_ci[1]:.1f} %)" if success_ci else ""
         lines.append(f"- success rate {100 * stats['success_rate']:.1f} %{sci}")
+    elif not errors:
+        lines.append(f"- success is undefined for this task ({NO_SUCCESS_HINT}), so only errored episodes count as "
+                     "failures")
     if modes:
         lines.append("- failure modes:")
         for m in modes:

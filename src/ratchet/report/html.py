@@ -51,7 +51,14 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
             continue
         modes = crit.get("failure_modes", [])
         if not modes:
-            parts.append(f"<h3>{title}: no failing test episodes</h3>")
+            summary = state.test if tag == "after" else state.baseline_test
+            if summary is not None and summary.get("success_rate") is None:
+                from ratchet.critic import NO_SUCCESS_HINT
+
+                parts.append(f"<h3>{title}: no errored test episodes; success is undefined for this task "
+                             f"({esc(NO_SUCCESS_HINT)})</h3>")
+            else:
+                parts.append(f"<h3>{title}: no failing test episodes</h3>")
             continue
         rows = "".join(f"<tr><td style='text-align:left'>{esc(m['label'])}</td><td>{m['count']}</td>"
                        f"<td>{100 * m['share']:.1f} %</td><td>{m['mean_return']:.1f}</td>"
