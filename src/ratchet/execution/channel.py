@@ -51,11 +51,12 @@ class Channel:
         Raises:
             BrokenPipeError: the other end is gone.
         """
-        data = _HEADER.pack(len(payload)) + payload
-        view = memoryview(data)
-        while view:
-            n = os.write(self.write_fd, view)
-            view = view[n:]
+        header = _HEADER.pack(len(payload))
+        n = os.writev(self.write_fd, (header, payload))  # one system call in the common case
+        if n < 4 + len(payload):
+            view = memoryview(header + payload)[n:]
+            while view:
+                view = view[os.write(self.write_fd, view):]
 
     def recv(self, deadline: float | None = None) -> bytes:
         """Read one message.
@@ -69,6 +70,13 @@ class Channel:
             BadMessage: the announced length exceeds ``max_message``.
         """
         buf = self._buf
+        if not buf and deadline is None:  # fast path: one read brings exactly one whole message
+            chunk = os.read(self.read_fd, _READ_SIZE)
+            if not chunk:
+                raise EOFError
+            if len(chunk) >= 4 and _HEADER.unpack_from(chunk)[0] == len(chunk) - 4:
+                return chunk[4:]
+            buf += chunk
         while True:
             if len(buf) >= 4:
                 (n,) = _HEADER.unpack_from(buf)

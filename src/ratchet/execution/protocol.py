@@ -60,6 +60,8 @@ def encode_error(kind: str, text: str) -> bytes:
 
 def encode_action(action: Any) -> bytes:
     """Policy side: an action as tagged bytes (exact: the env host rebuilds the same numbers)."""
+    if type(action) is int and -2**63 <= action < 2**63:  # fast path
+        return b"i" + _I64.pack(action)
     if isinstance(action, (bool, np.bool_)):
         return b"b" + (b"\x01" if action else b"\x00")
     if isinstance(action, (int, np.integer)):
@@ -120,6 +122,8 @@ def decode_reply(msg: bytes, expect: str) -> Any:
         PolicyFailure: the policy reported its own failure (``E``).
         BadReply: anything else that is not the expected reply.
     """
+    if expect == "action" and len(msg) == 9 and msg[0] == 0x69:  # fast path: b"i" + int64
+        return _I64.unpack_from(msg, 1)[0]
     if not msg:
         raise BadReply("an empty reply")
     tag, body = msg[:1], msg[1:]
