@@ -209,3 +209,19 @@ def test_the_time_limit_in_env_kwargs_is_refused(tmp_path):
 
 def test_spec_text_values_are_quoted_in_errors(tmp_path):
     spec_error(tmp_path, MINIMAL + '[gate]\nalpha = "0.05"\n', "[gate] alpha", "(got '0.05')")
+
+
+def test_defaults_are_sized_to_a_small_episode_budget(tmp_path):
+    """With [budget] episodes = 128 and nothing else set, validation, training seeds and population shrink so
+    that several gated generations fit; settings the spec gives are kept; large budgets keep the defaults."""
+    from ratchet.spec import spec_from_dict
+
+    small = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 128}}, tmp_path)
+    assert (small.gate.validation_episodes, small.gate.max_share) == (10, 0.5)
+    assert (small.refiner.train_episodes, small.refiner.popsize) == (2, 4)
+    kept = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 128},
+                           "gate": {"validation_episodes": 20}, "refiner": {"popsize": 6}}, tmp_path)
+    assert (kept.gate.validation_episodes, kept.refiner.popsize, kept.refiner.train_episodes) == (20, 6, 2)
+    assert spec_from_dict(small.to_dict(), tmp_path) == small  # what the ledger records reads back the same
+    large = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 5000}}, tmp_path)
+    assert (large.gate.validation_episodes, large.refiner.popsize) == (50, None)

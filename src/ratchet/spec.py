@@ -249,6 +249,10 @@ class ExecutionSpec(_Section):
                                    "policy).")
 
 
+#: Episode budgets up to this size get defaults sized to them (see ``RunSpec._size_to_a_small_budget``).
+SMALL_EPISODE_BUDGET = 1000
+
+
 class RunSpec(_Section):
     """A whole run spec. ``base_dir`` (the spec file's folder) resolves relative paths."""
 
@@ -264,6 +268,32 @@ class RunSpec(_Section):
     test: TestSpec = TestSpec()
     execution: ExecutionSpec = ExecutionSpec()
     base_dir: str = Field(".", exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_to_a_small_budget(cls, data: Any) -> Any:
+        """Defaults sized to a small episode budget (``[budget] episodes`` ≤ 1000), for the settings the spec
+        does not give: validation seeds ≈ budget / 12 (8–50), training seeds per generation ≈ budget / 64
+        (2–5), population ≈ budget / 32 (at least 4; pycma's default from 384 episodes on), validation share
+        up to 0.5. With 128 episodes on a short-episode task that is 10 validation episodes and generations
+        of 12 episodes, so several gated generations fit instead of none. The sized values are what the
+        ledger records."""
+        if not isinstance(data, dict):
+            return data
+        budget = data.get("budget")
+        episodes = budget.get("episodes") if isinstance(budget, dict) else None
+        if type(episodes) is not int or not 0 < episodes <= SMALL_EPISODE_BUDGET:
+            return data
+        gate = dict(data.get("gate") or {}) if isinstance(data.get("gate", {}), dict) else data.get("gate")
+        refiner = dict(data.get("refiner") or {}) if isinstance(data.get("refiner", {}), dict) else data.get("refiner")
+        if not isinstance(gate, dict) or not isinstance(refiner, dict):
+            return data  # let field validation report the wrong type
+        gate.setdefault("validation_episodes", min(50, max(8, episodes // 12)))
+        gate.setdefault("max_share", 0.5)
+        refiner.setdefault("train_episodes", min(5, max(2, episodes // 64)))
+        if episodes // 32 < 12:
+            refiner.setdefault("popsize", max(4, episodes // 32))
+        return {**data, "gate": gate, "refiner": refiner}
 
     @model_validator(mode="after")
     def _first_validation_fits(self) -> RunSpec:
