@@ -26,9 +26,11 @@ from ratchet.spec import load_spec
 HERE = Path(__file__).resolve().parent
 
 
-def null_runs(n_runs: int, budget: int, spending: str, executor: ProcessExecutor, runs_dir: Path) -> tuple[int, int, int]:
+def null_runs(n_runs: int, budget: int, spending: str, executor: ProcessExecutor, runs_dir: Path,
+              test: str = "t") -> tuple[int, int, int]:
     """Return (runs with a promotion, total gate decisions, total promotions)."""
-    base = load_spec(HERE / "null_task")
+    gate = {"test": test} if test == "t" else {"test": test, "validation_episodes": 100}
+    base = load_spec(HERE / "null_task", overrides=[f"gate.{k}={v!r}".replace("'", '"') for k, v in gate.items()])
     promoted_runs = decisions = promotions = 0
     for seed in range(n_runs):
         spec = base.model_copy(update={
@@ -36,7 +38,7 @@ def null_runs(n_runs: int, budget: int, spending: str, executor: ProcessExecutor
             "budget": base.budget.model_copy(update={"env_steps": budget}),
             "gate": base.gate.model_copy(update={"spending": spending}),
         })
-        result = start_run(spec, runs_dir, f"null-{spending}-{seed}", executor=executor)
+        result = start_run(spec, runs_dir, f"null-{test}-{spending}-{seed}", executor=executor)
         st = project(open_ledger(result.run_dir).read())
         decisions += len(st.gates)
         promotions += len(st.promotions)
@@ -48,27 +50,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--budget", type=int, default=30_000, help="env steps per run")
+    ap.add_argument("--tests", default="t", help="comma-separated [gate] test settings, e.g. t,betting")
+    ap.add_argument("--spendings", default="harmonic,none", help="comma-separated [gate] spending settings")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     rows = []
     with ProcessExecutor(workers=2, episode_timeout_s=60) as ex, tempfile.TemporaryDirectory() as tmp:
-        for spending in ("harmonic", "none"):
+        for test, spending in [(t, sp) for t in args.tests.split(",") for sp in args.spendings.split(",")]:
             t0 = time.perf_counter()
-            k, decisions, promotions = null_runs(args.runs, args.budget, spending, ex, Path(tmp))
+            k, decisions, promotions = null_runs(args.runs, args.budget, spending, ex, Path(tmp), test)
             ci = binomtest(k, args.runs).proportion_ci(method="wilson")
-            rows.append(f"| {spending} | {args.runs} | {decisions / args.runs:.1f} | {promotions} | "
+            rows.append(f"| {test} | {spending} | {args.runs} | {decisions / args.runs:.1f} | {promotions} | "
                         f"{k} ({100 * k / args.runs:.1f} %) | {100 * ci.low:.1f}–{100 * ci.high:.1f} % | "
                         f"{'yes' if k / args.runs <= 0.05 else 'no'} | {time.perf_counter() - t0:.0f} |")
             print(rows[-1], flush=True)
-    table = ("| alpha spending | runs | gate decisions per run | promotions (all false) | runs with any promotion | "
-             "95 % Wilson CI | ≤ α = 0.05 | wall clock (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    table = ("| test | alpha spending | runs | gate decisions per run | promotions (all false) | runs with any promotion | "
+             "95 % Wilson CI | ≤ α = 0.05 | wall clock (s) |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     print(table)
     if args.write:
         write_section("Null gate (false promotions)",
-                      f"Command: `python benchmarks/null_gate.py --runs {args.runs} --budget {args.budget} --write` "
-                      f"(benchmarks/null_task: CartPole-v1 with a policy whose parameters change each episode's return "
-                      f"but not its expectation; run seeds 0..{args.runs - 1}; α = 0.05, paired t-test, 30 validation "
-                      f"seeds).\n\nMachine: {machine()}\n\n{table}")
+                      f"Command: `python benchmarks/null_gate.py --runs {args.runs} --budget {args.budget} --tests "
+                      f"{args.tests} --spendings {args.spendings} --write` (benchmarks/null_task: CartPole-v1 with a "
+                      f"policy whose parameters change each episode's return but not its expectation; run seeds "
+                      f"0..{args.runs - 1}; α = 0.05; t: paired t-test on 30 validation seeds; betting: the sequential "
+                      f"betting test with a cap of 100 seeds and the bound from training returns).\n\n"
+                      f"Machine: {machine()}\n\n{table}")
 
 
 if __name__ == "__main__":

@@ -442,3 +442,31 @@ def test_every_env_step_counts_whatever_ended_the_episode(tmp_path):
     assert any(ep["error"] for p in evals for ep in p["episodes"])  # errored episodes were there, and counted
     assert st.generations >= 2
     assert st.env_steps == sum(lengths) == 40 * len(lengths) <= 4000
+
+
+def test_a_sequential_gate_reads_validation_in_batches_and_resumes_exactly(tmp_path):
+    """[gate] test = "betting": each decision reads validation seeds a batch at a time (the incumbent's
+    validation grows only as far as decisions read), stops early, and a run killed mid-way resumes to the
+    uninterrupted run's evaluations."""
+    d = make_spec_dir(tmp_path / "s", budget={"env_steps": 30000}, test={"episodes": 3},
+                      gate={"test": "betting", "validation_episodes": 40, "batch": 10, "min_episodes": 10,
+                            "return_range": [0.0, 500.0]}, execution={"workers": 1})
+    spec = load_spec(d)
+    ref = start_run(spec, tmp_path / "runs", "ref")
+    events = read_events(tmp_path / "runs" / "ref")
+    gates = [e.payload for e in events_of(events, EventType.GATE_DECIDED)]
+    assert gates and all(g["test"] == "betting" and g["episodes_used"] <= 40 for g in gates)
+    assert any(g["episodes_used"] < 40 for g in gates)  # some decision stopped early
+    val = [e.payload for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] == "validation"]
+    assert events_of(events, EventType.EPISODES_EVALUATED)[0].payload["seeds"] == \
+        val[0]["seeds"] and len(val[0]["seeds"]) == 10  # the starting policy: first batch only
+    dying = RecordingExecutor(ProcessExecutor(workers=1, episode_timeout_s=30), die_after=60)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "killed", executor=dying)
+    result = resume_run("killed", tmp_path / "runs")
+    assert result.incumbent == ref.incumbent and result.test.summary() == ref.test.summary()
+
+    def evaluations(run):
+        return {e.key: e.payload["episodes"] for e in events_of(read_events(tmp_path / "runs" / run),
+                                                               EventType.EPISODES_EVALUATED)}
+    assert evaluations("killed") == evaluations("ref")
