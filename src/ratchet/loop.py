@@ -114,6 +114,7 @@ class _Run:
         self.caps_steps = bool(getattr(executor, "caps_env_steps", False))
         self.pricing = pricing or ("observed" if self.caps_steps else "worst-case")
         self.price_limit = None if self.pricing == "observed" else self.task.step_limit
+        self._margin = 1.25  # observed pricing: the mean episode length seen, plus this margin
         self._train_returns = [math.inf, -math.inf]  # lowest and highest training return seen (betting bound)
         self.critic = Critic.for_task(self.task, seed=spec.seed)
         self.rng = np.random.default_rng(spec.seed)
@@ -206,9 +207,11 @@ class _Run:
         inc_train = train[incumbent.id]
         note = self.planner.screen(train[best.id], inc_train, inc_val.mean)
         if note is None:
-            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
+            # the contender's own episode lengths are the best guess of its validation lengths
+            cand_train = train[best.id]
+            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n), cand_train.env_steps / max(1, cand_train.n))
             note = self.planner.validation_hold(self.usage, self.validation_price(), val_len, next_cost[0],
-                                                self.price_limit, next_cost[1])
+                                                self.episode_price(val_len), next_cost[1])
         if note is not None:
             return None, note, None, inc_val
         if isinstance(self.gate, SequentialGate):
@@ -232,6 +235,16 @@ class _Run:
                          "env_steps": self.usage.env_steps, "params": dict(best.params)})
         return decision, decision.reason, cand_val, inc_val
 
+    def episode_price(self, est_len: float) -> float | None:
+        """Env steps one episode is priced at: the time limit with worst-case pricing; with observed pricing
+        the mean length seen (``est_len``) plus a 25 % margin, never above the time limit. None when there
+        is neither a limit nor an estimate to go by."""
+        limit = self.task.step_limit
+        if self.price_limit is not None:
+            return float(self.price_limit)
+        price = self._margin * est_len
+        return float(min(price, limit)) if limit else price
+
     def no_room_message(self, n_candidates: int, est_len: float, first: bool) -> str:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
         budget that binds."""
@@ -244,8 +257,9 @@ class _Run:
                     f"{self.spec.refiner.train_episodes} training episodes, {spent} used {u.episodes} of "
                     f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
                                                              "train_episodes" if first else ""))
-        cost = self.planner.generation_cost(n_candidates, est_len, self.price_limit)
-        per = f"{self.price_limit} steps (the time limit)" if self.price_limit else f"{1.25 * est_len:,.0f} steps"
+        price = self.episode_price(est_len)
+        cost = self.planner.generation_cost(n_candidates, est_len, price)
+        per = f"{price:,.0f} steps" + (" (the time limit)" if price == self.task.step_limit else "")
         return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
                 f"{self.spec.refiner.train_episodes} training episodes × {per}, {spent} used {u.env_steps:,} of "
                 f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
@@ -324,7 +338,7 @@ class _Run:
             refiner = self.refiners[arm]
             n_candidates = refiner.population_size + 2
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
-                                                                       self.price_limit):
+                                                                       self.episode_price(est_len)):
                 stop = self.no_room_message(n_candidates, est_len, first=False)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
                     stop = self.no_room_message(n_candidates, est_len, first=True)
@@ -364,7 +378,7 @@ class _Run:
             self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
             best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
-            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.price_limit),
+            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)),
                          n_candidates * spec.refiner.train_episodes)
             decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
                                                                est_len)

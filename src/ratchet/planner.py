@@ -230,8 +230,9 @@ class IncumbentPlanner:
         return self.budget.can_afford(usage, cost, n_candidates * self.train_episodes)
 
     def generation_cost(self, n_candidates: int, est_episode_steps: float, step_limit: int | None = None) -> float:
-        """Env steps one generation may take: the worst case with a known ``step_limit``, else the
-        estimate plus a 25 % margin."""
+        """Env steps one generation may take: ``step_limit`` per episode when given (the time limit, or the
+        loop's price for an episode, see ``ratchet.loop._Run.episode_price``), else the estimate plus a
+        25 % margin."""
         n_eps = n_candidates * self.train_episodes
         return n_eps * step_limit if step_limit else 1.25 * n_eps * est_episode_steps
 
