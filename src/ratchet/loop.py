@@ -112,7 +112,7 @@ class _Run:
         # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
         # choice is recorded when the run starts and kept on resume (the same decisions, whatever executor).
         self.caps_steps = bool(getattr(executor, "caps_env_steps", False))
-        self.pricing = pricing or ("observed" if self.caps_steps else "worst-case")
+        self.pricing = pricing or (spec.budget.pricing if self.caps_steps else "worst-case")
         self.price_limit = None if self.pricing == "observed" else self.task.step_limit
         self._margin = 1.25  # observed pricing: the mean episode length seen, plus this margin
         self._train_returns = [math.inf, -math.inf]  # lowest and highest training return seen (betting bound)
@@ -235,6 +235,12 @@ class _Run:
                          "env_steps": self.usage.env_steps, "params": dict(best.params)})
         return decision, decision.reason, cand_val, inc_val
 
+    def gate_reserve(self) -> tuple[float, int]:
+        """(env steps, episodes) a generation must leave for its gate: one validation, its episodes priced at
+        the longest mean episode length seen so far (a candidate worth gating tends to play long)."""
+        n = self.validation_price()
+        return n * self.episode_price(self._longest), n
+
     def episode_price(self, est_len: float) -> float | None:
         """Env steps one episode is priced at: the time limit with worst-case pricing; with observed pricing
         the mean length seen (``est_len``) plus a 25 % margin, never above the time limit. None when there
@@ -252,16 +258,18 @@ class _Run:
         episodes = n_candidates * self.spec.refiner.train_episodes
         b, u = self.spec.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
-        if b.episodes is not None and u.episodes + episodes > b.episodes:
+        if b.episodes is not None and u.episodes + episodes + self.gate_reserve()[1] > b.episodes:
             return (f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
-                    f"{self.spec.refiner.train_episodes} training episodes, {spent} used {u.episodes} of "
+                    f"{self.spec.refiner.train_episodes} training episodes, and {self.gate_reserve()[1]} for its "
+                    f"gate; {spent} used {u.episodes} of "
                     f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
                                                              "train_episodes" if first else ""))
         price = self.episode_price(est_len)
-        cost = self.planner.generation_cost(n_candidates, est_len, price)
+        cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve()[0]
         per = f"{price:,.0f} steps" + (" (the time limit)" if price == self.task.step_limit else "")
         return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
-                f"{self.spec.refiner.train_episodes} training episodes × {per}, {spent} used {u.env_steps:,} of "
+                f"{self.spec.refiner.train_episodes} training episodes × {per}, and a validation kept for its gate; "
+                f"{spent} used {u.env_steps:,} of "
                 f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
                                                             "train_episodes" if first else ""))
 
@@ -327,6 +335,7 @@ class _Run:
             n_first = min(n_first, max(self.gate.batch, self.gate.min_episodes))
         inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
+        self._longest = est_len  # the longest mean episode length of any evaluation so far
         stale, generation, completed, stop = 0, 0, 0, None
         critique = None  # the incumbent's latest training critique, handed to the refiner
         while stop is None:
@@ -338,7 +347,8 @@ class _Run:
             refiner = self.refiners[arm]
             n_candidates = refiner.population_size + 2
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
-                                                                       self.episode_price(est_len)):
+                                                                       self.episode_price(est_len),
+                                                                       self.gate_reserve()):
                 stop = self.no_room_message(n_candidates, est_len, first=False)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
                     stop = self.no_room_message(n_candidates, est_len, first=True)
@@ -371,6 +381,7 @@ class _Run:
             if not any(e.env_steps for e in gen_evals):
                 stop = "every episode of the generation failed before its first env step; check the policy with `ratchet evaluate`"
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
+            self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])
             # critique
             inc_train = train[incumbent.id]
             critique = self.critic.critique(inc_train)
@@ -378,8 +389,9 @@ class _Run:
             self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
             best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
-            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)),
-                         n_candidates * spec.refiner.train_episodes)
+            reserve = self.gate_reserve()
+            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)) + reserve[0],
+                         n_candidates * spec.refiner.train_episodes + reserve[1])
             decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
                                                                est_len)
             if decision is not None and decision.promoted:

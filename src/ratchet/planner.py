@@ -220,14 +220,16 @@ class IncumbentPlanner:
         self.pool.update(train.episodes, reference)
 
     def can_afford_generation(self, usage: Usage, n_candidates: int, est_episode_steps: float,
-                              step_limit: int | None = None) -> bool:
-        """Whether one more generation surely fits the budget.
+                              step_limit: float | None = None, reserve: tuple[float, int] = (0.0, 0)) -> bool:
+        """Whether one more generation surely fits the budget, with ``reserve`` (env steps, episodes) still
+        left after it: room for the gate of that generation, so its best candidate is never thrown away
+        for want of a validation.
 
-        With a known episode ``step_limit`` (the env's time limit) the worst case must fit, so the
-        env-step budget is a hard cap; without one, the estimate plus a 25 % margin must fit.
+        With ``step_limit`` (the env's time limit, or the loop's price of an episode) that many steps per
+        episode must fit; without one, the estimate plus a 25 % margin.
         """
         cost = self.generation_cost(n_candidates, est_episode_steps, step_limit)
-        return self.budget.can_afford(usage, cost, n_candidates * self.train_episodes)
+        return self.budget.can_afford(usage, cost + reserve[0], n_candidates * self.train_episodes + reserve[1])
 
     def generation_cost(self, n_candidates: int, est_episode_steps: float, step_limit: int | None = None) -> float:
         """Env steps one generation may take: ``step_limit`` per episode when given (the time limit, or the

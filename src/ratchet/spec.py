@@ -206,6 +206,10 @@ class BudgetSpec(_Section):
     target: float | None = Field(None, description="Stop once the incumbent's validation mean reaches this.")
     patience: int | None = Field(None, gt=0, le=1_000_000,
                                  description="Stop after this many generations without a promotion.")
+    pricing: Literal["observed", "worst-case"] = Field(
+        "observed", description="How work is priced against the env-step budget: \"observed\" (the mean episode "
+                                "length seen plus 25 %, under the executor's hard cap) or \"worst-case\" (every "
+                                "episode at the time limit: the last stretch of a budget may go unused).")
 
     @model_validator(mode="after")
     def _bounded(self) -> BudgetSpec:
