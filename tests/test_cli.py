@@ -740,3 +740,16 @@ def test_evaluate_on_explicit_seeds_with_a_specs_task(tmp_path, runner):
     assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1",
                                  "--seeds", "1,x"), "'x' is not a whole number")
     assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py"), "--env ID or", "--spec")
+
+
+def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner):
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "1,2",
+                 "--episodes", "5")
+    assert_one_line_error(res, "leave out --episodes and --seed")
+    assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds",
+                                 str(tmp_path)), "is a folder")
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("# held-out seeds\n3\n\n4  # the hard one\n", encoding="utf-8")
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", str(seeds),
+                 "--workers", "1")
+    assert res.exit_code == 0 and "over 2 episodes" in res.stdout, res.output

@@ -330,7 +330,8 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
              spec_path: Optional[Path] = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
                                                       "id, env_kwargs, max_episode_steps, action mode."),
              seeds: Optional[str] = typer.Option(None, "--seeds", help="Explicit seeds: '1,2,3', or a file of seeds "
-                                                 "(commas or whitespace); replaces --seed/--episodes."),
+                                                 "(commas or whitespace; '#' starts a comment); instead of "
+                                                 "--seed/--episodes."),
              episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes (at most 100000)."),
              seed: int = typer.Option(0, "--seed", min=0, help="First seed; episodes use seed, seed+1, …"),
              workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core; at most 1024)."),
@@ -351,6 +352,8 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
             raise RatchetError(f"--workers {workers}: at most {MAX_WORKERS}")
         if seed + episodes > 2**63:
             raise RatchetError(f"--seed {seed}: seeds must stay below 2**63; give a smaller --seed")
+        if seeds is not None and (episodes != 10 or seed != 0):
+            raise RatchetError("--seeds gives the seeds itself; leave out --episodes and --seed")
         seed_list = _parse_seeds(seeds) if seeds is not None else list(range(seed, seed + episodes))
         from ratchet.loop import check_task, load_program
 
@@ -402,11 +405,14 @@ def _parse_seeds(text: str) -> list[int]:
 
     source = text
     path = Path(text)
+    if path.is_dir():
+        raise RatchetError(f"--seeds {text} is a folder; give seeds like 1,2,3 or a file of them")
     if not any(ch.isdigit() for ch in text[:1]) and path.is_file():
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise RatchetError(f"--seeds {text}: cannot read the file ({type(exc).__name__})") from None
+        source = "\n".join(line.split("#", 1)[0] for line in source.splitlines())  # '#' starts a comment
     parts = [p for p in source.replace(",", " ").split() if p]
     try:
         out = [int(p) for p in parts]

@@ -170,8 +170,9 @@ class GateSpec(_Section):
             if self.validation_episodes < need:
                 raise ValueError(
                     f"[gate] validation_episodes = {self.validation_episodes} can never promote with test = "
-                    f"\"betting\": the e-value must reach 1/{level:.3g}, which takes at least {need} seeds; set "
-                    "validation_episodes to 100 or more (the test stops early when the evidence is clear)")
+                    f"\"betting\": even the first decision's e-value must reach 1/{level:.3g}, which takes at least "
+                    f"{need} seeds (later decisions need more); set validation_episodes to 100–200 (the test stops "
+                    "early when the evidence is clear)")
         if self.test == "wilcoxon":
             # the exact one-sided signed-rank test on n pairs never gives p below 1 / 2**n (all n differences
             # positive), and the gate promotes only when p < level
