@@ -306,6 +306,8 @@ class RunSpec(_Section):
         from ratchet.task import GymTask
 
         n, b = self.gate.validation_episodes, self.budget
+        if self.gate.test in ("betting", "group-t"):  # a sequential gate validates the start on one batch first
+            n = min(n, max(self.gate.batch, self.gate.min_episodes))
         if b.episodes is not None and b.episodes < n:
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for the starting policy's first "
                              f"validation ([gate] validation_episodes = {n:,} episodes); raise [budget] episodes "
