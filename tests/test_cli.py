@@ -592,7 +592,7 @@ def test_evaluate_bounds_its_numbers(runner, args, fragment):
 # regression (was a bug): Rich read "[budget]" and "[refiner]" in a stop reason as markup and dropped them
 # ("raise  env_steps or lower  popsize")
 def test_stop_reasons_print_their_brackets(tmp_path, runner):
-    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nepisodes = 20\n[test]\nepisodes = 2\n"
+    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nepisodes = 12\n[test]\nepisodes = 2\n"
                                    "[execution]\nworkers = 1\n")
     res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
     assert res.exit_code == 0, res.output
