@@ -753,3 +753,24 @@ def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner):
     res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", str(seeds),
                  "--workers", "1")
     assert res.exit_code == 0 and "over 2 episodes" in res.stdout, res.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "examples/cartpole", "--seed", "-1"], "Invalid value for '--seed'"),
+    (["evaluate", "examples/cartpole/policy.py", "--env", "CartPole-v1", "--episodes", "0"], "'--episodes'"),
+    (["show"], "Missing argument 'run'"),
+    (["bogus"], "No such command 'bogus'"),
+])
+def test_usage_errors_are_one_line_too(args, fragment):
+    """Checks Typer makes itself (ranges, missing arguments, unknown commands) end like every other bad input:
+    one `error:` line and exit status 2, no box."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "ratchet.cli", *args], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ") and fragment in lines[0] and "--help" in lines[0]

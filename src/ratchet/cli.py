@@ -597,7 +597,20 @@ def main() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    app()
+    # Typer's UsageError (its own vendored click in recent Typer, click's in older ones), found without a
+    # private import: BadParameter derives from it
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as exc:  # a bad option value, a missing argument: one line, like the rest
+        command = f" {exc.ctx.info_name}" if exc.ctx is not None and exc.ctx.parent is not None else ""
+        message = _safe(exc.format_message(), 500).rstrip(".")
+        err.print(Text.assemble(("error:", "red"), f" {message}; see `ratchet{command} --help`"), highlight=False,
+                  soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
