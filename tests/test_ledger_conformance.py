@@ -415,3 +415,20 @@ def test_lease_race_has_one_winner(store, tmp_path, expired_first):
     winner = won.index(True)
     assert led.read_lease().holder.token == f"racer-{winner}"
     led.close()
+
+
+def test_artifacts_are_content_addressed_and_survive_reopen(store):
+    run_id, led = store.with_events("artifacts", 1)
+    blob = bytes(range(256)) * 1000
+    name = led.put_artifact(blob)
+    assert name == __import__("hashlib").sha256(blob).hexdigest()
+    assert led.put_artifact(blob) == name  # idempotent
+    assert led.get_artifact(name) == blob
+    led.close()
+    again = store.open(run_id, readonly=True)
+    try:
+        assert again.get_artifact(name) == blob
+        with pytest.raises(LedgerError, match="missing"):
+            again.get_artifact("0" * 64)
+    finally:
+        again.close()

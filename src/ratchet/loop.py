@@ -35,7 +35,8 @@ from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_
                                     write_pointer)
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
 from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy, space_dims, uses_task_dims
-from ratchet.refiners import CMAESRefiner, ThompsonAllocator
+from ratchet.refiners import ThompsonAllocator
+from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.task import GymTask
@@ -85,8 +86,12 @@ class _Run:
     """One run's wiring. The loop in :meth:`run` holds no policy logic of its own."""
 
     def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
-                 executor: Executor, progress: ProgressFn | None, pricing: str | None = None) -> None:
+                 executor: Executor, progress: ProgressFn | None, pricing: str | None = None,
+                 start: Candidate | None = None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
+        self.start = start or program.candidate()
+        self._blobs: dict[str, bytes] = {}  # artifact bytes read or made this session, by digest
+        self._training_seeds = 0
         self.executor, self.progress = executor, progress
         self.task = GymTask.from_spec(spec.task)
         self.splits = SeedSplits(spec.seed)
@@ -94,12 +99,8 @@ class _Run:
         self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
                                         spec.refiner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
-        r = spec.refiner
-        variants = r.sigma0_variants or [r.sigma0]
-        names = [f"cmaes-s{v:g}" for v in variants] if r.sigma0_variants else ["cmaes"]
-        self.refiners = {name: CMAESRefiner(program, v, r.popsize, seed=spec.seed + i, restarts=r.restarts,
-                                            stagnation=r.stagnation, name=name)
-                         for i, (name, v) in enumerate(zip(names, variants))}
+        self.refiners = self._build_refiners()
+        names = list(self.refiners)
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
         g = spec.gate
         sequential = g.test in ("betting", "group-t")
@@ -125,6 +126,78 @@ class _Run:
         self._n_contested = 0  # gate decisions so far whose candidate beat the incumbent's mean (alpha spending)
         self._replaying = False
         self._session_start = time.monotonic()
+
+    def _build_refiners(self) -> dict[str, Any]:
+        """One refiner (or several: variants) per ``[[refiners]]`` table, from the kinds' registry."""
+        entries = self.spec.refiner_entries()
+        out: dict[str, Any] = {}
+        for i, (entry, name) in enumerate(zip(entries, arm_names(entries))):
+            kind = refiner_kind(entry["kind"])
+            settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
+            ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
+                                 name=name, train=self.train, artifact=self.artifact,
+                                 training_seeds=self.training_seeds)
+            for ref in kind.build(settings, name, ctx):
+                out[ref.name] = ref
+        return out
+
+    # -- artifacts and training jobs ------------------------------------------------------------
+    def artifact(self, name: str) -> bytes:
+        """An artifact's bytes by digest (read from the ledger's store once per session)."""
+        if name not in self._blobs:
+            self._blobs[name] = self.ledger.get_artifact(name)
+        return self._blobs[name]
+
+    def store_artifact(self, data: bytes) -> str:
+        name = self.ledger.put_artifact(data)
+        self._blobs[name] = bytes(data)
+        return name
+
+    def training_seeds(self, n: int) -> list[int]:
+        """``n`` fresh seeds of the training split for training jobs (a range of their own, far above the
+        planner's per-generation training seeds; the same sequence when a run is replayed)."""
+        start = 1_000_000_000 + self._training_seeds
+        self._training_seeds += n
+        return self.splits.seeds("train", start, n)
+
+    def train(self, job: Any) -> Any:
+        """Run a refiner's training job, or read its recorded result back (a resumed run never re-trains).
+
+        The outputs' artifacts are stored before the ``training_finished`` event that names them; each
+        output's ``info["artifacts"]`` gives their digests by role. The job's env-step allowance counts
+        in the budget in full; a job that would exceed an env-step budget does not run.
+        """
+        from ratchet.execution.training import TrainingOutput, TrainingResult
+
+        key = f"training/{job.key}"
+        event = self.ledger.get(key)
+        if event is None:
+            b = self.spec.budget
+            if b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
+                return TrainingResult((), 0, "the env-step budget has no room for this training job")
+            runner = getattr(self.executor, "train", None)
+            if runner is None:
+                result = TrainingResult((), 0, f"executor {type(self.executor).__name__} cannot run training jobs")
+            else:
+                blobs = {h: self.artifact(h) for h in job.parent.artifacts.values()}
+                from dataclasses import replace
+
+                result = runner(self.task, replace(job, artifacts=blobs), self.spec.execution.training_timeout_s)
+            outputs = []
+            for out in result.outputs:
+                digests = {role: self.store_artifact(data) for role, data in out.artifacts.items()}
+                outputs.append({"artifacts": digests, "info": dict(out.info)})
+            self.record(EventType.TRAINING_FINISHED, key, {
+                "trainer": job.trainer, "parent_id": job.parent.id, "settings": dict(job.settings),
+                "seeds": list(job.seeds), "env_steps": result.env_steps, "error": result.error,
+                "seconds": result.seconds, "outputs": outputs})
+            event = self.ledger.get(key)
+        p = event.payload
+        self.usage.env_steps += int(p["env_steps"])
+        self.usage.training_env_steps += int(p["env_steps"])
+        outs = tuple(TrainingOutput({role: self.artifact(h) for role, h in o["artifacts"].items()},
+                                    {**o["info"], "artifacts": dict(o["artifacts"])}) for o in p["outputs"])
+        return TrainingResult(outs, int(p["env_steps"]), p["error"], float(p.get("seconds", 0.0)))
 
     # -- ledger helpers -------------------------------------------------------------------------
     def record(self, type: EventType, key: str, payload: dict[str, Any]) -> None:
@@ -152,7 +225,7 @@ class _Run:
                 out[cand.id] = Evaluation(cand.id, split, eps)
             else:
                 todo.append(cand)
-        jobs = [Job(c, s) for c in todo for s in seeds]
+        jobs = [Job(c, s, {h: self.artifact(h) for h in c.artifacts.values()}) for c in todo for s in seeds]
         done: dict[str, dict[int, Episode]] = {c.id: {} for c in todo}
 
         def on_episode(i: int, ep: Episode) -> None:  # record each candidate as soon as it completes
@@ -327,7 +400,7 @@ class _Run:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> RunResult:
         spec = self.spec
-        baseline = self.program.candidate()
+        baseline = self.start
         self.record_candidate(baseline, 0)
         incumbent = baseline
         n_first = len(self.validation_seeds)
@@ -346,14 +419,17 @@ class _Run:
             arm = self.choose_refiner(generation) if stop is None else next(iter(self.refiners))
             refiner = self.refiners[arm]
             n_candidates = refiner.population_size + 2
+            training = int(getattr(refiner, "training_env_steps", 0))  # env steps its training jobs take
+            reserve = self.gate_reserve()
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
                                                                        self.episode_price(est_len),
-                                                                       self.gate_reserve()):
+                                                                       (reserve[0] + training, reserve[1])):
                 stop = self.no_room_message(n_candidates, est_len, first=False)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
                     stop = self.no_room_message(n_candidates, est_len, first=True)
-            if stop is not None or not self.program.parameters:
-                stop = stop or "policy declares no parameters"
+            idle = getattr(refiner, "idle_reason", lambda: None)()
+            if stop is not None or idle is not None:
+                stop = stop or idle
                 break
 
             # plan
@@ -390,7 +466,8 @@ class _Run:
             best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
             reserve = self.gate_reserve()
-            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)) + reserve[0],
+            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)) + reserve[0]
+                         + training,
                          n_candidates * spec.refiner.train_episodes + reserve[1])
             decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
                                                                est_len)
@@ -407,8 +484,8 @@ class _Run:
                        "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
                        "gate_note": note,
-                       "promoted": promoted, "refiner": arm, "sigma": refiner.sigma,
-                       "population": refiner.population_size, "restarts": refiner.n_restarts,
+                       "promoted": promoted, "refiner": arm, "sigma": getattr(refiner, "sigma", None),
+                       "population": refiner.population_size, "restarts": getattr(refiner, "n_restarts", 0),
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,
                        "critique": critique.to_dict()}
@@ -519,7 +596,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
     """
     spec_from_dict(spec.to_dict(), spec.base_dir)
-    program = load_program(spec.policy_path, GymTask.from_spec(spec.task))
+    program, start, start_blobs = load_start(spec)
     run_id = run_id or new_run_id(spec.name)
     if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
@@ -547,7 +624,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             # atomic: of two runs racing for one id, one gets it; 0700: policy code (nobody) cannot read it
             run_dir.mkdir(mode=0o700, exist_ok=run_dir.is_dir())
             lock_fd = lock_run_dir(run_dir)
-            (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
+            if program.source:
+                (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if url:
                 write_pointer(run_dir, url, run_id)
         except FileExistsError:
@@ -563,7 +641,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             os.close(lock_fd)
         raise
     ledger = ledger or open_store(None, run_dir, run_id)
-    run = _Run(run_dir, spec, program, ledger, executor, progress)
+    for data in start_blobs.values():  # before any event names them
+        ledger.put_artifact(data)
+    run = _Run(run_dir, spec, program, ledger, executor, progress, start=start)
     try:
         lease: WriterLease | None = WriterLease.acquire(ledger, run_id)
     except WriterLeaseError:  # another process took this run id between our checks and now
@@ -571,7 +651,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     created = lease is not None and ledger.append(EventType.RUN_STARTED, "run_started", {
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
-        "execution": _describe(run.executor), "pricing": run.pricing,
+        "execution": _describe(run.executor), "pricing": run.pricing, "start_candidate": start.to_dict(),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})[1]
     if not created:  # another process started this run id between our checks and now
@@ -629,6 +709,29 @@ def load_program(path: str | Path, task: GymTask) -> PolicyProgram:
         source = ""  # load_policy says what is wrong
     dims = check_task(task) if uses_task_dims(source) else None
     return load_policy(path, dims=dims)
+
+
+def load_start(spec: RunSpec) -> tuple[PolicyProgram, Candidate, dict[str, bytes]]:
+    """The run's starting point for ``[policy]`` of any kind: the program (empty for network kinds), the
+    starting candidate and its artifacts' bytes by digest (see :func:`ratchet.policies.start.start_candidate`).
+
+    Raises:
+        PolicyError: the policy file or model is invalid.
+        TaskError: the environment cannot be made (network kinds need its spaces).
+    """
+    from ratchet.policies.start import start_candidate
+
+    task = GymTask.from_spec(spec.task)
+    kind = spec.policy.kind
+    program = load_program(spec.policy_path, task) if kind in ("program", "residual") else None
+    spaces = None
+    if kind in ("mlp", "residual"):
+        env = task.make_env()
+        try:
+            spaces = (env.observation_space, env.action_space)
+        finally:
+            env.close()
+    return start_candidate(spec.policy, spec.base_dir, spaces, spec.seed, program)
 
 
 def _executor_for(spec: RunSpec) -> Executor:
@@ -723,19 +826,25 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
             raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
         spec = spec_from_dict(started.payload["spec"], where="ledger spec")
         source = started.payload["policy_source"]
-        dims = check_task(GymTask.from_spec(spec.task)) if uses_task_dims(source) else None
-        program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
+        if spec.policy.kind in ("mlp", "sb3"):  # a network: no program
+            program = PolicyProgram("", ())
+        else:
+            dims = check_task(GymTask.from_spec(spec.task)) if uses_task_dims(source) else None
+            program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
         if not run_dir.exists():  # found only in the database: give it a run directory here
             try:
                 run_dir.mkdir(mode=0o700, parents=True)
-                (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
+                if program.source:
+                    (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
                 write_pointer(run_dir, storage, started.payload["run_id"])
             except OSError as exc:
                 raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
         if lock_fd is None:
             lock_fd = lock_run_dir(run_dir)
+        start = (Candidate.from_dict(started.payload["start_candidate"]) if "start_candidate" in started.payload
+                 else program.candidate())
         r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
-                 pricing=started.payload.get("pricing", "worst-case"))
+                 pricing=started.payload.get("pricing", "worst-case"), start=start)
     except BaseException:
         if lease is not None:
             lease.release()

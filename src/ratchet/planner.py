@@ -62,6 +62,7 @@ class Usage:
         wall_clock_s: Seconds since the run started (summed over resumed sessions).
         reeval_env_steps: The part of ``env_steps`` spent re-running the incumbent and the refiner's
             recommendation on each generation's training seeds (the rest of the training steps is search).
+        training_env_steps: The part of ``env_steps`` spent by refiners' training jobs (PPO updates).
     """
 
     env_steps: int = 0
@@ -69,14 +70,18 @@ class Usage:
     validation_env_steps: int = 0
     wall_clock_s: float = 0.0
     reeval_env_steps: int = 0
+    training_env_steps: int = 0
 
     def breakdown(self, budget_env_steps: int | None) -> dict[str, int | None]:
         """Where the env steps went: ``search``, ``re-evaluation``, ``validation`` and ``unused`` (of the
         env-step budget; None without one)."""
-        search = self.env_steps - self.validation_env_steps - self.reeval_env_steps
+        search = self.env_steps - self.validation_env_steps - self.reeval_env_steps - self.training_env_steps
         unused = None if budget_env_steps is None else max(0, budget_env_steps - self.env_steps)
-        return {"search": search, "re-evaluation": self.reeval_env_steps, "validation": self.validation_env_steps,
-                "unused": unused}
+        out = {"search": search, "re-evaluation": self.reeval_env_steps, "validation": self.validation_env_steps,
+               "unused": unused}
+        if self.training_env_steps:
+            out = {"training": self.training_env_steps, **out}
+        return out
 
 
 class Budget:

@@ -45,7 +45,7 @@ from ratchet.errors import PolicyError
 
 __all__ = ["Parameter", "PolicyProgram", "Candidate", "load_policy", "parse_policy", "export_source",
            "materialize", "bind_spaces", "describe_value", "space_dims", "uses_task_dims", "MAX_PARAMETER_NUMBERS",
-           "TASK_DIMS"]
+           "TASK_DIMS", "POLICY_KINDS"]
 
 _PARAM_KEYS = {"default", "low", "high", "scale", "shape"}
 
@@ -277,10 +277,14 @@ def _id_repr(v: Any) -> Any:
     return [_id_repr(x) for x in v] if isinstance(v, (tuple, list)) else repr(float(v))
 
 
-def _candidate_id(source: str, params: Mapping[str, Any]) -> str:
-    # scalars hash as repr(float): ids of scalar-only candidates are those of earlier versions (ledgers resume)
-    blob = json.dumps({"source": source, "params": {k: _id_repr(v) for k, v in sorted(params.items())}},
-                      sort_keys=True)
+def _candidate_id(source: str, params: Mapping[str, Any], kind: str = "program",
+                  artifacts: Mapping[str, str] | None = None) -> str:
+    # scalars hash as repr(float): ids of scalar-only candidates are those of earlier versions (ledgers resume);
+    # a program candidate without artifacts hashes as before policy kinds existed
+    content: dict[str, Any] = {"source": source, "params": {k: _id_repr(v) for k, v in sorted(params.items())}}
+    if kind != "program" or artifacts:
+        content.update(kind=kind, artifacts=dict(sorted((artifacts or {}).items())))
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -302,12 +306,24 @@ def _value(v: Any) -> Value:
     return float(v)
 
 
+#: Policy kinds a candidate can be (see :mod:`ratchet.policies`).
+POLICY_KINDS = ("program", "mlp", "sb3", "residual")
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """An immutable policy candidate: (policy source, parameter values) plus provenance.
+    """An immutable policy candidate: its kind, policy source, parameter values and artifacts, plus provenance.
 
-    ``id`` is derived from the content only (source and parameter values, 12 hex chars), so the same
-    policy always has the same id. ``parent_id`` and ``refiner`` record where it came from.
+    ``id`` is derived from the content only (kind, source, parameter values and artifact hashes; 12 hex
+    chars), so the same policy always has the same id. ``parent_id`` and ``refiner`` record where it
+    came from.
+
+    Attributes:
+        kind: ``"program"`` (a policy file), ``"mlp"`` (a network whose weights are an artifact),
+            ``"sb3"`` (a Stable-Baselines3 ``.zip``, opened only inside sandboxed workers) or
+            ``"residual"`` (a program plus a learned correction); see :mod:`ratchet.policies`.
+        artifacts: Role -> SHA-256 hex digest of immutable bytes kept in the run's artifact store
+            (:meth:`ratchet.ledger.LedgerStore.put_artifact`), e.g. ``{"weights": "ab12..."}``.
     """
 
     id: str
@@ -315,23 +331,47 @@ class Candidate:
     params: Mapping[str, Value] = field(hash=False)
     parent_id: str | None = None
     refiner: str = "initial"
+    kind: str = "program"
+    artifacts: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}), hash=False)
 
     @classmethod
     def create(cls, source: str, params: Mapping[str, Any], *, parent_id: str | None = None,
-               refiner: str = "initial") -> Candidate:
+               refiner: str = "initial", kind: str = "program",
+               artifacts: Mapping[str, str] | None = None) -> Candidate:
         """Build a candidate, computing its content id.
 
         Scalar values are stored as Python floats, array values (lists, tuples, ndarrays) as nested
-        tuples of floats, so a candidate stays immutable. The id of a candidate with scalars only is
-        the same as in ratchet versions without array parameters.
+        tuples of floats, so a candidate stays immutable. The id of a program candidate with scalars
+        only and no artifacts is the same as in ratchet versions without array parameters or kinds.
+
+        Raises:
+            PolicyError: an unknown kind, or an artifact digest that is not 64 hex characters.
         """
+        if kind not in POLICY_KINDS:
+            raise PolicyError(f"unknown policy kind {kind!r}; known: {', '.join(POLICY_KINDS)}")
+        arts = dict(artifacts or {})
+        for role, digest in arts.items():
+            if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+                raise PolicyError(f"artifact {role!r}: {str(digest)[:80]!r} is not a SHA-256 hex digest")
         values = types.MappingProxyType({k: _value(v) for k, v in params.items()})
-        return cls(_candidate_id(source, values), source, values, parent_id, refiner)
+        return cls(_candidate_id(source, values, kind, arts), source, values, parent_id, refiner, kind,
+                   types.MappingProxyType(dict(sorted(arts.items()))))
+
+    @property
+    def policy_key(self) -> str:
+        """What a worker caches a loaded policy by: a digest of the kind, source and artifacts (not the
+        parameter values, which travel with every episode)."""
+        blob = json.dumps([self.kind, self.source, sorted(self.artifacts.items())])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (as stored in the ledger; array values as nested lists)."""
-        return {"id": self.id, "source": self.source, "params": {k: _thaw(v) for k, v in self.params.items()},
-                "parent_id": self.parent_id, "refiner": self.refiner}
+        """JSON-ready form (as stored in the ledger; array values as nested lists). ``kind`` and
+        ``artifacts`` appear only for candidates other than plain programs (older ledgers read back)."""
+        d = {"id": self.id, "source": self.source, "params": {k: _thaw(v) for k, v in self.params.items()},
+             "parent_id": self.parent_id, "refiner": self.refiner}
+        if self.kind != "program" or self.artifacts:
+            d.update(kind=self.kind, artifacts=dict(self.artifacts))
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Candidate:
@@ -340,7 +380,8 @@ class Candidate:
         Raises:
             PolicyError: if the stored id does not match the content.
         """
-        cand = cls.create(d["source"], d["params"], parent_id=d.get("parent_id"), refiner=d.get("refiner", "initial"))
+        cand = cls.create(d["source"], d["params"], parent_id=d.get("parent_id"), refiner=d.get("refiner", "initial"),
+                          kind=d.get("kind", "program"), artifacts=d.get("artifacts"))
         if "id" in d and d["id"] != cand.id:
             raise PolicyError(f"candidate id {d['id']} does not match its content ({cand.id}); the ledger is corrupt")
         return cand

@@ -21,6 +21,7 @@ Unknown keys are rejected; every error names the key and the fix.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ratchet.errors import SpecError, TaskError
 from ratchet.execution.sandbox import Sandbox
+from ratchet.refiners.cmaes import MIN_SIGMA0, CMAESSettings
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
@@ -39,8 +41,6 @@ MAX_EPISODES = 100_000
 MAX_TIMEOUT_S = 86_400.0
 #: Longest time limit of one episode, env steps.
 MAX_EPISODE_STEPS = 100_000_000
-#: Smallest CMA-ES initial step size (fraction of a parameter's range); below it pycma fails numerically.
-MIN_SIGMA0 = 1e-6
 #: Most worker processes (or local Ray CPUs).
 MAX_WORKERS = 1024
 
@@ -92,32 +92,37 @@ class TaskSpec(_Section):
 
 
 class PolicySpec(_Section):
-    """``[policy]``: the policy file, relative to the spec file."""
+    """``[policy]``: what the run starts from (see :mod:`ratchet.policies`).
 
-    path: str = "policy.py"
+    ``kind = "program"`` (default): a policy file at ``path``. ``"mlp"``: a fresh network (``hidden``,
+    ``activation``, ``normalize``; ``path`` unused). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at
+    ``path`` (opened only in sandboxed workers). ``"residual"``: the program at ``path`` plus a learned
+    correction network (``hidden``, ``activation``, ``normalize``) that starts at exactly zero.
+    """
 
+    kind: Literal["program", "mlp", "sb3", "residual"] = "program"
+    path: str = Field("policy.py", description="Policy file (program, residual base) or model .zip (sb3), "
+                                               "relative to the spec file.")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of an mlp policy "
+                                                                           "or a residual correction.")
+    activation: Literal["tanh", "relu"] = "tanh"
+    normalize: Literal["bounds", "none"] = Field("bounds", description="Observation normalisation of a network: "
+                                                                     "finite observation bounds mapped to [-1, 1].")
 
-class RefinerSpec(_Section):
-    """``[refiner]``: CMA-ES settings."""
-
-    @field_validator("sigma0_variants")
+    @field_validator("hidden")
     @classmethod
-    def _variants(cls, v: list[float]) -> list[float]:
-        if any(not MIN_SIGMA0 <= x <= 1 for x in v) or len(set(v)) != len(v):
-            raise ValueError(f"each variant must be a distinct step size in [{MIN_SIGMA0:g}, 1]")
+    def _hidden(cls, v: list[int]) -> list[int]:
+        if not 1 <= len(v) <= 8 or any(not 1 <= h <= 4096 for h in v):
+            raise ValueError("1 to 8 hidden layers of 1 to 4096 units each")
         return v
 
+
+class RefinerSpec(_Section, CMAESSettings):
+    """``[refiner]``: settings every refiner shares (training episodes per generation, which contender is
+    gated) and, when no ``[[refiners]]`` table is given, the one CMA-ES refiner's settings."""
+
     kind: Literal["cmaes"] = "cmaes"
-    sigma0: float = Field(0.2, ge=MIN_SIGMA0, le=1, description="Initial step size, as a fraction of each parameter's range.")
-    popsize: int | None = Field(None, ge=2, le=10_000, description="Candidates per generation; default pycma's 4 + 3 ln n.")
     train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).")
-    sigma0_variants: list[float] = Field(
-        default_factory=list, description="Several CMA-ES configurations sharing the budget, one per initial "
-                                          "step size; the planner allocates generations among them by Thompson "
-                                          "sampling over the promotion gains each produced. Empty: one CMA-ES.")
-    restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
-                                                                   "a doubled population on stagnation.")
-    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
     gate_candidate: Literal["mean", "best"] = Field(
         "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
 
@@ -235,6 +240,8 @@ class ExecutionSpec(_Section):
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
                                               "per CPU core.")
     episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).")
+    training_timeout_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S,
+                                      description="Wall-clock (and CPU-time) limit of one training job (seconds).")
     sandbox: bool = Field(True, description="Run policy code under resource limits, a scrubbed environment, a fresh "
                                             "temporary directory and (where the OS allows) no network.")
     require_isolation: bool = Field(False, description="Refuse to run unless policy code gets its own network "
@@ -267,6 +274,10 @@ class RunSpec(_Section):
     task: TaskSpec
     policy: PolicySpec = PolicySpec()
     refiner: RefinerSpec = RefinerSpec()
+    refiners: list[dict[str, Any]] = Field(
+        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual) with its "
+                                          "settings; the planner allocates generations among them. Empty: one "
+                                          "cmaes from [refiner] (a program policy), ppo (mlp, sb3) or residual.")
     planner: PlannerSpec = PlannerSpec()
     gate: GateSpec = GateSpec()
     budget: BudgetSpec = BudgetSpec()
@@ -319,6 +330,64 @@ class RunSpec(_Section):
                              f"{n * limit:,}; raise [budget] env_steps above {n * limit:,} or lower [gate] "
                              "validation_episodes or [task] max_episode_steps")
         return self
+
+    @field_validator("refiners")
+    @classmethod
+    def _refiner_tables(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from ratchet.refiners.registry import known_kinds, refiner_kind
+
+        out = []
+        for i, entry in enumerate(v):
+            where = f"[[refiners]] table {i + 1}"
+            if not isinstance(entry, dict) or "kind" not in entry:
+                raise ValueError(f"{where} needs kind = one of {', '.join(known_kinds())}")
+            body = {k: x for k, x in entry.items() if k not in ("kind", "name")}
+            try:
+                kind = refiner_kind(str(entry["kind"]))
+            except KeyError as exc:
+                raise ValueError(f"{where}: {exc.args[0]}") from None
+            name = entry.get("name")
+            if name is not None and not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}", name)):
+                raise ValueError(f"{where}: name must be 1-40 letters, digits, '.', '_', '-'")
+            try:
+                settings = kind.settings(**body)
+            except ValidationError as exc:
+                e = exc.errors()[0]
+                raise ValueError(f"{where} ({entry['kind']}): {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+            out.append({"kind": entry["kind"], **({"name": name} if name else {}), **settings.model_dump(mode="json")})
+        from ratchet.refiners.registry import arm_names
+
+        names = arm_names(out)
+        if len(set(names)) != len(names):
+            raise ValueError("[[refiners]] names must be distinct")
+        return out
+
+    @model_validator(mode="after")
+    def _refiners_fit_the_policy(self) -> RunSpec:
+        from ratchet.refiners.registry import refiner_kind
+
+        for i, entry in enumerate(self.refiner_entries()):
+            kind = refiner_kind(entry["kind"])
+            if self.policy.kind not in kind.policy_kinds:
+                raise ValueError(f"refiner kind {entry['kind']!r} cannot refine a {self.policy.kind!r} policy "
+                                 f"(it refines {', '.join(kind.policy_kinds)} policies); "
+                                 f"{kind.hint or 'choose another [[refiners]] kind'}")
+        return self
+
+    def refiner_entries(self) -> list[dict[str, Any]]:
+        """The run's refiners, one dict per ``[[refiners]]`` table (``kind``, optional ``name``, settings).
+        Without tables: one ``cmaes`` from ``[refiner]`` for a program policy, ``ppo`` for mlp and sb3
+        policies, ``residual`` for a residual policy."""
+        if self.refiners:
+            return [dict(e) for e in self.refiners]
+        if self.policy.kind == "program":
+            r = self.refiner
+            return [{"kind": "cmaes", "sigma0": r.sigma0, "popsize": r.popsize, "sigma0_variants": list(r.sigma0_variants),
+                     "restarts": r.restarts, "stagnation": r.stagnation}]
+        from ratchet.refiners.registry import refiner_kind
+
+        kind = "residual" if self.policy.kind == "residual" else "ppo"
+        return [{"kind": kind, **refiner_kind(kind).settings().model_dump(mode="json")}]
 
     @property
     def policy_path(self) -> Path:

@@ -6,8 +6,8 @@ conformance test suite.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ratchet.errors import RatchetError
@@ -17,7 +17,7 @@ from ratchet.policy import Candidate
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
-__all__ = ["BUDGET_SKIP", "Job", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
+__all__ = ["BUDGET_SKIP", "Job", "policy_payload", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
 
 
 #: The error of an episode that never ran because an env-step cap (``max_env_steps``) left no room.
@@ -26,10 +26,35 @@ BUDGET_SKIP = "skipped: env-step budget used"
 
 @dataclass(frozen=True)
 class Job:
-    """One episode to run: a candidate on a seed."""
+    """One episode to run: a candidate on a seed.
+
+    Attributes:
+        candidate: The candidate to roll out.
+        seed: The episode's seed.
+        artifacts: The bytes of the candidate's artifacts, by SHA-256 digest (every digest in
+            ``candidate.artifacts``; empty for a plain program). Executors ship them to the worker
+            once per candidate, where :mod:`ratchet.policies` builds the policy from them.
+    """
 
     candidate: Candidate
     seed: int
+    artifacts: Mapping[str, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+def policy_payload(job: Job) -> str | tuple[str, str, dict[str, bytes]]:
+    """What a worker needs to build ``job``'s policy (sent once per worker and candidate): the source for
+    a plain program, else ``(kind, source, {role: bytes})``.
+
+    Raises:
+        RatchetError: the job lacks the bytes of one of its candidate's artifacts.
+    """
+    cand = job.candidate
+    if cand.kind == "program" and not cand.artifacts:
+        return cand.source
+    missing = [r for r, h in cand.artifacts.items() if h not in job.artifacts]
+    if missing:
+        raise RatchetError(f"job for candidate {cand.id} lacks the bytes of its artifact(s) {missing}")
+    return cand.kind, cand.source, {role: bytes(job.artifacts[h]) for role, h in cand.artifacts.items()}
 
 
 class Executor(Protocol):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import select
@@ -20,17 +19,13 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ratchet.errors import RatchetError, SandboxError
-from ratchet.execution import BUDGET_SKIP, Job
+from ratchet.execution import BUDGET_SKIP, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, remove_cgroup, sweep_leftovers
 from ratchet.rollout import Episode
 from ratchet.task import Task
 
 __all__ = ["ProcessExecutor"]
-
-
-def _source_key(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class _Worker:
@@ -395,8 +390,12 @@ class ProcessExecutor:
                 if cid in failed_candidates:
                     finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}", task=task))
                     continue
-                key = _source_key(job.candidate.source)
-                src = None if key in w.known_sources else job.candidate.source
+                key = job.candidate.policy_key
+                try:
+                    src = None if key in w.known_sources else policy_payload(job)
+                except RatchetError as exc:
+                    finish(i, Episode.failed(job.seed, f"worker error: {exc}", task=task))
+                    continue
                 tdict = None if task_key in w.known_tasks else task_dict
                 render = None
                 if render_paths and render_paths[i]:  # the worker writes only inside its own directory
@@ -487,6 +486,17 @@ class ProcessExecutor:
                 if attempt == attempts - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def train(self, task: Task, job: Any, timeout_s: float = 3600.0) -> Any:
+        """Run a training job (:class:`~ratchet.execution.training.TrainingJob`) in a fresh process under
+        this executor's sandbox; see :func:`~ratchet.execution.training.run_training`.
+
+        Returns:
+            The :class:`~ratchet.execution.training.TrainingResult` (failures are recorded in it, not raised).
+        """
+        from ratchet.execution.training import run_training
+
+        return run_training(self.sandbox, task, job, timeout_s)
 
     def describe(self) -> dict[str, Any]:
         """``{"backend": "process", "workers": n, "sandbox": "..."}``."""

@@ -84,11 +84,13 @@ _REMOTE: Any = None  # the driver's Ray remote function for _run_batch
 
 
 def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]], jobs: list[tuple[str, int]],
-               episode_timeout_s: float, sandbox: Sandbox) -> tuple[list[dict[str, Any]], float]:
+               episode_timeout_s: float, sandbox: Sandbox,
+               artifacts: dict[str, bytes] | None = None) -> tuple[list[dict[str, Any]], float]:
     """Ray task body: ``jobs`` (candidate id, seed) through a one-worker sandboxed process pool.
 
     Args:
         candidates: :meth:`Candidate.to_dict` by id, for the candidates in ``jobs``.
+        artifacts: The bytes of those candidates' artifacts, by digest.
 
     Returns:
         The episodes (:meth:`Episode.to_dict`) in job order, and the batch's wall-clock seconds.
@@ -106,7 +108,7 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
     cands = {cid: Candidate.from_dict(d) for cid, d in candidates.items()}
     t0 = time.perf_counter()
     try:
-        eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cands[cid], seed) for cid, seed in jobs])
+        eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cands[cid], seed, artifacts or {}) for cid, seed in jobs])
     except BaseException:  # interrupted mid-batch: a late reply must never reach the next batch
         _POOL[1].close()
         _POOL = None
@@ -298,9 +300,10 @@ class RayExecutor:
                 else:
                     waiting.popleft()
                 cands = {jobs[i].candidate.id: jobs[i].candidate for i in batch}
+                blobs = {h: b for i in batch for h, b in jobs[i].artifacts.items()}
                 ref = submit(task_ref, {cid: c.to_dict() for cid, c in cands.items()},
                              [(jobs[i].candidate.id, jobs[i].seed) for i in batch], self.episode_timeout_s,
-                             self.sandbox)
+                             self.sandbox, blobs)
                 pending[ref] = batch
 
         try:
@@ -337,6 +340,15 @@ class RayExecutor:
                 return eps
             reason = f"ray task returned seeds {[e.seed for e in eps]}, expected {seeds}"
         return [Episode.failed(s, reason[:500], task=task) for s in seeds]
+
+    def train(self, task: Task, job: Any, timeout_s: float = 3600.0) -> Any:
+        """Run a training job as one Ray task (one CPU) on the cluster, under this executor's sandbox;
+        see :func:`~ratchet.execution.training.run_training`."""
+        from ratchet.execution.training import run_training
+
+        ray = self._ray
+        remote = ray.remote(run_training).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)
+        return ray.get(remote.remote(self.sandbox, task, job, timeout_s))
 
     def describe(self) -> dict[str, Any]:
         """``{"backend": "ray", "address": ..., "sandbox": "..."}`` (the sandbox as seen on the driver's machine)."""

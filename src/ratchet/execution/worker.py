@@ -45,11 +45,13 @@ class _Policies:
         self.codes: dict[str, Any] = {}
         self.modules: dict[str, Any] = {}
 
-    def load(self, key: str, source: str | None) -> Any:
-        """The module for ``key`` (``source`` is sent only the first time), or the exception that loading
-        it raised. A policy without ``reset()`` gets a freshly executed module every episode, so state it
-        keeps in module globals cannot leak between episodes (results never depend on which worker or in
-        which order episodes ran); policies with ``reset()`` own their state and are reused."""
+    def load(self, key: str, source: Any) -> Any:
+        """The policy for ``key`` (its payload is sent only the first time), or the exception that loading
+        it raised. A payload is a program's source text, or ``(kind, source, {role: bytes})`` for other
+        policy kinds (built by :func:`ratchet.policies.build`). A program without ``reset()`` gets a
+        freshly executed module every episode, so state it keeps in module globals cannot leak between
+        episodes (results never depend on which worker or in which order episodes ran); policies with
+        ``reset()`` own their state and are reused."""
         from ratchet.policy import compile_policy
 
         if source is not None:
@@ -57,10 +59,16 @@ class _Policies:
         if key not in self.modules:
             if len(self.modules) >= _MODULE_CACHE_SIZE:
                 self.modules.pop(next(iter(self.modules)))
+            payload = self.sources[key]
             try:
-                if key not in self.codes:
-                    self.codes[key] = compile(self.sources[key], "<policy>", "exec")
-                self.modules[key] = compile_policy(self.codes[key], "<policy>")
+                if not isinstance(payload, str):
+                    from ratchet.policies import build
+
+                    self.modules[key] = build(*payload)
+                else:
+                    if key not in self.codes:
+                        self.codes[key] = compile(payload, "<policy>", "exec")
+                    self.modules[key] = compile_policy(self.codes[key], "<policy>")
             except Exception as exc:
                 self.modules[key] = exc
         module = self.modules[key]

@@ -40,6 +40,12 @@ class LedgerStore(Protocol):
     def read(self, from_seq: int = 0) -> list[Event]:
         """Events after ``from_seq`` in order."""
 
+    def put_artifact(self, data: bytes) -> str:
+        """Store immutable bytes (idempotent); returns their SHA-256 hex digest (:mod:`ratchet.ledger.artifacts`)."""
+
+    def get_artifact(self, name: str) -> bytes:
+        """The bytes stored under digest ``name``; raises LedgerError when missing or damaged."""
+
     def acquire_lease(self, holder: LeaseHolder, ttl_s: float, *, take_over: str | None = None) -> LeaseInfo:
         """Take the run's writer lease (atomic compare-and-set in the store) unless another holder's is
         live, i.e. neither expired (``ttl_s`` seconds without a heartbeat, on the store's clock) nor

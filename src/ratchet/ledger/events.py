@@ -16,6 +16,7 @@ class EventType(str, Enum):
     RUN_STARTED = "run_started"            # spec, versions, task, policy, seeds of each split
     RUN_RESUMED = "run_resumed"            # a killed run continued
     GENERATION_PLANNED = "generation_planned"  # which refiner gets the generation, and why
+    TRAINING_FINISHED = "training_finished"  # a refiner's training job: parent, settings, seeds, env steps, artifacts
     CANDIDATE_PROPOSED = "candidate_proposed"  # a refiner proposed a candidate (full source + params)
     EPISODES_EVALUATED = "episodes_evaluated"  # one candidate's episodes on one split
     GENERATION_FINISHED = "generation_finished"  # planner/refiner summary of one step

@@ -16,24 +16,27 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (BigInteger, Boolean, Column, Double, Engine, MetaData, PrimaryKeyConstraint, String, Table,
-                        Text, UniqueConstraint, cast, create_engine, event, exists, extract, func, insert, inspect,
+from sqlalchemy import (BigInteger, Boolean, Column, Double, Engine, LargeBinary, MetaData, PrimaryKeyConstraint, String,
+                        Table, Text, UniqueConstraint, cast, create_engine, event, exists, extract, func, insert, inspect,
                         literal, or_, select, update)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
 from ratchet.errors import LedgerError, RunNotFoundError, WriterLeaseError
+from ratchet.ledger.artifacts import check_artifact, check_size, digest
 from ratchet.ledger.events import Event, EventType
 
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseHolder, LeaseInfo
 
-__all__ = ["SQLAlchemyLedger", "list_runs", "database_url", "display_url", "TABLE", "LEASES_TABLE"]
+__all__ = ["SQLAlchemyLedger", "list_runs", "database_url", "display_url", "TABLE", "LEASES_TABLE", "ARTIFACTS_TABLE"]
 
 #: Name of the table that holds every run's events.
 TABLE = "ratchet_events"
 #: Name of the table that holds each run's writer lease (see :mod:`ratchet.ledger.lease`).
 LEASES_TABLE = "ratchet_leases"
+#: Name of the table that holds content-addressed artifacts, shared by all runs (see :mod:`ratchet.ledger.artifacts`).
+ARTIFACTS_TABLE = "ratchet_artifacts"
 
 _metadata = MetaData()
 _events = Table(
@@ -56,6 +59,12 @@ _leases = Table(
     Column("heartbeat_at", Double, nullable=False),  # store clock, Unix seconds
     Column("expires_at", Double, nullable=False),
     Column("released", Boolean, nullable=False),
+)
+_artifacts = Table(
+    ARTIFACTS_TABLE, _metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("size", BigInteger, nullable=False),
+    Column("data", LargeBinary, nullable=False),
 )
 _COLUMNS = (_events.c.seq, _events.c.type, _events.c.key, _events.c.time, _events.c.payload)
 _EXPECTED = "expected postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH"
@@ -320,6 +329,48 @@ class SQLAlchemyLedger:
         except (ValueError, TypeError) as exc:
             raise LedgerError(f"ledger {self.location} is damaged at event {row[0]}: {exc}") from None
 
+    # -- artifacts (see ratchet.ledger.artifacts; one table shared by every run) -------------------
+    def put_artifact(self, data: bytes) -> str:
+        """Store ``data`` (idempotent; identical bytes of other runs are shared) and return its SHA-256
+        hex digest.
+
+        Raises:
+            LedgerError: too large, read-only, or the database failed.
+        """
+        if self.readonly:
+            raise LedgerError(f"ledger {self.location} is open read-only; cannot store an artifact")
+        check_size(data)
+        name = digest(bytes(data))
+        try:
+            with self._engine.connect() as conn:
+                if not inspect(conn).has_table(ARTIFACTS_TABLE):
+                    _create_table(self._engine)
+                if conn.execute(select(_artifacts.c.hash).where(_artifacts.c.hash == name)).first() is None:
+                    try:
+                        conn.execute(insert(_artifacts).values(hash=name, size=len(data), data=bytes(data)))
+                        conn.commit()
+                    except sa_exc.IntegrityError:  # another writer stored the same bytes first
+                        conn.rollback()
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"cannot store an artifact in {self.location}: {_reason(exc)}") from None
+        return name
+
+    def get_artifact(self, name: str) -> bytes:
+        """The bytes stored under digest ``name``.
+
+        Raises:
+            LedgerError: no such artifact, it is damaged, or the database failed.
+        """
+        try:
+            with self._engine.connect() as conn:
+                if not inspect(conn).has_table(ARTIFACTS_TABLE):
+                    row = None
+                else:
+                    row = conn.execute(select(_artifacts.c.data).where(_artifacts.c.hash == name)).first()
+        except sa_exc.DBAPIError as exc:
+            raise LedgerError(f"cannot read ledger {self.location}: {_reason(exc)}") from None
+        return check_artifact(name, None if row is None else bytes(row[0]), self.location)
+
     # -- writer lease (see ratchet.ledger.lease) ---------------------------------------------------
     @property
     def _postgres(self) -> bool:
@@ -466,7 +517,7 @@ def _create_table(engine: Engine) -> None:
         _metadata.create_all(engine, checkfirst=True)
     except sa_exc.DBAPIError:
         with engine.connect() as conn:
-            if not (inspect(conn).has_table(TABLE) and inspect(conn).has_table(LEASES_TABLE)):
+            if not all(inspect(conn).has_table(t) for t in (TABLE, LEASES_TABLE, ARTIFACTS_TABLE)):
                 raise
 
 

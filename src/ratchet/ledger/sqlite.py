@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import LedgerError, WriterLeaseError
+from ratchet.ledger.artifacts import check_artifact, check_size, digest
 from ratchet.ledger.events import Event, EventType
 
 if TYPE_CHECKING:
@@ -24,6 +25,15 @@ CREATE TABLE IF NOT EXISTS events (
     time REAL NOT NULL,
     payload TEXT NOT NULL
 );
+"""
+
+# Content-addressed artifacts (see ratchet.ledger.artifacts), created with the first one stored.
+_ARTIFACT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS artifacts (
+    hash TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    data BLOB NOT NULL
+)
 """
 
 # The run's writer lease (see ratchet.ledger.lease): at most one row. Created by the first writer that
@@ -146,6 +156,37 @@ class SQLiteLedger:
             return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
         except (ValueError, TypeError) as exc:
             raise LedgerError(f"ledger {self.path} is damaged at event {row[0]}: {exc}") from None
+
+    # -- artifacts (see ratchet.ledger.artifacts) -------------------------------------------------
+    def put_artifact(self, data: bytes) -> str:
+        """Store ``data`` (idempotent) and return its SHA-256 hex digest.
+
+        Raises:
+            LedgerError: too large, the ledger is read-only, or the write failed.
+        """
+        check_size(data)
+        name = digest(bytes(data))
+        try:
+            self._db.execute(_ARTIFACT_SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO artifacts(hash, size, data) VALUES (?, ?, ?)",
+                             (name, len(data), bytes(data)))
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot store an artifact in ledger {self.path}: {exc}") from None
+        return name
+
+    def get_artifact(self, name: str) -> bytes:
+        """The bytes stored under digest ``name``.
+
+        Raises:
+            LedgerError: no such artifact, or it is damaged.
+        """
+        try:
+            row = self._db.execute("SELECT data FROM artifacts WHERE hash = ?", (name,)).fetchone()
+        except sqlite3.OperationalError:  # no artifacts table: nothing was ever stored
+            row = None
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
+        return check_artifact(name, None if row is None else bytes(row[0]), str(self.path))
 
     # -- writer lease (see ratchet.ledger.lease; times are this machine's clock: a SQLite file is local) --
     def acquire_lease(self, holder: LeaseHolder, ttl_s: float, *, take_over: str | None = None) -> LeaseInfo:

@@ -3,14 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate, PolicyProgram
 
-__all__ = ["CMAESRefiner"]
+__all__ = ["CMAESRefiner", "CMAESSettings", "MIN_SIGMA0"]
+
+#: Smallest initial step size accepted (fraction of a parameter's range).
+MIN_SIGMA0 = 1e-6
+
+
+class CMAESSettings(BaseModel):
+    """Settings of a ``cmaes`` refiner (``[refiner]``, or a ``[[refiners]]`` table with ``kind = "cmaes"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("sigma0_variants")
+    @classmethod
+    def _variants(cls, v: list[float]) -> list[float]:
+        if any(not MIN_SIGMA0 <= x <= 1 for x in v) or len(set(v)) != len(v):
+            raise ValueError(f"each variant must be a distinct step size in [{MIN_SIGMA0:g}, 1]")
+        return v
+
+    sigma0: float = Field(0.2, ge=MIN_SIGMA0, le=1, description="Initial step size, as a fraction of each parameter's range.")
+    popsize: int | None = Field(None, ge=2, le=10_000, description="Candidates per generation; default pycma's 4 + 3 ln n.")
+    sigma0_variants: list[float] = Field(
+        default_factory=list, description="Several CMA-ES configurations sharing the budget, one per initial "
+                                          "step size; the planner allocates generations among them by Thompson "
+                                          "sampling over the promotion gains each produced. Empty: one CMA-ES.")
+    restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
+                                                                   "a doubled population on stagnation.")
+    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
 
 
 class CMAESRefiner:
@@ -69,6 +96,7 @@ class CMAESRefiner:
         self._es = None
         self._asked: dict[str, np.ndarray] = {}
         self._parent_id: str | None = None
+        self._parent: Candidate | None = None
         self._order: list[str] = []
 
     @property
@@ -122,7 +150,15 @@ class CMAESRefiner:
         self._es = cma.CMAEvolutionStrategy(x0, self.sigma0, opts)
 
     def _candidate(self, x: np.ndarray, refiner: str) -> Candidate:
-        return Candidate.create(self.program.source, self.unflatten(x), parent_id=self._parent_id, refiner=refiner)
+        # the parent's kind and artifacts are kept (a residual policy's correction stays as it is)
+        p = self._parent
+        return Candidate.create(p.source if p is not None else self.program.source, self.unflatten(x),
+                                parent_id=self._parent_id, refiner=refiner, kind=p.kind if p is not None else "program",
+                                artifacts=p.artifacts if p is not None else None)
+
+    def idle_reason(self) -> str | None:
+        """Why this refiner cannot propose anything (None when it can)."""
+        return None if self.program.parameters else "policy declares no parameters"
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Ask pycma for one population (``popsize`` candidates) around the current distribution.
@@ -141,7 +177,7 @@ class CMAESRefiner:
         elif parent.id != self._parent_id:  # a promotion: follow the new incumbent
             x = np.clip(self.flatten(parent.params), 0.0, 1.0)
             self._es.mean = np.concatenate([x, self._es.mean[len(x):]])
-        self._parent_id = parent.id
+        self._parent_id, self._parent = parent.id, parent
         xs = self._es.ask()
         self._asked = {}
         out = []
@@ -193,3 +229,22 @@ class CMAESRefiner:
     def sigma(self) -> float | None:
         """Current step size (normalised units), or None before the first generation."""
         return None if self._es is None else float(self._es.sigma)
+
+
+def _build(settings: CMAESSettings, name: str, ctx: Any) -> list[CMAESRefiner]:
+    """One CMA-ES per step size (``sigma0_variants``), named ``NAME-s<sigma0>``; else one named ``NAME``."""
+    s = settings
+    variants = s.sigma0_variants or [s.sigma0]
+    names = [f"{name}-s{v:g}" for v in variants] if s.sigma0_variants else [name]
+    return [CMAESRefiner(ctx.program, v, s.popsize, seed=ctx.seed + i, restarts=s.restarts, stagnation=s.stagnation,
+                         name=n) for i, (n, v) in enumerate(zip(names, variants))]
+
+
+def _kinds() -> dict[str, Any]:
+    from ratchet.refiners.registry import RefinerKind
+
+    return {"cmaes": RefinerKind(CMAESSettings, ("program", "residual"), _build,
+                                 hint="cmaes searches a program's PARAMETERS")}
+
+
+KINDS = _kinds()

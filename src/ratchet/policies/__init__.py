@@ -1,0 +1,57 @@
+"""Policy kinds: how a worker turns a candidate into something with ``act(observation, params)``.
+
+A candidate (:class:`ratchet.policy.Candidate`) has a kind:
+
+- ``program`` — a policy file (``PARAMETERS`` + ``act``); see :mod:`ratchet.policy`.
+- ``mlp`` — a feed-forward network whose weights are data (an ``.npz`` artifact, read with
+  ``allow_pickle=False``); see :mod:`ratchet.policies.mlp`.
+- ``sb3`` — a Stable-Baselines3 model (``.zip``). SB3 zips contain pickles, so they are opened only
+  inside sandboxed workers, never by the driver; see :mod:`ratchet.policies.sb3`.
+- ``residual`` — a program plus a learned correction (an ``mlp`` artifact whose output layer starts at
+  exactly zero, so the starting candidate *is* its base); see :mod:`ratchet.policies.residual`.
+
+Workers call :func:`build`; each kind module defines ``build(source, artifacts)``. Driver-side code
+(start candidates, export, descriptions) lives beside it and never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from ratchet.errors import PolicyError
+from ratchet.policy import POLICY_KINDS
+
+__all__ = ["build", "kind_module", "POLICY_KINDS"]
+
+
+def kind_module(kind: str) -> Any:
+    """The module that implements policy kind ``kind`` (``ratchet.policies.<kind>``).
+
+    Raises:
+        PolicyError: unknown kind, or the kind's module cannot be imported (a missing extra, e.g.
+            ``pip install 'policy-ratchet[rl]'`` for ``sb3``).
+    """
+    if kind not in POLICY_KINDS or kind == "program":
+        raise PolicyError(f"unknown policy kind {kind!r}; known: {', '.join(POLICY_KINDS)}")
+    try:
+        return importlib.import_module(f"ratchet.policies.{kind}")
+    except ImportError as exc:
+        raise PolicyError(f"policy kind {kind!r} needs {exc.name or exc}: pip install 'policy-ratchet[rl]'") from None
+
+
+def build(kind: str, source: str, artifacts: Mapping[str, bytes]) -> Any:
+    """Build a policy of ``kind`` in a worker: an object with ``act(observation, params)`` and
+    ``reset(params, seed)`` (the worker binds ``OBSERVATION_SPACE``/``ACTION_SPACE`` on it first).
+
+    Args:
+        kind: A policy kind other than ``"program"``.
+        source: The candidate's source (the base program of a residual policy; empty otherwise).
+        artifacts: The candidate's artifact bytes by role (e.g. ``{"weights": b"..."}``).
+
+    Raises:
+        PolicyError, or whatever the kind's loader raises: the worker records it as the episode's
+        "policy failed to load" error.
+    """
+    return kind_module(kind).build(source, artifacts)

@@ -1,0 +1,217 @@
+"""``mlp`` policies: a feed-forward network whose weights are data, evaluated with NumPy.
+
+The weights are one ``.npz`` artifact (role ``"weights"``), read with ``allow_pickle=False``, so the
+driver may open it too. Arrays: ``W0, b0, …, W{k}, b{k}`` (``W{i}`` of shape ``(in, out)``, float64),
+``obs_shift`` and ``obs_scale`` (observation normalisation ``x = (obs - shift) * scale``), ``log_std``
+(a Box policy's exploration noise, kept for RL refiners; unused when acting), and ``meta`` (JSON as
+uint8: ``activation`` ``"tanh"``/``"relu"``, ``action`` ``"discrete"`` or ``"box"``, ``low``/``high``).
+
+Acting is deterministic: ``argmax`` of the output for a Discrete action space, the output clipped to the
+space's bounds for a Box one — the same network and mapping as a Stable-Baselines3 ``MlpPolicy``'s
+actor (``mlp_extractor.policy_net`` then ``action_net``) with ``deterministic=True``, so RL refiners
+train it with SB3 by copying weights in and out (:func:`to_sb3_actor`, :func:`from_sb3_actor`).
+Initialisation follows SB3 (orthogonal, gain √2 for hidden layers and 0.01 for the output layer;
+Andrychowicz et al., "What Matters in On-Policy RL", 2020).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ratchet.errors import PolicyError
+
+__all__ = ["MLP", "init_weights", "load_weights", "build", "ACTIVATIONS"]
+
+ACTIVATIONS = ("tanh", "relu")
+
+
+@dataclass(frozen=True)
+class MLP:
+    """A loaded network.
+
+    Attributes:
+        weights: ``[(W0, b0), …]``, ``W`` of shape ``(in, out)``, float64.
+        obs_shift, obs_scale: Observation normalisation, shape ``(obs_dim,)``.
+        log_std: Shape ``(act_dim,)`` for a Box action, else ``(0,)``.
+        activation: ``"tanh"`` or ``"relu"`` (between hidden layers; the output is linear).
+        action: ``"discrete"`` or ``"box"``.
+        low, high: A Box action space's bounds (flattened), else None.
+    """
+
+    weights: tuple[tuple[np.ndarray, np.ndarray], ...]
+    obs_shift: np.ndarray
+    obs_scale: np.ndarray
+    log_std: np.ndarray
+    activation: str
+    action: str
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+
+    @property
+    def hidden(self) -> list[int]:
+        return [int(w.shape[1]) for w, _ in self.weights[:-1]]
+
+    def output(self, observation: Any) -> np.ndarray:
+        """The network's output for one observation (flattened), shape ``(out,)``."""
+        x = (np.asarray(observation, dtype=np.float64).ravel() - self.obs_shift) * self.obs_scale
+        act = np.tanh if self.activation == "tanh" else (lambda v: np.maximum(v, 0.0))
+        for i, (w, b) in enumerate(self.weights):
+            x = x @ w + b
+            if i < len(self.weights) - 1:
+                x = act(x)
+        return x
+
+    def act(self, observation: Any) -> Any:
+        """The deterministic action: an ``int`` for Discrete, a float array of the Box's shape otherwise."""
+        out = self.output(observation)
+        if self.action == "discrete":
+            return int(np.argmax(out))
+        return np.clip(out, self.low, self.high)
+
+    def to_bytes(self) -> bytes:
+        """The ``.npz`` artifact (deterministic bytes for equal weights)."""
+        meta = {"activation": self.activation, "action": self.action,
+                "low": None if self.low is None else self.low.tolist(),
+                "high": None if self.high is None else self.high.tolist()}
+        arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta, sort_keys=True).encode(), np.uint8),
+                                         "obs_shift": self.obs_shift, "obs_scale": self.obs_scale,
+                                         "log_std": self.log_std}
+        for i, (w, b) in enumerate(self.weights):
+            arrays[f"W{i}"], arrays[f"b{i}"] = w, b
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # uncompressed: zip entries carry fixed timestamps in NumPy's writer
+        return buf.getvalue()
+
+    def with_weights(self, weights: Sequence[tuple[np.ndarray, np.ndarray]], log_std: np.ndarray | None = None) -> MLP:
+        """A copy with other weights (same shapes) and optionally another ``log_std``."""
+        new = tuple((np.array(w, dtype=np.float64), np.array(b, dtype=np.float64)) for w, b in weights)
+        if [(w.shape, b.shape) for w, b in new] != [(w.shape, b.shape) for w, b in self.weights]:
+            raise PolicyError("new weights do not have the network's shapes")
+        ls = self.log_std if log_std is None else np.array(log_std, dtype=np.float64).reshape(self.log_std.shape)
+        return MLP(new, self.obs_shift, self.obs_scale, ls, self.activation, self.action, self.low, self.high)
+
+
+def _space_info(observation_space: Any, action_space: Any) -> tuple[int, np.ndarray, np.ndarray, str, int, Any, Any]:
+    from gymnasium import spaces
+
+    if not isinstance(observation_space, spaces.Box):
+        raise PolicyError(f"an mlp policy needs a Box observation space, got {type(observation_space).__name__}")
+    lo = np.asarray(observation_space.low, dtype=np.float64).ravel()
+    hi = np.asarray(observation_space.high, dtype=np.float64).ravel()
+    if isinstance(action_space, spaces.Discrete):
+        return lo.size, lo, hi, "discrete", int(action_space.n), None, None
+    if isinstance(action_space, spaces.Box):
+        alo = np.asarray(action_space.low, dtype=np.float64).ravel()
+        ahi = np.asarray(action_space.high, dtype=np.float64).ravel()
+        return lo.size, lo, hi, "box", alo.size, alo, ahi
+    raise PolicyError(f"an mlp policy needs a Discrete or Box action space, got {type(action_space).__name__}")
+
+
+def _orthogonal(rng: np.random.Generator, n_in: int, n_out: int, gain: float) -> np.ndarray:
+    a = rng.standard_normal((max(n_in, n_out), min(n_in, n_out)))
+    q, r = np.linalg.qr(a)
+    q = q * np.sign(np.diag(r))
+    w = q if n_in >= n_out else q.T
+    return gain * w[:n_in, :n_out]
+
+
+def init_weights(observation_space: Any, action_space: Any, hidden: Sequence[int] = (64, 64),
+                 activation: str = "tanh", normalize: str = "bounds", seed: int = 0,
+                 zero_output: bool = False, log_std_init: float = 0.0) -> MLP:
+    """A fresh network for the task's spaces.
+
+    Args:
+        observation_space: A Gymnasium Box.
+        action_space: Discrete or Box.
+        hidden: Hidden layer sizes.
+        activation: ``"tanh"`` or ``"relu"``.
+        normalize: ``"bounds"`` (map finite observation bounds to [-1, 1]; unbounded dimensions pass
+            through) or ``"none"``.
+        seed: Seeds the initial weights.
+        zero_output: Output layer exactly zero (a residual correction that starts as no correction).
+        log_std_init: Initial ``log_std`` of a Box policy.
+
+    Raises:
+        PolicyError: unsupported spaces or settings.
+    """
+    if activation not in ACTIVATIONS:
+        raise PolicyError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if normalize not in ("bounds", "none"):
+        raise PolicyError(f"observation normalisation must be \"bounds\" or \"none\", got {normalize!r}")
+    n_obs, lo, hi, action, n_out, alo, ahi = _space_info(observation_space, action_space)
+    shift, scale = np.zeros(n_obs), np.ones(n_obs)
+    if normalize == "bounds":
+        finite = np.isfinite(lo) & np.isfinite(hi) & (hi > lo) & (hi - lo < 1e6)
+        shift[finite] = (hi[finite] + lo[finite]) / 2
+        scale[finite] = 2.0 / (hi[finite] - lo[finite])
+    rng = np.random.default_rng(seed)
+    sizes = [n_obs, *[int(h) for h in hidden], n_out]
+    weights = []
+    for i in range(len(sizes) - 1):
+        last = i == len(sizes) - 2
+        gain = 0.0 if (last and zero_output) else (0.01 if last else np.sqrt(2))
+        weights.append((_orthogonal(rng, sizes[i], sizes[i + 1], gain) if gain else np.zeros((sizes[i], sizes[i + 1])),
+                        np.zeros(sizes[i + 1])))
+    log_std = np.full(n_out, float(log_std_init)) if action == "box" else np.zeros(0)
+    return MLP(tuple(weights), shift, scale, log_std, activation, action, alo, ahi)
+
+
+def load_weights(data: bytes) -> MLP:
+    """Read an ``.npz`` artifact (no pickles).
+
+    Raises:
+        PolicyError: not a valid mlp artifact.
+    """
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        n = sum(1 for k in arrays if k.startswith("W"))
+        weights = tuple((arrays[f"W{i}"].astype(np.float64), arrays[f"b{i}"].astype(np.float64)) for i in range(n))
+        low = None if meta.get("low") is None else np.asarray(meta["low"], dtype=np.float64)
+        high = None if meta.get("high") is None else np.asarray(meta["high"], dtype=np.float64)
+        mlp = MLP(weights, arrays["obs_shift"].astype(np.float64), arrays["obs_scale"].astype(np.float64),
+                  arrays["log_std"].astype(np.float64), str(meta["activation"]), str(meta["action"]), low, high)
+    except PolicyError:
+        raise
+    except Exception as exc:
+        raise PolicyError(f"not an mlp weights artifact: {type(exc).__name__}: {exc}"[:300]) from None
+    if not weights or mlp.activation not in ACTIVATIONS or mlp.action not in ("discrete", "box"):
+        raise PolicyError("not an mlp weights artifact: no layers, or unknown activation/action")
+    for (w, b), (w2, _) in zip(weights, weights[1:]):
+        if w.ndim != 2 or b.shape != (w.shape[1],) or w2.shape[0] != w.shape[1]:
+            raise PolicyError("not an mlp weights artifact: layer shapes do not chain")
+    return mlp
+
+
+class MLPPolicy:
+    """A worker-side ``mlp`` policy: deterministic, stateless."""
+
+    def __init__(self, mlp: MLP) -> None:
+        self.mlp = mlp
+
+    def reset(self, params: Mapping[str, Any], seed: int) -> None:
+        pass
+
+    def act(self, observation: Any, params: Mapping[str, Any]) -> Any:
+        return self.mlp.act(observation)
+
+
+def build(source: str, artifacts: Mapping[str, bytes]) -> MLPPolicy:
+    """Worker entry point (see :func:`ratchet.policies.build`): role ``"weights"``."""
+    return MLPPolicy(load_weights(artifacts["weights"]))
+
+
+def describe(data: bytes) -> str:
+    """One line about a weights artifact: layer sizes, activation, parameter count, weight norm."""
+    m = load_weights(data)
+    sizes = [m.weights[0][0].shape[0]] + [w.shape[1] for w, _ in m.weights]
+    count = sum(w.size + b.size for w, b in m.weights)
+    norm = float(np.sqrt(sum(float((w ** 2).sum() + (b ** 2).sum()) for w, b in m.weights)))
+    return f"mlp {'-'.join(map(str, sizes))} ({m.activation}, {m.action}): {count:,} weights, norm {norm:.4g}"

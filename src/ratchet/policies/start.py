@@ -1,0 +1,82 @@
+"""A run's starting candidate for each policy kind (driver side: nothing here executes policy code or
+unpickles anything)."""
+
+from __future__ import annotations
+
+import zipfile
+import io
+from pathlib import Path
+from typing import Any
+
+from ratchet.errors import PolicyError
+from ratchet.ledger.artifacts import digest
+from ratchet.policy import Candidate, PolicyProgram
+
+__all__ = ["start_candidate", "read_sb3_zip", "MAX_MODEL_BYTES"]
+
+#: Largest model file accepted as a starting policy, bytes.
+MAX_MODEL_BYTES = 256 << 20
+
+
+def read_sb3_zip(path: str | Path) -> bytes:
+    """The bytes of a Stable-Baselines3 ``.zip``, checked only as a zip archive with SB3's members
+    (``data`` and ``policy.pth``); nothing in it is unpickled here.
+
+    Raises:
+        PolicyError: missing, too large, or not an SB3 model archive.
+    """
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_MODEL_BYTES:
+            raise PolicyError(f"{p}: {p.stat().st_size:,} bytes is larger than {MAX_MODEL_BYTES:,}")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read the model {p}: {exc.strerror or exc}; [policy] path names a "
+                          "Stable-Baselines3 .zip (model.save(...))") from None
+    try:
+        names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+    except zipfile.BadZipFile:
+        raise PolicyError(f"{p} is not a zip archive; [policy] kind = \"sb3\" needs a file written by "
+                          "Stable-Baselines3's model.save()") from None
+    if not {"data", "policy.pth"} <= names:
+        raise PolicyError(f"{p} is a zip archive but not a Stable-Baselines3 model (no 'data' and 'policy.pth')")
+    return data
+
+
+def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] | None, seed: int,
+                    program: PolicyProgram | None) -> tuple[PolicyProgram, Candidate, dict[str, bytes]]:
+    """The starting candidate for ``[policy]``.
+
+    Args:
+        policy: The spec's :class:`~ratchet.spec.PolicySpec`.
+        base_dir: Folder the spec's paths are relative to.
+        spaces: The task's (observation, action) spaces (needed for network kinds).
+        seed: Seeds a fresh network's initial weights (the run seed).
+        program: The loaded program (program and residual kinds), else None.
+
+    Returns:
+        ``(program, candidate, artifacts)``: the program (an empty one for network kinds), the candidate,
+        and its artifacts' bytes by digest (to put in the run's artifact store).
+
+    Raises:
+        PolicyError: the model or settings are unusable.
+    """
+    from ratchet.policies import mlp
+
+    kind = policy.kind
+    if kind == "program":
+        assert program is not None
+        return program, program.candidate(), {}
+    if kind == "sb3":
+        data = read_sb3_zip(Path(base_dir) / policy.path)
+        return PolicyProgram("", ()), Candidate.create("", {}, kind="sb3", artifacts={"model": digest(data)}), \
+            {digest(data): data}
+    assert spaces is not None
+    net = mlp.init_weights(*spaces, hidden=policy.hidden, activation=policy.activation, normalize=policy.normalize,
+                           seed=seed, zero_output=kind == "residual").to_bytes()
+    if kind == "mlp":
+        return PolicyProgram("", ()), Candidate.create("", {}, kind="mlp", artifacts={"weights": digest(net)}), \
+            {digest(net): net}
+    assert program is not None
+    cand = Candidate.create(program.source, program.defaults, kind="residual", artifacts={"correction": digest(net)})
+    return program, cand, {digest(net): net}

@@ -1,0 +1,94 @@
+"""Refiner kinds as plug-ins: each ``[[refiners]]`` table names a kind, registered here.
+
+A kind is a module under ``ratchet.refiners`` exposing ``KINDS: dict[str, RefinerKind]``: a pydantic
+model of its settings (the table's keys other than ``kind`` and ``name``), the policy kinds it can
+refine, and ``build(settings, context) -> list[Refiner]`` (several when one table expands into
+variants, e.g. CMA-ES step sizes). The loop knows nothing else of a kind: adding one touches its own
+module, this table of names, and its tests. Modules are imported on first use, so the ``ppo`` kind
+pulls in PyTorch only for runs that use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["RefinerKind", "RefinerContext", "KIND_MODULES", "refiner_kind", "known_kinds"]
+
+#: Refiner kind -> the module that defines it.
+KIND_MODULES: dict[str, str] = {
+    "cmaes": "ratchet.refiners.cmaes",
+    "ppo": "ratchet.refiners.ppo",
+    "residual": "ratchet.refiners.ppo",
+}
+
+
+@dataclass(frozen=True)
+class RefinerContext:
+    """What the loop lends a refiner (everything else it learns from ``propose``/``observe``).
+
+    Attributes:
+        program: The run's policy program (its ``PARAMETERS``; empty for network policies).
+        start: The run's starting candidate.
+        task: The task.
+        seed: A seed for this refiner (the run seed plus its position among the run's refiners).
+        name: The refiner's arm name (recorded as its candidates' ``refiner``).
+        train: Runs a training job (:class:`ratchet.execution.training.TrainingJob`) in the sandbox, or
+            reads its recorded result back on resume; returns a
+            :class:`~ratchet.execution.training.TrainingResult` whose outputs' artifacts are already in
+            the run's artifact store (their digests in ``TrainingOutput.info["artifacts"]``).
+        artifact: Bytes of an artifact by digest.
+        training_seeds: ``training_seeds(n)``: ``n`` fresh seeds of the training split for a training job.
+    """
+
+    program: Any
+    start: Any
+    task: Any
+    seed: int
+    name: str
+    train: Callable[[Any], Any]
+    artifact: Callable[[str], bytes]
+    training_seeds: Callable[[int], list[int]]
+
+
+@dataclass(frozen=True)
+class RefinerKind:
+    """A registered refiner kind (see the module doc)."""
+
+    settings: type[BaseModel]
+    policy_kinds: tuple[str, ...]
+    build: Callable[[Any, Mapping[str, Any], RefinerContext], list[Any]]
+    #: One line shown when the kind is used with a policy kind it cannot refine.
+    hint: str = ""
+
+
+def known_kinds() -> list[str]:
+    return list(KIND_MODULES)
+
+
+def refiner_kind(kind: str) -> RefinerKind:
+    """The registered kind.
+
+    Raises:
+        KeyError: unknown kind (the message lists the known ones).
+    """
+    if kind not in KIND_MODULES:
+        raise KeyError(f"unknown refiner kind {kind!r}; known: {', '.join(KIND_MODULES)}")
+    return importlib.import_module(KIND_MODULES[kind]).KINDS[kind]
+
+
+def arm_names(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Default arm names: the ``name`` given, else the kind, numbered when a kind repeats."""
+    kinds = [e["kind"] for e in entries]
+    out = []
+    for i, e in enumerate(entries):
+        if e.get("name"):
+            out.append(e["name"])
+        else:
+            n = kinds[:i].count(e["kind"])
+            out.append(e["kind"] if kinds.count(e["kind"]) == 1 else f"{e['kind']}-{n + 1}")
+    return out
