@@ -377,9 +377,13 @@ class _Run:
         if decision.promoted:
             structural = {}
             if best.source != incumbent.source:  # a structural promotion: the code diff, for show and the report
-                from ratchet.refiners.structural import source_diff
+                from ratchet.refiners.structural import baked_source, source_diff
 
-                structural = {"source_diff": source_diff(incumbent.source, best.source, max_lines=400)}
+                try:  # each side with its own values written in, so the diff shows every change
+                    old, new = baked_source(incumbent), baked_source(best)
+                except RatchetError:
+                    old, new = incumbent.source, best.source
+                structural = {"source_diff": source_diff(old, new, max_lines=400)}
             self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
