@@ -437,3 +437,17 @@ def test_llm_run_records_exchanges_and_resume_never_calls_again(tmp_path, standi
     for f in run_dir.rglob("*"):
         if f.is_file():
             assert SECRET.encode() not in f.read_bytes(), f
+
+
+def test_readme_structural_snippets_are_valid_refiner_tables():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if 'kind = "mutate"' in b or 'kind = "llm"' in b]
+    assert len(blocks) == 2
+    for block in blocks:
+        tables = tomllib.loads(block)["refiners"]
+        spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"path": "policy.py"}, "refiners": tables},
+                              root / "examples" / "cartpole")
+        assert [e["kind"] for e in spec.refiner_entries()] == [t["kind"] for t in tables]
