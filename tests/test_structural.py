@@ -19,7 +19,6 @@ import pytest
 from conftest import DATA, RecordingExecutor, SimulatedKill, base_spec_dict, events_of, read_events
 from ratchet.critic import Evaluation
 from ratchet.errors import PolicyError
-from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import EventType, SQLiteLedger
 from ratchet.loop import LEDGER_FILE, resume_run, start_run
 from ratchet.planner import SeedSplits
@@ -156,7 +155,8 @@ def evaluation(cid: str, mean: float) -> Evaluation:
 @pytest.mark.parametrize("source, reason", [
     ("PARAMETERS = {}\ndef act(o, p)\n    return 0\n", "syntax error"),
     ("PARAMETERS = {}\ndef policy(o, p):\n    return 0\n", "no top-level function act"),
-    ("PARAMETERS = {}\ndef act(o, params):\n    return 1 if o[0] > params['x'] else 0\n", "params['x'] is not declared"),
+    ("PARAMETERS = {}\ndef act(o, params):\n    return 1 if o[0] > params['x'] else 0\n",
+     "params['x'] is not declared"),
     ("PARAMETERS = {}\ndef act(o, p):\n    return helper(o)\n", "name 'helper' is not defined"),
     ("import os\nPARAMETERS = {}\ndef act(o, p):\n    return 0\n", "import of 'os'"),
     ("PARAMETERS = {}\nprint('hi')\ndef act(o, p):\n    return 0\n", "top-level Expr statement"),
@@ -382,6 +382,18 @@ def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool):
             assert e.payload["reason"] and ledger.get_artifact(e.payload["source"])
     finally:
         ledger.close()
+    # the CLI reads a structural run: show, report, and export writes the refined source
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    runner, out = CliRunner(env={"COLUMNS": "250"}), tmp_path / "refined.py"
+    for args in (["show", str(result.run_dir)], ["report", str(result.run_dir), "--no-videos", "--force"],
+                 ["export", str(result.run_dir), "-o", str(out)]):
+        got = runner.invoke(app, args)
+        assert got.exit_code == 0, got.output
+    refined = check_source(out.read_text(encoding="utf-8"))
+    assert refined.defaults == dict(result.incumbent.params)
 
 
 def spec_source(spec) -> str:
@@ -444,7 +456,8 @@ def test_readme_structural_snippets_are_valid_refiner_tables():
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if 'kind = "mutate"' in b or 'kind = "llm"' in b]
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S)
+              if 'kind = "mutate"' in b or 'kind = "llm"' in b]
     assert len(blocks) == 2
     for block in blocks:
         tables = tomllib.loads(block)["refiners"]

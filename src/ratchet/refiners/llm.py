@@ -32,6 +32,7 @@ whose only refiner it is stops there, like any budget; beside other refiners it 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -112,8 +113,9 @@ class EditError(ValueError):
     """An answer that gives no usable edit (one line: what is wrong)."""
 
 
-_BLOCK = re.compile(r"^[ \t]*<{5,9}[ \t]*SEARCH[ \t]*\n(.*?)^[ \t]*={5,9}[ \t]*\n(.*?)^[ \t]*>{5,9}[ \t]*REPLACE[ \t]*$",
-                    re.MULTILINE | re.DOTALL)
+_BLOCK = re.compile(r"^[ \t]*<{5,9}[ \t]*SEARCH[ \t]*\n(.*?)"
+                    r"^[ \t]*={5,9}[ \t]*\n(.*?)"
+                    r"^[ \t]*>{5,9}[ \t]*REPLACE[ \t]*$", re.MULTILINE | re.DOTALL)
 _FENCE = re.compile(r"^```[ \t]*(?:python|py)?[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -126,6 +128,7 @@ def parse_answer(text: str) -> list[tuple[str, str]] | str:
     """
     if not isinstance(text, str) or not text.strip():
         raise EditError("empty answer")
+    text = text.replace("\r\n", "\n")
     blocks = [(m.group(1), m.group(2)) for m in _BLOCK.finditer(text)]
     markers = len(re.findall(r"^[ \t]*<{5,9}[ \t]*SEARCH", text, re.MULTILINE))
     if blocks:
@@ -320,7 +323,7 @@ def _post(url: str, request: Mapping[str, Any], key: str | None, timeout_s: floa
             status = None
             error = (f"timed out after {timeout_s:g} s" if isinstance(reason, (TimeoutError, socket.timeout))
                      else f"cannot reach {url}: {reason}")
-        except (ConnectionError, OSError) as exc:
+        except (ConnectionError, OSError, http.client.HTTPException) as exc:
             status, error = None, f"connection to {url} failed: {exc}"
         if attempt <= retries:
             sleep(wait)

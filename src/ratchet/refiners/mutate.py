@@ -17,8 +17,8 @@ promotion's diff is readable:
 - ``swap``: a comparison flipped (``>`` ↔ ``<``), or the branches of an ``if``/``else`` swapped;
 - ``delete``: one statement deleted (``pass`` where it was the only one of its block);
 - ``crossover``: one function replaced by its version in another program of the refiner's archive
-  (the best distinct programs it has seen, by training mean), with the parameters and helper
-  functions it needs.
+  (the parents it was handed — the incumbent's ancestors — and the best distinct programs it
+  proposed, by training mean), with the parameters and helper functions it needs.
 
 The parent's tuned values are written into its source as the defaults before it is mutated
 (:func:`~ratchet.refiners.structural.baked_source`), so a mutant starts from the parent's numbers.
@@ -401,6 +401,11 @@ class MutationRefiner:
         s = self.settings
         base = baked_source(parent)
         self._tried.add(digest(base))
+        # the parent (an ancestor of every later incumbent) joins the archive, scored by its latest training mean
+        score = float(critique.stats.get("mean", float("-inf"))) if critique is not None else float("-inf")
+        key = digest(parent.source)
+        if key not in self._archive or score > self._archive[key][0]:
+            self._archive[key] = (score, base)
         archive = [src for _, src in sorted(self._archive.values(), key=lambda t: -t[0])]
         out: list[Candidate] = []
         self._proposed = {}
