@@ -361,11 +361,19 @@ def structural_spec(directory: Path, refiners: list[dict], **sections):
     return spec_from_dict(d, directory)
 
 
-def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool):
+def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool, monkeypatch):
     spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 3, "variants": 3}],
                            budget={"env_steps": 12_000})
+    # a proposal that skipped its refiner's checks is caught by the driver's own, before any episode
+    broken = Candidate.create(POLICY.replace("return 1 if", "return helper() if"), {}, refiner="mutate-bad")
+    propose = MutationRefiner.propose
+    monkeypatch.setattr(MutationRefiner, "propose", lambda self, *a: propose(self, *a) + [broken])
     result = start_run(spec, tmp_path / "runs", "mut", executor=pool)
     events = read_events(result.run_dir)
+    caught = [e for e in events_of(events, EventType.PROPOSAL_REJECTED) if e.payload["detail"].get("candidate_id")]
+    assert caught and all("name 'helper' is not defined" in e.payload["reason"] for e in caught)
+    assert all(broken.id not in e.key for e in events if e.type in (EventType.EPISODES_EVALUATED,
+                                                                     EventType.CANDIDATE_PROPOSED))
     proposed = [e.payload["candidate"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)]
     structural = [c for c in proposed if c["source"] is not None]
     assert structural and all(c["refiner"].startswith("mutate-") for c in structural)
