@@ -324,6 +324,18 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
     assert r.propose(parent, None, np.random.default_rng(2)) == [] and len(server.requests) == 8
 
 
+@pytest.mark.parametrize("budget, reason", [({"budget_tokens": 300}, "360 of 300 tokens used"),
+                                            ({"budget_cost": 0.001, "price_prompt": 2.0, "price_completion": 10.0},
+                                             "0.0012 of 0.001 spent")])
+def test_llm_budgets_in_tokens_and_money_stop_requests(standin, budget, reason):
+    server = standin()
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=5, variants=1, **budget), TASK_FACTS)
+    props = r.propose(load_policy(DATA / "cartpole_linear.py").candidate(), None, np.random.default_rng(0))
+    # 120 tokens (100 prompt + 20 answer) per request; priced at 2 and 10 per million: 0.0004 per request
+    assert len(server.requests) == 3 and len(props) == 1  # the same edit three times: one candidate
+    assert reason in r.idle_reason()
+
+
 def test_llm_request_failures_are_failed_proposals(standin):
     server = standin([{"delay": 1.0, "content": GOOD_EDIT}] * 2, default={"status": 503})
     r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=2, timeout_s=0.3, retries=1,

@@ -477,7 +477,8 @@ class LLMRefiner:
                 cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name)
                 if cand.id not in ids:
                     ids.append(cand.id)
-                    out.append(cand)
+                    if all(c.id != cand.id for c in out):  # the same edit answered twice runs once
+                        out.append(cand)
             attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation)
             self.history.append(attempt)
             self._pending.append(attempt)
