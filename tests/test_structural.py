@@ -222,6 +222,23 @@ def test_operators_do_what_they_say():
     assert mutate_source(POLICY, "crossover", rng(0), space, archive=[]) is None  # nothing to cross with
 
 
+def test_the_critique_guides_which_feature_a_mutation_uses():
+    from ratchet.critic import Critique, FailureMode
+    from ratchet.refiners.mutate import feature_focus
+
+    names = ["cart_position", "cart_velocity", "pole_angle", "pole_angular_velocity"]
+    crit = Critique("x", "train", {"mean": 9.0}, failure_modes=[
+        FailureMode("cluster 1", 6, 0.6, 9.0, (1, 2), "pole_angle high (+1.8σ), cart_velocity low (−1.2σ)")])
+    focus, direction = feature_focus(crit, names)
+    assert focus.tolist() == [0.125, 0.375, 0.375, 0.125] and direction == {1: False, 2: True}
+    assert feature_focus(None, names) == (None, {})
+    space = cartpole_space()
+    space.focus, space.direction = focus, direction
+    guards = [mutate_source(POLICY, "guard", np.random.default_rng(k), space)[0] for k in range(40)]
+    assert sum("observation[2] > " in g or "observation[1] < " in g for g in guards) > 20
+    assert not any("observation[2] < " in g or "observation[1] > " in g for g in guards)
+
+
 def test_mutation_refiner_proposes_checked_variants_and_records_rejections():
     space = cartpole_space()
     parent = load_policy(DATA / "cartpole_linear.py").candidate({"w_position": 0.1, "w_velocity": 0.2,

@@ -14,6 +14,10 @@ promotion's diff is readable:
 - ``guard``: a guarded rule ``if observation[i] > p: return a`` (or ``<``) at the top of ``act``, with a
   new threshold ``p`` in the observation's bounds and ``a`` a discrete action or, for a Box action, new
   parameters in the action's bounds;
+
+  both guided by the critique: the element ``i`` is drawn with half its probability on the features the
+  parent's failure modes are described by (failing episodes end with them unusually high or low;
+  :func:`feature_focus`), and a guard on such a feature points that way;
 - ``swap``: a comparison flipped (``>`` ↔ ``<``), or the branches of an ``if``/``else`` swapped;
 - ``delete``: one statement deleted (``pass`` where it was the only one of its block);
 - ``crossover``: one function replaced by its version in another program of the refiner's archive
@@ -89,10 +93,16 @@ class MutateSettings(BaseModel):
 
 
 class _Space:
-    """What mutations need to know of the task's spaces (made once, in the driver; no policy code runs)."""
+    """What mutations need to know of the task's spaces (made once, in the driver; no policy code runs).
+
+    ``focus`` (set per generation from the critique, see :func:`feature_focus`) weights which observation
+    element ``term`` and ``guard`` use, and ``direction`` which way a guard on it points."""
 
     def __init__(self, observation_space: Any, action_space: Any) -> None:
         from gymnasium import spaces
+
+        self.focus: np.ndarray | None = None
+        self.direction: dict[int, bool] = {}
 
         o, a = observation_space, action_space
         self.obs_dim = int(o.shape[0]) if isinstance(o, spaces.Box) and len(o.shape) == 1 else 0
@@ -101,6 +111,36 @@ class _Space:
         self.discrete = (int(a.start), int(a.n)) if isinstance(a, spaces.Discrete) else None
         self.box = ((np.asarray(a.low, dtype=np.float64), np.asarray(a.high, dtype=np.float64))
                     if isinstance(a, spaces.Box) and len(a.shape) == 1 and a.shape[0] <= 8 else None)
+
+
+def feature_focus(critique: Critique | None, names: Sequence[str]) -> tuple[np.ndarray | None, dict[int, bool]]:
+    """Which observation elements the critique blames: the features its failure modes are described by
+    (``"pole_angle high (+1.8σ)"``: failing episodes end with that element far from the others), weighted
+    by each mode's share of episodes. Half of the probability goes to them, half stays uniform, so every
+    element remains possible.
+
+    Returns:
+        ``(probabilities over elements or None when the critique names none, {element: True for "high"})``.
+    """
+    if critique is None or not names:
+        return None, {}
+    w = np.zeros(len(names))
+    direction: dict[int, bool] = {}
+    for mode in critique.failure_modes:
+        for i, name in enumerate(names):
+            for side in ("high", "low"):
+                if f"{name} {side} (" in mode.description:
+                    w[i] += mode.share
+                    direction.setdefault(i, side == "high")
+    if not w.sum():
+        return None, {}
+    return 0.5 / len(names) + 0.5 * w / w.sum(), direction
+
+
+def _feature(rng: np.random.Generator, space: _Space) -> int:
+    if space.focus is not None and len(space.focus) == space.obs_dim:
+        return int(rng.choice(space.obs_dim, p=space.focus))
+    return int(rng.integers(space.obs_dim))
 
 
 def _functions(tree: ast.Module) -> list[ast.FunctionDef]:
@@ -207,7 +247,7 @@ def _op_term(source: str, tree: ast.Module, rng: np.random.Generator, space: _Sp
     if not sites or obs is None:
         return None
     node = sites[int(rng.integers(len(sites)))]
-    i = int(rng.integers(space.obs_dim))
+    i = _feature(rng, space)
     name = fresh_name("w", _declared(source))
     text = ast.get_source_segment(source, node)
     if text is None:
@@ -223,11 +263,12 @@ def _op_guard(source: str, tree: ast.Module, rng: np.random.Generator, space: _S
     body = _body_statements(act)
     if not space.obs_dim or obs is None or not body or (space.discrete is None and space.box is None):
         return None
-    i = int(rng.integers(space.obs_dim))
+    i = _feature(rng, space)
     lo, hi = float(space.obs_low[i]), float(space.obs_high[i])
     if not (np.isfinite(lo) and np.isfinite(hi)) or hi - lo > 2e3:
         lo, hi = -s.feature_bound, s.feature_bound
     greater = bool(rng.integers(2))
+    greater = space.direction.get(i, greater)  # toward where the failing episodes end
     taken = _declared(source)
     g = fresh_name("g", taken)
     entries: dict[str, tuple[float, float, float]] = {g: (hi if greater else lo, lo, hi)}  # neutral: never fires
@@ -383,8 +424,9 @@ class MutationRefiner:
     """
 
     def __init__(self, space: _Space, settings: MutateSettings | None = None, dims: Mapping[str, int] | None = None,
-                 name: str = "mutate") -> None:
+                 name: str = "mutate", observation_names: Sequence[str] = ()) -> None:
         self.space, self.settings, self.dims, self.name = space, settings or MutateSettings(), dims, name
+        self.observation_names = list(observation_names)
         self._tried: set[str] = set()  # digests of sources already proposed or rejected
         self._rejections: list[Rejection] = []
         self._archive: dict[str, tuple[float, str]] = {}  # structure digest -> (best training mean, baked source)
@@ -401,6 +443,7 @@ class MutationRefiner:
         s = self.settings
         base = baked_source(parent)
         self._tried.add(digest(base))
+        self.space.focus, self.space.direction = feature_focus(critique, self.observation_names)
         # the parent (an ancestor of every later incumbent) joins the archive, scored by its latest training mean
         score = float(critique.stats.get("mean", float("-inf"))) if critique is not None else float("-inf")
         key = digest(parent.source)
@@ -468,7 +511,9 @@ def _build(settings: MutateSettings, name: str, ctx: Any) -> list[MutationRefine
         dims = space_dims(env.observation_space, env.action_space)
     finally:
         env.close()
-    return [MutationRefiner(space, settings, dims, name)]
+    names = getattr(ctx.task, "observation_names", None)
+    names = (names(space.obs_dim) if callable(names) else names) if space.obs_dim else None
+    return [MutationRefiner(space, settings, dims, name, names or [f"obs[{i}]" for i in range(space.obs_dim)])]
 
 
 def _kinds() -> dict[str, Any]:
