@@ -275,7 +275,7 @@ class RunSpec(_Section):
     policy: PolicySpec = PolicySpec()
     refiner: RefinerSpec = RefinerSpec()
     refiners: list[dict[str, Any]] = Field(
-        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual) with its "
+        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual, mutate, llm) with its "
                                           "settings; the planner allocates generations among them. Empty: one "
                                           "cmaes from [refiner] (a program policy), ppo (mlp, sb3) or residual.")
     planner: PlannerSpec = PlannerSpec()

@@ -24,6 +24,8 @@ KIND_MODULES: dict[str, str] = {
     "cmaes": "ratchet.refiners.cmaes",
     "ppo": "ratchet.refiners.ppo",
     "residual": "ratchet.refiners.ppo",
+    "mutate": "ratchet.refiners.mutate",
+    "llm": "ratchet.refiners.llm",
 }
 
 
@@ -43,6 +45,12 @@ class RefinerContext:
             the run's artifact store (their digests in ``TrainingOutput.info["artifacts"]``).
         artifact: Bytes of an artifact by digest.
         training_seeds: ``training_seeds(n)``: ``n`` fresh seeds of the training split for a training job.
+        exchange: ``exchange(key, request, call) -> (body, record)``: a request to an outside service (an
+            LLM endpoint) made once per run. The first time, ``call()`` runs and returns ``(body, info)``
+            (the reply's text or None, and JSON-ready facts such as token counts and an error); the request
+            (JSON-ready, never a secret) and the body are stored as artifacts and an ``llm_call`` event
+            keyed by ``key`` records them with ``info``. Afterwards, and on resume, the recorded body and
+            record come back without calling. None where the loop offers no such service.
     """
 
     program: Any
@@ -53,6 +61,8 @@ class RefinerContext:
     train: Callable[[Any], Any]
     artifact: Callable[[str], bytes]
     training_seeds: Callable[[int], list[int]]
+    exchange: Callable[[str, Mapping[str, Any], Callable[[], tuple[str | None, dict[str, Any]]]],
+                       tuple[str | None, dict[str, Any]]] | None = None
 
 
 @dataclass(frozen=True)
