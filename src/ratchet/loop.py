@@ -88,8 +88,11 @@ class _Run:
 
     def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
                  executor: Executor, progress: ProgressFn | None, pricing: str | None = None,
-                 start: Candidate | None = None) -> None:
+                 start: Candidate | None = None, inputs: dict[str, str] | None = None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
+        # files refiners read (path -> artifact digest); None: a new run, which reads them from base_dir
+        self.inputs: dict[str, str] = dict(inputs or {})
+        self._inputs_recorded = inputs is not None
         self.start = start or program.candidate()
         self._blobs: dict[str, bytes] = {}  # artifact bytes read or made this session, by digest
         self._checked: dict[str, Any] = {}  # new sources checked this session: digest -> program or reason
@@ -138,7 +141,8 @@ class _Run:
             settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
             ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
                                  name=name, train=self.train, artifact=self.artifact,
-                                 training_seeds=self.training_seeds, exchange=self.exchange)
+                                 training_seeds=self.training_seeds, exchange=self.exchange,
+                                 read_input=self.read_input)
             for ref in kind.build(settings, name, ctx):
                 out[ref.name] = ref
         return out
@@ -149,6 +153,28 @@ class _Run:
         if name not in self._blobs:
             self._blobs[name] = self.ledger.get_artifact(name)
         return self._blobs[name]
+
+    def read_input(self, path: str) -> bytes:
+        """A file a refiner's settings name, relative to the spec's folder: read once when the run starts and
+        kept as an artifact (its digest goes into ``run_started``); a resumed run reads the recorded bytes.
+
+        Raises:
+            PolicyError: the file cannot be read (a new run), or the ledger has no copy of it (a resumed run).
+        """
+        from ratchet.errors import PolicyError
+
+        if path in self.inputs:
+            return self.artifact(self.inputs[path])
+        if self._inputs_recorded:
+            raise PolicyError(f"the ledger holds no copy of {path}, which a refiner reads; was the run started by an "
+                              "older ratchet?")
+        try:
+            data = (Path(self.spec.base_dir) / path).read_bytes()
+        except OSError as exc:
+            raise PolicyError(f"cannot read {path} (relative to the spec's folder {self.spec.base_dir}): "
+                              f"{exc.strerror or exc}") from None
+        self.inputs[path] = self.store_artifact(data)
+        return data
 
     def store_artifact(self, data: bytes) -> str:
         name = self.ledger.put_artifact(data)
@@ -737,6 +763,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
         "execution": _describe(run.executor), "pricing": run.pricing, "start_candidate": start.to_dict(),
+        "inputs": dict(run.inputs),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})[1]
     if not created:  # another process started this run id between our checks and now
@@ -929,7 +956,8 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         start = (Candidate.from_dict(started.payload["start_candidate"]) if "start_candidate" in started.payload
                  else program.candidate())
         r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
-                 pricing=started.payload.get("pricing", "worst-case"), start=start)
+                 pricing=started.payload.get("pricing", "worst-case"), start=start,
+                 inputs=started.payload.get("inputs", {}))
     except BaseException:
         if lease is not None:
             lease.release()

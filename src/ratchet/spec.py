@@ -521,6 +521,17 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     if seed is not None:
         data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
-    if not spec.policy_path.is_file():
+    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # an mlp policy starts from no file
         raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")
+    from ratchet.refiners.registry import arm_names, refiner_kind
+
+    entries = spec.refiner_entries()
+    for entry, name in zip(entries, arm_names(entries)):
+        kind = refiner_kind(entry["kind"])
+        if kind.files is not None:
+            settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
+            for f in kind.files(settings):
+                if not (p.parent / f).is_file():
+                    raise SpecError(f"{p}: [[refiners]] {name}: file not found: {(p.parent / f).resolve()}; paths "
+                                    "are relative to the spec file's folder")
     return spec

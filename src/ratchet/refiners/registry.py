@@ -26,6 +26,9 @@ KIND_MODULES: dict[str, str] = {
     "residual": "ratchet.refiners.ppo",
     "mutate": "ratchet.refiners.mutate",
     "llm": "ratchet.refiners.llm",
+    "dagger": "ratchet.refiners.dagger",
+    "hg-dagger": "ratchet.refiners.dagger",
+    "bc": "ratchet.refiners.dagger",
 }
 
 
@@ -51,6 +54,10 @@ class RefinerContext:
             (JSON-ready, never a secret) and the body are stored as artifacts and an ``llm_call`` event
             keyed by ``key`` records them with ``info``. Afterwards, and on resume, the recorded body and
             record come back without calling. None where the loop offers no such service.
+        read_input: ``read_input(path) -> bytes``: a file the refiner's settings name (e.g. an expert
+            policy), relative to the spec's folder. The loop stores its bytes as an artifact when the run
+            starts and records the digest in ``run_started``, so a resumed run reads the same bytes from
+            the ledger, never the file again. None where the caller offers no files.
     """
 
     program: Any
@@ -63,6 +70,7 @@ class RefinerContext:
     training_seeds: Callable[[int], list[int]]
     exchange: Callable[[str, Mapping[str, Any], Callable[[], tuple[str | None, dict[str, Any]]]],
                        tuple[str | None, dict[str, Any]]] | None = None
+    read_input: Callable[[str], bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,9 @@ class RefinerKind:
     build: Callable[[Any, Mapping[str, Any], RefinerContext], list[Any]]
     #: One line shown when the kind is used with a policy kind it cannot refine.
     hint: str = ""
+    #: ``files(settings) -> [path, …]``: files the settings name, relative to the spec (checked when the
+    #: spec is loaded; read through :attr:`RefinerContext.read_input`).
+    files: Callable[[Any], list[str]] | None = None
 
 
 def known_kinds() -> list[str]:
