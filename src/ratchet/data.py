@@ -142,7 +142,7 @@ class Dataset:
             raise DataError(f"cannot aggregate data sets of different spaces ({self.meta.get('action')} "
                             f"{self.obs.shape[1:]} vs {other.meta.get('action')} {other.obs.shape[1:]})")
         shift = int(self.episode.max()) + 1 - int(other.episode.min())
-        cols = {f: np.concatenate([getattr(self, f), getattr(other, f) + (shift if f == "episode" else 0)])
+        cols = {f: np.concatenate([getattr(self, f), getattr(other, f) + shift if f == "episode" else getattr(other, f)])
                 for f in _FIELDS}
         return Dataset(**cols, meta=dict(self.meta))
 
