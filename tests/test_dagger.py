@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import SimulatedKill, read_events
-from ratchet.data import Dataset, DataError, from_minari, to_minari
+from ratchet.data import Dataset, DataError, from_minari, run_dataset, to_minari
 from ratchet.errors import SpecError
 from ratchet.execution.process import ProcessExecutor
 from ratchet.policies.mlp import init_weights, load_weights
@@ -208,3 +208,17 @@ def test_hg_dagger_run_records_takeovers_and_resumes_mid_round(tmp_path):
     assert sum(e.type.value == "gate_decided" for e in events) >= 1
     assert res.incumbent.kind == "mlp" and "dataset" in res.incumbent.artifacts
     assert "correction rounds done" in res.stop_reason
+    data = run_dataset(tmp_path / "runs" / "dg")  # the newest aggregate, as the ledger holds it
+    assert sorted(set(data.round.tolist())) == [0, 1] and int(data.expert.sum()) == len(data)
+    assert run_dataset(tmp_path / "runs" / "dg", candidate=res.incumbent.id).to_bytes() == \
+        Dataset.from_bytes(read_artifact(tmp_path / "runs" / "dg", res.incumbent.artifacts["dataset"])).to_bytes()
+
+
+def read_artifact(run_dir: Path, digest: str) -> bytes:
+    from ratchet.loop import open_ledger
+
+    ledger = open_ledger(run_dir, readonly=True)
+    try:
+        return ledger.get_artifact(digest)
+    finally:
+        ledger.close()

@@ -34,7 +34,7 @@ import numpy as np
 
 from ratchet.errors import RatchetError
 
-__all__ = ["Dataset", "DataError", "to_minari", "from_minari"]
+__all__ = ["Dataset", "DataError", "to_minari", "from_minari", "run_dataset"]
 
 _FIELDS = ("obs", "next_obs", "label", "executed", "reward", "terminated", "truncated", "expert", "round",
            "episode", "seed", "step")
@@ -164,6 +164,35 @@ class Dataset:
         return {"steps": len(self), "expert_steps": int(self.expert.sum()),
                 "episodes": int(len(np.unique(self.episode))), "segments": sum(1 for _ in self.segments()),
                 "rounds": sorted(int(r) for r in np.unique(self.round))}
+
+
+def run_dataset(run: str | Path, runs_dir: str | Path = "runs", *, candidate: str | None = None,
+                storage: str | None = None) -> Dataset:
+    """The data set a run's correction refiner collected: the one carried by candidate ``candidate`` (an id),
+    by default the newest aggregate of the run (its last ``training_finished`` event with a data set).
+
+    Raises:
+        RunNotFoundError: no such run.
+        DataError: the run (or candidate) has no data set.
+    """
+    from ratchet.loop import open_ledger
+
+    ledger = open_ledger(run, runs_dir, readonly=True, storage=storage)
+    try:
+        found = None
+        for e in ledger.read():
+            p = e.payload
+            if candidate is None and e.type.value == "training_finished":
+                for out in p.get("outputs", []):
+                    found = out.get("artifacts", {}).get("dataset", found)
+            elif candidate is not None and e.type.value == "candidate_proposed" and p["candidate"]["id"] == candidate:
+                found = (p["candidate"].get("artifacts") or {}).get("dataset")
+        if found is None:
+            raise DataError(f"run {run} has no data set" + (f" for candidate {candidate}" if candidate else "")
+                            + " (only dagger, hg-dagger and bc refiners collect one)")
+        return Dataset.from_bytes(ledger.get_artifact(found))
+    finally:
+        ledger.close()
 
 
 # -- Minari ----------------------------------------------------------------------------------------

@@ -341,6 +341,19 @@ def behaviour_cloning(mlp: Any, data: Any, *, updates: int = 2000, batch_size: i
         updates), ``accuracy`` (Discrete: share of labels the new student reproduces) or ``mse`` (Box),
         ``updates``, ``steps``.
     """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - scikit-learn brings it
+        from contextlib import nullcontext as threadpool_limits  # type: ignore[assignment]
+
+    # small matrices: extra BLAS threads only spin (40x slower on a busy 2-core machine, measured)
+    with threadpool_limits(1):
+        return _behaviour_cloning(mlp, data, updates=updates, batch_size=batch_size, learning_rate=learning_rate,
+                                  seed=seed, normalize=normalize)
+
+
+def _behaviour_cloning(mlp: Any, data: Any, *, updates: int, batch_size: int, learning_rate: float, seed: int,
+                       normalize: bool) -> tuple[Any, dict[str, Any]]:
     from ratchet.policies.mlp import MLP
 
     x_raw = np.asarray(data.obs, dtype=np.float64)
