@@ -10,6 +10,7 @@ import pytest
 from conftest import SimulatedKill, read_events
 from ratchet.data import Dataset, DataError, from_minari, run_dataset, to_minari
 from ratchet.errors import SpecError
+from ratchet.ledger.artifacts import digest
 from ratchet.execution.process import ProcessExecutor
 from ratchet.policies.mlp import init_weights, load_weights
 from ratchet.refiners.dagger import behaviour_cloning, train
@@ -130,6 +131,60 @@ def test_minari_round_trip(tmp_path, round0):
     assert len(plain) == len(ds) and plain.expert.all() and (plain.label == ds.label).all()
     with pytest.raises(DataError, match="exists"):
         to_minari(ds, path, env_id="CartPole-v1")
+
+
+class _Context:
+    """A RefinerContext that runs training jobs in-process (no sandbox, no ledger)."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files, self.store, self.task, self.seed, self.name, self.n = files, {}, TASK, 0, "hg", 0
+        for data in files.values():
+            self.store[digest(data)] = data
+        self.jobs = []
+
+    def read_input(self, path: str) -> bytes:
+        return self.files[path]
+
+    def training_seeds(self, n: int) -> list[int]:
+        self.n += n
+        return list(range(self.n - n, self.n))
+
+    def train(self, job):
+        from ratchet.execution.training import TrainingOutput, TrainingResult
+
+        self.jobs.append(job)
+        arts = {role: self.store[h] for role, h in job.parent.artifacts.items()}
+        outs, used = train(TASK, {"kind": "mlp", "artifacts": arts}, job.settings, list(job.seeds), job.env_steps)
+        res = []
+        for o in outs:
+            for data in o.artifacts.values():
+                self.store[digest(data)] = data
+            res.append(TrainingOutput(o.artifacts, {**o.info, "artifacts": {r: digest(b) for r, b in o.artifacts.items()}}))
+        return TrainingResult(tuple(res), job.env_steps)
+
+
+def test_refiner_starts_from_demonstrations_and_keeps_aggregating(round0):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.dagger import KINDS, CorrectionSettings
+
+    demos = Dataset.from_bytes(round0["dataset"])
+    ctx = _Context({"expert.py": EXPERT.encode(), "demos.npz": demos.to_bytes()})
+    settings = CorrectionSettings(expert="expert.py", demonstrations="demos.npz", episodes=2, updates=3, rounds=2)
+    [refiner] = KINDS["hg-dagger"].build(settings, "hg", ctx)
+    assert KINDS["hg-dagger"].files(settings) == ["expert.py", "demos.npz"]
+    start = Candidate.create("", {}, kind="mlp", artifacts={"weights": digest(_student(1))})
+    ctx.store[start.artifacts["weights"]] = _student(1)
+    assert refiner.training_env_steps == 0
+    [student0] = refiner.propose(start, None, None)
+    assert ctx.jobs[0].seeds == () and ctx.jobs[0].settings["mode"] == "bc"  # no expert episodes: the demos
+    assert refiner.rounds[0]["dataset"]["steps"] == len(demos)
+    # the gate rejected student0: the next round flies the incumbent (start) but aggregates onto the new data
+    [student1] = refiner.propose(start, None, None)
+    assert ctx.jobs[1].parent.artifacts["dataset"] == student0.artifacts["dataset"]
+    assert ctx.jobs[1].settings["mode"] == "hg-dagger" and student1.parent_id == start.id
+    assert refiner.idle_reason() is None
+    refiner.propose(student1, None, None)
+    assert [r["round"] for r in refiner.rounds] == [0, 1, 2] and "rounds done" in refiner.idle_reason()
 
 
 def _spec_dir(tmp_path: Path, kind: str = "hg-dagger", **extra) -> Path:

@@ -23,7 +23,7 @@ policy). Each round is one sandboxed training job (trainer ``"dagger"``) that
    action space, squared error for a Box one; deterministic for a given seed).
 
 When no data set exists yet (the run's starting network), round 0 is behaviour cloning on
-``initial_episodes`` expert episodes. Each round's student is one candidate and passes the same gate as
+``initial_episodes`` expert episodes, or on ``demonstrations`` (a data set file, e.g. converted from Minari). Each round's student is one candidate and passes the same gate as
 any other; the data set keeps growing even when the gate rejects a student (the next round rolls the
 incumbent out again and aggregates onto the newest data). Per round, the job's ``info`` (recorded in the
 ``training_finished`` event) says for every episode which steps the expert controlled (segments
@@ -62,6 +62,9 @@ class CorrectionSettings(BaseModel):
                                                                             "(the file's defaults otherwise).")
     initial_episodes: int = Field(5, ge=1, le=10_000, description="Expert episodes of round 0 (behaviour cloning "
                                                                    "before any correction), when the student has no data set.")
+    demonstrations: str | None = Field(None, description="A data set to start from instead (round 0 clones it, no "
+                                                         "expert episodes): a ratchet .npz, e.g. "
+                                                         "ratchet.data.from_minari(...).to_bytes(), relative to the spec.")
     episodes: int = Field(5, ge=1, le=10_000, description="Episodes per round (training seeds).")
     rounds: int | None = Field(None, ge=1, le=100_000, description="Correction rounds after round 0; none: until "
                                                                    "the budget ends.")
@@ -114,11 +117,14 @@ class CorrectionRefiner:
         self._rounds: list[dict[str, Any]] = []
         self._errors: list[str] = []
         self._failures = 0  # training jobs failed in a row
+        self.demonstrations: str | None = None  # digest of a data set to start from (settings.demonstrations)
 
     # -- what the loop asks --------------------------------------------------------------------
     @property
     def training_env_steps(self) -> int:
         """Env steps the next round's training job is allowed (its episodes × the task's time limit)."""
+        if self._dataset is None and self.demonstrations is not None:
+            return 0
         n = self.settings.initial_episodes if self._dataset is None else self.settings.episodes
         return n * int(self.ctx.task.step_limit or 1000)
 
@@ -144,6 +150,8 @@ class CorrectionRefiner:
         first = data is None
         round_no = 0 if first else (int(self._rounds[-1]["round"]) + 1 if self._rounds else 1)
         n = self.settings.initial_episodes if first else self.settings.episodes
+        if first and self.demonstrations is not None:  # round 0 clones the given demonstrations instead
+            data, n = self.demonstrations, 0
         arts = {"weights": parent.artifacts["weights"], "expert": self.expert_digest}
         if data is not None:
             arts["dataset"] = data
@@ -458,7 +466,7 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
     if used > env_steps:
         raise RuntimeError(f"collection took {used} env steps, over the job's {env_steps}")
     data = new if old is None else old.concat(new)
-    normalize = old is None and bool(settings.get("normalize_from_data", True))
+    normalize = round_no == 0 and bool(settings.get("normalize_from_data", True))
     student2, bc = behaviour_cloning(student, data, updates=int(settings.get("updates", 2000)),
                                      batch_size=int(settings.get("batch_size", 256)),
                                      learning_rate=float(settings.get("learning_rate", 1e-3)),
@@ -484,13 +492,23 @@ def _build(mode: str) -> Any:
         except UnicodeDecodeError:
             raise PolicyError(f"[[refiners]] {name}: expert {settings.expert} is not UTF-8 text") from None
         expert = parse_policy(source, settings.expert)
-        return [CorrectionRefiner(mode, settings, expert, digest(data), ctx)]
+        refiner = CorrectionRefiner(mode, settings, expert, digest(data), ctx)
+        if settings.demonstrations is not None:
+            from ratchet.data import Dataset, DataError
+
+            demos = read(settings.demonstrations)
+            try:
+                Dataset.from_bytes(demos)  # NumPy arrays only (allow_pickle=False): safe to open here
+            except DataError as exc:
+                raise PolicyError(f"[[refiners]] {name}: demonstrations {settings.demonstrations}: {exc}") from None
+            refiner.demonstrations = digest(demos)
+        return [refiner]
 
     return build
 
 
 def _files(settings: CorrectionSettings) -> list[str]:
-    return [settings.expert]
+    return [settings.expert] + ([settings.demonstrations] if settings.demonstrations else [])
 
 
 def _kinds() -> dict[str, Any]:
