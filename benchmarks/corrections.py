@@ -9,9 +9,9 @@ student (warm start, same number of gradient steps) on all the data so far:
 
 - HG-DAgger: the student flies ``--episodes`` training episodes; the expert takes over when the rule fires
   and hands back after ``--handback`` calm steps; only takeover steps are labelled.
-- DAgger: the student flies; the expert labels every visited state, until as many labels as HG-DAgger got
-  in that round (same run seed).
-- BC: the expert flies and labels, until as many labels as HG-DAgger got in that round.
+- DAgger: the student flies the same training episodes; the expert labels every visited state, and as many
+  labels as HG-DAgger got in that round (same run seed) are kept, drawn uniformly from all of them.
+- BC: the expert flies the same training episodes; as many labels as HG-DAgger got are kept, drawn uniformly.
 
 After each round: the student's test success rate (return ≥ 200) on ``--test`` held-out seeds (disjoint
 from training seeds); per round, expert-controlled steps per episode of the collection episodes. The
@@ -84,13 +84,15 @@ def one_seed(run_seed: int, args: argparse.Namespace) -> dict:
         for k in range(1, args.rounds + 1):
             t0 = time.monotonic()
             # each round has its own training seeds (the same for every method of this run seed)
-            seeds = splits.seeds("train", 1000 * k, args.episodes if method == "hg-dagger" else 10 * args.episodes)
-            budget = None if method == "hg-dagger" else budgets[k - 1]
+            seeds = splits.seeds("train", 1000 * k, args.episodes)
             first = int(data.episode.max()) + 1
             new, records, used = collect(task, method, mlp, expert, seeds, round_no=k, first_episode=first,
-                                         label_budget=budget, handback_steps=args.handback)
+                                         handback_steps=args.handback)
             if method == "hg-dagger":
-                budgets.append(max(1, len(new)))
+                budgets.append(len(new))
+            elif len(new) > budgets[k - 1]:  # the same number of labels, from all the states visited
+                keep = np.random.default_rng(run_seed * 100 + k).choice(len(new), budgets[k - 1], replace=False)
+                new = new.take(np.sort(keep))
             data = data.concat(new)
             mlp, bc = behaviour_cloning(mlp, data, seed=run_seed * 100 + k, **bc_kw)
             success, mean = evaluate(task, mlp.act, test_seeds)

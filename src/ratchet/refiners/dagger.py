@@ -97,6 +97,7 @@ class CorrectionRefiner:
         mode: ``"dagger"``, ``"hg-dagger"`` or ``"bc"``.
         settings: The table's settings.
         expert: The expert program (parsed, never executed here) and its source.
+        expert_digest: The artifact digest of the expert file's bytes (the training jobs carry it).
         context: The loop's :class:`~ratchet.refiners.registry.RefinerContext`.
     """
 
