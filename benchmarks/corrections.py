@@ -134,7 +134,7 @@ def main() -> None:
              + ", ".join(f"{results[s]['expert'][0]:.1%}" for s in seeds) + f" (mean {exp:.1%}; mean return "
              + ", ".join(f"{results[s]['expert'][1]:.1f}" for s in seeds) + "). "
              f"Round 0 (BC on {args.initial} expert episodes, "
-             + ", ".join(str(results[s]["round0"][2]) for s in seeds) + f" labels): test success "
+             + ", ".join(str(results[s]["round0"][2]) for s in seeds) + " labels): test success "
              + ", ".join(f"{results[s]['round0'][0]:.1%}" for s in seeds) + f" (mean {r0:.1%}).",
              "",
              "Test success after each round, mean over run seeds (each run seed's values in brackets):",

@@ -50,8 +50,8 @@ def _student(seed: int = 0) -> bytes:
 @pytest.fixture(scope="module")
 def round0() -> dict:
     """Round 0: behaviour cloning on one expert episode (little training, so the student still errs)."""
-    outs, used = train(TASK, _parent(_student()), {"mode": "bc", "round": 0, "updates": 30, "expert_params": {"w_angle": 1.0}},
-                       [11], 100)
+    settings = {"mode": "bc", "round": 0, "updates": 30, "expert_params": {"w_angle": 1.0}}
+    outs, used = train(TASK, _parent(_student()), settings, [11], 100)
     assert used == 100 and len(outs) == 1
     return dict(outs[0].artifacts)
 
@@ -159,7 +159,8 @@ class _Context:
         for o in outs:
             for data in o.artifacts.values():
                 self.store[digest(data)] = data
-            res.append(TrainingOutput(o.artifacts, {**o.info, "artifacts": {r: digest(b) for r, b in o.artifacts.items()}}))
+            digests = {r: digest(b) for r, b in o.artifacts.items()}
+            res.append(TrainingOutput(o.artifacts, {**o.info, "artifacts": digests}))
         return TrainingResult(tuple(res), job.env_steps)
 
 

@@ -142,8 +142,8 @@ class Dataset:
             raise DataError(f"cannot aggregate data sets of different spaces ({self.meta.get('action')} "
                             f"{self.obs.shape[1:]} vs {other.meta.get('action')} {other.obs.shape[1:]})")
         shift = int(self.episode.max()) + 1 - int(other.episode.min())
-        cols = {f: np.concatenate([getattr(self, f), getattr(other, f) + shift if f == "episode" else getattr(other, f)])
-                for f in _FIELDS}
+        cols = {f: np.concatenate([getattr(self, f), getattr(other, f)]) for f in _FIELDS}
+        cols["episode"] = np.concatenate([self.episode, other.episode + shift])
         return Dataset(**cols, meta=dict(self.meta))
 
     def segments(self) -> Iterator[tuple[int, int]]:
@@ -240,7 +240,8 @@ def to_minari(dataset: Dataset, path: str | Path, *, env_id: str | None = None, 
         env_spec = gym.spec(env_id)
         if observation_space is None or action_space is None:
             env = gym.make(env_id)
-            observation_space, action_space = observation_space or env.observation_space, action_space or env.action_space
+            observation_space = observation_space or env.observation_space
+            action_space = action_space or env.action_space
             env.close()
     if observation_space is None or action_space is None:
         raise DataError("give env_id, or observation_space and action_space, to write a Minari data set")
@@ -272,7 +273,8 @@ def to_minari(dataset: Dataset, path: str | Path, *, env_id: str | None = None, 
                                 env_spec=env_spec, data_format=data_format)
     meta = {"dataset_id": name, "minari_version": __version__, "algorithm_name": "ratchet corrections",
             "author": {"ratchet"}, "author_email": {"unknown"}, "code_permalink": "https://example.invalid/ratchet",
-            "description": description or "Expert-labelled steps recorded by ratchet (DAgger / HG-DAgger / demonstrations)"}
+            "description": description or "Expert-labelled steps recorded by ratchet (DAgger, HG-DAgger, "
+                                          "demonstrations)"}
     storage.update_metadata(meta)
     storage.update_episodes(buffers)
     return path

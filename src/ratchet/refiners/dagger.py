@@ -23,7 +23,8 @@ policy). Each round is one sandboxed training job (trainer ``"dagger"``) that
    action space, squared error for a Box one; deterministic for a given seed).
 
 When no data set exists yet (the run's starting network), round 0 is behaviour cloning on
-``initial_episodes`` expert episodes, or on ``demonstrations`` (a data set file, e.g. converted from Minari). Each round's student is one candidate and passes the same gate as
+``initial_episodes`` expert episodes, or on ``demonstrations`` (a data set file, e.g. converted from
+Minari). Each round's student is one candidate and passes the same gate as
 any other; the data set keeps growing even when the gate rejects a student (the next round rolls the
 incumbent out again and aggregates onto the newest data). Per round, the job's ``info`` (recorded in the
 ``training_finished`` event) says for every episode which steps the expert controlled (segments
@@ -33,10 +34,8 @@ back, from the ledger on resume.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -61,10 +60,12 @@ class CorrectionSettings(BaseModel):
     expert_params: dict[str, Any] = Field(default_factory=dict, description="Values for the expert's PARAMETERS "
                                                                             "(the file's defaults otherwise).")
     initial_episodes: int = Field(5, ge=1, le=10_000, description="Expert episodes of round 0 (behaviour cloning "
-                                                                   "before any correction), when the student has no data set.")
+                                                                   "before any correction), when the student has no "
+                                                                   "data set.")
     demonstrations: str | None = Field(None, description="A data set to start from instead (round 0 clones it, no "
                                                          "expert episodes): a ratchet .npz, e.g. "
-                                                         "ratchet.data.from_minari(...).to_bytes(), relative to the spec.")
+                                                         "ratchet.data.from_minari(...).to_bytes(), relative to "
+                                                         "the spec.")
     episodes: int = Field(5, ge=1, le=10_000, description="Episodes per round (training seeds).")
     rounds: int | None = Field(None, ge=1, le=100_000, description="Correction rounds after round 0; none: until "
                                                                    "the budget ends.")
@@ -112,7 +113,8 @@ class CorrectionRefiner:
         self.expert_digest = expert_digest
         unknown = sorted(set(settings.expert_params) - {p.name for p in expert.parameters})
         if unknown:
-            raise PolicyError(f"[[refiners]] {self.name}: expert_params {unknown} are not PARAMETERS of {settings.expert}")
+            raise PolicyError(f"[[refiners]] {self.name}: expert_params {unknown} are not PARAMETERS of "
+                              f"{settings.expert}")
         self.expert_params = {**expert.defaults, **settings.expert_params}
         self._dataset: str | None = None  # digest of the newest aggregated data set
         self._rounds: list[dict[str, Any]] = []
@@ -329,7 +331,8 @@ def collect(task: Any, mode: str, student: Any, expert: Any, seeds: Sequence[int
 
 
 def behaviour_cloning(mlp: Any, data: Any, *, updates: int = 2000, batch_size: int = 256,
-                      learning_rate: float = 1e-3, seed: int = 0, normalize: bool = False) -> tuple[Any, dict[str, Any]]:
+                      learning_rate: float = 1e-3, seed: int = 0,
+                      normalize: bool = False) -> tuple[Any, dict[str, Any]]:
     """Fit ``mlp`` to the expert's labels in ``data`` (behaviour cloning), starting from its weights.
 
     Adam (D. P. Kingma, J. Ba, 2015) on minibatches drawn with ``numpy.random.default_rng(seed)``; the loss is
