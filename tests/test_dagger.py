@@ -278,3 +278,27 @@ def read_artifact(run_dir: Path, digest: str) -> bytes:
         return ledger.get_artifact(digest)
     finally:
         ledger.close()
+
+
+def test_without_a_takeover_function_disagreement_takes_over(round0):
+    expert = EXPERT.split("def takeover")[0]
+    settings = {"mode": "hg-dagger", "round": 1, "updates": 5, "handback_steps": 2, "expert_params": {"w_angle": 1.0}}
+    outs, _ = train(TASK, _parent(round0["weights"], round0["dataset"], expert=expert), settings, [21], 100)
+    info = outs[0].info
+    assert info["expert_steps"] == info["labelled_steps"] > 0
+
+
+def test_box_actions_clone_by_squared_error():
+    task = GymTask("Pendulum-v1", max_episode_steps=50)
+    expert = ('PARAMETERS = {"k": {"default": 2.0, "low": 0.0, "high": 5.0}}\n'
+              "def act(o, p):\n    return [max(-2.0, min(2.0, -p['k'] * o[2]))]\n")
+    env = task.make_env()
+    w = init_weights(env.observation_space, env.action_space, hidden=(8,), seed=0).to_bytes()
+    env.close()
+    outs, used = train(task, {"kind": "mlp", "artifacts": {"weights": w, "expert": expert.encode()}},
+                       {"mode": "bc", "round": 0, "updates": 200, "expert_params": {"k": 2.0}}, [1, 2], 100)
+    data = Dataset.from_bytes(outs[0].artifacts["dataset"])
+    assert data.label.shape == (100, 1) and data.meta["action"] == "box" and used == 100
+    assert outs[0].info["bc"]["loss_last"] < outs[0].info["bc"]["loss_first"]
+    student = load_weights(outs[0].artifacts["weights"])
+    assert student.act(data.obs[0]).shape == (1,)
