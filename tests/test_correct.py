@@ -57,7 +57,6 @@ def test_takeover_over_http_is_recorded():
     assert len(data) == 3 and data.expert.all() and (data.label == 1).all() and data.step.tolist() == [1, 2, 3]
 
 
-@pytest.mark.slow
 def test_keys_in_a_headless_browser_take_over():
     webdriver = pytest.importorskip("selenium.webdriver")
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")

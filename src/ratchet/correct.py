@@ -19,7 +19,6 @@ retraining and gating inside the run.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import threading
 from collections.abc import Mapping
