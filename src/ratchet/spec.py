@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ratchet.errors import SpecError, TaskError
 from ratchet.execution.sandbox import Sandbox
-from ratchet.refiners.cmaes import MIN_SIGMA0, CMAESSettings
+from ratchet.refiners.cmaes import CMAESSettings
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
