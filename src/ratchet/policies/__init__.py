@@ -23,7 +23,7 @@ from typing import Any
 from ratchet.errors import PolicyError
 from ratchet.policy import POLICY_KINDS
 
-__all__ = ["build", "kind_module", "POLICY_KINDS"]
+__all__ = ["build", "kind_module", "describe_artifact", "POLICY_KINDS"]
 
 
 def kind_module(kind: str) -> Any:
@@ -55,3 +55,27 @@ def build(kind: str, source: str, artifacts: Mapping[str, bytes]) -> Any:
         "policy failed to load" error.
     """
     return kind_module(kind).build(source, artifacts)
+
+
+def describe_artifact(role: str, data: bytes | None, *, with_role: bool = True) -> str:
+    """One line about a candidate's artifact for ``show`` and the report, read in the driver without
+    unpickling: a network (roles ``weights``, ``correction``) as layer sizes, activation, weight count and
+    norm (:func:`ratchet.policies.mlp.describe`); an SB3 model (role ``model``) only as its size, since
+    opening it would unpickle it.
+
+    Args:
+        role: The artifact's role in its candidate.
+        data: Its bytes, or None when they were not read.
+        with_role: Start the line with ``"<role>: "``.
+    """
+    head = f"{role}: " if with_role else ""
+    if data is None:
+        return f"{head}not read"
+    if role == "model":
+        return f"{head}Stable-Baselines3 .zip, {len(data):,} bytes (opened only in sandboxed workers)"
+    from ratchet.policies.mlp import describe
+
+    try:
+        return head + describe(data)
+    except PolicyError as exc:
+        return f"{head}{len(data):,} bytes ({exc})"
