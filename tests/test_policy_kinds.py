@@ -22,6 +22,7 @@ import pytest
 from conftest import DATA, events_of, make_spec_dir
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
+from ratchet.errors import PolicyError
 from ratchet.ledger import EventType
 from ratchet.ledger.artifacts import candidate_artifacts, digest
 from ratchet.ledger.projection import project
@@ -243,6 +244,11 @@ def test_mlp_candidate_evaluated_and_exported(tmp_path, executor):
         assert _standalone_return(module, CARTPOLE, s) == (ep.episode_return, ep.length)
     demo = subprocess.run([sys.executable, str(paths[0]), "10"], capture_output=True, text=True, timeout=60)
     assert demo.returncode == 0 and f"return {eps[0].episode_return!r}" in demo.stdout, demo.stderr
+    # the exported weights start a new run where this one ended: [policy] kind = "mlp", path = "net.npz"
+    _, again, _ = start_candidate(PolicySpec(kind="mlp", path="out/net.npz"), tmp_path, _spaces(CARTPOLE), 0, None)
+    assert again.id == cand.id
+    with pytest.raises(PolicyError, match="the task has 3 and 1"):
+        start_candidate(PolicySpec(kind="mlp", path="out/net.npz"), tmp_path, _spaces(GymTask("Pendulum-v1")), 0, None)
 
 
 def test_mlp_box_export_acts_like_ratchet(tmp_path):
