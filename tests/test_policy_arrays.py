@@ -274,3 +274,19 @@ def test_the_half_cheetah_example_is_one_array_parameter():
     assert sum(1 for line in text.splitlines() if line.strip().startswith("[") and line.count(",") == 17) == 6
     assert load_policy(ROOT / "examples/half_cheetah_linear/policy.py", dims={"obs": 17, "act": 6}).parameters[0].shape \
         == (6, 17)
+
+
+def test_advice_counts_array_elements_at_their_bounds():
+    from ratchet.advice import parameters_at_bounds
+    from ratchet.ledger.projection import RunState
+
+    src = (ROOT / "examples/linear_generic/policy.py").read_text(encoding="utf-8")  # shapes name "act", "obs"
+    w = np.zeros((2, 4))
+    w[0, 0], w[1, 2] = -5.0, 4.9999
+    st = RunState(policy_source=src, baseline_id="a", incumbent_id="b",
+                  candidates={"b": {"params": {"W": w.tolist(), "b": [0.0, 1.0]}}})
+    assert parameters_at_bounds(st) == [
+        "parameter W: 2 of 8 elements sit at a bound (1 lower, 1 upper): the search wanted to go further; widen "
+        "their range in PARAMETERS",
+        "parameter b: 1 of 2 elements sit at a bound (0 lower, 1 upper): the search wanted to go further; widen "
+        "their range in PARAMETERS"]
