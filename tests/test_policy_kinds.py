@@ -191,6 +191,89 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage):
     assert "Parameter changes (residual policy)" in report.read_text(encoding="utf-8")
 
 
+# -- mlp: every command on a run's network -----------------------------------------------------------
+
+def _write_mlp_run(run_dir: Path, executor) -> tuple[Candidate, Candidate, dict[str, bytes]]:
+    """A finished run's ledger whose start is a fresh mlp and whose incumbent is a network trained from it
+    (its weights moved): written event by event with real episodes, as the loop records them (no refiner
+    for networks is needed for what the commands read)."""
+    from ratchet.critic import Critic, Evaluation
+    from ratchet.ledger import SQLiteLedger
+    from ratchet.loop import LEDGER_FILE
+    from ratchet.spec import load_spec
+
+    spec = load_spec(make_spec_dir(run_dir.parent / "spec")).to_dict()
+    spec["policy"] = {**spec["policy"], "kind": "mlp", "hidden": [16]}
+    _, start, blobs = start_candidate(PolicySpec(kind="mlp", hidden=[16]), run_dir, _spaces(CARTPOLE), 0, None)
+    from ratchet.policies.mlp import load_weights
+
+    net = load_weights(blobs[start.artifacts["weights"]])
+    last_w, last_b = net.weights[-1]
+    moved = net.with_weights([*net.weights[:-1], (last_w + 0.05 * np.sign(last_w), last_b)]).to_bytes()
+    trained = Candidate.create("", {}, kind="mlp", artifacts={"weights": digest(moved)}, parent_id=start.id,
+                               refiner="ppo")
+    blobs[digest(moved)] = moved
+    run_dir.mkdir(parents=True)
+    ledger = SQLiteLedger(run_dir / LEDGER_FILE)
+    try:
+        for data in blobs.values():
+            ledger.put_artifact(data)
+        ledger.append(EventType.RUN_STARTED, "run_started", {
+            "run_id": run_dir.name, "spec": spec, "policy_source": "", "policy_path": "", "task": CARTPOLE.to_dict(),
+            "versions": {}, "pid": 0, "host": "test", "execution": {"backend": "process"},
+            "start_candidate": start.to_dict()})
+        evals = {}
+        for gen, cand in ((0, start), (1, trained)):
+            ledger.append(EventType.CANDIDATE_PROPOSED, f"candidate/{cand.id}", {"generation": gen,
+                                                                                "candidate": cand.to_dict()})
+            for split, seeds in (("validation", [1, 2, 3]), ("test", [100, 101, 102, 103])):
+                eps = executor.run(CARTPOLE, [Job(cand, s, blobs) for s in seeds])
+                ev = evals[cand.id, split] = Evaluation(cand.id, split, tuple(eps))
+                ledger.append(EventType.EPISODES_EVALUATED, f"eval/{split}/{cand.id}", {
+                    "candidate_id": cand.id, "split": split, "generation": gen, "seeds": seeds,
+                    "summary": ev.summary(), "episodes": [e.to_dict() for e in eps]})
+        ledger.append(EventType.INCUMBENT_CHANGED, "incumbent/1", {
+            "generation": 1, "from": start.id, "to": trained.id, "env_steps": 0, "params": {},
+            "validation_mean": evals[trained.id, "validation"].mean,
+            "previous_validation_mean": evals[start.id, "validation"].mean})
+        critic = Critic.for_task(CARTPOLE)
+        ledger.append(EventType.RUN_FINISHED, "run_finished", {
+            "stop_reason": "budget", "generations": 1, "incumbent_id": trained.id, "baseline_id": start.id,
+            "test": evals[trained.id, "test"].summary(), "baseline_test": evals[start.id, "test"].summary(),
+            "test_critique": critic.critique(evals[trained.id, "test"], evals[start.id, "test"]).to_dict(),
+            "baseline_test_critique": critic.critique(evals[start.id, "test"]).to_dict(), "wall_clock_s": 1.0})
+    finally:
+        ledger.close()
+    return start, trained, blobs
+
+
+def test_an_mlp_run_through_every_command(tmp_path, executor):
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    runs = tmp_path / "runs"
+    start, trained, blobs = _write_mlp_run(runs / "m", executor)
+    runner = CliRunner(env={"COLUMNS": "250"})
+
+    def cli(*args: str):
+        res = runner.invoke(app, [*args, "--runs-dir", str(runs)])
+        assert res.exit_code == 0, res.output
+        return res.stdout
+
+    assert "incumbent mlp" in cli("show", "m") and "weights: mlp 4-16-2 (tanh, discrete)" in cli("show", "m")
+    assert "match: identical return and length" in cli("replay", "m", "--seed", "101")
+    assert "match" in cli("replay", "m", "--seed", "2", "--candidate", start.id)
+    assert f"candidate {trained.id} (mlp)" in cli("evaluate", "--run", "m", "--seeds", "100,101", "--workers", "1")
+    assert "Candidate" in cli("critique", "m", "--split", "test")
+    cli("export", "m", "-o", str(tmp_path / "net.py"))
+    assert (tmp_path / "net.npz").read_bytes() == blobs[trained.artifacts["weights"]]
+    cli("report", "m", "-o", str(tmp_path / "r.html"), "--no-videos")
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "Parameter changes (mlp policy)" in page and "mlp 4-16-2 (tanh, discrete): 114 weights" in page
+    assert "of 114 changed" in page
+
+
 # -- residual with a zero correction is its base ------------------------------------------------------
 
 @pytest.mark.parametrize("env_id, policy", [("CartPole-v1", "cartpole_linear.py"),
