@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DATA, events_of, make_spec_dir
+from conftest import DATA, events_of, make_spec_dir, unique_run_id
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.errors import PolicyError
@@ -82,23 +81,18 @@ def _standalone_return(module, task: GymTask, seed: int) -> tuple[float, int]:
 
 # -- residual: run → kill -9 → resume → replay → export --------------------------------------------
 
-def _count(db: Path, type_: str) -> int:
-    """Events of ``type_`` in a ledger another process writes (a run's file, or a shared SQLite database)."""
-    if not db.is_file():
+def _count(open_ledger, type_: str) -> int:
+    """Events of ``type_`` in a ledger another process is writing (0 while it is being created)."""
+    try:
+        ledger = open_ledger()
+    except Exception:
         return 0
     try:
-        con = sqlite3.connect(str(db), timeout=5)
-        try:
-            for table in ("events", "ratchet_events"):
-                try:
-                    return con.execute(f"SELECT COUNT(*) FROM {table} WHERE type = ?", (type_,)).fetchone()[0]
-                except sqlite3.OperationalError:
-                    continue
-            return 0
-        finally:
-            con.close()
-    except sqlite3.Error:
+        return sum(1 for e in ledger.read() if e.type.value == type_)
+    except Exception:
         return 0
+    finally:
+        ledger.close()
 
 
 def _residual_spec(directory: Path) -> Path:
@@ -113,27 +107,41 @@ def _residual_spec(directory: Path) -> Path:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux")
-@pytest.mark.parametrize("storage", ["file", "sqlite-url"])
-def test_residual_run_kill_9_resume_replay_export(tmp_path, storage):
+@pytest.mark.parametrize("storage", ["file", "sqlite-url", "postgresql"])
+def test_residual_run_kill_9_resume_replay_export(tmp_path, storage, request):
     """A residual run (cmaes on the base's PARAMETERS) killed with SIGKILL, resumed, then every command on it:
-    its correction is found in the artifact store (the run's file, or a shared database's table)."""
+    its correction is found in the artifact store (the run's file, or a shared database's table; PostgreSQL
+    only with RATCHET_TEST_POSTGRES_URL set)."""
     from typer.testing import CliRunner
 
     from ratchet.cli import app
+    from ratchet.ledger import SQLiteLedger
 
     spec_dir = _residual_spec(tmp_path / "spec")
     runs = tmp_path / "runs"
-    extra = [] if storage == "file" else ["--storage", f"sqlite:///{tmp_path / 'shared.sqlite'}"]
-    db = runs / "r" / "ledger.sqlite" if storage == "file" else tmp_path / "shared.sqlite"
+    url = {"file": None, "sqlite-url": f"sqlite:///{tmp_path / 'shared.sqlite'}"}.get(storage)
+    if storage == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+    run_id = "r" if storage != "postgresql" else unique_run_id("kinds")
+    extra = [] if url is None else ["--storage", url]
+    if url is None:
+        def open_ledger():
+            return SQLiteLedger(runs / run_id / "ledger.sqlite", create=False, readonly=True)
+    else:
+        def open_ledger():
+            from ratchet.ledger.sql import SQLAlchemyLedger
+
+            return SQLAlchemyLedger(url, run_id, create=False, readonly=True)
     log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(CLI + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "r", "--no-report", *extra],
+    proc = subprocess.Popen(CLI + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", run_id, "--no-report",
+                                   *extra],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while _count(db, "episodes_evaluated") < 3:
+        while _count(open_ledger, "episodes_evaluated") < 3:
             assert proc.poll() is None, f"run ended before it could be killed: {(tmp_path / 'run.log').read_text()}"
             assert time.monotonic() < deadline, "no evaluations recorded within 120 s"
-            time.sleep(0.01)
+            time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(10) == -signal.SIGKILL
     finally:
@@ -144,12 +152,12 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage):
     runner = CliRunner(env={"COLUMNS": "250"})
 
     def cli(*args: str):
-        res = runner.invoke(app, [*args, "--runs-dir", str(runs)])
+        res = runner.invoke(app, [*args, "--runs-dir", str(runs), *extra])
         assert res.exit_code == 0, res.output
         return res
 
-    cli("resume", "r", "--no-report")
-    ledger, _ = open_run("r", runs)
+    cli("resume", run_id, "--no-report")
+    ledger, _ = open_run(run_id, runs, storage=url)
     try:
         events = ledger.read()
         st = project(events)
@@ -165,7 +173,7 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage):
 
     test_eval = st.evaluation(incumbent.id, "test")
     seed = test_eval.seeds[0]
-    assert "match: identical return and length" in cli("replay", "r", "--seed", str(seed)).stdout
+    assert "match: identical return and length" in cli("replay", run_id, "--seed", str(seed)).stdout
     if storage != "file":
         return  # the rest reads the ledger the same way for every store
 
