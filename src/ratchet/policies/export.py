@@ -187,8 +187,9 @@ if __name__ == "__main__":
 
 def _task_lines(task: Mapping[str, Any] | None) -> str:
     t = dict(task or {})
-    return (f"ENV_ID = {t.get('env_id')!r}\nENV_KWARGS = {json.dumps(t.get('env_kwargs') or {}, sort_keys=True)}\n"
-            f"MAX_EPISODE_STEPS = {t.get('max_episode_steps')!r}\n")
+    kwargs = dict(sorted(json.loads(json.dumps(t.get("env_kwargs") or {})).items()))  # plain literals only
+    return (f"ENV_ID = {t.get('env_id')!r}\nENV_KWARGS = {kwargs!r}\n"
+            f"MAX_EPISODE_STEPS = {t.get('max_episode_steps')!r}\n\n")
 
 
 def _doc(header: str | None, body: str) -> str:
@@ -197,9 +198,9 @@ def _doc(header: str | None, body: str) -> str:
 
 
 def _mlp_program(header: str | None, description: str, npz: str, task: Mapping[str, Any] | None) -> str:
-    body = (f"A ratchet ``mlp`` policy: {description}. Its weights are {npz} beside this file (NumPy .npz, no\n"
-            "pickles); this program needs only NumPy (and Gymnasium for the demo):\n\n"
-            "    from policy import Policy          # this file's name\n"
+    body = (f"A ratchet ``mlp`` policy: {description}.\nIts weights are {npz} beside this file (NumPy .npz, no "
+            "pickles); this program needs\nonly NumPy (and Gymnasium for the demo):\n\n"
+            f"    from {Path(npz).stem} import Policy\n"
             "    policy = Policy()\n"
             "    action = policy.act(observation)   # deterministic, as ratchet evaluated it\n\n"
             f"`python {Path(npz).stem}.py SEED` flies one episode and prints its return. To evaluate it with ratchet,\n"
@@ -231,10 +232,12 @@ class Policy:
 def _residual_program(header: str | None, description: str, base: str, npz: str,
                       task: Mapping[str, Any] | None) -> str:
     body = (f"A ratchet ``residual`` policy: the base program {base} (its PARAMETERS' defaults are the refined\n"
-            f"values) plus a learned correction r, {description}, in {npz}. For a Box action space the\n"
-            "action is clip(base(o) + r(o), low, high); for a Discrete one the base's action scores 1, the others 0,\n"
+            f"values) plus a learned correction r in {npz}:\n{description}.\n"
+            "For a Box action space the action is clip(base(o) + r(o), low, high); for a Discrete one the\n"
+            "base's action scores 1, the others 0,\n"
             "r(o) is added and the best score wins; where r(o) is exactly zero the base's action is returned\n"
             "unchanged. This program needs only NumPy (and Gymnasium for the demo):\n\n"
+            f"    from {Path(base).stem}_residual import Policy\n"
             "    policy = Policy()\n"
             "    policy.reset(seed, env.observation_space, env.action_space)   # before each episode\n"
             "    action = policy.act(observation)\n\n"
