@@ -523,8 +523,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     if seed is not None:
         data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
-    fresh_network = spec.policy.kind == "mlp" and not spec.policy.path.endswith(".npz")  # path unused
-    if not fresh_network and not spec.policy_path.is_file():
-        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file"
-                        + (" (or the .npz/.zip model)" if spec.policy.kind in ("mlp", "sb3") else ""))
+    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # a fresh mlp has no file
+        what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
+        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
     return spec

@@ -26,7 +26,7 @@ import numpy as np
 
 from ratchet.errors import PolicyError
 
-__all__ = ["MLP", "init_weights", "load_weights", "build", "describe", "difference", "ACTIVATIONS"]
+__all__ = ["MLP", "init_weights", "load_weights", "build", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu")
 
