@@ -369,6 +369,16 @@ def test_sb3_export_writes_the_stored_zip(tmp_path):
     assert "Stable-Baselines3 .zip" in describe_artifact("model", data)
 
 
+def test_describe_artifact_of_a_refiners_training_state():
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, w=np.ones((3, 4)), b=np.zeros(4))  # e.g. a PPO critic: arrays, unused when acting
+    assert describe_artifact("critic", buf.getvalue()) == "critic: 2 arrays, 16 numbers, norm 3.464"
+    assert describe_artifact("critic", b"not an npz", with_role=False) == "10 bytes"
+    assert describe_artifact("weights", None) == "weights: not read"
+
+
 def test_sb3_export_opens_with_ppo_load(tmp_path):
     sb3 = pytest.importorskip("stable_baselines3", reason="needs stable-baselines3 (pip install stable-baselines3)")
     model = sb3.PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, seed=0, device="cpu")

@@ -61,7 +61,8 @@ def describe_artifact(role: str, data: bytes | None, *, with_role: bool = True) 
     """One line about a candidate's artifact for ``show`` and the report, read in the driver without
     unpickling: a network (roles ``weights``, ``correction``) as layer sizes, activation, weight count and
     norm (:func:`ratchet.policies.mlp.describe`); an SB3 model (role ``model``) only as its size, since
-    opening it would unpickle it.
+    opening it would unpickle it; any other role (a refiner's training state, e.g. ``critic``) as the
+    count, size and norm of its arrays when it is an ``.npz``, else its size.
 
     Args:
         role: The artifact's role in its candidate.
@@ -73,9 +74,28 @@ def describe_artifact(role: str, data: bytes | None, *, with_role: bool = True) 
         return f"{head}not read"
     if role == "model":
         return f"{head}Stable-Baselines3 .zip, {len(data):,} bytes (opened only in sandboxed workers)"
-    from ratchet.policies.mlp import describe
+    if role in ("weights", "correction"):
+        from ratchet.policies.mlp import describe
+
+        try:
+            return head + describe(data)
+        except PolicyError as exc:
+            return f"{head}{len(data):,} bytes ({exc})"
+    return head + _describe_arrays(data)
+
+
+def _describe_arrays(data: bytes) -> str:
+    """Another role (e.g. a PPO refiner's ``critic``: training state, unused when acting): its arrays' count,
+    size and norm when it is an ``.npz`` (read without pickles), else its size."""
+    import io
+
+    import numpy as np
 
     try:
-        return head + describe(data)
-    except PolicyError as exc:
-        return f"{head}{len(data):,} bytes ({exc})"
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = [np.asarray(z[k], dtype=np.float64) for k in z.files]
+    except Exception:
+        return f"{len(data):,} bytes"
+    numbers = sum(a.size for a in arrays)
+    norm = float(np.sqrt(sum(float((a ** 2).sum()) for a in arrays)))
+    return f"{len(arrays)} arrays, {numbers:,} numbers, norm {norm:.4g}"
