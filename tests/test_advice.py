@@ -44,10 +44,3 @@ def test_parameters_at_a_bound_are_named():
     assert len(lines) == 2
     assert "w_velocity = 1 sits at its upper bound 1" in lines[0] and "widen its range" in lines[0]
     assert "w_angle = -1 sits at its lower bound -1" in lines[1]
-
-
-def test_no_cmaes_advice_for_other_refiners():
-    st = _state(["not better on training seeds (paired mean difference -1.00)"] * 4)
-    st.spec["refiners"] = [{"kind": "ppo", "env_steps": 512}]
-    text = "\n".join(run_advice(st))
-    assert "the refiners (ppo) are not finding better candidates" in text and "sigma0" not in text

@@ -80,17 +80,11 @@ def run_advice(state: Any) -> list[str]:
         share = sum(note.startswith(_SHARE) for note in notes)
         budget = sum(note.startswith(_BUDGET) for note in notes)
         head = f"{len(state.promotions)} promotion(s) in {n} generation(s)"
-        kinds = {r.get("kind") for r in spec.get("refiners") or []} or {"cmaes"}
-        if screened >= max(1, n // 2) and "cmaes" in kinds:
+        if screened >= max(1, n // 2):
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
                        f"the search is not finding better candidates: try a smaller [refiner] sigma0 (now "
                        f"{refiner.get('sigma0', 0.2):g}) for local steps, more [refiner] train_episodes for less "
                        "noisy ranking, or wider parameter bounds")
-        elif screened >= max(1, n // 2):  # no CMA-ES: its step size and parameter bounds do not apply
-            out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
-                       f"the refiners ({', '.join(sorted(map(str, kinds)))}) are not finding better candidates: try "
-                       "their settings (e.g. more training env steps per generation) or more [refiner] "
-                       "train_episodes for less noisy ranking")
         if share:
             out.append(f"{head}: {share} generation(s) skipped the gate because validation would exceed [gate] "
                        f"max_share = {gate.get('max_share', 0.3):g} of the env steps; raise max_share or lower [gate] "

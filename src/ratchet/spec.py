@@ -97,8 +97,8 @@ class PolicySpec(_Section):
     ``kind = "program"`` (default): a policy file at ``path``. ``"mlp"``: a fresh network (``hidden``,
     ``activation``, ``normalize``; ``path`` unused), or with ``path`` ending in ``.npz`` the network in that
     weights file (as ``ratchet export`` writes it; ``hidden``/``activation``/``normalize`` then come from the
-    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers). ``"residual"``: the program at ``path`` plus a learned
-    correction network (``hidden``, ``activation``, ``normalize``) that starts at exactly zero.
+    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers).
+    ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``, ``normalize``) that starts at exactly zero.
     """
 
     kind: Literal["program", "mlp", "sb3", "residual"] = "program"
@@ -523,7 +523,6 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     if seed is not None:
         data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
-    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # a fresh mlp has no file
-        what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
-        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
+    if not spec.policy_path.is_file():
+        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")
     return spec
