@@ -98,7 +98,8 @@ class PolicySpec(_Section):
     ``activation``, ``normalize``; ``path`` unused), or with ``path`` ending in ``.npz`` the network in that
     weights file (as ``ratchet export`` writes it; ``hidden``/``activation``/``normalize`` then come from the
     file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers).
-    ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``, ``normalize``) that starts at exactly zero.
+    ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
+    ``normalize``) that starts at exactly zero.
     """
 
     kind: Literal["program", "mlp", "sb3", "residual"] = "program"
