@@ -432,3 +432,39 @@ def test_artifacts_are_content_addressed_and_survive_reopen(store):
             again.get_artifact("0" * 64)
     finally:
         again.close()
+
+
+def test_artifacts_read_only_empty_and_damaged(store):
+    """Every store: a read-only ledger stores nothing, empty bytes are an artifact like any other, and bytes
+    that no longer match their digest are a LedgerError, never returned."""
+    run_id, led = store.with_events("artifacts-edge", 1)
+    empty, blob = led.put_artifact(b""), led.put_artifact(b"weights" * 100)
+    assert led.get_artifact(empty) == b""
+    led.close()
+    ro = store.open(run_id, readonly=True)
+    try:
+        with pytest.raises(LedgerError, match="read-only|readonly"):
+            ro.put_artifact(b"new bytes")
+    finally:
+        ro.close()
+    if store.url is None:
+        con = sqlite3.connect(store.root / run_id / "ledger.sqlite")
+        with con:
+            con.execute("UPDATE artifacts SET data = ? WHERE hash = ?", (b"tampered", blob))
+        con.close()
+    else:
+        from sqlalchemy import create_engine, text
+
+        from ratchet.ledger.sql import ARTIFACTS_TABLE, database_url
+
+        engine = create_engine(database_url(store.url))
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {ARTIFACTS_TABLE} SET data = :d WHERE hash = :h"), {"d": b"tampered", "h": blob})
+        engine.dispose()
+    again = store.open(run_id, readonly=True)
+    try:
+        with pytest.raises(LedgerError, match="damaged"):
+            again.get_artifact(blob)
+        assert again.get_artifact(empty) == b""
+    finally:
+        again.close()

@@ -252,3 +252,41 @@ def test_the_generic_example_runs_on_cartpole_unchanged(trusted):
         eps = ex.run(task, [Job(cand, s) for s in (1, 2)] + [Job(prog.candidate(), 1)])
     assert [e.error for e in eps] == [None] * 3
     assert min(e.length for e in eps[:2]) > 400 and eps[2].length < 20
+
+
+def test_the_half_cheetah_example_is_one_array_parameter():
+    """examples/half_cheetah_linear: W of shape ["act", "obs"] = (6, 17) on HalfCheetah-v5, exported one row
+    per line. Needs MuJoCo (the optional extra)."""
+    pytest.importorskip("mujoco", reason="needs MuJoCo for HalfCheetah-v5: pip install 'policy-ratchet[mujoco]'")
+    from ratchet.loop import load_program
+
+    spec = load_spec(ROOT / "examples/half_cheetah_linear")
+    task = GymTask.from_spec(spec.task)
+    prog = load_program(spec.policy_path, task)
+    assert [(p.name, p.shape) for p in prog.parameters] == [("W", (6, 17))]
+    w = np.random.default_rng(0).uniform(-0.3, 0.3, (6, 17))
+    cand = prog.candidate({"W": w})
+    with ProcessExecutor(workers=1, episode_timeout_s=120) as ex:
+        eps = ex.run(task, [Job(prog.candidate(), 0), Job(cand, 0)])
+    assert [e.error for e in eps] == [None, None] and [e.length for e in eps] == [1000, 1000]
+    assert abs(eps[0].episode_return) < 5  # all zeros: no torque, the cheetah stands still
+    text = export_source(prog.source, cand.params)
+    assert sum(1 for line in text.splitlines() if line.strip().startswith("[") and line.count(",") == 17) == 6
+    assert load_policy(ROOT / "examples/half_cheetah_linear/policy.py", dims={"obs": 17, "act": 6}).parameters[0].shape \
+        == (6, 17)
+
+
+def test_advice_counts_array_elements_at_their_bounds():
+    from ratchet.advice import parameters_at_bounds
+    from ratchet.ledger.projection import RunState
+
+    src = (ROOT / "examples/linear_generic/policy.py").read_text(encoding="utf-8")  # shapes name "act", "obs"
+    w = np.zeros((2, 4))
+    w[0, 0], w[1, 2] = -5.0, 4.9999
+    st = RunState(policy_source=src, baseline_id="a", incumbent_id="b",
+                  candidates={"b": {"params": {"W": w.tolist(), "b": [0.0, 1.0]}}})
+    assert parameters_at_bounds(st) == [
+        "parameter W: 2 of 8 elements sit at a bound (1 lower, 1 upper): the search wanted to go further; widen "
+        "their range in PARAMETERS",
+        "parameter b: 1 of 2 elements sit at a bound (0 lower, 1 upper): the search wanted to go further; widen "
+        "their range in PARAMETERS"]

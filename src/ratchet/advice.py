@@ -18,19 +18,24 @@ _BUDGET = "the budget cannot pay for validation"
 
 def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
     """One line per scalar parameter of the final incumbent that sits at (within ``tolerance`` of its
-    range) a bound: the search wanted to go further than the declared range allows."""
-    from ratchet.policy import parse_policy
+    range) a bound, and one per array parameter with elements there (counted, not listed): the search
+    wanted to go further than the declared range allows."""
+    from ratchet.policy import _infer_dims, parse_policy
 
     if not state.incumbent_id or state.incumbent_id == state.baseline_id or not state.policy_source:
         return []
     try:
-        program = parse_policy(state.policy_source, "<policy>")
+        values = state.candidates.get(state.incumbent_id, {}).get("params", {})
+        program = parse_policy(state.policy_source, "<policy>", dims=_infer_dims(state.policy_source, values))
     except Exception:
         return []
     values = state.candidates.get(state.incumbent_id, {}).get("params", {})
     out = []
     for p in program.parameters:
         v = values.get(p.name)
+        if p.is_array and isinstance(v, (list, tuple)):
+            out += _array_at_bounds(p, v, tolerance)
+            continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
         span = p.high - p.low
@@ -39,6 +44,23 @@ def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
                 out.append(f"parameter {p.name} = {v:.6g} sits at its {side} bound {bound:g}: the search wanted to "
                            "go further; widen its range in PARAMETERS")
     return out
+
+
+def _array_at_bounds(p: Any, value: Any, tolerance: float) -> list[str]:
+    """One line for an array parameter with elements at a bound (how many, of how many), none otherwise."""
+    import numpy as np
+
+    try:
+        v = np.asarray(value, dtype=np.float64).reshape(p.shape)
+    except ValueError:
+        return []
+    lo, hi = p.array("low"), p.array("high")
+    span = hi - lo
+    low, high = int(np.sum(v - lo <= tolerance * span)), int(np.sum(hi - v <= tolerance * span))
+    if not low + high:
+        return []
+    return [f"parameter {p.name}: {low + high} of {v.size} elements sit at a bound ({low} lower, {high} upper): "
+            "the search wanted to go further; widen their range in PARAMETERS"]
 
 
 def run_advice(state: Any) -> list[str]:

@@ -150,17 +150,18 @@ def _with_progress(drive, resume_target: str, report: bool, storage: str | None)
         _fail(exc)
 
 
-def _write_report(state, run_dir: Path, path: Path, videos: bool) -> Path:
-    from ratchet.report import render_report
+def _write_report(state, run_dir: Path, path: Path, videos: bool, run: str, runs_dir: str, storage: str | None) -> Path:
+    from ratchet.report import render_report, report_candidates
 
+    blobs = _artifacts_of(run, runs_dir, storage, report_candidates(state))  # networks: summaries, GIFs
     return render_report(state, run_dir, path, videos,
-                         note=lambda text: err.print(f"note: {_safe(text)}", highlight=False))
+                         note=lambda text: err.print(f"note: {_safe(text)}", highlight=False), artifacts=blobs)
 
 
 def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
     state, _ = _load_state(str(run_dir), ".", storage)
     if report:
-        path = _write_report(state, run_dir, run_dir / "report.html", videos=True)
+        path = _write_report(state, run_dir, run_dir / "report.html", True, str(run_dir), ".", storage)
         out.print(f"report: {path}", highlight=False, soft_wrap=True)
     _print_result(run_dir, state)
 
@@ -276,6 +277,15 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         from ratchet.policy import describe_value  # arrays as one summary line each, not one row per element
 
         t.add_row("incumbent params", "\n".join(f"{k} {describe_value(v)}" for k, v in data["incumbent"]["params"].items()))
+    if data["incumbent"]["artifacts"]:  # a network: one summary line per artifact, never its numbers
+        from ratchet.policies import describe_artifact
+
+        try:
+            blobs = _artifacts_of(run, runs_dir, storage, [st.candidate(st.incumbent_id)])
+        except RatchetError:
+            blobs = {}
+        t.add_row(f"incumbent {data['incumbent']['kind']}",
+                  "\n".join(_safe(describe_artifact(role, blobs.get(h))) for role, h in data["incumbent"]["artifacts"].items()))
     for k in ("baseline_test", "test"):
         s = data[k]
         if s:
@@ -314,7 +324,7 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
         try:
             if output is None:  # a run found only in the database gets its run directory here
                 run_dir.mkdir(parents=True, exist_ok=True)
-            path = _write_report(st, run_dir, output or run_dir / "report.html", videos)
+            path = _write_report(st, run_dir, output or run_dir / "report.html", videos, run, runs_dir, storage)
         except OSError as exc:
             raise RatchetError(f"cannot write the report: {exc.strerror or exc}") from None
     except RatchetError as exc:
@@ -324,7 +334,7 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
 
 
 @app.command()
-def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETERS + act)."),
+def evaluate(policy: Optional[Path] = typer.Argument(None, help="Policy .py file (PARAMETERS + act); or give --run."),
              env: Optional[str] = typer.Option(None, "--env", help="Gymnasium env id, e.g. LunarLander-v3 "
                                                                    "(or take the task from --spec)."),
              spec_path: Optional[Path] = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
@@ -336,8 +346,14 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
              seed: int = typer.Option(0, "--seed", min=0, help="First seed; episodes use seed, seed+1, …"),
              workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core; at most 1024)."),
              timeout: float = typer.Option(60.0, "--timeout", min=0.001,
-                                           help="Per-episode timeout (seconds, at most 86400).")) -> None:
-    """Evaluate a policy file with its default parameters and print a table."""
+                                           help="Per-episode timeout (seconds, at most 86400)."),
+             run: Optional[str] = typer.Option(None, "--run", help="Evaluate a run's candidate (any policy kind: "
+                                               "program, mlp, sb3, residual) instead of a policy file; the task is "
+                                               "the run's unless --env or --spec is given."),
+             candidate: Optional[str] = typer.Option(None, "--candidate", help="With --run: candidate id (or prefix); "
+                                                     "default the incumbent."),
+             runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+    """Evaluate a policy file with its default parameters, or a run's candidate (--run), and print a table."""
     from ratchet.critic import Evaluation
     from ratchet.execution import Job, make_executor
     from ratchet.spec import MAX_EPISODES, MAX_TIMEOUT_S, MAX_WORKERS
@@ -357,28 +373,41 @@ def evaluate(policy: Path = typer.Argument(..., help="Policy .py file (PARAMETER
         seed_list = _parse_seeds(seeds) if seeds is not None else list(range(seed, seed + episodes))
         from ratchet.loop import check_task, load_program
 
-        if (env is None) == (spec_path is None):
+        if (policy is None) == (run is None):
+            raise RatchetError("give a policy file, or a run's candidate with --run RUN [--candidate ID] (one of the two)")
+        if candidate is not None and run is None:
+            raise RatchetError("--candidate picks a candidate of --run; give --run RUN too")
+        if env is not None and spec_path is not None or (run is None and env is None and spec_path is None):
             raise RatchetError("give the environment with --env ID or a spec's [task] with --spec ratchet.toml "
                                "(one of the two)")
         if spec_path is not None:
             from ratchet.spec import load_spec
 
             task = GymTask.from_spec(load_spec(spec_path).task)
-        else:
+        elif env is not None:
             task = GymTask(env)
-        program = load_program(policy, task)
+        blobs: dict[str, bytes] = {}
+        if run is not None:
+            st, _ = _load_state(run, runs_dir, storage)
+            cand = _candidate_of(st, candidate)
+            blobs = _artifacts_of(run, runs_dir, storage, [cand])
+            if env is None and spec_path is None:
+                task = _task_of(st)
+            label = f"candidate {cand.id} ({cand.kind}) of run {st.run_id}"
+        else:
+            cand = load_program(policy, task).candidate()
+            label = str(policy)
         check_task(task)
-        cand = program.candidate()
         ex = make_executor(workers, timeout)
         try:
-            eps = ex.run(task, [Job(cand, s) for s in seed_list])
+            eps = ex.run(task, [Job(cand, s, blobs) for s in seed_list])
         finally:
             ex.close()
     except RatchetError as exc:
         _fail(exc)
         return
     ev = Evaluation(cand.id, "evaluate", tuple(eps))
-    t = Table(title=f"{policy} on {task.env_id}")
+    t = Table(title=f"{label} on {task.env_id}")
     for col in ("seed", "return", "length", "terminated", "truncated", "success", "error"):
         t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
     for e in eps[:50]:
@@ -472,9 +501,10 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
                 raise RatchetError(f"--video {video}: cannot create its folder") from None
             if video.is_dir():
                 raise RatchetError(f"--video {video} is a folder; give a file name")
+        blobs = _artifacts_of(run, runs_dir, storage, [cand])
         ex = ProcessExecutor(workers=1, episode_timeout_s=max(60.0, float(st.spec["execution"]["episode_timeout_s"])))
         try:
-            ep = ex.run(task, [Job(cand, seed)], render_paths=[str(video.resolve()) if video else None])[0]
+            ep = ex.run(task, [Job(cand, seed, blobs)], render_paths=[str(video.resolve()) if video else None])[0]
         finally:
             ex.close()
         out.print(f"candidate {cand.id} seed {seed}: return {ep.episode_return!r} ({ep.length} env steps, "
@@ -523,6 +553,21 @@ def _task_of(state):
     return GymTask.from_spec(state.spec["task"])
 
 
+def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> dict[str, bytes]:
+    """The bytes of the candidates' artifacts, by digest, from the run's ledger (empty for plain programs)."""
+    from ratchet.ledger.artifacts import candidate_artifacts
+    from ratchet.loop import open_run
+
+    candidates = list(candidates)
+    if not any(c.artifacts for c in candidates):
+        return {}
+    ledger, _ = open_run(run, runs_dir, storage=storage, readonly=True)
+    try:
+        return candidate_artifacts(ledger, candidates)
+    finally:
+        ledger.close()
+
+
 @app.command()
 def critique(run: str = typer.Argument(..., help="Run id or run directory."),
              candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
@@ -563,29 +608,37 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
 
 @app.command()
 def export(run: str = typer.Argument(..., help="Run id or run directory."),
-           output: Path = typer.Option(..., "-o", "--output", help="Policy file to write."),
+           output: Path = typer.Option(..., "-o", "--output",
+                                       help="File to write: the policy .py (program), the model .zip (sb3); an mlp "
+                                            "writes STEM.py + STEM.npz, a residual STEM.py + STEM_correction.npz + "
+                                            "STEM_residual.py."),
            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
            runs_dir: str = RUNS_DIR_OPT,
-           force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+           force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
            storage: Optional[str] = STORAGE_OPT) -> None:
-    """Write a standalone policy file whose defaults are the refined values."""
-    from ratchet.policy import export_source
+    """Write the refined policy back in the form it came in: a policy file whose defaults are the refined
+    values, an SB3 .zip, or a network's .npz with a standalone NumPy program (see ratchet.policies.export)."""
+    from ratchet.policies.export import export_candidate, export_paths
 
     try:
         st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
-        _check_output(output, force, "--output")
+        paths = export_paths(cand, output)
+        for path in paths:
+            _check_output(path, force, "--output")
+        blobs = _artifacts_of(run, runs_dir, storage, [cand])
         val = st.evaluation(cand.id, "validation")
         score = f" (validation mean {val.mean:.2f} on {val.n} episodes)" if val is not None else ""
         header = f"Exported by ratchet from run {st.run_id}, candidate {cand.id}{score}."
         try:
-            output.write_text(export_source(cand.source, cand.params, header=header), encoding="utf-8")
+            export_candidate(cand, blobs, output, header=header, task=_task_of(st).to_dict())
         except OSError as exc:
             raise RatchetError(f"cannot write {output}: {exc.strerror or exc}; check the folder exists and is writable") from None
     except RatchetError as exc:
         _fail(exc)
         return
-    out.print(f"wrote {output}", highlight=False, soft_wrap=True)
+    for path in paths:
+        out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

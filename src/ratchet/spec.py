@@ -95,14 +95,17 @@ class PolicySpec(_Section):
     """``[policy]``: what the run starts from (see :mod:`ratchet.policies`).
 
     ``kind = "program"`` (default): a policy file at ``path``. ``"mlp"``: a fresh network (``hidden``,
-    ``activation``, ``normalize``; ``path`` unused). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at
-    ``path`` (opened only in sandboxed workers). ``"residual"``: the program at ``path`` plus a learned
-    correction network (``hidden``, ``activation``, ``normalize``) that starts at exactly zero.
+    ``activation``, ``normalize``; ``path`` unused), or with ``path`` ending in ``.npz`` the network in that
+    weights file (as ``ratchet export`` writes it; ``hidden``/``activation``/``normalize`` then come from the
+    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers).
+    ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
+    ``normalize``) that starts at exactly zero.
     """
 
     kind: Literal["program", "mlp", "sb3", "residual"] = "program"
-    path: str = Field("policy.py", description="Policy file (program, residual base) or model .zip (sb3), "
-                                               "relative to the spec file.")
+    path: str = Field("policy.py", description="Policy file (program, residual base), model .zip (sb3) or "
+                                               "weights .npz (mlp; without one a fresh network), relative to the "
+                                               "spec file.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of an mlp policy "
                                                                            "or a residual correction.")
     activation: Literal["tanh", "relu"] = "tanh"

@@ -11,10 +11,12 @@ always finds what its events refer to; reading one back checks its digest.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
+from typing import Any
 
 from ratchet.errors import LedgerError
 
-__all__ = ["digest", "check_artifact", "MAX_ARTIFACT_BYTES"]
+__all__ = ["digest", "check_artifact", "candidate_artifacts", "MAX_ARTIFACT_BYTES"]
 
 #: Largest artifact a store accepts, in bytes (a policy network or a data set of corrections).
 MAX_ARTIFACT_BYTES = 512 << 20
@@ -44,3 +46,23 @@ def check_size(data: bytes) -> None:
         raise LedgerError(f"an artifact must be bytes, got {type(data).__name__}")
     if len(data) > MAX_ARTIFACT_BYTES:
         raise LedgerError(f"an artifact of {len(data):,} bytes exceeds the store's limit of {MAX_ARTIFACT_BYTES:,}")
+
+
+def candidate_artifacts(ledger: Any, candidates: Iterable[Any]) -> dict[str, bytes]:
+    """The bytes of every artifact the ``candidates`` refer to, by digest, read from ``ledger``'s store: what
+    a :class:`ratchet.execution.Job` needs to re-run them (``Job(candidate, seed, artifacts)``), and what
+    ``export`` and the report read. Plain programs have none (an empty dict, nothing read).
+
+    Args:
+        ledger: A ledger store (:class:`ratchet.ledger.LedgerStore`; a read-only one is enough).
+        candidates: :class:`ratchet.policy.Candidate` objects.
+
+    Raises:
+        LedgerError: an artifact is missing or damaged.
+    """
+    out: dict[str, bytes] = {}
+    for cand in candidates:
+        for name in cand.artifacts.values():
+            if name not in out:
+                out[name] = ledger.get_artifact(name)
+    return out

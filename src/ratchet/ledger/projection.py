@@ -81,7 +81,8 @@ class RunState:
         if len(matches) != 1:
             raise KeyError(candidate_id)
         d = dict(self.candidates[matches[0]])
-        d["source"] = d.get("source") or self.policy_source
+        if d.get("source") is None:  # stored once, in run_started
+            d["source"] = self.policy_source
         return Candidate.from_dict(d)
 
     def evaluation(self, candidate_id: str, split: str) -> Evaluation | None:
@@ -92,7 +93,9 @@ class RunState:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """The summary printed by ``ratchet show --json``."""
+        """The summary printed by ``ratchet show --json``. The incumbent's ``kind`` is its policy kind and
+        ``artifacts`` its artifacts' digests by role (empty for a plain program)."""
+        inc = self.candidates.get(self.incumbent_id or "", {})
         return {"run_id": self.run_id, "status": self.status, "status_text": self.status_text, "writer": self.writer,
                 "env_steps": self.env_steps,
                 "episodes": self.episodes, "validation_env_steps": self.validation_env_steps,
@@ -102,7 +105,8 @@ class RunState:
                 "budget": self.spec.get("budget"),
                 "baseline": {"candidate_id": self.baseline_id},
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
-                              "params": dict(self.candidates.get(self.incumbent_id or "", {}).get("params", {}))},
+                              "kind": inc.get("kind", "program"), "params": dict(inc.get("params", {})),
+                              "artifacts": dict(inc.get("artifacts") or {})},
                 "promotions": len(self.promotions), "env_steps_breakdown": self.env_steps_breakdown,
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],

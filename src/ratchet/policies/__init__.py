@@ -23,7 +23,7 @@ from typing import Any
 from ratchet.errors import PolicyError
 from ratchet.policy import POLICY_KINDS
 
-__all__ = ["build", "kind_module", "POLICY_KINDS"]
+__all__ = ["build", "kind_module", "describe_artifact", "POLICY_KINDS"]
 
 
 def kind_module(kind: str) -> Any:
@@ -55,3 +55,47 @@ def build(kind: str, source: str, artifacts: Mapping[str, bytes]) -> Any:
         "policy failed to load" error.
     """
     return kind_module(kind).build(source, artifacts)
+
+
+def describe_artifact(role: str, data: bytes | None, *, with_role: bool = True) -> str:
+    """One line about a candidate's artifact for ``show`` and the report, read in the driver without
+    unpickling: a network (roles ``weights``, ``correction``) as layer sizes, activation, weight count and
+    norm (:func:`ratchet.policies.mlp.describe`); an SB3 model (role ``model``) only as its size, since
+    opening it would unpickle it; any other role (a refiner's training state, e.g. ``critic``) as the
+    count, size and norm of its arrays when it is an ``.npz``, else its size.
+
+    Args:
+        role: The artifact's role in its candidate.
+        data: Its bytes, or None when they were not read.
+        with_role: Start the line with ``"<role>: "``.
+    """
+    head = f"{role}: " if with_role else ""
+    if data is None:
+        return f"{head}not read"
+    if role == "model":
+        return f"{head}Stable-Baselines3 .zip, {len(data):,} bytes (opened only in sandboxed workers)"
+    if role in ("weights", "correction"):
+        from ratchet.policies.mlp import describe
+
+        try:
+            return head + describe(data)
+        except PolicyError as exc:
+            return f"{head}{len(data):,} bytes ({exc})"
+    return head + _describe_arrays(data)
+
+
+def _describe_arrays(data: bytes) -> str:
+    """Another role (e.g. a PPO refiner's ``critic``: training state, unused when acting): its arrays' count,
+    size and norm when it is an ``.npz`` (read without pickles), else its size."""
+    import io
+
+    import numpy as np
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = [np.asarray(z[k], dtype=np.float64) for k in z.files]
+    except Exception:
+        return f"{len(data):,} bytes"
+    numbers = sum(a.size for a in arrays)
+    norm = float(np.sqrt(sum(float((a ** 2).sum()) for a in arrays)))
+    return f"{len(arrays)} arrays, {numbers:,} numbers, norm {norm:.4g}"

@@ -215,3 +215,14 @@ def describe(data: bytes) -> str:
     count = sum(w.size + b.size for w, b in m.weights)
     norm = float(np.sqrt(sum(float((w ** 2).sum() + (b ** 2).sum()) for w, b in m.weights)))
     return f"mlp {'-'.join(map(str, sizes))} ({m.activation}, {m.action}): {count:,} weights, norm {norm:.4g}"
+
+
+def difference(before: bytes, after: bytes) -> str:
+    """One line on how far a network moved: the Euclidean norm of the change of all weights and biases and
+    how many of them changed; ``"different shapes"`` when the networks do not match layer for layer."""
+    a, b = load_weights(before), load_weights(after)
+    if [(w.shape, v.shape) for w, v in a.weights] != [(w.shape, v.shape) for w, v in b.weights]:
+        return "different shapes"
+    diff = np.concatenate([np.concatenate([(w2 - w1).ravel(), (v2 - v1).ravel()])
+                           for (w1, v1), (w2, v2) in zip(a.weights, b.weights)])
+    return f"norm {float(np.linalg.norm(diff)):.4g} ({int(np.count_nonzero(diff)):,} of {diff.size:,} changed)"

@@ -12,7 +12,7 @@ from ratchet.errors import PolicyError
 from ratchet.ledger.artifacts import digest
 from ratchet.policy import Candidate, PolicyProgram
 
-__all__ = ["start_candidate", "read_sb3_zip", "MAX_MODEL_BYTES"]
+__all__ = ["start_candidate", "read_sb3_zip", "read_mlp_weights", "MAX_MODEL_BYTES"]
 
 #: Largest model file accepted as a starting policy, bytes.
 MAX_MODEL_BYTES = 256 << 20
@@ -40,6 +40,33 @@ def read_sb3_zip(path: str | Path) -> bytes:
                           "Stable-Baselines3's model.save()") from None
     if not {"data", "policy.pth"} <= names:
         raise PolicyError(f"{p} is a zip archive but not a Stable-Baselines3 model (no 'data' and 'policy.pth')")
+    return data
+
+
+def read_mlp_weights(path: str | Path, spaces: tuple[Any, Any]) -> bytes:
+    """The bytes of an ``mlp`` weights file (``.npz``, as ``ratchet export`` writes it), checked against the
+    task's spaces: read with ``allow_pickle=False`` (:func:`ratchet.policies.mlp.load_weights`).
+
+    Raises:
+        PolicyError: missing, too large, not a weights file, or made for other spaces.
+    """
+    from ratchet.policies import mlp
+
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_MODEL_BYTES:
+            raise PolicyError(f"{p}: {p.stat().st_size:,} bytes is larger than {MAX_MODEL_BYTES:,}")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read the weights {p}: {exc.strerror or exc}; [policy] path names an mlp .npz "
+                          "(`ratchet export` writes one)") from None
+    net = mlp.load_weights(data)
+    fresh = mlp.init_weights(*spaces, hidden=(1,))
+    n_in, n_out = net.weights[0][0].shape[0], net.weights[-1][0].shape[1]
+    want_in, want_out = fresh.weights[0][0].shape[0], fresh.weights[-1][0].shape[1]
+    if (n_in, n_out, net.action) != (want_in, want_out, fresh.action):
+        raise PolicyError(f"{p}: a network for {n_in} observation and {n_out} {net.action} action numbers; the task "
+                          f"has {want_in} and {want_out} ({fresh.action})")
     return data
 
 
@@ -72,6 +99,10 @@ def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] |
         return PolicyProgram("", ()), Candidate.create("", {}, kind="sb3", artifacts={"model": digest(data)}), \
             {digest(data): data}
     assert spaces is not None
+    if kind == "mlp" and str(policy.path).endswith(".npz"):
+        data = read_mlp_weights(Path(base_dir) / policy.path, spaces)
+        return PolicyProgram("", ()), Candidate.create("", {}, kind="mlp", artifacts={"weights": digest(data)}), \
+            {digest(data): data}
     net = mlp.init_weights(*spaces, hidden=policy.hidden, activation=policy.activation, normalize=policy.normalize,
                            seed=seed, zero_output=kind == "residual").to_bytes()
     if kind == "mlp":

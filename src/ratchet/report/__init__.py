@@ -3,20 +3,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_run_report", "render_report"]
+__all__ = ["write_run_report", "render_report", "report_candidates"]
+
+
+def report_candidates(state: Any) -> list[Any]:
+    """The candidates a report shows and re-runs (the starting policy and the final incumbent), whose
+    artifacts :func:`render_report` needs."""
+    ids = dict.fromkeys(c for c in (state.baseline_id, state.incumbent_id) if c)
+    return [state.candidate(c) for c in ids]
 
 
 def render_report(state: Any, run_dir: Path, path: Path, videos: bool = True,
-                  note: Callable[[str], None] | None = None) -> Path:
+                  note: Callable[[str], None] | None = None, artifacts: Mapping[str, bytes] | None = None) -> Path:
     """Write the HTML report of a projected run state (``ratchet.ledger.projection.project``) to ``path``.
 
     With ``videos`` and a finished run, one example episode per top test failure mode is re-run in a
     worker and embedded as a GIF (into ``run_dir/videos``); when rendering fails the report is written
     without them and ``note`` is told why.
+
+    Args:
+        artifacts: The bytes of the :func:`report_candidates`' artifacts by digest
+            (:func:`ratchet.ledger.artifacts.candidate_artifacts`): network policies are summarised from
+            them and re-run with them. Not needed for plain programs.
     """
     from ratchet.report.html import write_report
     from ratchet.report.video import render_failure_examples
@@ -24,11 +36,11 @@ def render_report(state: Any, run_dir: Path, path: Path, videos: bool = True,
     gifs = {}
     if videos and state.status == "finished":
         try:
-            gifs = render_failure_examples(state, Path(run_dir) / "videos")
+            gifs = render_failure_examples(state, Path(run_dir) / "videos", artifacts=artifacts)
         except Exception as exc:  # rendering needs pygame; the report is still useful without GIFs
             if note is not None:
                 note(f"failure-mode GIFs skipped ({type(exc).__name__}: {exc})")
-    return write_report(state, Path(path), gifs)
+    return write_report(state, Path(path), gifs, artifacts)
 
 
 def write_run_report(run: str | Path, runs_dir: str | Path = "runs", output: str | Path | None = None, *,
@@ -49,15 +61,17 @@ def write_run_report(run: str | Path, runs_dir: str | Path = "runs", output: str
         RunNotFoundError: no such run.
         LedgerError: its ledger is damaged or unreachable.
     """
+    from ratchet.ledger.artifacts import candidate_artifacts
     from ratchet.ledger.projection import project
     from ratchet.loop import open_run
 
     ledger, run_dir = open_run(run, runs_dir, storage=storage, readonly=True)
     try:
-        events = ledger.read()
+        state = project(ledger.read())
+        blobs = candidate_artifacts(ledger, report_candidates(state))
     finally:
         ledger.close()
-    state = project(events)
     if output is None:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return render_report(state, run_dir, Path(output) if output is not None else run_dir / "report.html", videos)
+    return render_report(state, run_dir, Path(output) if output is not None else run_dir / "report.html", videos,
+                         artifacts=blobs)

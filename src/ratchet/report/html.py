@@ -79,13 +79,15 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
     return "<h2>Failure modes on the test split, before vs after</h2>" + "".join(parts)
 
 
-def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> str:
+def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
+                  artifacts: Mapping[str, bytes] | None = None) -> str:
     """The report page for a run, as an HTML string.
 
     Sections: summary (baseline vs final on the test split), incumbent validation score vs env steps,
     test-return distributions before vs after, success rate before vs after, failure modes before vs
-    after (with an example GIF per top mode when ``videos`` has one), parameter changes, lineage of
-    promotions.
+    after (with an example GIF per top mode when ``videos`` has one), parameter changes (a network is
+    summarised: layer sizes, weight count, norm, and how far it moved; its bytes come from ``artifacts``, by
+    digest), lineage of promotions.
     """
     import matplotlib
 
@@ -157,11 +159,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
 
     # parameter changes
     if state.baseline_id and state.incumbent_id:
-        b = state.candidates[state.baseline_id]["params"]
-        a = state.candidates[state.incumbent_id]["params"]
-        rows = "".join(_param_row(k, b[k], a.get(k)) for k in b)
-        parts.append("<h2>Parameter changes</h2><table><tr><th>parameter</th><th>start</th><th>final</th>"
-                     f"<th>change</th></tr>{rows}</table>")
+        parts.append(_policy_changes(state, artifacts or {}))
 
     # what to change, when the run promoted little
     from ratchet.advice import run_advice
@@ -193,6 +191,35 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None) -> 
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
 
 
+def _policy_changes(state: RunState, artifacts: Mapping[str, bytes]) -> str:
+    """The "Parameter changes" section: one row per parameter (arrays summarised), then for a policy with
+    artifacts (network weights, a residual's correction, an SB3 model) one row per artifact describing it
+    before and after (:func:`ratchet.policies.describe_artifact`) instead of its numbers."""
+    from ratchet.policies import describe_artifact
+
+    esc = html.escape
+    before, after = state.candidates[state.baseline_id], state.candidates[state.incumbent_id]
+    b, a = before.get("params", {}), after.get("params", {})
+    rows = "".join(_param_row(k, b[k], a.get(k)) for k in b)
+    b_art, a_art = before.get("artifacts") or {}, after.get("artifacts") or {}
+    for role in dict.fromkeys([*b_art, *a_art]):
+        hb, ha = b_art.get(role), a_art.get(role)
+        change = "unchanged" if hb == ha else "changed"
+        if hb != ha and role != "model" and hb in artifacts and ha in artifacts:
+            from ratchet.policies.mlp import difference
+
+            try:
+                change = difference(artifacts[hb], artifacts[ha])
+            except Exception:  # a damaged or foreign artifact: say only that it changed
+                pass
+        rows += (f"<tr><td>{esc(role)}</td><td>{esc(describe_artifact(role, artifacts.get(hb), with_role=False) if hb else '–')}</td>"
+                 f"<td>{esc(describe_artifact(role, artifacts.get(ha), with_role=False) if ha else '–')}</td><td>{esc(change)}</td></tr>")
+    kind = after.get("kind", "program")
+    title = "Parameter changes" if kind == "program" else f"Parameter changes ({esc(kind)} policy)"
+    return (f"<h2>{title}</h2><table><tr><th>parameter</th><th>start</th><th>final</th>"
+            f"<th>change</th></tr>{rows}</table>")
+
+
 def _param_row(name: str, start: Any, final: Any) -> str:
     """One table row per parameter; an array is summarised (shape, min/mean/max, norm; the change as the
     norm of the difference and the number of elements that moved) instead of one row per element."""
@@ -211,9 +238,10 @@ def _param_row(name: str, start: Any, final: Any) -> str:
     return f"<tr><td>{esc(name)}</td><td>{start:.6g}</td><td>{final:.6g}</td><td>{final - start:+.4g}</td></tr>"
 
 
-def write_report(state: RunState, path: str | Path, videos: Mapping[str, Path] | None = None) -> Path:
+def write_report(state: RunState, path: str | Path, videos: Mapping[str, Path] | None = None,
+                 artifacts: Mapping[str, bytes] | None = None) -> Path:
     """Write :func:`render_report` to ``path`` and return it (GIFs in ``videos`` are embedded)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(state, videos), encoding="utf-8")
+    out.write_text(render_report(state, videos, artifacts), encoding="utf-8")
     return out

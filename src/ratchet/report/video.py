@@ -53,12 +53,15 @@ def record_episode(env: Any, module: Any, params: Mapping[str, float], seed: int
 
 
 def render_failure_examples(state: Any, out_dir: str | Path, max_modes: int = 3,
-                            timeout_s: float = 120.0) -> dict[str, Path]:
+                            timeout_s: float = 120.0, artifacts: Mapping[str, bytes] | None = None) -> dict[str, Path]:
     """Render one example episode (GIF) per top test-split failure mode, before and after.
 
     Reads the failure modes stored with the finished run (``ratchet critique`` computes the same)
     and re-runs each mode's first example seed with the starting policy ("before") or the final
     incumbent ("after") in a worker process.
+
+    Args:
+        artifacts: The bytes of those candidates' artifacts by digest (network policies need them).
 
     Returns:
         ``"<before|after>: <mode label>"`` -> GIF path, for the episodes that rendered.
@@ -82,7 +85,9 @@ def render_failure_examples(state: Any, out_dir: str | Path, max_modes: int = 3,
         return {}
     ex = ProcessExecutor(workers=1, episode_timeout_s=timeout_s)
     try:
-        eps = ex.run(task, [Job(c, s) for _, c, s, _ in wanted], render_paths=[str(p.resolve()) for *_, p in wanted])
+        blobs = artifacts or {}
+        jobs = [Job(c, s, {h: blobs[h] for h in c.artifacts.values() if h in blobs}) for _, c, s, _ in wanted]
+        eps = ex.run(task, jobs, render_paths=[str(p.resolve()) for *_, p in wanted])
     finally:
         ex.close()
     return {label: path for (label, _, _, path), ep in zip(wanted, eps) if ep.error is None and path.is_file()}
