@@ -429,6 +429,10 @@ def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool, monkey
                  ["export", str(result.run_dir), "-o", str(out)]):
         got = runner.invoke(app, args)
         assert got.exit_code == 0, got.output
+        if args[0] == "show":  # the code diff of each structural promotion, and the rejected proposals
+            assert "code change, gen" in got.output and "rejected proposals" in got.output
+    page = (result.run_dir / "report.html").read_text(encoding="utf-8")
+    assert "Code change promoted in generation" in page and "rejected before any episode" in page
     refined = check_source(out.read_text(encoding="utf-8"))
     assert refined.defaults == dict(result.incumbent.params)
 

@@ -291,6 +291,10 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         if s:
             sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+    for change in data["code_changes"]:  # structural promotions: the code diff, as recorded when promoted
+        t.add_row(f"code change, gen {change['generation']}", _safe(change["diff"], 4000, multiline=True))
+    if data["rejected_proposals"]:
+        t.add_row("rejected proposals", f"{data['rejected_proposals']} (new source that failed its checks; never ran)")
     if data.get("env_steps_breakdown"):
         t.add_row("env steps went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
                                                  if v is not None))

@@ -53,6 +53,7 @@ class RunState:
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     gates: list[dict[str, Any]] = field(default_factory=list)
     promotions: list[dict[str, Any]] = field(default_factory=list)
+    rejected_proposals: list[dict[str, Any]] = field(default_factory=list)
     generation_log: list[dict[str, Any]] = field(default_factory=list)
     baseline_test: dict[str, Any] | None = None
     test: dict[str, Any] | None = None
@@ -108,6 +109,9 @@ class RunState:
                               "kind": inc.get("kind", "program"), "params": dict(inc.get("params", {})),
                               "artifacts": dict(inc.get("artifacts") or {})},
                 "promotions": len(self.promotions), "env_steps_breakdown": self.env_steps_breakdown,
+                "code_changes": [{"generation": p["generation"], "from": p["from"], "to": p["to"],
+                                  "diff": p["source_diff"]} for p in self.promotions if p.get("source_diff")],
+                "rejected_proposals": len(self.rejected_proposals),
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
@@ -181,6 +185,8 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                         st.incumbent_validation_mean = p["summary"]["mean"]
         elif ev.type is EventType.GATE_DECIDED:
             st.gates.append(p)
+        elif ev.type is EventType.PROPOSAL_REJECTED:
+            st.rejected_proposals.append(p)
         elif ev.type is EventType.INCUMBENT_CHANGED:
             st.promotions.append(p)
             st.incumbent_id, st.incumbent_validation_mean = p["to"], p["validation_mean"]

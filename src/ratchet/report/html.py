@@ -176,6 +176,21 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     parts.append(f"<h2>Lineage of promotions ({len(state.promotions)} of {len(gates)} gate decisions)</h2>"
                  "<table><tr><th>generation</th><th>env steps</th><th>from</th><th>to</th><th>validation mean</th></tr>"
                  f"{rows}</table>")
+    for prom in state.promotions:  # structural promotions: their code diff
+        if prom.get("source_diff"):
+            parts.append(f"<details open><summary>Code change promoted in generation {prom['generation']} "
+                         f"(<code>{esc(prom['from'])}</code> → <code>{esc(prom['to'])}</code>)</summary>"
+                         f"<pre style='text-align:left;background:#f8f8f8;padding:.5em;overflow-x:auto'>"
+                         f"{esc(prom['source_diff'])}</pre></details>")
+    if state.rejected_proposals:
+        reasons: dict[str, int] = {}
+        for r in state.rejected_proposals:
+            reasons[str(r.get("reason", ""))[:200]] = reasons.get(str(r.get("reason", ""))[:200], 0) + 1
+        rows = "".join(f"<tr><td style='text-align:left'>{esc(k)}</td><td>{n}</td></tr>"
+                       for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:20])
+        parts.append(f"<details><summary>{len(state.rejected_proposals)} proposal(s) rejected before any episode "
+                     f"(new source failing its checks)</summary><table><tr><th>reason</th><th>count</th></tr>{rows}"
+                     "</table></details>")
     if gates:
         rows = "".join(f"<tr><td>{g['generation']}</td><td><code>{esc(g['candidate_id'])}</code></td>"
                        f"<td>{_fmt(g['mean_diff'])}</td><td>{g['p_value']:.3g}</td><td>{'yes' if g['promoted'] else 'no'}</td>"
