@@ -410,3 +410,47 @@ def test_report_summarises_networks_not_numbers():
     assert "mlp 4-64-64-2 (tanh, discrete): 4,610 weights" in page
     assert "of 4,610 changed" in page
     assert page.count("<tr>") < 20  # a summary, not a table of weights
+
+
+def test_correct_serves_a_runs_mlp_incumbent_and_writes_the_persons_data(tmp_path, executor):
+    """`ratchet correct RUN`: the page plays the run's incumbent; keys over HTTP take over; the data set is written."""
+    import json
+    import re
+    import urllib.request
+
+    from ratchet.data import Dataset
+
+    run_dir = tmp_path / "runs" / "m"
+    _write_mlp_run(run_dir, executor)
+    out_file = tmp_path / "person.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "correct", str(run_dir), "--episodes", "1",
+                             "-o", str(out_file), "--interval-ms", "10"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+    try:
+        url = re.search(r"open (http://127\.0\.0\.1:\d+/)", proc.stdout.readline()).group(1)
+
+        def step(**msg):
+            req = urllib.request.Request(url + "step", data=json.dumps(msg).encode(), method="POST")
+            return json.loads(urllib.request.urlopen(req, timeout=30).read())
+
+        assert step(held=[])["control"] == "student"
+        assert step(held=["ArrowLeft"], pressed=["ArrowLeft"])["control"] == "person"
+        assert step(held=[], handback=True)["control"] == "student"
+        while not step(held=[])["done"]:
+            pass
+        rest, errors = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, errors
+    assert "1 under your control" in rest and "hg-dagger" in rest
+    data = Dataset.from_bytes(out_file.read_bytes())
+    assert len(data) == 1 and data.expert.all() and data.label.tolist() == [0]
+
+
+def test_correct_on_a_missing_run_is_one_error_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    got = CliRunner().invoke(app, ["correct", str(tmp_path / "nope")])
+    assert got.exit_code != 0 and "no run" in got.output

@@ -645,6 +645,70 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
+@app.command()
+def correct(run: str = typer.Argument(..., help="Run id or run directory (its incumbent must be an mlp policy)."),
+            episodes: int = typer.Option(5, "--episodes", min=1, max=1000, help="Episodes to play."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                  help="Where to write the person's data set (.npz); default "
+                                                       "RUN/corrections-<time>.npz."),
+            port: int = typer.Option(0, "--port", min=0, max=65535, help="Local port; 0 picks a free one."),
+            interval_ms: int = typer.Option(50, "--interval-ms", min=10, max=5000, help="Time between env steps."),
+            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
+            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+    """Take over from a run's incumbent in the browser (HG-DAgger with a person as the expert).
+
+    Serves a local page (127.0.0.1, no internet assets) that plays the incumbent on fresh training seeds,
+    rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. When the
+    episodes are done (or on Ctrl-C) the person's steps are written as a data set (who controlled which
+    steps, the person's actions as labels); refine from it with a ``bc`` or ``hg-dagger`` refiner
+    (``demonstrations = "PATH"``), so the retrained student passes the gate like any other candidate."""
+    import time as _time
+
+    from ratchet.correct import CorrectionSession, serve
+    from ratchet.planner import SeedSplits
+    from ratchet.policies.mlp import load_weights
+
+    session = server = None
+    try:
+        st, run_dir = _load_state(run, runs_dir, storage)
+        cand = _candidate_of(st, candidate)
+        if cand.kind != "mlp":
+            raise RatchetError(f"candidate {cand.id} is a {cand.kind} policy; `ratchet correct` plays mlp students "
+                               "(runs with [policy] kind = \"mlp\")")
+        out_path = output or run_dir / f"corrections-{_time.strftime('%Y%m%d-%H%M%S')}.npz"
+        _check_output(out_path, False, "--output")
+        student = load_weights(_artifacts_of(run, runs_dir, storage, [cand])[cand.artifacts["weights"]])
+        seeds = SeedSplits(int(st.spec.get("seed", 0))).seeds("train", 2_000_000_000, episodes)
+        session = CorrectionSession(_task_of(st), student, seeds)
+        server, url = serve(session, port=port, interval_ms=interval_ms)
+    except (RatchetError, OSError) as exc:
+        if session is not None:
+            session.close()
+        _fail(exc if isinstance(exc, RatchetError) else RatchetError(f"cannot serve the page: {exc}"))
+        return
+    out.print(f"open {url} — keys: " + ", ".join(f"{k} → {v}" for k, v in session.keys.items())
+              + "; Enter hands back; Ctrl-C ends early", highlight=False, soft_wrap=True)
+    try:
+        while not session.done:
+            _time.sleep(0.2)
+    except KeyboardInterrupt:
+        out.print("stopped early", highlight=False)
+    finally:
+        server.shutdown()
+    data = session.dataset()
+    session.close()
+    try:
+        out_path.write_bytes(data.to_bytes())
+    except OSError as exc:
+        _fail(RatchetError(f"cannot write {out_path}: {exc.strerror or exc}"))
+        return
+    person = sum(r["person_steps"] for r in session.records)
+    steps = sum(r["length"] for r in session.records)
+    out.print(f"{len(session.records)} episode(s), {steps:,} env steps, {person:,} under your control; wrote "
+              f"{out_path}\nrefine from it: [[refiners]] kind = \"hg-dagger\" (or \"bc\") with demonstrations = "
+              f"\"{out_path}\", then `ratchet run`", highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     """Console-script entry point. SIGTERM (``kill``, ``timeout``, a scheduler's stop) is handled like
     Ctrl-C: the run stops cleanly, its workers are stopped, and ``ratchet resume`` continues it."""
