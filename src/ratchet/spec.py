@@ -521,6 +521,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     if seed is not None:
         data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
-    if not spec.policy_path.is_file():
-        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")
+    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # a fresh mlp has no file
+        what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
+        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
     return spec
