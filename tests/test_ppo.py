@@ -50,7 +50,7 @@ def write_spec(directory: Path, policy: dict, refiner: dict, budget: int, env_id
                env_kwargs: dict | None = None) -> Path:
     """A small run spec with one ``[[refiners]]`` table."""
     directory.mkdir(parents=True, exist_ok=True)
-    sections = {"task": {"env_id": env_id, **({"env_kwargs": env_kwargs} if env_kwargs else {})},
+    sections = {"task": {"env_id": env_id, "max_episode_steps": 100, **({"env_kwargs": env_kwargs} if env_kwargs else {})},
                 "policy": policy, "budget": {"env_steps": budget}, "gate": {"validation_episodes": 6},
                 "refiner": {"train_episodes": 2}, "test": {"episodes": 4},
                 "execution": {"workers": 2, "episode_timeout_s": 60, "training_timeout_s": 300}}
@@ -170,7 +170,7 @@ def mlp_run(tmp_path_factory):
     from ratchet.spec import load_spec
 
     d = tmp_path_factory.mktemp("mlp")
-    spec_dir = write_spec(d / "spec", {"kind": "mlp", "hidden": [16]}, PPO_TABLE, budget=2500)
+    spec_dir = write_spec(d / "spec", {"kind": "mlp", "hidden": [16]}, PPO_TABLE, budget=3000)
     result = start_run(load_spec(spec_dir), d / "runs", "m")
     return spec_dir, d / "runs" / "m", result
 
@@ -194,10 +194,10 @@ def test_ppo_refines_a_tiny_mlp_on_cartpole(mlp_run):
     evaluated = events_of(events, EventType.EPISODES_EVALUATED)
     assert all(ep["error"] is None for e in evaluated for ep in e.payload["episodes"])
     st = project(events)
-    assert st.status == "finished"
-    assert result.usage.training_env_steps == 1024
-    assert result.usage.env_steps == 1024 + sum(e.payload["summary"]["env_steps"] for e in evaluated
-                                                if e.payload["split"] != "test")
+    assert st.status == "finished" and st.training_env_steps == 1024
+    assert st.env_steps == 1024 + sum(e.payload["summary"]["env_steps"] for e in evaluated if e.payload["split"] != "test")
+    assert st.env_steps == events_of(events, EventType.RUN_FINISHED)[0].payload["env_steps"]
+    assert result.test.n == 4
 
 
 @needs_rl
@@ -250,7 +250,7 @@ def test_an_sb3_zip_is_refined_and_only_workers_unpickle_it(tmp_path, monkeypatc
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
 
-    spec_dir = write_spec(tmp_path / "spec", {"kind": "sb3", "path": "model.zip"}, PPO_TABLE, budget=2500)
+    spec_dir = write_spec(tmp_path / "spec", {"kind": "sb3", "path": "model.zip"}, PPO_TABLE, budget=3000)
     _make_sb3_zip(spec_dir / "model.zip")
     # the driver cannot import torch or SB3 (so it cannot unpickle the model): everything runs in workers
     for name in ("torch", "stable_baselines3"):
@@ -286,7 +286,7 @@ def test_the_residual_refiner_trains_the_correction_and_keeps_the_base(tmp_path)
     from ratchet.spec import load_spec
 
     spec_dir = write_spec(tmp_path / "spec", {"kind": "residual", "path": "policy.py", "hidden": [8]},
-                          {**PPO_TABLE, "kind": "residual"}, budget=2500)
+                          {**PPO_TABLE, "kind": "residual"}, budget=3000)
     (spec_dir / "policy.py").write_text((DATA / "cartpole_linear.py").read_text())
     start_run(load_spec(spec_dir), tmp_path / "runs", "r")
     events = read_events(tmp_path / "runs" / "r")
