@@ -253,12 +253,21 @@ def test_an_sb3_zip_is_refined_and_only_workers_unpickle_it(tmp_path, monkeypatc
     spec_dir = write_spec(tmp_path / "spec", {"kind": "sb3", "path": "model.zip"}, PPO_TABLE, budget=3000)
     _make_sb3_zip(spec_dir / "model.zip")
     # the driver cannot import torch or SB3 (so it cannot unpickle the model): everything runs in workers
-    for name in ("torch", "stable_baselines3"):
-        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            monkeypatch.delitem(sys.modules, mod)
-        monkeypatch.setitem(sys.modules, name, None)
+    blocked = ("torch", "stable_baselines3")
+    for mod in [m for m in sys.modules if m.split(".")[0] in blocked]:
+        monkeypatch.delitem(sys.modules, mod)
+    attempts = []
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in blocked:
+                attempts.append(name)
+                raise ImportError(f"the driver must not import {name}")
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [Blocker(), *sys.meta_path])
     result = start_run(load_spec(spec_dir), tmp_path / "runs", "s")
-    assert sys.modules["torch"] is None and sys.modules["stable_baselines3"] is None
+    assert attempts == [] and not [m for m in sys.modules if m.split(".")[0] in blocked]
     events = read_events(tmp_path / "runs" / "s")
     (trained,) = events_of(events, EventType.TRAINING_FINISHED)
     assert trained.payload["error"] is None and len(trained.payload["outputs"]) == 2
@@ -290,11 +299,11 @@ def test_the_residual_refiner_trains_the_correction_and_keeps_the_base(tmp_path)
     (spec_dir / "policy.py").write_text((DATA / "cartpole_linear.py").read_text())
     start_run(load_spec(spec_dir), tmp_path / "runs", "r")
     events = read_events(tmp_path / "runs" / "r")
-    (trained,) = events_of(events, EventType.TRAINING_FINISHED)
-    assert trained.payload["error"] is None and trained.payload["trainer"] == "residual"
+    trained = events_of(events, EventType.TRAINING_FINISHED)
+    assert trained and all(t.payload["error"] is None and t.payload["trainer"] == "residual" for t in trained)
     proposed = [e.payload["candidate"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)]
     start, children = proposed[0], proposed[1:]
-    assert len(children) == 2
+    assert len(children) == 2 * len(trained)
     for c in children:
         assert c["kind"] == "residual" and c["refiner"] == "residual"
         assert c["params"] == start["params"] and c["source"] in (None, start["source"])

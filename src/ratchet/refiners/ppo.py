@@ -15,8 +15,11 @@ Two kinds (``[[refiners]]`` tables):
   (Silver et al., "Residual Policy Learning", 2018; Johannink et al., "Residual Reinforcement Learning
   for Robot Control", 2019). The base program runs inside the training sandbox.
 
-Each generation is one training job from the incumbent: ``env_steps`` of PPO (rounded up to whole
-rollouts), split into ``checkpoints`` equal parts; the policy after each part is a candidate. PPO
+Each generation is one training job: ``env_steps`` of PPO (rounded up to whole rollouts), split into
+``checkpoints`` equal parts; the policy after each part is a candidate. A job starts where the
+refiner's previous job ended while the incumbent is on that line (so training accumulates across
+generations, one long PPO run whose checkpoints are gated), and from the incumbent when another
+refiner moved it. PPO
 itself: Schulman et al., "Proximal Policy Optimization Algorithms", 2017 (SB3's implementation).
 Training is reproducible: one torch thread, and torch, NumPy and the env seeded from the refiner's seed
 (the run seed) and the job's training seeds, so a run seed reproduces its candidates; a resumed run
@@ -124,6 +127,8 @@ class PPORefiner:
     def __init__(self, settings: PPOSettings, name: str, ctx: Any, trainer: str) -> None:
         self.settings, self.name, self.ctx, self.trainer = settings, name, ctx, trainer
         self._failure: str | None = None
+        self._line: Candidate | None = None  # the last checkpoint of this refiner's training line
+        self._line_ids: set[str] = set()  # the incumbents this line has started from or proposed
 
     @property
     def population_size(self) -> int:
@@ -145,24 +150,39 @@ class PPORefiner:
         blob = f"{base}:{','.join(map(str, seeds))}".encode()
         return int.from_bytes(hashlib.sha256(blob).digest()[:4], "big") & 0x7FFFFFFF
 
+    def start_of_job(self, incumbent: Candidate) -> Candidate:
+        """Where the next job starts: the last checkpoint of this refiner's training line while the incumbent
+        is on that line (the start it grew from, or one of its checkpoints), else the incumbent (another
+        refiner promoted something: follow it). So training accumulates across generations, like one long
+        PPO run whose checkpoints are gated, instead of restarting from the incumbent every generation."""
+        if self._line is not None and incumbent.id in self._line_ids:
+            return self._line
+        self._line_ids = {incumbent.id}
+        return incumbent
+
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
-        """Train from ``parent`` (in the sandbox, or read back from the ledger) and propose each checkpoint."""
+        """Train (in the sandbox, or read back from the ledger) from :meth:`start_of_job` of the incumbent
+        ``parent`` and propose each checkpoint."""
         from ratchet.execution.training import TrainingJob
 
         s = self.settings
+        start = self.start_of_job(parent)
         seeds = tuple(self.ctx.training_seeds(s.seeds))
         settings = {**s.model_dump(mode="json"), "seed": self.job_seed(seeds)}
-        result = self.ctx.train(TrainingJob(self.trainer, parent, settings, seeds, s.job_env_steps))
+        result = self.ctx.train(TrainingJob(self.trainer, start, settings, seeds, s.job_env_steps))
         if result.error is not None:
             self._failure = f"{self.name}: training failed: {result.error}"
             return []
         out = []
         for o in result.outputs:
-            cand = Candidate.create(parent.source, parent.params, kind=parent.kind,
-                                    artifacts={**parent.artifacts, **o.info["artifacts"]}, parent_id=parent.id,
+            cand = Candidate.create(start.source, start.params, kind=start.kind,
+                                    artifacts={**start.artifacts, **o.info["artifacts"]}, parent_id=start.id,
                                     refiner=self.name)
-            if cand.id != parent.id and all(c.id != cand.id for c in out):
+            if cand.id not in (parent.id, start.id) and all(c.id != cand.id for c in out):
                 out.append(cand)
+        if out:
+            self._line = out[-1]
+            self._line_ids |= {c.id for c in out}
         return out
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
