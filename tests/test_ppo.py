@@ -161,6 +161,39 @@ def test_ppo_settings_round_to_whole_rollouts_and_check_the_batch():
         PPOSettings(learnin_rate=0.1)
 
 
+def test_a_ppo_refiner_continues_its_training_line_and_follows_outside_promotions():
+    import hashlib
+    from types import SimpleNamespace
+
+    from ratchet.execution.training import TrainingOutput, TrainingResult
+    from ratchet.policy import Candidate
+    from ratchet.refiners.ppo import PPORefiner, PPOSettings
+
+    jobs = []
+
+    def train(job):
+        jobs.append(job)
+        digest = lambda i: hashlib.sha256(f"{len(jobs)}-{i}".encode()).hexdigest()  # noqa: E731
+        return TrainingResult(tuple(TrainingOutput({}, {"artifacts": {"weights": digest(i)}}) for i in range(2)),
+                              job.env_steps)
+
+    seeds = iter(range(10**6))
+    ctx = SimpleNamespace(seed=7, train=train, training_seeds=lambda n: [next(seeds) for _ in range(n)])
+    ref = PPORefiner(PPOSettings(seeds=2), "ppo", ctx, "ppo")
+    assert (ref.population_size, ref.training_env_steps) == (2, 20480)
+    start = Candidate.create("", {}, kind="mlp", artifacts={"weights": "0" * 64})
+    first = ref.propose(start, None, np.random.default_rng(0))
+    assert [c.parent_id for c in first] == [start.id] * 2 and jobs[0].parent == start
+    second = ref.propose(start, None, np.random.default_rng(0))  # nothing promoted: continue from its last checkpoint
+    assert jobs[1].parent == first[-1] and all(c.parent_id == first[-1].id for c in second)
+    ref.propose(second[0], None, np.random.default_rng(0))  # its own checkpoint promoted: still its line
+    assert jobs[2].parent == second[-1]
+    other = Candidate.create("", {}, kind="mlp", artifacts={"weights": "f" * 64}, refiner="other")
+    ref.propose(other, None, np.random.default_rng(0))  # another refiner's promotion: follow the incumbent
+    assert jobs[3].parent == other
+    assert len({j.settings["seed"] for j in jobs}) == 4 and len({j.key for j in jobs}) == 4
+
+
 # -- end to end ------------------------------------------------------------------------------------------
 
 
