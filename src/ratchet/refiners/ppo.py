@@ -416,13 +416,13 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
     per = env_steps // k
     unit = int(getattr(model, "n_steps", 1) or 1) * int(getattr(model, "n_envs", 1) or 1)
     per = max(unit, per // unit * unit) if getattr(model, "n_steps", None) else per  # never past the allowance
-    outputs, seen = [], 0
+    outputs, seen, before = [], 0, int(model.num_timesteps)  # a loaded zip counts its earlier training too
     monitor = model.get_env().envs[0]
     for i in range(k):
         model.learn(per, reset_num_timesteps=False, progress_bar=False)
         returns = list(monitor.get_episode_rewards())
         new, seen = returns[seen:], len(returns)
-        info = {"checkpoint": i + 1, "env_steps": int(model.num_timesteps), "episodes": len(new),
+        info = {"checkpoint": i + 1, "env_steps": int(model.num_timesteps) - before, "episodes": len(new),
                 "train_return_mean": float(np.mean(new)) if new else None}
         if net is None:
             buf = io.BytesIO()
@@ -432,7 +432,7 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
             role = "weights" if parent["kind"] == "mlp" else "correction"
             arts = {role: mlp.from_sb3_actor(net, model.policy).to_bytes(), "critic": _critic_bytes(model.policy)}
         outputs.append(TrainingOutput(arts, info))
-    return outputs, int(model.num_timesteps)
+    return outputs, int(model.num_timesteps) - before
 
 
 def _build(trainer: str) -> Any:
