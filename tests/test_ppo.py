@@ -304,6 +304,7 @@ def test_an_sb3_zip_is_refined_and_only_workers_unpickle_it(tmp_path, monkeypatc
     events = read_events(tmp_path / "runs" / "s")
     (trained,) = events_of(events, EventType.TRAINING_FINISHED)
     assert trained.payload["error"] is None and len(trained.payload["outputs"]) == 2
+    assert [o["info"]["env_steps"] for o in trained.payload["outputs"]] == [512, 1024]  # not the zip's own 256
     proposed = [e.payload["candidate"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)]
     assert [c["kind"] for c in proposed] == ["sb3"] * 3
     assert len({c["artifacts"]["model"] for c in proposed}) == 3
