@@ -253,3 +253,24 @@ def test_ray_honours_max_env_steps(ray_pool):
     eps = ray_pool.run(GymTask("CartPole-v1"), jobs, max_env_steps=1700)
     assert sum(e.length for e in eps) <= 1700 and sum(e.error is None for e in eps) == 3
     assert all(e.error == BUDGET_SKIP and e.length == 0 for e in eps if e.error is not None)
+
+
+def test_candidates_with_artifacts_and_training_jobs_on_ray(ray_pool, cartpole_task, pool):
+    """A residual candidate's artifact bytes reach Ray workers (same episodes as the process pool), and a
+    training job runs as a Ray task (a failing one is a result with an error, not an exception)."""
+    import gymnasium as gym
+
+    from ratchet.execution.training import TrainingJob
+    from ratchet.policies.start import start_candidate
+    from ratchet.policy import parse_policy
+    from ratchet.spec import PolicySpec
+
+    program = parse_policy('PARAMETERS = {"k": (0.5, 0.0, 2.0)}\n'
+                           "def act(o, p):\n    return int(o[2] + p['k'] * o[3] > 0)\n")
+    env = gym.make("CartPole-v1")
+    _, cand, blobs = start_candidate(PolicySpec(kind="residual", hidden=[4]), ".",
+                                     (env.observation_space, env.action_space), 0, program)
+    jobs = [Job(cand, s, blobs) for s in (1, 2)]
+    assert _dicts(ray_pool.run(cartpole_task, jobs)) == _dicts(pool.run(cartpole_task, jobs))
+    res = ray_pool.train(cartpole_task, TrainingJob("no-such-trainer", cand, {}, (1,), 10, blobs), 60)
+    assert res.outputs == () and "no-such-trainer" in res.error

@@ -59,10 +59,14 @@ def run_advice(state: Any) -> list[str]:
         budget = sum(note.startswith(_BUDGET) for note in notes)
         head = f"{len(state.promotions)} promotion(s) in {n} generation(s)"
         if screened >= max(1, n // 2):
+            tables = [t for t in spec.get("refiners") or [] if t.get("kind") == "cmaes"]
+            sigma0 = (tables[0] if tables else refiner).get("sigma0", 0.2)
+            where = "[[refiners]] sigma0" if tables else "[refiner] sigma0"
+            step = (f"try a smaller {where} (now {sigma0:g}) for local steps, "
+                    if tables or not spec.get("refiners") else "")
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
-                       f"the search is not finding better candidates: try a smaller [refiner] sigma0 (now "
-                       f"{refiner.get('sigma0', 0.2):g}) for local steps, more [refiner] train_episodes for less "
-                       "noisy ranking, or wider parameter bounds")
+                       f"the search is not finding better candidates: {step}more [refiner] train_episodes for less "
+                       "noisy ranking" + (", or wider parameter bounds" if step else ""))
         if share:
             out.append(f"{head}: {share} generation(s) skipped the gate because validation would exceed [gate] "
                        f"max_share = {gate.get('max_share', 0.3):g} of the env steps; raise max_share or lower [gate] "

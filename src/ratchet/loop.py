@@ -10,6 +10,7 @@ evaluation.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -87,10 +88,14 @@ class _Run:
 
     def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
                  executor: Executor, progress: ProgressFn | None, pricing: str | None = None,
-                 start: Candidate | None = None) -> None:
+                 start: Candidate | None = None, inputs: dict[str, str] | None = None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
+        # files refiners read (path -> artifact digest); None: a new run, which reads them from base_dir
+        self.inputs: dict[str, str] = dict(inputs or {})
+        self._inputs_recorded = inputs is not None
         self.start = start or program.candidate()
         self._blobs: dict[str, bytes] = {}  # artifact bytes read or made this session, by digest
+        self._checked: dict[str, Any] = {}  # new sources checked this session: digest -> program or reason
         self._training_seeds = 0
         self.executor, self.progress = executor, progress
         self.task = GymTask.from_spec(spec.task)
@@ -136,7 +141,8 @@ class _Run:
             settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
             ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
                                  name=name, train=self.train, artifact=self.artifact,
-                                 training_seeds=self.training_seeds)
+                                 training_seeds=self.training_seeds, exchange=self.exchange,
+                                 read_input=self.read_input)
             for ref in kind.build(settings, name, ctx):
                 out[ref.name] = ref
         return out
@@ -147,6 +153,28 @@ class _Run:
         if name not in self._blobs:
             self._blobs[name] = self.ledger.get_artifact(name)
         return self._blobs[name]
+
+    def read_input(self, path: str) -> bytes:
+        """A file a refiner's settings name, relative to the spec's folder: read once when the run starts and
+        kept as an artifact (its digest goes into ``run_started``); a resumed run reads the recorded bytes.
+
+        Raises:
+            PolicyError: the file cannot be read (a new run), or the ledger has no copy of it (a resumed run).
+        """
+        from ratchet.errors import PolicyError
+
+        if path in self.inputs:
+            return self.artifact(self.inputs[path])
+        if self._inputs_recorded:
+            raise PolicyError(f"the ledger holds no copy of {path}, which a refiner reads; was the run started by an "
+                              "older ratchet?")
+        try:
+            data = (Path(self.spec.base_dir) / path).read_bytes()
+        except OSError as exc:
+            raise PolicyError(f"cannot read {path} (relative to the spec's folder {self.spec.base_dir}): "
+                              f"{exc.strerror or exc}") from None
+        self.inputs[path] = self.store_artifact(data)
+        return data
 
     def store_artifact(self, data: bytes) -> str:
         name = self.ledger.put_artifact(data)
@@ -198,6 +226,73 @@ class _Run:
         outs = tuple(TrainingOutput({role: self.artifact(h) for role, h in o["artifacts"].items()},
                                     {**o["info"], "artifacts": dict(o["artifacts"])}) for o in p["outputs"])
         return TrainingResult(outs, int(p["env_steps"]), p["error"], float(p.get("seconds", 0.0)))
+
+    def exchange(self, key: str, request: Any, call: Callable[[], tuple[str | None, dict[str, Any]]]
+                 ) -> tuple[str | None, dict[str, Any]]:
+        """A refiner's request to an outside service (an LLM endpoint), made at most once per run: see
+        :class:`~ratchet.refiners.registry.RefinerContext` ``exchange``. A resumed or replayed run reads
+        the recorded reply and never calls the service again."""
+        ekey = f"llm/{key}"
+        event = self.ledger.get(ekey)
+        if event is None:
+            body, info = call()
+            request_digest = self.store_artifact(json.dumps(request, sort_keys=True).encode())
+            body_digest = None if body is None else self.store_artifact(body.encode("utf-8"))
+            self.record(EventType.LLM_CALL, ekey, {**info, "request": request_digest, "response": body_digest})
+            event = self.ledger.get(ekey)
+        p = dict(event.payload)
+        return (None if p["response"] is None else self.artifact(p["response"]).decode("utf-8")), p
+
+    def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate],
+                         generation: int) -> list[Candidate]:
+        """Check every proposal that carries new source before any episode runs, and record what failed
+        — the refiner's own failed proposals (``take_rejections``) and those failing the checks here —
+        as ``proposal_rejected`` events (the rejected source stored as an artifact). Returns the rest."""
+        from ratchet.refiners.structural import Rejection
+
+        refiner = self.refiners[arm]
+        rejected = list(getattr(refiner, "take_rejections", lambda: [])())
+        kept = []
+        for cand in proposals:
+            reason = self.source_problem(cand, parent)
+            if reason is None:
+                kept.append(cand)
+            else:
+                rejected.append(Rejection(arm, cand.parent_id, reason, cand.source, {"candidate_id": cand.id}))
+        for i, r in enumerate(rejected):
+            self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/{i}", {
+                "generation": generation, "refiner": r.refiner, "parent_id": r.parent_id, "reason": r.reason,
+                "source": None if r.source is None else self.store_artifact(r.source.encode("utf-8")),
+                "detail": dict(r.detail)})
+        return kept
+
+    def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
+        """Why a program candidate with source of its own may not run (None when it may): the source
+        fails :func:`~ratchet.refiners.structural.check_source`, or its values do not fit its ``PARAMETERS``."""
+        if cand.kind not in ("program", "residual") or cand.source in (self.program.source, parent.source):
+            return None
+        from ratchet.errors import PolicyError
+        from ratchet.refiners.structural import check_source
+
+        digest = hashlib.sha256(cand.source.encode()).hexdigest()
+        if digest not in self._checked:
+            try:
+                dims = check_task(self.task) if uses_task_dims(cand.source) else None
+                self._checked[digest] = check_source(cand.source, dims=dims)
+            except PolicyError as exc:
+                self._checked[digest] = str(exc)
+        program = self._checked[digest]
+        if isinstance(program, str):
+            return program
+        names = {p.name for p in program.parameters}
+        if set(cand.params) != names:
+            return (f"parameter values {sorted(cand.params)} do not match the source's PARAMETERS "
+                    f"{sorted(names)}")
+        for p in program.parameters:
+            u = np.asarray(p.to_unit(cand.params[p.name]), dtype=np.float64)
+            if not np.all(np.isfinite(u)) or np.any(u < -1e-9) or np.any(u > 1 + 1e-9):
+                return f"parameter {p.name!r} is outside its bounds [{p.low}, {p.high}]"
+        return None
 
     # -- ledger helpers -------------------------------------------------------------------------
     def record(self, type: EventType, key: str, payload: dict[str, Any]) -> None:
@@ -260,7 +355,11 @@ class _Run:
         the choice and its reasons are recorded in the ledger."""
         if self.allocator is None:
             return next(iter(self.refiners))
-        arm, why = self.allocator.choose(generation)
+        # an idle refiner (nothing to search, its own budget spent) sits out while others can go on
+        available = [a for a, r in self.refiners.items() if getattr(r, "idle_reason", lambda: None)() is None]
+        if not available:
+            return next(iter(self.refiners))
+        arm, why = self.allocator.choose(generation, available)
         self.record(EventType.GENERATION_PLANNED, f"plan/{generation}", {"generation": generation, **why})
         return arm
 
@@ -302,10 +401,19 @@ class _Run:
                      "candidate_validation": cand_val.summary(), "incumbent_validation": inc_part.summary(),
                      "env_steps": self.usage.env_steps})
         if decision.promoted:
+            structural = {}
+            if best.source != incumbent.source:  # a structural promotion: the code diff, for show and the report
+                from ratchet.refiners.structural import baked_source, source_diff
+
+                try:  # each side with its own values written in, so the diff shows every change
+                    old, new = baked_source(incumbent), baked_source(best)
+                except RatchetError:
+                    old, new = incumbent.source, best.source
+                structural = {"source_diff": source_diff(old, new, max_lines=400)}
             self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
-                         "env_steps": self.usage.env_steps, "params": dict(best.params)})
+                         "env_steps": self.usage.env_steps, "params": dict(best.params), **structural})
         return decision, decision.reason, cand_val, inc_val
 
     def gate_reserve(self) -> tuple[float, int]:
@@ -437,7 +545,8 @@ class _Run:
             plan = self.planner.plan(generation)
             # refine (propose) — from the incumbent and its latest critique
             recommended = refiner.recommend()
-            proposals = refiner.propose(incumbent, critique, self.rng)
+            proposals = self.screen_proposals(arm, incumbent, refiner.propose(incumbent, critique, self.rng),
+                                              generation)
             contenders = proposals + ([recommended] if recommended is not None else [])
             for cand in contenders:
                 self.record_candidate(cand, generation)
@@ -472,10 +581,12 @@ class _Run:
                          n_candidates * spec.refiner.train_episodes + reserve[1])
             decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
                                                                est_len)
-            if decision is not None and decision.promoted:
+            promoted = decision is not None and decision.promoted
+            if hasattr(refiner, "verdict"):  # structural refiners keep the gate's verdicts in their history
+                refiner.verdict(best.id if best is not None else None, promoted, note)
+            if promoted:
                 gain = cand_val.mean - inc_val.mean
                 incumbent, inc_val = best, cand_val
-            promoted = decision is not None and decision.promoted
             if self.allocator is not None:
                 self.allocator.record(arm, gain if promoted else 0.0)
             stale = 0 if promoted else stale + 1
@@ -653,6 +764,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         "run_id": run_id, "spec": spec.to_dict(), "policy_source": program.source, "policy_path": str(spec.policy_path),
         "task": run.task.to_dict(), "versions": _versions(), "pid": os.getpid(), "host": socket.gethostname(),
         "execution": _describe(run.executor), "pricing": run.pricing, "start_candidate": start.to_dict(),
+        "inputs": dict(run.inputs),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})[1]
     if not created:  # another process started this run id between our checks and now
@@ -845,7 +957,8 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         start = (Candidate.from_dict(started.payload["start_candidate"]) if "start_candidate" in started.payload
                  else program.candidate())
         r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
-                 pricing=started.payload.get("pricing", "worst-case"), start=start)
+                 pricing=started.payload.get("pricing", "worst-case"), start=start,
+                 inputs=started.payload.get("inputs", {}))
     except BaseException:
         if lease is not None:
             lease.release()

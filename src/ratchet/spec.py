@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ratchet.errors import SpecError, TaskError
 from ratchet.execution.sandbox import Sandbox
-from ratchet.refiners.cmaes import MIN_SIGMA0, CMAESSettings
+from ratchet.refiners.cmaes import CMAESSettings
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
@@ -275,7 +275,7 @@ class RunSpec(_Section):
     policy: PolicySpec = PolicySpec()
     refiner: RefinerSpec = RefinerSpec()
     refiners: list[dict[str, Any]] = Field(
-        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual) with its "
+        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual, mutate, llm) with its "
                                           "settings; the planner allocates generations among them. Empty: one "
                                           "cmaes from [refiner] (a program policy), ppo (mlp, sb3) or residual.")
     planner: PlannerSpec = PlannerSpec()
@@ -521,7 +521,18 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     if seed is not None:
         data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
-    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # a fresh mlp has no file
+    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # an mlp policy starts from no file
         what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
         raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
+    from ratchet.refiners.registry import arm_names, refiner_kind
+
+    entries = spec.refiner_entries()
+    for entry, name in zip(entries, arm_names(entries)):
+        kind = refiner_kind(entry["kind"])
+        if kind.files is not None:
+            settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
+            for f in kind.files(settings):
+                if not (p.parent / f).is_file():
+                    raise SpecError(f"{p}: [[refiners]] {name}: file not found: {(p.parent / f).resolve()}; paths "
+                                    "are relative to the spec file's folder")
     return spec

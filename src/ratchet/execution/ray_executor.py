@@ -116,6 +116,17 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
     return [e.to_dict() for e in eps], time.perf_counter() - t0
 
 
+def _train_remote(sandbox: Sandbox, task_dict: dict[str, Any], wire: tuple, timeout_s: float) -> Any:
+    """Ray task body of :meth:`RayExecutor.train` (candidates travel as dicts: they hold mapping proxies)."""
+    from ratchet.execution.training import TrainingJob, run_training
+    from ratchet.policy import Candidate
+    from ratchet.task import GymTask
+
+    trainer, parent, settings, seeds, env_steps, artifacts = wire
+    job = TrainingJob(trainer, Candidate.from_dict(parent), settings, tuple(seeds), env_steps, artifacts)
+    return run_training(sandbox, GymTask.from_dict(task_dict), job, timeout_s)
+
+
 def _remote_batch(ray: Any) -> Any:
     """:func:`_run_batch` as a Ray remote function (made once per process; Ray re-exports it after a restart)."""
     global _REMOTE
@@ -344,11 +355,11 @@ class RayExecutor:
     def train(self, task: Task, job: Any, timeout_s: float = 3600.0) -> Any:
         """Run a training job as one Ray task (one CPU) on the cluster, under this executor's sandbox;
         see :func:`~ratchet.execution.training.run_training`."""
-        from ratchet.execution.training import run_training
-
         ray = self._ray
-        remote = ray.remote(run_training).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)
-        return ray.get(remote.remote(self.sandbox, task, job, timeout_s))
+        remote = ray.remote(_train_remote).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)
+        wire = (job.trainer, job.parent.to_dict(), dict(job.settings), list(job.seeds), job.env_steps,
+                dict(job.artifacts))
+        return ray.get(remote.remote(self.sandbox, task.to_dict(), wire, timeout_s))
 
     def describe(self) -> dict[str, Any]:
         """``{"backend": "ray", "address": ..., "sandbox": "..."}`` (the sandbox as seen on the driver's machine)."""

@@ -40,6 +40,7 @@ __all__ = ["TrainingJob", "TrainingOutput", "TrainingResult", "TRAINERS", "run_t
 TRAINERS: dict[str, str] = {
     "ppo": "ratchet.refiners.ppo:train",
     "residual": "ratchet.refiners.ppo:train",
+    "dagger": "ratchet.refiners.dagger:train",
 }
 
 _MAX_HEADER_BYTES = 1 << 20

@@ -17,6 +17,8 @@ class EventType(str, Enum):
     RUN_RESUMED = "run_resumed"            # a killed run continued
     GENERATION_PLANNED = "generation_planned"  # which refiner gets the generation, and why
     TRAINING_FINISHED = "training_finished"  # a refiner's training job: parent, settings, seeds, env steps, artifacts
+    LLM_CALL = "llm_call"                  # a refiner's request to an LLM endpoint and its reply (artifacts), tokens
+    PROPOSAL_REJECTED = "proposal_rejected"  # a proposal whose new source failed its checks (or had none): never ran
     CANDIDATE_PROPOSED = "candidate_proposed"  # a refiner proposed a candidate (full source + params)
     EPISODES_EVALUATED = "episodes_evaluated"  # one candidate's episodes on one split
     GENERATION_FINISHED = "generation_finished"  # planner/refiner summary of one step

@@ -35,9 +35,16 @@ class ThompsonAllocator:
         self.seed = seed
         self.rewards: dict[str, list[float]] = {a: [] for a in self.arms}
 
-    def choose(self, generation: int) -> tuple[str, dict[str, Any]]:
-        """The arm for ``generation`` and why (JSON-ready: per-arm n, mean gain, posterior sample)."""
-        untried = [a for a in self.arms if not self.rewards[a]]
+    def choose(self, generation: int, available: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+        """The arm for ``generation`` and why (JSON-ready: per-arm n, mean gain, posterior sample).
+
+        Args:
+            generation: The generation number (seeds the posterior samples).
+            available: The arms that may be chosen (default all; e.g. not those whose refiner is idle).
+                Every arm's sample is drawn either way, so the choice among the others does not change.
+        """
+        pick = [a for a in self.arms if available is None or a in available] or self.arms
+        untried = [a for a in pick if not self.rewards[a]]
         all_rewards = [r for rs in self.rewards.values() for r in rs]
         scale = float(np.std(all_rewards)) if len(all_rewards) > 1 and np.std(all_rewards) > 0 else 1.0
         rng = np.random.default_rng([self.seed, generation, 11])
@@ -52,7 +59,7 @@ class ThompsonAllocator:
         if untried:
             arm, why = untried[0], "not tried yet"
         else:
-            arm = max(self.arms, key=lambda a: stats[a]["sample"])
+            arm = max(pick, key=lambda a: stats[a]["sample"])
             why = "largest posterior sample of mean promotion gain per generation"
         return arm, {"arm": arm, "reason": why, "arms": stats, "noise_scale": scale}
 

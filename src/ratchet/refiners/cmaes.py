@@ -59,6 +59,11 @@ class CMAESRefiner:
     the distribution's mean moves to it, keeping step size and covariance. Without this the mean keeps
     drifting with the population while the incumbent stays put, and most later samples lose to it.
 
+    The search follows structural promotions too: when the parent's source is not the program this
+    refiner searches (a ``mutate`` or ``llm`` refiner's candidate was promoted), it re-parses the parent's
+    program and restarts CMA-ES from the parent's values over the new ``PARAMETERS`` (population and
+    step size as configured; :attr:`n_programs` counts the programs searched).
+
     With ``restarts="ipop"`` the search restarts from the current incumbent with a doubled
     population when its best training score has not improved for ``stagnation`` generations (or its
     step size collapsed): IPOP-CMA-ES (A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With
@@ -88,6 +93,8 @@ class CMAESRefiner:
         self.restarts = restarts
         self.stagnation = stagnation
         self.n_restarts = 0
+        self.n_programs = 1
+        self._popsize0 = popsize
         if name:
             self.name = name
         self._best = float("-inf")
@@ -139,7 +146,8 @@ class CMAESRefiner:
         import cma
 
         x0 = self.flatten(parent.params)
-        opts = {"bounds": [0.0, 1.0], "seed": (int(self.seed) + 7919 * self.n_restarts) % (2**31 - 1) + 1,
+        seed = int(self.seed) + 7919 * self.n_restarts + 104_729 * (self.n_programs - 1)
+        opts = {"bounds": [0.0, 1.0], "seed": seed % (2**31 - 1) + 1,
                 "verbose": -9}
         if self.popsize:
             opts["popsize"] = int(self.popsize)
@@ -166,6 +174,8 @@ class CMAESRefiner:
         ``parent`` seeds the distribution's mean on the first call; later calls continue the same
         search (CMA-ES keeps its own state).
         """
+        if parent.kind == "program" and parent.source != self.program.source:
+            self._follow_structure(parent)
         if not self.program.parameters:
             return []
         if self._es is None or self._restart_due:
@@ -187,6 +197,17 @@ class CMAESRefiner:
             out.append(cand)
         self._order = [c.id for c in out]
         return out
+
+    def _follow_structure(self, parent: Candidate) -> None:
+        """Search the parent's own program from now on: a fresh CMA-ES over its ``PARAMETERS`` (started
+        by :meth:`propose` from the parent's values)."""
+        from ratchet.refiners.structural import program_of
+
+        self.program = program_of(parent)
+        self.n_programs += 1
+        self.popsize = self._popsize0
+        self._es, self._asked, self._order = None, {}, []
+        self._restart_due, self._best, self._stale = False, float("-inf"), 0
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
         """Tell pycma the population's fitness (negative mean return). Other evaluations are ignored."""

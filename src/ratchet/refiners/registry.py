@@ -24,6 +24,11 @@ KIND_MODULES: dict[str, str] = {
     "cmaes": "ratchet.refiners.cmaes",
     "ppo": "ratchet.refiners.ppo",
     "residual": "ratchet.refiners.ppo",
+    "mutate": "ratchet.refiners.mutate",
+    "llm": "ratchet.refiners.llm",
+    "dagger": "ratchet.refiners.dagger",
+    "hg-dagger": "ratchet.refiners.dagger",
+    "bc": "ratchet.refiners.dagger",
 }
 
 
@@ -43,6 +48,16 @@ class RefinerContext:
             the run's artifact store (their digests in ``TrainingOutput.info["artifacts"]``).
         artifact: Bytes of an artifact by digest.
         training_seeds: ``training_seeds(n)``: ``n`` fresh seeds of the training split for a training job.
+        exchange: ``exchange(key, request, call) -> (body, record)``: a request to an outside service (an
+            LLM endpoint) made once per run. The first time, ``call()`` runs and returns ``(body, info)``
+            (the reply's text or None, and JSON-ready facts such as token counts and an error); the request
+            (JSON-ready, never a secret) and the body are stored as artifacts and an ``llm_call`` event
+            keyed by ``key`` records them with ``info``. Afterwards, and on resume, the recorded body and
+            record come back without calling. None where the loop offers no such service.
+        read_input: ``read_input(path) -> bytes``: a file the refiner's settings name (e.g. an expert
+            policy), relative to the spec's folder. The loop stores its bytes as an artifact when the run
+            starts and records the digest in ``run_started``, so a resumed run reads the same bytes from
+            the ledger, never the file again. None where the caller offers no files.
     """
 
     program: Any
@@ -53,6 +68,9 @@ class RefinerContext:
     train: Callable[[Any], Any]
     artifact: Callable[[str], bytes]
     training_seeds: Callable[[int], list[int]]
+    exchange: Callable[[str, Mapping[str, Any], Callable[[], tuple[str | None, dict[str, Any]]]],
+                       tuple[str | None, dict[str, Any]]] | None = None
+    read_input: Callable[[str], bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,9 @@ class RefinerKind:
     build: Callable[[Any, Mapping[str, Any], RefinerContext], list[Any]]
     #: One line shown when the kind is used with a policy kind it cannot refine.
     hint: str = ""
+    #: ``files(settings) -> [path, …]``: files the settings name, relative to the spec (checked when the
+    #: spec is loaded; read through :attr:`RefinerContext.read_input`).
+    files: Callable[[Any], list[str]] | None = None
 
 
 def known_kinds() -> list[str]:

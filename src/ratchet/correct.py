@@ -1,0 +1,219 @@
+"""A person takes over from a student in the browser (HG-DAgger with a human expert).
+
+:class:`CorrectionSession` plays episodes of an ``mlp`` student (NumPy weights: no policy code runs
+here) and renders them; :func:`serve` puts a local web page in front of it (no internet, no CDN: one
+inline HTML page). The person presses a mapped key to take over — every step while in control is the
+person's action, labelled — and ``Enter`` to hand back. The session records who controlled which steps
+(segments ``[start, end, "student"|"person"]``) and the person's steps as a :class:`ratchet.data.Dataset`
+(``expert`` True, label = executed = the person's action): save ``session.dataset().to_bytes()`` and start
+a ``bc`` or ``hg-dagger`` refiner from it (``demonstrations = "person.npz"``), so the retrained student
+passes the gate like any other.
+
+Key maps: Discrete action spaces only. LunarLander: ↑ main engine (2), ← left engine (1), → right engine
+(3), no key held while in control: no-op (0). Any other Discrete(n): ← 0, → 1 (n = 2), or the digit keys.
+
+Not yet here: a ``ratchet correct RUN`` command that serves a run's incumbent and ends a round with
+retraining and gating inside the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+
+from ratchet.errors import RatchetError
+
+__all__ = ["CorrectionSession", "serve", "key_map_for"]
+
+_LUNAR = {"ArrowUp": 2, "ArrowLeft": 1, "ArrowRight": 3}
+
+
+def key_map_for(env_id: str, action_space: Any) -> tuple[dict[str, int], int]:
+    """``(key -> action, action when no key is held)`` for a Discrete action space.
+
+    Raises:
+        RatchetError: not a Discrete space.
+    """
+    n = getattr(action_space, "n", None)
+    if n is None:
+        raise RatchetError(f"browser takeover needs a Discrete action space, got {type(action_space).__name__}")
+    if env_id.startswith("LunarLander"):
+        return dict(_LUNAR), 0
+    keys = {str(i): i for i in range(min(int(n), 10))}
+    if int(n) == 2:
+        keys.update({"ArrowLeft": 0, "ArrowRight": 1})
+    return keys, 0
+
+
+class CorrectionSession:
+    """Episodes of a student with a person able to take over (see the module doc).
+
+    Args:
+        task: The task (a :class:`~ratchet.task.GymTask`).
+        student: The student network (:class:`~ratchet.policies.mlp.MLP`).
+        seeds: Episode reset seeds, played in order.
+        round_no: Recorded in the data set's ``round`` column.
+    """
+
+    def __init__(self, task: Any, student: Any, seeds: list[int], round_no: int = 1) -> None:
+        self.task, self.student, self.seeds, self.round_no = task, student, list(seeds), round_no
+        self.env = task.make_env(render_mode="rgb_array")
+        self.keys, self.idle_action = key_map_for(task.env_id, self.env.action_space)
+        self.lock = threading.Lock()
+        self.steps: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
+        self.episode = -1
+        self.done = True
+        self._next_episode()
+
+    def _next_episode(self) -> None:
+        self.episode += 1
+        if self.episode >= len(self.seeds):
+            self.done = True
+            return
+        self.obs, _ = self.env.reset(seed=int(self.seeds[self.episode]))
+        self.done, self.t, self.ret, self.control, self.who = False, 0, 0.0, "student", []
+
+    def step(self, held: list[str], pressed: list[str] = (), handback: bool = False) -> dict[str, Any]:
+        """One env step: the student's action or, from the first mapped key pressed until ``handback``, the
+        person's: the first mapped key held, else the first pressed since the last step (a tap), else the
+        idle action.
+
+        Args:
+            held: Keys held down now (``KeyboardEvent.key`` names).
+            pressed: Keys pressed since the last step (even if already released).
+            handback: Enter was pressed: the student flies again.
+        """
+        with self.lock:
+            if self.done:
+                return {"done": True, "episode": self.episode}
+            if handback:
+                self.control = "student"
+            elif any(k in self.keys for k in [*held, *pressed]):
+                self.control = "person"
+            if self.control == "person":
+                action = next((self.keys[k] for k in [*held, *pressed] if k in self.keys), self.idle_action)
+            else:
+                action = int(self.student.act(self.obs))
+            nxt, reward, terminated, truncated, _ = self.env.step(action)
+            if self.control == "person":
+                flat = np.asarray(self.obs, float).ravel()
+                self.steps.append({"obs": flat, "next_obs": np.asarray(nxt, float).ravel(), "label": action,
+                                   "executed": action, "reward": float(reward), "terminated": bool(terminated),
+                                   "truncated": bool(truncated), "expert": True, "round": self.round_no,
+                                   "episode": self.episode, "seed": int(self.seeds[self.episode]), "step": self.t})
+            self.who.append(self.control)
+            self.obs, self.t, self.ret = nxt, self.t + 1, self.ret + float(reward)
+            state = {"done": False, "episode": self.episode, "t": self.t, "control": self.control,
+                     "return": round(self.ret, 2)}
+            if terminated or truncated:
+                segs: list[list[Any]] = []
+                for i, w in enumerate(self.who):
+                    if segs and segs[-1][2] == w:
+                        segs[-1][1] = i + 1
+                    else:
+                        segs.append([i, i + 1, w])
+                self.records.append({"seed": int(self.seeds[self.episode]), "length": self.t, "return": self.ret,
+                                     "terminated": bool(terminated), "truncated": bool(truncated),
+                                     "segments": segs, "person_steps": sum(w == "person" for w in self.who)})
+                self._next_episode()
+            return state
+
+    def frame_png(self) -> bytes:
+        """The current frame as PNG bytes."""
+        import imageio.v3 as iio
+
+        with self.lock:
+            img = self.env.render()
+        return iio.imwrite("<bytes>", np.asarray(img), extension=".png")
+
+    def dataset(self) -> Any:
+        """The person's steps so far (:class:`ratchet.data.Dataset`)."""
+        from ratchet.data import Dataset
+
+        with self.lock:
+            return Dataset.from_steps(list(self.steps), "discrete", int(np.prod(self.env.observation_space.shape)),
+                                      env_id=self.task.env_id)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>ratchet: take over</title>
+<style>body{font-family:sans-serif;background:#111;color:#eee;text-align:center}img{max-width:90vw}
+#s{font-size:1.2em;margin:8px}.person{color:#f84}.student{color:#8cf}</style></head><body>
+<div id="s">loading…</div><img id="f" alt="episode"><p>KEYS — take over with a mapped key; Enter hands back.</p>
+<script>
+const held=new Set(),pressed=new Set();let handback=false;
+addEventListener('keydown',e=>{if(e.key==='Enter'){handback=true;}else{held.add(e.key);pressed.add(e.key);}e.preventDefault();});
+addEventListener('keyup',e=>{held.delete(e.key);});
+async function tick(){
+  const body=JSON.stringify({held:[...held],pressed:[...pressed],handback});pressed.clear();handback=false;
+  const r=await fetch('/step',{method:'POST',body});const s=await r.json();
+  if(s.done){document.getElementById('s').textContent='done: thank you';return;}
+  const el=document.getElementById('s');el.className=s.control;
+  el.textContent=`episode ${s.episode} · step ${s.t} · ${s.control} in control · return ${s['return']}`;
+  document.getElementById('f').src='data:image/png;base64,'+s.frame;
+  setTimeout(tick,INTERVAL);
+}
+tick();
+</script></body></html>"""
+
+
+def serve(session: CorrectionSession, host: str = "127.0.0.1", port: int = 0,
+          interval_ms: int = 50) -> tuple[ThreadingHTTPServer, str]:
+    """Serve ``session`` on a local page (started in a background thread); returns ``(server, url)``. Stop it
+    with ``server.shutdown()``.
+
+    Args:
+        session: The session.
+        host: Interface to listen on (default loopback only).
+        port: 0 picks a free port.
+        interval_ms: Time between steps the page asks for (one env step per request).
+    """
+    keys = ", ".join(f"{k} → {v}" for k, v in session.keys.items())
+    page = _PAGE.replace("KEYS", keys).replace("INTERVAL", str(int(interval_ms))).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, body: bytes, ctype: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path in ("/", "/index.html"):
+                self._send(page, "text/html; charset=utf-8")
+            else:
+                self.send_error(404)
+
+        def do_POST(self) -> None:
+            if self.path != "/step":
+                self.send_error(404)
+                return
+            try:
+                n = min(int(self.headers.get("Content-Length", 0)), 1 << 16)
+                msg: Mapping[str, Any] = json.loads(self.rfile.read(n) or b"{}")
+                held = [str(k) for k in msg.get("held", [])][:16]
+                pressed = [str(k) for k in msg.get("pressed", [])][:16]
+                state = session.step(held, pressed, bool(msg.get("handback")))
+                if not state["done"]:
+                    state["frame"] = base64.b64encode(session.frame_png()).decode()
+            except (ValueError, TypeError) as exc:
+                self.send_error(400, str(exc)[:100])
+                return
+            self._send(json.dumps(state).encode(), "application/json")
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://{host}:{server.server_address[1]}/"

@@ -1,0 +1,557 @@
+"""LLM editor (``kind = "llm"``): a language model rewrites the policy's code from what ratchet knows.
+
+Any endpoint that speaks OpenAI's chat-completions protocol works (OpenAI and other hosted APIs,
+Ollama, vLLM, llama.cpp's server, LM Studio): ``base_url`` is the API root (``.../v1``), ``model`` the
+model's name, and ``api_key_env`` the *name* of an environment variable holding the key — the key
+itself is read at request time and never written to the spec, the ledger, the report or a log.
+
+Each generation the refiner sends ``proposals`` requests. The prompt (:func:`build_prompt`) holds the
+task (env id, observation and action spaces, success threshold), the parent's code with its tuned
+values written in as defaults, the parent's critique (failure modes with example seeds, worst seeds),
+the edits already tried with what happened to each (failed checks, not gated, rejected by the gate,
+promoted — so the model does not propose the same failed idea twice), and the user's ``hints``; it is
+cut to ``max_prompt_chars`` (oldest history first, then the critique). The answer is parsed as
+SEARCH/REPLACE blocks (:func:`parse_answer`, :func:`apply_edits`; a SEARCH text that differs from the
+file only in trailing whitespace or indentation still applies), with a fallback to a whole file in a
+```` ```python ```` block. A malformed answer, an edit that does not apply and an edit whose program
+fails :func:`~ratchet.refiners.structural.check_source` are recorded failed proposals; a program that
+passes is proposed with ``variants`` parameter settings (its values, then perturbations; new
+parameters drawn across their bounds), as the ``mutate`` refiner does and for the same reason.
+
+Every request and response is stored in the run's ledger (content-addressed artifacts and an
+``llm_call`` event with token counts and cost), keyed by a digest of the request, which includes a
+per-request ``seed`` drawn from the run's random stream. A resumed or replayed run rebuilds the same
+requests and reads the recorded responses instead of calling the endpoint: resume never pays twice,
+and a finished run replays without the endpoint. Requests time out after ``timeout_s`` and are retried
+with exponential backoff on 429, 5xx, timeouts and refused connections (``retries`` times; a
+``Retry-After`` header is honoured up to 60 s). Once ``budget_tokens``, ``budget_requests`` or
+``budget_cost`` is spent the refiner makes no further request and says so as its idle reason: a run
+whose only refiner it is stops there, like any budget; beside other refiners it sits out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ratchet.critic import Critique, Evaluation
+from ratchet.errors import PolicyError, RatchetError
+from ratchet.policy import Candidate
+from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
+
+__all__ = ["LLMRefiner", "LLMSettings", "EditError", "parse_answer", "apply_edits", "build_prompt",
+           "chat_completions_url"]
+
+
+class LLMSettings(BaseModel):
+    """Settings of an ``llm`` refiner (a ``[[refiners]]`` table with ``kind = "llm"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(description="API root of an OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 "
+                                      "(Ollama); /chat/completions is appended unless given.")
+    model: str = Field(min_length=1, max_length=200, description="Model name as the endpoint knows it.")
+    api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key "
+                                                      "(sent as a Bearer token); none for local servers.")
+    hints: str = Field("", max_length=20_000, description="Extra guidance for the model, added to every prompt.")
+    proposals: int = Field(2, ge=1, le=50, description="Requests (edited programs) per generation.")
+    variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.")
+    sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
+                                                      "of each range).")
+    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature.")
+    max_tokens: int = Field(4096, ge=16, le=1_000_000, description="Most tokens of one answer.")
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="Seconds one request may take (per attempt).")
+    retries: int = Field(3, ge=0, le=20, description="Retries on 429, 5xx, timeouts and refused connections.")
+    backoff_s: float = Field(2.0, ge=0, le=600, description="First retry's wait; doubles each retry.")
+    history: int = Field(12, ge=0, le=1000, description="Most past edits (with their verdicts) in the prompt.")
+    max_prompt_chars: int = Field(40_000, ge=2_000, le=2_000_000,
+                                  description="Prompt size limit (characters): oldest history, then the critique, "
+                                              "are cut to fit.")
+    budget_tokens: int | None = Field(None, gt=0, description="Most tokens (prompt + answer) of all requests.")
+    budget_requests: int | None = Field(None, gt=0, description="Most requests.")
+    budget_cost: float | None = Field(None, gt=0, description="Most money, priced by price_prompt/price_completion.")
+    price_prompt: float = Field(0.0, ge=0, description="Price per million prompt tokens.")
+    price_completion: float = Field(0.0, ge=0, description="Price per million answer tokens.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError(f"expected an http(s) URL such as http://localhost:11434/v1, got {v[:80]!r}")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", v):
+            raise ValueError("give the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
+        return v
+
+
+def chat_completions_url(base_url: str) -> str:
+    """``base_url`` with ``/chat/completions`` appended (unless it already ends so)."""
+    u = base_url.rstrip("/")
+    return u if u.endswith("/chat/completions") else u + "/chat/completions"
+
+
+# -- answers: SEARCH/REPLACE blocks, or a whole file ---------------------------------------------------
+
+class EditError(ValueError):
+    """An answer that gives no usable edit (one line: what is wrong)."""
+
+
+_BLOCK = re.compile(r"^[ \t]*<{5,9}[ \t]*SEARCH[ \t]*\n(.*?)"
+                    r"^[ \t]*={5,9}[ \t]*\n(.*?)"
+                    r"^[ \t]*>{5,9}[ \t]*REPLACE[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^```[ \t]*(?:python|py)?[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def parse_answer(text: str) -> list[tuple[str, str]] | str:
+    """An answer's edits: a list of ``(search, replace)`` blocks, or a whole file (a str).
+
+    Raises:
+        EditError: the answer has SEARCH/REPLACE markers that do not form blocks, or neither blocks
+            nor a fenced code block defining ``act``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise EditError("empty answer")
+    text = text.replace("\r\n", "\n")
+    blocks = [(m.group(1), m.group(2)) for m in _BLOCK.finditer(text)]
+    markers = len(re.findall(r"^[ \t]*<{5,9}[ \t]*SEARCH", text, re.MULTILINE))
+    if blocks:
+        if markers != len(blocks):
+            raise EditError(f"{markers} SEARCH markers but {len(blocks)} complete SEARCH/=======/REPLACE blocks")
+        return blocks
+    if markers:
+        raise EditError("a SEARCH block without its ======= and >>>>>>> REPLACE lines")
+    files = [m.group(1) for m in _FENCE.finditer(text) if re.search(r"^def act\(", m.group(1), re.MULTILINE)]
+    if files:
+        return files[-1]
+    raise EditError("no SEARCH/REPLACE block and no ```python block with a whole policy file (def act)")
+
+
+def _reindent(lines: list[str], delta: int) -> list[str]:
+    if delta >= 0:
+        return [(" " * delta + ln) if ln.strip() else ln for ln in lines]
+    return [ln[min(-delta, len(ln) - len(ln.lstrip(" "))):] for ln in lines]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def apply_edits(source: str, blocks: Sequence[tuple[str, str]]) -> str:
+    """Apply SEARCH/REPLACE blocks in order, each to its first match.
+
+    A SEARCH text is found exactly; failing that, line by line ignoring trailing whitespace; failing
+    that, ignoring indentation (the replacement is then shifted by the indentation difference of the
+    first non-blank line).
+
+    Raises:
+        EditError: a SEARCH text is empty or not found.
+    """
+    for k, (search, replace) in enumerate(blocks, 1):
+        if not search.strip():
+            raise EditError(f"SEARCH block {k} is empty; quote the lines to replace")
+        if search in source:
+            source = source.replace(search, replace, 1)
+            continue
+        src = source.splitlines(keepends=True)
+        want = search.splitlines()
+        rep = replace.splitlines()
+        n = len(want)
+        done = False
+        for tolerant in (lambda a, b: a.rstrip() == b.rstrip(), lambda a, b: a.strip() == b.strip()):
+            for i in range(len(src) - n + 1):
+                if all(tolerant(src[i + j], want[j]) for j in range(n)):
+                    first = next((j for j in range(n) if want[j].strip()), 0)
+                    delta = _indent(src[i + first]) - _indent(want[first])
+                    new = _reindent(rep, delta)
+                    end = "\n" if src[i + n - 1].endswith("\n") else ""
+                    src[i:i + n] = ["\n".join(new) + end] if new else []
+                    source = "".join(src)
+                    done = True
+                    break
+            if done:
+                break
+        if not done:
+            first = next((ln for ln in want if ln.strip()), "")
+            raise EditError(f"SEARCH block {k} does not match the policy (first line {first.strip()[:80]!r})")
+    return source
+
+
+# -- prompts -------------------------------------------------------------------------------------------
+
+SYSTEM_PROMPT = """\
+You improve control policies for reinforcement-learning environments by editing their Python code.
+A policy file defines PARAMETERS, a literal dict name -> {"default": x, "low": a, "high": b} of tunable
+numbers, and act(observation, params) -> action, where params maps each name to its value; an optional
+reset(params, seed) runs before each episode. Only numpy, math and the standard library may be imported.
+Every edit is tested on fresh seeds and kept only if it is significantly better on held-out seeds.
+Put new tunable numbers in PARAMETERS with sensible bounds: an optimiser tunes them after your edit.
+
+Answer with one or more edit blocks, each quoting lines of the current file exactly:
+<<<<<<< SEARCH
+lines copied from the current file
+=======
+the lines that replace them
+>>>>>>> REPLACE
+or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
+
+
+@dataclass
+class Attempt:
+    """One edit tried: what it changed and what became of it (shown in later prompts)."""
+
+    summary: str
+    verdict: str
+    ids: tuple[str, ...] = ()
+    train_mean: float | None = None
+    generation: int = 0
+
+
+def _task_text(task: Mapping[str, Any]) -> str:
+    lines = [f"Gymnasium environment: {task.get('env_id')}",
+             f"Observation space: {task.get('observation_space')}",
+             f"Action space: {task.get('action_space')}"]
+    if task.get("success_threshold") is not None:
+        lines.append(f"An episode succeeds when its return is at least {task['success_threshold']:g}.")
+    if task.get("step_limit"):
+        lines.append(f"Episodes are cut at {task['step_limit']} steps.")
+    return "\n".join(lines)
+
+
+def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None, history: Sequence[Attempt],
+                 hints: str = "", max_chars: int = 40_000, max_history: int = 12) -> list[dict[str, str]]:
+    """The chat messages of one request.
+
+    Args:
+        task: ``env_id``, ``observation_space``, ``action_space`` (text), ``success_threshold``, ``step_limit``.
+        source: The parent's code (its values written in as defaults).
+        critique: The parent's latest critique (training episodes), or None before the first generation.
+        history: Edits tried so far, oldest first.
+        hints: The user's hints.
+        max_chars: Size limit of the user message: the oldest history entries go first, then the
+            critique is cut.
+        max_history: Most history entries shown.
+
+    Returns:
+        ``[{"role": "system", ...}, {"role": "user", ...}]``.
+    """
+    crit = critique.text.strip() if critique is not None and critique.text else "No episodes critiqued yet."
+    if critique is not None and critique.worst_seeds:
+        crit += "\nWorst seeds (seed, return): " + ", ".join(f"({s}, {r:.1f})" for s, r in critique.worst_seeds)
+    shown = list(history)[-max_history:] if max_history else []
+
+    def render(entries: Sequence[Attempt], crit_text: str) -> str:
+        parts = ["## Task\n" + _task_text(task),
+                 "## Current policy (its tuned values are written in as the defaults)\n```python\n"
+                 + source.rstrip() + "\n```",
+                 "## How the current policy does on recent training episodes\n" + crit_text]
+        if entries:
+            parts.append("## Edits already tried (oldest first) and what became of them\n" + "\n\n".join(
+                f"{i}. ```diff\n{a.summary}\n```\n   result: {a.verdict}" for i, a in enumerate(entries, 1)))
+        if hints.strip():
+            parts.append("## Hints\n" + hints.strip())
+        parts.append("## Your answer\nPropose one edit that fixes the failures above and differs from the edits "
+                     "already tried. Use SEARCH/REPLACE blocks (or a whole file in a ```python block).")
+        return "\n\n".join(parts)
+
+    text = render(shown, crit)
+    while len(text) > max_chars and shown:
+        shown = shown[1:]
+        text = render(shown, crit)
+    if len(text) > max_chars:
+        keep = max(200, len(crit) - (len(text) - max_chars))
+        text = render(shown, crit[:keep] + " [cut]")
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+
+
+# -- the HTTP call ---------------------------------------------------------------------------------------
+
+_RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+def _post(url: str, request: Mapping[str, Any], key: str | None, timeout_s: float, retries: int,
+          backoff_s: float, sleep: Callable[[float], None] = time.sleep) -> tuple[str | None, dict[str, Any]]:
+    """POST a chat-completions request with retries. Returns ``(body or None, info)``; ``info`` holds
+    ``status``, ``attempts``, ``seconds`` and ``error`` (None on success). Never raises for network or
+    HTTP trouble, and no message it returns contains ``key``."""
+    data = json.dumps(request).encode("utf-8")
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    t0, status, error = time.monotonic(), None, None
+    attempt = 0
+    for attempt in range(1, retries + 2):
+        wait = backoff_s * 2 ** (attempt - 1)
+        try:
+            req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - a URL the user configured
+                body = resp.read().decode("utf-8", errors="replace")
+                return body, {"status": resp.status, "attempts": attempt, "seconds": time.monotonic() - t0,
+                              "error": None}
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            try:
+                detail = exc.read().decode("utf-8", errors="replace")[:300]
+            except Exception:
+                detail = ""
+            error = f"HTTP {exc.code} {exc.reason}: {detail}".strip()
+            if exc.code not in _RETRY_STATUS:
+                break
+            after = exc.headers.get("Retry-After") if exc.headers else None
+            if after and after.strip().replace(".", "", 1).isdigit():
+                wait = min(60.0, float(after))
+        except (TimeoutError, socket.timeout):
+            status, error = None, f"timed out after {timeout_s:g} s"
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            status = None
+            error = (f"timed out after {timeout_s:g} s" if isinstance(reason, (TimeoutError, socket.timeout))
+                     else f"cannot reach {url}: {reason}")
+        except (ConnectionError, OSError, http.client.HTTPException) as exc:
+            status, error = None, f"connection to {url} failed: {exc}"
+        if attempt <= retries:
+            sleep(wait)
+    if key and error:
+        error = error.replace(key, "***")
+    return None, {"status": status, "attempts": attempt, "seconds": time.monotonic() - t0, "error": error}
+
+
+def _content_and_usage(body: str, request: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The answer's text and token counts from a chat-completions response body.
+
+    Raises:
+        EditError: the body is not a chat-completions response.
+    """
+    try:
+        reply = json.loads(body)
+        content = reply["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise EditError(f"the endpoint's reply is not a chat completion: {body[:200]!r}") from None
+    if not isinstance(content, str):
+        raise EditError("the endpoint's reply has no text content")
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        return content, {"prompt_tokens": int(usage["prompt_tokens"]),
+                         "completion_tokens": int(usage.get("completion_tokens") or 0), "tokens_estimated": False}
+    prompt_chars = sum(len(m.get("content", "")) for m in request.get("messages", []))
+    return content, {"prompt_tokens": prompt_chars // 4 + 1, "completion_tokens": len(content) // 4 + 1,
+                     "tokens_estimated": True}
+
+
+# -- the refiner -----------------------------------------------------------------------------------------
+
+def _direct(key: str, request: Mapping[str, Any], call: Callable[[], tuple[str | None, dict[str, Any]]]
+            ) -> tuple[str | None, dict[str, Any]]:
+    """Exchange without a ledger (a refiner used outside a run): call every time."""
+    return call()
+
+
+@dataclass
+class _Spent:
+    tokens: int = 0
+    requests: int = 0
+    cost: float = 0.0
+    calls: list[str] = field(default_factory=list)
+
+
+class LLMRefiner:
+    """Edits the parent's code with a language model (see the module doc).
+
+    Args:
+        settings: :class:`LLMSettings`.
+        task: Task facts for the prompt (see :func:`build_prompt`).
+        exchange: The run's recorded-call service (:class:`~ratchet.refiners.registry.RefinerContext`
+            ``exchange``); None calls the endpoint directly every time.
+        dims: The task's sizes for array shapes written as ``"obs"``/``"act"``.
+        name: The arm name recorded as its candidates' ``refiner``.
+        sleep: Waits between retries (tests pass a fake).
+    """
+
+    def __init__(self, settings: LLMSettings, task: Mapping[str, Any], exchange: Callable[..., Any] | None = None,
+                 dims: Mapping[str, int] | None = None, name: str = "llm",
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings, self.task, self.dims, self.name = settings, dict(task), dims, name
+        self.exchange = exchange or _direct
+        self.sleep = sleep
+        self.spent = _Spent()
+        self.history: list[Attempt] = []
+        self._pending: list[Attempt] = []
+        self._rejections: list[Rejection] = []
+        self._generation = 0
+
+    @property
+    def population_size(self) -> int:
+        """Candidates per generation: ``proposals × variants`` at most."""
+        return self.settings.proposals * self.settings.variants
+
+    def idle_reason(self) -> str | None:
+        """Why no further request may be made (a budget spent), or None."""
+        s, u = self.settings, self.spent
+        if s.budget_requests is not None and u.requests >= s.budget_requests:
+            return f"llm budget: {u.requests:,} of {s.budget_requests:,} requests made ({self.name})"
+        if s.budget_tokens is not None and u.tokens >= s.budget_tokens:
+            return f"llm budget: {u.tokens:,} of {s.budget_tokens:,} tokens used ({self.name})"
+        if s.budget_cost is not None and u.cost >= s.budget_cost:
+            return f"llm budget: {u.cost:.4g} of {s.budget_cost:g} spent ({self.name})"
+        return None
+
+    def _call(self, request: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        s = self.settings
+        key = None
+        info: dict[str, Any] = {"refiner": self.name, "model": s.model}
+        if s.api_key_env:
+            key = os.environ.get(s.api_key_env)
+            if not key:  # a setup problem, not an outcome: nothing is recorded, the run stops and can resume
+                raise RatchetError(f"[[refiners]] {self.name}: environment variable {s.api_key_env} (api_key_env) "
+                                   "is not set; export it and `ratchet resume` the run")
+        body, got = _post(chat_completions_url(s.base_url), request, key, s.timeout_s, s.retries, s.backoff_s,
+                          self.sleep)
+        info.update(got)
+        if body is not None:
+            try:
+                _, usage = _content_and_usage(body, request)
+            except EditError:
+                usage = {"prompt_tokens": 0, "completion_tokens": 0, "tokens_estimated": True}
+            info.update(usage, cost=(usage["prompt_tokens"] * s.price_prompt
+                                     + usage["completion_tokens"] * s.price_completion) / 1e6)
+        return body, info
+
+    def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
+        """Up to ``proposals`` edited programs of ``parent`` (fewer once a budget is spent), each with up to
+        ``variants`` parameter settings; failed answers and edits are kept for :meth:`take_rejections`."""
+        s = self.settings
+        self._generation += 1
+        self._pending = []
+        base = baked_source(parent)
+        out: list[Candidate] = []
+        for _ in range(s.proposals):
+            if self.idle_reason() is not None:
+                break
+            request = {"model": s.model, "messages": build_prompt(self.task, base, critique, self.history, s.hints,
+                                                                  s.max_prompt_chars, s.history),
+                       "temperature": s.temperature, "max_tokens": s.max_tokens, "seed": int(rng.integers(2**31))}
+            key = self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
+            body, record = self.exchange(key, request, lambda: self._call(request))
+            self.spent.requests += 1
+            self.spent.tokens += int(record.get("prompt_tokens") or 0) + int(record.get("completion_tokens") or 0)
+            self.spent.cost += float(record.get("cost") or 0.0)
+            self.spent.calls.append(key)
+            detail = {"llm_call": f"llm/{key}"}
+            if body is None:
+                self._rejections.append(Rejection(self.name, parent.id, f"request failed: {record.get('error')}",
+                                                  None, detail))
+                continue
+            new = None
+            try:
+                content, _ = _content_and_usage(body, request)
+                edits = parse_answer(content)
+                new = edits if isinstance(edits, str) else apply_edits(base, edits)
+                if new == base:
+                    raise EditError("the edit leaves the policy unchanged")
+                program = check_source(new, dims=self.dims)
+            except (EditError, PolicyError) as exc:
+                what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
+                self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}", new, detail))
+                summary = source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}"
+                self.history.append(Attempt(summary, f"{what}: {exc}", generation=self._generation))
+                continue
+            fresh = [p.name for p in program.parameters if p.name not in parent.params]
+            ids = []
+            for values in param_variants(program, rng, s.variants, fresh, s.sigma):
+                cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name)
+                if cand.id not in ids:
+                    ids.append(cand.id)
+                    if all(c.id != cand.id for c in out):  # the same edit answered twice runs once
+                        out.append(cand)
+            attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation)
+            self.history.append(attempt)
+            self._pending.append(attempt)
+        return out
+
+    def take_rejections(self) -> list[Rejection]:
+        """Failed proposals since the last call (the loop records them)."""
+        out, self._rejections = self._rejections, []
+        return out
+
+    def observe(self, evaluations: Sequence[Evaluation]) -> None:
+        """Note each pending edit's best training mean (over its variants; errored ones count as failures)."""
+        by_id = {e.candidate_id: e for e in evaluations}
+        for a in self._pending:
+            evs = [by_id[i] for i in a.ids if i in by_id]
+            clean = [e.mean for e in evs if not e.n_errors and np.isfinite(e.mean)]
+            a.train_mean = max(clean) if clean else None
+            if evs and not clean:
+                errs = [ep.error for e in evs for ep in e.episodes if ep.error]
+                a.verdict = f"every variant failed in its episodes (e.g. {errs[0][:120] if errs else 'error'})"
+
+    def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
+        """The gate's verdict on the generation's contender: each pending edit's history entry says what
+        became of it."""
+        for a in self._pending:
+            if a.verdict != "proposed":
+                continue
+            train = f"training mean {a.train_mean:.2f}; " if a.train_mean is not None else ""
+            if candidate_id in a.ids:
+                a.verdict = train + ("PROMOTED: " if promoted else "not promoted: ") + note
+            else:
+                a.verdict = train + "not sent to the gate (another contender scored higher)"
+        self._pending = []
+
+    def recommend(self) -> Candidate | None:
+        """None: an editor has no distribution mean to recommend."""
+        return None
+
+
+def content_head(body: str, n: int = 200) -> str:
+    """The start of an answer's text (or of the raw body), one line."""
+    try:
+        text = json.loads(body)["choices"][0]["message"]["content"]
+    except Exception:
+        text = body
+    return " ".join(str(text).split())[:n]
+
+
+def task_facts(task: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """What the prompt says about a task (env id, spaces, success threshold, time limit) and its sizes,
+    from one environment made in the driver (no policy code runs)."""
+    from ratchet.policy import space_dims
+
+    env = task.make_env()
+    try:
+        facts = {"env_id": task.env_id, "observation_space": str(env.observation_space),
+                 "action_space": str(env.action_space), "success_threshold": getattr(task, "success_threshold", None),
+                 "step_limit": getattr(task, "step_limit", None)}
+        return facts, space_dims(env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
+    facts, dims = task_facts(ctx.task)
+    return [LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name)]
+
+
+def _kinds() -> dict[str, Any]:
+    from ratchet.refiners.registry import RefinerKind
+
+    return {"llm": RefinerKind(LLMSettings, ("program",), _build,
+                               hint="llm edits a program policy's source")}
+
+
+KINDS = _kinds()

@@ -1,0 +1,526 @@
+"""Program-mutation refiner (``kind = "mutate"``): genetic programming over the policy's code, no LLM.
+
+Each generation the refiner rewrites the parent's source a few times with one structural mutation
+each, checks every new program before any episode runs (:func:`ratchet.refiners.structural.check_source`;
+a mutant that fails is a recorded failed proposal), and proposes each surviving program with a few
+sets of parameter values. Mutations act on the syntax tree of the policy's functions (``act`` and its
+helpers) and are spliced back into the source text, so comments and layout elsewhere survive and the
+promotion's diff is readable:
+
+- ``constant``: a numeric constant becomes a new tunable parameter (default: the constant; bounds:
+  same sign, up to twice its size; ``[-1, 1]`` for zero);
+- ``term``: an arithmetic expression ``e`` becomes ``(e + p * observation[i])`` with a new parameter
+  ``p`` in ``[-term_bound, term_bound]`` (default 0);
+- ``guard``: a guarded rule ``if observation[i] > p: return a`` (or ``<``) at the top of ``act``, with a
+  new threshold ``p`` in the observation's bounds and ``a`` a discrete action or, for a Box action, new
+  parameters in the action's bounds;
+
+  both guided by the critique: the element ``i`` is drawn with half its probability on the features the
+  parent's failure modes are described by (failing episodes end with them unusually high or low;
+  :func:`feature_focus`), and a guard on such a feature points that way;
+- ``swap``: a comparison flipped (``>`` ↔ ``<``), or the branches of an ``if``/``else`` swapped;
+- ``delete``: one statement deleted (``pass`` where it was the only one of its block);
+- ``crossover``: one function replaced by its version in another program of the refiner's archive
+  (the parents it was handed — the incumbent's ancestors — and the best distinct programs it
+  proposed, by training mean), with the parameters and helper functions it needs.
+
+The parent's tuned values are written into its source as the defaults before it is mutated
+(:func:`~ratchet.refiners.structural.baked_source`), so a mutant starts from the parent's numbers.
+
+Tuning the new numbers. A mutation that adds a parameter usually adds it at a neutral value (a zero
+weight, a guard that never fires): proposed only at its defaults, a mutant behaves like its parent and
+can never pass the gate. So each mutant is proposed with ``variants`` parameter settings
+(:func:`~ratchet.refiners.structural.param_variants`): its defaults, and settings where the new
+parameters are drawn across their bounds and the others perturbed around the parent's values. All of
+them run on the generation's training seeds, the best goes to the gate, and once a mutant is
+promoted every ``cmaes`` refiner of the run restarts on the new program's ``PARAMETERS``
+(:class:`~ratchet.refiners.cmaes.CMAESRefiner` follows structural promotions). This keeps structure
+and numbers with the tool suited to each without a planner that hands non-incumbents to CMA-ES: the
+gate only ever compares the incumbent with a contender, and CMA-ES only ever searches around the
+incumbent.
+
+Every random choice comes from the ``rng`` passed to :meth:`MutationRefiner.propose`, so a run (and
+its resume) proposes the same mutants.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ratchet.critic import Critique, Evaluation
+from ratchet.errors import PolicyError
+from ratchet.policy import Candidate
+from ratchet.refiners.structural import (Rejection, add_parameters, baked_source, bounds_around, check_source, digest,
+                                         fresh_name, param_variants, splice)
+
+__all__ = ["MutationRefiner", "MutateSettings", "OPERATORS", "mutate_source"]
+
+#: The mutation operators, in the order ``operators`` defaults to.
+OPERATORS = ("constant", "term", "guard", "swap", "delete", "crossover")
+
+Operator = Literal["constant", "term", "guard", "swap", "delete", "crossover"]
+
+
+class MutateSettings(BaseModel):
+    """Settings of a ``mutate`` refiner (a ``[[refiners]]`` table with ``kind = "mutate"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    programs: int = Field(3, ge=1, le=100, description="Mutated programs proposed per generation.")
+    variants: int = Field(3, ge=1, le=50, description="Parameter settings each mutated program is proposed with "
+                                                      "(its defaults, then new parameters drawn across their bounds "
+                                                      "and the others perturbed).")
+    operators: list[Operator] = Field(default_factory=lambda: list(OPERATORS),
+                                      description="Mutation operators to draw from, uniformly.")
+    term_bound: float = Field(1.0, gt=0, le=1e6, description="Bounds ±term_bound of a weight added by `term`.")
+    feature_bound: float = Field(3.0, gt=0, le=1e6, description="Threshold bounds ±feature_bound of a `guard` on an "
+                                                                "observation element whose space is unbounded.")
+    sigma: float = Field(0.15, gt=0, le=1, description="Perturbation of the other parameters in the variants "
+                                                       "(fraction of each parameter's range).")
+    archive: int = Field(8, ge=1, le=1000, description="Distinct programs kept for crossover (best training mean).")
+
+    @field_validator("operators")
+    @classmethod
+    def _some(cls, v: list[str]) -> list[str]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError(f"give one or more distinct operators of {', '.join(OPERATORS)}")
+        return v
+
+
+class _Space:
+    """What mutations need to know of the task's spaces (made once, in the driver; no policy code runs).
+
+    ``focus`` (set per generation from the critique, see :func:`feature_focus`) weights which observation
+    element ``term`` and ``guard`` use, and ``direction`` which way a guard on it points."""
+
+    def __init__(self, observation_space: Any, action_space: Any) -> None:
+        from gymnasium import spaces
+
+        self.focus: np.ndarray | None = None
+        self.direction: dict[int, bool] = {}
+
+        o, a = observation_space, action_space
+        self.obs_dim = int(o.shape[0]) if isinstance(o, spaces.Box) and len(o.shape) == 1 else 0
+        self.obs_low = np.asarray(o.low, dtype=np.float64) if self.obs_dim else np.zeros(0)
+        self.obs_high = np.asarray(o.high, dtype=np.float64) if self.obs_dim else np.zeros(0)
+        self.discrete = (int(a.start), int(a.n)) if isinstance(a, spaces.Discrete) else None
+        self.box = ((np.asarray(a.low, dtype=np.float64), np.asarray(a.high, dtype=np.float64))
+                    if isinstance(a, spaces.Box) and len(a.shape) == 1 and a.shape[0] <= 8 else None)
+
+
+def feature_focus(critique: Critique | None, names: Sequence[str]) -> tuple[np.ndarray | None, dict[int, bool]]:
+    """Which observation elements the critique blames: the features its failure modes are described by
+    (``"pole_angle high (+1.8σ)"``: failing episodes end with that element far from the others), weighted
+    by each mode's share of episodes. Half of the probability goes to them, half stays uniform, so every
+    element remains possible.
+
+    Returns:
+        ``(probabilities over elements or None when the critique names none, {element: True for "high"})``.
+    """
+    if critique is None or not names:
+        return None, {}
+    w = np.zeros(len(names))
+    direction: dict[int, bool] = {}
+    for mode in critique.failure_modes:
+        for i, name in enumerate(names):
+            for side in ("high", "low"):
+                if f"{name} {side} (" in mode.description:
+                    w[i] += mode.share
+                    direction.setdefault(i, side == "high")
+    if not w.sum():
+        return None, {}
+    return 0.5 / len(names) + 0.5 * w / w.sum(), direction
+
+
+def _feature(rng: np.random.Generator, space: _Space) -> int:
+    if space.focus is not None and len(space.focus) == space.obs_dim:
+        return int(rng.choice(space.obs_dim, p=space.focus))
+    return int(rng.integers(space.obs_dim))
+
+
+def _functions(tree: ast.Module) -> list[ast.FunctionDef]:
+    """Top-level functions a mutation may touch: ``act`` first, then helpers (not ``reset``)."""
+    fns = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name != "reset"]
+    return sorted(fns, key=lambda f: f.name != "act")
+
+
+def _act(tree: ast.Module) -> ast.FunctionDef:
+    return next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "act")
+
+
+def _parents(fn: ast.AST) -> dict[int, ast.AST]:
+    out: dict[int, ast.AST] = {}
+    for node in ast.walk(fn):
+        for child in ast.iter_child_nodes(node):
+            out[id(child)] = node
+    return out
+
+
+def _in_index(node: ast.AST, parents: Mapping[int, ast.AST]) -> bool:
+    """Whether ``node`` sits in a subscript's index, a default argument, or an annotation."""
+    cur = node
+    while id(cur) in parents:
+        up = parents[id(cur)]
+        if isinstance(up, ast.Subscript) and cur is up.slice:
+            return True
+        if isinstance(up, ast.arguments) or (isinstance(up, ast.arg) and cur is up.annotation):
+            return True
+        if isinstance(up, ast.FunctionDef) and cur is up.returns:
+            return True
+        cur = up
+    return False
+
+
+def _span(node: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
+
+
+def _body_statements(fn: ast.FunctionDef) -> list[ast.stmt]:
+    """The function's body without its docstring."""
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
+            body[0].value.value, str):
+        return body[1:]
+    return list(body)
+
+
+def _declared(source: str) -> set[str]:
+    from ratchet.policy import _raw_parameters
+
+    return set(_raw_parameters(source))
+
+
+# -- operators: each returns (new source, names of parameters it introduced) or None when it does not apply --
+
+def _op_constant(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
+                 s: MutateSettings) -> tuple[str, list[str]] | None:
+    sites = []
+    for fn in _functions(tree):
+        parents = _parents(fn)
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Constant) and type(node.value) in (int, float)) or _in_index(node, parents):
+                continue
+            target, value = node, float(node.value)
+            up = parents.get(id(node))
+            if isinstance(up, ast.UnaryOp) and isinstance(up.op, ast.USub):
+                target, value, up = up, -value, parents.get(id(up))
+            if isinstance(up, ast.Return) or (isinstance(up, ast.Compare) and any(
+                    isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)) for op in up.ops)):
+                continue  # an action returned as is, or a discrete comparison: not a tunable number
+            if isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id in ("range", "int", "round"):
+                continue
+            sites.append((target, value))
+    if not sites:
+        return None
+    target, value = sites[int(rng.integers(len(sites)))]
+    name = fresh_name("k", _declared(source))
+    lo, hi = bounds_around(value)
+    return add_parameters(source, {name: (value, lo, hi)}, [(*_span(target), f'params["{name}"]')]), []
+
+
+def _obs_name(fn: ast.FunctionDef) -> str | None:
+    args = fn.args.posonlyargs + fn.args.args
+    return args[0].arg if args else None
+
+
+def _op_term(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
+             s: MutateSettings) -> tuple[str, list[str]] | None:
+    if not space.obs_dim:
+        return None
+    act = _act(tree)
+    obs = _obs_name(act)
+    parents = _parents(act)
+    sites = []
+    for node in ast.walk(act):
+        if _in_index(node, parents):
+            continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            sites.append(node)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(
+                node.ops[0], (ast.Gt, ast.Lt, ast.GtE, ast.LtE)) and not isinstance(node.left, ast.Constant):
+            sites.append(node.left)
+    if not sites or obs is None:
+        return None
+    node = sites[int(rng.integers(len(sites)))]
+    i = _feature(rng, space)
+    name = fresh_name("w", _declared(source))
+    text = ast.get_source_segment(source, node)
+    if text is None:
+        return None
+    new = f'({text} + params["{name}"] * {obs}[{i}])'
+    return add_parameters(source, {name: (0.0, -s.term_bound, s.term_bound)}, [(*_span(node), new)]), [name]
+
+
+def _op_guard(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
+              s: MutateSettings) -> tuple[str, list[str]] | None:
+    act = _act(tree)
+    obs = _obs_name(act)
+    body = _body_statements(act)
+    if not space.obs_dim or obs is None or not body or (space.discrete is None and space.box is None):
+        return None
+    i = _feature(rng, space)
+    lo, hi = float(space.obs_low[i]), float(space.obs_high[i])
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi - lo > 2e3:
+        lo, hi = -s.feature_bound, s.feature_bound
+    greater = bool(rng.integers(2))
+    greater = space.direction.get(i, greater)  # toward where the failing episodes end
+    taken = _declared(source)
+    g = fresh_name("g", taken)
+    entries: dict[str, tuple[float, float, float]] = {g: (hi if greater else lo, lo, hi)}  # neutral: never fires
+    if space.discrete is not None:
+        start, n = space.discrete
+        action = str(start + int(rng.integers(n)))
+    else:
+        alo, ahi = space.box
+        names = []
+        for j in range(len(alo)):
+            a = f"{g}_a{j}" if f"{g}_a{j}" not in taken else fresh_name(f"{g}_a{j}", taken | set(entries))
+            l, h = (float(alo[j]), float(ahi[j])) if np.isfinite(alo[j]) and np.isfinite(ahi[j]) else (-1.0, 1.0)
+            entries[a] = ((l + h) / 2, l, h)
+            names.append(f'params["{a}"]')
+        action = "[" + ", ".join(names) + "]"
+    first = body[0]
+    indent = " " * first.col_offset
+    rule = (f'if {obs}[{i}] {">" if greater else "<"} params["{g}"]:\n{indent}    return {action}\n{indent}')
+    pos = (first.lineno, first.col_offset)
+    return add_parameters(source, entries, [(pos, pos, rule)]), list(entries)
+
+
+_FLIP = {ast.Gt: "<", ast.Lt: ">", ast.GtE: "<=", ast.LtE: ">="}
+
+
+def _op_swap(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
+             s: MutateSettings) -> tuple[str, list[str]] | None:
+    sites: list[tuple[str, ast.AST]] = []
+    for fn in _functions(tree):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _FLIP:
+                sites.append(("compare", node))
+            elif isinstance(node, ast.If) and node.orelse:
+                sites.append(("if", node))
+            elif isinstance(node, ast.IfExp):
+                sites.append(("ifexp", node))
+    if not sites:
+        return None
+    what, node = sites[int(rng.integers(len(sites)))]
+    seg = lambda n: ast.get_source_segment(source, n)  # noqa: E731
+    if what == "compare":
+        text = f"{seg(node.left)} {_FLIP[type(node.ops[0])]} {seg(node.comparators[0])}"
+    elif what == "ifexp":
+        text = f"({seg(node.orelse)} if {seg(node.test)} else {seg(node.body)})"
+    else:
+        swapped = ast.If(test=node.test, body=node.orelse, orelse=node.body)
+        indent = " " * node.col_offset
+        text = "\n".join((indent + ln if k else ln) for k, ln in enumerate(ast.unparse(swapped).splitlines()))
+    return splice(source, [(*_span(node), text)]), []
+
+
+def _op_delete(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
+               s: MutateSettings) -> tuple[str, list[str]] | None:
+    sites: list[tuple[ast.stmt, list[ast.stmt]]] = []
+    for fn in _functions(tree):
+        for node in ast.walk(fn):
+            for fld in ("body", "orelse", "finalbody"):
+                block = getattr(node, fld, None)
+                if not isinstance(block, list) or not block or not isinstance(block[0], ast.stmt):
+                    continue
+                stmts = _body_statements(node) if node is fn and fld == "body" else block
+                if node is fn and fld == "body" and stmts and isinstance(stmts[-1], ast.Return):
+                    stmts = stmts[:-1]  # act without its final return could never act
+                sites += [(st, block) for st in stmts]
+    if not sites:
+        return None
+    stmt, block = sites[int(rng.integers(len(sites)))]
+    lines = source.splitlines(keepends=True)
+    whole = (not lines[stmt.lineno - 1][:stmt.col_offset].strip()
+             and not lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode().strip().lstrip(";").strip())
+    if len(block) == 1 or not whole:
+        return splice(source, [(*_span(stmt), "pass")]), []
+    return splice(source, [((stmt.lineno, 0), (stmt.end_lineno + 1, 0), "")]), []
+
+
+def _op_crossover(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space, s: MutateSettings,
+                  archive: Sequence[str] = ()) -> tuple[str, list[str]] | None:
+    from ratchet.policy import _raw_parameters
+
+    mine = {f.name: f for f in _functions(tree)}
+    options = []
+    for other in archive:
+        if other == source:
+            continue
+        otree = ast.parse(other)
+        for f in _functions(otree):
+            if f.name in mine and ast.dump(f) != ast.dump(mine[f.name]):
+                options.append((other, otree, f))
+    if not options:
+        return None
+    other, otree, f = options[int(rng.integers(len(options)))]
+    text = ast.get_source_segment(other, f)
+    edits = [((mine[f.name].lineno, mine[f.name].col_offset), (mine[f.name].end_lineno, mine[f.name].end_col_offset),
+              text)]
+    # helpers the incoming function calls that this program lacks come along (appended at the end)
+    theirs = {g.name: g for g in otree.body if isinstance(g, ast.FunctionDef)}
+    names = {n.id for n in ast.walk(f) if isinstance(n, ast.Name)}
+    extra = [ast.get_source_segment(other, theirs[n]) for n in sorted(names) if n in theirs and n not in mine
+             and not any(isinstance(s_, ast.FunctionDef) and s_.name == n for s_ in tree.body)]
+    if extra:
+        end = len(source.splitlines()) + 1
+        edits.append(((end, 0), (end, 0), ("\n" if source.endswith("\n") else "\n\n") + "\n\n".join(extra) + "\n"))
+    # parameters it reads that this program does not declare come along with their declarations
+    used = {n.slice.value for g in [f] + [theirs[n] for n in names if n in theirs] for n in ast.walk(g)
+            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "params"
+            and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)}
+    have, spec = _declared(source), _raw_parameters(other)
+    entries = {}
+    for name in sorted(used - have):
+        p = spec.get(name)
+        if isinstance(p, (list, tuple)) and len(p) == 3:
+            p = {"default": p[0], "low": p[1], "high": p[2]}
+        if not isinstance(p, dict) or "shape" in p:
+            return None
+        entries[name] = (float(p["default"]), float(p["low"]), float(p["high"]))
+    return add_parameters(source, entries, edits), []
+
+
+_OPS = {"constant": _op_constant, "term": _op_term, "guard": _op_guard, "swap": _op_swap, "delete": _op_delete}
+
+
+def mutate_source(source: str, operator: str, rng: np.random.Generator, space: _Space,
+                  settings: MutateSettings | None = None, archive: Sequence[str] = ()) -> tuple[str, list[str]] | None:
+    """Apply one mutation operator to policy source.
+
+    Args:
+        source: A valid policy file's text.
+        operator: One of :data:`OPERATORS`.
+        rng: Every random choice comes from it.
+        space: The task's spaces (:class:`_Space`).
+        settings: Bounds for new parameters (defaults when None).
+        archive: Other programs' sources, for ``crossover``.
+
+    Returns:
+        ``(new source, names of the parameters the mutation introduced)``, or None when the operator
+        finds nothing to mutate. The new source is not checked here (see :func:`check_source`).
+    """
+    s = settings or MutateSettings()
+    tree = ast.parse(source)
+    if operator == "crossover":
+        return _op_crossover(source, tree, rng, space, s, archive)
+    return _OPS[operator](source, tree, rng, space, s)
+
+
+class MutationRefiner:
+    """Structural mutations of the parent's source (see the module doc).
+
+    Args:
+        space: The task's spaces (:class:`_Space`).
+        settings: :class:`MutateSettings`.
+        dims: The task's sizes for array shapes written as ``"obs"``/``"act"``.
+        name: The arm name recorded as its candidates' ``refiner``.
+    """
+
+    def __init__(self, space: _Space, settings: MutateSettings | None = None, dims: Mapping[str, int] | None = None,
+                 name: str = "mutate", observation_names: Sequence[str] = ()) -> None:
+        self.space, self.settings, self.dims, self.name = space, settings or MutateSettings(), dims, name
+        self.observation_names = list(observation_names)
+        self._tried: set[str] = set()  # digests of sources already proposed or rejected
+        self._rejections: list[Rejection] = []
+        self._archive: dict[str, tuple[float, str]] = {}  # structure digest -> (best training mean, baked source)
+        self._proposed: dict[str, tuple[str, Candidate]] = {}  # candidate id -> (structure digest, candidate)
+
+    @property
+    def population_size(self) -> int:
+        """Candidates per generation: ``programs × variants`` at most."""
+        return self.settings.programs * self.settings.variants
+
+    def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
+        """``programs`` mutants of ``parent``, each with up to ``variants`` parameter settings; mutants
+        that fail :func:`check_source` are kept for :meth:`take_rejections` instead."""
+        s = self.settings
+        base = baked_source(parent)
+        self._tried.add(digest(base))
+        self.space.focus, self.space.direction = feature_focus(critique, self.observation_names)
+        # the parent (an ancestor of every later incumbent) joins the archive, scored by its latest training mean
+        score = float(critique.stats.get("mean", float("-inf"))) if critique is not None else float("-inf")
+        key = digest(parent.source)
+        if key not in self._archive or score > self._archive[key][0]:
+            self._archive[key] = (score, base)
+        archive = [src for _, src in sorted(self._archive.values(), key=lambda t: -t[0])]
+        out: list[Candidate] = []
+        self._proposed = {}
+        made, attempts = 0, 0
+        while made < s.programs and attempts < 4 * s.programs:
+            attempts += 1
+            op = s.operators[int(rng.integers(len(s.operators)))]
+            result = mutate_source(base, op, rng, self.space, s, archive)
+            if result is None:
+                continue
+            new, fresh = result
+            key = digest(new)
+            if key in self._tried:
+                continue
+            self._tried.add(key)
+            try:
+                program = check_source(new, dims=self.dims)
+            except PolicyError as exc:
+                self._rejections.append(Rejection(self.name, parent.id, str(exc), new, {"operator": op}))
+                continue
+            made += 1
+            for values in param_variants(program, rng, s.variants, fresh, s.sigma):
+                cand = Candidate.create(new, values, parent_id=parent.id, refiner=f"{self.name}-{op}")
+                if cand.id not in self._proposed:
+                    self._proposed[cand.id] = (key, cand)
+                    out.append(cand)
+        return out
+
+    def take_rejections(self) -> list[Rejection]:
+        """Proposals that failed their checks since the last call (the loop records them)."""
+        out, self._rejections = self._rejections, []
+        return out
+
+    def observe(self, evaluations: Sequence[Evaluation]) -> None:
+        """Keep the best distinct programs (by training mean, errored ones excluded) for crossover."""
+        for ev in evaluations:
+            if ev.candidate_id not in self._proposed or ev.n_errors or not np.isfinite(ev.mean):
+                continue
+            key, cand = self._proposed[ev.candidate_id]
+            if key not in self._archive or ev.mean > self._archive[key][0]:
+                self._archive[key] = (float(ev.mean), baked_source(cand))
+        if len(self._archive) > self.settings.archive:
+            keep = sorted(self._archive.items(), key=lambda kv: -kv[1][0])[:self.settings.archive]
+            self._archive = dict(keep)
+
+    def recommend(self) -> Candidate | None:
+        """None: a mutation refiner has no distribution mean to recommend."""
+        return None
+
+    def idle_reason(self) -> str | None:
+        return None
+
+
+def _build(settings: MutateSettings, name: str, ctx: Any) -> list[MutationRefiner]:
+    from ratchet.policy import space_dims
+
+    env = ctx.task.make_env()
+    try:
+        space = _Space(env.observation_space, env.action_space)
+        dims = space_dims(env.observation_space, env.action_space)
+    finally:
+        env.close()
+    names = getattr(ctx.task, "observation_names", None)
+    names = (names(space.obs_dim) if callable(names) else names) if space.obs_dim else None
+    return [MutationRefiner(space, settings, dims, name, names or [f"obs[{i}]" for i in range(space.obs_dim)])]
+
+
+def _kinds() -> dict[str, Any]:
+    from ratchet.refiners.registry import RefinerKind
+
+    return {"mutate": RefinerKind(MutateSettings, ("program",), _build,
+                                  hint="mutate rewrites a program policy's source")}
+
+
+KINDS = _kinds()

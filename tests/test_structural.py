@@ -1,0 +1,503 @@
+"""Structural refiners: source checks, mutation operators, the LLM editor against a stand-in
+chat-completions server (a real HTTP server on 127.0.0.1 with scripted answers), structural runs end
+to end, and resume reading recorded LLM responses without calling the server again."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from conftest import DATA, RecordingExecutor, SimulatedKill, base_spec_dict, events_of, read_events
+from ratchet.critic import Evaluation
+from ratchet.errors import PolicyError
+from ratchet.ledger import EventType, SQLiteLedger
+from ratchet.loop import LEDGER_FILE, resume_run, start_run
+from ratchet.planner import SeedSplits
+from ratchet.policy import Candidate, load_policy, parse_policy, uses_task_dims
+from ratchet.refiners.cmaes import CMAESRefiner
+from ratchet.refiners.llm import (EditError, LLMRefiner, LLMSettings, apply_edits, build_prompt,
+                                  chat_completions_url, parse_answer)
+from ratchet.refiners.mutate import OPERATORS, MutateSettings, MutationRefiner, _Space, mutate_source
+from ratchet.refiners.structural import baked_source, check_source, param_variants
+from ratchet.rollout import Episode
+from ratchet.spec import spec_from_dict
+
+POLICY = (DATA / "cartpole_linear.py").read_text(encoding="utf-8")
+SECRET = "sk-test-DO-NOT-LEAK-4242"
+
+GOOD_EDIT = """Lean into the fall: weigh the pole's angular velocity by a new gain.
+<<<<<<< SEARCH
+    return 1 if z > 0 else 0
+=======
+    z = z + params["boost"] * observation[3]
+    return 1 if z > 0 else 0
+>>>>>>> REPLACE
+<<<<<<< SEARCH
+PARAMETERS = {
+=======
+PARAMETERS = {
+    "boost": {"default": 0.5, "low": 0.0, "high": 2.0},
+>>>>>>> REPLACE
+"""
+MALFORMED = "I would push right more often.\n<<<<<<< SEARCH\n    return 1 if z > 0 else 0\n"
+BREAKS_CONTRACT = """<<<<<<< SEARCH
+    return 1 if z > 0 else 0
+=======
+    return 1 if z > params["missing"] else 0
+>>>>>>> REPLACE
+"""
+WHOLE_FILE = """Rewritten:
+```python
+PARAMETERS = {"gain": {"default": 1.0, "low": 0.0, "high": 3.0}}
+
+
+def act(observation, params):
+    return 1 if observation[2] + params["gain"] * observation[3] > 0 else 0
+```
+"""
+
+
+# -- a stand-in chat-completions server ----------------------------------------------------------------
+
+class StandIn:
+    """A real HTTP server on 127.0.0.1 speaking chat completions. ``script`` items are answers (a
+    string) or dicts ``{"status": 429}``, ``{"delay": 1.0, "content": ...}``; when the script runs
+    out it repeats ``default``. Every request (body and Authorization header) is kept in ``requests``."""
+
+    def __init__(self, script=(), default=GOOD_EDIT):
+        self.script, self.default, self.requests = list(script), default, []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                    item = outer.script.pop(0) if outer.script else outer.default
+                item = item if isinstance(item, dict) else {"content": item}
+                if item.get("delay"):
+                    time.sleep(item["delay"])
+                status = item.get("status", 200)
+                if status != 200:
+                    data = json.dumps({"error": {"message": "slow down"}}).encode()
+                else:
+                    data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
+                                       "choices": [{"index": 0, "finish_reason": "stop",
+                                                    "message": {"role": "assistant", "content": item["content"]}}],
+                                       "usage": {"prompt_tokens": 100, "completion_tokens": 20,
+                                                 "total_tokens": 120}}).encode()
+                try:
+                    self.send_response(status)
+                    if status == 429:
+                        self.send_header("Retry-After", "0")
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def standin():
+    servers = []
+
+    def make(script=(), default=GOOD_EDIT):
+        servers.append(StandIn(script, default))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def cartpole_space() -> _Space:
+    env = gym.make("CartPole-v1")
+    try:
+        return _Space(env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+TASK_FACTS = {"env_id": "CartPole-v1", "observation_space": "Box(4,)", "action_space": "Discrete(2)",
+              "success_threshold": 475.0, "step_limit": 500}
+
+
+def evaluation(cid: str, mean: float) -> Evaluation:
+    return Evaluation(cid, "train", tuple(Episode(s, mean, 10, True, False, None) for s in range(2)))
+
+
+# -- checks ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, reason", [
+    ("PARAMETERS = {}\ndef act(o, p)\n    return 0\n", "syntax error"),
+    ("PARAMETERS = {}\ndef policy(o, p):\n    return 0\n", "no top-level function act"),
+    ("PARAMETERS = {}\ndef act(o, params):\n    return 1 if o[0] > params['x'] else 0\n",
+     "params['x'] is not declared"),
+    ("PARAMETERS = {}\ndef act(o, p):\n    return helper(o)\n", "name 'helper' is not defined"),
+    ("import os\nPARAMETERS = {}\ndef act(o, p):\n    return 0\n", "import of 'os'"),
+    ("PARAMETERS = {}\nprint('hi')\ndef act(o, p):\n    return 0\n", "top-level Expr statement"),
+    ("PARAMETERS = {}\ndef act(o, p):\n    x = 1\n", "never returns an action"),
+    ("PARAMETERS = {}\ndef act(o, p):\n    return eval('0')\n", "call to eval()"),
+    ("PARAMETERS = {}\ndef act(o, p):\n    return ().__class__\n", "attribute '__class__'"),
+])
+def test_check_source_rejects_with_a_reason(source, reason):
+    with pytest.raises(PolicyError, match=re.escape(reason)):
+        check_source(source)
+
+
+def test_check_source_accepts_valid_policies():
+    for path in ("cartpole_linear.py",):
+        assert check_source(POLICY).parameters == load_policy(DATA / path).parameters
+    for example in Path(__file__).parent.parent.glob("examples/*/policy.py"):
+        source = example.read_text(encoding="utf-8")
+        if not uses_task_dims(source):  # shapes relative to the task need its dims
+            check_source(source)
+
+
+def test_param_variants_start_at_defaults_and_stay_in_bounds():
+    prog = parse_policy('PARAMETERS = {"a": (0.5, 0.0, 1.0), "b": (0.0, -1.0, 1.0)}\ndef act(o, p):\n    return 0\n')
+    vs = param_variants(prog, np.random.default_rng(0), 4, fresh=["b"])
+    assert vs[0] == {"a": 0.5, "b": 0.0} and len(vs) == 4
+    assert all(0 <= v["a"] <= 1 and -1 <= v["b"] <= 1 for v in vs)
+    assert param_variants(prog, np.random.default_rng(0), 4, fresh=["b"]) == vs
+
+
+# -- mutation operators ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("operator", OPERATORS)
+def test_each_operator_gives_a_checked_program_deterministically(operator):
+    space = cartpole_space()
+    other = (Path(__file__).parent.parent / "examples/cartpole/policy.py").read_text(encoding="utf-8")
+    ok = 0
+    for seed in range(8):
+        a = mutate_source(POLICY, operator, np.random.default_rng(seed), space, archive=[other])
+        b = mutate_source(POLICY, operator, np.random.default_rng(seed), space, archive=[other])
+        assert a == b and a is not None
+        new, fresh = a
+        assert new != POLICY
+        try:
+            prog = check_source(new)
+        except PolicyError as exc:  # deleting the only assignment of z leaves z undefined: a rejection
+            assert operator == "delete" and "not defined" in str(exc)
+            continue
+        ok += 1
+        assert set(fresh) <= {p.name for p in prog.parameters}
+    assert ok or operator == "delete"
+
+
+def test_operators_do_what_they_say():
+    space, rng = cartpole_space(), np.random.default_rng
+    new, _ = mutate_source(POLICY, "constant", rng(0), space)
+    assert 'params["k_1"]' in new and '"k_1": {"default": 0.0, "low": -1.0, "high": 1.0}' in new
+    new, fresh = mutate_source(POLICY, "term", rng(0), space)
+    assert fresh == ["w_1"] and '+ params["w_1"] * observation[' in new
+    new, fresh = mutate_source(POLICY, "guard", rng(0), space)
+    assert fresh == ["g_1"] and "if observation[" in new and 'params["g_1"]:\n        return ' in new
+    new, _ = mutate_source(POLICY, "swap", rng(0), space)
+    assert "z < 0" in new
+    assert mutate_source(POLICY, "crossover", rng(0), space, archive=[]) is None  # nothing to cross with
+
+
+def test_the_critique_guides_which_feature_a_mutation_uses():
+    from ratchet.critic import Critique, FailureMode
+    from ratchet.refiners.mutate import feature_focus
+
+    names = ["cart_position", "cart_velocity", "pole_angle", "pole_angular_velocity"]
+    crit = Critique("x", "train", {"mean": 9.0}, failure_modes=[
+        FailureMode("cluster 1", 6, 0.6, 9.0, (1, 2), "pole_angle high (+1.8σ), cart_velocity low (−1.2σ)")])
+    focus, direction = feature_focus(crit, names)
+    assert focus.tolist() == [0.125, 0.375, 0.375, 0.125] and direction == {1: False, 2: True}
+    assert feature_focus(None, names) == (None, {})
+    space = cartpole_space()
+    space.focus, space.direction = focus, direction
+    guards = [mutate_source(POLICY, "guard", np.random.default_rng(k), space)[0] for k in range(40)]
+    assert sum("observation[2] > " in g or "observation[1] < " in g for g in guards) > 20
+    assert not any("observation[2] < " in g or "observation[1] > " in g for g in guards)
+
+
+def test_mutation_refiner_proposes_checked_variants_and_records_rejections():
+    space = cartpole_space()
+    parent = load_policy(DATA / "cartpole_linear.py").candidate({"w_position": 0.1, "w_velocity": 0.2,
+                                                                  "w_angle": 0.3, "w_angular_velocity": 0.4})
+    r = MutationRefiner(space, MutateSettings(programs=4, variants=3, operators=["term", "delete", "guard"]))
+    props = r.propose(parent, None, np.random.default_rng(1))
+    again = MutationRefiner(space, MutateSettings(programs=4, variants=3, operators=["term", "delete", "guard"]))
+    assert [c.id for c in again.propose(parent, None, np.random.default_rng(1))] == [c.id for c in props]
+    assert 0 < len(props) <= r.population_size
+    for c in props:
+        prog = check_source(c.source)
+        assert c.parent_id == parent.id and c.refiner.startswith("mutate-")
+        assert set(c.params) == {p.name for p in prog.parameters}
+        assert '"w_angle": {"default": 0.3' in c.source  # the parent's values are the mutant's defaults
+    rejected = r.take_rejections()
+    assert all(x.reason and x.detail["operator"] == "delete" for x in rejected)
+    r.observe([evaluation(c.id, float(i)) for i, c in enumerate(props)])
+    assert r._archive  # kept for crossover
+
+
+def test_cmaes_follows_a_structural_promotion():
+    prog = load_policy(DATA / "cartpole_linear.py")
+    r = CMAESRefiner(prog, sigma0=0.3, seed=0)
+    r.propose(prog.candidate(), None, np.random.default_rng(0))
+    new, _ = mutate_source(baked_source(prog.candidate()), "term", np.random.default_rng(0), cartpole_space())
+    promoted = Candidate.create(new, check_source(new).defaults, parent_id="x", refiner="mutate-term")
+    props = r.propose(promoted, None, np.random.default_rng(0))
+    assert r.n_programs == 2 and r.dimension == 5
+    assert all(c.source == new and set(c.params) == set(promoted.params) for c in props)
+
+
+# -- the LLM editor ----------------------------------------------------------------------------------------
+
+def test_edit_blocks_parse_and_apply_with_near_misses():
+    assert chat_completions_url("http://h:1/v1/") == "http://h:1/v1/chat/completions"
+    blocks = parse_answer(GOOD_EDIT)
+    assert len(blocks) == 2
+    new = apply_edits(POLICY, blocks)
+    assert '"boost"' in new and 'params["boost"] * observation[3]' in new
+    check_source(new)
+    # trailing blanks and a lost indentation still find their lines
+    near = "<<<<<<< SEARCH\nreturn 1 if z > 0 else 0   \n=======\nreturn 0\n>>>>>>> REPLACE\n"
+    assert apply_edits(POLICY, parse_answer(near)).endswith("    return 0\n")
+    with pytest.raises(EditError, match="does not match"):
+        apply_edits(POLICY, parse_answer(near.replace("z > 0", "y > 0")))
+    with pytest.raises(EditError, match="without its"):
+        parse_answer(MALFORMED)
+    with pytest.raises(EditError, match="no SEARCH/REPLACE block"):
+        parse_answer("Try harder.")
+    assert parse_answer(WHOLE_FILE).startswith("PARAMETERS")
+
+
+def test_prompt_holds_task_code_critique_history_and_hints():
+    from ratchet.critic import Critic
+    from ratchet.refiners.llm import Attempt
+
+    crit = Critic().critique(evaluation("c", 9.0))
+    msgs = build_prompt(TASK_FACTS, POLICY, crit, [Attempt("-a\n+b", "not promoted: p = 0.3")], hints="Use the angle.")
+    text = msgs[1]["content"]
+    for part in ("CartPole-v1", "Discrete(2)", "def act", crit.text.strip()[:30], "not promoted: p = 0.3",
+                 "Use the angle."):
+        assert part in text
+    small = build_prompt(TASK_FACTS, POLICY, crit, [Attempt("x" * 5000, "v")] * 5, max_chars=3000)[1]["content"]
+    assert len(small) <= 3000 and "Edits already tried" not in small
+
+
+def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
+    monkeypatch.setenv("RATCHET_TEST_KEY", SECRET)
+    server = standin([GOOD_EDIT, MALFORMED, BREAKS_CONTRACT, {"status": 429}, WHOLE_FILE,
+                      {"delay": 1.5, "content": GOOD_EDIT}, GOOD_EDIT.replace("0.5", "0.25")])
+    settings = LLMSettings(base_url=server.url, model="stand-in", api_key_env="RATCHET_TEST_KEY", proposals=5,
+                           variants=2, timeout_s=0.5, retries=2, backoff_s=0.0, hints="Mind the angle.",
+                           budget_requests=6)
+    waits = []
+    r = LLMRefiner(settings, TASK_FACTS, sleep=waits.append)
+    parent = load_policy(DATA / "cartpole_linear.py").candidate()
+    props = r.propose(parent, None, np.random.default_rng(0))
+    # good edit, malformed, contract broken, 429 then the whole file, slow (timed out) then a good edit
+    assert len(server.requests) == 7
+    assert all(q["auth"] == f"Bearer {SECRET}" and q["path"] == "/v1/chat/completions" for q in server.requests)
+    assert "Mind the angle." in server.requests[0]["body"]["messages"][1]["content"]
+    sources = {c.source for c in props}
+    assert len(sources) == 3 and all(check_source(s) for s in sources)
+    assert len(props) == 6 and all(c.parent_id == parent.id and c.refiner == "llm" for c in props)
+    reasons = [x.reason for x in r.take_rejections()]
+    assert len(reasons) == 2
+    assert reasons[0].startswith("unusable answer") and "without its" in reasons[0]
+    assert reasons[1].startswith("failed checks") and "missing" in reasons[1]
+    assert r.spent.requests == 5 and r.spent.tokens == 5 * 120
+    # the gate's verdicts and the failures show in the next prompt's history
+    r.observe([evaluation(c.id, 20.0 + i) for i, c in enumerate(props)])
+    r.verdict(props[0].id, False, "rejected: not significant")
+    props2 = r.propose(parent, None, np.random.default_rng(1))
+    history = server.requests[-1]["body"]["messages"][1]["content"]
+    assert "not promoted: rejected: not significant" in history and "unusable answer" in history
+    assert "not sent to the gate" in history
+    assert r.spent.requests == 6 and r.idle_reason().startswith("llm budget: 6 of 6 requests")
+    assert len(props2) == 2
+    # no more requests once the budget is spent
+    assert r.propose(parent, None, np.random.default_rng(2)) == [] and len(server.requests) == 8
+
+
+@pytest.mark.parametrize("budget, reason", [({"budget_tokens": 300}, "360 of 300 tokens used"),
+                                            ({"budget_cost": 0.001, "price_prompt": 2.0, "price_completion": 10.0},
+                                             "0.0012 of 0.001 spent")])
+def test_llm_budgets_in_tokens_and_money_stop_requests(standin, budget, reason):
+    server = standin()
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=5, variants=1, **budget), TASK_FACTS)
+    props = r.propose(load_policy(DATA / "cartpole_linear.py").candidate(), None, np.random.default_rng(0))
+    # 120 tokens (100 prompt + 20 answer) per request; priced at 2 and 10 per million: 0.0004 per request
+    assert len(server.requests) == 3 and len(props) == 1  # the same edit three times: one candidate
+    assert reason in r.idle_reason()
+
+
+def test_llm_request_failures_are_failed_proposals(standin):
+    server = standin([{"delay": 1.0, "content": GOOD_EDIT}] * 2, default={"status": 503})
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=2, timeout_s=0.3, retries=1,
+                               backoff_s=0.0), TASK_FACTS, sleep=lambda s: None)
+    assert r.propose(load_policy(DATA / "cartpole_linear.py").candidate(), None, np.random.default_rng(0)) == []
+    reasons = [x.reason for x in r.take_rejections()]
+    assert "timed out after 0.3 s" in reasons[0] and "HTTP 503" in reasons[1]
+    assert len(server.requests) == 4  # each request tried twice (one retry)
+
+
+def test_api_key_env_missing_stops_before_any_request(standin, monkeypatch):
+    from ratchet.errors import RatchetError
+
+    monkeypatch.delenv("RATCHET_TEST_KEY", raising=False)
+    server = standin()
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", api_key_env="RATCHET_TEST_KEY"), TASK_FACTS)
+    with pytest.raises(RatchetError, match="RATCHET_TEST_KEY"):
+        r.propose(load_policy(DATA / "cartpole_linear.py").candidate(), None, np.random.default_rng(0))
+    assert not server.requests
+    with pytest.raises(ValueError, match="NAME of an environment variable"):
+        LLMSettings(base_url=server.url, model="m", api_key_env="sk-123")
+
+
+# -- runs end to end -----------------------------------------------------------------------------------------
+
+def structural_spec(directory: Path, refiners: list[dict], **sections):
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DATA / "cartpole_linear.py", directory / "policy.py")
+    d = base_spec_dict()
+    d.update(refiners=refiners, test={"episodes": 5}, execution={"workers": 2, "episode_timeout_s": 30})
+    d["refiner"] = {"train_episodes": 2}
+    d["gate"] = {"validation_episodes": 8, "max_share": 0.6}
+    for k, v in sections.items():
+        d[k] = v
+    return spec_from_dict(d, directory)
+
+
+def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool, monkeypatch):
+    spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 3, "variants": 3}],
+                           budget={"env_steps": 12_000})
+    # a proposal that skipped its refiner's checks is caught by the driver's own, before any episode
+    broken = Candidate.create(POLICY.replace("return 1 if", "return helper() if"), {}, refiner="mutate-bad")
+    propose = MutationRefiner.propose
+    monkeypatch.setattr(MutationRefiner, "propose", lambda self, *a: propose(self, *a) + [broken])
+    result = start_run(spec, tmp_path / "runs", "mut", executor=pool)
+    events = read_events(result.run_dir)
+    caught = [e for e in events_of(events, EventType.PROPOSAL_REJECTED) if e.payload["detail"].get("candidate_id")]
+    assert caught and all("name 'helper' is not defined" in e.payload["reason"] for e in caught)
+    assert all(broken.id not in e.key for e in events if e.type in (EventType.EPISODES_EVALUATED,
+                                                                     EventType.CANDIDATE_PROPOSED))
+    proposed = [e.payload["candidate"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)]
+    structural = [c for c in proposed if c["source"] is not None]
+    assert structural and all(c["refiner"].startswith("mutate-") for c in structural)
+    for c in structural:
+        check_source(c["source"])
+    assert events_of(events, EventType.GATE_DECIDED)
+    changed = events_of(events, EventType.INCUMBENT_CHANGED)
+    assert changed and all("source_diff" in e.payload for e in changed)
+    assert result.incumbent.source != spec_source(spec)
+    assert result.test.mean > result.baseline_test.mean + 25  # 9.0 -> 56.6 (test seeds, run seed 0)
+    ledger = SQLiteLedger(result.run_dir / LEDGER_FILE, create=False)
+    try:
+        for e in events_of(events, EventType.PROPOSAL_REJECTED):
+            assert e.payload["reason"] and ledger.get_artifact(e.payload["source"])
+    finally:
+        ledger.close()
+    # the CLI reads a structural run: show, report, and export writes the refined source
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    runner, out = CliRunner(env={"COLUMNS": "250"}), tmp_path / "refined.py"
+    for args in (["show", str(result.run_dir)], ["report", str(result.run_dir), "--no-videos", "--force"],
+                 ["export", str(result.run_dir), "-o", str(out)]):
+        got = runner.invoke(app, args)
+        assert got.exit_code == 0, got.output
+    refined = check_source(out.read_text(encoding="utf-8"))
+    assert refined.defaults == dict(result.incumbent.params)
+
+
+def spec_source(spec) -> str:
+    return Path(spec.policy_path).read_text(encoding="utf-8")
+
+
+class KillAtTest(RecordingExecutor):
+    """Dies (like kill -9) when the final test evaluation starts: every generation, LLM calls included, is
+    in the ledger by then."""
+
+    def __init__(self, inner, test_seeds):
+        super().__init__(inner)
+        self.test_seeds = set(test_seeds)
+
+    def run(self, task, jobs, on_episode=None, **kw):
+        if any(j.seed in self.test_seeds for j in jobs):
+            raise SimulatedKill("killed before the test evaluation")
+        return super().run(task, jobs, on_episode, **kw)
+
+
+def test_llm_run_records_exchanges_and_resume_never_calls_again(tmp_path, standin, monkeypatch, pool):
+    monkeypatch.setenv("RATCHET_TEST_KEY", SECRET)
+    server = standin([GOOD_EDIT, MALFORMED, BREAKS_CONTRACT, WHOLE_FILE], default=WHOLE_FILE)
+    llm = {"kind": "llm", "base_url": server.url, "model": "stand-in", "api_key_env": "RATCHET_TEST_KEY",
+           "proposals": 2, "variants": 2, "budget_requests": 4, "timeout_s": 5, "retries": 0}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    test_seeds = SeedSplits(spec.seed).seeds("test", 0, spec.test.episodes)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "llm", executor=KillAtTest(pool, test_seeds))
+    assert len(server.requests) == 4
+    run_dir = tmp_path / "runs" / "llm"
+    before = events_of(read_events(run_dir), EventType.LLM_CALL)
+    assert len(before) == 4 and all(e.payload["error"] is None and e.payload["prompt_tokens"] == 100
+                                    for e in before)
+    server.stop()  # nothing may call it now; and without the key a call could not even start
+    monkeypatch.delenv("RATCHET_TEST_KEY")
+    result = resume_run(run_dir, executor=pool)
+    assert result.stop_reason.startswith("llm budget: 4 of 4 requests")
+    events = read_events(run_dir)
+    assert [e.key for e in events_of(events, EventType.LLM_CALL)] == [e.key for e in before]
+    rejected = events_of(events, EventType.PROPOSAL_REJECTED)
+    assert sorted(e.payload["reason"].split(":")[0] for e in rejected) == ["failed checks", "unusable answer"]
+    assert any(e.payload["candidate"]["refiner"] == "llm" for e in events_of(events, EventType.CANDIDATE_PROPOSED))
+    ledger = SQLiteLedger(run_dir / LEDGER_FILE, create=False)
+    try:
+        request = json.loads(ledger.get_artifact(before[0].payload["request"]))
+        answer = json.loads(ledger.get_artifact(before[0].payload["response"]))
+        assert request["model"] == "stand-in" and "CartPole-v1" in request["messages"][1]["content"]
+        assert answer["choices"][0]["message"]["content"] == GOOD_EDIT
+    finally:
+        ledger.close()
+    # the key is nowhere: not in the ledger (events and artifacts), the report or any other file
+    for f in run_dir.rglob("*"):
+        if f.is_file():
+            assert SECRET.encode() not in f.read_bytes(), f
+
+
+def test_readme_structural_snippets_are_valid_refiner_tables():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S)
+              if 'kind = "mutate"' in b or 'kind = "llm"' in b]
+    assert len(blocks) == 2
+    for block in blocks:
+        tables = tomllib.loads(block)["refiners"]
+        spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"path": "policy.py"}, "refiners": tables},
+                              root / "examples" / "cartpole")
+        assert [e["kind"] for e in spec.refiner_entries()] == [t["kind"] for t in tables]
