@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 RUNS   ?= runs
+TORCH  ?= 2.13.0
 
 .PHONY: demo test install dev benchmarks clean
 
 $(BIN)/ratchet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==$(TORCH)  # before anything that depends on torch (a CPU build, not 5 GB of CUDA)
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $@
 

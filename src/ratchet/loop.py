@@ -432,9 +432,9 @@ class _Run:
         price = self._margin * est_len
         return float(min(price, limit)) if limit else price
 
-    def no_room_message(self, n_candidates: int, est_len: float, first: bool) -> str:
+    def no_room_message(self, n_candidates: int, est_len: float, first: bool, training: int = 0) -> str:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
-        budget that binds."""
+        budget that binds (``training``: env steps of the refiner's training jobs in a generation)."""
         what = "a single generation" if first else "another generation"
         episodes = n_candidates * self.spec.refiner.train_episodes
         b, u = self.spec.budget, self.usage
@@ -446,10 +446,11 @@ class _Run:
                     f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
                                                              "train_episodes" if first else ""))
         price = self.episode_price(est_len)
-        cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve()[0]
+        cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve()[0] + training
         per = f"{price:,.0f} steps" + (" (the time limit)" if price == self.task.step_limit else "")
+        trained = f", {training:,} of the refiner's training" if training else ""
         return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
-                f"{self.spec.refiner.train_episodes} training episodes × {per}, and a validation kept for its gate; "
+                f"{self.spec.refiner.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
                 f"{spent} used {u.env_steps:,} of "
                 f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
                                                             "train_episodes" if first else ""))
@@ -532,9 +533,9 @@ class _Run:
             if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
                                                                        self.episode_price(est_len),
                                                                        (reserve[0] + training, reserve[1])):
-                stop = self.no_room_message(n_candidates, est_len, first=False)
+                stop = self.no_room_message(n_candidates, est_len, first=False, training=training)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
-                    stop = self.no_room_message(n_candidates, est_len, first=True)
+                    stop = self.no_room_message(n_candidates, est_len, first=True, training=training)
             idle = getattr(refiner, "idle_reason", lambda: None)()
             if stop is not None or idle is not None:
                 stop = stop or idle

@@ -525,7 +525,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         data["seed"] = seed
     spec = spec_from_dict(data, p.parent.resolve(), str(p))
     if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # an mlp policy starts from no file
-        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your policy .py file")
+        what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
+        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
     from ratchet.refiners.registry import arm_names, refiner_kind
 
     entries = spec.refiner_entries()

@@ -124,6 +124,9 @@ def policy_main(chan: Any) -> None:
             return
         if msg[2] is not None:
             policies.sources[msg[1]] = msg[2]
+        payload = policies.sources.get(msg[1])
+        if isinstance(payload, tuple) and payload[0] == "sb3":
+            _preload_sb3()
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -138,6 +141,20 @@ def policy_main(chan: Any) -> None:
         code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status) or 1
         sys.stderr.flush()
         os._exit(code)
+
+
+def _preload_sb3() -> None:
+    """Import PyTorch and Stable-Baselines3 (libraries only, nothing unpickled) once in the zygote, so each
+    ``sb3`` candidate's forked child does not pay the import again (seconds each)."""
+    if "stable_baselines3" in sys.modules:
+        return
+    try:
+        from ratchet.policies.sb3 import _torch_single_thread
+
+        _torch_single_thread()
+        import stable_baselines3  # noqa: F401
+    except Exception:  # the child reports it when it loads the policy
+        pass
 
 
 def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict[str, Any] | None) -> None:

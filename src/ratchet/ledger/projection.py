@@ -23,7 +23,8 @@ class RunState:
     """Everything ``ratchet show``/``report`` need, derived only from events.
 
     ``env_steps`` and ``episodes`` count training and validation episodes (the budget's units);
-    test episodes are reported separately in ``baseline_test``/``test``.
+    ``env_steps`` also counts refiners' training jobs (``training_env_steps``: PPO updates), as the budget
+    does; test episodes are reported separately in ``baseline_test``/``test``.
 
     ``status`` is ``running``, ``stale`` (its writer's lease expired without the run finishing or
     failing: the writer died or hangs, possibly on another machine; ``ratchet resume`` takes it over),
@@ -41,6 +42,7 @@ class RunState:
     env_steps: int = 0
     episodes: int = 0
     validation_env_steps: int = 0
+    training_env_steps: int = 0
     generations: int = 0
     wall_clock_s: float = 0.0
     started_at: float = 0.0
@@ -183,6 +185,9 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                     st.validation_env_steps += p["summary"]["env_steps"]
                     if p["candidate_id"] == st.incumbent_id and st.incumbent_validation_mean is None:
                         st.incumbent_validation_mean = p["summary"]["mean"]
+        elif ev.type is EventType.TRAINING_FINISHED:
+            st.env_steps += int(p["env_steps"])
+            st.training_env_steps += int(p["env_steps"])
         elif ev.type is EventType.GATE_DECIDED:
             st.gates.append(p)
         elif ev.type is EventType.PROPOSAL_REJECTED:

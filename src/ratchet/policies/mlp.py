@@ -26,7 +26,7 @@ import numpy as np
 
 from ratchet.errors import PolicyError
 
-__all__ = ["MLP", "init_weights", "load_weights", "build", "ACTIVATIONS"]
+__all__ = ["MLP", "init_weights", "load_weights", "build", "ACTIVATIONS", "to_sb3_actor", "from_sb3_actor"]
 
 ACTIVATIONS = ("tanh", "relu")
 
@@ -188,6 +188,45 @@ def load_weights(data: bytes) -> MLP:
         if w.ndim != 2 or b.shape != (w.shape[1],) or w2.shape[0] != w.shape[1]:
             raise PolicyError("not an mlp weights artifact: layer shapes do not chain")
     return mlp
+
+
+def _actor_layers(policy: Any) -> list[Any]:
+    from torch import nn
+
+    layers = [m for m in policy.mlp_extractor.policy_net if isinstance(m, nn.Linear)] + [policy.action_net]
+    return layers
+
+
+def to_sb3_actor(mlp: MLP, policy: Any, log_std: bool = True) -> None:
+    """Copy ``mlp``'s weights into an SB3 ``ActorCriticPolicy``'s actor: the Linear layers of
+    ``mlp_extractor.policy_net``, then ``action_net`` (and ``log_std`` for a Box network when
+    ``log_std``). The critic is left as it is.
+
+    Raises:
+        PolicyError: the policy's actor does not have the network's layer shapes.
+    """
+    import torch
+
+    layers = _actor_layers(policy)
+    if [tuple(lin.weight.shape) for lin in layers] != [(w.shape[1], w.shape[0]) for w, _ in mlp.weights]:
+        raise PolicyError(f"the SB3 actor's layers {[tuple(lin.weight.shape) for lin in layers]} do not match the "
+                          f"network's {[(w.shape[1], w.shape[0]) for w, _ in mlp.weights]}")
+    with torch.no_grad():
+        for lin, (w, b) in zip(layers, mlp.weights):
+            lin.weight.copy_(torch.as_tensor(w.T, dtype=lin.weight.dtype))
+            lin.bias.copy_(torch.as_tensor(b, dtype=lin.bias.dtype))
+        if log_std and mlp.log_std.size and getattr(policy, "log_std", None) is not None:
+            policy.log_std.copy_(torch.as_tensor(mlp.log_std, dtype=policy.log_std.dtype))
+
+
+def from_sb3_actor(mlp: MLP, policy: Any) -> MLP:
+    """``mlp`` with the weights (and, for a Box network, ``log_std``) of an SB3 policy's actor
+    (the inverse of :func:`to_sb3_actor`; float32 values widened to float64)."""
+    weights = [(lin.weight.detach().cpu().numpy().astype(np.float64).T, lin.bias.detach().cpu().numpy().astype(np.float64))
+               for lin in _actor_layers(policy)]
+    ls = getattr(policy, "log_std", None)
+    log_std = ls.detach().cpu().numpy().astype(np.float64) if mlp.log_std.size and ls is not None else None
+    return mlp.with_weights(weights, log_std)
 
 
 class MLPPolicy:
