@@ -209,18 +209,17 @@ def test_fallback_keeps_the_run_wide_level_when_true_gains_precede_null_candidat
     from ratchet.gate import fallback_level
 
     rng = np.random.default_rng(21)
-    runs, n, alpha = 2000, 30, 0.05
-    false_runs = 0
-    for _ in range(runs):
-        k, carry, false = 1, 0.0, False
-        for i in range(12):
-            better = i < 3
-            d = (1.5 if better else 0.0) + rng.standard_normal(n)
-            level = fallback_level(alpha, k, "every", carry)
-            promoted = d.mean() > 0 and stats.ttest_1samp(d, 0.0, alternative="greater").pvalue < level
-            false |= promoted and not better
-            k, carry = k + 1, (level if promoted else 0.0)
-        false_runs += false
+    runs, n, decisions, alpha = 4000, 30, 12, 0.05
+    better = np.arange(decisions) < 3
+    d = better[None, :, None] * 1.5 + rng.standard_normal((runs, decisions, n))
+    p = stats.ttest_1samp(d, 0.0, axis=2, alternative="greater").pvalue
+    carry, false = np.zeros(runs), np.zeros(runs, bool)
+    for i in range(decisions):
+        level = np.array([fallback_level(alpha, i + 1, "every", c) for c in carry])
+        promoted = (d[:, i].mean(1) > 0) & (p[:, i] < level)
+        false |= promoted & ~better[i]
+        carry = np.where(promoted, level, 0.0)
+    false_runs = int(false.sum())
     assert false_runs / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs)
     assert false_runs > 0  # the carried level is really used
 
