@@ -189,6 +189,9 @@ def main() -> None:
     ap.add_argument("--results", metavar="FILE.jsonl",
                     help="Keep each run's result in this file (one JSON line per run) and reuse the runs already "
                          "there, so the grid can be run in parts and the table built from all of them.")
+    ap.add_argument("--table-only", action="store_true",
+                    help="Run nothing: build the table from the runs in --results (a grid that did not finish shows "
+                         "the run seeds it has).")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     budgets = dict(BUDGETS)
@@ -208,6 +211,8 @@ def main() -> None:
                 for comp in comps:
                     budget = budgets[name] or load_spec(ROOT / "examples" / name).budget.env_steps
                     r = done.get((name, comp, seed, budget))
+                    if r is None and args.table_only:
+                        continue
                     if r is None:
                         r = one(name, comp, seed, budget, Path(tmp))
                         if args.results:
@@ -221,11 +226,14 @@ def main() -> None:
     for name in args.examples:
         for comp in comps:
             rs = [r for r in results if r["example"] == name and r["competitor"] == comp]
+            if not rs:
+                continue
             tests = [r["test"] for r in rs]
             gaps = [r["reported"] - r["test"] for r in rs]
             sd = statistics.stdev(tests) if len(tests) > 1 else 0.0
+            per_seed = ", ".join(f"{r['test']:.1f} (s{r['seed']})" for r in rs)
             rows.append(f"| {name} | {comp} | {np.mean([r['start'] for r in rs]):.1f} | {np.mean(tests):.1f} ± {sd:.1f} | "
-                        f"{statistics.median(tests):.1f} | {', '.join(f'{t:.1f}' for t in tests)} | "
+                        f"{statistics.median(tests):.1f} | {per_seed} | "
                         f"{sum(r['regressed'] for r in rs)} / {len(rs)} | {np.mean(gaps):+.1f} | "
                         f"{np.mean([r['env_steps'] for r in rs]):,.0f} / {rs[0]['budget']:,} | "
                         f"{np.mean([r['wall'] for r in rs]):.0f} |")
@@ -235,7 +243,8 @@ def main() -> None:
     print(table)
     if args.write:
         cmd = (f"python benchmarks/peers.py --examples {' '.join(args.examples)} --seeds {args.seeds} "
-               f"--competitors {args.competitors}" + "".join(f" --budget {b}" for b in args.budget) + " --write")
+               f"--competitors {args.competitors}" + "".join(f" --budget {b}" for b in args.budget)
+               + (f" --results {Path(args.results).name}" if args.results else "") + " --write")
         write_section("Peers: ratchet vs pycma and Optuna at equal env-step budgets",
                       f"Command: `{cmd}` — see the script's docstring for the competitors. Budgets (env steps): "
                       + ", ".join(f"{n} {budgets[n] or 'its spec'}" for n in args.examples)
