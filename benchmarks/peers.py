@@ -13,8 +13,9 @@ refiner, ``Parameter.to_unit``: each parameter mapped to [0, 1] within its bound
   is enqueued as the first trial; trials are asked in batches of the population size so both workers stay busy;
   returns the study's best trial.
 
-Every competitor stops before its next batch would take it over the env-step budget (counted exactly); no env
-step is spent on validation. Policy code of every competitor runs in ratchet's executor (the same sandboxed
+Every competitor's episodes run under the executor's hard env-step cap (``max_env_steps``, the budget left), which
+skips an episode that could take the total over the budget; a candidate with a skipped episode is not scored, and
+the search ends with the first batch that had one. No env step is spent on validation. Policy code of every competitor runs in ratchet's executor (the same sandboxed
 worker processes as ratchet's own runs, ``[execution]`` of the spec), on seeds of ratchet's training split
 (``SeedSplits(run seed)``), so no competitor ever sees a validation or test seed.
 
