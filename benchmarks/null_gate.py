@@ -27,12 +27,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def null_runs(n_runs: int, budget: int, spending: str, executor: ProcessExecutor, runs_dir: Path,
-              test: str = "t") -> tuple[int, int, int]:
+              test: str = "t", first_seed: int = 0) -> tuple[int, int, int]:
     """Return (runs with a promotion, total gate decisions, total promotions)."""
     gate = {"test": test} if test == "t" else {"test": test, "validation_episodes": 100}
     base = load_spec(HERE / "null_task", overrides=[f"gate.{k}={v!r}".replace("'", '"') for k, v in gate.items()])
     promoted_runs = decisions = promotions = 0
-    for seed in range(n_runs):
+    for seed in range(first_seed, first_seed + n_runs):
         spec = base.model_copy(update={
             "seed": seed,
             "budget": base.budget.model_copy(update={"env_steps": budget}),
@@ -52,13 +52,15 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=30_000, help="env steps per run")
     ap.add_argument("--tests", default="t", help="comma-separated [gate] test settings, e.g. t,betting")
     ap.add_argument("--spendings", default="harmonic,none", help="comma-separated [gate] spending settings")
+    ap.add_argument("--first-seed", type=int, default=0, help="run seeds first..first+runs-1 (to split the runs "
+                                                                 "across processes; add up the rows)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     rows = []
     with ProcessExecutor(workers=2, episode_timeout_s=60) as ex, tempfile.TemporaryDirectory() as tmp:
         for test, spending in [(t, sp) for t in args.tests.split(",") for sp in args.spendings.split(",")]:
             t0 = time.perf_counter()
-            k, decisions, promotions = null_runs(args.runs, args.budget, spending, ex, Path(tmp), test)
+            k, decisions, promotions = null_runs(args.runs, args.budget, spending, ex, Path(tmp), test, args.first_seed)
             ci = binomtest(k, args.runs).proportion_ci(method="wilson")
             rows.append(f"| {test} | {spending} | {args.runs} | {decisions / args.runs:.1f} | {promotions} | "
                         f"{k} ({100 * k / args.runs:.1f} %) | {100 * ci.low:.1f}–{100 * ci.high:.1f} % | "
@@ -70,9 +72,10 @@ def main() -> None:
     if args.write:
         write_section("Null gate (false promotions)",
                       f"Command: `python benchmarks/null_gate.py --runs {args.runs} --budget {args.budget} --tests "
-                      f"{args.tests} --spendings {args.spendings} --write` (benchmarks/null_task: CartPole-v1 with a "
+                      f"{args.tests} --spendings {args.spendings}"
+                      f"{f' --first-seed {args.first_seed}' if args.first_seed else ''} --write` (benchmarks/null_task: CartPole-v1 with a "
                       f"policy whose parameters change each episode's return but not its expectation; run seeds "
-                      f"0..{args.runs - 1}; α = 0.05; t: paired t-test on 30 validation seeds; betting: the sequential "
+                      f"{args.first_seed}..{args.first_seed + args.runs - 1}; α = 0.05; t: paired t-test on 30 validation seeds; betting: the sequential "
                       f"betting test with a cap of 100 seeds and the bound from training returns).\n\n"
                       f"Machine: {machine()}\n\n{table}")
 

@@ -183,6 +183,47 @@ def test_later_decisions_need_stronger_evidence():
     assert PairedTestGate(alpha=0.05, spending="none").decide(ev("c", inc + gain), ev("inc", inc), k=10).alpha == 0.05
 
 
+def test_fallback_carries_the_level_of_a_promotion_to_the_next_decision():
+    from ratchet.gate import fallback_level
+
+    assert fallback_level(0.05, 3, "harmonic") == pytest.approx(0.05 / 24)
+    assert fallback_level(0.05, 3, "harmonic", carry=0.0125) == pytest.approx(0.05 / 24 + 0.0125)
+    assert fallback_level(0.05, 2, "every", carry=0.05) == 0.05  # never above alpha
+    assert fallback_level(0.05, 9, "none", carry=0.05) == 0.05  # each decision at alpha already: nothing carried
+    with pytest.raises(ValueError):
+        fallback_level(0.05, 1, "harmonic", carry=-0.01)
+    gate = PairedTestGate(alpha=0.05)
+    inc = base()
+    gain = np.random.default_rng(3).normal(1.0, 2.5, size=20)  # p around 0.03–0.05: fails α_2 alone
+    alone = gate.decide(ev("c", inc + gain), ev("inc", inc), k=2)
+    after_promotion = gate.decide(ev("c", inc + gain), ev("inc", inc), k=2, carry=0.0125)
+    assert after_promotion.alpha == pytest.approx(0.05 / 12 + 0.0125) and alone.alpha == pytest.approx(0.05 / 12)
+    assert after_promotion.p_value == alone.p_value
+    seq = SequentialGate(alpha=0.05, method="group-t")
+    assert seq.start(2, 50, carry=0.025).level == pytest.approx(0.05 / 6 + 0.025)
+
+
+def test_fallback_keeps_the_run_wide_level_when_true_gains_precede_null_candidates():
+    """Runs where the first decisions are on truly better candidates (promoted, passing their level on) and the
+    rest on no-better ones: the chance of any false promotion stays at most alpha."""
+    from ratchet.gate import fallback_level
+
+    rng = np.random.default_rng(21)
+    runs, n, decisions, alpha = 4000, 30, 12, 0.05
+    better = np.arange(decisions) < 3
+    d = better[None, :, None] * 1.5 + rng.standard_normal((runs, decisions, n))
+    p = stats.ttest_1samp(d, 0.0, axis=2, alternative="greater").pvalue
+    carry, false = np.zeros(runs), np.zeros(runs, bool)
+    for i in range(decisions):
+        level = np.array([fallback_level(alpha, i + 1, "every", c) for c in carry])
+        promoted = (d[:, i].mean(1) > 0) & (p[:, i] < level)
+        false |= promoted & ~better[i]
+        carry = np.where(promoted, level, 0.0)
+    false_runs = int(false.sum())
+    assert false_runs / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs)
+    assert false_runs > 0  # the carried level is really used
+
+
 def _success_ev(cid, returns, successes):
     return Evaluation(cid, "validation", tuple(Episode(i, float(r), 10, True, False, bool(s))
                                                 for i, (r, s) in enumerate(zip(returns, successes))))

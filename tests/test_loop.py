@@ -112,15 +112,17 @@ def test_gate_decisions_are_reproducible_from_the_ledger(finished_run):
     gates = events_of(events, EventType.GATE_DECIDED)
     assert gates
     promoted = set()
+    contested, carry = 0, 0.0  # as the loop counts them: alpha spending and the fallback's carried level
     for g in gates:
         p = g.payload
 
         def evaluation(cid: str) -> Evaluation:
             return Evaluation(cid, "validation", tuple(Episode.from_dict(e) for e in vals[cid]["episodes"]))
 
-        d = gate.decide(evaluation(p["candidate_id"]), evaluation(p["incumbent_id"]))
+        d = gate.decide(evaluation(p["candidate_id"]), evaluation(p["incumbent_id"]), k=contested + 1, carry=carry)
         assert d.promoted == p["promoted"]
-        assert d.p_value == p["p_value"]
+        assert d.p_value == p["p_value"] and d.alpha == p["alpha"]
+        contested, carry = contested + d.contested, (d.alpha if d.promoted else 0.0)
         if p["promoted"]:
             promoted.add(p["candidate_id"])
     assert promoted == {e.payload["to"] for e in events_of(events, EventType.INCUMBENT_CHANGED)}

@@ -129,6 +129,7 @@ class _Run:
         self.test_seeds = self.splits.seeds("test", 0, spec.test.episodes)
         self._clock_offset = 0.0
         self._n_contested = 0  # gate decisions so far whose candidate beat the incumbent's mean (alpha spending)
+        self._carry = 0.0  # the last decision's level when it promoted (fallback: ratchet.gate.fallback_level)
         self._replaying = False
         self._session_start = time.monotonic()
 
@@ -390,10 +391,12 @@ class _Run:
             decision, cand_val, inc_val = self.validate_sequentially(generation, best, incumbent, inc_val)
         else:
             cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
-            decision = None if _cut(cand_val) else self.gate.decide(cand_val, inc_val, k=self._n_contested + 1)
+            decision = None if _cut(cand_val) else self.gate.decide(cand_val, inc_val, k=self._n_contested + 1,
+                                                                           carry=self._carry)
         if decision is None:
             return None, "validation cut short by the env-step budget", None, inc_val
         self._n_contested += decision.contested
+        self._carry = decision.alpha if decision.promoted else 0.0
         inc_part = Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n])
         self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
                     {"generation": generation, **decision.to_dict(),
@@ -471,7 +474,7 @@ class _Run:
         gate decides. Returns the decision (None when the budget cut validation short), the candidate's
         validation evaluation on the seeds read, and the incumbent's (possibly extended) one."""
         session = self.gate.start(self._n_contested + 1, len(self.validation_seeds), lower_bound=self.lower_bound(),
-                                  candidate_id=best.id, incumbent_id=incumbent.id)
+                                  candidate_id=best.id, incumbent_id=incumbent.id, carry=self._carry)
         parts: list[Evaluation] = []
         while (b := session.next_batch_size()) > 0:
             lo, hi = session.n, session.n + b

@@ -156,7 +156,8 @@ class GateSpec(_Section):
     spending: Literal["harmonic", "every", "none"] = Field(
         "harmonic", description="Alpha spending across a run's gate decisions: harmonic (α/(2k(k+1)) for the k-th "
                                 "contested decision) and every (α/(k(k+1)) for the k-th tested one) keep the chance "
-                                "of any false promotion in a run at most alpha; none tests every decision at alpha.")
+                                "of any false promotion in a run at most alpha (a promotion passes its level on to the "
+                                "next decision: the fallback rule); none tests every decision at alpha.")
     max_new_failures: float | None = Field(
         None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
                                       "seeds the incumbent succeeds on, even if its mean is higher.")
