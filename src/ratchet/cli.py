@@ -691,6 +691,7 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (its in
     try:
         while not session.done:
             _time.sleep(0.2)
+        _time.sleep(1.0)  # the page's next request learns that the episodes are done
     except KeyboardInterrupt:
         out.print("stopped early", highlight=False)
     finally:
