@@ -18,6 +18,16 @@ __all__ = ["start_candidate", "read_sb3_zip", "read_mlp_weights", "MAX_MODEL_BYT
 MAX_MODEL_BYTES = 256 << 20
 
 
+def _read_capped(p: Path, what: str, hint: str) -> bytes:
+    """The bytes of ``p`` (at most :data:`MAX_MODEL_BYTES`); raises PolicyError naming ``what`` and ``hint``."""
+    try:
+        if p.stat().st_size > MAX_MODEL_BYTES:
+            raise PolicyError(f"{p}: {p.stat().st_size:,} bytes is larger than {MAX_MODEL_BYTES:,}")
+        return p.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read {what} {p}: {exc.strerror or exc}; {hint}") from None
+
+
 def read_sb3_zip(path: str | Path) -> bytes:
     """The bytes of a Stable-Baselines3 ``.zip``, checked only as a zip archive with SB3's members
     (``data`` and ``policy.pth``); nothing in it is unpickled here.
@@ -26,13 +36,7 @@ def read_sb3_zip(path: str | Path) -> bytes:
         PolicyError: missing, too large, or not an SB3 model archive.
     """
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_MODEL_BYTES:
-            raise PolicyError(f"{p}: {p.stat().st_size:,} bytes is larger than {MAX_MODEL_BYTES:,}")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise PolicyError(f"cannot read the model {p}: {exc.strerror or exc}; [policy] path names a "
-                          "Stable-Baselines3 .zip (model.save(...))") from None
+    data = _read_capped(p, "the model", "[policy] path names a Stable-Baselines3 .zip (model.save(...))")
     try:
         names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
     except zipfile.BadZipFile:
@@ -53,13 +57,7 @@ def read_mlp_weights(path: str | Path, spaces: tuple[Any, Any]) -> bytes:
     from ratchet.policies import mlp
 
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_MODEL_BYTES:
-            raise PolicyError(f"{p}: {p.stat().st_size:,} bytes is larger than {MAX_MODEL_BYTES:,}")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise PolicyError(f"cannot read the weights {p}: {exc.strerror or exc}; [policy] path names an mlp .npz "
-                          "(`ratchet export` writes one)") from None
+    data = _read_capped(p, "the weights", "[policy] path names an mlp .npz (`ratchet export` writes one)")
     net = mlp.load_weights(data)
     fresh = mlp.init_weights(*spaces, hidden=(1,))
     n_in, n_out = net.weights[0][0].shape[0], net.weights[-1][0].shape[1]
