@@ -9,8 +9,17 @@ plain SB3 PPO for the same env steps, on the run's test seeds; plain PPO's perio
 each evaluated on those seeds too. Goal: ratchet's final test mean ≥ plain PPO's, and never below the
 start.
 
+``scratch`` (issue 10 §5, residual vs learning from scratch): SB3 PPO from scratch with RL Zoo's
+LunarLanderContinuous hyperparameters on examples/lunar_lander_windy's env, evaluated every ``--every``
+env steps on the windy run's test seeds (run seed 0, 200 seeds), up to ``--max-env-steps`` or
+``--max-minutes``; and, with ``--cmaes``, CMA-ES on the heuristic's constants (the same example as a
+``program`` policy) at ``--cmaes-budget`` env steps, the residual run's budget.
+
 Usage: python benchmarks/finetune.py overhead [--env-steps N] [--write]
-       python benchmarks/finetune.py gated [--seeds 0,1,2] [--budget N] [--test-episodes N] [--write]
+       python benchmarks/finetune.py gated [--seeds 0,1,2] [--budget N] [--test-episodes N]
+                                     [--refiner-set KEY=VALUE ...] [--set SECTION.KEY=VALUE ...] [--write]
+       python benchmarks/finetune.py scratch [--max-env-steps N] [--max-minutes M] [--every N] [--cmaes] [--write]
+``--jsonl PATH`` appends each result as it arrives (a cut-off run keeps its numbers).
 Needs the rl extra.
 """
 
@@ -25,7 +34,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _common import machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +83,7 @@ def overhead(args: argparse.Namespace) -> str:
             ratchet_s = time.perf_counter() - t0
             assert res.error is None, res.error
             rows.append((steps, alone_total, alone_learn, ratchet_s))
-    med = lambda i: float(np.median([row[i] for row in rows]))  # noqa: E731
+    med = lambda i: float(np.median([row[i] for row in rows]))
     steps = rows[0][0]
     return (f"Command: `python benchmarks/finetune.py overhead --env-steps {args.env_steps} --repeats {args.repeats}"
             f"{' --write' if args.write else ''}` ({env_id}, MLP 64-64, n_steps {n_steps}, SB3 PPO defaults otherwise, "
@@ -87,75 +95,223 @@ def overhead(args: argparse.Namespace) -> str:
             f"{med(3) / med(1):.2f} | {med(3) / med(2):.2f} |\n")
 
 
-_PLAIN = """
+_EVALUATE = """
+def evaluate(model, env_id, env_kwargs, test_seeds):
+    # Deterministic returns on test_seeds, all episodes stepped together (one batched forward pass a step).
+    import numpy as np, gymnasium as gym
+    envs = [gym.make(env_id, **env_kwargs) for _ in test_seeds]
+    obs = [e.reset(seed=s)[0] for e, s in zip(envs, test_seeds)]
+    totals, alive = [0.0] * len(envs), list(range(len(envs)))
+    while alive:
+        acts = model.predict(np.stack([obs[i] for i in alive]), deterministic=True)[0]
+        still = []
+        for i, a in zip(alive, acts):
+            obs[i], r, te, tr, _ = envs[i].step(a)
+            totals[i] += float(r)
+            if not (te or tr):
+                still.append(i)
+        alive = still
+    return totals
+"""
+
+_PLAIN = _EVALUATE + """
 import json, sys
 import numpy as np, torch, gymnasium as gym
 from stable_baselines3 import PPO
 torch.set_num_threads(1)
 model_path, budget, every, test_seeds, seed = json.loads(sys.stdin.read())
-def evaluate(model):
-    env, out = gym.make("LunarLander-v3"), []
-    for s in test_seeds:
-        obs, _ = env.reset(seed=s); total, done = 0.0, False
-        while not done:
-            obs, r, te, tr, _ = env.step(model.predict(obs, deterministic=True)[0]); total += r; done = te or tr
-        out.append(total)
-    return float(np.mean(out))
+score = lambda m: float(np.mean(evaluate(m, "LunarLander-v3", {}, test_seeds)))
 model = PPO.load(model_path, env=gym.make("LunarLander-v3"), device="cpu", seed=seed)
-rows = [(0, evaluate(model))]
-while model.num_timesteps < budget:
-    model.learn(min(every, budget - model.num_timesteps), reset_num_timesteps=False)
-    rows.append((int(model.num_timesteps), evaluate(model)))
+done = model.num_timesteps  # the zip's own count (its 300 k env steps of training so far)
+rows = [(0, score(model))]
+print(json.dumps(rows[-1]), flush=True)
+while model.num_timesteps - done < budget:
+    model.learn(min(every, budget - (model.num_timesteps - done)), reset_num_timesteps=False)
+    rows.append((int(model.num_timesteps - done), score(model)))
+    print(json.dumps(rows[-1]), flush=True)
 print(json.dumps(rows))
 """
 
 
+def _spec(example: Path, seed: int, overrides: list[str], refiner_sets: list[str]):
+    """The example's spec with ``--set`` overrides and ``--refiner-set`` ones on its first ``[[refiners]]`` table."""
+    import tomllib
+
+    from ratchet.spec import apply_overrides, spec_from_dict
+
+    data = apply_overrides(tomllib.loads((example / "ratchet.toml").read_text()), overrides)
+    data["seed"] = seed
+    table = dict(data["refiners"][0])
+    for item in refiner_sets:
+        key, _, raw = item.partition("=")
+        table[key.strip()] = tomllib.loads(f"v = {raw.strip()}")["v"]
+    data["refiners"] = [table, *data["refiners"][1:]]
+    return spec_from_dict(data, example.resolve(), str(example / "ratchet.toml"))
+
+
+def _append(path: str | None, row: dict) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def gated(args: argparse.Namespace) -> str:
     from ratchet.loop import start_run
-    from ratchet.spec import load_spec
 
     lines = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        spec = load_spec(EXAMPLE, seed=seed, overrides=[f"budget.env_steps={args.budget}",
-                                                         f"test.episodes={args.test_episodes}"])
+        spec = _spec(EXAMPLE, seed, [f"budget.env_steps={args.budget}", f"test.episodes={args.test_episodes}",
+                                     *args.set], args.refiner_set)
+        gens: list[dict] = []
+        def progress(p: dict, gens: list[dict] = gens) -> None:
+            gens.append({"promoted": bool(p.get("promoted")), "env_steps": p["usage"].env_steps,
+                         "training_env_steps": p["usage"].training_env_steps})
         with tempfile.TemporaryDirectory() as runs:
             t0 = time.perf_counter()
-            res = start_run(spec, runs, f"ft{seed}")
+            res = start_run(spec, runs, f"ft{seed}", progress=progress)
             ratchet_s = time.perf_counter() - t0
+        used = gens[-1] if gens else {"env_steps": 0, "training_env_steps": 0}
+        promotions = sum(g["promoted"] for g in gens)
+        start = res.baseline_test.mean
+        _append(args.jsonl, {"mode": "gated", "side": "ratchet", "seed": seed, "start": start, "final": res.test.mean,
+                             "promotions": promotions, "generations": len(gens), "stop": res.stop_reason,
+                             "seconds": ratchet_s, **used})
         test_seeds = [ep.seed for ep in res.test.episodes]
+        t0 = time.perf_counter()
         out = subprocess.run([sys.executable, "-c", _PLAIN], capture_output=True, text=True, check=True,
                              input=json.dumps([str(EXAMPLE / "model.zip"), args.budget, args.every, test_seeds, seed]))
         plain = json.loads(out.stdout.strip().splitlines()[-1])
-        start = res.baseline_test.mean
+        plain_s = time.perf_counter() - t0
         worse = sum(1 for _, m in plain[1:] if m < start)
-        lines.append(f"| {seed} | {start:.1f} | {res.test.mean:.1f} | {plain[-1][1]:.1f} | {worse} / {len(plain) - 1} | "
-                     f"{', '.join(f'{m:.0f}' for _, m in plain[1:])} | {ratchet_s:.0f} |")
+        _append(args.jsonl, {"mode": "gated", "side": "plain", "seed": seed, "start_here": plain[0][1],
+                             "checkpoints": plain[1:], "seconds": plain_s})
+        lines.append(f"| {seed} | {start:.1f} | {res.test.mean:.1f} | {promotions} / {len(gens)} | "
+                     f"{used['env_steps']:,} ({used['training_env_steps']:,}) | {plain[-1][1]:.1f} | "
+                     f"{worse} / {len(plain) - 1} | {', '.join(f'{m:.0f}' for _, m in plain[1:])} | "
+                     f"{ratchet_s:.0f} / {plain_s:.0f} |")
+    extra = "".join(f" --set {o}" for o in args.set) + "".join(f" --refiner-set {o}" for o in args.refiner_set)
     return (f"Command: `python benchmarks/finetune.py gated --seeds {args.seeds} --budget {args.budget} --every {args.every} "
-            f"--test-episodes {args.test_episodes}{' --write' if args.write else ''}` (examples/lunar_lander_finetune with "
-            f"[budget] env_steps = {args.budget:,} and [test] episodes = {args.test_episodes}; plain: the same model.zip "
-            f"trained on by SB3 PPO for the same env steps, its own hyperparameters, a checkpoint every {args.every:,} "
+            f"--test-episodes {args.test_episodes}{extra}{' --write' if args.write else ''}` (examples/lunar_lander_finetune "
+            f"with [budget] env_steps = {args.budget:,} and [test] episodes = {args.test_episodes}"
+            f"{' and ' + ', '.join(args.set + args.refiner_set) if extra else ''}; ratchet's budget counts its training, "
+            "training-seed and validation episodes; plain: the same model.zip trained on by SB3 PPO for the same "
+            f"number of env steps, all of them training, its own hyperparameters, a checkpoint every {args.every:,} "
             "env steps; every test mean on the run's test seeds).\n\n"
             f"Machine: {machine()}\n\n"
-            "| run seed | start: test mean | ratchet: test mean | plain PPO: final test mean | plain checkpoints worse "
-            "than the start | plain checkpoints' test means | ratchet wall clock (s) |\n|---|---|---|---|---|---|---|\n"
+            "| run seed | start: test mean | ratchet: test mean | ratchet promotions / generations | ratchet env steps "
+            "(of them PPO training) | plain PPO: final test mean | plain checkpoints worse than the start | plain "
+            "checkpoints' test means | wall clock ratchet / plain (s) |\n|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(lines) + "\n")
+
+
+WINDY = ROOT / "examples" / "lunar_lander_windy"
+
+_SCRATCH = _EVALUATE + """
+import json, sys, time
+import numpy as np, torch, gymnasium as gym
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+torch.set_num_threads(1)
+env_id, env_kwargs, test_seeds, seed, every, max_steps, max_s = json.loads(sys.stdin.read())
+t0 = time.perf_counter()
+# RL Zoo (rl-baselines3-zoo hyperparams/ppo.yml, LunarLanderContinuous-v2): 16 envs, n_steps 1024, batch 64,
+# gae_lambda 0.98, gamma 0.999, n_epochs 4, ent_coef 0.01, MlpPolicy, SB3 defaults otherwise; 1e6 env steps.
+env = make_vec_env(env_id, n_envs=16, seed=seed, env_kwargs=env_kwargs)
+model = PPO("MlpPolicy", env, n_steps=1024, batch_size=64, gae_lambda=0.98, gamma=0.999, n_epochs=4,
+            ent_coef=0.01, seed=seed, device="cpu")
+while model.num_timesteps < max_steps and time.perf_counter() - t0 < max_s:
+    model.learn(every, reset_num_timesteps=False)
+    t = evaluate(model, env_id, env_kwargs, test_seeds)
+    print(json.dumps([int(model.num_timesteps), float(np.mean(t)), float(np.mean(np.asarray(t) >= 200)),
+                      time.perf_counter() - t0]), flush=True)
+"""
+
+
+def scratch(args: argparse.Namespace) -> str:
+    import tomllib
+
+    from ratchet.loop import start_run
+    from ratchet.planner import SeedSplits
+    from ratchet.spec import spec_from_dict
+
+    data = tomllib.loads((WINDY / "ratchet.toml").read_text())
+    env_id, env_kwargs = data["task"]["env_id"], dict(data["task"]["env_kwargs"])
+    test_seeds = SeedSplits(data["seed"]).seeds("test", 0, data["test"]["episodes"])
+    rows: list[list[float]] = []
+    proc = subprocess.Popen([sys.executable, "-c", _SCRATCH], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps([env_id, env_kwargs, test_seeds, args.scratch_seed, args.every, args.max_env_steps,
+                                 args.max_minutes * 60]))
+    proc.stdin.close()
+    for line in proc.stdout:
+        row = json.loads(line)
+        rows.append(row)
+        _append(args.jsonl, {"mode": "scratch", "seed": args.scratch_seed, "env_steps": row[0], "test_mean": row[1],
+                             "share_ge_200": row[2], "seconds": row[3]})
+        print(f"scratch PPO: {row[0]:,} env steps: test mean {row[1]:.1f}, ≥ 200 {100 * row[2]:.1f} %, {row[3]:.0f} s",
+              flush=True)
+    if proc.wait() != 0:
+        raise SystemExit(f"scratch PPO failed (exit {proc.returncode})")
+    reached = next((r[0] for r in rows if r[1] >= 250), None)
+    cmaes_line = ""
+    if args.cmaes:
+        data.update({"name": "lunar_lander_windy_cmaes", "policy": {"kind": "program", "path": "policy.py"},
+                     "refiners": [{"kind": "cmaes"}]})
+        data["budget"] = {"env_steps": args.cmaes_budget}
+        spec = spec_from_dict(data, WINDY.resolve(), str(WINDY / "ratchet.toml"))
+        gens: list[bool] = []
+        with tempfile.TemporaryDirectory() as runs:
+            t0 = time.perf_counter()
+            res = start_run(spec, runs, "cmaes", progress=lambda p: gens.append(bool(p.get("promoted"))))
+            secs = time.perf_counter() - t0
+        share = float(np.mean([ep.episode_return >= 200 for ep in res.test.episodes]))
+        share0 = float(np.mean([ep.episode_return >= 200 for ep in res.baseline_test.episodes]))
+        _append(args.jsonl, {"mode": "cmaes", "start": res.baseline_test.mean, "final": res.test.mean,
+                             "share_ge_200": share, "promotions": sum(gens), "generations": len(gens),
+                             "stop": res.stop_reason, "seconds": secs})
+        cmaes_line = (f"| CMA-ES on the heuristic's 9 constants (program policy, [[refiners]] kind = \"cmaes\", run seed 0) | "
+                      f"{args.cmaes_budget:,} (budget) | start {res.baseline_test.mean:.1f} ({100 * share0:.1f} % ≥ 200) → "
+                      f"{res.test.mean:.1f} ({100 * share:.1f} % ≥ 200); {sum(gens)} promotions in {len(gens)} "
+                      f"generations; {secs:.0f} s |\n")
+    best = max(rows, key=lambda r: r[1]) if rows else None
+    table = "\n".join(f"| {r[0]:,} | {r[1]:.1f} | {100 * r[2]:.1f} % | {r[3]:.0f} |" for r in rows)
+    return (f"Command: `python benchmarks/finetune.py scratch --max-env-steps {args.max_env_steps} --max-minutes "
+            f"{args.max_minutes:g} --every {args.every}{' --cmaes --cmaes-budget ' + str(args.cmaes_budget) if args.cmaes else ''}"
+            f"{' --write' if args.write else ''}` (SB3 PPO from scratch, RL Zoo's LunarLanderContinuous hyperparameters: "
+            "16 envs, n_steps 1024, batch 64, gae_lambda 0.98, gamma 0.999, n_epochs 4, ent_coef 0.01, one torch thread, "
+            f"seed {args.scratch_seed}; on examples/lunar_lander_windy's env, deterministic test returns on that run's "
+            f"{len(test_seeds)} test seeds).\n\n"
+            f"Machine: {machine()}\n\n"
+            "| env steps | scratch PPO: test mean | ≥ 200 | wall clock (s) |\n|---|---|---|---|\n" + table + "\n\n"
+            "| method | env steps to test mean ≥ 250 | result |\n|---|---|---|\n"
+            f"| SB3 PPO from scratch | {f'{reached:,}' if reached else f'not reached by {rows[-1][0]:,}' if rows else '—'} | "
+            f"best {best[1]:.1f} at {best[0]:,} |\n" if best else "") + cmaes_line
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["overhead", "gated"])
+    ap.add_argument("what", choices=["overhead", "gated", "scratch"])
     ap.add_argument("--env-steps", type=int, default=20_480, help="overhead: env steps of training")
     ap.add_argument("--repeats", type=int, default=3, help="overhead: repeats (median)")
     ap.add_argument("--seeds", default="0,1,2", help="gated: run seeds")
     ap.add_argument("--budget", type=int, default=500_000, help="gated: env steps each side gets")
     ap.add_argument("--every", type=int, default=50_000, help="gated: env steps between plain PPO's checkpoints")
     ap.add_argument("--test-episodes", type=int, default=200)
+    ap.add_argument("--set", action="append", default=[], help="gated: SECTION.KEY=VALUE on the example's spec")
+    ap.add_argument("--refiner-set", action="append", default=[], help="gated: KEY=VALUE on its [[refiners]] table")
+    ap.add_argument("--max-env-steps", type=int, default=5_000_000, help="scratch: PPO's bound")
+    ap.add_argument("--max-minutes", type=float, default=60.0, help="scratch: stop PPO after the checkpoint past this")
+    ap.add_argument("--scratch-seed", type=int, default=0)
+    ap.add_argument("--cmaes", action="store_true", help="scratch: also run CMA-ES on the heuristic's constants")
+    ap.add_argument("--cmaes-budget", type=int, default=431_551, help="scratch: CMA-ES's env-step budget")
+    ap.add_argument("--jsonl", help="append each result to this JSON-lines file as it arrives")
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     args = ap.parse_args()
-    body = overhead(args) if args.what == "overhead" else gated(args)
+    body = {"overhead": overhead, "gated": gated, "scratch": scratch}[args.what](args)
     print(body)
     if args.write:
-        write_section("PPO training overhead" if args.what == "overhead" else "Gated fine-tuning vs plain PPO", body)
+        write_section({"overhead": "PPO training overhead", "gated": "Gated fine-tuning vs plain PPO",
+                       "scratch": "Residual vs learning from scratch (windy lander)"}[args.what], body)
 
 
 if __name__ == "__main__":
