@@ -156,39 +156,62 @@ def _append(path: str | None, row: dict) -> None:
 
 
 def gated(args: argparse.Namespace) -> str:
+    records: list[dict] = []
+    if args.from_jsonl:  # render the table of a run already made (its --jsonl file)
+        records = [r for r in map(json.loads, Path(args.from_jsonl).read_text().splitlines()) if r["mode"] == "gated"]
+    else:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            records += _gated_seed(args, seed)
+    return _gated_table(args, records)
+
+
+def _gated_seed(args: argparse.Namespace, seed: int) -> list[dict]:
     from ratchet.loop import start_run
 
-    lines = []
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        spec = _spec(EXAMPLE, seed, [f"budget.env_steps={args.budget}", f"test.episodes={args.test_episodes}",
-                                     *args.set], args.refiner_set)
-        gens: list[dict] = []
-        def progress(p: dict, gens: list[dict] = gens) -> None:
-            gens.append({"promoted": bool(p.get("promoted")), "env_steps": p["usage"].env_steps,
-                         "training_env_steps": p["usage"].training_env_steps})
-        with tempfile.TemporaryDirectory() as runs:
-            t0 = time.perf_counter()
-            res = start_run(spec, runs, f"ft{seed}", progress=progress)
-            ratchet_s = time.perf_counter() - t0
-        used = gens[-1] if gens else {"env_steps": 0, "training_env_steps": 0}
-        promotions = sum(g["promoted"] for g in gens)
-        start = res.baseline_test.mean
-        _append(args.jsonl, {"mode": "gated", "side": "ratchet", "seed": seed, "start": start, "final": res.test.mean,
-                             "promotions": promotions, "generations": len(gens), "stop": res.stop_reason,
-                             "seconds": ratchet_s, **used})
-        test_seeds = [ep.seed for ep in res.test.episodes]
+    spec = _spec(EXAMPLE, seed, [f"budget.env_steps={args.budget}", f"test.episodes={args.test_episodes}", *args.set],
+                 args.refiner_set)
+    gens: list[dict] = []
+
+    def progress(p: dict) -> None:
+        gens.append({"promoted": bool(p.get("promoted")), "env_steps": p["usage"].env_steps,
+                     "training_env_steps": p["usage"].training_env_steps})
+
+    with tempfile.TemporaryDirectory() as runs:
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", _PLAIN], capture_output=True, text=True, check=True,
-                             input=json.dumps([str(EXAMPLE / "model.zip"), args.budget, args.every, test_seeds, seed]))
-        plain = json.loads(out.stdout.strip().splitlines()[-1])
-        plain_s = time.perf_counter() - t0
-        worse = sum(1 for _, m in plain[1:] if m < start)
-        _append(args.jsonl, {"mode": "gated", "side": "plain", "seed": seed, "start_here": plain[0][1],
-                             "checkpoints": plain[1:], "seconds": plain_s})
-        lines.append(f"| {seed} | {start:.1f} | {res.test.mean:.1f} | {promotions} / {len(gens)} | "
-                     f"{used['env_steps']:,} ({used['training_env_steps']:,}) | {plain[-1][1]:.1f} | "
-                     f"{worse} / {len(plain) - 1} | {', '.join(f'{m:.0f}' for _, m in plain[1:])} | "
-                     f"{ratchet_s:.0f} / {plain_s:.0f} |")
+        res = start_run(spec, runs, f"ft{seed}", progress=progress)
+        ratchet_s = time.perf_counter() - t0
+    used = gens[-1] if gens else {"env_steps": 0, "training_env_steps": 0}
+    mine = {"mode": "gated", "side": "ratchet", "seed": seed, "start": res.baseline_test.mean, "final": res.test.mean,
+            "promotions": sum(g["promoted"] for g in gens), "generations": len(gens), "stop": res.stop_reason,
+            "seconds": ratchet_s, **used}
+    _append(args.jsonl, mine)
+    test_seeds = [ep.seed for ep in res.test.episodes]
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _PLAIN], capture_output=True, text=True, check=True,
+                         input=json.dumps([str(EXAMPLE / "model.zip"), args.budget, args.every, test_seeds, seed]))
+    plain = json.loads(out.stdout.strip().splitlines()[-1])
+    theirs = {"mode": "gated", "side": "plain", "seed": seed, "start_here": plain[0][1], "checkpoints": plain[1:],
+              "seconds": time.perf_counter() - t0}
+    _append(args.jsonl, theirs)
+    return [mine, theirs]
+
+
+def _gated_table(args: argparse.Namespace, records: list[dict]) -> str:
+    lines, sums = [], []
+    for r in (r for r in records if r["side"] == "ratchet"):
+        p = next(q for q in records if q["side"] == "plain" and q["seed"] == r["seed"])
+        cps, start = p["checkpoints"], r["start"]
+        worse = sum(1 for _, m in cps if m < start)
+        at = min(cps, key=lambda c: abs(c[0] - r["env_steps"]))  # plain's checkpoint nearest ratchet's env steps
+        sums.append((start, r["final"], at[1], cps[-1][1], worse, len(cps)))
+        lines.append(f"| {r['seed']} | {start:.1f} | {r['final']:.1f} | {r['promotions']} / {r['generations']} | "
+                     f"{r['env_steps']:,} ({r['training_env_steps']:,}) | {at[1]:.1f} ({at[0]:,}) | {cps[-1][1]:.1f} "
+                     f"({cps[-1][0]:,}) | {worse} / {len(cps)} | {', '.join(f'{m:.0f}' for _, m in cps)} | "
+                     f"{r['seconds']:.0f} / {p['seconds']:.0f} |")
+    if sums:
+        m = np.mean(sums, axis=0)
+        lines.append(f"| mean | {m[0]:.1f} | {m[1]:.1f} | | | {m[2]:.1f} | {m[3]:.1f} | "
+                     f"{sum(x[4] for x in sums)} / {sum(x[5] for x in sums)} | | |")
     extra = "".join(f" --set {o}" for o in args.set) + "".join(f" --refiner-set {o}" for o in args.refiner_set)
     return (f"Command: `python benchmarks/finetune.py gated --seeds {args.seeds} --budget {args.budget} --every {args.every} "
             f"--test-episodes {args.test_episodes}{extra}{' --write' if args.write else ''}` (examples/lunar_lander_finetune "
@@ -196,12 +219,12 @@ def gated(args: argparse.Namespace) -> str:
             f"{' and ' + ', '.join(args.set + args.refiner_set) if extra else ''}; ratchet's budget counts its training, "
             "training-seed and validation episodes; plain: the same model.zip trained on by SB3 PPO for the same "
             f"number of env steps, all of them training, its own hyperparameters, a checkpoint every {args.every:,} "
-            "env steps; every test mean on the run's test seeds).\n\n"
+            "env steps (whole rollouts of 2,048); every test mean on the run's test seeds, deterministic actions).\n\n"
             f"Machine: {machine()}\n\n"
             "| run seed | start: test mean | ratchet: test mean | ratchet promotions / generations | ratchet env steps "
-            "(of them PPO training) | plain PPO: final test mean | plain checkpoints worse than the start | plain "
-            "checkpoints' test means | wall clock ratchet / plain (s) |\n|---|---|---|---|---|---|---|---|---|\n"
-            + "\n".join(lines) + "\n")
+            "used (of them PPO training) | plain PPO at about ratchet's env steps (its steps) | plain PPO: final "
+            "(its steps) | plain checkpoints worse than the start | plain checkpoints' test means | wall clock ratchet "
+            "/ plain (s) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 WINDY = ROOT / "examples" / "lunar_lander_windy"
@@ -236,7 +259,8 @@ def scratch(args: argparse.Namespace) -> str:
 
     data = tomllib.loads((WINDY / "ratchet.toml").read_text())
     env_id, env_kwargs = data["task"]["env_id"], dict(data["task"]["env_kwargs"])
-    test_seeds = SeedSplits(data["seed"]).seeds("test", 0, data["test"]["episodes"])
+    data["test"] = {"episodes": args.test_episodes}  # 200, the windy run's
+    test_seeds = SeedSplits(data["seed"]).seeds("test", 0, args.test_episodes)
     rows: list[list[float]] = []
     proc = subprocess.Popen([sys.executable, "-c", _SCRATCH], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
@@ -305,6 +329,7 @@ def main() -> None:
     ap.add_argument("--cmaes", action="store_true", help="scratch: also run CMA-ES on the heuristic's constants")
     ap.add_argument("--cmaes-budget", type=int, default=431_551, help="scratch: CMA-ES's env-step budget")
     ap.add_argument("--jsonl", help="append each result to this JSON-lines file as it arrives")
+    ap.add_argument("--from-jsonl", help="gated: print (and --write) the table of a --jsonl file instead of running")
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     args = ap.parse_args()
     body = {"overhead": overhead, "gated": gated, "scratch": scratch}[args.what](args)
