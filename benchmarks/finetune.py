@@ -199,7 +199,9 @@ def _gated_seed(args: argparse.Namespace, seed: int) -> list[dict]:
 def _gated_table(args: argparse.Namespace, records: list[dict]) -> str:
     lines, sums = [], []
     for r in (r for r in records if r["side"] == "ratchet"):
-        p = next(q for q in records if q["side"] == "plain" and q["seed"] == r["seed"])
+        p = next((q for q in records if q["side"] == "plain" and q["seed"] == r["seed"]), None)
+        if p is None:  # a cut-off run: the plain side of this seed never finished
+            continue
         cps, start = p["checkpoints"], r["start"]
         worse = sum(1 for _, m in cps if m < start)
         at = min(cps, key=lambda c: abs(c[0] - r["env_steps"]))  # plain's checkpoint nearest ratchet's env steps
