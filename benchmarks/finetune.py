@@ -297,7 +297,7 @@ def scratch(args: argparse.Namespace) -> str:
                              "stop": res.stop_reason, "seconds": secs})
         cmaes_line = (f"| CMA-ES on the heuristic's 9 constants (program policy, [[refiners]] kind = \"cmaes\", run seed 0) | "
                       f"{args.cmaes_budget:,} (budget) | start {res.baseline_test.mean:.1f} ({100 * share0:.1f} % ≥ 200) → "
-                      f"{res.test.mean:.1f} ({100 * share:.1f} % ≥ 200); {sum(gens)} promotions in {len(gens)} "
+                      f"{res.test.mean:.1f} ({100 * share:.1f} % ≥ 200); {sum(gens)} promotion(s) in {len(gens)} "
                       f"generations; {secs:.0f} s |\n")
     best = max(rows, key=lambda r: r[1]) if rows else None
     table = "\n".join(f"| {r[0]:,} | {r[1]:.1f} | {100 * r[2]:.1f} % | {r[3]:.0f} |" for r in rows)
