@@ -18,7 +18,12 @@ from typing import Any
 
 import pytest
 
-from ratchet.execution import Job
+# pytest-xdist's workers export COLUMNS=80, and a Rich console created at import time keeps it: let each
+# test's own environment (CliRunner(env={"COLUMNS": ...})) decide the width, as in a serial run
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
+from ratchet.execution import Job  # noqa: E402
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import LEDGER_FILE, start_run

@@ -109,8 +109,10 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     runs = tmp_path / "runs"
     db = runs / "c" / "ledger.sqlite"
     cmd = [sys.executable, "-m", "ratchet.cli"]
+    # a shell's background job inherits SIGINT ignored (POSIX); restore the default so the signal is heard
     proc = subprocess.Popen(cmd + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "c", "--no-report"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 60
