@@ -133,12 +133,14 @@ class CorrectionSession:
             img = self.env.render()
         return iio.imwrite("<bytes>", np.asarray(img), extension=".png")
 
-    def dataset(self) -> Any:
-        """The person's steps so far (:class:`ratchet.data.Dataset`)."""
+    def dataset(self, finished_only: bool = False) -> Any:
+        """The person's steps so far (:class:`ratchet.data.Dataset`); ``finished_only``: only those of the
+        episodes played to the end (the ones in :attr:`records`)."""
         from ratchet.data import Dataset
 
         with self.lock:
-            return Dataset.from_steps(list(self.steps), "discrete", int(np.prod(self.env.observation_space.shape)),
+            steps = [s for s in self.steps if not finished_only or s["episode"] < len(self.records)]
+            return Dataset.from_steps(steps, "discrete", int(np.prod(self.env.observation_space.shape)),
                                       env_id=self.task.env_id)
 
     def close(self) -> None:
