@@ -192,6 +192,8 @@ def test_a_round_killed_mid_validation_resumes_from_the_ledger(finished, tmp_pat
     # a new round is refused until this one is finished; the person is not asked again
     refused = runner.invoke(app, ["correct", str(run_dir)])
     assert refused.exit_code == 1 and "--resume-round" in refused.output
+    resumed = runner.invoke(app, ["resume", str(run_dir)])
+    assert resumed.exit_code == 1 and "finishes its correction round" in resumed.output
     done = runner.invoke(app, ["correct", str(run_dir), "--resume-round", "--updates", "500"])
     assert done.exit_code == 0, done.output
     assert "promoted" in done.output

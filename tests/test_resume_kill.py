@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import count_events, events_of, make_spec_dir, read_events
+from conftest import count_events, events_of, make_spec_dir, normalized, read_events
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
 
@@ -147,3 +147,85 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     after = read_events(runs / "c")
     assert project(after).status == "finished"
     assert [e.payload for e in after[:len(before)]] == [e.payload for e in before]
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        kids = _children(todo.pop()) - out
+        out |= kids
+        todo += list(kids)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
+    """hg-dagger (a tiny CartPole student): kill -9 the run while round 1's sandboxed training job is in
+    flight (round 0 recorded), resume, and end with the ledger of a run that was never interrupted."""
+    from test_dagger import _spec_dir
+
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    spec_dir = _spec_dir(tmp_path)
+    start_run(load_spec(spec_dir), tmp_path / "ref", "k")  # the uninterrupted run
+    runs = tmp_path / "runs"
+    db = runs / "k" / "ledger.sqlite"
+    cmd = [sys.executable, "-m", "ratchet.cli"]
+    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    helpers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            kids = _descendants(proc.pid)
+            helpers |= kids
+            trainers = [k for k in kids if "ratchet.execution.training" in _cmdline(k)]
+            if trainers and count_events(db, "training_finished") == 1:
+                break
+            assert proc.poll() is None, f"run ended before round 1 trained: {(tmp_path / 'run.log').read_text()}"
+            assert time.monotonic() < deadline, "round 1's training job never started within 120 s"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    t0 = time.monotonic()  # the trainer and the workers are in their own sessions: they exit on their own
+    while any(_alive(p) for p in helpers) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    for p in helpers:
+        if _alive(p):
+            os.kill(p, signal.SIGKILL)
+
+    before = read_events(runs / "k")
+    assert [e.payload["settings"]["round"] for e in events_of(before, EventType.TRAINING_FINISHED)] == [0]
+    assert not events_of(before, EventType.RUN_FINISHED) and project(before).status == "interrupted"
+    done = subprocess.run(cmd + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = read_events(runs / "k")
+    by_key = {e.key: e for e in after}
+    for e in before:  # what was recorded before the kill is unchanged
+        assert by_key[e.key].payload == e.payload and by_key[e.key].seq == e.seq and by_key[e.key].time == e.time
+
+    def comparable(events):  # by key, without what differs between sessions: times, pids, resume markers
+        out = {}
+        for t, key, payload in normalized([e for e in events if e.type is not EventType.RUN_RESUMED]):
+            if t == EventType.TRAINING_FINISHED.value:
+                payload = {k: v for k, v in payload.items() if k != "seconds"}
+            out[key] = (t, payload)
+        return out
+
+    assert comparable(after) == comparable(read_events(tmp_path / "ref" / "k"))
+    assert [e.payload["settings"]["round"] for e in events_of(after, EventType.TRAINING_FINISHED)] == [0, 1]
+    assert project(after).status == "finished"
