@@ -11,9 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import SimulatedKill, comparable, events_of, read_events
+from test_dagger import EXPERT, _spec_dir
 from typer.testing import CliRunner
 
-from conftest import SimulatedKill, events_of, normalized, read_events
 from ratchet.cli import app
 from ratchet.correct import CorrectionSession
 from ratchet.correction_round import CorrectionRound
@@ -24,7 +25,6 @@ from ratchet.ledger.artifacts import digest
 from ratchet.ledger.projection import project
 from ratchet.policies.mlp import load_weights
 from ratchet.task import GymTask
-from test_dagger import EXPERT, _spec_dir
 
 runner = CliRunner()
 
@@ -47,9 +47,10 @@ def _copy(finished: Path, tmp_path: Path) -> Path:
 
 
 def _expert():
-    ns: dict = {}
-    exec(EXPERT, ns)
-    return lambda obs: ns["act"](obs, {"w_angle": 1.0})
+    from ratchet.policy import compile_policy
+
+    module = compile_policy(EXPERT, "<expert>")
+    return lambda obs: module.act(obs, {"w_angle": 1.0})
 
 
 def play(rnd: CorrectionRound, episodes: int = 3, takeover_at: int | None = 3):
@@ -198,14 +199,6 @@ def test_a_round_killed_mid_validation_resumes_from_the_ledger(finished, tmp_pat
     assert done.exit_code == 0, done.output
     assert "promoted" in done.output
     # the same ledger as an uninterrupted round (the training job ran once, read back on resume)
-
-    def comparable(evs):
-        out = {}
-        for t, key, p in normalized(evs):
-            if t == "training_finished":
-                p = {k: v for k, v in p.items() if k != "seconds"}
-            out[key] = (t, p)
-        return out
 
     after = read_events(run_dir)
     assert comparable(after) == comparable(read_events(ref_dir))

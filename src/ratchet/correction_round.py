@@ -29,15 +29,16 @@ correct RUN --resume-round``) without asking the person again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ratchet.errors import RatchetError
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import RunState, project
 from ratchet.policy import Candidate
 
-__all__ = ["CorrectionRound", "unfinished_round", "PERSON_SEEDS_START"]
+__all__ = ["PERSON_SEEDS_START", "CorrectionRound", "unfinished_round"]
 
 #: Person rounds draw their episode seeds from the training split from this index on (far above the loop's
 #: per-generation seeds and its training jobs' range), each round after the seeds the earlier rounds played.
@@ -177,7 +178,7 @@ class CorrectionRound:
             missing = [k for k in _EPISODE_KEYS if k not in r]
             segs = r.get("segments") or []
             if missing or not segs or segs[0][0] != 0 or segs[-1][1] != r["length"] or \
-                    any(a[1] != b[0] for a, b in zip(segs, segs[1:])):
+                    any(a[1] != b[0] for a, b in pairwise(segs)):
                 raise RatchetError(f"episode record of seed {r.get('seed')} is malformed (keys {sorted(r)}; segments "
                                    "must cover the episode)")
         person = sum(int(r["person_steps"]) for r in records)
@@ -334,8 +335,8 @@ class CorrectionRound:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> CorrectionRound:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
