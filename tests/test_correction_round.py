@@ -112,6 +112,8 @@ def test_round_is_recorded_retrained_gated_and_promoted(finished, tmp_path):
     # gated on the run's validation seeds, as the run's next decision
     gate = new[4].payload
     assert gate["candidate_id"] == student_id and gate["incumbent_id"] == cand.id and gate["promoted"]
+    k = sum(bool(g["contested"]) for g in before.gates) + 1  # alpha spending: one more decision of the run
+    assert f"α_{k} " in gate["reason"] and k >= 2
     val = new[3].payload
     assert val["split"] == "validation" and val["candidate_id"] == student_id
     assert val["seeds"] == project(read_events(finished)).evaluation(cand.id, "validation").seeds
@@ -146,6 +148,7 @@ def test_round_is_recorded_retrained_gated_and_promoted(finished, tmp_path):
     assert replayed.exit_code == 0 and "match" in replayed.output, replayed.output
     report = runner.invoke(app, ["report", str(run_dir), "--no-videos", "-o", str(tmp_path / "r.html")])
     assert report.exit_code == 0, report.output
+    assert "Correction rounds" in (tmp_path / "r.html").read_text()
     resumed = runner.invoke(app, ["resume", str(run_dir)])
     assert resumed.exit_code == 1 and "already finished" in resumed.output
 
