@@ -175,12 +175,20 @@ class _DyingPool(ProcessExecutor):
         return super().run(task, jobs, cb, **kw)
 
 
-def test_a_round_killed_mid_validation_resumes_from_the_ledger(finished, tmp_path):
-    ref_dir = _copy(finished, tmp_path / "ref")
+@pytest.fixture(scope="module")
+def reference_round(finished, tmp_path_factory) -> Path:
+    """The run after an uninterrupted round (the scripted person of :func:`play`, 500 updates)."""
+    ref_dir = _copy(finished, tmp_path_factory.mktemp("ref"))
     with CorrectionRound(ref_dir) as rnd:
         rnd.finish(rnd.record(*play(rnd)), updates=500)
+    return ref_dir
+
+
+# killed in the student's validation, or in the new incumbent's test evaluation (after incumbent_changed)
+@pytest.mark.parametrize("die_after", [2, 5])
+def test_a_killed_round_resumes_from_the_ledger(finished, reference_round, tmp_path, die_after):
     run_dir = _copy(finished, tmp_path)
-    pool = _DyingPool(die_after=2)
+    pool = _DyingPool(die_after=die_after)
     try:
         with pytest.raises(SimulatedKill), CorrectionRound(run_dir, executor=pool) as rnd:
             rnd.finish(rnd.record(*play(rnd)), updates=500)
@@ -189,6 +197,9 @@ def test_a_round_killed_mid_validation_resumes_from_the_ledger(finished, tmp_pat
     assert pool.trained == 1
     events = read_events(run_dir)
     assert not events_of(events, EventType.CORRECTION_FINISHED) and events_of(events, EventType.TRAINING_FINISHED)
+    promoted_before_kill = any(e.type is EventType.INCUMBENT_CHANGED and e.payload.get("correction_round") == 1
+                               for e in events)
+    assert promoted_before_kill == (die_after == 5)
     [c] = project(events).corrections
     assert c["status"] == "recorded" and c["retrain"]
     shown = runner.invoke(app, ["show", str(run_dir)]).output
@@ -202,9 +213,8 @@ def test_a_round_killed_mid_validation_resumes_from_the_ledger(finished, tmp_pat
     assert done.exit_code == 0, done.output
     assert "promoted" in done.output
     # the same ledger as an uninterrupted round (the training job ran once, read back on resume)
-
     after = read_events(run_dir)
-    assert comparable(after) == comparable(read_events(ref_dir))
+    assert comparable(after) == comparable(read_events(reference_round))
     assert len(events_of(after, EventType.TRAINING_FINISHED)) == len(events_of(events, EventType.TRAINING_FINISHED))
     again = runner.invoke(app, ["correct", str(run_dir), "--resume-round"])
     assert again.exit_code == 1 and "no unfinished correction round" in again.output

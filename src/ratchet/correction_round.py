@@ -220,12 +220,16 @@ class CorrectionRound:
                                                                      else f"correction round {round_no}"))
         if rounds[n]["finished"] is not None:
             return dict(rounds[n]["finished"])
+        if n != max(rounds):
+            raise RatchetError(f"correction round {n} of run {self.state.run_id} is not the newest; only the newest "
+                               "round can be retrained and gated")
         rec = rounds[n]["recorded"]
-        st = self.state
+        earlier = [e for e in events if e.payload.get("correction_round") != n]  # the run as the round found it
+        st = project(earlier)
         played = st.candidate(rec["candidate_id"])
         incumbent = st.candidate(st.incumbent_id)
         baseline = st.candidate(st.baseline_id)
-        run = self._wired_run([e for e in events if e.payload.get("correction_round") != n])
+        run = self._wired_run(earlier)
         run.event_tag = {"correction_round": n}
         generation = st.generations
         out: dict[str, Any] = {"round": n, "parent_id": played.id, "previous_incumbent_id": incumbent.id,
