@@ -249,3 +249,47 @@ def test_one_writer_at_a_time_and_clear_refusals(finished, tmp_path):
         with pytest.raises(Exception, match="no episode"):
             rnd.record(cand, [], data)
     assert not events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+
+
+def test_the_command_serves_records_and_later_finishes_the_round(finished, tmp_path):
+    """`ratchet correct` end to end through its page's endpoint: a takeover with keys, --no-retrain and
+    --output, then --resume-round retrains and gates the recorded round."""
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    run_dir = _copy(finished, tmp_path)
+    npz = tmp_path / "person.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "correct", str(run_dir), "--episodes", "1",
+                             "--no-retrain", "-o", str(npz)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://\S+/", line)
+        assert url, line + proc.stdout.read()
+
+        def step(**msg):
+            req = urllib.request.Request(url.group(0) + "step", data=json.dumps(msg).encode(), method="POST")
+            return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+        t = 0
+        while not step(**({"held": ["ArrowLeft" if t % 2 else "ArrowRight"]} if 2 <= t < 6
+                          else {"held": [], "handback": True}))["done"]:
+            t += 1
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, line + rest
+    assert "correction round 1: 1 episode(s)" in rest and "4 under your control" in rest and "--resume-round" in rest
+    [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    ep = rec.payload["episodes"][0]
+    assert ep["segments"] == [[0, 2, "student"], [2, 6, "person"], [6, ep["length"], "student"]]
+    assert not rec.payload["retrain"] and digest(npz.read_bytes()) == rec.payload["dataset"]
+    assert "recorded only (--no-retrain)" in runner.invoke(app, ["show", str(run_dir)]).output
+    done = runner.invoke(app, ["correct", str(run_dir), "--resume-round", "--updates", "5"])
+    assert done.exit_code == 0, done.output
+    [c] = project(read_events(run_dir)).corrections
+    assert c["status"] == "finished" and c["gated"] and c["person_steps"] == 4
