@@ -203,7 +203,7 @@ class _Run:
         event = self.ledger.get(key)
         if event is None:
             b = self.spec.budget
-            if b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
+            if job.env_steps and b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
                 return TrainingResult((), 0, "the env-step budget has no room for this training job")
             runner = getattr(self.executor, "train", None)
             if runner is None:
