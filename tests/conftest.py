@@ -140,6 +140,17 @@ def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
     return [(e.type.value, e.key, strip(e.payload)) for e in events]
 
 
+def comparable(events: list[Event]) -> dict[str, tuple[str, Any]]:
+    """A run's events by key, without what differs between sessions (times, pids, resume markers, how long
+    a training job took): what a resumed run shares with one that was never interrupted."""
+    out = {}
+    for t, key, payload in normalized([e for e in events if e.type is not EventType.RUN_RESUMED]):
+        if t == EventType.TRAINING_FINISHED.value:
+            payload = {k: v for k, v in payload.items() if k != "seconds"}
+        out[key] = (t, payload)
+    return out
+
+
 class SimulatedKill(BaseException):
     """Stands in for kill -9: not an Exception, so the loop records no run_failed event."""
 

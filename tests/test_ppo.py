@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DATA, count_events, events_of, read_events
+from conftest import DATA, comparable, count_events, events_of, read_events
 from ratchet.errors import PolicyError
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
@@ -60,18 +60,6 @@ def write_spec(directory: Path, policy: dict, refiner: dict, budget: int, env_id
     lines += ["\n[[refiners]]"] + [f"{k} = {_toml(v)}" for k, v in refiner.items()]
     (directory / "ratchet.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return directory
-
-
-def comparable(events):
-    """A run's events by key, without what differs between sessions (times, pids, resume markers)."""
-    from conftest import normalized
-
-    out = {}
-    for t, key, payload in normalized([e for e in events if e.type is not EventType.RUN_RESUMED]):
-        if t == EventType.TRAINING_FINISHED.value:
-            payload = {k: v for k, v in payload.items() if k != "seconds"}
-        out[key] = (t, payload)
-    return out
 
 
 # -- residual policies ---------------------------------------------------------------------------------

@@ -4,16 +4,19 @@
 here) and renders them; :func:`serve` puts a local web page in front of it (no internet, no CDN: one
 inline HTML page). The person presses a mapped key to take over — every step while in control is the
 person's action, labelled — and ``Enter`` to hand back. The session records who controlled which steps
-(segments ``[start, end, "student"|"person"]``) and the person's steps as a :class:`ratchet.data.Dataset`
-(``expert`` True, label = executed = the person's action): save ``session.dataset().to_bytes()`` and start
-a ``bc`` or ``hg-dagger`` refiner from it (``demonstrations = "person.npz"``), so the retrained student
-passes the gate like any other.
+(segments ``[start, end, "student"|"person"]``, end exclusive) and the person's steps as a
+:class:`ratchet.data.Dataset` (``expert`` True, label = executed = the person's action).
+
+``ratchet correct RUN`` plays a finished run's incumbent this way and makes it a round of the run:
+:class:`ratchet.correction_round.CorrectionRound` records the episodes and the data set (an artifact) in
+the run's ledger, retrains the student on the run's data plus the person's steps in a sandboxed training
+job, lets the run's gate decide it against the incumbent, and evaluates the incumbent on the test split
+again (HG-DAgger: M. Kelly et al., ICRA 2019). The data set also works outside a run: save
+``session.dataset().to_bytes()`` (``--output``) and start a ``bc`` or ``hg-dagger`` refiner from it
+(``demonstrations = "person.npz"``).
 
 Key maps: Discrete action spaces only. LunarLander: ↑ main engine (2), ← left engine (1), → right engine
 (3), no key held while in control: no-op (0). Any other Discrete(n): ← 0, → 1 (n = 2), or the digit keys.
-
-Not yet here: a ``ratchet correct RUN`` command that serves a run's incumbent and ends a round with
-retraining and gating inside the run.
 """
 
 from __future__ import annotations
@@ -133,12 +136,14 @@ class CorrectionSession:
             img = self.env.render()
         return iio.imwrite("<bytes>", np.asarray(img), extension=".png")
 
-    def dataset(self) -> Any:
-        """The person's steps so far (:class:`ratchet.data.Dataset`)."""
+    def dataset(self, finished_only: bool = False) -> Any:
+        """The person's steps so far (:class:`ratchet.data.Dataset`); ``finished_only``: only those of the
+        episodes played to the end (the ones in :attr:`records`)."""
         from ratchet.data import Dataset
 
         with self.lock:
-            return Dataset.from_steps(list(self.steps), "discrete", int(np.prod(self.env.observation_space.shape)),
+            steps = [s for s in self.steps if not finished_only or s["episode"] < len(self.records)]
+            return Dataset.from_steps(steps, "discrete", int(np.prod(self.env.observation_space.shape)),
                                       env_id=self.task.env_id)
 
     def close(self) -> None:

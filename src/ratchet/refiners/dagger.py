@@ -34,6 +34,7 @@ back, from the ledger on resume.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -447,6 +448,11 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
     ``parent["artifacts"]``: ``weights`` (the student), ``expert`` (the expert's source), optionally ``dataset``
     (the aggregate so far). ``settings``: the refiner's table plus ``mode``, ``round``, ``expert_params``,
     ``seed``. Returns one output with artifacts ``weights`` and ``dataset`` and the round's record as info.
+
+    Mode ``"person"`` (a person's correction round, :mod:`ratchet.correction_round`) collects nothing and needs
+    no expert: artifact ``corrections`` holds the person's steps (:class:`~ratchet.data.Dataset`), which are
+    aggregated as the round after the aggregate's newest and cloned from the student's weights (its observation
+    normalisation kept); ``seeds`` and ``env_steps`` are empty and 0.
     """
     from ratchet.data import Dataset
     from ratchet.execution.training import TrainingOutput
@@ -454,23 +460,29 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
 
     arts = parent["artifacts"]
     student = load_weights(arts["weights"])
-    env = task.make_env()
-    try:
-        spaces = (env.observation_space, env.action_space)
-    finally:
-        env.close()
-    expert = _Expert(arts["expert"].decode("utf-8"), settings.get("expert_params", {}), *spaces)
     old = Dataset.from_bytes(arts["dataset"]) if "dataset" in arts else None
     mode, round_no = settings["mode"], int(settings["round"])
-    first_episode = int(old.episode.max()) + 1 if old is not None and len(old) else 0
-    new, records, used = collect(task, mode, student, expert, seeds, round_no=round_no, first_episode=first_episode,
-                                 label_budget=settings.get("label_budget"),
-                                 handback_steps=int(settings.get("handback_steps", 10)),
-                                 disagreement=float(settings.get("disagreement", 0.1)))
+    if mode == "person":  # the person's steps were collected in the browser: nothing to roll out here
+        new = Dataset.from_bytes(arts["corrections"])
+        later = int(old.round.max()) + 1 if old is not None and len(old) else round_no  # after the aggregate's rounds
+        new = dataclasses.replace(new, round=np.full(len(new), later, dtype=new.round.dtype))
+        records, used = [], 0
+    else:
+        env = task.make_env()
+        try:
+            spaces = (env.observation_space, env.action_space)
+        finally:
+            env.close()
+        expert = _Expert(arts["expert"].decode("utf-8"), settings.get("expert_params", {}), *spaces)
+        first_episode = int(old.episode.max()) + 1 if old is not None and len(old) else 0
+        new, records, used = collect(task, mode, student, expert, seeds, round_no=round_no,
+                                     first_episode=first_episode, label_budget=settings.get("label_budget"),
+                                     handback_steps=int(settings.get("handback_steps", 10)),
+                                     disagreement=float(settings.get("disagreement", 0.1)))
     if used > env_steps:
         raise RuntimeError(f"collection took {used} env steps, over the job's {env_steps}")
     data = new if old is None else old.concat(new)
-    normalize = round_no == 0 and bool(settings.get("normalize_from_data", True))
+    normalize = mode != "person" and round_no == 0 and bool(settings.get("normalize_from_data", True))
     student2, bc = behaviour_cloning(student, data, updates=int(settings.get("updates", 2000)),
                                      batch_size=int(settings.get("batch_size", 256)),
                                      learning_rate=float(settings.get("learning_rate", 1e-3)),
