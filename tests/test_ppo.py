@@ -332,3 +332,52 @@ def test_the_residual_refiner_trains_the_correction_and_keeps_the_base(tmp_path)
         assert c["artifacts"]["correction"] != start["artifacts"]["correction"]
     evaluated = events_of(events, EventType.EPISODES_EVALUATED)
     assert all(ep["error"] is None for e in evaluated for ep in e.payload["episodes"])
+
+
+_OTHER_ALGORITHMS = """
+import sys, torch, gymnasium as gym
+from stable_baselines3 import A2C, SAC, TD3
+torch.set_num_threads(1)
+out = sys.argv[1]
+A2C('MlpPolicy', gym.make('CartPole-v1'), n_steps=8, seed=0, device='cpu',
+    policy_kwargs={'net_arch': [16]}).learn(64).save(out + '/a2c.zip')
+for name, cls in (('sac', SAC), ('td3', TD3)):
+    cls('MlpPolicy', gym.make('Pendulum-v1'), learning_starts=32, batch_size=32, buffer_size=1000, seed=0,
+        device='cpu', policy_kwargs={'net_arch': [16]}).learn(64).save(out + '/' + name + '.zip')
+"""
+
+
+@needs_rl
+def test_a2c_sac_and_td3_zips_are_evaluated_and_fine_tuned_with_their_own_algorithm(tmp_path):
+    """Issue 10: SB3 zips of PPO, A2C, SAC and TD3 are starting points; the ``ppo`` trainer fine-tunes an A2C,
+    SAC or TD3 zip with its own algorithm (in the sandbox) and saves a zip of the same algorithm, which a
+    worker loads and acts with."""
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.execution.training import TrainingJob
+    from ratchet.ledger.artifacts import digest
+    from ratchet.policies.sb3 import algorithm_of
+    from ratchet.policy import Candidate
+    from ratchet.refiners.ppo import PPOSettings
+    from ratchet.task import GymTask
+
+    subprocess.run([sys.executable, "-c", _OTHER_ALGORITHMS, str(tmp_path)], check=True, timeout=300)
+    settings = {**PPOSettings(env_steps=64, checkpoints=1, n_steps=32, batch_size=32, seeds=2).model_dump(mode="json"),
+                "seed": 3}
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        for name, env_id in (("a2c", "CartPole-v1"), ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1")):
+            data = (tmp_path / f"{name}.zip").read_bytes()
+            assert algorithm_of(data) == name.upper()
+            task = GymTask(env_id, max_episode_steps=50)
+            start = Candidate.create("", {}, kind="sb3", artifacts={"model": digest(data)})
+            job = TrainingJob("ppo", start, settings, (11, 12), 64, artifacts={digest(data): data})
+            result = ex.train(task, job, 300)
+            assert result.error is None, (name, result.error)
+            (out,) = result.outputs
+            model = out.artifacts["model"]
+            assert algorithm_of(model) == name.upper() and model != data  # trained further, same algorithm
+            assert 0 < result.env_steps <= 64
+            tuned = Candidate.create("", {}, kind="sb3", artifacts={"model": digest(model)})
+            episodes = ex.run(task, [Job(c, s, artifacts={digest(b): b}) for c, b in ((start, data), (tuned, model))
+                                     for s in (0, 1)])
+            assert all(e.error is None and e.length > 0 for e in episodes), (name, [e.error for e in episodes])
