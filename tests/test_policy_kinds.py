@@ -442,7 +442,7 @@ def test_correct_serves_a_runs_mlp_incumbent_and_writes_the_persons_data(tmp_pat
     finally:
         proc.kill()
     assert proc.returncode == 0, errors
-    assert "1 under your control" in rest and "hg-dagger" in rest
+    assert "1 under your control" in rest and "recorded in the run's ledger" in rest
     data = Dataset.from_bytes(out_file.read_bytes())
     assert len(data) == 1 and data.expert.all() and data.label.tolist() == [0]
 
