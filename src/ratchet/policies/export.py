@@ -9,7 +9,7 @@ program    ``OUT`` (``.py``): the policy file, each parameter's default set to t
            (:func:`ratchet.policy.export_source`; arrays one row per line).
 sb3        ``OUT`` (``.zip``): the Stable-Baselines3 model's bytes exactly as stored, so
            ``PPO.load(OUT)`` (or the algorithm it was saved by) opens it. The driver never unpickles it.
-           A model with VecNormalize statistics also writes ``OUT_STEM_vecnormalize.pkl`` (as stored;
+           A model with VecNormalize statistics also writes ``STEM_vecnormalize.pkl`` beside it (as stored;
            ``VecNormalize.load(path, venv)`` opens it).
 mlp        ``STEM.npz``: the weights exactly as stored (NumPy ``.npz``, no pickles; the format of
            :mod:`ratchet.policies.mlp`), and ``STEM.py``: a standalone program that needs only NumPy:
