@@ -256,7 +256,7 @@ def test_mutation_refiner_proposes_checked_variants_and_records_rejections():
     rejected = r.take_rejections()
     assert all(x.reason and x.detail["operator"] == "delete" for x in rejected)
     r.observe([evaluation(c.id, float(i)) for i, c in enumerate(props)])
-    assert r._archive  # kept for crossover
+    assert len(r.archive)  # the parent and its mutants, kept to draw parents from
 
 
 def test_cmaes_follows_a_structural_promotion():
@@ -411,7 +411,7 @@ def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool, monkey
     assert events_of(events, EventType.GATE_DECIDED)
     changed = events_of(events, EventType.INCUMBENT_CHANGED)
     assert changed and all("source_diff" in e.payload for e in changed)
-    assert result.incumbent.source != spec_source(spec)
+    assert any(e.payload["source_diff"] for e in changed)  # code changed (the last promotion may tune an elite)
     assert result.test.mean > result.baseline_test.mean + 25  # 9.0 -> 56.6 (test seeds, run seed 0)
     ledger = SQLiteLedger(result.run_dir / LEDGER_FILE, create=False)
     try:

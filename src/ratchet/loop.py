@@ -548,6 +548,8 @@ class _Run:
             plan = self.planner.plan(generation)
             # refine (propose) — from the incumbent and its latest critique
             recommended = refiner.recommend()
+            if recommended is not None and recommended.source != incumbent.source:
+                recommended = None  # made for a program the incumbent no longer runs (a structural promotion since)
             proposals = self.screen_proposals(arm, incumbent, refiner.propose(incumbent, critique, self.rng),
                                               generation)
             contenders = proposals + ([recommended] if recommended is not None else [])
@@ -561,7 +563,8 @@ class _Run:
             if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
                 stop = "env-step budget used (the last generation was cut short by the cap; it was not judged)"
                 break
-            refiner.observe([train[c.id] for c in proposals])
+            # the incumbent's evaluation on the same seeds comes last: a reference for paired comparisons
+            refiner.observe([train[c.id] for c in proposals] + [train[incumbent.id]])
             for e in gen_evals:
                 for ep in e.episodes:
                     if ep.error is None:

@@ -186,18 +186,20 @@ def baked_source(candidate: Candidate) -> str:
 
 
 def param_variants(program: PolicyProgram, rng: np.random.Generator, n: int, fresh: Sequence[str] = (),
-                   sigma: float = 0.15) -> list[dict[str, Any]]:
+                   sigma: float = 0.15, center: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """``n`` parameter settings of a new program, to try it with more than one set of numbers.
 
-    The first is the program's defaults. In the others, each parameter named in ``fresh`` (introduced
-    by the edit, whose default is often a neutral value such as a zero weight) is drawn uniformly in
-    its bounds, and every other parameter is perturbed around its default by a Gaussian of ``sigma``
-    in normalised units (a fraction of its range; log space for ``scale="log"``), clipped to its bounds.
+    The first is ``center`` (default: the program's defaults). In the others, each parameter named in
+    ``fresh`` (introduced by the edit, whose default is often a neutral value such as a zero weight) is
+    drawn uniformly in its bounds, and every other parameter is perturbed around its ``center`` value by
+    a Gaussian of ``sigma`` in normalised units (a fraction of its range; log space for ``scale="log"``),
+    clipped to its bounds.
 
     Returns:
         ``n`` dicts name -> value (duplicates removed, so possibly fewer when there is nothing to vary).
     """
-    out: list[dict[str, Any]] = [dict(program.defaults)]
+    middle = dict(program.defaults if center is None else center)
+    out: list[dict[str, Any]] = [middle]
     fresh = set(fresh)
     for _ in range(max(0, n - 1)):
         values: dict[str, Any] = {}
@@ -205,7 +207,7 @@ def param_variants(program: PolicyProgram, rng: np.random.Generator, n: int, fre
             if p.name in fresh:
                 u = rng.uniform(0.0, 1.0, size=p.size)
             else:
-                u = np.asarray(p.to_unit(program.defaults[p.name]), dtype=np.float64).reshape(-1)
+                u = np.asarray(p.to_unit(middle[p.name]), dtype=np.float64).reshape(-1)
                 u = u + rng.normal(0.0, sigma, size=p.size)
             values[p.name] = p.from_unit(u if p.is_array else float(u[0]))
         if values and values not in out:
