@@ -68,8 +68,17 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
 from ratchet.policy import Candidate
 from ratchet.refiners.archive import Archive, draw_parent, offer_generation
-from ratchet.refiners.structural import (Rejection, add_parameters, baked_source, bounds_around, check_source, digest,
-                                         fresh_name, param_variants, splice)
+from ratchet.refiners.structural import (
+    Rejection,
+    add_parameters,
+    baked_source,
+    bounds_around,
+    check_source,
+    digest,
+    fresh_name,
+    param_variants,
+    splice,
+)
 
 __all__ = ["MutationRefiner", "MutateSettings", "OPERATORS", "mutate_source"]
 
