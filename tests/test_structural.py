@@ -311,7 +311,7 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
                       {"delay": 1.5, "content": GOOD_EDIT}, GOOD_EDIT.replace("0.5", "0.25")])
     settings = LLMSettings(base_url=server.url, model="stand-in", api_key_env="RATCHET_TEST_KEY", proposals=5,
                            variants=2, timeout_s=0.5, retries=2, backoff_s=0.0, hints="Mind the angle.",
-                           budget_requests=6)
+                           budget_requests=6, incumbent_share=1.0)
     waits = []
     r = LLMRefiner(settings, TASK_FACTS, sleep=waits.append)
     parent = load_policy(DATA / "cartpole_linear.py").candidate()
@@ -339,6 +339,37 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
     assert len(props2) == 2
     # no more requests once the budget is spent
     assert r.propose(parent, None, np.random.default_rng(2)) == [] and len(server.requests) == 8
+
+
+def test_llm_refiner_edits_elites_of_its_archive(standin):
+    server = standin([GOOD_EDIT], default=WHOLE_FILE)
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=1, variants=1, incumbent_share=0.0),
+                   TASK_FACTS)
+    parent = load_policy(DATA / "cartpole_linear.py").candidate()
+    (edited,) = r.propose(parent, None, np.random.default_rng(0))  # an empty archive: the incumbent is edited
+    assert edited.parent_id == parent.id
+    r.observe([evaluation(edited.id, 30.0), evaluation(parent.id, 20.0)])  # the incumbent's evaluation comes last
+    assert r.archive.get(edited.id).fitness == 30.0 and r.archive.get(parent.id).fitness == 20.0
+    (again,) = r.propose(parent, None, np.random.default_rng(1))
+    assert again.parent_id == edited.id and '"boost"' in server.requests[-1]["body"]["messages"][1]["content"]
+
+
+@pytest.mark.parametrize("url, what", [("https://me:pw-4242@llm.example/v1", "user info"),
+                                       ("https://llm.example/v1?key=sk-4242", "'key'"),
+                                       ("https://llm.example/v1?api-version=1&access_token=t-4242", "'access_token'")])
+def test_a_base_url_holding_a_credential_is_refused_and_never_echoed(url, what):
+    from ratchet.errors import SpecError
+    from ratchet.refiners.llm import redact_url
+
+    d = base_spec_dict()
+    d["refiners"] = [{"kind": "llm", "base_url": url, "model": "m"}]
+    with pytest.raises(SpecError) as exc:
+        spec_from_dict(d, DATA)
+    assert what in str(exc.value) and "api_key_env" in str(exc.value) and "4242" not in str(exc.value)
+    with pytest.raises(ValueError) as exc:
+        LLMSettings(base_url=url, model="m")
+    assert "4242" not in str(exc.value) and "4242" not in redact_url(url)
+    assert LLMSettings(base_url="https://llm.example/v1?api-version=2024-06-01", model="m")  # not a credential
 
 
 @pytest.mark.parametrize("budget, reason", [({"budget_tokens": 300}, "360 of 300 tokens used"),
