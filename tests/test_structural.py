@@ -443,7 +443,7 @@ def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool, monkey
     changed = events_of(events, EventType.INCUMBENT_CHANGED)
     assert changed and all("source_diff" in e.payload for e in changed)
     assert any(e.payload["source_diff"] for e in changed)  # code changed (the last promotion may tune an elite)
-    assert result.test.mean > result.baseline_test.mean + 25  # 9.0 -> 56.6 (test seeds, run seed 0)
+    assert result.test.mean > result.baseline_test.mean + 100  # 9.0 -> 462.2 (test seeds, run seed 0)
     ledger = SQLiteLedger(result.run_dir / LEDGER_FILE, create=False)
     try:
         for e in events_of(events, EventType.PROPOSAL_REJECTED):
