@@ -32,11 +32,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.critic import Evaluation, is_failure
 from ratchet.policy import Candidate
 
-__all__ = ["Archive", "Elite", "behaviour_descriptor", "draw_parent", "offer_generation", "paired_gain"]
+__all__ = ["Archive", "ArchiveSettings", "Elite", "behaviour_descriptor", "draw_parent", "offer_generation",
+           "paired_gain"]
+
+
+class ArchiveSettings(BaseModel):
+    """The archive's settings, shared by the structural refiners' settings (``mutate``, ``llm``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    archive: int = Field(8, ge=1, le=1000, description="Most programs in the archive of elites that parents are "
+                                                       "drawn from (one per behaviour cell).")
+    incumbent_share: float = Field(0.5, ge=0, le=1, description="Share of edited programs that start from the "
+                                                               "incumbent; the rest start from an elite.")
+    archive_temperature: float = Field(0.5, gt=0, le=100, description="Softmax temperature of drawing an elite, as a "
+                                                                      "fraction of the spread of their fitness.")
+
+    def new_archive(self) -> Archive:
+        """An empty :class:`Archive` of these settings."""
+        return Archive(self.archive, self.archive_temperature)
 
 
 @dataclass(frozen=True)

@@ -51,19 +51,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError, RatchetError
 from ratchet.policy import Candidate
-from ratchet.refiners.archive import Archive, draw_parent, offer_generation
+from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = ["LLMRefiner", "LLMSettings", "EditError", "parse_answer", "apply_edits", "build_prompt",
            "chat_completions_url", "redact_url", "url_secret"]
 
 
-class LLMSettings(BaseModel):
+class LLMSettings(ArchiveSettings):
     """Settings of an ``llm`` refiner (a ``[[refiners]]`` table with ``kind = "llm"``).
 
     ``base_url`` is written to the run's ledger with the spec, so a URL carrying a credential (user info,
@@ -89,12 +89,6 @@ class LLMSettings(BaseModel):
     retries: int = Field(3, ge=0, le=20, description="Retries on 429, 5xx, timeouts and refused connections.")
     backoff_s: float = Field(2.0, ge=0, le=600, description="First retry's wait; doubles each retry.")
     history: int = Field(12, ge=0, le=1000, description="Most past edits (with their verdicts) in the prompt.")
-    archive: int = Field(8, ge=1, le=1000, description="Most programs in the archive of elites that parents are "
-                                                       "drawn from (one per behaviour cell).")
-    incumbent_share: float = Field(0.5, ge=0, le=1, description="Share of requests that edit the incumbent; the "
-                                                               "rest edit an elite of the archive.")
-    temperature_archive: float = Field(0.5, gt=0, le=100, description="Softmax temperature of drawing an elite, as "
-                                                                      "a fraction of the spread of their fitness.")
     max_prompt_chars: int = Field(40_000, ge=2_000, le=2_000_000,
                                   description="Prompt size limit (characters): oldest history, then the critique, "
                                               "are cut to fit.")
@@ -454,7 +448,7 @@ class LLMRefiner:
         self._pending: list[Attempt] = []
         self._rejections: list[Rejection] = []
         self._generation = 0
-        self.archive = Archive(settings.archive, settings.temperature_archive)
+        self.archive = settings.new_archive()
         self._incumbent: Candidate | None = None
         self._proposed: list[Candidate] = []
 

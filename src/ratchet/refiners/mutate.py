@@ -62,12 +62,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
 from ratchet.policy import Candidate
-from ratchet.refiners.archive import Archive, draw_parent, offer_generation
+from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.structural import (
     Rejection,
     add_parameters,
@@ -88,7 +88,7 @@ OPERATORS = ("constant", "term", "guard", "swap", "delete", "crossover")
 Operator = Literal["constant", "term", "guard", "swap", "delete", "crossover"]
 
 
-class MutateSettings(BaseModel):
+class MutateSettings(ArchiveSettings):
     """Settings of a ``mutate`` refiner (a ``[[refiners]]`` table with ``kind = "mutate"``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -104,15 +104,9 @@ class MutateSettings(BaseModel):
                                                                 "observation element whose space is unbounded.")
     sigma: float = Field(0.15, gt=0, le=1, description="Perturbation of the other parameters in the variants "
                                                        "(fraction of each parameter's range).")
-    archive: int = Field(8, ge=1, le=1000, description="Most programs in the archive of elites that parents and "
-                                                       "crossover partners are drawn from (one per behaviour cell).")
-    incumbent_share: float = Field(0.5, ge=0, le=1, description="Share of programs mutated from the incumbent; the "
-                                                               "rest start from an elite of the archive.")
     tune_share: float = Field(0.5, ge=0, le=1, description="Share of the programs drawn from the archive that are "
                                                           "proposed again with perturbed parameters instead of "
                                                           "mutated.")
-    temperature: float = Field(0.5, gt=0, le=100, description="Softmax temperature of drawing an elite, as a fraction "
-                                                              "of the spread of the elites' fitness.")
 
     @field_validator("operators")
     @classmethod
@@ -460,7 +454,7 @@ class MutationRefiner:
         self.space, self.settings, self.dims, self.name = space, settings or MutateSettings(), dims, name
         self.observation_names = list(observation_names)
         self.step_limit = step_limit
-        self.archive = Archive(self.settings.archive, self.settings.temperature)
+        self.archive = self.settings.new_archive()
         self._tried: set[str] = set()  # digests of sources already proposed or rejected
         self._rejections: list[Rejection] = []
         # candidate id -> (operator, program key, candidate) of the last propose
