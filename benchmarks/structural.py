@@ -76,7 +76,7 @@ def main(extra_configs: dict[str, list[dict[str, Any]]] | None = None, section: 
     ap.add_argument("--tasks", nargs="*", choices=sorted(TASKS), default=list(TASKS))
     ap.add_argument("--seeds", default="0,1,2", help="Comma-separated run seeds.")
     ap.add_argument("--configs", nargs="*", default=None,
-                    help="Configurations to run (default: all); e.g. only mutate+cmaes where CMA-ES alone is unchanged.")
+                    help="Configurations to run (default: all), e.g. only mutate+cmaes where CMA-ES is unchanged.")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="Multiply every task's env-step budget.")
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")

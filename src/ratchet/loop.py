@@ -546,7 +546,7 @@ class _Run:
             # refine (propose) — from the incumbent and its latest critique
             recommended = refiner.recommend()
             if recommended is not None and recommended.source != incumbent.source:
-                recommended = None  # made for a program the incumbent no longer runs (a structural promotion since)
+                recommended = None  # for a program the incumbent no longer runs (a structural promotion since)
             proposals = self.screen_proposals(arm, incumbent, refiner.propose(incumbent, critique, self.rng),
                                               generation)
             contenders = proposals + ([recommended] if recommended is not None else [])

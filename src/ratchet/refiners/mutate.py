@@ -480,9 +480,10 @@ class MutationRefiner:
         """``programs`` new programs, each with up to ``variants`` parameter settings.
 
         ``parent`` is the incumbent. Each program starts from the incumbent or from an elite of the
-        archive (:func:`~ratchet.refiners.archive.draw_parent`); an elite is, with probability ``tune_share``, proposed again with its
-        parameters perturbed (its numbers tuned further before any gate sees it) instead of mutated.
-        Mutants that fail :func:`check_source` are kept for :meth:`take_rejections` instead.
+        archive (:func:`~ratchet.refiners.archive.draw_parent`); an elite is, with probability
+        ``tune_share``, proposed again with its parameters perturbed (its numbers tuned further before any
+        gate sees it; the elite itself comes again too, so its fitness is re-estimated on new seeds) instead
+        of mutated. Mutants that fail :func:`check_source` are kept for :meth:`take_rejections` instead.
         """
         s = self.settings
         self._generation += 1
