@@ -186,6 +186,18 @@ def test_param_variants_start_at_defaults_and_stay_in_bounds():
     assert param_variants(prog, np.random.default_rng(0), 4, fresh=["b"]) == vs
 
 
+def test_baked_source_takes_values_off_their_bounds_by_rounding_only():
+    # regression: exp(log(high)) is 100.00000000000013; writing it back as a default failed its bounds check
+    src = 'PARAMETERS = {"g": {"default": 1.0, "low": 0.01, "high": 100.0, "scale": "log"}}\n' \
+          'def act(o, p):\n    return 0\n'
+    top = parse_policy(src).parameters[0].from_unit(1.0)
+    assert top > 100.0
+    baked = baked_source(Candidate.create(src, {"g": top}))
+    assert check_source(baked).defaults == {"g": 100.0}
+    with pytest.raises(PolicyError, match="outside its bounds"):
+        baked_source(Candidate.create(src, {"g": 100.1}))
+
+
 # -- mutation operators ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("operator", OPERATORS)

@@ -504,7 +504,12 @@ class LLMRefiner:
                 break
             # the program to edit: the incumbent, or an elite of the archive (the critique is the incumbent's)
             parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
-            base = baked_source(parent)
+            try:
+                base = baked_source(parent)
+            except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
+                self._rejections.append(Rejection(self.name, parent.id, f"cannot write the parent's values into its "
+                                                  f"source: {exc}", None, {}))
+                continue
             request = {"model": s.model, "messages": build_prompt(self.task, base,
                                                                   critique if parent is incumbent else None,
                                                                   self.history, s.hints, s.max_prompt_chars,

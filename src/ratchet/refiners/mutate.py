@@ -509,7 +509,12 @@ class MutationRefiner:
                     add(Candidate.create(origin.source, values, parent_id=origin.id, refiner=f"{self.name}-tune"),
                         "tune", digest(origin.source))
                 continue
-            base = baked_source(origin)
+            try:
+                base = baked_source(origin)
+            except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
+                self._rejections.append(Rejection(self.name, origin.id, f"cannot write the parent's values into "
+                                                  f"its source: {exc}", None, {"operator": "bake"}))
+                continue
             self._tried.add(digest(base))
             op = self._operator(rng)
             others = []
