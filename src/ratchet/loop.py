@@ -231,9 +231,10 @@ class _Run:
 
     def exchange(self, key: str, request: Any, call: Callable[[], tuple[str | None, dict[str, Any]]]
                  ) -> tuple[str | None, dict[str, Any]]:
-        """A refiner's request to an outside service (an LLM endpoint), made at most once per run: see
+        """A refiner's request to an outside service (an LLM endpoint, say), made at most once per run: see
         :class:`~ratchet.refiners.registry.RefinerContext` ``exchange``. A resumed or replayed run reads
-        the recorded reply and never calls the service again."""
+        the recorded reply and never calls the service again. (The event type ``llm_call`` and the key
+        prefix ``llm/`` are names from the first refiner that used this; they stay so older ledgers resume.)"""
         ekey = f"llm/{key}"
         event = self.ledger.get(ekey)
         if event is None:
@@ -250,7 +251,7 @@ class _Run:
         """Check every proposal that carries new source before any episode runs, and record what failed
         — the refiner's own failed proposals (``take_rejections``) and those failing the checks here —
         as ``proposal_rejected`` events (the rejected source stored as an artifact). Returns the rest."""
-        from ratchet.refiners.structural import Rejection
+        from ratchet.proposals import Rejection
 
         refiner = self.refiners[arm]
         rejected = list(getattr(refiner, "take_rejections", lambda: [])())
@@ -270,11 +271,11 @@ class _Run:
 
     def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
         """Why a program candidate with source of its own may not run (None when it may): the source
-        fails :func:`~ratchet.refiners.structural.check_source`, or its values do not fit its ``PARAMETERS``."""
+        fails :func:`~ratchet.proposals.check_source`, or its values do not fit its ``PARAMETERS``."""
         if cand.kind not in ("program", "residual") or cand.source in (self.program.source, parent.source):
             return None
         from ratchet.errors import PolicyError
-        from ratchet.refiners.structural import check_source
+        from ratchet.proposals import check_source
 
         digest = hashlib.sha256(cand.source.encode()).hexdigest()
         if digest not in self._checked:
@@ -445,13 +446,9 @@ class _Run:
         if decision.promoted:
             structural = {}
             if best.source != incumbent.source:  # a structural promotion: the code diff, for show and the report
-                from ratchet.refiners.structural import baked_source, source_diff
+                from ratchet.proposals import promotion_diff
 
-                try:  # each side with its own values written in, so the diff shows every change
-                    old, new = baked_source(incumbent), baked_source(best)
-                except RatchetError:
-                    old, new = incumbent.source, best.source
-                structural = {"source_diff": source_diff(old, new, max_lines=400)}
+                structural = {"source_diff": promotion_diff(incumbent, best)}
             self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{label}/{best.id}",
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
@@ -587,6 +584,8 @@ class _Run:
             plan = self.planner.plan(generation)
             # refine (propose) — from the incumbent and its latest critique
             recommended = refiner.recommend()
+            if recommended is not None and recommended.source != incumbent.source:
+                recommended = None  # for a program the incumbent no longer runs (a structural promotion since)
             proposals = self.screen_proposals(arm, incumbent, refiner.propose(incumbent, critique, self.rng),
                                               generation)
             contenders = proposals + ([recommended] if recommended is not None else [])
@@ -600,7 +599,8 @@ class _Run:
             if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
                 stop = "env-step budget used (the last generation was cut short by the cap; it was not judged)"
                 break
-            refiner.observe([train[c.id] for c in proposals])
+            # the incumbent's evaluation on the same seeds comes last: a reference for paired comparisons
+            refiner.observe([train[c.id] for c in proposals] + [train[incumbent.id]])
             for e in gen_evals:
                 for ep in e.episodes:
                     if ep.error is None:

@@ -437,7 +437,8 @@ def _format_error(err: dict[str, Any], where: str) -> str:
     if err["type"] in _BOUND_ERRORS:
         msg = _allowed_range(section, key) or msg
     got = err.get("input")
-    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    # a table or a list of tables is not echoed: too long to help, and [[refiners]] may name endpoints
+    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
     return f"{where}: {name}: {msg}{got_txt}"
 
 
