@@ -257,6 +257,9 @@ class ExecutionSpec(_Section):
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
                                               "per CPU core.")
     episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).")
+    death_retries: int = Field(1, ge=0, le=10, description="Process backend: times an episode whose worker died (killed "
+                                                          "from outside, out of memory, crashed) runs again on a fresh "
+                                                          "worker before the death is the episode's error.")
     training_timeout_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S,
                                       description="Wall-clock (and CPU-time) limit of one training job (seconds).")
     sandbox: bool = Field(True, description="Run policy code under resource limits, a scrubbed environment, a fresh "
