@@ -710,7 +710,10 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
     session = server = rnd = None
     try:
         try:
-            storage_url(storage)
+            url_ = storage_url(storage)
+            if url_ is not None and url_.split(":", 1)[0].split("+", 1)[0] not in ("sqlite", "postgresql"):
+                raise RatchetError(f"--storage {url_.split('://', 1)[0]}://…: not a database URL; expected "
+                                   "postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH")
             if resume_round:
                 given = [o for o, on in (("--no-retrain", not retrain), ("--output", output is not None),
                                          ("--force", force), ("--candidate", candidate is not None)) if on]
