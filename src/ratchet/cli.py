@@ -657,7 +657,24 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+_CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstring's line breaks
+    "A person's correction round in a finished run (HG-DAgger with a person as the expert).",
+    "Serves a local page (127.0.0.1, under a random token path, no internet assets) that plays the incumbent on "
+    "fresh training seeds, rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. "
+    "In a task with no no-op action (CartPole: ← 0, → 1) the episode waits while you are in control and hold no "
+    "key.",
+    "When the episodes are done, or on Ctrl-C (the episodes played to the end are kept; the one being played is "
+    "dropped), the round goes into the run's ledger: the person's data set as an artifact and who controlled which "
+    "steps. It then ends with retraining (behaviour cloning on the run's data plus the person's steps) and the "
+    "run's gate: a better student becomes the incumbent, and the incumbent is evaluated on the test split again.",
+    "Nothing is recorded before the episodes end: a process killed while the person plays (kill -9, a crash) "
+    "loses the episodes of that session. Once recorded, a round killed at any point is finished by --resume-round "
+    "without asking the person again. A new round is refused while an earlier one is not finished.",
+    "The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env steps are "
+    "recorded apart from the run's budget."))
+
+
+@app.command(help=_CORRECT_HELP)
 def correct(run: str = typer.Argument(..., help="Run id or run directory (a finished run whose incumbent is an mlp "
                                                 "policy)."),
             episodes: int = typer.Option(5, "--episodes", min=1, max=1000, help="Episodes to play."),
@@ -682,24 +699,7 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
                                                   help="Gradient steps of behaviour cloning; default the run's "
                                                        "correction refiner's, else 2000."),
             runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
-    """A person's correction round in a finished run (HG-DAgger with a person as the expert).
-
-    Serves a local page (127.0.0.1, no internet assets) that plays the incumbent on fresh training seeds,
-    rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back.
-
-    When the episodes are done, or on Ctrl-C (the episodes played to the end are kept; the one being played
-    is dropped), the round goes into the run's ledger: the person's data set as an artifact and who
-    controlled which steps. It then ends with retraining (behaviour cloning on the run's data plus the
-    person's steps) and the run's gate: a better student becomes the incumbent, and the incumbent is
-    evaluated on the test split again.
-
-    Nothing is recorded before the episodes end: a process killed while the person plays (kill -9, a crash)
-    loses the episodes of that session. Once recorded, a round killed at any point is finished by
-    --resume-round without asking the person again. A new round is refused while an earlier one is not
-    finished.
-
-    The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env
-    steps are recorded apart from the run's budget."""
+    """A person's correction round in a finished run (see ``_CORRECT_HELP``, the command's help)."""
     import time as _time
 
     from ratchet.correct import CorrectionSession, serve
