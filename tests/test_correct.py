@@ -139,8 +139,9 @@ def test_step_endpoint_refuses_bad_bodies_with_one_line_and_prints_nothing(capfd
     server, url = serve(session)
     try:
         bad = [b"[1,2]", b'"hi"', b"null", b"{", b"[" * 3000 + b"]" * 3000, b'{"held": 5}', b'{"handback": "false"}',
-               b'{"held": [[1]]}', b'{"pressed": ["' + b"x" * 33 + b'"]}', b'{"held": ' + json.dumps(["a"] * 17).encode()
-               + b"}", b'{"handback": 1}', b'{"other": 1}', b"", b"\xff\xfe"]
+               b'{"held": [[1]]}', b'{"pressed": ["' + b"x" * 33 + b'"]}',
+               b'{"held": ' + json.dumps(["a"] * 17).encode() + b"}", b'{"handback": 1}', b'{"other": 1}', b"",
+               b"\xff\xfe"]
         for body in bad:
             code, text = _raw(url, body)
             assert code == 400, (body[:40], code, text)

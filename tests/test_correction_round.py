@@ -344,3 +344,14 @@ def test_a_failed_output_write_loses_nothing(finished, tmp_path, monkeypatch):
     assert r.exit_code == 1 and "cannot write" in r.output and "round 1 is recorded" in r.output, r.output
     [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
     assert rec.payload["person_steps"] == 1
+
+
+def test_a_port_in_use_suggests_port_0(finished, tmp_path):
+    import socket
+
+    run_dir = _copy(finished, tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = runner.invoke(app, ["correct", str(run_dir), "--port", str(s.getsockname()[1])])
+    assert r.exit_code == 1 and "--port 0" in r.output and len(r.output.strip().splitlines()) == 1, r.output

@@ -738,7 +738,10 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
             try:
                 server, url = serve(session, port=port, interval_ms=interval_ms)
             except OSError as exc:
-                hint = "; pass --port 0 to pick a free one" if port and exc.errno in (98, 48, 10048) else ""
+                import errno
+
+                session.close()
+                hint = "; pass --port 0 to pick a free one" if port and exc.errno == errno.EADDRINUSE else ""
                 raise RatchetError(f"cannot serve the page on port {port}: {exc.strerror or exc}{hint}") from None
         except RatchetError as exc:
             _fail(exc)

@@ -183,7 +183,8 @@ async function tick(){
   const s=await r.json();
   if(s.done){document.getElementById('s').textContent='done: thank you';return;}
   const el=document.getElementById('s');el.className=s.control;
-  el.textContent=`episode ${s.episode} · step ${s.t} · ${s.control} in control · return ${s['return']}`+(s.waiting?' · waiting for your key':'');
+  el.textContent=`episode ${s.episode} · step ${s.t} · ${s.control} in control · return ${s['return']}`
+    +(s.waiting?' · waiting for your key':'');
   document.getElementById('f').src='data:image/png;base64,'+s.frame;
   setTimeout(tick,INTERVAL);
 }
