@@ -285,6 +285,8 @@ def test_the_command_serves_records_and_later_finishes_the_round(finished, tmp_p
     assert proc.returncode == 0, line + rest
     assert "correction round 1: 1 episode(s)" in rest and "4 under your control" in rest and "--resume-round" in rest
     [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    [kept] = events_of(read_events(run_dir), EventType.CORRECTION_EPISODE)  # kept as it ended
+    assert kept.payload["episode"] == rec.payload["episodes"][0] and kept.payload["dataset"] == rec.payload["dataset"]
     ep = rec.payload["episodes"][0]
     assert ep["segments"] == [[0, 2, "student"], [2, 6, "person"], [6, ep["length"], "student"]]
     assert not rec.payload["retrain"] and digest(npz.read_bytes()) == rec.payload["dataset"]
@@ -355,3 +357,26 @@ def test_a_port_in_use_suggests_port_0(finished, tmp_path):
         s.listen()
         r = runner.invoke(app, ["correct", str(run_dir), "--port", str(s.getsockname()[1])])
     assert r.exit_code == 1 and "--port 0" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_episodes_finished_before_a_kill_survive_and_resume_records_the_round(finished, tmp_path):
+    """kill -9 while the person plays: the episodes that ended are in the ledger (correction_episode);
+    --resume-round makes them the round and finishes it; a new round is refused until then."""
+    run_dir = _copy(finished, tmp_path)
+    with CorrectionRound(run_dir) as rnd:
+        cand, records, data = play(rnd, episodes=2)
+        for i, r in enumerate(records):
+            mine = data.take(data.episode == i)
+            assert rnd.record_episode(cand, r, mine) == i
+        # the process dies here: no correction_recorded
+    assert not events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    refused = runner.invoke(app, ["correct", str(run_dir)])
+    assert refused.exit_code == 1 and "2 finished episode(s) kept" in refused.output, refused.output
+    done = runner.invoke(app, ["correct", str(run_dir), "--resume-round", "--updates", "5"])
+    assert done.exit_code == 0 and "recorded from the 2 episode(s)" in done.output, done.output
+    [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    assert rec.payload["episodes"] == [dict(r) for r in records] and rec.payload["person_steps"] == len(data)
+    [c] = project(read_events(run_dir)).corrections
+    assert c["status"] == "finished"
+    with CorrectionRound(run_dir) as rnd:
+        assert rnd.pending_episodes() == [] and rnd.next_round == 2

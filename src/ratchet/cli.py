@@ -667,9 +667,10 @@ _CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstri
     "dropped), the round goes into the run's ledger: the person's data set as an artifact and who controlled which "
     "steps. It then ends with retraining (behaviour cloning on the run's data plus the person's steps) and the "
     "run's gate: a better student becomes the incumbent, and the incumbent is evaluated on the test split again.",
-    "Nothing is recorded before the episodes end: a process killed while the person plays (kill -9, a crash) "
-    "loses the episodes of that session. Once recorded, a round killed at any point is finished by --resume-round "
-    "without asking the person again. A new round is refused while an earlier one is not finished.",
+    "Each episode goes into the ledger as it ends: a process killed while the person plays (kill -9, a crash) "
+    "loses only the episode being played, and --resume-round records the round from the finished ones. Once "
+    "recorded, a round killed at any point is finished by --resume-round without asking the person again. A new "
+    "round is refused while an earlier one is not finished.",
     "The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env steps are "
     "recorded apart from the run's budget."))
 
@@ -725,13 +726,23 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
             rnd = CorrectionRound(run, runs_dir, storage=storage)
             pending = rnd.unfinished()
             if resume_round:
-                if pending is None:
-                    raise RatchetError(f"run {rnd.state.run_id} has no unfinished correction round")
+                if pending is None:  # a session killed while the person played: its finished episodes
+                    eps = len(rnd.pending_episodes())
+                    pending = rnd.record_pending()
+                    if pending is None:
+                        raise RatchetError(f"run {rnd.state.run_id} has no unfinished correction round")
+                    out.print(f"correction round {pending}: recorded from the {eps} episode(s) finished before the "
+                              "session ended", highlight=False, soft_wrap=True)
                 _finish_round(rnd, pending, updates, run)
                 return
             if pending is not None:
                 raise RatchetError(f"correction round {pending} of run {rnd.state.run_id} was recorded but not "
                                    f"retrained and gated; finish it first: `ratchet correct {run} --resume-round`")
+            cut = rnd.pending_episodes()
+            if cut:
+                raise RatchetError(f"correction round {rnd.next_round} of run {rnd.state.run_id} ended early with "
+                                   f"{len(cut)} finished episode(s) kept; record and finish it first: "
+                                   f"`ratchet correct {run} --resume-round`")
             cand = rnd.candidate(candidate)
             student = load_weights(rnd.artifact(cand.artifacts["weights"]))
             session = CorrectionSession(_task_of(rnd.state), student, rnd.seeds(episodes), round_no=rnd.next_round)
@@ -749,14 +760,30 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
         out.print(f"open {url} — keys: " + ", ".join(f"{k} → {v}" for k, v in session.keys.items())
                   + "; Enter hands back; Ctrl-C ends early (the episode being played is dropped)",
                   highlight=False, soft_wrap=True)
+        kept = 0  # episodes already in the ledger (correction_episode): a killed process keeps them
+
+        def keep_finished() -> int:
+            with session.lock:
+                finished = list(session.records)
+            if len(finished) > kept:  # counted in the ledger: an append cut short by Ctrl-C is not made twice
+                for i in range(len(rnd.pending_episodes()), len(finished)):
+                    rnd.record_episode(cand, finished[i], session.episode_dataset(i))
+            return len(finished)
+
         try:
             while not session.done:
                 _time.sleep(0.2)
+                kept = keep_finished()
             _time.sleep(1.0)  # the page's next request learns that the episodes are done
         except KeyboardInterrupt:
             out.print("stopped early; the episode being played is dropped", highlight=False)
         finally:
             server.shutdown()
+        try:
+            kept = keep_finished()
+        except RatchetError as exc:
+            _fail(exc)
+            return
         data = session.dataset(finished_only=True)
         records = list(session.records)
         session.close()

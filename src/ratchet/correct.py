@@ -163,6 +163,16 @@ class CorrectionSession:
             return Dataset.from_steps(steps, "discrete", int(np.prod(self.env.observation_space.shape)),
                                       env_id=self.task.env_id)
 
+    def episode_dataset(self, episode: int) -> Any:
+        """The person's steps of one episode (:class:`ratchet.data.Dataset`; empty when the person never took
+        over in it)."""
+        from ratchet.data import Dataset
+
+        with self.lock:
+            steps = [s for s in self.steps if s["episode"] == episode]
+            return Dataset.from_steps(steps, "discrete", int(np.prod(self.env.observation_space.shape)),
+                                      env_id=self.task.env_id)
+
     def close(self) -> None:
         self.env.close()
 
