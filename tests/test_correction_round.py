@@ -301,6 +301,8 @@ def test_flags_and_output_are_checked_before_anything_is_played(finished, tmp_pa
     run_dir = _copy(finished, tmp_path)
     for args, says in ((["--resume-round", "--no-retrain"], "drop --no-retrain"),
                        (["--resume-round", "-o", str(tmp_path / "p.npz")], "drop --output"),
+                       (["--resume-round", "--episodes", "3", "--port", "0"], "drop --episodes, --port"),
+                       (["--force"], "give -o/--output too"),
                        (["-o", str(tmp_path / "nowhere" / "p.npz")], "no folder"),
                        (["-o", str(tmp_path)], "is a folder"),
                        (["-o", str(run_dir / "ledger.sqlite"), "--force"], "it is a run ledger"),

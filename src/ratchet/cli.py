@@ -678,14 +678,17 @@ _CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstri
 @app.command(help=_CORRECT_HELP)
 def correct(run: str = typer.Argument(..., help="Run id or run directory (a finished run whose incumbent is an mlp "
                                                 "policy)."),
-            episodes: int = typer.Option(5, "--episodes", min=1, max=1000, help="Episodes to play."),
+            episodes: Optional[int] = typer.Option(None, "--episodes", min=1, max=1000,
+                                                   help="Episodes to play (default 5)."),
             output: Optional[Path] = typer.Option(None, "-o", "--output",
                                                   help="Also write the person's data set to this .npz file (the "
                                                        "ledger keeps it in any case); checked before anything is "
                                                        "played, written after the round is recorded."),
             force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-            port: int = typer.Option(0, "--port", min=0, max=65535, help="Local port; 0 picks a free one."),
-            interval_ms: int = typer.Option(50, "--interval-ms", min=10, max=5000, help="Time between env steps."),
+            port: Optional[int] = typer.Option(None, "--port", min=0, max=65535,
+                                               help="Local port; 0 (the default) picks a free one."),
+            interval_ms: Optional[int] = typer.Option(None, "--interval-ms", min=10, max=5000,
+                                                      help="Time between env steps (default 50)."),
             candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id to play and retrain from; "
                                                                              "default the incumbent."),
             retrain: bool = typer.Option(True, "--retrain/--no-retrain",
@@ -695,7 +698,7 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
                                               help="Finish the run's newest correction round that was recorded but "
                                                    "not retrained and gated (after a crash or --no-retrain); plays "
                                                    "nothing, so it takes none of --no-retrain, --output, --force, "
-                                                   "--candidate."),
+                                                   "--candidate, --episodes, --port, --interval-ms."),
             updates: Optional[int] = typer.Option(None, "--updates", min=1, max=10**7,
                                                   help="Gradient steps of behaviour cloning; default the run's "
                                                        "correction refiner's, else 2000."),
@@ -717,12 +720,17 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
                                    "postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH")
             if resume_round:
                 given = [o for o, on in (("--no-retrain", not retrain), ("--output", output is not None),
-                                         ("--force", force), ("--candidate", candidate is not None)) if on]
+                                         ("--force", force), ("--candidate", candidate is not None),
+                                         ("--episodes", episodes is not None), ("--port", port is not None),
+                                         ("--interval-ms", interval_ms is not None)) if on]
                 if given:
                     raise RatchetError(f"--resume-round plays nothing and retrains the recorded round; drop "
                                        f"{', '.join(given)}")
             elif output is not None:
                 _check_output_path(output, force)
+            if force and output is None:
+                raise RatchetError("--force overwrites the --output file; give -o/--output too, or drop --force")
+            episodes, port, interval_ms = episodes or 5, port or 0, interval_ms or 50
             rnd = CorrectionRound(run, runs_dir, storage=storage)
             pending = rnd.unfinished()
             if resume_round:
