@@ -785,11 +785,14 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
             _time.sleep(1.0)  # the page's next request learns that the episodes are done
         except KeyboardInterrupt:
             out.print("stopped early; the episode being played is dropped", highlight=False)
+        except RatchetError:
+            pass  # the ledger refused an episode: tried once more below, then said in one line
         finally:
             server.shutdown()
         try:
             kept = keep_finished()
         except RatchetError as exc:
+            session.close()
             _fail(exc)
             return
         data = session.dataset(finished_only=True)
