@@ -285,6 +285,8 @@ def test_the_command_serves_records_and_later_finishes_the_round(finished, tmp_p
     assert proc.returncode == 0, line + rest
     assert "correction round 1: 1 episode(s)" in rest and "4 under your control" in rest and "--resume-round" in rest
     [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    [kept] = events_of(read_events(run_dir), EventType.CORRECTION_EPISODE)  # kept as it ended
+    assert kept.payload["episode"] == rec.payload["episodes"][0] and kept.payload["dataset"] == rec.payload["dataset"]
     ep = rec.payload["episodes"][0]
     assert ep["segments"] == [[0, 2, "student"], [2, 6, "person"], [6, ep["length"], "student"]]
     assert not rec.payload["retrain"] and digest(npz.read_bytes()) == rec.payload["dataset"]
@@ -293,3 +295,90 @@ def test_the_command_serves_records_and_later_finishes_the_round(finished, tmp_p
     assert done.exit_code == 0, done.output
     [c] = project(read_events(run_dir)).corrections
     assert c["status"] == "finished" and c["gated"] and c["person_steps"] == 4
+
+
+def test_flags_and_output_are_checked_before_anything_is_played(finished, tmp_path):
+    run_dir = _copy(finished, tmp_path)
+    for args, says in ((["--resume-round", "--no-retrain"], "drop --no-retrain"),
+                       (["--resume-round", "-o", str(tmp_path / "p.npz")], "drop --output"),
+                       (["--resume-round", "--episodes", "3", "--port", "0"], "drop --episodes, --port"),
+                       (["--force"], "give -o/--output too"),
+                       (["-o", str(tmp_path / "nowhere" / "p.npz")], "no folder"),
+                       (["-o", str(tmp_path)], "is a folder"),
+                       (["-o", str(run_dir / "ledger.sqlite"), "--force"], "it is a run ledger"),
+                       (["--storage", "foo://x"], "not a database URL")):
+        r = runner.invoke(app, ["correct", str(run_dir), *args])
+        assert r.exit_code == 1 and says in r.output and len(r.output.strip().splitlines()) == 1, (args, r.output)
+    (tmp_path / "old.npz").write_bytes(b"x")
+    r = runner.invoke(app, ["correct", str(run_dir), "-o", str(tmp_path / "old.npz")])
+    assert r.exit_code == 1 and "pass --force" in r.output
+    assert not events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+
+
+def test_no_new_round_while_one_is_unfinished_whatever_the_flags(finished, tmp_path):
+    run_dir = _copy(finished, tmp_path)
+    with CorrectionRound(run_dir) as rnd:
+        cand, records, data = play(rnd, episodes=1)
+        rnd.record(cand, records, data, retrain=False)
+    for flags in ([], ["--no-retrain"]):
+        r = runner.invoke(app, ["correct", str(run_dir), *flags])
+        assert r.exit_code == 1 and "finish it first" in r.output and "--resume-round" in r.output, r.output
+
+
+def test_a_failed_output_write_loses_nothing(finished, tmp_path, monkeypatch):
+    """The round goes into the ledger before --output is written: a write that fails still leaves the round."""
+    import ratchet.correct
+
+    run_dir = _copy(finished, tmp_path)
+    folder = tmp_path / "out"
+    folder.mkdir()
+
+    class Server:
+        def shutdown(self):
+            pass
+
+    def fake_serve(session, **kw):  # the person plays at once; meanwhile the output folder disappears
+        while not session.done:
+            session.step(["ArrowRight"] if session.t == 2 else [], handback=session.t != 2)
+        shutil.rmtree(folder)
+        return Server(), "http://127.0.0.1:1/token/"
+
+    monkeypatch.setattr(ratchet.correct, "serve", fake_serve)
+    r = runner.invoke(app, ["correct", str(run_dir), "--episodes", "1", "--no-retrain", "-o", str(folder / "p.npz")])
+    assert r.exit_code == 1 and "cannot write" in r.output and "round 1 is recorded" in r.output, r.output
+    [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    assert rec.payload["person_steps"] == 1
+
+
+def test_a_port_in_use_suggests_port_0(finished, tmp_path):
+    import socket
+
+    run_dir = _copy(finished, tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = runner.invoke(app, ["correct", str(run_dir), "--port", str(s.getsockname()[1])])
+    assert r.exit_code == 1 and "--port 0" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_episodes_finished_before_a_kill_survive_and_resume_records_the_round(finished, tmp_path):
+    """kill -9 while the person plays: the episodes that ended are in the ledger (correction_episode);
+    --resume-round makes them the round and finishes it; a new round is refused until then."""
+    run_dir = _copy(finished, tmp_path)
+    with CorrectionRound(run_dir) as rnd:
+        cand, records, data = play(rnd, episodes=2)
+        for i, r in enumerate(records):
+            mine = data.take(data.episode == i)
+            assert rnd.record_episode(cand, r, mine) == i
+        # the process dies here: no correction_recorded
+    assert not events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    refused = runner.invoke(app, ["correct", str(run_dir)])
+    assert refused.exit_code == 1 and "2 finished episode(s) kept" in refused.output, refused.output
+    done = runner.invoke(app, ["correct", str(run_dir), "--resume-round", "--updates", "5"])
+    assert done.exit_code == 0 and "recorded from the 2 episode(s)" in done.output, done.output
+    [rec] = events_of(read_events(run_dir), EventType.CORRECTION_RECORDED)
+    assert rec.payload["episodes"] == [dict(r) for r in records] and rec.payload["person_steps"] == len(data)
+    [c] = project(read_events(run_dir)).corrections
+    assert c["status"] == "finished"
+    with CorrectionRound(run_dir) as rnd:
+        assert rnd.pending_episodes() == [] and rnd.next_round == 2

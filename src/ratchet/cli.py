@@ -657,15 +657,38 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+_CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstring's line breaks
+    "A person's correction round in a finished run (HG-DAgger with a person as the expert).",
+    "Serves a local page (127.0.0.1, under a random token path, no internet assets) that plays the incumbent on "
+    "fresh training seeds, rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. "
+    "In a task with no no-op action (CartPole: ← 0, → 1) the episode waits while you are in control and hold no "
+    "key.",
+    "When the episodes are done, or on Ctrl-C (the episodes played to the end are kept; the one being played is "
+    "dropped), the round goes into the run's ledger: the person's data set as an artifact and who controlled which "
+    "steps. It then ends with retraining (behaviour cloning on the run's data plus the person's steps) and the "
+    "run's gate: a better student becomes the incumbent, and the incumbent is evaluated on the test split again.",
+    "Each episode goes into the ledger as it ends: a process killed while the person plays (kill -9, a crash) "
+    "loses only the episode being played, and --resume-round records the round from the finished ones. Once "
+    "recorded, a round killed at any point is finished by --resume-round without asking the person again. A new "
+    "round is refused while an earlier one is not finished.",
+    "The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env steps are "
+    "recorded apart from the run's budget."))
+
+
+@app.command(help=_CORRECT_HELP)
 def correct(run: str = typer.Argument(..., help="Run id or run directory (a finished run whose incumbent is an mlp "
                                                 "policy)."),
-            episodes: int = typer.Option(5, "--episodes", min=1, max=1000, help="Episodes to play."),
+            episodes: Optional[int] = typer.Option(None, "--episodes", min=1, max=1000,
+                                                   help="Episodes to play (default 5)."),
             output: Optional[Path] = typer.Option(None, "-o", "--output",
                                                   help="Also write the person's data set to this .npz file (the "
-                                                       "ledger keeps it in any case)."),
-            port: int = typer.Option(0, "--port", min=0, max=65535, help="Local port; 0 picks a free one."),
-            interval_ms: int = typer.Option(50, "--interval-ms", min=10, max=5000, help="Time between env steps."),
+                                                       "ledger keeps it in any case); checked before anything is "
+                                                       "played, written after the round is recorded."),
+            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+            port: Optional[int] = typer.Option(None, "--port", min=0, max=65535,
+                                               help="Local port; 0 (the default) picks a free one."),
+            interval_ms: Optional[int] = typer.Option(None, "--interval-ms", min=10, max=5000,
+                                                      help="Time between env steps (default 50)."),
             candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id to play and retrain from; "
                                                                              "default the incumbent."),
             retrain: bool = typer.Option(True, "--retrain/--no-retrain",
@@ -674,76 +697,124 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
             resume_round: bool = typer.Option(False, "--resume-round",
                                               help="Finish the run's newest correction round that was recorded but "
                                                    "not retrained and gated (after a crash or --no-retrain); plays "
-                                                   "nothing."),
+                                                   "nothing, so it takes none of --no-retrain, --output, --force, "
+                                                   "--candidate, --episodes, --port, --interval-ms."),
             updates: Optional[int] = typer.Option(None, "--updates", min=1, max=10**7,
                                                   help="Gradient steps of behaviour cloning; default the run's "
                                                        "correction refiner's, else 2000."),
             runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
-    """A person's correction round in a finished run (HG-DAgger with a person as the expert).
-
-    Serves a local page (127.0.0.1, no internet assets) that plays the incumbent on fresh training seeds,
-    rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. When the
-    episodes are done (or on Ctrl-C, with the episodes played to the end) the round goes into the run's
-    ledger — the person's data set as an artifact and who controlled which steps — and ends with retraining
-    (behaviour cloning on the run's data plus the person's steps) and the run's gate: a better student
-    becomes the incumbent, and the incumbent is evaluated on the test split again. The run is held (as
-    `ratchet resume` holds it) from start to end. The person's and the round's env steps are recorded apart
-    from the run's budget."""
+    """A person's correction round in a finished run (see ``_CORRECT_HELP``, the command's help)."""
     import time as _time
 
     from ratchet.correct import CorrectionSession, serve
     from ratchet.correction_round import CorrectionRound
+    from ratchet.ledger.storage import storage_url
     from ratchet.policies.mlp import load_weights
 
     session = server = rnd = None
     try:
         try:
+            url_ = storage_url(storage)
+            if url_ is not None and url_.split(":", 1)[0].split("+", 1)[0] not in ("sqlite", "postgresql"):
+                raise RatchetError(f"--storage {url_.split('://', 1)[0]}://…: not a database URL; expected "
+                                   "postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH")
+            if resume_round:
+                given = [o for o, on in (("--no-retrain", not retrain), ("--output", output is not None),
+                                         ("--force", force), ("--candidate", candidate is not None),
+                                         ("--episodes", episodes is not None), ("--port", port is not None),
+                                         ("--interval-ms", interval_ms is not None)) if on]
+                if given:
+                    raise RatchetError(f"--resume-round plays nothing and retrains the recorded round; drop "
+                                       f"{', '.join(given)}")
+            elif output is not None:
+                _check_output_path(output, force)
+            if force and output is None:
+                raise RatchetError("--force overwrites the --output file; give -o/--output too, or drop --force")
+            episodes, port, interval_ms = episodes or 5, port or 0, interval_ms or 50
             rnd = CorrectionRound(run, runs_dir, storage=storage)
             pending = rnd.unfinished()
             if resume_round:
-                if pending is None:
-                    raise RatchetError(f"run {rnd.state.run_id} has no unfinished correction round")
+                if pending is None:  # a session killed while the person played: its finished episodes
+                    eps = len(rnd.pending_episodes())
+                    pending = rnd.record_pending()
+                    if pending is None:
+                        raise RatchetError(f"run {rnd.state.run_id} has no unfinished correction round")
+                    out.print(f"correction round {pending}: recorded from the {eps} episode(s) finished before the "
+                              "session ended", highlight=False, soft_wrap=True)
                 _finish_round(rnd, pending, updates, run)
                 return
-            if pending is not None and rnd.refresh().corrections[-1]["retrain"]:
+            if pending is not None:
                 raise RatchetError(f"correction round {pending} of run {rnd.state.run_id} was recorded but not "
                                    f"retrained and gated; finish it first: `ratchet correct {run} --resume-round`")
-            if output is not None:
-                _check_output(output, False, "--output")
+            cut = rnd.pending_episodes()
+            if cut:
+                raise RatchetError(f"correction round {rnd.next_round} of run {rnd.state.run_id} ended early with "
+                                   f"{len(cut)} finished episode(s) kept; record and finish it first: "
+                                   f"`ratchet correct {run} --resume-round`")
             cand = rnd.candidate(candidate)
             student = load_weights(rnd.artifact(cand.artifacts["weights"]))
             session = CorrectionSession(_task_of(rnd.state), student, rnd.seeds(episodes), round_no=rnd.next_round)
-            server, url = serve(session, port=port, interval_ms=interval_ms)
-        except (RatchetError, OSError) as exc:
-            _fail(exc if isinstance(exc, RatchetError) else RatchetError(f"cannot serve the page: {exc}"))
+            try:
+                server, url = serve(session, port=port, interval_ms=interval_ms)
+            except OSError as exc:
+                import errno
+
+                session.close()
+                hint = "; pass --port 0 to pick a free one" if port and exc.errno == errno.EADDRINUSE else ""
+                raise RatchetError(f"cannot serve the page on port {port}: {exc.strerror or exc}{hint}") from None
+        except RatchetError as exc:
+            _fail(exc)
             return
         out.print(f"open {url} — keys: " + ", ".join(f"{k} → {v}" for k, v in session.keys.items())
-                  + "; Enter hands back; Ctrl-C ends early", highlight=False, soft_wrap=True)
+                  + "; Enter hands back; Ctrl-C ends early (the episode being played is dropped)",
+                  highlight=False, soft_wrap=True)
+        kept = 0  # episodes already in the ledger (correction_episode): a killed process keeps them
+
+        def keep_finished() -> int:
+            with session.lock:
+                finished = list(session.records)
+            if len(finished) > kept:  # counted in the ledger: an append cut short by Ctrl-C is not made twice
+                for i in range(len(rnd.pending_episodes()), len(finished)):
+                    rnd.record_episode(cand, finished[i], session.episode_dataset(i))
+            return len(finished)
+
         try:
             while not session.done:
                 _time.sleep(0.2)
+                kept = keep_finished()
             _time.sleep(1.0)  # the page's next request learns that the episodes are done
         except KeyboardInterrupt:
-            out.print("stopped early", highlight=False)
+            out.print("stopped early; the episode being played is dropped", highlight=False)
+        except RatchetError:
+            pass  # the ledger refused an episode: tried once more below, then said in one line
         finally:
             server.shutdown()
+        try:
+            kept = keep_finished()
+        except RatchetError as exc:
+            session.close()
+            _fail(exc)
+            return
         data = session.dataset(finished_only=True)
         records = list(session.records)
         session.close()
         try:
             if not records:
                 raise RatchetError("no episode was played to the end; nothing recorded")
+            n = rnd.record(cand, records, data, retrain=retrain)  # the ledger first: a failed write loses nothing
+            person = sum(r["person_steps"] for r in records)
+            steps = sum(r["length"] for r in records)
+            out.print(f"correction round {n}: {len(records)} episode(s), {steps:,} env steps, {person:,} under your "
+                      f"control; recorded in the run's ledger", highlight=False, soft_wrap=True)
             if output is not None:
                 try:
                     output.write_bytes(data.to_bytes())
                 except OSError as exc:
-                    raise RatchetError(f"cannot write {output}: {exc.strerror or exc}") from None
-            n = rnd.record(cand, records, data, retrain=retrain)
-            person = sum(r["person_steps"] for r in records)
-            steps = sum(r["length"] for r in records)
-            out.print(f"correction round {n}: {len(records)} episode(s), {steps:,} env steps, {person:,} under your "
-                      f"control; recorded in the run's ledger" + (f" and {output}" if output else ""),
-                      highlight=False, soft_wrap=True)
+                    then = "retrain and gate it" if retrain else "retrain and gate it later"
+                    raise RatchetError(f"cannot write {output}: {exc.strerror or exc}; round {n} is recorded in the "
+                                       f"run's ledger all the same ({then}: `ratchet correct {run} --resume-round`)"
+                                       ) from None
+                out.print(f"wrote {output}", highlight=False, soft_wrap=True)
             if retrain:
                 _finish_round(rnd, n, updates, run)
             else:
@@ -758,6 +829,23 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
     finally:
         if rnd is not None:
             rnd.close()
+
+
+def _check_output_path(path: Path, force: bool) -> None:
+    """``--output`` checked before the person plays: a file name in an existing, writable folder, not a ledger,
+    and (without ``--force``) not an existing file.
+
+    Raises:
+        RatchetError: any of these fails.
+    """
+    import os
+
+    _check_output(path, force, "--output")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise RatchetError(f"--output {path}: no folder {folder}; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise RatchetError(f"--output {path}: not writable here; choose another file")
 
 
 def _finish_round(rnd, n: int, updates: int | None, run: str) -> None:

@@ -6,6 +6,10 @@ only the person's steps are labelled and added to the data. ``ratchet correct RU
 (:mod:`ratchet.correct`); this module puts the round into the run's ledger and ends it the way every
 candidate ends, at the run's gate:
 
+0. :meth:`CorrectionRound.record_episode` — while the person plays, each episode as it ends:
+   ``correction_episode`` (key ``correction/N/episode/I``) with the episode's record and its person steps (an
+   artifact), so a process killed mid-session (``kill -9``) keeps the finished episodes:
+   :meth:`CorrectionRound.record_pending` (``ratchet correct RUN --resume-round``) makes them the round.
 1. :meth:`CorrectionRound.record` — the person's data set as an artifact, then ``correction_recorded``
    (key ``correction/N/recorded``): who (``"person"``), the candidate played, seeds, per episode length,
    return, terminated, truncated, takeover segments ``[start, end, who]`` (end exclusive) and person steps,
@@ -55,6 +59,23 @@ def _rounds(events: Sequence[Any]) -> dict[int, dict[str, Any]]:
             out[int(ev.payload["round"])] = {"recorded": ev.payload, "finished": None}
         elif ev.type is EventType.CORRECTION_FINISHED and int(ev.payload["round"]) in out:
             out[int(ev.payload["round"])]["finished"] = ev.payload
+    return out
+
+
+def _checked(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Episode records as dicts, checked (keys present, segments covering the episode).
+
+    Raises:
+        RatchetError: a malformed record.
+    """
+    out = [dict(r) for r in records]
+    for r in out:
+        missing = [k for k in _EPISODE_KEYS if k not in r]
+        segs = r.get("segments") or []
+        if missing or not segs or segs[0][0] != 0 or segs[-1][1] != r["length"] or \
+                any(a[1] != b[0] for a, b in pairwise(segs)):
+            raise RatchetError(f"episode record of seed {r.get('seed')} is malformed (keys {sorted(r)}; segments "
+                               "must cover the episode)")
     return out
 
 
@@ -115,6 +136,61 @@ class CorrectionRound:
         """See :func:`unfinished_round`."""
         return unfinished_round(self.ledger.read())
 
+    def pending_episodes(self) -> list[dict[str, Any]]:
+        """The ``correction_episode`` payloads of the next round (played, the round not recorded yet: a session
+        that was killed), in order."""
+        events = self.ledger.read()
+        n = max(_rounds(events), default=0) + 1
+        return [dict(e.payload) for e in events
+                if e.type is EventType.CORRECTION_EPISODE and int(e.payload["round"]) == n]
+
+    def record_episode(self, candidate: Candidate, record: Mapping[str, Any], dataset: Any) -> int:
+        """Append one finished episode of the round being played (``correction_episode``), so that it survives a
+        killed process; :meth:`record` still records the round when the session ends.
+
+        Args:
+            candidate: The candidate played.
+            record: The episode's record (see :meth:`record`).
+            dataset: The person's steps of that episode.
+
+        Returns:
+            The episode's index in the round.
+
+        Raises:
+            RatchetError: a malformed record, one that does not match the data set, or another candidate than
+                the round's earlier episodes.
+        """
+        r = _checked([record])[0]
+        if int(r["person_steps"]) != len(dataset):
+            raise RatchetError(f"the data set holds {len(dataset)} steps, the episode {r['person_steps']} person steps")
+        done = self.pending_episodes()
+        if done and done[0]["candidate_id"] != candidate.id:
+            raise RatchetError(f"the round's earlier episodes played {done[0]['candidate_id']}, not {candidate.id}")
+        n, i = self.next_round, len(done)
+        digest = self.ledger.put_artifact(dataset.to_bytes())  # before the event that names it
+        self.ledger.append(EventType.CORRECTION_EPISODE, f"correction/{n}/episode/{i}", {
+            "round": n, "index": i, "who": "person", "candidate_id": candidate.id,
+            "episode": {k: r[k] for k in _EPISODE_KEYS}, "dataset": digest})
+        return i
+
+    def record_pending(self, *, retrain: bool = True) -> int | None:
+        """Record the next round from its ``correction_episode`` events (a session killed while the person
+        played); None when there are none.
+
+        Raises:
+            LedgerError: an episode's data set is missing from the store.
+        """
+        from ratchet.data import Dataset
+
+        eps = self.pending_episodes()
+        if not eps:
+            return None
+        cand = self.state.candidate(eps[0]["candidate_id"])
+        data = Dataset.from_bytes(self.artifact(eps[0]["dataset"]))
+        for e in eps[1:]:
+            data = data.concat(Dataset.from_bytes(self.artifact(e["dataset"])))
+        return self.record(cand, [e["episode"] for e in eps], data, retrain=retrain)
+
     def candidate(self, candidate_id: str | None = None) -> Candidate:
         """The candidate the person corrects: ``candidate_id`` (a unique prefix is enough) or the incumbent.
 
@@ -171,16 +247,9 @@ class CorrectionRound:
         Raises:
             RatchetError: no episode, or records that do not match the data set.
         """
-        records = [dict(r) for r in records]
+        records = _checked(records)
         if not records:
             raise RatchetError("no episode was played to the end; nothing to record")
-        for r in records:
-            missing = [k for k in _EPISODE_KEYS if k not in r]
-            segs = r.get("segments") or []
-            if missing or not segs or segs[0][0] != 0 or segs[-1][1] != r["length"] or \
-                    any(a[1] != b[0] for a, b in pairwise(segs)):
-                raise RatchetError(f"episode record of seed {r.get('seed')} is malformed (keys {sorted(r)}; segments "
-                                   "must cover the episode)")
         person = sum(int(r["person_steps"]) for r in records)
         if person != len(dataset):
             raise RatchetError(f"the data set holds {len(dataset)} steps, the episodes {person} person steps")

@@ -29,6 +29,7 @@ class EventType(str, Enum):
     # after run_finished: a person's correction round (ratchet.correction_round); the events between these two
     # (training_finished, candidate_proposed, episodes_evaluated, gate_decided, incumbent_changed) carry its
     # number as "correction_round"
+    CORRECTION_EPISODE = "correction_episode"  # one episode of a round being played, as it ends (kill -9 keeps it)
     CORRECTION_RECORDED = "correction_recorded"  # who, the candidate played, seeds, takeover segments, data set
     CORRECTION_FINISHED = "correction_finished"  # the round's retrained student, gate verdict, fresh test evaluation
 
