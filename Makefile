@@ -24,7 +24,7 @@ demo: install
 
 ## test: run the test suite (offline, a few minutes on 2 cores)
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two processes: most tests wait on worker start-up, not CPU
 
 benchmarks: install
 	$(BIN)/python benchmarks/examples.py

@@ -1,6 +1,7 @@
 """Structural search vs CMA-ES alone at equal env-step budgets: test mean ± std across run seeds.
 
-Usage: python benchmarks/structural.py [--tasks NAME ...] [--seeds 0,1,2] [--budget-scale F] [--write]
+Usage: python benchmarks/structural.py [--tasks NAME ...] [--configs NAME ...] [--seeds 0,1,2] [--budget-scale F]
+[--write]
 Each task starts from a program whose structure limits it (pendulum: the example's controller; acrobot: a
 one-gain program; bipedal: the generic affine policy). Configurations: ``cmaes`` alone, and ``mutate`` +
 ``cmaes`` (the planner's Thompson allocator splits generations between them). ``benchmarks/llm.py`` adds an
@@ -74,12 +75,19 @@ def main(extra_configs: dict[str, list[dict[str, Any]]] | None = None, section: 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", nargs="*", choices=sorted(TASKS), default=list(TASKS))
     ap.add_argument("--seeds", default="0,1,2", help="Comma-separated run seeds.")
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help="Configurations to run (default: all), e.g. only mutate+cmaes where CMA-ES is unchanged.")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="Multiply every task's env-step budget.")
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     args, _ = ap.parse_known_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     configs = dict(CONFIGS, **(extra_configs or {}))
+    if args.configs:
+        unknown = sorted(set(args.configs) - set(configs))
+        if unknown:
+            ap.error(f"unknown configurations {unknown}; known: {', '.join(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.configs}
     table = run_table(configs, args.tasks, seeds, args.budget_scale, args.runs_dir)
     print(table)
     if args.write:

@@ -18,7 +18,12 @@ from typing import Any
 
 import pytest
 
-from ratchet.execution import Job
+# pytest-xdist's workers export COLUMNS=80, and a Rich console created at import time keeps it: let each
+# test's own environment (CliRunner(env={"COLUMNS": ...})) decide the width, as in a serial run
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
+from ratchet.execution import Job  # noqa: E402
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import LEDGER_FILE, start_run
@@ -133,6 +138,17 @@ def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
         return x
 
     return [(e.type.value, e.key, strip(e.payload)) for e in events]
+
+
+def comparable(events: list[Event]) -> dict[str, tuple[str, Any]]:
+    """A run's events by key, without what differs between sessions (times, pids, resume markers, how long
+    a training job took): what a resumed run shares with one that was never interrupted."""
+    out = {}
+    for t, key, payload in normalized([e for e in events if e.type is not EventType.RUN_RESUMED]):
+        if t == EventType.TRAINING_FINISHED.value:
+            payload = {k: v for k, v in payload.items() if k != "seconds"}
+        out[key] = (t, payload)
+    return out
 
 
 class SimulatedKill(BaseException):

@@ -29,7 +29,8 @@ def test_key_maps():
     from gymnasium import spaces
 
     assert key_map_for("LunarLander-v3", spaces.Discrete(4)) == ({"ArrowUp": 2, "ArrowLeft": 1, "ArrowRight": 3}, 0)
-    assert key_map_for("CartPole-v1", spaces.Discrete(2))[0]["ArrowLeft"] == 0
+    keys, idle = key_map_for("CartPole-v1", spaces.Discrete(2))
+    assert keys["ArrowLeft"] == 0 and idle is None  # no no-op: the episode waits for a key
 
 
 def test_takeover_over_http_is_recorded():
@@ -100,3 +101,87 @@ def test_keys_in_a_headless_browser_take_over():
     assert "person" in who and who[0] == "student"
     data = session.dataset()
     assert len(data) == who.count("person") and data.expert.all() and set(data.label.tolist()) <= {0}
+
+
+def test_cartpole_waits_for_a_key_while_the_person_is_in_control():
+    """No no-op in CartPole: holding no key while in control steps nothing and records nothing."""
+    session = _session(20)
+    try:
+        assert session.idle_action is None
+        session.step([], handback=True)
+        session.step(["ArrowRight"])
+        for _ in range(5):
+            state = session.step([])
+            assert state["waiting"] and state["control"] == "person" and state["t"] == 2
+        assert len(session.steps) == 1 and session.steps[0]["label"] == 1
+        assert session.step([], pressed=["ArrowLeft"])["t"] == 3  # a tap steps once
+        assert session.step([], handback=True)["control"] == "student"
+    finally:
+        session.close()
+    assert [s["label"] for s in session.steps] == [1, 0]
+
+
+def _raw(url: str, body: bytes | None = None, headers: dict | None = None, path: str = "step"):
+    """(status, body) of a request to the served page; errors too."""
+    import urllib.error
+
+    req = urllib.request.Request(url + path, data=body, method="POST" if body is not None else "GET",
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_step_endpoint_refuses_bad_bodies_with_one_line_and_prints_nothing(capfd):
+    session = _session(20)
+    server, url = serve(session)
+    try:
+        bad = [b"[1,2]", b'"hi"', b"null", b"{", b"[" * 3000 + b"]" * 3000, b'{"held": 5}', b'{"handback": "false"}',
+               b'{"held": [[1]]}', b'{"pressed": ["' + b"x" * 33 + b'"]}',
+               b'{"held": ' + json.dumps(["a"] * 17).encode() + b"}", b'{"handback": 1}', b'{"other": 1}', b"",
+               b"\xff\xfe"]
+        for body in bad:
+            code, text = _raw(url, body)
+            assert code == 400, (body[:40], code, text)
+            assert text.count(b"\n") == 1 and b"<" not in text, text
+        code, text = _raw(url, b'{"held": []}' + b" " * 5000)
+        assert code == 400 and b"body too large" in text
+        assert session.t == 0 and not session.steps  # nothing stepped
+        code, text = _raw(url, json.dumps({"held": [], "handback": False}).encode())
+        assert code == 200 and json.loads(text)["t"] == 1
+        import socket  # an abandoned connection: a promised body that never comes
+        port = int(url.split(":")[2].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST " + url.split(str(port))[1].encode() + b"step HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                      b"Content-Length: 100\r\n\r\n{" % port)
+        time.sleep(0.3)
+    finally:
+        server.shutdown()
+        session.close()
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out and not captured.err.strip(), captured.err[-2000:]
+
+
+def test_page_needs_its_token_its_host_and_its_origin():
+    session = _session(20)
+    server, url = serve(session)
+    try:
+        base = url.rsplit("/", 2)[0] + "/"
+        token = url.rsplit("/", 2)[1]
+        assert len(token) >= 20 and url.startswith("http://127.0.0.1:")
+        assert _raw(url, path="")[0] == 200
+        assert _raw(base, path="")[0] == 403  # no token
+        assert _raw(base, b'{"held": []}', path="step")[0] == 403
+        assert _raw(base + "x" * len(token) + "/", b'{"held": []}')[0] == 403
+        port = url.split(":")[2].split("/")[0]
+        assert _raw(url, b'{"held": []}', {"Host": f"evil.example:{port}"})[0] == 403  # DNS rebinding
+        assert _raw(url, b'{"held": []}', {"Origin": "http://evil.example"})[0] == 403
+        assert _raw(url, b'{"held": []}', {"Origin": f"http://127.0.0.1:{port}"})[0] == 200
+        assert _raw(url.replace("127.0.0.1", "localhost"), b'{"held": []}',
+                    {"Origin": f"http://localhost:{port}"})[0] == 200
+        assert session.t == 2
+    finally:
+        server.shutdown()
+        session.close()

@@ -302,3 +302,34 @@ def test_box_actions_clone_by_squared_error():
     assert outs[0].info["bc"]["loss_last"] < outs[0].info["bc"]["loss_first"]
     student = load_weights(outs[0].artifacts["weights"])
     assert student.act(data.obs[0]).shape == (1,)
+
+
+def test_demonstrations_without_an_expert_clone_round_0_then_go_idle(round0):
+    """A person's data set (ratchet correct -o person.npz) can start a bc/hg-dagger run with no expert."""
+    from ratchet.policy import Candidate
+    from ratchet.refiners.dagger import KINDS, CorrectionSettings
+
+    demos = Dataset.from_bytes(round0["dataset"])
+    ctx = _Context({"person.npz": demos.to_bytes()})
+    for kind in ("bc", "hg-dagger"):
+        settings = CorrectionSettings(demonstrations="person.npz", updates=3)
+        [refiner] = KINDS[kind].build(settings, kind, ctx)
+        assert KINDS[kind].files(settings) == ["person.npz"] and refiner.idle_reason() is None
+        start = Candidate.create("", {}, kind="mlp", artifacts={"weights": digest(_student(1))})
+        ctx.store[start.artifacts["weights"]] = _student(1)
+        [student0] = refiner.propose(start, None, None)
+        assert "expert" not in ctx.jobs[-1].parent.artifacts and ctx.jobs[-1].seeds == ()
+        assert refiner.rounds[0]["dataset"]["steps"] == len(demos) and refiner.rounds[0]["env_steps"] == 0
+        assert "no expert" in refiner.idle_reason()
+        assert refiner.propose(student0, None, None) == []
+
+
+def test_spec_needs_an_expert_or_demonstrations():
+    with pytest.raises(SpecError, match="expert .* or demonstrations"):
+        spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"kind": "mlp"}, "refiners": [{"kind": "bc"}]})
+    with pytest.raises(SpecError, match="expert_params without an expert"):
+        spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"kind": "mlp"},
+                        "refiners": [{"kind": "bc", "demonstrations": "d.npz", "expert_params": {"a": 1}}]})
+    spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"kind": "mlp"},
+                           "refiners": [{"kind": "bc", "demonstrations": "d.npz"}]})
+    assert spec.refiner_entries()[0]["demonstrations"] == "d.npz"

@@ -37,10 +37,11 @@ def _runs_with_promotion(tmp_path, spending: str, n_runs: int) -> tuple[int, int
 
 
 def test_null_runs_rarely_promote_with_alpha_spending(tmp_path):
-    promoted, decisions = _runs_with_promotion(tmp_path, "harmonic", 16)
-    assert decisions >= 16, "the null task should gate several times per run, or the test proves nothing"
-    # at most alpha = 0.05 of runs in expectation; 16 runs: P(>= 4 promoted runs) < 1 % at exactly 5 %
-    assert promoted <= 3
+    promoted, decisions = _runs_with_promotion(tmp_path, "harmonic", 8)
+    assert decisions >= 8, "the null task should gate several times per run, or the test proves nothing"
+    # at most alpha = 0.05 of runs in expectation; 8 runs: P(>= 3 promoted runs) < 1 % at exactly 5 %
+    # (benchmarks/null_gate.py measures the rate on 200 runs)
+    assert promoted <= 2
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DATA, count_events, events_of, read_events
+from conftest import DATA, comparable, count_events, events_of, read_events
 from ratchet.errors import PolicyError
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
@@ -60,18 +60,6 @@ def write_spec(directory: Path, policy: dict, refiner: dict, budget: int, env_id
     lines += ["\n[[refiners]]"] + [f"{k} = {_toml(v)}" for k, v in refiner.items()]
     (directory / "ratchet.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return directory
-
-
-def comparable(events):
-    """A run's events by key, without what differs between sessions (times, pids, resume markers)."""
-    from conftest import normalized
-
-    out = {}
-    for t, key, payload in normalized([e for e in events if e.type is not EventType.RUN_RESUMED]):
-        if t == EventType.TRAINING_FINISHED.value:
-            payload = {k: v for k, v in payload.items() if k != "seconds"}
-        out[key] = (t, payload)
-    return out
 
 
 # -- residual policies ---------------------------------------------------------------------------------
@@ -344,3 +332,120 @@ def test_the_residual_refiner_trains_the_correction_and_keeps_the_base(tmp_path)
         assert c["artifacts"]["correction"] != start["artifacts"]["correction"]
     evaluated = events_of(events, EventType.EPISODES_EVALUATED)
     assert all(ep["error"] is None for e in evaluated for ep in e.payload["episodes"])
+
+
+_OTHER_ALGORITHMS = """
+import sys, torch, gymnasium as gym
+from stable_baselines3 import A2C, SAC, TD3
+torch.set_num_threads(1)
+out = sys.argv[1]
+A2C('MlpPolicy', gym.make('CartPole-v1'), n_steps=8, seed=0, device='cpu',
+    policy_kwargs={'net_arch': [16]}).learn(64).save(out + '/a2c.zip')
+for name, cls in (('sac', SAC), ('td3', TD3)):
+    cls('MlpPolicy', gym.make('Pendulum-v1'), learning_starts=32, batch_size=32, buffer_size=1000, seed=0,
+        device='cpu', policy_kwargs={'net_arch': [16]}).learn(64).save(out + '/' + name + '.zip')
+"""
+
+
+@needs_rl
+def test_a2c_sac_and_td3_zips_are_evaluated_and_fine_tuned_with_their_own_algorithm(tmp_path):
+    """Issue 10: SB3 zips of PPO, A2C, SAC and TD3 are starting points; the ``ppo`` trainer fine-tunes an A2C,
+    SAC or TD3 zip with its own algorithm (in the sandbox) and saves a zip of the same algorithm, which a
+    worker loads and acts with."""
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.execution.training import TrainingJob
+    from ratchet.ledger.artifacts import digest
+    from ratchet.policies.sb3 import algorithm_of
+    from ratchet.policy import Candidate
+    from ratchet.refiners.ppo import PPOSettings
+    from ratchet.task import GymTask
+
+    subprocess.run([sys.executable, "-c", _OTHER_ALGORITHMS, str(tmp_path)], check=True, timeout=300)
+    settings = {**PPOSettings(env_steps=64, checkpoints=1, n_steps=32, batch_size=32, seeds=2).model_dump(mode="json"),
+                "seed": 3}
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        for name, env_id in (("a2c", "CartPole-v1"), ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1")):
+            data = (tmp_path / f"{name}.zip").read_bytes()
+            assert algorithm_of(data) == name.upper()
+            task = GymTask(env_id, max_episode_steps=50)
+            start = Candidate.create("", {}, kind="sb3", artifacts={"model": digest(data)})
+            job = TrainingJob("ppo", start, settings, (11, 12), 64, artifacts={digest(data): data})
+            result = ex.train(task, job, 300)
+            assert result.error is None, (name, result.error)
+            (out,) = result.outputs
+            model = out.artifacts["model"]
+            assert algorithm_of(model) == name.upper() and model != data  # trained further, same algorithm
+            assert 0 < result.env_steps <= 64
+            tuned = Candidate.create("", {}, kind="sb3", artifacts={"model": digest(model)})
+            episodes = ex.run(task, [Job(c, s, artifacts={digest(b): b}) for c, b in ((start, data), (tuned, model))
+                                     for s in (0, 1)])
+            assert all(e.error is None and e.length > 0 for e in episodes), (name, [e.error for e in episodes])
+
+
+_VECNORMALIZE = """
+import json, sys, numpy as np, torch, gymnasium as gym
+from stable_baselines3 import PPO
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+torch.set_num_threads(1)
+out, seeds = sys.argv[1], json.loads(sys.argv[2])
+make = lambda: gym.make('CartPole-v1', max_episode_steps=100)
+vn = VecNormalize(DummyVecEnv([make]), norm_reward=True)
+model = PPO('MlpPolicy', vn, n_steps=128, batch_size=64, n_epochs=2, seed=0, device='cpu',
+            policy_kwargs={'net_arch': [16]})
+model.learn(512)
+model.save(out + '/model.zip')
+vn.save(out + '/vecnormalize.pkl')
+vn.training = False
+returns = {}
+for name, norm in (('normalized', vn.normalize_obs), ('raw', lambda o: o)):
+    rs = []
+    for s in seeds:  # SB3's own loop, the model acting on VecNormalize's observations
+        env = make(); obs, _ = env.reset(seed=s); total, done = 0.0, False
+        while not done:
+            a, _ = model.predict(norm(obs), deterministic=True)
+            obs, r, term, trunc, _ = env.step(int(a)); total += r; done = term or trunc
+        rs.append(total)
+    returns[name] = rs
+print(json.dumps(returns))
+"""
+
+
+@needs_rl
+def test_an_sb3_model_with_vecnormalize_statistics_acts_on_normalised_observations(tmp_path):
+    """A model trained in SB3's VecNormalize carries its statistics file (``[policy] normalization``): workers
+    act on observations normalised as SB3 does, training continues in them, and export writes them back."""
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.execution.training import TrainingJob
+    from ratchet.policies.export import export_candidate
+    from ratchet.policies.start import start_candidate
+    from ratchet.refiners.ppo import PPOSettings
+    from ratchet.spec import load_spec
+    from ratchet.task import GymTask
+
+    spec_dir = write_spec(tmp_path / "spec", {"kind": "sb3", "path": "model.zip",
+                                              "normalization": "vecnormalize.pkl"}, PPO_TABLE, budget=3000)
+    seeds = [0, 1, 2, 3]
+    ref = json.loads(subprocess.run([sys.executable, "-c", _VECNORMALIZE, str(spec_dir), json.dumps(seeds)],
+                                    check=True, timeout=300, capture_output=True, text=True).stdout)
+    assert ref["normalized"] != ref["raw"], "the statistics should matter, or the test proves nothing"
+    spec = load_spec(spec_dir)
+    _, start, blobs = start_candidate(spec.policy, spec_dir, None, 0, None)
+    assert set(start.artifacts) == {"model", "vecnormalize"}
+    task = GymTask("CartPole-v1", max_episode_steps=100)
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        episodes = ex.run(task, [Job(start, s, artifacts=blobs) for s in seeds])
+        assert [e.episode_return for e in episodes] == ref["normalized"]
+        settings = {**PPOSettings(env_steps=256, checkpoints=1, n_steps=128, batch_size=64,
+                                  seeds=2).model_dump(mode="json"), "seed": 1}
+        result = ex.train(task, TrainingJob("ppo", start, settings, (5, 6), 256, artifacts=blobs), 300)
+        assert result.error is None, result.error
+        assert set(result.outputs[0].artifacts) == {"model"}  # the statistics stay frozen: the same artifact
+    paths = export_candidate(start, blobs, tmp_path / "out.zip")
+    assert [p.name for p in paths] == ["out.zip", "out_vecnormalize.pkl"]
+    assert paths[1].read_bytes() == (spec_dir / "vecnormalize.pkl").read_bytes()
+    from ratchet.errors import SpecError
+
+    with pytest.raises(SpecError, match="normalization"):
+        load_spec(write_spec(tmp_path / "bad", {"kind": "mlp", "normalization": "v.pkl"}, PPO_TABLE, budget=3000))

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import comparable, count_events, events_of, make_spec_dir, read_events
 
-from conftest import count_events, events_of, make_spec_dir, read_events
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
 
+CLI = [sys.executable, "-m", "ratchet.cli"]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 
 
@@ -36,24 +37,25 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_kill_9_then_resume(tmp_path):
-    spec_dir = make_spec_dir(tmp_path / "spec", budget={"env_steps": 150_000}, gate={"validation_episodes": 10},
-                             test={"episodes": 10}, execution={"workers": 1})
-    runs = tmp_path / "runs"
-    db = runs / "k" / "ledger.sqlite"
-    cmd = [sys.executable, "-m", "ratchet.cli"]
+def _run_then_kill_9(tmp_path: Path, spec_dir: Path, runs: Path, ready, what: str, timeout_s: float = 60) -> set[int]:
+    """Start ``ratchet run`` of ``spec_dir`` as run ``k`` in a process, wait until ``ready(pids)`` (``pids``: the
+    run's direct children) holds, and ``kill -9`` it. Returns the children it had started (its workers, a
+    trainer), which outlive it in their own sessions."""
     log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"],
+    proc = subprocess.Popen(CLI + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    workers: set[int] = set()
+    children: set[int] = set()
     try:
-        deadline = time.monotonic() + 60
-        while count_events(db, "episodes_evaluated") < 4:
-            workers |= _children(proc.pid)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            kids = _children(proc.pid)
+            children |= kids
+            if ready(kids):
+                break
             assert proc.poll() is None, f"run ended before it could be killed: {(tmp_path / 'run.log').read_text()}"
-            assert time.monotonic() < deadline, "no evaluations recorded within 60 s"
-            time.sleep(0.01)
-        workers |= _children(proc.pid)
+            assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
+            time.sleep(0.005)
+        children |= _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(10) == -signal.SIGKILL
     finally:
@@ -61,15 +63,30 @@ def test_kill_9_then_resume(tmp_path):
             proc.kill()
             proc.wait()
         log.close()
+    return children
+
+
+def _reap(pids: set[int], within_s: float = 10) -> bool:
+    """Wait for orphaned ``pids`` to exit on their own (kill -9 the rest); whether they all did in time."""
+    t0 = time.monotonic()
+    while any(_alive(p) for p in pids) and time.monotonic() - t0 < within_s:
+        time.sleep(0.05)
+    for p in pids:
+        if _alive(p):
+            os.kill(p, signal.SIGKILL)
+    return time.monotonic() - t0 < within_s
+
+
+def test_kill_9_then_resume(tmp_path):
+    spec_dir = make_spec_dir(tmp_path / "spec", budget={"env_steps": 150_000}, gate={"validation_episodes": 10},
+                             test={"episodes": 10}, execution={"workers": 1})
+    runs = tmp_path / "runs"
+    db = runs / "k" / "ledger.sqlite"
+    workers = _run_then_kill_9(tmp_path, spec_dir, runs, lambda kids: count_events(db, "episodes_evaluated") >= 4,
+                               "no evaluations recorded")
     assert workers, "the run should have started a worker process"
     # its workers are in their own sessions; they exit when their socket closes
-    t0 = time.monotonic()
-    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 10:
-        time.sleep(0.05)
-    for w in workers:
-        if _alive(w):
-            os.kill(w, signal.SIGKILL)
-    assert time.monotonic() - t0 < 10, "orphaned workers did not exit after the run was killed"
+    assert _reap(workers), "orphaned workers did not exit after the run was killed"
 
     before = read_events(runs / "k")
     evaluated_before = events_of(before, EventType.EPISODES_EVALUATED)
@@ -77,7 +94,7 @@ def test_kill_9_then_resume(tmp_path):
     assert not events_of(before, EventType.RUN_FINISHED)
     assert project(before).status == "interrupted"
 
-    done = subprocess.run(cmd + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+    done = subprocess.run(CLI + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
@@ -108,9 +125,10 @@ def test_ctrl_c_then_resume(tmp_path, signum):
                              test={"episodes": 10}, execution={"workers": 1})
     runs = tmp_path / "runs"
     db = runs / "c" / "ledger.sqlite"
-    cmd = [sys.executable, "-m", "ratchet.cli"]
-    proc = subprocess.Popen(cmd + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "c", "--no-report"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    # a shell's background job inherits SIGINT ignored (POSIX); restore the default so the signal is heard
+    proc = subprocess.Popen(CLI + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "c", "--no-report"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 60
@@ -141,9 +159,52 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     assert not events_of(before, EventType.RUN_FINISHED) and not events_of(before, EventType.RUN_FAILED)
     assert project(before).status == "interrupted"
 
-    done = subprocess.run(cmd + ["resume", str(runs / "c"), "--no-report"], capture_output=True, text=True,
+    done = subprocess.run(CLI + ["resume", str(runs / "c"), "--no-report"], capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     after = read_events(runs / "c")
     assert project(after).status == "finished"
     assert [e.payload for e in after[:len(before)]] == [e.payload for e in before]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
+    """hg-dagger (a tiny CartPole student): kill -9 the run while round 1's sandboxed training job is in
+    flight (round 0 recorded), resume, and end with the ledger of a run that was never interrupted."""
+    from test_dagger import _spec_dir
+
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    spec_dir = _spec_dir(tmp_path)
+    start_run(load_spec(spec_dir), tmp_path / "ref", "k")  # the uninterrupted run
+    runs = tmp_path / "runs"
+    db = runs / "k" / "ledger.sqlite"
+
+    def training(kids: set[int]) -> bool:  # round 0 recorded, round 1's trainer process running
+        return any("ratchet.execution.training" in _cmdline(k) for k in kids) and \
+            count_events(db, "training_finished") == 1
+
+    helpers = _run_then_kill_9(tmp_path, spec_dir, runs, training, "round 1's training job never started", 120)
+    _reap(helpers)  # the trainer and the workers are in their own sessions: they exit on their own
+
+    before = read_events(runs / "k")
+    assert [e.payload["settings"]["round"] for e in events_of(before, EventType.TRAINING_FINISHED)] == [0]
+    assert not events_of(before, EventType.RUN_FINISHED) and project(before).status == "interrupted"
+    done = subprocess.run(CLI + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = read_events(runs / "k")
+    by_key = {e.key: e for e in after}
+    for e in before:  # what was recorded before the kill is unchanged
+        assert by_key[e.key].payload == e.payload and by_key[e.key].seq == e.seq and by_key[e.key].time == e.time
+
+    assert comparable(after) == comparable(read_events(tmp_path / "ref" / "k"))
+    assert [e.payload["settings"]["round"] for e in events_of(after, EventType.TRAINING_FINISHED)] == [0, 1]
+    assert project(after).status == "finished"

@@ -296,8 +296,20 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
     if data["rejected_proposals"]:
         t.add_row("rejected proposals", f"{data['rejected_proposals']} (new source that failed its checks; never ran)")
     if data.get("env_steps_breakdown"):
+        outside = " (person and correction: outside the budget)" if data["corrections"] else ""
         t.add_row("env steps went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
-                                                 if v is not None))
+                                                 if v is not None) + outside)
+    for c in data["corrections"]:  # a person's rounds after the run finished (ratchet correct)
+        if c["status"] == "finished":
+            verdict = (f"student {c['student_id'] or '–'}: {'promoted' if c['promoted'] else 'not promoted'} — "
+                       f"{c['reason']}")
+        elif c["retrain"]:
+            verdict = f"not yet retrained and gated: `ratchet correct {run} --resume-round`"
+        else:
+            verdict = f"recorded only (--no-retrain); `ratchet correct {run} --resume-round` retrains and gates it"
+        t.add_row(f"correction round {c['round']}",
+                  _safe(f"{c['who']} controlled {c['person_steps']:,} of {c['env_steps']:,} env steps in "
+                        f"{c['episodes']} episode(s) of {c['candidate_id']}\n{verdict}", 1000, multiline=True))
     if st.status == "finished":
         from ratchet.advice import run_advice
 
@@ -645,69 +657,206 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
-@app.command()
-def correct(run: str = typer.Argument(..., help="Run id or run directory (its incumbent must be an mlp policy)."),
-            episodes: int = typer.Option(5, "--episodes", min=1, max=1000, help="Episodes to play."),
-            output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                                  help="Where to write the person's data set (.npz); default "
-                                                       "RUN/corrections-<time>.npz."),
-            port: int = typer.Option(0, "--port", min=0, max=65535, help="Local port; 0 picks a free one."),
-            interval_ms: int = typer.Option(50, "--interval-ms", min=10, max=5000, help="Time between env steps."),
-            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
-            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
-    """Take over from a run's incumbent in the browser (HG-DAgger with a person as the expert).
+_CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstring's line breaks
+    "A person's correction round in a finished run (HG-DAgger with a person as the expert).",
+    "Serves a local page (127.0.0.1, under a random token path, no internet assets) that plays the incumbent on "
+    "fresh training seeds, rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. "
+    "In a task with no no-op action (CartPole: ← 0, → 1) the episode waits while you are in control and hold no "
+    "key.",
+    "When the episodes are done, or on Ctrl-C (the episodes played to the end are kept; the one being played is "
+    "dropped), the round goes into the run's ledger: the person's data set as an artifact and who controlled which "
+    "steps. It then ends with retraining (behaviour cloning on the run's data plus the person's steps) and the "
+    "run's gate: a better student becomes the incumbent, and the incumbent is evaluated on the test split again.",
+    "Each episode goes into the ledger as it ends: a process killed while the person plays (kill -9, a crash) "
+    "loses only the episode being played, and --resume-round records the round from the finished ones. Once "
+    "recorded, a round killed at any point is finished by --resume-round without asking the person again. A new "
+    "round is refused while an earlier one is not finished.",
+    "The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env steps are "
+    "recorded apart from the run's budget."))
 
-    Serves a local page (127.0.0.1, no internet assets) that plays the incumbent on fresh training seeds,
-    rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. When the
-    episodes are done (or on Ctrl-C) the person's steps are written as a data set (who controlled which
-    steps, the person's actions as labels); refine from it with a ``bc`` or ``hg-dagger`` refiner
-    (``demonstrations = "PATH"``), so the retrained student passes the gate like any other candidate."""
+
+@app.command(help=_CORRECT_HELP)
+def correct(run: str = typer.Argument(..., help="Run id or run directory (a finished run whose incumbent is an mlp "
+                                                "policy)."),
+            episodes: Optional[int] = typer.Option(None, "--episodes", min=1, max=1000,
+                                                   help="Episodes to play (default 5)."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                  help="Also write the person's data set to this .npz file (the "
+                                                       "ledger keeps it in any case); checked before anything is "
+                                                       "played, written after the round is recorded."),
+            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+            port: Optional[int] = typer.Option(None, "--port", min=0, max=65535,
+                                               help="Local port; 0 (the default) picks a free one."),
+            interval_ms: Optional[int] = typer.Option(None, "--interval-ms", min=10, max=5000,
+                                                      help="Time between env steps (default 50)."),
+            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id to play and retrain from; "
+                                                                             "default the incumbent."),
+            retrain: bool = typer.Option(True, "--retrain/--no-retrain",
+                                         help="End the round with retraining and gating (--no-retrain: record the "
+                                              "round only; --resume-round finishes it later)."),
+            resume_round: bool = typer.Option(False, "--resume-round",
+                                              help="Finish the run's newest correction round that was recorded but "
+                                                   "not retrained and gated (after a crash or --no-retrain); plays "
+                                                   "nothing, so it takes none of --no-retrain, --output, --force, "
+                                                   "--candidate, --episodes, --port, --interval-ms."),
+            updates: Optional[int] = typer.Option(None, "--updates", min=1, max=10**7,
+                                                  help="Gradient steps of behaviour cloning; default the run's "
+                                                       "correction refiner's, else 2000."),
+            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+    """A person's correction round in a finished run (see ``_CORRECT_HELP``, the command's help)."""
     import time as _time
 
     from ratchet.correct import CorrectionSession, serve
-    from ratchet.planner import SeedSplits
+    from ratchet.correction_round import CorrectionRound
+    from ratchet.ledger.storage import storage_url
     from ratchet.policies.mlp import load_weights
 
-    session = server = None
+    session = server = rnd = None
     try:
-        st, run_dir = _load_state(run, runs_dir, storage)
-        cand = _candidate_of(st, candidate)
-        if cand.kind != "mlp":
-            raise RatchetError(f"candidate {cand.id} is a {cand.kind} policy; `ratchet correct` plays mlp students "
-                               "(runs with [policy] kind = \"mlp\")")
-        out_path = output or run_dir / f"corrections-{_time.strftime('%Y%m%d-%H%M%S')}.npz"
-        _check_output(out_path, False, "--output")
-        student = load_weights(_artifacts_of(run, runs_dir, storage, [cand])[cand.artifacts["weights"]])
-        seeds = SeedSplits(int(st.spec.get("seed", 0))).seeds("train", 2_000_000_000, episodes)
-        session = CorrectionSession(_task_of(st), student, seeds)
-        server, url = serve(session, port=port, interval_ms=interval_ms)
-    except (RatchetError, OSError) as exc:
-        if session is not None:
+        try:
+            url_ = storage_url(storage)
+            if url_ is not None and url_.split(":", 1)[0].split("+", 1)[0] not in ("sqlite", "postgresql"):
+                raise RatchetError(f"--storage {url_.split('://', 1)[0]}://…: not a database URL; expected "
+                                   "postgresql://USER@HOST[:PORT]/DATABASE or sqlite:///PATH")
+            if resume_round:
+                given = [o for o, on in (("--no-retrain", not retrain), ("--output", output is not None),
+                                         ("--force", force), ("--candidate", candidate is not None),
+                                         ("--episodes", episodes is not None), ("--port", port is not None),
+                                         ("--interval-ms", interval_ms is not None)) if on]
+                if given:
+                    raise RatchetError(f"--resume-round plays nothing and retrains the recorded round; drop "
+                                       f"{', '.join(given)}")
+            elif output is not None:
+                _check_output_path(output, force)
+            if force and output is None:
+                raise RatchetError("--force overwrites the --output file; give -o/--output too, or drop --force")
+            episodes, port, interval_ms = episodes or 5, port or 0, interval_ms or 50
+            rnd = CorrectionRound(run, runs_dir, storage=storage)
+            pending = rnd.unfinished()
+            if resume_round:
+                if pending is None:  # a session killed while the person played: its finished episodes
+                    eps = len(rnd.pending_episodes())
+                    pending = rnd.record_pending()
+                    if pending is None:
+                        raise RatchetError(f"run {rnd.state.run_id} has no unfinished correction round")
+                    out.print(f"correction round {pending}: recorded from the {eps} episode(s) finished before the "
+                              "session ended", highlight=False, soft_wrap=True)
+                _finish_round(rnd, pending, updates, run)
+                return
+            if pending is not None:
+                raise RatchetError(f"correction round {pending} of run {rnd.state.run_id} was recorded but not "
+                                   f"retrained and gated; finish it first: `ratchet correct {run} --resume-round`")
+            cut = rnd.pending_episodes()
+            if cut:
+                raise RatchetError(f"correction round {rnd.next_round} of run {rnd.state.run_id} ended early with "
+                                   f"{len(cut)} finished episode(s) kept; record and finish it first: "
+                                   f"`ratchet correct {run} --resume-round`")
+            cand = rnd.candidate(candidate)
+            student = load_weights(rnd.artifact(cand.artifacts["weights"]))
+            session = CorrectionSession(_task_of(rnd.state), student, rnd.seeds(episodes), round_no=rnd.next_round)
+            try:
+                server, url = serve(session, port=port, interval_ms=interval_ms)
+            except OSError as exc:
+                import errno
+
+                session.close()
+                hint = "; pass --port 0 to pick a free one" if port and exc.errno == errno.EADDRINUSE else ""
+                raise RatchetError(f"cannot serve the page on port {port}: {exc.strerror or exc}{hint}") from None
+        except RatchetError as exc:
+            _fail(exc)
+            return
+        out.print(f"open {url} — keys: " + ", ".join(f"{k} → {v}" for k, v in session.keys.items())
+                  + "; Enter hands back; Ctrl-C ends early (the episode being played is dropped)",
+                  highlight=False, soft_wrap=True)
+        kept = 0  # episodes already in the ledger (correction_episode): a killed process keeps them
+
+        def keep_finished() -> int:
+            with session.lock:
+                finished = list(session.records)
+            if len(finished) > kept:  # counted in the ledger: an append cut short by Ctrl-C is not made twice
+                for i in range(len(rnd.pending_episodes()), len(finished)):
+                    rnd.record_episode(cand, finished[i], session.episode_dataset(i))
+            return len(finished)
+
+        try:
+            while not session.done:
+                _time.sleep(0.2)
+                kept = keep_finished()
+            _time.sleep(1.0)  # the page's next request learns that the episodes are done
+        except KeyboardInterrupt:
+            out.print("stopped early; the episode being played is dropped", highlight=False)
+        except RatchetError:
+            pass  # the ledger refused an episode: tried once more below, then said in one line
+        finally:
+            server.shutdown()
+        try:
+            kept = keep_finished()
+        except RatchetError as exc:
             session.close()
-        _fail(exc if isinstance(exc, RatchetError) else RatchetError(f"cannot serve the page: {exc}"))
-        return
-    out.print(f"open {url} — keys: " + ", ".join(f"{k} → {v}" for k, v in session.keys.items())
-              + "; Enter hands back; Ctrl-C ends early", highlight=False, soft_wrap=True)
-    try:
-        while not session.done:
-            _time.sleep(0.2)
-        _time.sleep(1.0)  # the page's next request learns that the episodes are done
+            _fail(exc)
+            return
+        data = session.dataset(finished_only=True)
+        records = list(session.records)
+        session.close()
+        try:
+            if not records:
+                raise RatchetError("no episode was played to the end; nothing recorded")
+            n = rnd.record(cand, records, data, retrain=retrain)  # the ledger first: a failed write loses nothing
+            person = sum(r["person_steps"] for r in records)
+            steps = sum(r["length"] for r in records)
+            out.print(f"correction round {n}: {len(records)} episode(s), {steps:,} env steps, {person:,} under your "
+                      f"control; recorded in the run's ledger", highlight=False, soft_wrap=True)
+            if output is not None:
+                try:
+                    output.write_bytes(data.to_bytes())
+                except OSError as exc:
+                    then = "retrain and gate it" if retrain else "retrain and gate it later"
+                    raise RatchetError(f"cannot write {output}: {exc.strerror or exc}; round {n} is recorded in the "
+                                       f"run's ledger all the same ({then}: `ratchet correct {run} --resume-round`)"
+                                       ) from None
+                out.print(f"wrote {output}", highlight=False, soft_wrap=True)
+            if retrain:
+                _finish_round(rnd, n, updates, run)
+            else:
+                out.print(f"retrain and gate it later: `ratchet correct {run} --resume-round`", highlight=False,
+                          soft_wrap=True)
+        except RatchetError as exc:
+            _fail(exc)
     except KeyboardInterrupt:
-        out.print("stopped early", highlight=False)
+        err.print(f"interrupted; what was recorded stays; finish the round with `ratchet correct {run} "
+                  "--resume-round`", highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
     finally:
-        server.shutdown()
-    data = session.dataset()
-    session.close()
-    try:
-        out_path.write_bytes(data.to_bytes())
-    except OSError as exc:
-        _fail(RatchetError(f"cannot write {out_path}: {exc.strerror or exc}"))
-        return
-    person = sum(r["person_steps"] for r in session.records)
-    steps = sum(r["length"] for r in session.records)
-    out.print(f"{len(session.records)} episode(s), {steps:,} env steps, {person:,} under your control; wrote "
-              f"{out_path}\nrefine from it: [[refiners]] kind = \"hg-dagger\" (or \"bc\") with demonstrations = "
-              f"\"{out_path}\", then `ratchet run`", highlight=False, soft_wrap=True)
+        if rnd is not None:
+            rnd.close()
+
+
+def _check_output_path(path: Path, force: bool) -> None:
+    """``--output`` checked before the person plays: a file name in an existing, writable folder, not a ledger,
+    and (without ``--force``) not an existing file.
+
+    Raises:
+        RatchetError: any of these fails.
+    """
+    import os
+
+    _check_output(path, force, "--output")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise RatchetError(f"--output {path}: no folder {folder}; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise RatchetError(f"--output {path}: not writable here; choose another file")
+
+
+def _finish_round(rnd, n: int, updates: int | None, run: str) -> None:
+    """Retrain and gate correction round ``n`` and say what the gate decided."""
+    out.print(f"correction round {n}: retraining and gating…", highlight=False)
+    p = rnd.finish(n, updates=updates)
+    verdict = ("promoted: the new incumbent is " + p["incumbent_id"] if p["promoted"]
+               else "the incumbent stays " + p["incumbent_id"])
+    test = p["test"]
+    out.print(f"correction round {n}: student {p['student_id'] or '–'}; {_safe(p['reason'])}; {verdict} (test mean "
+              f"{_num(test['mean'])} on {test['n']} episodes); `ratchet show {run}`", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -132,6 +132,7 @@ class _Run:
         self._carry = 0.0  # the last decision's level when it promoted (fallback: ratchet.gate.fallback_level)
         self._replaying = False
         self._session_start = time.monotonic()
+        self.event_tag: dict[str, Any] = {}  # merged into every payload recorded (a correction round's number)
 
     def _build_refiners(self) -> dict[str, Any]:
         """One refiner (or several: variants) per ``[[refiners]]`` table, from the kinds' registry."""
@@ -202,7 +203,7 @@ class _Run:
         event = self.ledger.get(key)
         if event is None:
             b = self.spec.budget
-            if b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
+            if job.env_steps and b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
                 return TrainingResult((), 0, "the env-step budget has no room for this training job")
             runner = getattr(self.executor, "train", None)
             if runner is None:
@@ -230,9 +231,10 @@ class _Run:
 
     def exchange(self, key: str, request: Any, call: Callable[[], tuple[str | None, dict[str, Any]]]
                  ) -> tuple[str | None, dict[str, Any]]:
-        """A refiner's request to an outside service (an LLM endpoint), made at most once per run: see
+        """A refiner's request to an outside service (an LLM endpoint, say), made at most once per run: see
         :class:`~ratchet.refiners.registry.RefinerContext` ``exchange``. A resumed or replayed run reads
-        the recorded reply and never calls the service again."""
+        the recorded reply and never calls the service again. (The event type ``llm_call`` and the key
+        prefix ``llm/`` are names from the first refiner that used this; they stay so older ledgers resume.)"""
         ekey = f"llm/{key}"
         event = self.ledger.get(ekey)
         if event is None:
@@ -249,7 +251,7 @@ class _Run:
         """Check every proposal that carries new source before any episode runs, and record what failed
         — the refiner's own failed proposals (``take_rejections``) and those failing the checks here —
         as ``proposal_rejected`` events (the rejected source stored as an artifact). Returns the rest."""
-        from ratchet.refiners.structural import Rejection
+        from ratchet.proposals import Rejection
 
         refiner = self.refiners[arm]
         rejected = list(getattr(refiner, "take_rejections", lambda: [])())
@@ -269,11 +271,11 @@ class _Run:
 
     def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
         """Why a program candidate with source of its own may not run (None when it may): the source
-        fails :func:`~ratchet.refiners.structural.check_source`, or its values do not fit its ``PARAMETERS``."""
+        fails :func:`~ratchet.proposals.check_source`, or its values do not fit its ``PARAMETERS``."""
         if cand.kind not in ("program", "residual") or cand.source in (self.program.source, parent.source):
             return None
         from ratchet.errors import PolicyError
-        from ratchet.refiners.structural import check_source
+        from ratchet.proposals import check_source
 
         digest = hashlib.sha256(cand.source.encode()).hexdigest()
         if digest not in self._checked:
@@ -297,7 +299,28 @@ class _Run:
 
     # -- ledger helpers -------------------------------------------------------------------------
     def record(self, type: EventType, key: str, payload: dict[str, Any]) -> None:
-        self.ledger.append(type, key, payload)
+        self.ledger.append(type, key, {**payload, **self.event_tag})
+
+    def restore(self, events: Sequence[Any]) -> None:
+        """Take up where the loop left off, for work appended to the ledger after it (a correction round,
+        :mod:`ratchet.correction_round`): the usage counters, the gate's alpha spending (contested decisions
+        so far, the level a promotion passes on) and the range of training returns, from ``events``."""
+        from ratchet.ledger.projection import project
+
+        st = project(list(events))
+        self._n_contested, self._carry, self._train_returns = 0, 0.0, [math.inf, -math.inf]
+        self.usage.env_steps, self.usage.episodes = st.env_steps, st.episodes
+        self.usage.validation_env_steps, self.usage.training_env_steps = st.validation_env_steps, st.training_env_steps
+        for ev in events:
+            p = ev.payload
+            if ev.type is EventType.GATE_DECIDED:
+                self._n_contested += bool(p.get("contested"))
+                self._carry = float(p["alpha"]) if p["promoted"] else 0.0
+            elif ev.type is EventType.EPISODES_EVALUATED and p["split"] == "train":
+                returns = [e["episode_return"] for e in p["episodes"] if e["error"] is None]
+                if returns:
+                    self._train_returns = [min(self._train_returns[0], *returns),
+                                           max(self._train_returns[1], *returns)]
 
     def record_candidate(self, cand: Candidate, generation: int) -> None:
         key = f"proposed/{generation}/{cand.id}"
@@ -387,6 +410,23 @@ class _Run:
                                                 self.episode_price(val_len), next_cost[1])
         if note is not None:
             return None, note, None, inc_val
+        decision, cand_val, inc_val = self.decide(generation, best, incumbent, inc_val)
+        if decision is None:
+            return None, "validation cut short by the env-step budget", None, inc_val
+        return decision, decision.reason, cand_val, inc_val
+
+    def decide(self, generation: int, best: Candidate, incumbent: Candidate, inc_val: Evaluation,
+               label: str | int | None = None) -> tuple[Any, Evaluation, Evaluation]:
+        """Validate ``best`` and let the gate decide it against ``incumbent`` as the run's next decision
+        (alpha spending counts it), recording ``gate_decided`` and, when it promotes, ``incumbent_changed``
+        (keys ``gate/LABEL/ID`` and ``incumbent/LABEL/ID``; ``label`` defaults to the generation).
+
+        Returns:
+            ``(decision, candidate validation, incumbent validation)``: the decision is None when the
+            env-step budget cut validation short (nothing recorded); a sequential gate may have extended
+            the incumbent's validation to more seeds.
+        """
+        label = generation if label is None else label
         if isinstance(self.gate, SequentialGate):
             decision, cand_val, inc_val = self.validate_sequentially(generation, best, incumbent, inc_val)
         else:
@@ -394,11 +434,11 @@ class _Run:
             decision = None if _cut(cand_val) else self.gate.decide(cand_val, inc_val, k=self._n_contested + 1,
                                                                            carry=self._carry)
         if decision is None:
-            return None, "validation cut short by the env-step budget", None, inc_val
+            return None, cand_val, inc_val
         self._n_contested += decision.contested
         self._carry = decision.alpha if decision.promoted else 0.0
         inc_part = Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n])
-        self.record(EventType.GATE_DECIDED, f"gate/{generation}/{best.id}",
+        self.record(EventType.GATE_DECIDED, f"gate/{label}/{best.id}",
                     {"generation": generation, **decision.to_dict(),
                      "critique": self.critic.critique(cand_val, inc_part).to_dict(),
                      "candidate_validation": cand_val.summary(), "incumbent_validation": inc_part.summary(),
@@ -406,18 +446,14 @@ class _Run:
         if decision.promoted:
             structural = {}
             if best.source != incumbent.source:  # a structural promotion: the code diff, for show and the report
-                from ratchet.refiners.structural import baked_source, source_diff
+                from ratchet.proposals import promotion_diff
 
-                try:  # each side with its own values written in, so the diff shows every change
-                    old, new = baked_source(incumbent), baked_source(best)
-                except RatchetError:
-                    old, new = incumbent.source, best.source
-                structural = {"source_diff": source_diff(old, new, max_lines=400)}
-            self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{generation}/{best.id}",
+                structural = {"source_diff": promotion_diff(incumbent, best)}
+            self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{label}/{best.id}",
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
                          "env_steps": self.usage.env_steps, "params": dict(best.params), **structural})
-        return decision, decision.reason, cand_val, inc_val
+        return decision, cand_val, inc_val
 
     def gate_reserve(self) -> tuple[float, int]:
         """(env steps, episodes) a generation must leave for its gate: one validation, its episodes priced at
@@ -548,6 +584,8 @@ class _Run:
             plan = self.planner.plan(generation)
             # refine (propose) — from the incumbent and its latest critique
             recommended = refiner.recommend()
+            if recommended is not None and recommended.source != incumbent.source:
+                recommended = None  # for a program the incumbent no longer runs (a structural promotion since)
             proposals = self.screen_proposals(arm, incumbent, refiner.propose(incumbent, critique, self.rng),
                                               generation)
             contenders = proposals + ([recommended] if recommended is not None else [])
@@ -561,7 +599,8 @@ class _Run:
             if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
                 stop = "env-step budget used (the last generation was cut short by the cap; it was not judged)"
                 break
-            refiner.observe([train[c.id] for c in proposals])
+            # the incumbent's evaluation on the same seeds comes last: a reference for paired comparisons
+            refiner.observe([train[c.id] for c in proposals] + [train[incumbent.id]])
             for e in gen_evals:
                 for ep in e.episodes:
                     if ep.error is None:
@@ -927,44 +966,20 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         WriterLeaseError: another live process is writing the run (here or on another machine).
         LedgerError: the run already finished or its ledger has no start event.
     """
-    ledger, run_dir = open_run(run, runs_dir, storage=storage)
-    lock_fd = lease = None
+    ledger, run_dir, lock_fd, lease = open_for_writing(run, runs_dir, storage=storage)
     try:
-        if run_dir.is_dir():  # before reading its state: a second resumer on this machine stops here
-            lock_fd = lock_run_dir(run_dir)
-        started = ledger.get("run_started")
-        if started is None:
-            raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed")
-        # the lease before reading the state: once held, no other process appends (appends are fenced)
-        lease = WriterLease.acquire(ledger, started.payload["run_id"])
         events = ledger.read()
+        started = ledger.get("run_started")
         if ledger.get("run_finished") is not None:
-            raise LedgerError(f"run {started.payload['run_id']} already finished; `ratchet show {started.payload['run_id']}`")
-        spec = spec_from_dict(started.payload["spec"], where="ledger spec")
-        source = started.payload["policy_source"]
-        if spec.policy.kind in ("mlp", "sb3"):  # a network: no program
-            program = PolicyProgram("", ())
-        else:
-            dims = check_task(GymTask.from_spec(spec.task)) if uses_task_dims(source) else None
-            program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
-        if not run_dir.exists():  # found only in the database: give it a run directory here
-            try:
-                run_dir.mkdir(mode=0o700, parents=True)
-                if program.source:
-                    (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
-                write_pointer(run_dir, storage, started.payload["run_id"])
-            except OSError as exc:
-                raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
-        if lock_fd is None:
-            lock_fd = lock_run_dir(run_dir)
-        start = (Candidate.from_dict(started.payload["start_candidate"]) if "start_candidate" in started.payload
-                 else program.candidate())
-        r = _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
-                 pricing=started.payload.get("pricing", "worst-case"), start=start,
-                 inputs=started.payload.get("inputs", {}))
+            hint = f"`ratchet show {started.payload['run_id']}`"
+            from ratchet.correction_round import unfinished_round
+
+            if unfinished_round(events) is not None:
+                hint += f"; `ratchet correct {run} --resume-round` finishes its correction round"
+            raise LedgerError(f"run {started.payload['run_id']} already finished; {hint}")
+        r, lock_fd = rebuild_run(ledger, run_dir, lock_fd, executor, progress, storage)
     except BaseException:
-        if lease is not None:
-            lease.release()
+        lease.release()
         ledger.close()
         if lock_fd is not None:
             os.close(lock_fd)
@@ -973,3 +988,80 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
                                                                       "events_before": len(events)})
     return _drive(r, close_executor=executor is None, lock_fd=lock_fd, lease=lease)
+
+
+def open_for_writing(run: str | Path, runs_dir: str | Path = "runs", *,
+                     storage: str | None = None) -> tuple[LedgerStore, Path, int | None, WriterLease]:
+    """Open an existing run to append to it, as its only writer: its directory lock (when it has a directory
+    here; see :func:`lock_run_dir`) and then its writer lease (:class:`~ratchet.ledger.lease.WriterLease`),
+    taken before its state is read, so no other process appends meanwhile (appends are fenced).
+
+    Returns:
+        ``(ledger, run_dir, lock_fd, lease)``; ``lock_fd`` is None when the run has no directory here yet.
+        The caller releases the lease, closes the ledger and closes ``lock_fd``.
+
+    Raises:
+        RunNotFoundError: no such run.
+        LedgerError: another process on this machine writes the run, or its ledger has no start event.
+        WriterLeaseError: another live process writes the run (here or on another machine).
+    """
+    ledger, run_dir = open_run(run, runs_dir, storage=storage)
+    lock_fd = None
+    try:
+        if run_dir.is_dir():  # before reading its state: a second writer on this machine stops here
+            lock_fd = lock_run_dir(run_dir)
+        started = ledger.get("run_started")
+        if started is None:
+            raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed or corrected")
+        lease = WriterLease.acquire(ledger, started.payload["run_id"])
+    except BaseException:
+        ledger.close()
+        if lock_fd is not None:
+            os.close(lock_fd)
+        raise
+    return ledger, run_dir, lock_fd, lease
+
+
+def spec_of(ledger: LedgerStore) -> RunSpec:
+    """The run's spec as its ``run_started`` event recorded it (not the file, which may have changed since)."""
+    return spec_from_dict(ledger.get("run_started").payload["spec"], where="ledger spec")
+
+
+def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executor: Executor | None = None,
+                progress: ProgressFn | None = None, storage: str | None = None) -> tuple[_Run, int]:
+    """The run's wiring rebuilt from its ``run_started`` event (spec, policy, starting candidate, inputs), for
+    a writer that holds the run (:func:`open_for_writing`). A run found only in ``storage`` (started on
+    another machine) gets a run directory here with a pointer to its database, and its lock. Without an
+    ``executor``, a process pool per the spec's ``[execution]`` is started (last: nothing leaks when an
+    earlier step fails); the caller closes it.
+
+    Returns:
+        ``(run, lock_fd)``.
+
+    Raises:
+        SpecError, PolicyError: the recorded spec or policy no longer loads (package versions changed).
+        RatchetError: the run directory cannot be created.
+    """
+    started = ledger.get("run_started")
+    spec = spec_of(ledger)
+    source = started.payload["policy_source"]
+    if spec.policy.kind in ("mlp", "sb3"):  # a network: no program
+        program = PolicyProgram("", ())
+    else:
+        dims = check_task(GymTask.from_spec(spec.task)) if uses_task_dims(source) else None
+        program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
+    if not run_dir.exists():  # found only in the database: give it a run directory here
+        try:
+            run_dir.mkdir(mode=0o700, parents=True)
+            if program.source:
+                (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
+            write_pointer(run_dir, storage, started.payload["run_id"])
+        except OSError as exc:
+            raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
+    if lock_fd is None:
+        lock_fd = lock_run_dir(run_dir)
+    start = (Candidate.from_dict(started.payload["start_candidate"]) if "start_candidate" in started.payload
+             else program.candidate())
+    return _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
+                pricing=started.payload.get("pricing", "worst-case"),
+                start=start, inputs=started.payload.get("inputs", {})), lock_fd

@@ -616,6 +616,20 @@ def _format_value(v: Any, indent: str) -> str:
     return "[\n" + "".join(f"{inner}{_format_value(x, inner)},\n" for x in v) + indent + "]"
 
 
+def _within_bounds(param: Parameter, value: Any) -> Any:
+    """``value`` with entries that miss ``param``'s bounds by rounding alone (a billionth of the range, as
+    ``exp(log(high))`` does) set to the bound, so the value can be written back as a default; others as given."""
+    import numpy as np
+
+    v = np.asarray(value, dtype=np.float64)
+    low, high = np.asarray(param.low, dtype=np.float64), np.asarray(param.high, dtype=np.float64)
+    slack = 1e-9 * (high - low)
+    out = np.where((v < low) & (v >= low - slack), low, np.where((v > high) & (v <= high + slack), high, v))
+    if not np.array_equal(out, v):
+        return float(out) if out.ndim == 0 else _value(out.tolist())
+    return value
+
+
 def export_source(source: str, params: Mapping[str, Any], *, header: str | None = None) -> str:
     """Rewrite ``source`` so each parameter's ``default`` is the given value.
 
@@ -629,6 +643,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     """
     program = parse_policy(source, dims=_infer_dims(source, params))
     shapes = {p.name: p.shape for p in program.parameters}
+    by_name = {p.name: p for p in program.parameters}
     tree = ast.parse(source)
     node = _find_parameters_node(tree)
     assert node is not None  # parse_policy checked
@@ -657,9 +672,9 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
                     raise PolicyError(f"export: parameter {name!r}: expected an array of shape {list(shapes[name])}, "
                                       f"got {'a number' if got == () else list(got or [])}")
                 line = lines[target.lineno - 1]
-                text = _format_value(value, line[:len(line) - len(line.lstrip())])
+                text = _format_value(_within_bounds(by_name[name], value), line[:len(line) - len(line.lstrip())])
             else:
-                text = repr(float(params[name]))
+                text = repr(float(_within_bounds(by_name[name], params[name])))
             edits.append((target.lineno, target.col_offset, target.end_lineno, target.end_col_offset, text))
     unknown = set(params) - declared
     if unknown:

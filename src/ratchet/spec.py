@@ -97,7 +97,8 @@ class PolicySpec(_Section):
     ``kind = "program"`` (default): a policy file at ``path``. ``"mlp"``: a fresh network (``hidden``,
     ``activation``, ``normalize``; ``path`` unused), or with ``path`` ending in ``.npz`` the network in that
     weights file (as ``ratchet export`` writes it; ``hidden``/``activation``/``normalize`` then come from the
-    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers).
+    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers), with
+    ``normalization`` naming the ``VecNormalize`` statistics saved beside it when the model was trained in one.
     ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
     ``normalize``) that starts at exactly zero.
     """
@@ -111,6 +112,11 @@ class PolicySpec(_Section):
     activation: Literal["tanh", "relu"] = "tanh"
     normalize: Literal["bounds", "none"] = Field("bounds", description="Observation normalisation of a network: "
                                                                      "finite observation bounds mapped to [-1, 1].")
+    normalization: str | None = Field(None, description="sb3 only: the VecNormalize statistics (.pkl, written by "
+                                                        "VecNormalize.save) of a model trained in a VecNormalize, "
+                                                        "relative to the spec file; unpickled only in sandboxed "
+                                                        "workers. Observations are normalised with these frozen "
+                                                        "statistics when acting and while fine-tuning.")
 
     @field_validator("hidden")
     @classmethod
@@ -118,6 +124,13 @@ class PolicySpec(_Section):
         if not 1 <= len(v) <= 8 or any(not 1 <= h <= 4096 for h in v):
             raise ValueError("1 to 8 hidden layers of 1 to 4096 units each")
         return v
+
+    @model_validator(mode="after")
+    def _normalization(self) -> "PolicySpec":
+        if self.normalization is not None and self.kind != "sb3":
+            raise ValueError(f"[policy] normalization (VecNormalize statistics) is for kind = \"sb3\", not "
+                             f"{self.kind!r}; remove it")
+        return self
 
 
 class RefinerSpec(_Section, CMAESSettings):
@@ -244,6 +257,9 @@ class ExecutionSpec(_Section):
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
                                               "per CPU core.")
     episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).")
+    death_retries: int = Field(1, ge=0, le=10, description="Process backend: times an episode whose worker died (killed "
+                                                          "from outside, out of memory, crashed) runs again on a fresh "
+                                                          "worker before the death is the episode's error.")
     training_timeout_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S,
                                       description="Wall-clock (and CPU-time) limit of one training job (seconds).")
     sandbox: bool = Field(True, description="Run policy code under resource limits, a scrubbed environment, a fresh "
@@ -424,7 +440,8 @@ def _format_error(err: dict[str, Any], where: str) -> str:
     if err["type"] in _BOUND_ERRORS:
         msg = _allowed_range(section, key) or msg
     got = err.get("input")
-    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    # a table or a list of tables is not echoed: too long to help, and [[refiners]] may name endpoints
+    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
     return f"{where}: {name}: {msg}{got_txt}"
 
 

@@ -86,7 +86,8 @@ class Executor(Protocol):
 
 
 def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend: str = "process",
-                  sandbox: Sandbox | None = None, address: str | None = None, batch_episodes: int = 0) -> Executor:
+                  sandbox: Sandbox | None = None, address: str | None = None, batch_episodes: int = 0,
+                  death_retries: int = 1) -> Executor:
     """Build an executor.
 
     Args:
@@ -96,6 +97,7 @@ def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend:
         sandbox: How policy code is confined; default :class:`Sandbox()` (on).
         address: Ray only: cluster address (``"auto"``, ``"ray://host:10001"``); None starts a local Ray.
         batch_episodes: Ray only: episodes per Ray task; 0 picks one.
+        death_retries: Process backend: reruns of an episode whose worker died before its death is an error.
 
     Raises:
         RatchetError: unknown backend, or Ray asked for but not installed.
@@ -104,7 +106,8 @@ def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend:
     if backend == "process":
         from ratchet.execution.process import ProcessExecutor
 
-        return ProcessExecutor(workers=workers, episode_timeout_s=episode_timeout_s, sandbox=sandbox)
+        return ProcessExecutor(workers=workers, episode_timeout_s=episode_timeout_s, sandbox=sandbox,
+                               death_retries=death_retries)
     if backend == "ray":
         from ratchet.execution.ray_executor import RayExecutor
 
@@ -117,7 +120,8 @@ def executor_from_spec(execution: Any) -> Executor:
     """The executor a spec's ``[execution]`` section (:class:`ratchet.spec.ExecutionSpec`) asks for."""
     return make_executor(execution.workers, execution.episode_timeout_s, backend=execution.backend,
                          sandbox=Sandbox.from_spec(execution), address=execution.address,
-                         batch_episodes=execution.batch_episodes)
+                         batch_episodes=execution.batch_episodes,
+                         death_retries=getattr(execution, "death_retries", 1))
 
 
 def __getattr__(name: str):  # lazy: keep `import ratchet.execution` light

@@ -26,6 +26,12 @@ class EventType(str, Enum):
     INCUMBENT_CHANGED = "incumbent_changed"
     RUN_FINISHED = "run_finished"          # stop reason, final test evaluation done
     RUN_FAILED = "run_failed"              # an unexpected error ended the run
+    # after run_finished: a person's correction round (ratchet.correction_round); the events between these two
+    # (training_finished, candidate_proposed, episodes_evaluated, gate_decided, incumbent_changed) carry its
+    # number as "correction_round"
+    CORRECTION_EPISODE = "correction_episode"  # one episode of a round being played, as it ends (kill -9 keeps it)
+    CORRECTION_RECORDED = "correction_recorded"  # who, the candidate played, seeds, takeover segments, data set
+    CORRECTION_FINISHED = "correction_finished"  # the round's retrained student, gate verdict, fresh test evaluation
 
 
 @dataclass(frozen=True)

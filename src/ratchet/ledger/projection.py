@@ -26,6 +26,16 @@ class RunState:
     ``env_steps`` also counts refiners' training jobs (``training_env_steps``: PPO updates), as the budget
     does; test episodes are reported separately in ``baseline_test``/``test``.
 
+    ``corrections``: one dict per person's correction round after the run finished (see
+    :mod:`ratchet.correction_round`): ``round``, ``candidate_id`` (the candidate the person corrected),
+    ``episodes``, ``person_steps``, ``env_steps``, ``dataset`` (digest), ``status`` (``recorded``: not yet
+    retrained and gated; ``finished``), and once finished ``student_id``, ``gated``, ``promoted``, ``reason``
+    (the gate's verdict, or why no gate ran), ``incumbent_id``. The rounds' env steps are outside the run's
+    budget and are not in ``env_steps``: ``correction_env_steps`` has them (``person``: the person's episodes;
+    ``validation`` and ``test``: the rounds' evaluations), and ``env_steps_breakdown`` lists them as ``person``,
+    ``correction validation`` and ``correction test``. A promoting round moves ``incumbent_id``; a finished
+    round's test evaluation of the incumbent replaces ``test``.
+
     ``status`` is ``running``, ``stale`` (its writer's lease expired without the run finishing or
     failing: the writer died or hangs, possibly on another machine; ``ratchet resume`` takes it over),
     ``interrupted`` (stopped, or its writer is gone from this machine), ``finished``, ``failed`` or
@@ -63,6 +73,8 @@ class RunState:
     test_critique: dict[str, Any] | None = None
     writer: dict[str, Any] | None = None
     env_steps_breakdown: dict[str, Any] | None = None
+    corrections: list[dict[str, Any]] = field(default_factory=list)
+    correction_env_steps: dict[str, int] = field(default_factory=lambda: {"person": 0, "validation": 0, "test": 0})
 
     @property
     def status_text(self) -> str:
@@ -111,6 +123,7 @@ class RunState:
                               "kind": inc.get("kind", "program"), "params": dict(inc.get("params", {})),
                               "artifacts": dict(inc.get("artifacts") or {})},
                 "promotions": len(self.promotions), "env_steps_breakdown": self.env_steps_breakdown,
+                "corrections": [dict(c) for c in self.corrections],
                 "code_changes": [{"generation": p["generation"], "from": p["from"], "to": p["to"],
                                   "diff": p["source_diff"]} for p in self.promotions if p.get("source_diff")],
                 "rejected_proposals": len(self.rejected_proposals),
@@ -178,14 +191,17 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                 st.baseline_id = st.incumbent_id = c["id"]
         elif ev.type is EventType.EPISODES_EVALUATED:
             st.evaluations.append(p)
-            if p["split"] != "test":
+            if "correction_round" in p:  # a correction round's evaluation: outside the run's budget
+                st.correction_env_steps[p["split"]] = st.correction_env_steps.get(p["split"], 0) + \
+                    p["summary"]["env_steps"]
+            elif p["split"] != "test":
                 st.env_steps += p["summary"]["env_steps"]
                 st.episodes += p["summary"]["n"]
                 if p["split"] == "validation":
                     st.validation_env_steps += p["summary"]["env_steps"]
                     if p["candidate_id"] == st.incumbent_id and st.incumbent_validation_mean is None:
                         st.incumbent_validation_mean = p["summary"]["mean"]
-        elif ev.type is EventType.TRAINING_FINISHED:
+        elif ev.type is EventType.TRAINING_FINISHED and "correction_round" not in p:
             st.env_steps += int(p["env_steps"])
             st.training_env_steps += int(p["env_steps"])
         elif ev.type is EventType.GATE_DECIDED:
@@ -206,6 +222,23 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
             st.env_steps_breakdown = p.get("env_steps_breakdown")
         elif ev.type is EventType.RUN_FAILED:
             st.status, st.error = "failed", p["error"]
+        elif ev.type is EventType.CORRECTION_RECORDED:
+            st.corrections.append({"round": p["round"], "who": p["who"], "candidate_id": p["candidate_id"],
+                                   "episodes": len(p["episodes"]), "person_steps": p["person_steps"],
+                                   "env_steps": p["env_steps"], "dataset": p["dataset"], "retrain": p["retrain"],
+                                   "status": "recorded"})
+            st.correction_env_steps["person"] += int(p["env_steps"])
+        elif ev.type is EventType.CORRECTION_FINISHED:
+            for c in st.corrections:
+                if c["round"] == p["round"]:
+                    c.update({k: p.get(k) for k in ("student_id", "gated", "promoted", "reason", "incumbent_id")},
+                             status="finished")
+            if p.get("test") is not None:
+                st.test, st.test_critique = p["test"], p.get("test_critique")
+    if st.corrections:
+        st.env_steps_breakdown = {**(st.env_steps_breakdown or {}), "person": st.correction_env_steps["person"],
+                                  "correction validation": st.correction_env_steps["validation"],
+                                  "correction test": st.correction_env_steps["test"]}
     if st.status != "finished" and events:
         st.wall_clock_s = active_seconds(events)
         if st.status == "running" and lease is not None:

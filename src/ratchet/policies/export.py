@@ -9,6 +9,8 @@ program    ``OUT`` (``.py``): the policy file, each parameter's default set to t
            (:func:`ratchet.policy.export_source`; arrays one row per line).
 sb3        ``OUT`` (``.zip``): the Stable-Baselines3 model's bytes exactly as stored, so
            ``PPO.load(OUT)`` (or the algorithm it was saved by) opens it. The driver never unpickles it.
+           A model with VecNormalize statistics also writes ``STEM_vecnormalize.pkl`` beside it (as stored;
+           ``VecNormalize.load(path, venv)`` opens it).
 mlp        ``STEM.npz``: the weights exactly as stored (NumPy ``.npz``, no pickles; the format of
            :mod:`ratchet.policies.mlp`), and ``STEM.py``: a standalone program that needs only NumPy:
            ``act(observation)`` gives the same deterministic action ratchet evaluated, and
@@ -48,6 +50,8 @@ def export_paths(candidate: Candidate, output: str | Path) -> list[Path]:
         if out.suffix.lower() != ".zip":
             raise PolicyError(f"an sb3 policy is exported as the model's .zip (PPO.load opens it); give -o "
                               f"{out.with_suffix('.zip').name}")
+        if "vecnormalize" in candidate.artifacts:  # VecNormalize.load(path, venv) opens it
+            return [out, out.with_name(out.stem + "_vecnormalize.pkl")]
         return [out]
     stem = out.with_suffix("") if out.suffix.lower() in (".py", ".npz") else out
     if candidate.kind == "mlp":
@@ -90,6 +94,8 @@ def export_candidate(candidate: Candidate, artifacts: Mapping[str, bytes], outpu
         paths[0].write_text(export_source(candidate.source, candidate.params, header=header), encoding="utf-8")
     elif candidate.kind == "sb3":
         paths[0].write_bytes(blob("model"))
+        if len(paths) > 1:
+            paths[1].write_bytes(blob("vecnormalize"))
     elif candidate.kind == "mlp":
         from ratchet.policies.mlp import describe
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ratchet.errors import PolicyError
 
-__all__ = ["ALGORITHMS", "algorithm_of", "load_model", "SB3Policy", "build", "describe"]
+__all__ = ["ALGORITHMS", "algorithm_of", "load_model", "load_vecnormalize", "SB3Policy", "build", "describe"]
 
 #: Algorithms whose zips this kind loads, by name (the Stable-Baselines3 class of the same name).
 ALGORITHMS = ("PPO", "A2C", "SAC", "TD3")
@@ -98,13 +98,37 @@ _ACTING_OBJECTS = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_ran
                    "clip_range_vf": None, "exploration_schedule": lambda _: 0.0}
 
 
-class SB3Policy:
-    """A worker-side ``sb3`` policy: deterministic, stateless (recurrent policies are not supported)."""
+def load_vecnormalize(data: bytes) -> Any:
+    """The ``VecNormalize`` wrapper saved by ``VecNormalize.save`` (unpickles: call only inside a sandbox), with no
+    environment attached (``set_venv`` attaches one), frozen: ``training`` False, so its statistics stay as saved.
 
-    def __init__(self, model: Any) -> None:
+    Raises:
+        PolicyError: the bytes are not a VecNormalize.
+    """
+    import pickle
+
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    vn = pickle.loads(data)
+    if not isinstance(vn, VecNormalize):
+        raise PolicyError(f"the normalization file holds a {type(vn).__name__}, not a VecNormalize")
+    vn.training = False
+    return vn
+
+
+class SB3Policy:
+    """A worker-side ``sb3`` policy: deterministic, stateless (recurrent policies are not supported).
+
+    Args:
+        model: The loaded model.
+        vecnormalize: The model's frozen ``VecNormalize`` (observations go through its ``normalize_obs``
+            before the policy sees them), or None.
+    """
+
+    def __init__(self, model: Any, vecnormalize: Any = None) -> None:
         from gymnasium import spaces
 
-        self.model = model
+        self.model, self.vecnormalize = model, vecnormalize
         self.policy = model.policy
         self.policy.set_training_mode(False)
         self.discrete = isinstance(model.action_space, spaces.Discrete)
@@ -113,13 +137,17 @@ class SB3Policy:
         pass
 
     def act(self, observation: Any, params: Mapping[str, Any]) -> Any:
+        if self.vecnormalize is not None:
+            observation = self.vecnormalize.normalize_obs(observation)
         action, _ = self.policy.predict(observation, deterministic=True)  # no_grad inside
         return int(action) if self.discrete else action
 
 
 def build(source: str, artifacts: Mapping[str, bytes]) -> SB3Policy:
-    """Worker entry point (see :func:`ratchet.policies.build`): role ``"model"``."""
-    return SB3Policy(load_model(artifacts["model"], custom_objects=_ACTING_OBJECTS))
+    """Worker entry point (see :func:`ratchet.policies.build`): roles ``"model"`` and, optionally,
+    ``"vecnormalize"``."""
+    vn = load_vecnormalize(artifacts["vecnormalize"]) if "vecnormalize" in artifacts else None
+    return SB3Policy(load_model(artifacts["model"], custom_objects=_ACTING_OBJECTS), vn)
 
 
 def describe(data: bytes) -> str:

@@ -12,7 +12,7 @@ from ratchet.errors import PolicyError
 from ratchet.ledger.artifacts import digest
 from ratchet.policy import Candidate, PolicyProgram
 
-__all__ = ["start_candidate", "read_sb3_zip", "read_mlp_weights", "MAX_MODEL_BYTES"]
+__all__ = ["start_candidate", "read_sb3_zip", "read_vecnormalize", "read_mlp_weights", "MAX_MODEL_BYTES"]
 
 #: Largest model file accepted as a starting policy, bytes.
 MAX_MODEL_BYTES = 256 << 20
@@ -44,6 +44,21 @@ def read_sb3_zip(path: str | Path) -> bytes:
                           "Stable-Baselines3's model.save()") from None
     if not {"data", "policy.pth"} <= names:
         raise PolicyError(f"{p} is a zip archive but not a Stable-Baselines3 model (no 'data' and 'policy.pth')")
+    return data
+
+
+def read_vecnormalize(path: str | Path) -> bytes:
+    """The bytes of a ``VecNormalize`` statistics file (``VecNormalize.save``: a pickle), checked only by its
+    pickle protocol header; it is unpickled only in sandboxed workers and training jobs.
+
+    Raises:
+        PolicyError: missing, too large, or not a pickle.
+    """
+    p = Path(path)
+    data = _read_capped(p, "the VecNormalize statistics", "[policy] normalization names the file "
+                                                          "VecNormalize.save(...) wrote")
+    if data[:1] != b"\x80":
+        raise PolicyError(f"{p} is not a VecNormalize statistics file (a pickle written by VecNormalize.save)")
     return data
 
 
@@ -93,9 +108,11 @@ def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] |
         assert program is not None
         return program, program.candidate(), {}
     if kind == "sb3":
-        data = read_sb3_zip(Path(base_dir) / policy.path)
-        return PolicyProgram("", ()), Candidate.create("", {}, kind="sb3", artifacts={"model": digest(data)}), \
-            {digest(data): data}
+        blobs = {"model": read_sb3_zip(Path(base_dir) / policy.path)}
+        if getattr(policy, "normalization", None):
+            blobs["vecnormalize"] = read_vecnormalize(Path(base_dir) / policy.normalization)
+        cand = Candidate.create("", {}, kind="sb3", artifacts={role: digest(b) for role, b in blobs.items()})
+        return PolicyProgram("", ()), cand, {digest(b): b for b in blobs.values()}
     assert spaces is not None
     if kind == "mlp" and str(policy.path).endswith(".npz"):
         data = read_mlp_weights(Path(base_dir) / policy.path, spaces)

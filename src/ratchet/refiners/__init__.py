@@ -28,7 +28,8 @@ class Refiner(Protocol):
         """New candidates derived from ``parent`` (usually the incumbent)."""
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Training evaluations of the candidates from the last :meth:`propose`."""
+        """Training evaluations of the candidates from the last :meth:`propose`, followed by the parent's
+        on the same seeds (a reference for paired comparisons; refiners that need none ignore it)."""
 
     def recommend(self) -> Candidate | None:
         """The refiner's current best guess (e.g. CMA-ES's distribution mean), or None."""

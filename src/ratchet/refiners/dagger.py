@@ -34,11 +34,12 @@ back, from the ledger on resume.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
@@ -55,8 +56,10 @@ class CorrectionSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    expert: str = Field(..., description="The expert: a program policy file (PARAMETERS + act, optionally "
-                                         "takeover), relative to the spec file.")
+    expert: str | None = Field(None, description="The expert: a program policy file (PARAMETERS + act, optionally "
+                                                 "takeover), relative to the spec file. Optional with "
+                                                 "demonstrations: round 0 clones them, and without an expert "
+                                                 "no later round runs (the refiner goes idle).")
     expert_params: dict[str, Any] = Field(default_factory=dict, description="Values for the expert's PARAMETERS "
                                                                             "(the file's defaults otherwise).")
     initial_episodes: int = Field(5, ge=1, le=10_000, description="Expert episodes of round 0 (behaviour cloning "
@@ -85,10 +88,18 @@ class CorrectionSettings(BaseModel):
 
     @field_validator("expert")
     @classmethod
-    def _expert(cls, v: str) -> str:
-        if not v.endswith(".py"):
+    def _expert(cls, v: str | None) -> str | None:
+        if v is not None and not v.endswith(".py"):
             raise ValueError(f"expected a program policy file (.py), got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _expert_or_demonstrations(self) -> CorrectionSettings:
+        if self.expert is None and self.demonstrations is None:
+            raise ValueError("give expert (a program policy file) or demonstrations (a data set file), or both")
+        if self.expert is None and self.expert_params:
+            raise ValueError("expert_params without an expert")
+        return self
 
 
 class CorrectionRefiner:
@@ -97,8 +108,9 @@ class CorrectionRefiner:
     Args:
         mode: ``"dagger"``, ``"hg-dagger"`` or ``"bc"``.
         settings: The table's settings.
-        expert: The expert program (parsed, never executed here) and its source.
-        expert_digest: The artifact digest of the expert file's bytes (the training jobs carry it).
+        expert: The expert program (parsed, never executed here) and its source; None without an expert
+            (``demonstrations`` only: round 0 clones them, then the refiner is idle).
+        expert_digest: The artifact digest of the expert file's bytes (the training jobs carry it), or None.
         context: The loop's :class:`~ratchet.refiners.registry.RefinerContext`.
     """
 
@@ -106,21 +118,22 @@ class CorrectionRefiner:
     sigma = None
     n_restarts = 0
 
-    def __init__(self, mode: str, settings: CorrectionSettings, expert: PolicyProgram, expert_digest: str,
-                 context: Any) -> None:
+    def __init__(self, mode: str, settings: CorrectionSettings, expert: PolicyProgram | None,
+                 expert_digest: str | None, context: Any) -> None:
         self.mode, self.settings, self.expert, self.ctx = mode, settings, expert, context
         self.name = context.name
         self.expert_digest = expert_digest
-        unknown = sorted(set(settings.expert_params) - {p.name for p in expert.parameters})
+        unknown = sorted(set(settings.expert_params) - {p.name for p in expert.parameters}) if expert else []
         if unknown:
             raise PolicyError(f"[[refiners]] {self.name}: expert_params {unknown} are not PARAMETERS of "
                               f"{settings.expert}")
-        self.expert_params = {**expert.defaults, **settings.expert_params}
+        self.expert_params = {**(expert.defaults if expert else {}), **settings.expert_params}
         self._dataset: str | None = None  # digest of the newest aggregated data set
         self._rounds: list[dict[str, Any]] = []
         self._errors: list[str] = []
         self._failures = 0  # training jobs failed in a row
         self.demonstrations: str | None = None  # digest of a data set to start from (settings.demonstrations)
+        self._no_expert = False  # a round after round 0 was asked for without an expert
 
     # -- what the loop asks --------------------------------------------------------------------
     @property
@@ -135,6 +148,9 @@ class CorrectionRefiner:
         """Why no further round runs (None when one can)."""
         if self.settings.rounds is not None and self._rounds and self._rounds[-1]["round"] >= self.settings.rounds:
             return f"{self.name}: {self.settings.rounds} correction rounds done"
+        if self.expert is None and (self._rounds or self._no_expert):
+            return (f"{self.name}: no expert: round 0 cloned the demonstrations; later rounds need an expert "
+                    "(set expert in the refiner's table)")
         if self._failures >= 3:
             return f"{self.name}: training failed {self._failures} times in a row: {self._errors[-1]}"
         return None
@@ -155,7 +171,12 @@ class CorrectionRefiner:
         n = self.settings.initial_episodes if first else self.settings.episodes
         if first and self.demonstrations is not None:  # round 0 clones the given demonstrations instead
             data, n = self.demonstrations, 0
-        arts = {"weights": parent.artifacts["weights"], "expert": self.expert_digest}
+        elif self.expert is None:  # nobody to label a later round
+            self._no_expert = True
+            return []
+        arts = {"weights": parent.artifacts["weights"]}
+        if self.expert_digest is not None:
+            arts["expert"] = self.expert_digest
         if data is not None:
             arts["dataset"] = data
         job_parent = Candidate.create("", {}, kind="mlp", artifacts=arts, parent_id=parent.id, refiner=self.name)
@@ -447,6 +468,11 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
     ``parent["artifacts"]``: ``weights`` (the student), ``expert`` (the expert's source), optionally ``dataset``
     (the aggregate so far). ``settings``: the refiner's table plus ``mode``, ``round``, ``expert_params``,
     ``seed``. Returns one output with artifacts ``weights`` and ``dataset`` and the round's record as info.
+
+    Mode ``"person"`` (a person's correction round, :mod:`ratchet.correction_round`) collects nothing and needs
+    no expert: artifact ``corrections`` holds the person's steps (:class:`~ratchet.data.Dataset`), which are
+    aggregated as the round after the aggregate's newest and cloned from the student's weights (its observation
+    normalisation kept); ``seeds`` and ``env_steps`` are empty and 0.
     """
     from ratchet.data import Dataset
     from ratchet.execution.training import TrainingOutput
@@ -454,23 +480,33 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
 
     arts = parent["artifacts"]
     student = load_weights(arts["weights"])
-    env = task.make_env()
-    try:
-        spaces = (env.observation_space, env.action_space)
-    finally:
-        env.close()
-    expert = _Expert(arts["expert"].decode("utf-8"), settings.get("expert_params", {}), *spaces)
     old = Dataset.from_bytes(arts["dataset"]) if "dataset" in arts else None
     mode, round_no = settings["mode"], int(settings["round"])
-    first_episode = int(old.episode.max()) + 1 if old is not None and len(old) else 0
-    new, records, used = collect(task, mode, student, expert, seeds, round_no=round_no, first_episode=first_episode,
-                                 label_budget=settings.get("label_budget"),
-                                 handback_steps=int(settings.get("handback_steps", 10)),
-                                 disagreement=float(settings.get("disagreement", 0.1)))
+    if mode == "person":  # the person's steps were collected in the browser: nothing to roll out here
+        new = Dataset.from_bytes(arts["corrections"])
+        later = int(old.round.max()) + 1 if old is not None and len(old) else round_no  # after the aggregate's rounds
+        new = dataclasses.replace(new, round=np.full(len(new), later, dtype=new.round.dtype))
+        records, used = [], 0
+    elif "expert" not in arts:  # round 0 from demonstrations without an expert: nothing to collect
+        if old is None or seeds:
+            raise RuntimeError("no expert to collect episodes with")
+        new, records, used = old.take(slice(0, 0)), [], 0
+    else:
+        env = task.make_env()
+        try:
+            spaces = (env.observation_space, env.action_space)
+        finally:
+            env.close()
+        expert = _Expert(arts["expert"].decode("utf-8"), settings.get("expert_params", {}), *spaces)
+        first_episode = int(old.episode.max()) + 1 if old is not None and len(old) else 0
+        new, records, used = collect(task, mode, student, expert, seeds, round_no=round_no,
+                                     first_episode=first_episode, label_budget=settings.get("label_budget"),
+                                     handback_steps=int(settings.get("handback_steps", 10)),
+                                     disagreement=float(settings.get("disagreement", 0.1)))
     if used > env_steps:
         raise RuntimeError(f"collection took {used} env steps, over the job's {env_steps}")
     data = new if old is None else old.concat(new)
-    normalize = round_no == 0 and bool(settings.get("normalize_from_data", True))
+    normalize = mode != "person" and round_no == 0 and bool(settings.get("normalize_from_data", True))
     student2, bc = behaviour_cloning(student, data, updates=int(settings.get("updates", 2000)),
                                      batch_size=int(settings.get("batch_size", 256)),
                                      learning_rate=float(settings.get("learning_rate", 1e-3)),
@@ -489,14 +525,16 @@ def _build(mode: str) -> Any:
 
         read = getattr(ctx, "read_input", None)
         if read is None:
-            raise PolicyError(f"refiner {name}: this loop cannot read the expert file {settings.expert}")
-        data = read(settings.expert)
-        try:
-            source = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PolicyError(f"[[refiners]] {name}: expert {settings.expert} is not UTF-8 text") from None
-        expert = parse_policy(source, settings.expert)
-        refiner = CorrectionRefiner(mode, settings, expert, digest(data), ctx)
+            raise PolicyError(f"refiner {name}: this loop cannot read the files {_files(settings)}")
+        expert = expert_digest = None
+        if settings.expert is not None:
+            data = read(settings.expert)
+            try:
+                source = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise PolicyError(f"[[refiners]] {name}: expert {settings.expert} is not UTF-8 text") from None
+            expert, expert_digest = parse_policy(source, settings.expert), digest(data)
+        refiner = CorrectionRefiner(mode, settings, expert, expert_digest, ctx)
         if settings.demonstrations is not None:
             from ratchet.data import Dataset, DataError
 
@@ -512,7 +550,7 @@ def _build(mode: str) -> Any:
 
 
 def _files(settings: CorrectionSettings) -> list[str]:
-    return [settings.expert] + ([settings.demonstrations] if settings.demonstrations else [])
+    return [f for f in (settings.expert, settings.demonstrations) if f]
 
 
 def _kinds() -> dict[str, Any]:

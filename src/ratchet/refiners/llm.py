@@ -18,6 +18,12 @@ fails :func:`~ratchet.refiners.structural.check_source` are recorded failed prop
 passes is proposed with ``variants`` parameter settings (its values, then perturbations; new
 parameters drawn across their bounds), as the ``mutate`` refiner does and for the same reason.
 
+The program a request edits is the incumbent (with probability ``incumbent_share``, and with its
+critique in the prompt) or an elite of the refiner's archive of diverse good programs
+(:mod:`ratchet.refiners.archive`, as FunSearch's programs database and MAP-Elites keep), to which every
+edited program is offered once its training episodes ran. The gate still compares every contender
+with the incumbent.
+
 Every request and response is stored in the run's ledger (content-addressed artifacts and an
 ``llm_call`` event with token counts and cost), keyed by a digest of the request, which includes a
 per-request ``seed`` drawn from the run's random stream. A resumed or replayed run rebuilds the same
@@ -45,21 +51,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError, RatchetError
 from ratchet.policy import Candidate
+from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = ["LLMRefiner", "LLMSettings", "EditError", "parse_answer", "apply_edits", "build_prompt",
-           "chat_completions_url"]
+           "chat_completions_url", "redact_url", "url_secret"]
 
 
-class LLMSettings(BaseModel):
-    """Settings of an ``llm`` refiner (a ``[[refiners]]`` table with ``kind = "llm"``)."""
+class LLMSettings(ArchiveSettings):
+    """Settings of an ``llm`` refiner (a ``[[refiners]]`` table with ``kind = "llm"``).
 
-    model_config = ConfigDict(extra="forbid")
+    ``base_url`` is written to the run's ledger with the spec, so a URL carrying a credential (user info,
+    a query parameter such as ``key=`` or ``access_token=``) is refused (:func:`url_secret`): the key goes in
+    the environment variable ``api_key_env`` names. Validation errors never echo the values given.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     base_url: str = Field(description="API root of an OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 "
                                       "(Ollama); /chat/completions is appended unless given.")
@@ -90,7 +102,11 @@ class LLMSettings(BaseModel):
     @classmethod
     def _url(cls, v: str) -> str:
         if not re.match(r"^https?://[^\s/]+", v):
-            raise ValueError(f"expected an http(s) URL such as http://localhost:11434/v1, got {v[:80]!r}")
+            raise ValueError(f"expected an http(s) URL such as http://localhost:11434/v1, got {redact_url(v)[:80]!r}")
+        secret = url_secret(v)
+        if secret:
+            raise ValueError(f"base_url holds {secret}, which would be written to the run's ledger; put the key in "
+                             "an environment variable and name that variable in api_key_env")
         return v
 
     @field_validator("api_key_env")
@@ -99,6 +115,44 @@ class LLMSettings(BaseModel):
         if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", v):
             raise ValueError("give the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
         return v
+
+
+#: Query parameter names taken for credentials in a URL (lower case; ``api-key``, ``access_token``, ``sig``, ...).
+_SECRET_QUERY = re.compile(r"key|token|secret|passw|pwd|auth|sig|credential|session", re.IGNORECASE)
+
+
+def url_secret(url: str) -> str | None:
+    """What in ``url`` looks like a credential — user info (``user:password@``) or a query parameter
+    named like one (``?key=…``, ``?api_key=…``, ``?access_token=…``, ``?sig=…``) — described without its
+    value, or None. The spec (with ``base_url``) is written to the ledger, so such URLs are refused."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        has_user = parts.username is not None or parts.password is not None
+    except ValueError:
+        return "a malformed network location"
+    if has_user:
+        return "user info (user:password@)"
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if _SECRET_QUERY.search(name):
+            return f"a query parameter {name!r}"
+    if parts.fragment:
+        return "a fragment (#...)"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its user info and every query parameter's value replaced by ``***`` (for messages)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return re.sub(r"[?#@].*", "***", url)
+    netloc = ("***@" if "@" in parts.netloc else "") + parts.netloc.rsplit("@", 1)[-1]
+    query = "&".join(f"{q.split('=', 1)[0]}=***" for q in parts.query.split("&") if q) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def chat_completions_url(base_url: str) -> str:
@@ -322,9 +376,9 @@ def _post(url: str, request: Mapping[str, Any], key: str | None, timeout_s: floa
             reason = exc.reason
             status = None
             error = (f"timed out after {timeout_s:g} s" if isinstance(reason, (TimeoutError, socket.timeout))
-                     else f"cannot reach {url}: {reason}")
+                     else f"cannot reach {redact_url(url)}: {reason}")
         except (ConnectionError, OSError, http.client.HTTPException) as exc:
-            status, error = None, f"connection to {url} failed: {exc}"
+            status, error = None, f"connection to {redact_url(url)} failed: {exc}"
         if attempt <= retries:
             sleep(wait)
     if key and error:
@@ -394,6 +448,9 @@ class LLMRefiner:
         self._pending: list[Attempt] = []
         self._rejections: list[Rejection] = []
         self._generation = 0
+        self.archive = settings.new_archive()
+        self._incumbent: Candidate | None = None
+        self._proposed: list[Candidate] = []
 
     @property
     def population_size(self) -> int:
@@ -438,13 +495,25 @@ class LLMRefiner:
         s = self.settings
         self._generation += 1
         self._pending = []
-        base = baked_source(parent)
+        self._incumbent, self._proposed = parent, []
+        self.archive.protect(parent.id)
+        incumbent = parent
         out: list[Candidate] = []
         for _ in range(s.proposals):
             if self.idle_reason() is not None:
                 break
-            request = {"model": s.model, "messages": build_prompt(self.task, base, critique, self.history, s.hints,
-                                                                  s.max_prompt_chars, s.history),
+            # the program to edit: the incumbent, or an elite of the archive (the critique is the incumbent's)
+            parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
+            try:
+                base = baked_source(parent)
+            except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
+                self._rejections.append(Rejection(self.name, parent.id, f"cannot write the parent's values into its "
+                                                  f"source: {exc}", None, {}))
+                continue
+            request = {"model": s.model, "messages": build_prompt(self.task, base,
+                                                                  critique if parent is incumbent else None,
+                                                                  self.history, s.hints, s.max_prompt_chars,
+                                                                  s.history),
                        "temperature": s.temperature, "max_tokens": s.max_tokens, "seed": int(rng.integers(2**31))}
             key = self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
             body, record = self.exchange(key, request, lambda: self._call(request))
@@ -477,11 +546,12 @@ class LLMRefiner:
                 cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name)
                 if cand.id not in ids:
                     ids.append(cand.id)
-                    if all(c.id != cand.id for c in out):  # the same edit answered twice runs once
+                    if all(c.id != cand.id for c in out) and cand.id != incumbent.id:  # the same edit twice runs once
                         out.append(cand)
             attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation)
             self.history.append(attempt)
             self._pending.append(attempt)
+        self._proposed = list(out)
         return out
 
     def take_rejections(self) -> list[Rejection]:
@@ -490,7 +560,12 @@ class LLMRefiner:
         return out
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Note each pending edit's best training mean (over its variants; errored ones count as failures)."""
+        """Note each pending edit's best training mean (over its variants; errored ones count as failures), and
+        offer the edited programs to the archive, scored against the incumbent on the same seeds
+        (:func:`~ratchet.refiners.archive.offer_generation`)."""
+        if self._incumbent is not None:
+            offer_generation(self.archive, self._incumbent, self._proposed, evaluations, self._generation,
+                             self.task.get("step_limit"))
         by_id = {e.candidate_id: e for e in evaluations}
         for a in self._pending:
             evs = [by_id[i] for i in a.ids if i in by_id]

@@ -20,9 +20,19 @@ promotion's diff is readable:
   :func:`feature_focus`), and a guard on such a feature points that way;
 - ``swap``: a comparison flipped (``>`` ↔ ``<``), or the branches of an ``if``/``else`` swapped;
 - ``delete``: one statement deleted (``pass`` where it was the only one of its block);
-- ``crossover``: one function replaced by its version in another program of the refiner's archive
-  (the parents it was handed — the incumbent's ancestors — and the best distinct programs it
-  proposed, by training mean), with the parameters and helper functions it needs.
+- ``crossover``: one function replaced by its version in a second program drawn from the archive,
+  with the parameters and helper functions it needs.
+
+Parents come from an archive, not only the incumbent (:mod:`ratchet.refiners.archive`: MAP-Elites
+cells by behaviour, FunSearch's softmax draw). Each program starts from the incumbent with probability
+``incumbent_share``, else from an elite of the archive; an elite drawn is, with probability
+``tune_share``, proposed again with its parameters perturbed around its values (``tune``) instead of
+mutated, so a good mutant's numbers keep being tuned over generations before it wins a gate. Every
+evaluated proposal is offered to the archive, scored as the incumbent's running training mean plus its
+paired difference to the incumbent on the same training seeds. Operators are drawn with probability
+proportional to their record of beating the incumbent ((1 + wins) / (2 + tries)): adaptive operator
+selection, so operators that never help on a task fade without vanishing. The gated incumbent stays
+the run's one result: the gate always compares a contender with it.
 
 The parent's tuned values are written into its source as the defaults before it is mutated
 (:func:`~ratchet.refiners.structural.baked_source`), so a mutant starts from the parent's numbers.
@@ -30,10 +40,11 @@ The parent's tuned values are written into its source as the defaults before it 
 Tuning the new numbers. A mutation that adds a parameter usually adds it at a neutral value (a zero
 weight, a guard that never fires): proposed only at its defaults, a mutant behaves like its parent and
 can never pass the gate. So each mutant is proposed with ``variants`` parameter settings
-(:func:`~ratchet.refiners.structural.param_variants`): its defaults, and settings where the new
-parameters are drawn across their bounds and the others perturbed around the parent's values. All of
-them run on the generation's training seeds, the best goes to the gate, and once a mutant is
-promoted every ``cmaes`` refiner of the run restarts on the new program's ``PARAMETERS``
+(:func:`~ratchet.refiners.structural.param_variants`) where the new parameters are drawn across their
+bounds and the others perturbed around the parent's values (the defaults themselves are tried only
+where the mutation changes behaviour at its defaults: ``swap``, ``delete``, ``crossover``). All of them
+run on the generation's training seeds, the best goes to the gate, and once a mutant is promoted every
+``cmaes`` refiner of the run restarts on the new program's ``PARAMETERS``
 (:class:`~ratchet.refiners.cmaes.CMAESRefiner` follows structural promotions). This keeps structure
 and numbers with the tool suited to each without a planner that hands non-incumbents to CMA-ES: the
 gate only ever compares the incumbent with a contender, and CMA-ES only ever searches around the
@@ -46,17 +57,28 @@ its resume) proposes the same mutants.
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
 from ratchet.policy import Candidate
-from ratchet.refiners.structural import (Rejection, add_parameters, baked_source, bounds_around, check_source, digest,
-                                         fresh_name, param_variants, splice)
+from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
+from ratchet.refiners.structural import (
+    Rejection,
+    add_parameters,
+    baked_source,
+    bounds_around,
+    check_source,
+    digest,
+    fresh_name,
+    param_variants,
+    splice,
+)
 
 __all__ = ["MutationRefiner", "MutateSettings", "OPERATORS", "mutate_source"]
 
@@ -66,7 +88,7 @@ OPERATORS = ("constant", "term", "guard", "swap", "delete", "crossover")
 Operator = Literal["constant", "term", "guard", "swap", "delete", "crossover"]
 
 
-class MutateSettings(BaseModel):
+class MutateSettings(ArchiveSettings):
     """Settings of a ``mutate`` refiner (a ``[[refiners]]`` table with ``kind = "mutate"``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -82,7 +104,9 @@ class MutateSettings(BaseModel):
                                                                 "observation element whose space is unbounded.")
     sigma: float = Field(0.15, gt=0, le=1, description="Perturbation of the other parameters in the variants "
                                                        "(fraction of each parameter's range).")
-    archive: int = Field(8, ge=1, le=1000, description="Distinct programs kept for crossover (best training mean).")
+    tune_share: float = Field(0.5, ge=0, le=1, description="Share of the programs drawn from the archive that are "
+                                                          "proposed again with perturbed parameters instead of "
+                                                          "mutated.")
 
     @field_validator("operators")
     @classmethod
@@ -414,49 +438,90 @@ def mutate_source(source: str, operator: str, rng: np.random.Generator, space: _
 
 
 class MutationRefiner:
-    """Structural mutations of the parent's source (see the module doc).
+    """Structural mutations of programs drawn from an archive of elites (see the module doc).
 
     Args:
         space: The task's spaces (:class:`_Space`).
         settings: :class:`MutateSettings`.
         dims: The task's sizes for array shapes written as ``"obs"``/``"act"``.
         name: The arm name recorded as its candidates' ``refiner``.
+        observation_names: Names of the observation's elements, as the critique's failure modes use them.
+        step_limit: The task's time limit (env steps), for the behaviour descriptor; None without one.
     """
 
     def __init__(self, space: _Space, settings: MutateSettings | None = None, dims: Mapping[str, int] | None = None,
-                 name: str = "mutate", observation_names: Sequence[str] = ()) -> None:
+                 name: str = "mutate", observation_names: Sequence[str] = (), step_limit: int | None = None) -> None:
         self.space, self.settings, self.dims, self.name = space, settings or MutateSettings(), dims, name
         self.observation_names = list(observation_names)
+        self.step_limit = step_limit
+        self.archive = self.settings.new_archive()
         self._tried: set[str] = set()  # digests of sources already proposed or rejected
         self._rejections: list[Rejection] = []
-        self._archive: dict[str, tuple[float, str]] = {}  # structure digest -> (best training mean, baked source)
-        self._proposed: dict[str, tuple[str, Candidate]] = {}  # candidate id -> (structure digest, candidate)
+        # candidate id -> (operator, program key, candidate) of the last propose
+        self._proposed: dict[str, tuple[str, str, Candidate]] = {}
+        self._incumbent: Candidate | None = None
+        self._generation = 0
+        # operator -> [mutants that beat the incumbent on their training seeds, mutants evaluated]
+        self.operator_record: dict[str, list[int]] = {op: [0, 0] for op in self.settings.operators}
 
     @property
     def population_size(self) -> int:
         """Candidates per generation: ``programs × variants`` at most."""
         return self.settings.programs * self.settings.variants
 
+    def _operator(self, rng: np.random.Generator) -> str:
+        """An operator drawn with probability ∝ its posterior mean rate of beating the incumbent
+        ((1 + wins) / (2 + tries), a Beta(1, 1) prior): adaptive operator selection by credit assignment."""
+        ops = self.settings.operators
+        w = np.array([(1 + self.operator_record[op][0]) / (2 + self.operator_record[op][1]) for op in ops])
+        return ops[int(rng.choice(len(ops), p=w / w.sum()))]
+
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
-        """``programs`` mutants of ``parent``, each with up to ``variants`` parameter settings; mutants
-        that fail :func:`check_source` are kept for :meth:`take_rejections` instead."""
+        """``programs`` new programs, each with up to ``variants`` parameter settings.
+
+        ``parent`` is the incumbent. Each program starts from the incumbent or from an elite of the
+        archive (:func:`~ratchet.refiners.archive.draw_parent`); an elite is, with probability
+        ``tune_share``, proposed again with its parameters perturbed (its numbers tuned further before any
+        gate sees it; the elite itself comes again too, so its fitness is re-estimated on new seeds) instead
+        of mutated. Mutants that fail :func:`check_source` are kept for :meth:`take_rejections` instead.
+        """
         s = self.settings
-        base = baked_source(parent)
-        self._tried.add(digest(base))
+        self._generation += 1
+        self._incumbent = parent
+        self.archive.protect(parent.id)
         self.space.focus, self.space.direction = feature_focus(critique, self.observation_names)
-        # the parent (an ancestor of every later incumbent) joins the archive, scored by its latest training mean
-        score = float(critique.stats.get("mean", float("-inf"))) if critique is not None else float("-inf")
-        key = digest(parent.source)
-        if key not in self._archive or score > self._archive[key][0]:
-            self._archive[key] = (score, base)
-        archive = [src for _, src in sorted(self._archive.values(), key=lambda t: -t[0])]
         out: list[Candidate] = []
         self._proposed = {}
+
+        def add(cand: Candidate, op: str, key: str) -> None:
+            if cand.id not in self._proposed and cand.id != parent.id:
+                self._proposed[cand.id] = (op, key, cand)
+                out.append(cand)
+
         made, attempts = 0, 0
         while made < s.programs and attempts < 4 * s.programs:
             attempts += 1
-            op = s.operators[int(rng.integers(len(s.operators)))]
-            result = mutate_source(base, op, rng, self.space, s, archive)
+            origin = draw_parent(self.archive, parent, rng, s.incumbent_share)
+            if origin.id != parent.id and rng.random() < s.tune_share:  # tune an elite's numbers further
+                program = check_source(origin.source, dims=self.dims)
+                made += 1
+                for values in param_variants(program, rng, s.variants, sigma=s.sigma, center=origin.params):
+                    add(Candidate.create(origin.source, values, parent_id=origin.id, refiner=f"{self.name}-tune"),
+                        "tune", digest(origin.source))
+                continue
+            try:
+                base = baked_source(origin)
+            except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
+                self._rejections.append(Rejection(self.name, origin.id, f"cannot write the parent's values into "
+                                                  f"its source: {exc}", None, {"operator": "bake"}))
+                continue
+            self._tried.add(digest(base))
+            op = self._operator(rng)
+            others = []
+            if op == "crossover":  # the second parent: another elite
+                other = self.archive.sample(rng, exclude=[origin.id])
+                others = [baked_source(other.candidate)] if other is not None else []
+            result = mutate_source(base, op, rng, self.space, s, others)
             if result is None:
                 continue
             new, fresh = result
@@ -467,14 +532,15 @@ class MutationRefiner:
             try:
                 program = check_source(new, dims=self.dims)
             except PolicyError as exc:
-                self._rejections.append(Rejection(self.name, parent.id, str(exc), new, {"operator": op}))
+                self._rejections.append(Rejection(self.name, origin.id, str(exc), new, {"operator": op}))
                 continue
             made += 1
-            for values in param_variants(program, rng, s.variants, fresh, s.sigma):
-                cand = Candidate.create(new, values, parent_id=parent.id, refiner=f"{self.name}-{op}")
-                if cand.id not in self._proposed:
-                    self._proposed[cand.id] = (key, cand)
-                    out.append(cand)
+            # at its defaults a constant made a parameter, a zero-weight term or a guard that never fires
+            # behaves as its parent: that setting would spend episodes learning nothing
+            neutral = op in ("constant", "term", "guard")
+            variants = param_variants(program, rng, s.variants + neutral, fresh, s.sigma)[int(neutral):]
+            for values in variants:
+                add(Candidate.create(new, values, parent_id=origin.id, refiner=f"{self.name}-{op}"), op, key)
         return out
 
     def take_rejections(self) -> list[Rejection]:
@@ -483,16 +549,21 @@ class MutationRefiner:
         return out
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Keep the best distinct programs (by training mean, errored ones excluded) for crossover."""
-        for ev in evaluations:
-            if ev.candidate_id not in self._proposed or ev.n_errors or not np.isfinite(ev.mean):
-                continue
-            key, cand = self._proposed[ev.candidate_id]
-            if key not in self._archive or ev.mean > self._archive[key][0]:
-                self._archive[key] = (float(ev.mean), baked_source(cand))
-        if len(self._archive) > self.settings.archive:
-            keep = sorted(self._archive.items(), key=lambda kv: -kv[1][0])[:self.settings.archive]
-            self._archive = dict(keep)
+        """Offer the proposals to the archive, scored against the incumbent on the same seeds
+        (:func:`~ratchet.refiners.archive.offer_generation`), and credit each mutation operator whose
+        mutant's best setting beat the incumbent (see :meth:`_operator`)."""
+        if self._incumbent is None:
+            return
+        gains = offer_generation(self.archive, self._incumbent, [c for _, _, c in self._proposed.values()],
+                                 evaluations, self._generation, self.step_limit)
+        best: dict[tuple[str, str], float] = {}
+        for cid, gain in gains.items():
+            op, key, _ = self._proposed[cid]
+            best[(op, key)] = max(best.get((op, key), -math.inf), gain)
+        for (op, _), gain in best.items():
+            if op in self.operator_record:
+                self.operator_record[op][1] += 1
+                self.operator_record[op][0] += int(gain > 0)
 
     def recommend(self) -> Candidate | None:
         """None: a mutation refiner has no distribution mean to recommend."""
@@ -513,7 +584,8 @@ def _build(settings: MutateSettings, name: str, ctx: Any) -> list[MutationRefine
         env.close()
     names = getattr(ctx.task, "observation_names", None)
     names = (names(space.obs_dim) if callable(names) else names) if space.obs_dim else None
-    return [MutationRefiner(space, settings, dims, name, names or [f"obs[{i}]" for i in range(space.obs_dim)])]
+    return [MutationRefiner(space, settings, dims, name, names or [f"obs[{i}]" for i in range(space.obs_dim)],
+                            getattr(ctx.task, "step_limit", None))]
 
 
 def _kinds() -> dict[str, Any]:

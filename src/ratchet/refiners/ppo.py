@@ -346,6 +346,13 @@ def _build_model(task: Any, parent: Mapping[str, Any], s: Mapping[str, Any], see
         data = arts["model"]
         algo = sb3.algorithm_of(data)
         env = _seeded_reset(task.make_env(), seeds)
+        if "vecnormalize" in arts:  # trained in a VecNormalize: train on in its frozen statistics
+            from stable_baselines3.common.monitor import Monitor
+            from stable_baselines3.common.vec_env import DummyVecEnv
+
+            vn = sb3.load_vecnormalize(arts["vecnormalize"])
+            vn.set_venv(DummyVecEnv([lambda: Monitor(env)]))
+            env = vn
         if algo == "PPO":
             h = _hyper(s, fill=False)
             # settings that replace the model's own schedules also keep their pickles from being read

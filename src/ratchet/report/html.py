@@ -176,6 +176,15 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     parts.append(f"<h2>Lineage of promotions ({len(state.promotions)} of {len(gates)} gate decisions)</h2>"
                  "<table><tr><th>generation</th><th>env steps</th><th>from</th><th>to</th><th>validation mean</th></tr>"
                  f"{rows}</table>")
+    if state.corrections:  # a person's rounds after the run (ratchet correct)
+        rows = "".join(f"<tr><td>{c['round']}</td><td><code>{esc(c['candidate_id'])}</code></td><td>{c['episodes']}</td>"
+                       f"<td>{c['person_steps']:,} of {c['env_steps']:,}</td>"
+                       f"<td><code>{esc(c.get('student_id') or '–')}</code></td>"
+                       f"<td>{'yes' if c.get('promoted') else 'no'}</td>"
+                       f"<td>{esc(c.get('reason') or 'not yet retrained and gated')}</td></tr>" for c in state.corrections)
+        parts.append("<h2>Correction rounds (a person took over; outside the run's budget)</h2><table><tr><th>round</th>"
+                     "<th>played</th><th>episodes</th><th>person steps</th><th>student</th><th>promoted</th>"
+                     f"<th>gate</th></tr>{rows}</table>")
     for prom in state.promotions:  # structural promotions: their code diff
         if prom.get("source_diff"):
             parts.append(f"<details open><summary>Code change promoted in generation {prom['generation']} "

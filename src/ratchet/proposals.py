@@ -1,0 +1,186 @@
+"""What the loop does with a refiner's proposals that carry new source, whatever the refiner's kind:
+check the source before any episode runs, record the ones that fail, and diff a promoted program
+against the incumbent's.
+
+A refiner may return candidates whose ``source`` is a new program (the ``mutate`` and ``llm`` kinds do).
+Before any episode runs, the new source must pass :func:`check_source`: it parses, meets the
+policy-file contract (:func:`ratchet.policy.parse_policy`: a literal ``PARAMETERS``, an
+``act(observation, params)``), and passes quick static checks that catch what would otherwise fail
+every episode (an undefined name, a ``params["x"]`` that ``PARAMETERS`` does not declare, top-level
+code that would run on import, an import outside a short allow-list). A source that fails is a
+:class:`Rejection`: the loop records it (``proposal_rejected``) with its reason, and it never reaches a
+worker. The checks are not the security boundary (workers are sandboxed and the env stays out of the
+policy's reach); they keep machine-written mistakes from costing episodes.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratchet.errors import PolicyError, RatchetError
+from ratchet.policy import Candidate, PolicyProgram, export_source, parse_policy
+
+__all__ = ["Rejection", "check_source", "baked_source", "source_diff", "promotion_diff", "MAX_SOURCE_CHARS",
+           "ALLOWED_IMPORTS"]
+
+#: Longest policy source a structural refiner may propose (characters).
+MAX_SOURCE_CHARS = 200_000
+
+#: Top-level modules a machine-written policy may import.
+ALLOWED_IMPORTS = frozenset({"math", "numpy", "random", "itertools", "functools", "collections", "dataclasses",
+                             "typing", "__future__", "statistics", "cmath", "operator", "enum"})
+
+#: Names a policy module has without defining them (set by the worker before ``reset``/``act``).
+_MODULE_NAMES = frozenset({"OBSERVATION_SPACE", "ACTION_SPACE", "__name__", "__file__", "__doc__"})
+
+#: Attribute names a policy has no business touching (introspection escapes).
+_FORBIDDEN_ATTRS = frozenset({"__class__", "__subclasses__", "__globals__", "__builtins__", "__code__", "__dict__",
+                              "__bases__", "__mro__", "__getattribute__", "__closure__", "f_globals", "gi_frame"})
+_FORBIDDEN_CALLS = frozenset({"exec", "eval", "compile", "open", "__import__", "input", "breakpoint", "globals",
+                              "vars", "setattr", "delattr"})
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A proposal that never ran: its source failed the checks, or there was no source at all
+    (an LLM answer with no usable edit, a request that failed).
+
+    Attributes:
+        refiner: The refiner's arm name.
+        parent_id: The candidate it was derived from.
+        reason: One line: what is wrong.
+        source: The rejected source, when there was one.
+        detail: JSON-ready context (the mutation operator, the LLM exchange's key, ...).
+    """
+
+    refiner: str
+    parent_id: str | None
+    reason: str
+    source: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+def check_source(source: str, *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
+    """Check new policy source without running it; return its program.
+
+    Args:
+        source: Policy file text.
+        dims: The task's sizes (:func:`ratchet.policy.space_dims`) for shapes written as ``"obs"``/``"act"``.
+
+    Returns:
+        The parsed :class:`~ratchet.policy.PolicyProgram`.
+
+    Raises:
+        PolicyError: with a one-line reason: too long, a syntax error, the policy-file contract
+            (:func:`~ratchet.policy.parse_policy`), top-level statements other than imports,
+            assignments and definitions, a disallowed import or call, an undefined name, or a
+            ``params[...]`` key ``PARAMETERS`` does not declare.
+    """
+    if not isinstance(source, str) or not source.strip():
+        raise PolicyError("empty source")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise PolicyError(f"source is {len(source):,} characters, more than the {MAX_SOURCE_CHARS:,} allowed")
+    program = parse_policy(source, "<proposal>", dims=dims)
+    tree = ast.parse(source)
+    try:
+        compile(tree, "<proposal>", "exec")  # compiles only (nothing runs): catches misplaced return/yield etc.
+    except SyntaxError as exc:
+        raise PolicyError(f"<proposal>:{exc.lineno}: {exc.msg}") from None
+    for stmt in tree.body:
+        ok = isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign,
+                               ast.Pass)) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
+        if not ok:
+            raise PolicyError(f"<proposal>:{stmt.lineno}: top-level {type(stmt).__name__} statement; only imports, "
+                              "assignments and definitions may run when the policy loads")
+    act = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "act")
+    inner = [n for n in ast.walk(act) if n is not act]
+    if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in inner):
+        raise PolicyError(f"<proposal>:{act.lineno}: act is a generator (it yields); it must return an action")
+    if not any(isinstance(n, ast.Return) and n.value is not None for n in inner):
+        raise PolicyError(f"<proposal>:{act.lineno}: act never returns an action (no return statement with a value)")
+    star = False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for n in names:
+                if n.split(".")[0] not in ALLOWED_IMPORTS:
+                    raise PolicyError(f"<proposal>:{node.lineno}: import of {n!r}; allowed: "
+                                      f"{', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))}")
+            star = star or any(a.name == "*" for a in node.names)
+        elif isinstance(node, ast.Attribute) and node.attr in _FORBIDDEN_ATTRS:
+            raise PolicyError(f"<proposal>:{node.lineno}: attribute {node.attr!r} is not allowed in a policy")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in _FORBIDDEN_CALLS):
+            raise PolicyError(f"<proposal>:{node.lineno}: call to {node.func.id}() is not allowed in a policy")
+    if not star:
+        _check_names(tree)
+    _check_params_keys(tree, {p.name for p in program.parameters})
+    return program
+
+
+def _check_names(tree: ast.Module) -> None:
+    """Every name read is bound somewhere in the file, a builtin, or set by the worker (conservative:
+    a name bound anywhere counts as bound everywhere, so this never rejects valid code for scoping)."""
+    bound = set(dir(builtins)) | _MODULE_NAMES
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.MatchAs) and node.name:
+            bound.add(node.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in bound:
+            raise PolicyError(f"<proposal>:{node.lineno}: name {node.id!r} is not defined")
+
+
+def _check_params_keys(tree: ast.Module, declared: set[str]) -> None:
+    """``params["x"]`` inside a function whose parameter is called ``params`` must name a declared parameter."""
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or "params" not in {a.arg for a in fn.args.args + fn.args.posonlyargs}:
+            continue
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "params"
+                    and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)
+                    and node.slice.value not in declared):
+                raise PolicyError(f"<proposal>:{node.lineno}: params[{node.slice.value!r}] is not declared in "
+                                  f"PARAMETERS (declared: {', '.join(sorted(declared)) or 'none'})")
+
+
+def baked_source(candidate: Candidate) -> str:
+    """The candidate's source with its parameter values written in as the defaults
+    (:func:`ratchet.policy.export_source`): the starting point of a structural edit, so a new program's
+    defaults are the parent's tuned values."""
+    return export_source(candidate.source, candidate.params) if candidate.params else candidate.source
+
+
+def source_diff(old: str, new: str, max_lines: int = 80) -> str:
+    """A unified diff ``old`` -> ``new`` (at most ``max_lines`` lines, then ``...``)."""
+    lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(), "parent", "candidate", lineterm="", n=1))
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+def promotion_diff(incumbent: Candidate, promoted: Candidate, max_lines: int = 400) -> str:
+    """The code change of a promotion: :func:`source_diff` of the two sources with each side's values
+    written in as its defaults (:func:`baked_source`), so the diff shows every change, numbers included;
+    the plain sources where a side's values cannot be written in."""
+    try:
+        old, new = baked_source(incumbent), baked_source(promoted)
+    except RatchetError:
+        old, new = incumbent.source, promoted.source
+    return source_diff(old, new, max_lines=max_lines)
