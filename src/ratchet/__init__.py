@@ -4,20 +4,44 @@ The loop: plan → execute → critique → refine → gate. Every step is an ev
 ledger; the incumbent only moves up.
 """
 
-from ratchet.critic import Critic, Critique, Evaluation
+from typing import TYPE_CHECKING
+
 from ratchet.errors import (LedgerError, PolicyError, RatchetError, RunNotFoundError, SandboxError, SpecError,
                             TaskError, WriterLeaseError)
-from ratchet.execution import Executor, Job, Sandbox, executor_from_spec, make_executor
-from ratchet.gate import Decision, PairedTestGate, SequentialGate
-from ratchet.ledger import Event, EventType, SQLiteLedger
-from ratchet.loop import RunResult, resume_run, start_run
-from ratchet.policy import Candidate, Parameter, PolicyProgram, export_source, load_policy, parse_policy
-from ratchet.progress import ProgressPrinter
-from ratchet.refiners import CMAESRefiner, Refiner
-from ratchet.report import write_run_report
-from ratchet.rollout import Episode
-from ratchet.spec import RunSpec, load_spec
-from ratchet.task import GymTask, Task
+
+#: Public name -> the module that defines it, imported on first use (PEP 562): a worker or training process
+#: that imports ``ratchet.execution.worker`` must not pay for the gate's SciPy, the loop or the report.
+_LAZY = {
+    **dict.fromkeys(("Critic", "Critique", "Evaluation"), "ratchet.critic"),
+    **dict.fromkeys(("Executor", "Job", "Sandbox", "executor_from_spec", "make_executor"), "ratchet.execution"),
+    **dict.fromkeys(("Decision", "PairedTestGate", "SequentialGate"), "ratchet.gate"),
+    **dict.fromkeys(("Event", "EventType", "SQLiteLedger"), "ratchet.ledger"),
+    **dict.fromkeys(("RunResult", "resume_run", "start_run"), "ratchet.loop"),
+    **dict.fromkeys(("Candidate", "Parameter", "PolicyProgram", "export_source", "load_policy", "parse_policy"),
+                    "ratchet.policy"),
+    "ProgressPrinter": "ratchet.progress",
+    **dict.fromkeys(("CMAESRefiner", "Refiner"), "ratchet.refiners"),
+    "write_run_report": "ratchet.report",
+    "Episode": "ratchet.rollout",
+    **dict.fromkeys(("RunSpec", "load_spec"), "ratchet.spec"),
+    **dict.fromkeys(("GymTask", "Task"), "ratchet.task"),
+    "ProcessExecutor": "ratchet.execution.process",
+    "RayExecutor": "ratchet.execution.ray_executor",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
+    from ratchet.critic import Critic, Critique, Evaluation
+    from ratchet.execution import Executor, Job, Sandbox, executor_from_spec, make_executor
+    from ratchet.gate import Decision, PairedTestGate, SequentialGate
+    from ratchet.ledger import Event, EventType, SQLiteLedger
+    from ratchet.loop import RunResult, resume_run, start_run
+    from ratchet.policy import Candidate, Parameter, PolicyProgram, export_source, load_policy, parse_policy
+    from ratchet.progress import ProgressPrinter
+    from ratchet.refiners import CMAESRefiner, Refiner
+    from ratchet.report import write_run_report
+    from ratchet.rollout import Episode
+    from ratchet.spec import RunSpec, load_spec
+    from ratchet.task import GymTask, Task
 
 __version__ = "0.1.0"
 
@@ -31,13 +55,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # lazy, so `import ratchet` does not start importing Ray or subprocess plumbing
-    if name == "ProcessExecutor":
-        from ratchet.execution.process import ProcessExecutor
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ratchet' has no attribute {name!r}")
+    import importlib
 
-        return ProcessExecutor
-    if name == "RayExecutor":
-        from ratchet.execution.ray_executor import RayExecutor
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return RayExecutor
-    raise AttributeError(f"module 'ratchet' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
