@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 import tomllib
 import uuid
 from collections.abc import Callable, Sequence
@@ -294,3 +298,45 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory):
     spec_dir = make_spec_dir(root / "spec")
     res = CliRunner().invoke(app, ["run", str(spec_dir), "--runs-dir", str(root / "runs"), "--run-id", "cp-cli"])
     return res, root / "runs" / "cp-cli"
+
+
+def children_of(pid: int) -> set[int]:
+    """The direct children of ``pid`` (all its threads' children), from Linux /proc."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {int(x) for x in (task / "children").read_text().split()}
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def run_then_kill_9(tmp_path: Path, spec_dir: Path, runs: Path, ready: Callable[[set[int]], bool], what: str,
+                    timeout_s: float = 60, run_id: str = "k", extra: Sequence[str] = ()) -> set[int]:
+    """Start ``ratchet run`` of ``spec_dir`` as ``run_id`` in a process (``extra``: more CLI options), wait until ``ready(pids)`` (``pids``: the
+    run's direct children) holds, and ``kill -9`` it. Returns the children it had started (its workers, a
+    trainer), which outlive it in their own sessions."""
+    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "run", str(spec_dir), "--runs-dir", str(runs),
+                             "--run-id", run_id, "--no-report", *extra],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    children: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            kids = children_of(proc.pid)
+            children |= kids
+            if ready(kids):
+                break
+            assert proc.poll() is None, f"run ended before it could be killed: {(tmp_path / 'run.log').read_text()}"
+            assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
+            time.sleep(0.005)
+        children |= children_of(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    return children

@@ -9,16 +9,14 @@ import importlib.util
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import DATA, events_of, make_spec_dir, unique_run_id
+from conftest import DATA, events_of, make_spec_dir, run_then_kill_9, unique_run_id
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.errors import PolicyError
@@ -132,23 +130,8 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage, request):
             from ratchet.ledger.sql import SQLAlchemyLedger
 
             return SQLAlchemyLedger(url, run_id, create=False, readonly=True)
-    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(CLI + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", run_id, "--no-report",
-                                   *extra],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while _count(open_ledger, "episodes_evaluated") < 3:
-            assert proc.poll() is None, f"run ended before it could be killed: {(tmp_path / 'run.log').read_text()}"
-            assert time.monotonic() < deadline, "no evaluations recorded within 120 s"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(10) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    run_then_kill_9(tmp_path, spec_dir, runs, lambda _: _count(open_ledger, "episodes_evaluated") >= 3,
+                    "no evaluations recorded", 120, run_id=run_id, extra=extra)
     runner = CliRunner(env={"COLUMNS": "250"})
 
     def cli(*args: str):

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import comparable, count_events, events_of, make_spec_dir, read_events
+from conftest import (children_of, comparable, count_events, events_of, make_spec_dir, read_events,
+                      run_then_kill_9)
 
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
@@ -19,51 +20,12 @@ CLI = [sys.executable, "-m", "ratchet.cli"]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 
 
-def _children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out |= {int(x) for x in (task / "children").read_text().split()}
-        except (OSError, ValueError):
-            pass
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
     return state != "Z"
-
-
-def _run_then_kill_9(tmp_path: Path, spec_dir: Path, runs: Path, ready, what: str, timeout_s: float = 60) -> set[int]:
-    """Start ``ratchet run`` of ``spec_dir`` as run ``k`` in a process, wait until ``ready(pids)`` (``pids``: the
-    run's direct children) holds, and ``kill -9`` it. Returns the children it had started (its workers, a
-    trainer), which outlive it in their own sessions."""
-    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(CLI + ["run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    children: set[int] = set()
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            kids = _children(proc.pid)
-            children |= kids
-            if ready(kids):
-                break
-            assert proc.poll() is None, f"run ended before it could be killed: {(tmp_path / 'run.log').read_text()}"
-            assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
-            time.sleep(0.005)
-        children |= _children(proc.pid)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(10) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-    return children
 
 
 def _reap(pids: set[int], within_s: float = 10) -> bool:
@@ -82,7 +44,7 @@ def test_kill_9_then_resume(tmp_path):
                              test={"episodes": 10}, execution={"workers": 1})
     runs = tmp_path / "runs"
     db = runs / "k" / "ledger.sqlite"
-    workers = _run_then_kill_9(tmp_path, spec_dir, runs, lambda kids: count_events(db, "episodes_evaluated") >= 4,
+    workers = run_then_kill_9(tmp_path, spec_dir, runs, lambda kids: count_events(db, "episodes_evaluated") >= 4,
                                "no evaluations recorded")
     assert workers, "the run should have started a worker process"
     # its workers are in their own sessions; they exit when their socket closes
@@ -133,11 +95,11 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     try:
         deadline = time.monotonic() + 60
         while count_events(db, "episodes_evaluated") < 4:
-            workers |= _children(proc.pid)
+            workers |= children_of(proc.pid)
             assert proc.poll() is None, "run ended before it could be interrupted"
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        workers |= _children(proc.pid)
+        workers |= children_of(proc.pid)
         os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -191,7 +153,7 @@ def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
         return any("ratchet.execution.training" in _cmdline(k) for k in kids) and \
             count_events(db, "training_finished") == 1
 
-    helpers = _run_then_kill_9(tmp_path, spec_dir, runs, training, "round 1's training job never started", 120)
+    helpers = run_then_kill_9(tmp_path, spec_dir, runs, training, "round 1's training job never started", 120)
     _reap(helpers)  # the trainer and the workers are in their own sessions: they exit on their own
 
     before = read_events(runs / "k")
