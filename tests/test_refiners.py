@@ -162,3 +162,30 @@ def test_the_search_follows_the_incumbent_after_a_promotion():
     assert np.allclose(r._es.mean, unit) and r.sigma == sigma
     assert all(c.parent_id == promoted.id for c in later)
     assert r.recommend().params == promoted.params
+
+
+def test_a_refiner_whose_training_job_no_longer_fits_sits_out_while_a_cheaper_one_goes_on(tmp_path):
+    """Two refiners in one budget: a residual refiner whose PPO job is larger than the whole budget is
+    never chosen (the allocator tries untried arms first, in order, so it would come first), and CMA-ES
+    spends the budget instead of the run stopping with nothing done."""
+    from conftest import make_spec_dir, read_events
+    from ratchet.ledger import EventType
+    from ratchet.ledger.projection import project
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    spec_dir = make_spec_dir(tmp_path / "s", budget={"env_steps": 6_000}, refiner={"train_episodes": 2},
+                             gate={"validation_episodes": 10, "max_share": 0.6}, test={"episodes": 3},
+                             execution={"workers": 1})
+    toml = (spec_dir / "ratchet.toml").read_text(encoding="utf-8")
+    toml = toml.replace('[policy]\npath = "policy.py"', '[policy]\nkind = "residual"\npath = "policy.py"\nhidden = [8]')
+    toml += ('\n[[refiners]]\nkind = "residual"\nenv_steps = 100000\nn_steps = 64\n'
+             '\n[[refiners]]\nkind = "cmaes"\nsigma0 = 0.5\npopsize = 4\n')
+    (spec_dir / "ratchet.toml").write_text(toml, encoding="utf-8")
+    start_run(load_spec(spec_dir), tmp_path / "runs", "fit")
+    events = read_events(tmp_path / "runs" / "fit")
+    plans = [e.payload for e in events if e.type is EventType.GENERATION_PLANNED]
+    gens = project(events).generation_log
+    assert len(gens) >= 2 and {g["refiner"] for g in gens} == {"cmaes"}
+    assert plans and all(p["arm"] == "cmaes" for p in plans)
+    assert not [e for e in events if e.type is EventType.TRAINING_FINISHED]

@@ -374,13 +374,15 @@ class _Run:
                     self.usage.validation_env_steps += ev.env_steps
         return out
 
-    def choose_refiner(self, generation: int) -> str:
+    def choose_refiner(self, generation: int, fits: Callable[[Any], bool] = lambda r: True) -> str:
         """Which refiner configuration gets this generation (Thompson sampling when there are several);
-        the choice and its reasons are recorded in the ledger."""
+        the choice and its reasons are recorded in the ledger. A refiner that is idle, or whose generation
+        no longer ``fits`` the budget (a training job priced above what is left), sits out while another
+        can go on, so a cheap refiner may spend what an expensive one leaves."""
         if self.allocator is None:
             return next(iter(self.refiners))
-        # an idle refiner (nothing to search, its own budget spent) sits out while others can go on
-        available = [a for a, r in self.refiners.items() if getattr(r, "idle_reason", lambda: None)() is None]
+        available = [a for a, r in self.refiners.items()
+                     if getattr(r, "idle_reason", lambda: None)() is None and fits(r)]
         if not available:
             return next(iter(self.refiners))
         arm, why = self.allocator.choose(generation, available)
@@ -564,14 +566,18 @@ class _Run:
             replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
             self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
             stop = self.budget.stop_reason(self.usage, inc_val.mean, stale, check_clock=not replaying)
-            arm = self.choose_refiner(generation) if stop is None else next(iter(self.refiners))
+            reserve = self.gate_reserve()
+
+            def fits(r: Any) -> bool:  # the refiner's generation, its training job and a kept gate
+                return self.planner.can_afford_generation(
+                    self.usage, r.population_size + 2, est_len, self.episode_price(est_len),
+                    (reserve[0] + int(getattr(r, "training_env_steps", 0)), reserve[1]))
+
+            arm = self.choose_refiner(generation, fits) if stop is None else next(iter(self.refiners))
             refiner = self.refiners[arm]
             n_candidates = refiner.population_size + 2
             training = int(getattr(refiner, "training_env_steps", 0))  # env steps its training jobs take
-            reserve = self.gate_reserve()
-            if stop is None and not self.planner.can_afford_generation(self.usage, n_candidates, est_len,
-                                                                       self.episode_price(est_len),
-                                                                       (reserve[0] + training, reserve[1])):
+            if stop is None and not fits(refiner):
                 stop = self.no_room_message(n_candidates, est_len, first=False, training=training)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
                     stop = self.no_room_message(n_candidates, est_len, first=True, training=training)
