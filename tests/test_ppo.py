@@ -182,6 +182,28 @@ def test_a_ppo_refiner_continues_its_training_line_and_follows_outside_promotion
     assert len({j.settings["seed"] for j in jobs}) == 4 and len({j.key for j in jobs}) == 4
 
 
+def test_the_last_job_is_cut_to_what_the_budget_has_left():
+    """fit_training cuts the next job to whole rollouts within the room (at most ``checkpoints`` parts), for
+    one proposal only; no cut when not even one rollout fits or the whole job would."""
+    from types import SimpleNamespace
+
+    from ratchet.execution.training import TrainingResult
+    from ratchet.policy import Candidate
+    from ratchet.refiners.ppo import PPORefiner, PPOSettings
+
+    jobs = []
+    ctx = SimpleNamespace(seed=0, training_seeds=lambda n: list(range(n)),
+                          train=lambda job: jobs.append(job) or TrainingResult((), job.env_steps))
+    ref = PPORefiner(PPOSettings(env_steps=8192, checkpoints=4, n_steps=1024), "ppo", ctx, "ppo")
+    assert not ref.fit_training(1000) and not ref.fit_training(8192)
+    assert ref.fit_training(5000) and (ref.population_size, ref.training_env_steps) == (4, 4096)
+    ref.propose(Candidate.create("", {}, kind="mlp", artifacts={"weights": "0" * 64}), None, np.random.default_rng(0))
+    assert jobs[-1].env_steps == 4096 and jobs[-1].settings["checkpoints"] == 4
+    assert jobs[-1].settings["env_steps"] == 4096
+    assert (ref.population_size, ref.training_env_steps) == (4, 8192)  # the cut was for that job only
+    assert ref.fit_training(2500) and (ref.population_size, ref.training_env_steps) == (2, 2048)
+
+
 # -- end to end ------------------------------------------------------------------------------------------
 
 
@@ -219,6 +241,22 @@ def test_ppo_refines_a_tiny_mlp_on_cartpole(mlp_run):
     assert st.env_steps == 1024 + sum(e.payload["summary"]["env_steps"] for e in evaluated if e.payload["split"] != "test")
     assert st.env_steps == events_of(events, EventType.RUN_FINISHED)[0].payload["env_steps"]
     assert result.test.n == 4
+
+
+@needs_rl
+def test_a_run_spends_the_rest_of_its_budget_on_a_shorter_last_training_job(tmp_path):
+    """When the next full job (1,024 env steps) no longer fits the env-step budget but one rollout per
+    checkpoint does, the last job is cut to whole rollouts instead of the run stopping with the rest unspent."""
+    from ratchet.loop import start_run
+    from ratchet.spec import load_spec
+
+    spec_dir = write_spec(tmp_path / "spec", {"kind": "mlp", "hidden": [16]}, PPO_TABLE, budget=4000)
+    start_run(load_spec(spec_dir), tmp_path / "runs", "m")
+    events = read_events(tmp_path / "runs" / "m")
+    jobs = [e.payload for e in events_of(events, EventType.TRAINING_FINISHED)]
+    assert [(j["env_steps"], j["settings"]["checkpoints"], len(j["outputs"])) for j in jobs] == [(1024, 2, 2), (512, 2, 2)]
+    st = project(events)
+    assert st.training_env_steps == 1536 and st.env_steps <= 4000
 
 
 @needs_rl

@@ -473,6 +473,17 @@ class _Run:
         price = self._margin * est_len
         return float(min(price, limit)) if limit else price
 
+    def fit_training(self, refiner: Any, est_len: float, reserve: tuple[float, int]) -> bool:
+        """Let a refiner whose training job no longer fits an env-step budget cut it to what is left after
+        the generation's episodes and its gate (``fit_training(room)``, e.g. PPO's); True when it did."""
+        cut, limit = getattr(refiner, "fit_training", None), self.spec.budget.env_steps
+        if cut is None or limit is None:
+            return False
+        n_candidates = refiner.population_size + 2
+        rest = (limit - self.usage.env_steps - reserve[0]
+                - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
+        return rest > 0 and bool(cut(int(rest)))
+
     def no_room_message(self, n_candidates: int, est_len: float, first: bool, training: int = 0) -> str:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
         budget that binds (``training``: env steps of the refiner's training jobs in a generation)."""
@@ -577,6 +588,9 @@ class _Run:
             refiner = self.refiners[arm]
             n_candidates = refiner.population_size + 2
             training = int(getattr(refiner, "training_env_steps", 0))  # env steps its training jobs take
+            if stop is None and not fits(refiner) and self.fit_training(refiner, est_len, reserve):
+                n_candidates = refiner.population_size + 2
+                training = int(refiner.training_env_steps)
             if stop is None and not fits(refiner):
                 stop = self.no_room_message(n_candidates, est_len, first=False, training=training)
                 if generation == 1:  # nothing would happen at all: say why, in numbers

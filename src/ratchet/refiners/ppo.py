@@ -129,16 +129,29 @@ class PPORefiner:
         self._failure: str | None = None
         self._line: Candidate | None = None  # the last checkpoint of this refiner's training line
         self._line_ids: set[str] = set()  # the incumbents this line has started from or proposed
+        self._fitted: tuple[int, int] | None = None  # (checkpoints, env steps) of a job cut to the budget's rest
 
     @property
     def population_size(self) -> int:
         """Candidates per generation: the job's checkpoints."""
-        return self.settings.checkpoints
+        return self._fitted[0] if self._fitted else self.settings.checkpoints
 
     @property
     def training_env_steps(self) -> int:
         """Env steps the generation's training job takes."""
-        return self.settings.job_env_steps
+        return self._fitted[1] if self._fitted else self.settings.job_env_steps
+
+    def fit_training(self, room: int) -> bool:
+        """Cut the next job to at most ``room`` env steps (whole rollouts of ``n_steps``, at most
+        ``checkpoints`` parts), for the last generation an env-step budget affords: the budget is spent on
+        training instead of being left over. Returns False (and cuts nothing) when not even one rollout fits.
+        The cut applies to the next :meth:`propose` only."""
+        n = self.settings.n_steps
+        k = min(self.settings.checkpoints, room // n)
+        if k < 1 or room >= self.settings.job_env_steps:
+            return False
+        self._fitted = (k, room // k // n * n * k)
+        return True
 
     def idle_reason(self) -> str | None:
         """Why no more generations can be proposed: the last training job failed (None otherwise)."""
@@ -169,7 +182,10 @@ class PPORefiner:
         start = self.start_of_job(parent)
         seeds = tuple(self.ctx.training_seeds(s.seeds))
         settings = {**s.model_dump(mode="json"), "seed": self.job_seed(seeds)}
-        result = self.ctx.train(TrainingJob(self.trainer, start, settings, seeds, s.job_env_steps))
+        if self._fitted:  # the budget's last job, cut to what is left
+            settings.update(checkpoints=self._fitted[0], env_steps=self._fitted[1])
+        job_steps, self._fitted = self.training_env_steps, None
+        result = self.ctx.train(TrainingJob(self.trainer, start, settings, seeds, job_steps))
         if result.error is not None:
             self._failure = f"{self.name}: training failed: {result.error}"
             return []
