@@ -15,7 +15,8 @@ Two kinds (``[[refiners]]`` tables):
   (Silver et al., "Residual Policy Learning", 2018; Johannink et al., "Residual Reinforcement Learning
   for Robot Control", 2019). The base program runs inside the training sandbox.
 
-Each generation is one training job: ``env_steps`` of PPO (rounded up to whole rollouts), split into
+Each generation is one training job: ``env_steps`` of PPO (rounded up to whole rollouts; the last job an
+env-step budget affords is cut to what is left, see :meth:`PPORefiner.fit_training`), split into
 ``checkpoints`` equal parts; the policy after each part is a candidate. A job starts where the
 refiner's previous job ended while the incumbent is on that line (so training accumulates across
 generations, one long PPO run whose checkpoints are gated), and from the incumbent when another
@@ -54,7 +55,9 @@ class PPOSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env_steps: int = Field(20_000, ge=1, le=10**9, description="Env steps of training per generation (one training "
-                                                               "job), rounded up to whole rollouts of n_steps per checkpoint.")
+                                                               "job), rounded up to whole rollouts of n_steps per checkpoint; "
+                                                               "the last job an env-step budget affords may be cut "
+                                                               "to what is left.")
     checkpoints: int = Field(2, ge=1, le=100, description="Candidates per generation: the policy after each "
                                                           "1/checkpoints of the generation's training.")
     seeds: int = Field(16, ge=1, le=100_000, description="Fresh training seeds per job; training episodes reset "
