@@ -774,3 +774,22 @@ def test_usage_errors_are_one_line_too(args, fragment):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith("error: ") and fragment in lines[0] and "--help" in lines[0]
+
+
+def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_before_any_search(runner, tmp_path):
+    """No generation, no training job: the stop reason quotes the policy's error and names the command that
+    shows the episodes, and `ratchet run` exits 1 (the input is bad), with the run recorded as finished."""
+    from conftest import make_spec_dir
+
+    spec_dir = make_spec_dir(tmp_path / "s", budget={"env_steps": 5000}, gate={"validation_episodes": 4},
+                             test={"episodes": 2})
+    (spec_dir / "policy.py").write_text('PARAMETERS = {"k": {"default": 0.5, "low": 0.0, "high": 1.0}}\n\n'
+                                        "def act(observation, params):\n"
+                                        "    raise ValueError('boom: this policy cannot act')\n", encoding="utf-8")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "b", "--no-report")
+    assert res.exit_code == 1, res.output
+    assert "failed all 4 of its validation episodes" in res.output and "boom: this policy cannot act" in res.output
+    assert "ratchet evaluate --run" in res.output
+    events = read_events(tmp_path / "runs" / "b")
+    assert not events_of(events, EventType.GENERATION_FINISHED)
+    assert project(events).status == "finished"

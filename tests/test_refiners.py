@@ -189,3 +189,14 @@ def test_a_refiner_whose_training_job_no_longer_fits_sits_out_while_a_cheaper_on
     assert len(gens) >= 2 and {g["refiner"] for g in gens} == {"cmaes"}
     assert plans and all(p["arm"] == "cmaes" for p in plans)
     assert not [e for e in events if e.type is EventType.TRAINING_FINISHED]
+
+
+def test_the_progress_line_names_the_refiner_when_a_run_has_several():
+    from ratchet.planner import Usage
+    from ratchet.progress import progress_line
+    from ratchet.spec import BudgetSpec
+
+    info = {"generation": 3, "best_train_mean": 1.0, "incumbent_validation_mean": 0.5, "usage": Usage(),
+            "budget": BudgetSpec(env_steps=100), "refiner": "residual", "gated": False, "gate_note": None}
+    assert progress_line({**info, "n_refiners": 2}).startswith("gen   3 residual | best train")
+    assert progress_line(info).startswith("gen   3 | best train")

@@ -164,6 +164,10 @@ def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
         path = _write_report(state, run_dir, run_dir / "report.html", True, str(run_dir), ".", storage)
         out.print(f"report: {path}", highlight=False, soft_wrap=True)
     _print_result(run_dir, state)
+    from ratchet.loop import BROKEN_START
+
+    if str(state.stop_reason or "").startswith(BROKEN_START):  # bad input: say so to scripts too
+        raise typer.Exit(1)
 
 
 @app.command()

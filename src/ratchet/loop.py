@@ -47,6 +47,10 @@ __all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "L
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
+#: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
+BROKEN_START = "the starting policy failed all"
+
+
 @dataclass(frozen=True)
 class RunResult:
     """What a finished run returns.
@@ -473,6 +477,15 @@ class _Run:
         price = self._margin * est_len
         return float(min(price, limit)) if limit else price
 
+    def broken_start(self, inc_val: Evaluation) -> str | None:
+        """Why the run must not search at all: every validation episode of the starting policy ended in an
+        error (a model for another env, an unsupported algorithm, an act() that raises), quoting the first."""
+        if not inc_val.n or inc_val.n_errors < inc_val.n:
+            return None
+        first = next(e.error for e in inc_val.episodes if e.error is not None).strip().splitlines()[-1][:300]
+        return (f"{BROKEN_START} {inc_val.n} of its validation episodes, so nothing was searched: "
+                f"{first}; see the episodes with `ratchet evaluate --run {self.run_dir}`")
+
     def fit_training(self, refiner: Any, est_len: float, reserve: tuple[float, int]) -> bool:
         """Let a refiner whose training job no longer fits an env-step budget cut it to what is left after
         the generation's episodes and its gate (``fit_training(room)``, e.g. PPO's); True when it did."""
@@ -570,7 +583,7 @@ class _Run:
         inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
         self._longest = est_len  # the longest mean episode length of any evaluation so far
-        stale, generation, completed, stop = 0, 0, 0, None
+        stale, generation, completed, stop = 0, 0, 0, self.broken_start(inc_val)
         critique = None  # the incumbent's latest training critique, handed to the refiner
         while stop is None:
             generation += 1
@@ -627,7 +640,8 @@ class _Run:
                         self._train_returns = [min(self._train_returns[0], ep.episode_return),
                                                max(self._train_returns[1], ep.episode_return)]
             if not any(e.env_steps for e in gen_evals):
-                stop = "every episode of the generation failed before its first env step; check the policy with `ratchet evaluate`"
+                stop = ("every episode of the generation failed before its first env step; see why with "
+                        f"`ratchet evaluate --run {self.run_dir}`")
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
             self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])
             # critique
@@ -664,7 +678,7 @@ class _Run:
                        "validation_env_steps": self.usage.validation_env_steps,
                        "critique": critique.to_dict()}
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
-            self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s)
+            self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners))
             completed = generation
 
         # final, report-only test evaluation (never used for selection)

@@ -34,13 +34,15 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
     Args:
         info: The dict the loop passes to ``progress``: ``generation``, ``best_train_mean`` (or None),
             ``incumbent_validation_mean``, ``usage`` (:class:`ratchet.planner.Usage`), ``budget``
-            (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line).
+            (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line); with
+            ``n_refiners`` > 1, the generation's ``refiner`` is named after its number.
         time_left: Text such as ``"≈12 s left"``.
     """
     usage, budget = info["usage"], info["budget"]
     best = info.get("best_train_mean")
     steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
-    line = (f"gen {info['generation']:>3} | best train {'–' if best is None else f'{best:9.2f}'} | "
+    arm = f" {info['refiner']}" if info.get("n_refiners", 1) > 1 and info.get("refiner") else ""
+    line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else f'{best:9.2f}'} | "
             f"incumbent val {info['incumbent_validation_mean']:9.2f} | env steps {steps}")
     if budget.episodes:
         line += f" | episodes {usage.episodes:,}/{budget.episodes:,}"
