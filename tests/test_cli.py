@@ -743,6 +743,19 @@ def test_run_takes_a_seed_and_settings_without_editing_the_spec(tmp_path, runner
                           "write SECTION.KEY=VALUE")
 
 
+def test_run_refuses_hidden_that_the_npz_network_does_not_have(tmp_path, runner):
+    import gymnasium as gym
+
+    from ratchet.policies.mlp import init_weights
+
+    env = gym.make("CartPole-v1")
+    spec_dir = _spec_dir(tmp_path, '[policy]\nkind = "mlp"\npath = "net.npz"\nhidden = [64, 64]\n')
+    (spec_dir / "net.npz").write_bytes(init_weights(env.observation_space, env.action_space, hidden=(32, 32)).to_bytes())
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--no-report"),
+                          "[policy] hidden = [64, 64] does not match the network in net.npz (4-32-32-2 layers, tanh)",
+                          "remove hidden/activation from [policy] or make them match")
+
+
 def test_evaluate_on_explicit_seeds_with_a_specs_task(tmp_path, runner):
     spec_dir = _spec_dir(tmp_path, "max_episode_steps = 30\n")
     seeds_file = tmp_path / "seeds.txt"

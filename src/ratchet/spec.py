@@ -97,7 +97,7 @@ class PolicySpec(_Section):
     ``kind = "program"`` (default): a policy file at ``path``. ``"mlp"``: a fresh network (``hidden``,
     ``activation``, ``normalize``; ``path`` unused), or with ``path`` ending in ``.npz`` the network in that
     weights file (as ``ratchet export`` writes it; ``hidden``/``activation``/``normalize`` then come from the
-    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers), with
+    file, and a ``hidden`` or ``activation`` set here that differs from the file's network is an error). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers), with
     ``normalization`` naming the ``VecNormalize`` statistics saved beside it when the model was trained in one.
     ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
     ``normalize``) that starts at exactly zero.
