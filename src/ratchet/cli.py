@@ -114,7 +114,8 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
                                                                        "refiner's sampling); default the spec's."),
         overrides: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE",
                                             help="Override a spec setting (repeatable), e.g. --set "
-                                                 "gate.validation_episodes=100 --set budget.env_steps=20000.")) -> None:
+                                                 "gate.validation_episodes=100 --set budget.env_steps=20000; a [[refiners]] "
+                                                 "table by its index from 0: --set refiners.0.env_steps=5000.")) -> None:
     """Refine the spec's policy until its budget or a stop rule ends the run."""
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
