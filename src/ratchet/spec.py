@@ -100,7 +100,7 @@ class PolicySpec(_Section):
     file, and a ``hidden`` or ``activation`` set here that differs from the file's network is an error). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers), with
     ``normalization`` naming the ``VecNormalize`` statistics saved beside it when the model was trained in one.
     ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
-    ``normalize``) that starts at exactly zero.
+    ``normalize``) whose output layer starts at zero, so its correction is exactly zero at first.
     """
 
     kind: Literal["program", "mlp", "sb3", "residual"] = "program"
