@@ -184,6 +184,27 @@ def test_replay_matches_the_ledger(finished_run, runner):
         assert f"return {ep['episode_return']!r}" in res.stdout and f"ledger {ep['episode_return']!r}" in res.stdout
 
 
+def test_plain_lines_do_not_wrap_when_piped(finished_run):
+    """Piped stdout (not a terminal, so Rich's 80 columns): a long result line stays one line."""
+    import os
+    import subprocess
+    import sys
+
+    _, run_dir, _ = finished_run
+    _, episodes = incumbent_test_episode(run_dir)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.run([sys.executable, "-m", "ratchet.cli", "replay", str(run_dir), "--seed",
+                           str(episodes[0]["seed"])], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("candidate "))
+    assert len(line) > 80 and "truncated=" in line and f"ledger {episodes[0]['episode_return']!r}" in line, proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "ratchet.cli", "evaluate", str(DATA / "cartpole_linear.py"), "--env",
+                           "CartPole-v1", "-n", "2", "--workers", "1"], capture_output=True, text=True,
+                          env={**env, "COLUMNS": "40"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^mean .* · errors 0 · [\d,]+ env steps$", proc.stdout, re.M), proc.stdout
+
+
 def test_replay_video_gif(finished_run, runner, tmp_path):
     _, run_dir, _ = finished_run
     st = project(read_events(run_dir))
@@ -720,6 +741,19 @@ def test_run_takes_a_seed_and_settings_without_editing_the_spec(tmp_path, runner
                                  "gate.validation_episodes=many"), "[gate] validation_episodes")
     assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--set", "oops"),
                           "write SECTION.KEY=VALUE")
+
+
+def test_run_refuses_hidden_that_the_npz_network_does_not_have(tmp_path, runner):
+    import gymnasium as gym
+
+    from ratchet.policies.mlp import init_weights
+
+    env = gym.make("CartPole-v1")
+    spec_dir = _spec_dir(tmp_path, '[policy]\nkind = "mlp"\npath = "net.npz"\nhidden = [64, 64]\n')
+    (spec_dir / "net.npz").write_bytes(init_weights(env.observation_space, env.action_space, hidden=(32, 32)).to_bytes())
+    assert_one_line_error(invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--no-report"),
+                          "[policy] hidden = [64, 64] does not match the network in net.npz (4-32-32-2 layers, tanh)",
+                          "remove hidden/activation from [policy] or make them match")
 
 
 def test_evaluate_on_explicit_seeds_with_a_specs_task(tmp_path, runner):

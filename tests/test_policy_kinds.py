@@ -323,6 +323,16 @@ def test_mlp_candidate_evaluated_and_exported(tmp_path, executor):
     assert again.id == cand.id
     with pytest.raises(PolicyError, match="the task has 3 and 1"):
         start_candidate(PolicySpec(kind="mlp", path="out/net.npz"), tmp_path, _spaces(GymTask("Pendulum-v1")), 0, None)
+    # hidden/activation set in [policy] must describe the file's network (4-16-16-2, tanh), not be ignored
+    _, same, _ = start_candidate(PolicySpec(kind="mlp", path="out/net.npz", hidden=[16, 16], activation="tanh"),
+                                 tmp_path, _spaces(CARTPOLE), 0, None)
+    assert same.id == cand.id
+    for wrong in ({"hidden": [64, 64]}, {"activation": "relu"}):
+        with pytest.raises(PolicyError) as info:
+            start_candidate(PolicySpec(kind="mlp", path="out/net.npz", **wrong), tmp_path, _spaces(CARTPOLE), 0, None)
+        msg = str(info.value)
+        assert "\n" not in msg and "4-16-16-2 layers, tanh" in msg and "remove hidden/activation" in msg, msg
+        assert next(iter(wrong)) in msg
 
 
 def test_mlp_box_export_acts_like_ratchet(tmp_path):

@@ -225,3 +225,35 @@ def test_defaults_are_sized_to_a_small_episode_budget(tmp_path):
     assert spec_from_dict(small.to_dict(), tmp_path) == small  # what the ledger records reads back the same
     large = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 5000}}, tmp_path)
     assert (large.gate.validation_episodes, large.refiner.popsize) == (50, None)
+
+
+def test_set_changes_a_refiners_table_by_its_index(tmp_path):
+    p = write(tmp_path, '[task]\nenv_id = "CartPole-v1"\n[[refiners]]\nkind = "cmaes"\npopsize = 4\n'
+                        '[[refiners]]\nkind = "mutate"\n')
+    spec = load_spec(p, ["refiners.0.popsize=6", "refiners[1].name=m2"])
+    assert spec.refiners[0]["popsize"] == 6 and spec.refiners[1]["name"] == "m2"
+    assert load_spec(p).refiners[0]["popsize"] == 4  # the file is not changed
+    for item, fragment in [("refiners.2.popsize=5", "the spec has 2 [[refiners]] tables, indexed 0 to 1"),
+                           ("refiners.popsize=5", "name one by its index from 0"),
+                           ("refiners.0=1", "set one key in it: --set refiners.0.KEY=VALUE")]:
+        with pytest.raises(SpecError, match=fragment.replace("[", r"\[").replace(".", r"\.")) as info:
+            load_spec(p, [item])
+        assert str(info.value).startswith(f"--set {item!r}: ") and "\n" not in str(info.value)
+    (tmp_path / "bare").mkdir()
+    bare = write(tmp_path / "bare", '[task]\nenv_id = "CartPole-v1"\n')
+    with pytest.raises(SpecError, match=r"the spec has 0 \[\[refiners\]\] tables; add one"):
+        load_spec(bare, ["refiners.0.env_steps=5"])
+
+
+def test_errors_from_set_name_the_set_not_the_file(tmp_path):
+    p = write(tmp_path, '[task]\nenv_id = "CartPole-v1"\n[[refiners]]\nkind = "cmaes"\n')
+    for item, fragment in [("refiners.0.bogus=1", "bogus"), ("refiners.0.popsize=-1", "popsize"),
+                           ("gate.bogus=1", "unknown key [gate] bogus"), ("policy.path=nope.py", "file not found")]:
+        with pytest.raises(SpecError) as info:
+            load_spec(p, ["gate.alpha=0.1", item])
+        msg = str(info.value)
+        assert msg.startswith(f"--set {item!r}: ") and fragment in msg and "ratchet.toml" not in msg, msg
+    (tmp_path / "bad").mkdir()
+    bad = write(tmp_path / "bad", '[task]\nenv_id = "CartPole-v1"\nbogus = 1\n')
+    with pytest.raises(SpecError, match=r"ratchet\.toml: unknown key \[task\] bogus"):  # the file's own mistake
+        load_spec(bad, ["gate.alpha=0.1"])

@@ -100,7 +100,7 @@ def _print_result(run_dir: Path, state) -> None:
         t.add_row(*(row + [str(s.get("n_errors", 0))] if show_errors else row))
     out.print(t)
     out.print(f"env steps {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s · "
-              f"promotions {len(state.promotions)}")
+              f"promotions {len(state.promotions)}", soft_wrap=True)
     out.print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
 
 
@@ -114,7 +114,8 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
                                                                        "refiner's sampling); default the spec's."),
         overrides: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE",
                                             help="Override a spec setting (repeatable), e.g. --set "
-                                                 "gate.validation_episodes=100 --set budget.env_steps=20000.")) -> None:
+                                                 "gate.validation_episodes=100 --set budget.env_steps=20000; a [[refiners]] "
+                                                 "table by its index from 0: --set refiners.0.env_steps=5000.")) -> None:
     """Refine the spec's policy until its budget or a stop rule ends the run."""
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
@@ -143,7 +144,7 @@ def _with_progress(drive, resume_target: str, report: bool, storage: str | None)
         _finish(result.run_dir, report, storage)
     except KeyboardInterrupt:
         progress.stop()
-        err.print(f"interrupted; continue with `ratchet resume {resume_target}`", highlight=False)
+        err.print(f"interrupted; continue with `ratchet resume {resume_target}`", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     except RatchetError as exc:
         progress.stop()
@@ -155,7 +156,8 @@ def _write_report(state, run_dir: Path, path: Path, videos: bool, run: str, runs
 
     blobs = _artifacts_of(run, runs_dir, storage, report_candidates(state))  # networks: summaries, GIFs
     return render_report(state, run_dir, path, videos,
-                         note=lambda text: err.print(f"note: {_safe(text)}", highlight=False), artifacts=blobs)
+                         note=lambda text: err.print(f"note: {_safe(text)}", highlight=False, soft_wrap=True),
+                         artifacts=blobs)
 
 
 def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
@@ -241,7 +243,7 @@ def _print_runs(rows: list[tuple[str, ...]]) -> None:
         labelled = [f"{col} {v}" for col, v in zip(_RUNS_COLUMNS, row) if v]
         for part in ([v for v in row[1:3] if v] + labelled[3:5], labelled[5:]):  # two lines of ≈ 60 characters
             if part:
-                out.print("  " + " · ".join(part), highlight=False)
+                out.print("  " + " · ".join(part), highlight=False, soft_wrap=True)
 
 
 def _num(x: Any) -> str:
@@ -439,7 +441,7 @@ def evaluate(policy: Optional[Path] = typer.Argument(None, help="Policy .py file
     s = ev.summary()
     sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
     out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} over {s['n']} episodes{sr} · errors {s['n_errors']} · "
-              f"{s['env_steps']:,} env steps")
+              f"{s['env_steps']:,} env steps", soft_wrap=True)
     if s["n_errors"] == s["n"]:
         _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy and evaluate again"))
 
@@ -528,7 +530,8 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
         finally:
             ex.close()
         out.print(f"candidate {cand.id} seed {seed}: return {ep.episode_return!r} ({ep.length} env steps, "
-                  f"terminated={ep.terminated}, truncated={ep.truncated}); ledger {recorded['episode_return']!r}")
+                  f"terminated={ep.terminated}, truncated={ep.truncated}); ledger {recorded['episode_return']!r}",
+                  soft_wrap=True)
         if ep.error:
             raise ReplayMismatchError(f"replay failed: {ep.error}")
         if ep.episode_return != recorded["episode_return"] or ep.length != recorded["length"]:
@@ -622,7 +625,7 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
         return
     if ref_ev is not None:
         out.print(f"(compared seed by seed with {'the incumbent' if reference == st.incumbent_id else 'the starting policy'} "
-                  f"{reference})", highlight=False)
+                  f"{reference})", highlight=False, soft_wrap=True)
     out.print(Markdown(clean(crit.text, None, multiline=True)))
 
 
@@ -788,7 +791,7 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
                 kept = keep_finished()
             _time.sleep(1.0)  # the page's next request learns that the episodes are done
         except KeyboardInterrupt:
-            out.print("stopped early; the episode being played is dropped", highlight=False)
+            out.print("stopped early; the episode being played is dropped", highlight=False, soft_wrap=True)
         except RatchetError:
             pass  # the ledger refused an episode: tried once more below, then said in one line
         finally:
@@ -854,7 +857,7 @@ def _check_output_path(path: Path, force: bool) -> None:
 
 def _finish_round(rnd, n: int, updates: int | None, run: str) -> None:
     """Retrain and gate correction round ``n`` and say what the gate decided."""
-    out.print(f"correction round {n}: retraining and gating…", highlight=False)
+    out.print(f"correction round {n}: retraining and gating…", highlight=False, soft_wrap=True)
     p = rnd.finish(n, updates=updates)
     verdict = ("promoted: the new incumbent is " + p["incumbent_id"] if p["promoted"]
                else "the incumbent stays " + p["incumbent_id"])

@@ -97,10 +97,10 @@ class PolicySpec(_Section):
     ``kind = "program"`` (default): a policy file at ``path``. ``"mlp"``: a fresh network (``hidden``,
     ``activation``, ``normalize``; ``path`` unused), or with ``path`` ending in ``.npz`` the network in that
     weights file (as ``ratchet export`` writes it; ``hidden``/``activation``/``normalize`` then come from the
-    file). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers), with
+    file, and a ``hidden`` or ``activation`` set here that differs from the file's network is an error). ``"sb3"``: a Stable-Baselines3 model ``.zip`` at ``path`` (opened only in sandboxed workers), with
     ``normalization`` naming the ``VecNormalize`` statistics saved beside it when the model was trained in one.
     ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
-    ``normalize``) that starts at exactly zero.
+    ``normalize``) whose output layer starts at zero, so its correction is exactly zero at first.
     """
 
     kind: Literal["program", "mlp", "sb3", "residual"] = "program"
@@ -484,16 +484,18 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """``data`` (a spec as read from TOML) with ``SECTION.KEY=VALUE`` (or top-level ``KEY=VALUE``) settings
     applied, as ``ratchet run --set`` gives them. ``VALUE`` is a TOML value (``0.1``, ``true``,
-    ``"betting"``, ``[1, 2]``); a bare word that is not one is taken as a string. The result is validated
-    like the file itself, so a bad key or value is reported with its name.
+    ``"betting"``, ``[1, 2]``); a bare word that is not one is taken as a string. A ``[[refiners]]`` table is
+    named by its index, counting from 0: ``refiners.0.env_steps=5000`` (``refiners[0].env_steps`` also
+    works). The result is validated like the file itself, so a bad key or value is reported with its name.
 
     Raises:
-        SpecError: an override without ``=``, or naming a key below a value that is not a table.
+        SpecError: an override without ``=``, naming a key below a value that is not a table, or a
+            ``[[refiners]]`` index the spec does not have.
     """
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for item in overrides:
         key, eq, raw = item.partition("=")
-        key = key.strip()
+        key = re.sub(r"\[(\d+)\]", r".\1", key.strip())  # refiners[0].x → refiners.0.x
         if not eq or not key or any(not part for part in key.split(".")):
             raise SpecError(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. --set gate.validation_episodes=100")
         try:
@@ -501,15 +503,65 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except tomllib.TOMLDecodeError:
             value = raw.strip()
         *sections, name = key.split(".")
-        node = out
-        for section in sections:
-            child = node.setdefault(section, {})
-            if not isinstance(child, dict):
-                raise SpecError(f"--set {item!r}: {section} is a value, not a [section]")
-            node[section] = child = dict(child)
+        node: Any = out
+        path = ""
+        for section in [*sections, None]:
+            if isinstance(node, list):  # an array of tables: the next part is an index
+                n = len(node)
+                tables = f"{n} [[{path}]] table{'s' if n != 1 else ''}"
+                index = name if section is None else section
+                if not index.isdigit():
+                    raise SpecError(f"--set {item!r}: {path} is a list of [[{path}]] tables; name one by its "
+                                    f"index from 0, e.g. --set {path}.0.KEY=VALUE (the spec has {tables})")
+                if int(index) >= n:
+                    raise SpecError(f"--set {item!r}: {path}.{index}: the spec has {tables}"
+                                    + (f", indexed 0 to {n - 1}" if n else f"; add one to the spec file first"))
+                if section is None:
+                    raise SpecError(f"--set {item!r}: {path}.{index} is a [[{path}]] table; set one key in it: "
+                                    f"--set {path}.{index}.KEY=VALUE")
+                child = node[int(index)]
+                if not isinstance(child, dict):
+                    raise SpecError(f"--set {item!r}: {path}.{index} is a value, not a table")
+                node[int(index)] = child = dict(child)
+            elif section is None:
+                break
+            else:
+                if path == "" and section == "refiners" and section not in node:
+                    node[section] = []  # no [[refiners]] tables yet: refiners.N is then out of range
+                child = node.setdefault(section, {})
+                if isinstance(child, list) and all(isinstance(x, dict) for x in child) and path == "":
+                    node[section] = child = list(child)  # [[refiners]]
+                    node, path = child, section
+                    continue
+                if not isinstance(child, dict):
+                    raise SpecError(f"--set {item!r}: {section} is a value, not a [section]")
+                node[section] = child = dict(child)
             node = child
+            path = f"{path}.{section}" if path else section
         node[name] = value
     return out
+
+
+def _blame_overrides(data: dict[str, Any], overrides: Sequence[str], seed: int | None, base_dir: Path, where: str,
+                     message: str) -> str:
+    """The error ``message`` (from validating the file with ``overrides`` and ``seed`` applied), said about
+    the ``--set`` that brought it in when the file alone does not have it."""
+    def error_of(items: Sequence[str]) -> str | None:
+        d = apply_overrides(data, items)
+        if seed is not None:
+            d["seed"] = seed
+        try:
+            spec_from_dict(d, base_dir, where)
+        except SpecError as exc:
+            return str(exc)
+        return None
+
+    if error_of(()) == message:
+        return message
+    for k in range(1, len(overrides) + 1):
+        if error_of(overrides[:k]) == message:
+            return f"--set {overrides[k - 1]!r}" + message.removeprefix(where)
+    return f"--set {' '.join(overrides)!r}" + message.removeprefix(where)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None = None) -> RunSpec:
@@ -538,13 +590,20 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         raise SpecError(f"{p}: invalid TOML: {exc}") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise SpecError(f"{p}: cannot read the spec as UTF-8 text ({type(exc).__name__}); give a ratchet.toml file") from None
-    data = apply_overrides(data, overrides)
+    file_data, data = data, apply_overrides(data, overrides)
     if seed is not None:
         data["seed"] = seed
-    spec = spec_from_dict(data, p.parent.resolve(), str(p))
+    try:
+        spec = spec_from_dict(data, p.parent.resolve(), str(p))
+    except SpecError as exc:
+        if not overrides:
+            raise
+        raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), str(exc))) from None
     if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # an mlp policy starts from no file
         what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
-        raise SpecError(f"{p}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
+        path_set = [o for o in overrides if o.partition("=")[0].strip() == "policy.path"]
+        where = f"--set {path_set[-1]!r}" if path_set else str(p)
+        raise SpecError(f"{where}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
     from ratchet.refiners.registry import arm_names, refiner_kind
 
     entries = spec.refiner_entries()

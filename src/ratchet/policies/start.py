@@ -83,6 +83,22 @@ def read_mlp_weights(path: str | Path, spaces: tuple[Any, Any]) -> bytes:
     return data
 
 
+def _check_layers(policy: Any, net: Any) -> None:
+    """Refuse ``hidden``/``activation`` set in ``[policy]`` that differ from the weights file's network (the
+    file's network is what runs; settings it would silently override are a mistake)."""
+    given = getattr(policy, "model_fields_set", set())  # only what the spec set: the defaults are no claim
+    wrong = []
+    if "hidden" in given and [int(h) for h in policy.hidden] != list(net.hidden):
+        wrong.append(f"hidden = {[int(h) for h in policy.hidden]}")
+    if "activation" in given and policy.activation != net.activation:
+        wrong.append(f"activation = {policy.activation!r}")
+    if wrong:
+        sizes = [net.weights[0][0].shape[0], *net.hidden, net.weights[-1][0].shape[1]]
+        raise PolicyError(f"[policy] {', '.join(wrong)} does not match the network in {policy.path} "
+                          f"({'-'.join(map(str, sizes))} layers, {net.activation}); the file's network is used as "
+                          f"it is: remove hidden/activation from [policy] or make them match")
+
+
 def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] | None, seed: int,
                     program: PolicyProgram | None) -> tuple[PolicyProgram, Candidate, dict[str, bytes]]:
     """The starting candidate for ``[policy]``.
@@ -116,6 +132,7 @@ def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] |
     assert spaces is not None
     if kind == "mlp" and str(policy.path).endswith(".npz"):
         data = read_mlp_weights(Path(base_dir) / policy.path, spaces)
+        _check_layers(policy, mlp.load_weights(data))
         return PolicyProgram("", ()), Candidate.create("", {}, kind="mlp", artifacts={"weights": digest(data)}), \
             {digest(data): data}
     net = mlp.init_weights(*spaces, hidden=policy.hidden, activation=policy.activation, normalize=policy.normalize,
