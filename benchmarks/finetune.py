@@ -185,6 +185,8 @@ def _gated_seed(args: argparse.Namespace, seed: int) -> list[dict]:
             "promotions": sum(g["promoted"] for g in gens), "generations": len(gens), "stop": res.stop_reason,
             "seconds": ratchet_s, **used}
     _append(args.jsonl, mine)
+    if args.side == "ratchet":
+        return [mine]
     test_seeds = [ep.seed for ep in res.test.episodes]
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _PLAIN], capture_output=True, text=True, check=True,
@@ -332,6 +334,9 @@ def main() -> None:
     ap.add_argument("--cmaes-budget", type=int, default=431_551, help="scratch: CMA-ES's env-step budget")
     ap.add_argument("--jsonl", help="append each result to this JSON-lines file as it arrives")
     ap.add_argument("--from-jsonl", help="gated: print (and --write) the table of a --jsonl file instead of running")
+    ap.add_argument("--side", choices=["both", "ratchet"], default="both",
+                    help="gated: run both sides, or only ratchet's (e.g. to re-measure it after a change; the plain "
+                         "side does not depend on ratchet's code)")
     ap.add_argument("--write", action="store_true", help="Write the table into benchmarks/RESULTS.md.")
     args = ap.parse_args()
     body = {"overhead": overhead, "gated": gated, "scratch": scratch}[args.what](args)
