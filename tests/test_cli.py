@@ -827,3 +827,33 @@ def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_bef
     events = read_events(tmp_path / "runs" / "b")
     assert not events_of(events, EventType.GENERATION_FINISHED)
     assert project(events).status == "finished"
+
+
+@pytest.mark.parametrize("damage", ["nan", "text"])
+def test_an_mlp_npz_with_non_finite_weights_or_not_an_npz_is_refused_in_one_line(runner, tmp_path, damage):
+    import io
+
+    import gymnasium as gym
+    import numpy as np
+
+    from conftest import make_spec_dir
+    from ratchet.policies import mlp
+
+    spec_dir = make_spec_dir(tmp_path / "s", budget={"env_steps": 30_000})
+    env = gym.make("CartPole-v1")
+    arrays = dict(np.load(io.BytesIO(mlp.init_weights(env.observation_space, env.action_space, hidden=(4,)).to_bytes())))
+    if damage == "nan":
+        arrays["W0"] = arrays["W0"] * np.nan
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        (spec_dir / "net.npz").write_bytes(buf.getvalue())
+    else:
+        (spec_dir / "net.npz").write_text("hello", encoding="utf-8")
+    toml = (spec_dir / "ratchet.toml").read_text(encoding="utf-8")
+    (spec_dir / "ratchet.toml").write_text(toml.replace('[policy]\npath = "policy.py"',
+                                                        '[policy]\nkind = "mlp"\npath = "net.npz"'), encoding="utf-8")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "m")
+    line = assert_one_line_error(res, "net.npz: not an mlp .npz written by `ratchet export`", "ratchet export RUN")
+    assert "allow_pickle" not in line and not (tmp_path / "runs" / "m").exists()
+    if damage == "nan":
+        assert "NaN or infinite" in line

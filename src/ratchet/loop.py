@@ -1005,7 +1005,7 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         events = ledger.read()
         started = ledger.get("run_started")
         if ledger.get("run_finished") is not None:
-            hint = f"`ratchet show {started.payload['run_id']}`"
+            hint = (f"`ratchet show {run} --storage URL`" if storage else f"`ratchet show {run_dir}`")
             from ratchet.correction_round import unfinished_round
 
             if unfinished_round(events) is not None:

@@ -187,6 +187,9 @@ def load_weights(data: bytes) -> MLP:
     for (w, b), (w2, _) in zip(weights, weights[1:]):
         if w.ndim != 2 or b.shape != (w.shape[1],) or w2.shape[0] != w.shape[1]:
             raise PolicyError("not an mlp weights artifact: layer shapes do not chain")
+    arrays_of = [a for wb in weights for a in wb] + [mlp.obs_shift, mlp.obs_scale, mlp.log_std]
+    if not all(np.isfinite(a).all() for a in arrays_of):
+        raise PolicyError("not an mlp weights artifact: some weights are NaN or infinite")
     return mlp
 
 

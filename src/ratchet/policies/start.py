@@ -73,7 +73,12 @@ def read_mlp_weights(path: str | Path, spaces: tuple[Any, Any]) -> bytes:
 
     p = Path(path)
     data = _read_capped(p, "the weights", "[policy] path names an mlp .npz (`ratchet export` writes one)")
-    net = mlp.load_weights(data)
+    try:
+        net = mlp.load_weights(data)
+    except PolicyError as exc:  # name the file and the way to get a good one, not a library's advice
+        reason = str(exc).removeprefix("not an mlp weights artifact: ").split(". ")[0].splitlines()[0][:160]
+        raise PolicyError(f"{p}: not an mlp .npz written by `ratchet export` ({reason}); export one with "
+                          "`ratchet export RUN`") from None
     fresh = mlp.init_weights(*spaces, hidden=(1,))
     n_in, n_out = net.weights[0][0].shape[0], net.weights[-1][0].shape[1]
     want_in, want_out = fresh.weights[0][0].shape[0], fresh.weights[-1][0].shape[1]

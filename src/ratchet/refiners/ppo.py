@@ -190,7 +190,7 @@ class PPORefiner:
         job_steps, self._fitted = self.training_env_steps, None
         result = self.ctx.train(TrainingJob(self.trainer, start, settings, seeds, job_steps))
         if result.error is not None:
-            self._failure = f"{self.name}: training failed: {result.error}"
+            self._failure = f"{self.name}: training failed: {' '.join(str(result.error).split())}"  # one line
             return []
         out = []
         for o in result.outputs:
