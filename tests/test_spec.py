@@ -257,3 +257,15 @@ def test_errors_from_set_name_the_set_not_the_file(tmp_path):
     bad = write(tmp_path / "bad", '[task]\nenv_id = "CartPole-v1"\nbogus = 1\n')
     with pytest.raises(SpecError, match=r"ratchet\.toml: unknown key \[task\] bogus"):  # the file's own mistake
         load_spec(bad, ["gate.alpha=0.1"])
+
+
+def test_a_training_refiner_whose_one_rollout_exceeds_the_whole_budget_is_refused(tmp_path):
+    spec_dir = make_spec_dir(tmp_path, budget={"env_steps": 30_000})
+    toml = (spec_dir / "ratchet.toml").read_text(encoding="utf-8")
+    toml = toml.replace('[policy]\npath = "policy.py"', '[policy]\nkind = "mlp"\nhidden = [8]')
+    (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 32768\n', encoding="utf-8")
+    with pytest.raises(SpecError, match=r"table 1 \(ppo\): one rollout \(n_steps = 32,768 env steps\) is more than "
+                                        r"the whole \[budget\] env_steps = 30,000.*lower n_steps"):
+        load_spec(spec_dir)
+    (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 1024\n', encoding="utf-8")
+    assert load_spec(spec_dir).refiners[0]["n_steps"] == 1024
