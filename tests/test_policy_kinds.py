@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,7 +180,9 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage, request):
 
     report = tmp_path / "report.html"
     cli("report", "r", "-o", str(report), "--no-videos")
-    assert "Parameter changes (residual policy)" in report.read_text(encoding="utf-8")
+    html = report.read_text(encoding="utf-8")
+    assert "Parameter changes (residual policy)" in html
+    assert re.search(r"env steps went to: search [\d,]+ · re-evaluation [\d,]+ · validation [\d,]+", html), html[:2000]
 
 
 # -- mlp: every command on a run's network -----------------------------------------------------------

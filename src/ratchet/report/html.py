@@ -101,6 +101,9 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     parts.append(f"<p>{esc(env_id)} · status <b>{esc(state.status)}</b> · stop: {esc(str(state.stop_reason))} · "
                  f"{state.generations} generations · {state.env_steps:,} env steps ({state.validation_env_steps:,} on "
                  f"validation) · {state.episodes:,} episodes · {state.wall_clock_s:.1f} s</p>")
+    if state.env_steps_breakdown:  # as `ratchet show` prints it: training, search, re-evaluation, validation, …
+        went = " · ".join(f"{esc(str(k))} {v:,}" for k, v in state.env_steps_breakdown.items() if v is not None)
+        parts.append(f"<p>env steps went to: {went}</p>")
 
     # summary table
     rows = []
