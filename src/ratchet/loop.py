@@ -47,6 +47,12 @@ __all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "L
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
+def candidates_per_generation(refiner: Any) -> int:
+    """Evaluations a generation of ``refiner`` prices on the training seeds: its proposals, the incumbent, and
+    the refiner's recommendation (CMA-ES's distribution mean) unless it declares ``recommends = False``."""
+    return int(refiner.population_size) + 1 + (1 if getattr(refiner, "recommends", True) else 0)
+
+
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
 BROKEN_START = "the starting policy failed all"
 
@@ -492,7 +498,7 @@ class _Run:
         cut, limit = getattr(refiner, "fit_training", None), self.spec.budget.env_steps
         if cut is None or limit is None:
             return False
-        n_candidates = refiner.population_size + 2
+        n_candidates = candidates_per_generation(refiner)
         rest = (limit - self.usage.env_steps - reserve[0]
                 - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
         return rest > 0 and bool(cut(int(rest)))
@@ -594,15 +600,15 @@ class _Run:
 
             def fits(r: Any) -> bool:  # the refiner's generation, its training job and a kept gate
                 return self.planner.can_afford_generation(
-                    self.usage, r.population_size + 2, est_len, self.episode_price(est_len),
+                    self.usage, candidates_per_generation(r), est_len, self.episode_price(est_len),
                     (reserve[0] + int(getattr(r, "training_env_steps", 0)), reserve[1]))
 
             arm = self.choose_refiner(generation, fits) if stop is None else next(iter(self.refiners))
             refiner = self.refiners[arm]
-            n_candidates = refiner.population_size + 2
+            n_candidates = candidates_per_generation(refiner)
             training = int(getattr(refiner, "training_env_steps", 0))  # env steps its training jobs take
             if stop is None and not fits(refiner) and self.fit_training(refiner, est_len, reserve):
-                n_candidates = refiner.population_size + 2
+                n_candidates = candidates_per_generation(refiner)
                 training = int(refiner.training_env_steps)
             if stop is None and not fits(refiner):
                 stop = self.no_room_message(n_candidates, est_len, first=False, training=training)

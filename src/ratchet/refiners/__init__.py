@@ -32,4 +32,6 @@ class Refiner(Protocol):
         on the same seeds (a reference for paired comparisons; refiners that need none ignore it)."""
 
     def recommend(self) -> Candidate | None:
-        """The refiner's current best guess (e.g. CMA-ES's distribution mean), or None."""
+        """The refiner's current best guess (e.g. CMA-ES's distribution mean), or None. A refiner that never
+        recommends may say so with a class attribute ``recommends = False``: the loop then prices its
+        generations without that extra evaluation."""

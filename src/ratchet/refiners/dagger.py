@@ -115,6 +115,7 @@ class CorrectionRefiner:
     """
 
     population_size = 1
+    recommends = False  # a generation evaluates the student and the incumbent only
     sigma = None
     n_restarts = 0
 

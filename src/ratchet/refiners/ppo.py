@@ -127,6 +127,9 @@ class PPORefiner:
         trainer: The :data:`~ratchet.execution.training.TRAINERS` name (``"ppo"`` or ``"residual"``).
     """
 
+    #: No distribution mean to recommend: a generation evaluates its checkpoints and the incumbent only.
+    recommends = False
+
     def __init__(self, settings: PPOSettings, name: str, ctx: Any, trainer: str) -> None:
         self.settings, self.name, self.ctx, self.trainer = settings, name, ctx, trainer
         self._failure: str | None = None
