@@ -264,8 +264,8 @@ def test_a_training_refiner_whose_one_rollout_exceeds_the_whole_budget_is_refuse
     toml = (spec_dir / "ratchet.toml").read_text(encoding="utf-8")
     toml = toml.replace('[policy]\npath = "policy.py"', '[policy]\nkind = "mlp"\nhidden = [8]')
     (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 32768\n', encoding="utf-8")
-    with pytest.raises(SpecError, match=r"table 1 \(ppo\): one rollout \(n_steps = 32,768 env steps\) is more than "
-                                        r"the whole \[budget\] env_steps = 30,000.*lower n_steps"):
+    with pytest.raises(SpecError, match=r"table 1 \(ppo\): its smallest training job \(32,768 env steps\) is more "
+                                        r"than the whole \[budget\] env_steps = 30,000.*lower n_steps"):
         load_spec(spec_dir)
     (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 1024\n', encoding="utf-8")
     assert load_spec(spec_dir).refiners[0]["n_steps"] == 1024

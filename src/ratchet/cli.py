@@ -83,7 +83,7 @@ def _project(ledger, run: str):
 
 
 def _print_result(run_dir: Path, state) -> None:
-    out.print(f"run {state.run_id} stopped: {state.stop_reason}", highlight=False, soft_wrap=True)
+    out.print(f"run {state.run_id} stopped: {_safe(state.stop_reason, 2000)}", highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("policy")
     t.add_column("test mean", justify="right")

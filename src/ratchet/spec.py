@@ -392,11 +392,13 @@ class RunSpec(_Section):
                 raise ValueError(f"refiner kind {entry['kind']!r} cannot refine a {self.policy.kind!r} policy "
                                  f"(it refines {', '.join(kind.policy_kinds)} policies); "
                                  f"{kind.hint or 'choose another [[refiners]] kind'}")
-            rollout = entry.get("n_steps") if "env_steps" in entry else None  # a training refiner's smallest job
-            if rollout and self.budget.env_steps is not None and rollout > self.budget.env_steps:
-                raise ValueError(f"[[refiners]] table {i + 1} ({entry['kind']}): one rollout (n_steps = {rollout:,} "
-                                 f"env steps) is more than the whole [budget] env_steps = {self.budget.env_steps:,}, "
-                                 "so it could never train; lower n_steps or raise [budget] env_steps")
+            settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
+            smallest = getattr(settings, "smallest_job_env_steps", None)  # a training refiner's smallest job
+            if smallest and self.budget.env_steps is not None and smallest > self.budget.env_steps:
+                raise ValueError(f"[[refiners]] table {i + 1} ({entry['kind']}): its smallest training job "
+                                 f"({smallest:,} env steps) is more than the whole [budget] env_steps = "
+                                 f"{self.budget.env_steps:,}, so it could never train; "
+                                 f"{getattr(settings, 'smallest_job_hint', 'raise [budget] env_steps')}")
         return self
 
     def refiner_entries(self) -> list[dict[str, Any]]:

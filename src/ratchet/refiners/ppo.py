@@ -34,7 +34,7 @@ import io
 import math
 import zipfile
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -97,6 +97,14 @@ class PPOSettings(BaseModel):
     def checkpoint_env_steps(self) -> int:
         """Env steps between checkpoints: ``env_steps / checkpoints`` rounded up to whole rollouts."""
         return math.ceil(self.env_steps / self.checkpoints / self.n_steps) * self.n_steps
+
+    @property
+    def smallest_job_env_steps(self) -> int:
+        """The smallest training job this refiner can run (one rollout, when the budget's last job is cut)."""
+        return self.n_steps
+
+    #: What to change when even :attr:`smallest_job_env_steps` does not fit the budget.
+    smallest_job_hint: ClassVar[str] = "lower n_steps (one rollout) or raise [budget] env_steps"
 
     @property
     def job_env_steps(self) -> int:
