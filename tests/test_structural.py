@@ -7,16 +7,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from conftest import DATA, RecordingExecutor, SimulatedKill, base_spec_dict, events_of, read_events
+from conftest import DATA, GOOD_EDIT, RecordingExecutor, SimulatedKill, base_spec_dict, events_of, read_events
 from ratchet.critic import Evaluation
 from ratchet.errors import PolicyError
 from ratchet.ledger import EventType, SQLiteLedger
@@ -34,20 +31,6 @@ from ratchet.spec import spec_from_dict
 POLICY = (DATA / "cartpole_linear.py").read_text(encoding="utf-8")
 SECRET = "sk-test-DO-NOT-LEAK-4242"
 
-GOOD_EDIT = """Lean into the fall: weigh the pole's angular velocity by a new gain.
-<<<<<<< SEARCH
-    return 1 if z > 0 else 0
-=======
-    z = z + params["boost"] * observation[3]
-    return 1 if z > 0 else 0
->>>>>>> REPLACE
-<<<<<<< SEARCH
-PARAMETERS = {
-=======
-PARAMETERS = {
-    "boost": {"default": 0.5, "low": 0.0, "high": 2.0},
->>>>>>> REPLACE
-"""
 MALFORMED = "I would push right more often.\n<<<<<<< SEARCH\n    return 1 if z > 0 else 0\n"
 BREAKS_CONTRACT = """<<<<<<< SEARCH
     return 1 if z > 0 else 0
@@ -64,74 +47,6 @@ def act(observation, params):
     return 1 if observation[2] + params["gain"] * observation[3] > 0 else 0
 ```
 """
-
-
-# -- a stand-in chat-completions server ----------------------------------------------------------------
-
-class StandIn:
-    """A real HTTP server on 127.0.0.1 speaking chat completions. ``script`` items are answers (a
-    string) or dicts ``{"status": 429}``, ``{"delay": 1.0, "content": ...}``; when the script runs
-    out it repeats ``default``. Every request (body and Authorization header) is kept in ``requests``."""
-
-    def __init__(self, script=(), default=GOOD_EDIT):
-        self.script, self.default, self.requests = list(script), default, []
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer.lock:
-                    outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                    item = outer.script.pop(0) if outer.script else outer.default
-                item = item if isinstance(item, dict) else {"content": item}
-                if item.get("delay"):
-                    time.sleep(item["delay"])
-                status = item.get("status", 200)
-                if status != 200:
-                    data = json.dumps({"error": {"message": "slow down"}}).encode()
-                else:
-                    data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
-                                       "choices": [{"index": 0, "finish_reason": "stop",
-                                                    "message": {"role": "assistant", "content": item["content"]}}],
-                                       "usage": {"prompt_tokens": 100, "completion_tokens": 20,
-                                                 "total_tokens": 120}}).encode()
-                try:
-                    self.send_response(status)
-                    if status == 429:
-                        self.send_header("Retry-After", "0")
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
-                    pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def standin():
-    servers = []
-
-    def make(script=(), default=GOOD_EDIT):
-        servers.append(StandIn(script, default))
-        return servers[-1]
-
-    yield make
-    for s in servers:
-        s.stop()
 
 
 def cartpole_space() -> _Space:
