@@ -44,3 +44,21 @@ def test_parameters_at_a_bound_are_named():
     assert len(lines) == 2
     assert "w_velocity = 1 sits at its upper bound 1" in lines[0] and "widen its range" in lines[0]
     assert "w_angle = -1 sits at its lower bound -1" in lines[1]
+
+
+# regression (issue 18 §6): the same run was told both "lower [gate] validation_episodes (now 200)" (gates skipped
+# for their cost) and "raise [gate] validation_episodes (now 200)" (gains the test could not certify), and one gain
+# was given as the range "+1.63 to +1.63"
+def test_advice_never_says_both_lower_and_raise_validation_episodes():
+    notes = ["validation would take 40 % of env steps, over [gate] max_share = 0.3; it waits"] * 6 + \
+            ["the budget cannot pay for validation (…)"] * 2 + [None, None]
+    gates = [{"promoted": False, "mean_diff": 1.631}, {"promoted": False, "mean_diff": 1.629}]
+    text = "\n".join(run_advice(_state(notes, gates)))
+    assert "raise [gate] validation_episodes (now 8)" in text
+    assert "lower [gate] validation_episodes" not in text
+    assert "raise max_share or the budget" in text and "could not pay for a validation; raise the budget" in text
+    assert "positive mean gain (+1.63) the test" in text and "+1.63 to +1.63" not in text
+    # without underpowered rejections, fewer validation seeds is still the advice for gates skipped for cost
+    alone = "\n".join(run_advice(_state(notes)))
+    assert "raise max_share or lower [gate] validation_episodes (now 8)" in alone
+    assert "raise the budget or lower [gate] validation_episodes (now 8)" in alone

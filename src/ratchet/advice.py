@@ -89,19 +89,23 @@ def run_advice(state: Any) -> list[str]:
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
                        f"the search is not finding better candidates: {step}more [refiner] train_episodes for less "
                        "noisy ranking" + (", or wider parameter bounds" if step else ""))
-        if share:
-            out.append(f"{head}: {share} generation(s) skipped the gate because validation would exceed [gate] "
-                       f"max_share = {gate.get('max_share', 0.3):g} of the env steps; raise max_share or lower [gate] "
-                       f"validation_episodes (now {gate.get('validation_episodes')})")
-        if budget:
-            out.append(f"{head}: in {budget} generation(s) the budget could not pay for a validation; lower [gate] "
-                       f"validation_episodes (now {gate.get('validation_episodes')}) or raise the budget")
         rejected = [g for g in state.gates if not g.get("promoted")]
         gains = [g["mean_diff"] for g in rejected if isinstance(g.get("mean_diff"), (int, float))
                  and g["mean_diff"] == g["mean_diff"] and g["mean_diff"] > 0]
+        # gates that lacked power want more validation seeds, so fewer is never also advised
+        fewer = "" if gains else f" or lower [gate] validation_episodes (now {gate.get('validation_episodes')})"
+        if share:
+            out.append(f"{head}: {share} generation(s) skipped the gate because validation would exceed [gate] "
+                       f"max_share = {gate.get('max_share', 0.3):g} of the env steps; raise max_share"
+                       + (fewer or " or the budget"))
+        if budget:
+            out.append(f"{head}: in {budget} generation(s) the budget could not pay for a validation; raise the "
+                       f"budget{fewer}")
         if gains:
+            lo, hi = f"{min(gains):+.3g}", f"{max(gains):+.3g}"
+            span = lo if lo == hi else f"{lo} to {hi}"  # one value, not "+1.63 to +1.63"
             out.append(f"{len(rejected)} gated candidate(s) were rejected, {len(gains)} of them with a positive mean "
-                       f"gain ({min(gains):+.3g} to {max(gains):+.3g}) the test could not certify at its level: raise "
+                       f"gain ({span}) the test could not certify at its level: raise "
                        f"[gate] validation_episodes (now {gate.get('validation_episodes')}), or use test = \"betting\" "
                        "with validation_episodes = 100–200 (it stops early when the evidence is clear)")
     return out + parameters_at_bounds(state)
