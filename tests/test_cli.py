@@ -857,3 +857,38 @@ def test_an_mlp_npz_with_non_finite_weights_or_not_an_npz_is_refused_in_one_line
     assert "allow_pickle" not in line and not (tmp_path / "runs" / "m").exists()
     if damage == "nan":
         assert "NaN or infinite" in line
+
+
+# -- help texts (issue 18 §6) ---------------------------------------------------------------------
+
+def _help_sources():
+    """``(command path, help text as written in cli.py)`` for the group and every command: docstrings and
+    each option's and argument's help, read from the Typer app (never from the click commands it builds)."""
+    import inspect
+
+    def texts(path, info):
+        own = info.help or inspect.getdoc(info.callback) or ""
+        params = inspect.signature(info.callback).parameters.values()
+        return [(path, own)] + [(path, p.default.help) for p in params if getattr(p.default, "help", None)]
+
+    out = texts((), app.registered_callback) + [((), app.info.help)]
+    for info in app.registered_commands:
+        out += texts((info.name or info.callback.__name__.replace("_", "-"),), info)
+    return out
+
+
+# regression (was a bug): `ratchet evaluate --help` read "A ratchet.toml whose  to use" and `ratchet run --help`
+# "a [] table": Typer read help texts as Rich markup, which ate "[task]" and "[[refiners]]"
+def test_every_help_text_keeps_its_bracketed_words(runner):
+    sources = _help_sources()
+    assert {path for path, _ in sources} >= {(), ("run",), ("evaluate",), ("show",), ("critique",)}
+    bracketed = [(path, word) for path, text in sources for word in re.findall(r"\[+[^\[\]\s]+\]+", text)]
+    assert (("evaluate",), "[task]") in bracketed and (("run",), "[[refiners]]") in bracketed
+    pages: dict[tuple[str, ...], str] = {}
+    for path, word in bracketed:
+        if path not in pages:
+            res = invoke(runner, *path, "--help")
+            assert res.exit_code == 0, res.output
+            pages[path] = res.stdout
+        assert word in pages[path], (path, word)
+        assert "\\[" not in pages[path], path  # escaped, but the backslash never shows

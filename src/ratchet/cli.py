@@ -16,12 +16,32 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from ratchet.errors import LedgerError, RatchetError, ReplayMismatchError, RunNotFoundError
 from ratchet.text import clean
 
+
+class _LiteralHelp(TyperGroup):
+    """The command group, whose help texts (docstrings and every option's help) print as written: Typer
+    reads them as Rich markup, which ate "[task]" ("A ratchet.toml whose  to use") and "[[refiners]]"."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        from rich.markup import escape
+
+        for cmd in [self, *self.commands.values()]:  # built afresh by each `app` call
+            if getattr(cmd, "_literal_help", False):  # escaping twice would show the backslashes
+                continue
+            cmd._literal_help = True  # type: ignore[attr-defined]
+            cmd.help = escape(cmd.help) if cmd.help else cmd.help
+            for param in cmd.params:
+                if getattr(param, "help", None):
+                    param.help = escape(param.help)
+
+
 app = typer.Typer(help="ratchet: make an existing decision policy better, provably "
-                       "(plan → execute → critique → refine → gate).",
+                       "(plan → execute → critique → refine → gate).", cls=_LiteralHelp,
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 # markup off: messages, stop reasons, run ids and paths print as they are ("[budget] env_steps" stays)
 out = Console(markup=False)
