@@ -339,6 +339,27 @@ def test_replay_bad_video_suffix(finished_run, runner, tmp_path):
                           ".gif or .mp4")
 
 
+# regression (was a bug): in a clone the hint named only the package-index install, `pip install
+# 'policy-ratchet[video]'`, which installs a second ratchet beside the checkout being run
+def test_replay_mp4_without_ffmpeg_names_the_install_for_where_ratchet_runs(finished_run, runner, tmp_path,
+                                                                            monkeypatch):
+    import sys
+    from pathlib import Path
+
+    import ratchet.cli
+
+    _, run_dir, _ = finished_run
+    _, episodes = incumbent_test_episode(run_dir)
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # `import imageio_ffmpeg` raises ImportError
+    args = ("replay", run_dir, "--seed", episodes[0]["seed"], "--video", tmp_path / "v.mp4")
+    clone = Path(ratchet.cli.__file__).resolve().parents[2]  # the tests run from the source checkout
+    assert_one_line_error(invoke(runner, *args), "needs ffmpeg", f'pip install -e ".[video]" in the source checkout '
+                          f"{clone}", "pip install 'policy-ratchet[video]'", "or write a .gif")
+    monkeypatch.setattr(ratchet.cli, "_source_checkout", lambda: None)  # an installed package
+    line = assert_one_line_error(invoke(runner, *args), "needs ffmpeg: pip install 'policy-ratchet[video]'")
+    assert "-e" not in line and not (tmp_path / "v.mp4").exists()
+
+
 def test_export_unknown_run(runner, tmp_path):
     assert_one_line_error(invoke(runner, "export", "ghost", "-o", tmp_path / "x.py", "--runs-dir", tmp_path), "no run")
 

@@ -535,8 +535,8 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
                 try:
                     import imageio_ffmpeg  # noqa: F401
                 except ImportError:
-                    raise RatchetError("--video .mp4 needs ffmpeg: pip install 'policy-ratchet[video]' "
-                                       "(or write a .gif)") from None
+                    raise RatchetError(f"--video .mp4 needs ffmpeg: {_install_hint('video')}; or write a .gif") \
+                        from None
             try:
                 video.parent.mkdir(parents=True, exist_ok=True)
             except OSError:
@@ -562,6 +562,25 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
             out.print(f"video: {video}", highlight=False, soft_wrap=True)
     except RatchetError as exc:
         _fail(exc)
+
+
+def _source_checkout() -> Path | None:
+    """The root of the source checkout ratchet runs from (an editable install of a clone), or None when it
+    runs from an installed package."""
+    root = Path(__file__).resolve().parents[2]  # src/ratchet/cli.py -> the clone
+    try:
+        return root if 'name = "policy-ratchet"' in (root / "pyproject.toml").read_text(encoding="utf-8") else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _install_hint(extra: str) -> str:
+    """How to install one of ratchet's extras (``"video"``): in a source checkout ``pip install -e
+    ".[video]"`` there, with the package-index command beside it; else the package-index command."""
+    index = f"pip install 'policy-ratchet[{extra}]'"
+    root = _source_checkout()
+    return index if root is None else f"pip install -e \".[{extra}]\" in the source checkout {root} (installed " \
+                                      f"from a package index: {index})"
 
 
 def _check_output(path: Path, force: bool, what: str) -> None:
