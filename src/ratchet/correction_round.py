@@ -354,7 +354,7 @@ class CorrectionRound:
                  updates: int | None) -> tuple[Candidate | None, dict[str, Any]]:
         """The round's training job (read back when recorded) and the student it gives."""
         from ratchet.execution.training import TrainingJob
-        from ratchet.refiners.dagger import MODES, CorrectionSettings
+        from ratchet.refiners.dagger import ANSWER, MODES, CorrectionSettings
 
         table = next((e for e in run.spec.refiner_entries() if e["kind"] in MODES), {})
         fields = CorrectionSettings.model_fields
@@ -366,7 +366,7 @@ class CorrectionRound:
         if "dataset" in played.artifacts:
             arts["dataset"] = played.artifacts["dataset"]
         parent = Candidate.create("", {}, kind="mlp", artifacts=arts, parent_id=played.id, refiner="person")
-        job = TrainingJob("dagger", parent, settings, (), 0)
+        job = TrainingJob("dagger", parent, settings, (), 0, answer=ANSWER)
         result = run.train(job)
         info = {"training": f"training/{job.key}", "error": result.error}
         if result.error or not result.outputs:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ratchet.errors import RatchetError
+from ratchet.npz import NpzError, load_npz
 
 __all__ = ["Dataset", "DataError", "to_minari", "from_minari", "run_dataset"]
 
@@ -110,14 +111,18 @@ class Dataset:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Dataset:
-        """Read an artifact written by :meth:`to_bytes` (no pickles).
+        """Read an artifact written by :meth:`to_bytes` (no pickles; at most :func:`ratchet.npz.unpack_limit`
+        bytes unpacked).
 
         Raises:
-            DataError: not a data set artifact, or columns of different lengths.
+            DataError: not a data set artifact, one that unpacks to more than the driver loads, or columns of
+                different lengths.
         """
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
+            arrays = load_npz(data)
+        except NpzError as exc:
+            raise DataError(f"not a ratchet data set: {exc}") from None
+        try:
             meta = json.loads(arrays.pop("meta").tobytes().decode())
             ds = cls(**{f: arrays[f] for f in _FIELDS}, meta=meta)
         except Exception as exc:

@@ -17,7 +17,7 @@ import re
 import platform
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -28,6 +28,7 @@ import numpy as np
 from ratchet.critic import Critic, Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, WriterLeaseError
 from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
+from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.gate import SequentialGate, make_gate
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
@@ -41,6 +42,7 @@ from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.task import GymTask
+from ratchet.text import clean
 
 __all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "LEDGER_FILE"]
 
@@ -203,12 +205,14 @@ class _Run:
     def train(self, job: Any) -> Any:
         """Run a refiner's training job, or read its recorded result back (a resumed run never re-trains).
 
-        The outputs' artifacts are stored before the ``training_finished`` event that names them; each
-        output's ``info["artifacts"]`` gives their digests by role. The job's env-step allowance counts
-        in the budget in full; a job that would exceed an env-step budget does not run.
+        The answer is checked against the trainer's declaration (``job.answer``,
+        :func:`~ratchet.execution.training.accept`) before anything records or uses it: an answer that breaks
+        it, or an executor that raises, is the job's recorded failure. The outputs' artifacts are stored
+        before the ``training_finished`` event that names them; each output's ``info["artifacts"]`` gives
+        their digests by role. The job's env-step allowance counts in the budget in full; a job that would
+        exceed an env-step budget does not run. A recorded answer is checked again when read back, so an
+        event recorded by an older ratchet that breaks the declaration is a failure, never a crash.
         """
-        from ratchet.execution.training import TrainingOutput, TrainingResult
-
         key = f"training/{job.key}"
         event = self.ledger.get(key)
         if event is None:
@@ -222,7 +226,12 @@ class _Run:
                 blobs = {h: self.artifact(h) for h in job.parent.artifacts.values()}
                 from dataclasses import replace
 
-                result = runner(self.task, replace(job, artifacts=blobs), self.spec.execution.training_timeout_s)
+                try:
+                    result = runner(self.task, replace(job, artifacts=blobs), self.spec.execution.training_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - the job's failure, not the run's
+                    result = TrainingResult((), job.env_steps, f"the executor failed to run the training job: "
+                                                               f"{type(exc).__name__}: {exc}"[:500])
+                result = accept(job, result)
             outputs = []
             for out in result.outputs:
                 digests = {role: self.store_artifact(data) for role, data in out.artifacts.items()}
@@ -232,12 +241,28 @@ class _Run:
                 "seeds": list(job.seeds), "env_steps": result.env_steps, "error": result.error,
                 "seconds": result.seconds, "outputs": outputs})
             event = self.ledger.get(key)
-        p = event.payload
-        self.usage.env_steps += int(p["env_steps"])
-        self.usage.training_env_steps += int(p["env_steps"])
-        outs = tuple(TrainingOutput({role: self.artifact(h) for role, h in o["artifacts"].items()},
-                                    {**o["info"], "artifacts": dict(o["artifacts"])}) for o in p["outputs"])
-        return TrainingResult(outs, int(p["env_steps"]), p["error"], float(p.get("seconds", 0.0)))
+        return self._recorded_training(job, event.payload)
+
+    def _recorded_training(self, job: Any, p: Mapping[str, Any]) -> Any:
+        """The result a ``training_finished`` payload records, checked against ``job.answer`` again; its env
+        steps are charged to the usage."""
+        steps = p.get("env_steps")
+        steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else job.env_steps
+        self.usage.env_steps += steps
+        self.usage.training_env_steps += steps
+        try:
+            if p["error"] is not None:
+                return TrainingResult((), steps, clean(str(p["error"]), 500), float(p.get("seconds", 0.0)))
+            outs = tuple(TrainingOutput({role: self.artifact(h) for role, h in o["artifacts"].items()}, dict(o["info"]))
+                         for o in p["outputs"])
+            checked = accept(job, TrainingResult(outs, steps, None, float(p.get("seconds", 0.0))))
+        except Exception as exc:  # noqa: BLE001 - a malformed event recorded by an older ratchet
+            return TrainingResult((), steps, f"the recorded training answer cannot be read ({type(exc).__name__})")
+        if checked.error is not None:
+            return checked
+        outs = tuple(TrainingOutput(o.artifacts, {**o.info, "artifacts": dict(r["artifacts"])})
+                     for o, r in zip(checked.outputs, p["outputs"]))
+        return TrainingResult(outs, steps, None, checked.seconds)
 
     def exchange(self, key: str, request: Any, call: Callable[[], tuple[str | None, dict[str, Any]]]
                  ) -> tuple[str | None, dict[str, Any]]:

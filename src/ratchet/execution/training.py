@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import pickle
 import select
@@ -28,13 +29,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.policy import Candidate
+from ratchet.text import clean
 
-__all__ = ["TrainingJob", "TrainingOutput", "TrainingResult", "TRAINERS", "run_training"]
+__all__ = ["TrainingJob", "TrainingOutput", "TrainingResult", "TrainingAnswer", "Role", "InfoField", "BadAnswer",
+           "accept", "TRAINERS", "run_training"]
 
 #: Trainer name -> ``"module:function"``. A refiner kind registers its trainer here (see ``refiners/``).
 TRAINERS: dict[str, str] = {
@@ -45,6 +48,7 @@ TRAINERS: dict[str, str] = {
 
 _MAX_HEADER_BYTES = 1 << 20
 _MAX_OUTPUT_BYTES = 1 << 30
+_MAX_OUTPUTS = 1000
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class TrainingJob:
         seeds: Training seeds (episode resets cycle through them).
         env_steps: Env steps of training allowed (charged to the budget in full).
         artifacts: The parent's artifact bytes by digest.
+        answer: What the trainer declares it returns (checked by :func:`accept` before anything records or
+            uses the answer); not part of the job's key.
     """
 
     trainer: str
@@ -66,6 +72,7 @@ class TrainingJob:
     seeds: tuple[int, ...]
     env_steps: int
     artifacts: Mapping[str, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    answer: TrainingAnswer | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -93,6 +100,180 @@ class TrainingResult:
     env_steps: int
     error: str | None = None
     seconds: float = 0.0
+
+
+class BadAnswer(Exception):
+    """A training answer breaks its trainer's declaration (:class:`TrainingAnswer`); ``str(exc)`` is one line."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """An artifact role a trainer's outputs carry.
+
+    Attributes:
+        name: The role (``"weights"``, ``"dataset"``, ...).
+        required: Every output carries it (else it may).
+        max_bytes: Largest artifact of this role, in bytes.
+        check: Reads the bytes in the driver and raises on a malformed artifact (never unpickles; e.g.
+            :func:`ratchet.policies.mlp.load_weights`); None: only the size is checked.
+    """
+
+    name: str
+    required: bool = True
+    max_bytes: int = 1 << 28
+    check: Callable[[bytes], Any] | None = None
+
+
+#: A bound of an :class:`InfoField`: a number, or a function of the job (e.g. its env-step allowance).
+Bound = float | Callable[["TrainingJob"], float] | None
+
+
+@dataclass(frozen=True)
+class InfoField:
+    """One entry of an output's ``info``.
+
+    Attributes:
+        name: Its key.
+        kind: ``"int"``, ``"float"`` (finite; ints accepted), ``"bool"``, ``"str"``, ``"list"`` or ``"dict"``.
+        required: Every output has it.
+        nullable: ``None`` is accepted.
+        low, high: Inclusive bounds of a number, or of a list's / string's length; a callable gets the job.
+        choices: The values accepted (for ``"str"``).
+        check: Further check of the value (raises ``ValueError``/``TypeError``/``KeyError`` on a bad one), e.g.
+            the structure of a list of records.
+    """
+
+    name: str
+    kind: str
+    required: bool = True
+    nullable: bool = False
+    low: Bound = None
+    high: Bound = None
+    choices: tuple[Any, ...] | None = None
+    check: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class TrainingAnswer:
+    """What a trainer declares it returns; the driver checks each answer against it (:func:`accept`) before the
+    answer is recorded or used.
+
+    Attributes:
+        roles: The artifact roles of each output (no others are accepted).
+        info: The entries of each output's ``info`` (no others are accepted).
+        min_outputs, max_outputs: How many outputs a successful job gives (``max_outputs`` may be a function
+            of the job).
+        max_info_bytes: Largest ``info`` of one output, as JSON, in bytes.
+    """
+
+    roles: tuple[Role, ...]
+    info: tuple[InfoField, ...] = ()
+    min_outputs: int = 1
+    max_outputs: int | Callable[["TrainingJob"], int] = 1
+    max_info_bytes: int = 1 << 20
+
+    def check(self, job: TrainingJob, outputs: Sequence[TrainingOutput]) -> None:
+        """Check ``outputs`` of ``job`` against the declaration.
+
+        Raises:
+            BadAnswer: the first thing that breaks it, in one line.
+        """
+        most = self.max_outputs(job) if callable(self.max_outputs) else self.max_outputs
+        if not self.min_outputs <= len(outputs) <= most:
+            raise BadAnswer(f"{len(outputs)} outputs (expected {self.min_outputs}..{most})")
+        roles = {r.name: r for r in self.roles}
+        fields = {f.name: f for f in self.info}
+        for i, out in enumerate(outputs):
+            where = f"output {i + 1}"
+            arts = out.artifacts
+            extra = sorted(clean(repr(r), 40) for r in set(arts) - set(roles))
+            missing = sorted(r.name for r in self.roles if r.required and r.name not in arts)
+            if extra or missing:
+                raise BadAnswer(f"{where} with the wrong artifacts ("
+                                + "; ".join(p for p in (f"missing {missing}" if missing else "",
+                                                        f"unknown {', '.join(extra)}" if extra else "") if p) + ")")
+            for name, data in arts.items():
+                role = roles[name]
+                if not isinstance(data, bytes) or len(data) > role.max_bytes:
+                    size = f"{len(data):,} bytes" if isinstance(data, bytes) else type(data).__name__
+                    raise BadAnswer(f"{where}: artifact {name!r} of {size} (at most {role.max_bytes:,} bytes)")
+                if role.check is not None:
+                    try:
+                        role.check(data)
+                    except Exception as exc:
+                        raise BadAnswer(f"{where}: artifact {name!r}: {clean(str(exc) or type(exc).__name__, 200)}"
+                                        ) from None
+            info = out.info
+            if not isinstance(info, Mapping):
+                raise BadAnswer(f"{where}: info of type {type(info).__name__} (expected an object)")
+            try:
+                size = len(json.dumps(info, allow_nan=False))
+            except (TypeError, ValueError, RecursionError):
+                raise BadAnswer(f"{where}: info that is not finite JSON") from None
+            if size > self.max_info_bytes:
+                raise BadAnswer(f"{where}: {size:,} bytes of info (at most {self.max_info_bytes:,})")
+            extra = sorted(clean(repr(k), 40) for k in set(info) - set(fields))
+            missing = sorted(f.name for f in self.info if f.required and f.name not in info)
+            if extra or missing:
+                raise BadAnswer(f"{where}: info with the wrong keys ("
+                                + "; ".join(p for p in (f"missing {missing}" if missing else "",
+                                                        f"unknown {', '.join(extra)}" if extra else "") if p) + ")")
+            for key, value in info.items():
+                _check_field(fields[key], value, job, where)
+
+
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,),
+                                       "list": (list,), "dict": (dict,)}
+
+
+def _check_field(f: InfoField, value: Any, job: TrainingJob, where: str) -> None:
+    if value is None and f.nullable:
+        return
+    shown = clean(repr(value), 40)
+    if (isinstance(value, bool) and f.kind != "bool") or not isinstance(value, _KINDS[f.kind]):
+        raise BadAnswer(f"{where}: info {f.name!r} = {shown} (expected {'null or ' if f.nullable else ''}{f.kind})")
+    if f.choices is not None and value not in f.choices:
+        raise BadAnswer(f"{where}: info {f.name!r} = {shown} (expected one of {list(f.choices)})")
+    measure = len(value) if f.kind in ("list", "str", "dict") else value
+    low = f.low(job) if callable(f.low) else f.low
+    high = f.high(job) if callable(f.high) else f.high
+    if f.kind in ("int", "float") and not math.isfinite(measure):
+        raise BadAnswer(f"{where}: info {f.name!r} = {shown} (expected a finite number)")
+    if (low is not None and measure < low) or (high is not None and measure > high):
+        what = "of length " if f.kind in ("list", "str", "dict") else "in "
+        raise BadAnswer(f"{where}: info {f.name!r} = {shown} (expected {f.kind} {what}"
+                        f"{'-inf' if low is None else f'{low:g}'}..{'inf' if high is None else f'{high:g}'})")
+    if f.check is not None:
+        try:
+            f.check(value)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise BadAnswer(f"{where}: info {f.name!r}: {clean(str(exc) or type(exc).__name__, 200)}") from None
+
+
+def accept(job: TrainingJob, result: Any) -> TrainingResult:
+    """``result`` when it is a :class:`TrainingResult` whose outputs fit ``job.answer``; otherwise a failed result
+    (no outputs, the job's env-step allowance, a one-line ``error`` saying what was wrong). Never raises: an
+    answer that cannot even be inspected is a failure too.
+
+    Args:
+        job: The job that was run (its ``answer`` is the trainer's declaration).
+        result: What the executor returned for it.
+    """
+    try:
+        if not isinstance(result, TrainingResult):
+            raise BadAnswer(f"a result of type {type(result).__name__}")
+        if result.error is not None:
+            return TrainingResult((), job.env_steps, clean(str(result.error), 500), float(result.seconds))
+        if job.answer is None:
+            raise BadAnswer("no declaration to check it against (TrainingJob.answer is None)")
+        job.answer.check(job, result.outputs)
+        return TrainingResult(tuple(result.outputs), job.env_steps, None, float(result.seconds))
+    except BadAnswer as exc:
+        why = f"trainer {job.trainer!r} sent an answer that breaks its declaration: {exc}"
+    except Exception as exc:  # noqa: BLE001 - any failure to read the answer is the job's failure
+        why = f"trainer {job.trainer!r} sent an answer that cannot be read ({type(exc).__name__})"
+    seconds = getattr(result, "seconds", 0.0)
+    return TrainingResult((), job.env_steps, why, float(seconds) if isinstance(seconds, (int, float)) else 0.0)
 
 
 def run_training(sandbox: Any, task: Any, job: TrainingJob, timeout_s: float) -> TrainingResult:
@@ -184,30 +365,44 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes:
 
 def _read_answer(fd: int, deadline: float) -> tuple[TrainingOutput, ...]:
     """Header: 4-byte length + JSON ``{"error": str|None, "outputs": [{"info": {...}, "artifacts": {role:
-    size}}]}``; then each output's artifact bytes in header order."""
+    size}}]}``; then each output's artifact bytes in header order. Only the framing is checked here (sizes
+    are ints within the caps, roles are text, info is an object); what the answer holds is checked against
+    the trainer's declaration by :func:`accept`.
+
+    Raises:
+        _Failed: the answer is malformed (any exception while decoding it is one), or the trainer's own error.
+    """
+    from ratchet.execution.replies import BadReply, decode_reply
+
     (n,) = struct.unpack("!I", _read_exact(fd, 4, deadline))
     if n > _MAX_HEADER_BYTES:
-        raise _Failed(f"trainer sent a header of {n:,} bytes")
+        raise _Failed(f"trainer sent a header of {n:,} bytes (at most {_MAX_HEADER_BYTES:,})")
     try:
-        header = json.loads(_read_exact(fd, n, deadline))
+        header = decode_reply(_read_exact(fd, n, deadline))
+        if not isinstance(header, dict) or not isinstance(header.get("outputs"), list):
+            raise _Failed("trainer sent a malformed answer (expected an object with a list of outputs)")
         if header.get("error"):
-            raise _Failed(str(header["error"])[:500])
+            raise _Failed(clean(str(header["error"]), 500))
+        if len(header["outputs"]) > _MAX_OUTPUTS:
+            raise _Failed(f"trainer sent {len(header['outputs']):,} outputs (at most {_MAX_OUTPUTS})")
         outs, total = [], 0
         for o in header["outputs"]:
+            if not isinstance(o, dict) or not isinstance(o.get("artifacts"), dict) or \
+                    not isinstance(o.get("info", {}), dict):
+                raise _Failed("trainer sent a malformed output (expected {\"info\": {...}, \"artifacts\": {...}})")
             arts = {}
             for role, size in o["artifacts"].items():
-                size = int(size)
+                if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= _MAX_OUTPUT_BYTES - total:
+                    raise _Failed(f"trainer sent an artifact {clean(repr(role), 40)} of size {clean(repr(size), 40)} "
+                                  f"(expected an int in 0..{_MAX_OUTPUT_BYTES - total:,})")
                 total += size
-                if not isinstance(role, str) or size < 0 or total > _MAX_OUTPUT_BYTES:
-                    raise _Failed("trainer sent malformed artifacts")
                 arts[role] = _read_exact(fd, size, deadline)
-            info = o.get("info", {})
-            if not isinstance(info, dict):
-                raise _Failed("trainer sent malformed info")
-            outs.append(TrainingOutput(arts, json.loads(json.dumps(info))))
+            outs.append(TrainingOutput(arts, o.get("info", {})))
     except _Failed:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except BadReply as exc:
+        raise _Failed(f"trainer sent {exc}") from None
+    except Exception as exc:  # whatever the answer holds, decoding it never raises past here
         raise _Failed(f"trainer sent a malformed answer ({type(exc).__name__})") from None
     return tuple(outs)
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ratchet.errors import PolicyError
+from ratchet.npz import NpzError, load_npz, npz_headers
 from ratchet.policy import POLICY_KINDS
 
 __all__ = ["build", "kind_module", "describe_artifact", "POLICY_KINDS"]
@@ -85,17 +86,21 @@ def describe_artifact(role: str, data: bytes | None, *, with_role: bool = True) 
 
 
 def _describe_arrays(data: bytes) -> str:
-    """Another role (e.g. a PPO refiner's ``critic``: training state, unused when acting): its arrays' count,
-    size and norm when it is an ``.npz`` (read without pickles), else its size."""
-    import io
-
+    """Another role (e.g. a PPO refiner's ``critic``: training state, unused when acting): its arrays' count and
+    size from their ``.npy`` headers (nothing decompressed), and their norm when they fit what the driver loads
+    (:func:`ratchet.npz.load_npz`); anything else as its size."""
     import numpy as np
 
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            arrays = [np.asarray(z[k], dtype=np.float64) for k in z.files]
-    except Exception:
+        headers = npz_headers(data, limit=2**62)
+    except NpzError:
         return f"{len(data):,} bytes"
-    numbers = sum(a.size for a in arrays)
-    norm = float(np.sqrt(sum(float((a ** 2).sum()) for a in arrays)))
-    return f"{len(arrays)} arrays, {numbers:,} numbers, norm {norm:.4g}"
+    line = f"{len(headers)} arrays, {sum(h.size for h in headers):,} numbers"
+    if not all(h.dtype.kind in "biuf" for h in headers):
+        return line
+    try:
+        arrays = load_npz(data)
+    except NpzError as exc:
+        return f"{line} (not loaded: {exc})"
+    norm = float(np.sqrt(sum(float(np.dot(x, x)) for a in arrays.values() for x in [a.ravel().astype(np.float64)])))
+    return f"{line}, norm {norm:.4g}"

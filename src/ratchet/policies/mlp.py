@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ratchet.errors import PolicyError
+from ratchet.npz import NpzError, load_npz
 
 __all__ = ["MLP", "init_weights", "load_weights", "build", "ACTIVATIONS", "to_sb3_actor", "from_sb3_actor"]
 
@@ -163,14 +164,16 @@ def init_weights(observation_space: Any, action_space: Any, hidden: Sequence[int
 
 
 def load_weights(data: bytes) -> MLP:
-    """Read an ``.npz`` artifact (no pickles).
+    """Read an ``.npz`` artifact (no pickles; at most :func:`ratchet.npz.unpack_limit` bytes unpacked).
 
     Raises:
-        PolicyError: not a valid mlp artifact.
+        PolicyError: not a valid mlp artifact, or one that unpacks to more than the driver loads.
     """
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        arrays = load_npz(data)
+    except NpzError as exc:
+        raise PolicyError(f"not an mlp weights artifact: {exc}") from None
+    try:
         meta = json.loads(arrays.pop("meta").tobytes().decode())
         n = sum(1 for k in arrays if k.startswith("W"))
         weights = tuple((arrays[f"W{i}"].astype(np.float64), arrays[f"b{i}"].astype(np.float64)) for i in range(n))

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ratchet.errors import PolicyError
+from ratchet.npz import NpzError, check_zip
 
 __all__ = ["ALGORITHMS", "algorithm_of", "load_model", "load_vecnormalize", "SB3Policy", "build", "describe"]
 
@@ -26,10 +27,20 @@ __all__ = ["ALGORITHMS", "algorithm_of", "load_model", "load_vecnormalize", "SB3
 ALGORITHMS = ("PPO", "A2C", "SAC", "TD3")
 
 
+#: Most bytes the ``data`` JSON member of a model zip may unpack to when the driver reads it.
+_MAX_DATA_MEMBER = 16 * 2**20
+
+
 def _data(data: bytes) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
+            if z.getinfo("data").file_size > _MAX_DATA_MEMBER:
+                raise PolicyError(f"a Stable-Baselines3 model archive whose 'data' member unpacks to "
+                                  f"{z.getinfo('data').file_size:,} bytes (at most {_MAX_DATA_MEMBER:,})")
+            check_zip(data)
             return json.loads(z.read("data"))
+    except NpzError as exc:
+        raise PolicyError(f"not a Stable-Baselines3 model archive: {exc}") from None
     except (zipfile.BadZipFile, KeyError, ValueError) as exc:
         raise PolicyError(f"not a Stable-Baselines3 model archive (its 'data' member: {type(exc).__name__})") from None
 

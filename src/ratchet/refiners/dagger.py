@@ -42,10 +42,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
+from ratchet.data import Dataset
 from ratchet.errors import PolicyError
+from ratchet.execution.training import InfoField, Role, TrainingAnswer, TrainingJob, TrainingOutput
+from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate, PolicyProgram, parse_policy
 
-__all__ = ["CorrectionSettings", "CorrectionRefiner", "train", "collect", "behaviour_cloning", "MODES"]
+__all__ = ["CorrectionSettings", "CorrectionRefiner", "train", "collect", "behaviour_cloning", "MODES", "ANSWER"]
 
 #: Refiner kind -> how a round collects data.
 MODES = ("dagger", "hg-dagger", "bc")
@@ -162,8 +165,6 @@ class CorrectionRefiner:
         Returns an empty list when the parent is not an ``mlp`` policy or the job failed (the failure is
         in the ledger's ``training_finished`` event).
         """
-        from ratchet.execution.training import TrainingJob
-
         if parent.kind != "mlp" or "weights" not in parent.artifacts:
             return []
         data = self._dataset or parent.artifacts.get("dataset")
@@ -186,7 +187,7 @@ class CorrectionRefiner:
                     "env_id": self.ctx.task.env_id}
         seeds = self.ctx.training_seeds(n)
         limit = int(self.ctx.task.step_limit or 1000)
-        result = self.ctx.train(TrainingJob("dagger", job_parent, settings, tuple(seeds), n * limit))
+        result = self.ctx.train(TrainingJob("dagger", job_parent, settings, tuple(seeds), n * limit, answer=ANSWER))
         if result.error or not result.outputs:
             self._errors.append(result.error or "no output")
             self._failures += 1
@@ -475,9 +476,6 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
     aggregated as the round after the aggregate's newest and cloned from the student's weights (its observation
     normalisation kept); ``seeds`` and ``env_steps`` are empty and 0.
     """
-    from ratchet.data import Dataset
-    from ratchet.execution.training import TrainingOutput
-    from ratchet.policies.mlp import load_weights
 
     arts = parent["artifacts"]
     student = load_weights(arts["weights"])
@@ -517,6 +515,79 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
             "expert_steps_per_episode": float(np.mean([r["expert_steps"] for r in records])) if records else 0.0,
             "dataset": data.summary(), "bc": bc}
     return [TrainingOutput({"weights": student2.to_bytes(), "dataset": data.to_bytes()}, info)], used
+
+
+# -- what the trainer answers (checked in the driver before it is recorded or used) ----------------------
+def _int(value: Any, low: int = 0, high: int = 10**12) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{value!r:.40} is not an int in {low}..{high}")
+    return value
+
+
+def _check_records(records: list[Any]) -> None:
+    """The per-episode records of a round (see :func:`collect`)."""
+    for r in records:
+        if not isinstance(r, dict) or set(r) != _RECORD_KEYS:
+            raise ValueError(f"an episode record with keys {sorted(map(str, r)) if isinstance(r, dict) else r!r:.80} "
+                             f"(expected {sorted(_RECORD_KEYS)})")
+        _int(r["seed"], -2**63, 2**64)
+        length = _int(r["length"], 0, 10**9)
+        _int(r["expert_steps"], 0, length)
+        if isinstance(r["return"], bool) or not isinstance(r["return"], (int, float)) or not np.isfinite(r["return"]):
+            raise ValueError("an episode record whose return is not a finite number")
+        if not isinstance(r["terminated"], bool) or not isinstance(r["truncated"], bool):
+            raise ValueError("an episode record whose terminated/truncated are not bools")
+        for seg in r["segments"]:
+            if not isinstance(seg, list) or len(seg) != 3 or seg[2] not in ("student", "expert"):
+                raise ValueError("a segment that is not [start, end, 'student'|'expert']")
+            _int(seg[0], 0, length), _int(seg[1], 0, length)
+        for run in r["labelled"]:
+            if not isinstance(run, list) or len(run) != 2:
+                raise ValueError("a labelled run that is not [start, end]")
+            _int(run[0], 0, length), _int(run[1], 0, length)
+
+
+def _check_summary(summary: dict[str, Any]) -> None:
+    """A data set's :meth:`~ratchet.data.Dataset.summary`."""
+    if set(summary) != {"steps", "expert_steps", "episodes", "segments", "rounds"}:
+        raise ValueError(f"a data set summary with keys {sorted(map(str, summary))}")
+    for k in ("steps", "expert_steps", "episodes", "segments"):
+        _int(summary[k])
+    if not isinstance(summary["rounds"], list):
+        raise ValueError("a data set summary whose rounds are not a list")
+    for r in summary["rounds"]:
+        _int(r, 0, 10**7)
+
+
+def _check_numbers(values: dict[str, Any]) -> None:
+    """Behaviour cloning's record: named finite numbers."""
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise ValueError(f"{k!r:.40} is not a finite number")
+
+
+_RECORD_KEYS = frozenset({"seed", "length", "return", "terminated", "truncated", "segments", "labelled",
+                          "expert_steps"})
+
+
+def _labelled_limit(job: Any) -> float:
+    return job.env_steps if job.env_steps else 10**9  # a person's round (no env steps): the corrections' size
+
+
+#: What trainer ``"dagger"`` answers: one output, the new student (``weights``, an mlp .npz) and the aggregate
+#: (``dataset``, a :class:`~ratchet.data.Dataset` .npz), both read in the driver with the size caps of
+#: :mod:`ratchet.npz`; info as :func:`train` writes it.
+ANSWER = TrainingAnswer(
+    roles=(Role("weights", check=load_weights), Role("dataset", max_bytes=1 << 30, check=Dataset.from_bytes)),
+    info=(InfoField("round", "int", low=0, high=10**7),
+          InfoField("mode", "str", choices=MODES + ("person",)),
+          InfoField("episodes", "list", high=lambda job: len(job.seeds), check=_check_records),
+          InfoField("labelled_steps", "int", low=0, high=_labelled_limit),
+          InfoField("expert_steps", "int", low=0, high=_labelled_limit),
+          InfoField("env_steps", "int", low=0, high=lambda job: job.env_steps),
+          InfoField("expert_steps_per_episode", "float", low=0, high=10**9),
+          InfoField("dataset", "dict", check=_check_summary),
+          InfoField("bc", "dict", high=16, check=_check_numbers)))
 
 
 # -- registration -------------------------------------------------------------------------------------

@@ -40,9 +40,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
+from ratchet.execution.training import InfoField, Role, TrainingAnswer, TrainingJob, TrainingOutput
+from ratchet.npz import check_zip, npz_headers
+from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate
 
-__all__ = ["PPOSettings", "ResidualSettings", "PPORefiner", "train", "KINDS"]
+__all__ = ["PPOSettings", "ResidualSettings", "PPORefiner", "train", "answer", "KINDS"]
 
 
 class PPOSettings(BaseModel):
@@ -190,8 +193,6 @@ class PPORefiner:
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Train (in the sandbox, or read back from the ledger) from :meth:`start_of_job` of the incumbent
         ``parent`` and propose each checkpoint."""
-        from ratchet.execution.training import TrainingJob
-
         s = self.settings
         start = self.start_of_job(parent)
         seeds = tuple(self.ctx.training_seeds(s.seeds))
@@ -199,7 +200,7 @@ class PPORefiner:
         if self._fitted:  # the budget's last job, cut to what is left
             settings.update(checkpoints=self._fitted[0], env_steps=self._fitted[1])
         job_steps, self._fitted = self.training_env_steps, None
-        result = self.ctx.train(TrainingJob(self.trainer, start, settings, seeds, job_steps))
+        result = self.ctx.train(TrainingJob(self.trainer, start, settings, seeds, job_steps, answer=answer(start.kind)))
         if result.error is not None:
             self._failure = f"{self.name}: training failed: {' '.join(str(result.error).split())}"  # one line
             return []
@@ -440,7 +441,6 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
     """
     import torch
 
-    from ratchet.execution.training import TrainingOutput
     from ratchet.policies import mlp
     from ratchet.policies.sb3 import _torch_single_thread
 
@@ -470,6 +470,39 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
             arts = {role: mlp.from_sb3_actor(net, model.policy).to_bytes(), "critic": _critic_bytes(model.policy)}
         outputs.append(TrainingOutput(arts, info))
     return outputs, int(model.num_timesteps) - before
+
+
+# -- what the trainer answers (checked in the driver before it is recorded or used) ----------------------
+def _check_model_zip(data: bytes) -> None:
+    """An SB3 model as a zip archive with SB3's members, its declared sizes within the caps (never unpickled)."""
+    names = set(check_zip(data))
+    if not {"data", "policy.pth"} <= names:
+        raise ValueError("not a Stable-Baselines3 model archive (no 'data' and 'policy.pth')")
+
+
+def _check_critic(data: bytes) -> None:
+    """The critic's arrays: an .npz of numbers (read from its headers)."""
+    if not all(h.dtype.kind == "f" for h in npz_headers(data)):
+        raise ValueError("a critic whose arrays are not floats")
+
+
+def answer(kind: str) -> TrainingAnswer:
+    """What the ``ppo``/``residual`` trainer answers for a parent of policy kind ``kind``: one output per
+    checkpoint (at most the job's ``checkpoints``), with ``weights`` and ``critic`` (mlp), ``correction`` and
+    ``critic`` (residual) or ``model`` (sb3), and info ``checkpoint``, ``env_steps`` (so far, at most the job's
+    allowance), ``episodes`` (finished in the part) and ``train_return_mean`` (null without one)."""
+    if kind == "sb3":
+        roles: tuple[Role, ...] = (Role("model", max_bytes=1 << 30, check=_check_model_zip),)
+    else:
+        roles = (Role("weights" if kind == "mlp" else "correction", check=load_weights),
+                 Role("critic", check=_check_critic))
+    return TrainingAnswer(
+        roles=roles,
+        info=(InfoField("checkpoint", "int", low=1, high=lambda job: int(job.settings["checkpoints"])),
+              InfoField("env_steps", "int", low=0, high=lambda job: job.env_steps),
+              InfoField("episodes", "int", low=0, high=lambda job: job.env_steps),
+              InfoField("train_return_mean", "float", nullable=True)),
+        max_outputs=lambda job: int(job.settings["checkpoints"]))
 
 
 def _build(trainer: str) -> Any:
