@@ -591,6 +591,9 @@ def _spec_dir(tmp_path, toml: str):
 # crashed later (OverflowError, a start-up that never ends, pycma's AssertionError after 50 generations)
 @pytest.mark.parametrize("toml, fragments", [
     ("[gate]\nvalidation_episodes = 30\n[budget]\nepisodes = 5\n", ("[budget] episodes = 5", "first validation")),
+    # issue 18 §6: it validated the start, spent the test episodes and exited 0 ("no room for a single generation")
+    ("[budget]\nepisodes = 10\n", ("[budget] episodes = 10 cannot pay for a single generation", "= 28",
+                                   "raise [budget] episodes to at least 28")),
     ("[execution]\nepisode_timeout_s = 1e7\n", ("[execution] episode_timeout_s", "≤ 86400")),
     ("[gate]\nvalidation_episodes = 2000000000\n", ("[gate] validation_episodes", "≤ 100000")),
     ("[test]\nepisodes = 1000000000\n", ("[test] episodes", "≤ 100000")),
@@ -634,13 +637,14 @@ def test_evaluate_bounds_its_numbers(runner, args, fragment):
 # regression (was a bug): Rich read "[budget]" and "[refiner]" in a stop reason as markup and dropped them
 # ("raise  env_steps or lower  popsize")
 def test_stop_reasons_print_their_brackets(tmp_path, runner):
-    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nepisodes = 12\n[test]\nepisodes = 2\n"
-                                   "[execution]\nworkers = 1\n")
+    # (a budget of episodes too small for a generation is refused before the run now: this one is in env steps)
+    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nenv_steps = 1500\npricing = "
+                                   "\"worst-case\"\n[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
     res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
     assert res.exit_code == 0, res.output
-    assert "raise [budget] episodes or lower [refiner] popsize" in res.stdout
+    assert "raise [budget] env_steps or lower [refiner] popsize" in res.stdout
     show = invoke(runner, "show", tmp_path / "runs" / "small")
-    assert "[budget] episodes" in show.stdout
+    assert "[budget] env_steps" in show.stdout
 
 
 # regression (was a bug): at 80 columns `ratchet runs` squeezed every column but the run id to nothing
@@ -913,3 +917,59 @@ def test_every_help_text_keeps_its_bracketed_words(runner):
             pages[path] = res.stdout
         assert word in pages[path], (path, word)
         assert "\\[" not in pages[path], path  # escaped, but the backslash never shows
+
+
+# -- what a new user tripped on (issue 18 §6) ------------------------------------------------------
+
+CARTPOLE_SUCCESS = "return ≥ 475 (CartPole-v1's registered reward_threshold)"
+
+
+# regression: `run`, `show`, `critique`, `evaluate` and the report gave success rates without saying what success is
+def test_every_success_rate_says_what_success_is_and_where_its_threshold_comes_from(cli_run, finished_run, runner,
+                                                                                    tmp_path):
+    res, _ = cli_run
+    assert f"success: {CARTPOLE_SUCCESS}" in res.stdout.splitlines()
+    _, run_dir, _ = finished_run
+    show = invoke(runner, "show", run_dir)
+    assert re.search(r"success +│ return ≥ 475 \(CartPole-v1's registered", show.stdout), show.stdout
+    critique = invoke(runner, "critique", run_dir, "--split", "test")
+    assert "success rate" in critique.stdout and "return ≥ 475 (CartPole-v1's registered" in critique.stdout
+    assert "endings:" in critique.stdout and "time-outs (truncated)" in critique.stdout
+    evaluate = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "-n", "2")
+    assert f"success: {CARTPOLE_SUCCESS}" in evaluate.stdout.splitlines()
+    out = tmp_path / "report.html"
+    assert invoke(runner, "report", run_dir, "-o", out, "--no-videos").exit_code == 0
+    html = out.read_text(encoding="utf-8")
+    assert "<p>success: return ≥ 475 (CartPole-v1&#x27;s registered reward_threshold)</p>" in html
+
+
+# regression: the summary's "2.0 s" was under half of the command's 5.9 s, with nothing saying what it leaves out
+def test_the_run_summary_says_what_its_time_counts_and_what_the_command_took(cli_run):
+    res, run_dir = cli_run
+    summary = next(ln for ln in res.stdout.splitlines() if ln.startswith("env steps "))
+    run_time = float(re.search(r"· ([\d.]+) s run time ·", summary).group(1))
+    note = next(ln for ln in res.stdout.splitlines() if ln.startswith("(run time: "))
+    assert "start-up and the report are outside it" in note and "[budget] wall_clock_s" in note
+    assert float(re.search(r"this command took ([\d.]+) s\)$", note).group(1)) >= run_time
+
+
+@pytest.fixture(scope="module")
+def little_run(tmp_path_factory, runner):
+    """A run whose gates validation keeps too dear for [gate] max_share: it promotes (next to) nothing."""
+    root = tmp_path_factory.mktemp("little")
+    spec_dir = _spec_dir(root, "[gate]\nvalidation_episodes = 10\nmax_share = 0.01\n[budget]\nenv_steps = 8000\n"
+                               "[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", root / "runs", "--run-id", "little", "--no-report")
+    assert res.exit_code == 0, res.output
+    return res, root / "runs" / "little"
+
+
+# regression: only `show` and the report said why a run promoted little; `ratchet run` ended without a word
+def test_run_ends_with_the_advice_show_gives_when_it_promoted_little(little_run):
+    from ratchet.advice import run_advice
+
+    res, run_dir = little_run
+    advice = run_advice(project(read_events(run_dir)))
+    assert advice and any("max_share" in line for line in advice)
+    assert [ln.removeprefix("advice: ") for ln in res.stdout.splitlines() if ln.startswith("advice: ")] == advice
+    assert res.stdout.splitlines()[-1] == f"run directory: {run_dir}"

@@ -8,6 +8,7 @@ import numpy as np
 
 from ratchet.critic import Critic, Evaluation, evaluation_from_episodes
 from ratchet.rollout import Episode
+from ratchet.task import GymTask
 
 
 def ep(seed, ret, length=None, success=None, error=None):
@@ -96,3 +97,46 @@ def test_a_task_without_success_says_so_instead_of_no_failures():
     crit = Critic().critique(evaluation_from_episodes("c", "test", [ep(1, 0), ep(2, 0)]))
     assert not crit.failure_modes
     assert "success is undefined for this task" in crit.text and "[task] success_threshold" in crit.text
+
+
+def _mountain_car_episodes():
+    """What a new user saw on MountainCar-v0 (threshold -110): 23 of 100 reach the goal fast enough, 77 reach it
+    too slowly, none time out."""
+    task = GymTask("MountainCar-v0")
+    eps = []
+    for s in range(100):
+        ret = -100.0 if s < 23 else -130.0 - s % 7
+        eps.append(Episode(s, ret, int(-ret), True, False, task.is_success(ret, True, False),
+                           diagnostics={"final_observation": [0.5 + 0.001 * s, 0.01 * (s % 5)]}))
+    return task, eps
+
+
+# regression (issue 18 §6): the success rate never said what success is, and the incumbent's "failure modes" were
+# k-means clusters ("cluster 1", "cluster 2") of MountainCar episodes that all reached the goal, only slowly
+def test_a_critique_says_what_success_is_and_names_slow_goals_as_such():
+    task, eps = _mountain_car_episodes()
+    crit = Critic.for_task(task).critique(Evaluation("c", "test", tuple(eps)))
+    assert "- success rate 23.0 %" in crit.text
+    assert "success: return ≥ -110 (MountainCar-v0's registered reward_threshold)" in crit.text
+    assert "- endings: 100 terminated, 0 time-outs (truncated), 0 errored" in crit.text
+    assert [m.label for m in crit.failure_modes] == ["reached the goal, return below the success threshold"]
+    assert "cluster" not in crit.text
+    own = Critic.for_task(GymTask("MountainCar-v0", success_threshold=-120)).critique(Evaluation("c", "test",
+                                                                                               tuple(eps)))
+    assert "success: return ≥ -120 ([task] success_threshold)" in own.text
+
+
+# regression (issue 18 §6): without a diagnoser, time-outs and episodes that ended below the threshold were one
+# pool of "failures" clustered on their final observation; they are apart now, whatever the env
+def test_without_a_diagnoser_time_outs_are_apart_from_ends_below_the_threshold():
+    eps = [Episode(s, -200.0, 200, False, True, False, diagnostics={"final_observation": [0.0, 0.0]})
+           for s in range(4)]
+    eps += [Episode(10 + s, -150.0, 150, True, False, False, diagnostics={"final_observation": [0.5, 0.0]})
+            for s in range(3)]
+    eps += [Episode(20 + s, -90.0, 90, True, False, True, diagnostics={"final_observation": [0.5, 0.0]})
+            for s in range(3)]
+    crit = Critic(success_rule="return ≥ -110 ([task] success_threshold)").critique(Evaluation("c", "test", tuple(eps)))
+    modes = {m.label: m.count for m in crit.failure_modes}
+    assert modes == {"time-out": 4, "ended below the success threshold": 3}
+    assert "- endings: 6 terminated, 4 time-outs (truncated), 0 errored" in crit.text
+    assert "failure modes (errored or unsuccessful episodes)" in crit.text

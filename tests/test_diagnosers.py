@@ -108,3 +108,14 @@ def test_new_failures_against_incumbent():
     crit = Critic().critique(cand, inc)
     assert crit.new_failures == [1] and [r[0] for r in crit.regressions] == [1]
     assert is_failure(cand.episodes[0]) and not is_failure(cand.episodes[1])
+
+
+# issue 18 §6: a MountainCar episode that reached the goal too slowly for the threshold is not a crash, nor one of
+# "cluster 1" / "cluster 2"
+def test_mountain_car_labels_say_whether_the_goal_was_reached():
+    from ratchet.diagnosers import mountain_car
+
+    assert diagnoser_for("MountainCar-v0") is mountain_car and diagnoser_for("MountainCarContinuous-v0") is mountain_car
+    assert mountain_car(ep(1, -130, obs=[0.52, 0.01])) == ["reached the goal, return below the success threshold"]
+    assert mountain_car(ep(2, -200, term=False, trunc=True, obs=[-0.5, 0.0])) == ["time-out before reaching the goal"]
+    assert mountain_car(ep(3, 0, error="policy raised ValueError: x")) == ["error"]

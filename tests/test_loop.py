@@ -348,11 +348,22 @@ def test_bad_storage_fails_before_a_run_directory_exists(tmp_path):
 
 
 def test_a_budget_too_small_for_one_generation_says_why(tmp_path):
-    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 2000, "episodes": 20}, test={"episodes": 3},
-                                   gate={"validation_episodes": 3}, execution={"workers": 1}))
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 1500, "pricing": "worst-case"},
+                                   test={"episodes": 3}, gate={"validation_episodes": 3}, execution={"workers": 1}))
     result = start_run(spec, tmp_path / "runs", "tiny")
     assert result.stop_reason.startswith("budget: no room for a single generation (")
-    assert "of [budget] episodes = 20); raise [budget] episodes" in result.stop_reason
+    assert "of [budget] env_steps = 1,500); raise [budget] env_steps" in result.stop_reason
+
+
+# regression (issue 18 §6): [budget] episodes = 20 ran the first validation and the test episodes, then stopped with
+# "no room for a single generation"; the episodes a generation takes are known before the run, so it never starts
+def test_start_run_refuses_an_episode_budget_too_small_for_one_generation(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", gate={"validation_episodes": 3}, execution={"workers": 1}))
+    small = spec.model_copy(update={"budget": spec.budget.model_copy(update={"episodes": 20})})
+    with pytest.raises(SpecError, match=r"\[budget\] episodes = 20 cannot pay for a single generation: 3 for the "
+                                        r"starting policy's first validation \+ \d+ for a generation"):
+        start_run(small, tmp_path / "runs", "tiny")
+    assert not (tmp_path / "runs").exists()  # nothing was run or written
 
 
 def test_a_generation_the_env_step_cap_cuts_short_is_not_judged(tmp_path):

@@ -192,6 +192,24 @@ def test_a_budget_too_small_for_the_first_validation_is_refused(tmp_path):
                                      "[budget]\nenv_steps = 3000\n"))  # 30 × 100 fits
 
 
+# regression (issue 18 §6): [budget] episodes = 10 paid for the first validation but not one generation; the run
+# spent its 100 test episodes and exited 0 with "no room for a single generation"
+def test_a_budget_too_small_for_one_generation_is_refused_in_numbers(tmp_path):
+    # sized to 10 episodes: validation_episodes 8, train_episodes 2, popsize 4 (+ the mean and the incumbent)
+    spec_error(tmp_path, MINIMAL + "[budget]\nepisodes = 10\n", "[budget] episodes = 10 cannot pay for a single "
+               "generation: 8 for the starting policy's first validation + 12 for a generation (6 candidates × 2 "
+               "training episodes) + 8 for its gate = 28", "raise [budget] episodes to at least 28")
+    assert load_spec(write(tmp_path, MINIMAL + "[budget]\nepisodes = 28\n")).budget.episodes == 28
+    spec_error(tmp_path, MINIMAL + "[refiner]\npopsize = 10\ntrain_episodes = 3\n[gate]\nvalidation_episodes = 20\n"
+               "[budget]\nepisodes = 75\n", "20 for the starting policy's first validation + 36 for a generation "
+               "(12 candidates × 3 training episodes) + 20 for its gate = 76")
+    # a sequential gate validates the start on one batch and prices a decision at twice what it reads first
+    spec_error(tmp_path, MINIMAL + '[gate]\ntest = "betting"\nvalidation_episodes = 200\n[refiner]\npopsize = 4\n'
+               "train_episodes = 2\n[budget]\nepisodes = 71\n", "20 for the starting policy's first validation + "
+               "12 for a generation", "40 for its gate = 72")
+    assert load_spec(write(tmp_path, MINIMAL + "[budget]\nenv_steps = 30000\n")).budget.episodes is None
+
+
 # regression (was a bug): on CliffWalking-v1 (no time limit) a run spent 91 s in episodes nobody bounded
 def test_an_env_without_a_time_limit_needs_max_episode_steps(tmp_path):
     spec_error(tmp_path, '[task]\nenv_id = "CliffWalking-v1"\n', "[task] max_episode_steps",

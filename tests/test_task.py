@@ -85,3 +85,14 @@ def test_env_ids_that_need_an_import(monkeypatch):
     with pytest.raises(TaskError, match="needs the module 'no_such_envs_module'.*pip install no_such_envs_module"):
         GymTask("no_such_envs_module:Foo-v0")
     sys.modules.pop("ratchet_test_envs", None)
+
+
+# issue 18 §6: a success rate is shown with what success is and where its threshold comes from
+def test_success_rule_names_the_threshold_and_its_source():
+    from ratchet.task import success_rule_of
+
+    assert GymTask("MountainCar-v0").success_rule() == "return ≥ -110 (MountainCar-v0's registered reward_threshold)"
+    assert GymTask("MountainCar-v0", success_threshold=-120).success_rule() == "return ≥ -120 ([task] success_threshold)"
+    assert GymTask("Pendulum-v1").success_rule() is None  # no threshold registered, none given
+    assert success_rule_of({"env_id": "CartPole-v1"}) == "return ≥ 475 (CartPole-v1's registered reward_threshold)"
+    assert success_rule_of({"env_id": "NoSuchEnv-v0"}) is None and success_rule_of(None) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,7 +47,7 @@ app = typer.Typer(help="ratchet: make an existing decision policy better, provab
 # markup off: messages, stop reasons, run ids and paths print as they are ("[budget] env_steps" stays)
 out = Console(markup=False)
 err = Console(stderr=True, markup=False)
-_state = {"debug": False}
+_state: dict[str, Any] = {"debug": False}
 
 RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", help="Folder holding run directories.")
 STORAGE_OPT = typer.Option(
@@ -60,6 +61,7 @@ STORAGE_OPT = typer.Option(
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
     _state["debug"] = debug
+    _state["started"] = time.monotonic()  # the command's own clock (the run's leaves out start-up and the report)
 
 
 def _fail(exc: BaseException) -> None:
@@ -119,9 +121,27 @@ def _print_result(run_dir: Path, state) -> None:
         row = [label, f"{s['mean']:.2f}", f"{s['std']:.2f}", sr, str(s["n"])]
         t.add_row(*(row + [str(s.get("n_errors", 0))] if show_errors else row))
     out.print(t)
-    out.print(f"env steps {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s · "
+    rule = _success_rule(state)
+    if rule and any(s["success_rate"] is not None for _, s in tests):
+        out.print(f"success: {rule}", highlight=False, soft_wrap=True)
+    out.print(f"env steps {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s run time · "
               f"promotions {len(state.promotions)}", soft_wrap=True)
+    started = _state.get("started")
+    took = f"; this command took {time.monotonic() - started:.1f} s" if started is not None else ""
+    out.print(f"(run time: the run's generations, validation and test, on the clock [budget] wall_clock_s reads; "
+              f"start-up and the report are outside it{took})", highlight=False, soft_wrap=True)
+    from ratchet.advice import run_advice
+
+    for line in run_advice(state) if state.status == "finished" else []:  # as `ratchet show` and the report
+        out.print(f"advice: {_safe(line, 1000)}", highlight=False, soft_wrap=True)
     out.print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+
+
+def _success_rule(state) -> str | None:
+    """What success means in a run, with the threshold's source; None where it has none."""
+    from ratchet.task import success_rule_of
+
+    return success_rule_of(state.spec.get("task"))
 
 
 @app.command()
@@ -312,11 +332,14 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
             blobs = {}
         t.add_row(f"incumbent {data['incumbent']['kind']}",
                   "\n".join(_safe(describe_artifact(role, blobs.get(h))) for role, h in data["incumbent"]["artifacts"].items()))
+    rule = _success_rule(st)
     for k in ("baseline_test", "test"):
         s = data[k]
         if s:
             sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+    if rule and any(data[k] and data[k]["success_rate"] is not None for k in ("baseline_test", "test")):
+        t.add_row("success", rule)
     for change in data["code_changes"]:  # structural promotions: the code diff, as recorded when promoted
         t.add_row(f"code change, gen {change['generation']}", _safe(change["diff"], 4000, multiline=True))
     if data["rejected_proposals"]:
@@ -462,6 +485,8 @@ def evaluate(policy: Optional[Path] = typer.Argument(None, help="Policy .py file
     sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
     out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} over {s['n']} episodes{sr} · errors {s['n_errors']} · "
               f"{s['env_steps']:,} env steps", soft_wrap=True)
+    if s["success_rate"] is not None and task.success_rule():
+        out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
     if s["n_errors"] == s["n"]:
         _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy and evaluate again"))
 

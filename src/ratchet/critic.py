@@ -156,11 +156,12 @@ class Critic:
     """Turns evaluations into critiques: intervals, failure modes, regressions, a readable text.
 
     Failing episodes are grouped by ``diagnose(episode)[0]`` when a diagnoser is given (see
-    :mod:`ratchet.diagnosers`). Otherwise errored episodes are grouped by error text and the other
-    failing episodes are clustered on their final observation with k-means (scikit-learn; k in 2..4
-    chosen by silhouette score, one group when no clustering scores above 0.25); each cluster is
-    described by the two features whose cluster mean stands furthest, in standard deviations, from
-    the evaluation's mean.
+    :mod:`ratchet.diagnosers`). Otherwise errored episodes are grouped by error text, and the other
+    failing episodes by how they ended (a time-out, or an end below the success threshold: a goal
+    reached too slowly is not a crash); each of those groups is clustered on its final observation with
+    k-means (scikit-learn; k in 2..4 chosen by silhouette score, one group when no clustering scores
+    above 0.25); each cluster is described by the two features whose cluster mean stands furthest, in
+    standard deviations, from the evaluation's mean.
 
     Args:
         diagnose: Optional diagnoser ``Episode -> list[str]``.
@@ -170,10 +171,14 @@ class Critic:
             incumbent's by more than this (return units).
         n_resamples: Bootstrap resamples for the mean's interval.
         seed: Seed for the bootstrap and k-means (critiques are deterministic).
+        success_rule: How the task decides success, in words with the threshold's source
+            (:meth:`ratchet.task.GymTask.success_rule`), shown beside every success rate.
     """
 
     def __init__(self, diagnose: Any = None, observation_names: Sequence[str] | Any = None,
-                 regression_tolerance: float = 0.0, n_resamples: int = 2000, seed: int = 0) -> None:
+                 regression_tolerance: float = 0.0, n_resamples: int = 2000, seed: int = 0,
+                 success_rule: str | None = None) -> None:
+        self.success_rule = success_rule
         self.diagnose = diagnose
         self.observation_names = observation_names
         self.regression_tolerance = regression_tolerance
@@ -182,8 +187,10 @@ class Critic:
 
     @classmethod
     def for_task(cls, task: Any, **kwargs: Any) -> Critic:
-        """A critic using the task's diagnoser and observation names, when it has them."""
-        return cls(getattr(task, "diagnose", None), getattr(task, "observation_names", None), **kwargs)
+        """A critic using the task's diagnoser, observation names and success rule, when it has them."""
+        rule = getattr(task, "success_rule", None)
+        return cls(getattr(task, "diagnose", None), getattr(task, "observation_names", None),
+                   success_rule=rule() if callable(rule) else None, **kwargs)
 
     def critique(self, evaluation: Evaluation, incumbent: Evaluation | None = None) -> Critique:
         """Critique ``evaluation``, comparing seed by seed with ``incumbent`` when given."""
@@ -202,7 +209,7 @@ class Critic:
         success_ci = self._success_ci(evaluation)
         modes = self.failure_modes(evaluation)
         text = _render(evaluation, stats, mean_ci, success_ci, modes, errors, worst,
-                       regressions if incumbent is not None else None, new_failures)
+                       regressions if incumbent is not None else None, new_failures, self.success_rule)
         return Critique(evaluation.candidate_id, evaluation.split, stats, dict(errors), worst, regressions, text,
                         mean_ci, success_ci, modes, new_failures)
 
@@ -247,9 +254,10 @@ class Critic:
             for e in failing:
                 if e.error:
                     groups.setdefault("error: " + e.error[:60], []).append(e)
-            rest = [e for e in failing if not e.error]
-            if rest:
-                for label, members, desc in self._clusters(rest, eps):
+            for ending in ("time-out", "ended below the success threshold"):
+                rest = [e for e in failing if not e.error and e.truncated == (ending == "time-out")]
+                for label, members, desc in self._clusters(rest, eps) if rest else []:
+                    label = ending if label == "failed" else f"{ending}, {label}"
                     groups[label] = members
                     descriptions[label] = desc
         n = len(eps)
@@ -304,18 +312,24 @@ NO_SUCCESS_HINT = "the env registers no reward threshold; set [task] success_thr
 def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float, float] | None,
             success_ci: tuple[float, float] | None, modes: list[FailureMode], errors: Counter,
             worst: list[tuple[int, float]], regressions: list[tuple[int, float, float]] | None,
-            new_failures: list[int]) -> str:
+            new_failures: list[int], success_rule: str | None = None) -> str:
     ci = f" (95 % CI {mean_ci[0]:.2f} to {mean_ci[1]:.2f})" if mean_ci else ""
     lines = [f"### Candidate {evaluation.candidate_id} on {evaluation.split} ({stats['n']} episodes)",
              f"- mean return {stats['mean']:.2f}{ci}, std {stats['std']:.2f}"]
     if stats["success_rate"] is not None:
         sci = f" (95 % CI {100 * success_ci[0]:.1f}–{100 * success_ci[1]:.1f} %)" if success_ci else ""
-        lines.append(f"- success rate {100 * stats['success_rate']:.1f} %{sci}")
+        rule = f"; success: {success_rule}" if success_rule else ""
+        lines.append(f"- success rate {100 * stats['success_rate']:.1f} %{sci}{rule}")
     elif not errors:
         lines.append(f"- success is undefined for this task ({NO_SUCCESS_HINT}), so only errored episodes count as "
                      "failures")
+    eps = evaluation.episodes
+    if eps:  # how episodes ended, apart from success: fewer time-outs can come with a lower success rate
+        lines.append(f"- endings: {sum(e.terminated for e in eps)} terminated, {sum(e.truncated for e in eps)} "
+                     f"time-outs (truncated), {sum(e.error is not None for e in eps)} errored")
     if modes:
-        lines.append("- failure modes:")
+        lines.append("- failure modes (errored or unsuccessful episodes):" if stats["success_rate"] is not None
+                     else "- failure modes:")
         for m in modes:
             desc = f" — {m.description}" if m.description else ""
             lines.append(f"  - **{m.label}**: {m.count} episode{'s' if m.count != 1 else ''} ({100 * m.share:.1f} %), mean return "

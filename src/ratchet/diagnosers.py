@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from ratchet.rollout import Episode
 
-__all__ = ["Diagnoser", "diagnoser_for", "observation_names", "lunar_lander", "cartpole", "bipedal_walker"]
+__all__ = ["Diagnoser", "diagnoser_for", "observation_names", "lunar_lander", "cartpole", "bipedal_walker",
+           "mountain_car"]
 
 Diagnoser = Callable[[Episode], list[str]]
 
@@ -75,10 +76,27 @@ def bipedal_walker(ep: Episode) -> list[str]:
     return ["reached the end, low score"]
 
 
+def mountain_car(ep: Episode) -> list[str]:
+    """MountainCar (v0 and Continuous): the episode terminates when the car reaches the flag (position ≥ 0.5)
+    and is truncated at the time limit. A failing episode that terminated reached the goal, only too slowly
+    (or, Continuous, too wastefully) for the success threshold: it is named so, never as a crash.
+
+    Labels: ``error``, ``time-out before reaching the goal``, ``reached the goal, return below the success
+    threshold``.
+    """
+    if ep.error:
+        return ["error"]
+    if ep.truncated:
+        return ["time-out before reaching the goal"]
+    return ["reached the goal, return below the success threshold"]
+
+
 _DIAGNOSERS: dict[str, Diagnoser] = {
     "LunarLander-": lunar_lander,
     "CartPole-": cartpole,
     "BipedalWalker-": bipedal_walker,
+    "MountainCar-": mountain_car,
+    "MountainCarContinuous-": mountain_car,
 }
 
 _NAMES: dict[str, list[str]] = {
@@ -99,7 +117,7 @@ def _match(env_id: str, table: dict) -> object | None:
 
 
 def diagnoser_for(env_id: str) -> Diagnoser | None:
-    """The shipped diagnoser for a Gymnasium id (LunarLander, CartPole, BipedalWalker), or None."""
+    """The shipped diagnoser for a Gymnasium id (LunarLander, CartPole, BipedalWalker, MountainCar), or None."""
     return _match(env_id, _DIAGNOSERS)  # type: ignore[return-value]
 
 

@@ -351,6 +351,30 @@ class RunSpec(_Section):
                              "validation_episodes or [task] max_episode_steps")
         return self
 
+    @model_validator(mode="after")
+    def _first_generation_fits(self) -> RunSpec:
+        """``[budget] episodes`` must pay for one generation and its gate after the first validation: a run
+        that can only validate the starting policy would spend its test episodes and improve nothing. The
+        cheapest refiner's generation is counted from what the spec says: CMA-ES evaluates its population
+        (``popsize``; pycma's default is at least 4), its distribution mean and the incumbent on each
+        training seed; any other kind at least one proposal and the incumbent."""
+        b, g = self.budget, self.gate
+        if b.episodes is None:
+            return self
+        sequential = g.test in ("betting", "group-t")
+        first = min(g.validation_episodes, max(g.batch, g.min_episodes)) if sequential else g.validation_episodes
+        gate = min(g.validation_episodes, 2 * max(g.batch, g.min_episodes)) if sequential else g.validation_episodes
+        policies = min((e.get("popsize") or 4) + 2 if e["kind"] == "cmaes" else 2 for e in self.refiner_entries())
+        train = self.refiner.train_episodes
+        need = first + policies * train + gate
+        if b.episodes < need:
+            raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for a single generation: {first:,} for "
+                             f"the starting policy's first validation + {policies * train:,} for a generation "
+                             f"({policies} candidates × {train} training episodes) + {gate:,} for its gate = {need:,}; "
+                             f"raise [budget] episodes to at least {need:,}, or lower [refiner] popsize / "
+                             "train_episodes or [gate] validation_episodes")
+        return self
+
     @field_validator("refiners")
     @classmethod
     def _refiner_tables(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
 
-__all__ = ["Task", "GymTask"]
+__all__ = ["Task", "GymTask", "success_rule_of"]
 
 
 @runtime_checkable
@@ -24,6 +24,10 @@ class Task(Protocol):
 
     def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
         """Whether an episode succeeded; ``None`` when the task defines no success."""
+
+    def success_rule(self) -> str | None:
+        """How success is decided, for people, with where its threshold comes from; ``None`` when the task
+        defines no success."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (stored in the ledger)."""
@@ -105,11 +109,22 @@ class GymTask:
             return None
         return bool(episode_return >= self.success_threshold)
 
+    def success_rule(self) -> str | None:
+        """How :meth:`is_success` decides, for people, with the threshold's source: ``"return ≥ -110
+        (MountainCar-v0's registered reward_threshold)"`` or ``"return ≥ 200 ([task] success_threshold)"``;
+        None when there is no threshold."""
+        if self.success_threshold is None:
+            return None
+        registered = gym_spec(self.env_id).reward_threshold
+        source = (f"{self.env_id}'s registered reward_threshold" if registered is not None
+                  and float(registered) == self.success_threshold else "[task] success_threshold")
+        return f"return ≥ {self.success_threshold:g} ({source})"
+
     @property
     def diagnose(self) -> Any:
         """The shipped failure diagnoser for this env (``Episode -> list[str]``), or None.
 
-        See :mod:`ratchet.diagnosers` (LunarLander, CartPole, BipedalWalker).
+        See :mod:`ratchet.diagnosers` (LunarLander, CartPole, BipedalWalker, MountainCar).
         """
         from ratchet.diagnosers import diagnoser_for
 
@@ -140,6 +155,15 @@ class GymTask:
         """Inverse of :meth:`to_dict`."""
         return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),
                    d.get("action_mode", "error"), d.get("max_episode_steps"))
+
+
+def success_rule_of(task: Any) -> str | None:
+    """:meth:`GymTask.success_rule` of a run spec's ``[task]`` table (or its dict form, as a ledger stores it),
+    or None: it defines no success, or its env cannot be looked up here (a display never fails on it)."""
+    try:
+        return GymTask.from_spec(task).success_rule()
+    except (TaskError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def gym_spec(env_id: str) -> Any:

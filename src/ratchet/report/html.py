@@ -76,7 +76,11 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
                          f"src='data:image/gif;base64,{data}'><figcaption>{esc(label)}</figcaption></figure>")
     if not parts:
         return ""
-    return "<h2>Failure modes on the test split, before vs after</h2>" + "".join(parts)
+    from ratchet.task import success_rule_of
+
+    rule = success_rule_of(state.spec.get("task"))
+    what = f"<p>Episodes that errored or missed success ({esc(rule)}), by how they ended.</p>" if rule else ""
+    return "<h2>Failure modes on the test split, before vs after</h2>" + what + "".join(parts)
 
 
 def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
@@ -100,7 +104,8 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     parts.append(f"<h1>ratchet run {esc(state.run_id)}</h1>")
     parts.append(f"<p>{esc(env_id)} · status <b>{esc(state.status)}</b> · stop: {esc(str(state.stop_reason))} · "
                  f"{state.generations} generations · {state.env_steps:,} env steps ({state.validation_env_steps:,} on "
-                 f"validation) · {state.episodes:,} episodes · {state.wall_clock_s:.1f} s</p>")
+                 f"validation) · {state.episodes:,} episodes · {state.wall_clock_s:.1f} s run time (start-up and this report "
+                 "not counted)</p>")
     if state.env_steps_breakdown:  # as `ratchet show` prints it: training, search, re-evaluation, validation, …
         went = " · ".join(f"{esc(str(k))} {v:,}" for k, v in state.env_steps_breakdown.items() if v is not None)
         parts.append(f"<p>env steps went to: {went}</p>")
@@ -112,8 +117,12 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
             sr = "–" if s.get("success_rate") is None else f"{100 * s['success_rate']:.1f} %"
             rows.append(f"<tr><td>{label}</td><td>{s['mean']:.2f}</td><td>{s['std']:.2f}</td><td>{s['n']}</td><td>{sr}</td></tr>")
     if rows:
+        from ratchet.task import success_rule_of
+
+        rule = success_rule_of(state.spec.get("task"))
         parts.append("<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean return</th>"
-                     "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(rows) + "</table>")
+                     "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(rows) + "</table>"
+                     + (f"<p>success: {esc(rule)}</p>" if rule else ""))
 
     # incumbent score vs env steps
     if state.generation_log:
