@@ -8,7 +8,7 @@ from conftest import DATA
 from ratchet.advice import parameters_at_bounds, run_advice
 
 
-def _state(notes, gates=(), promotions=(), params=None):
+def _state(notes, gates=(), promotions=(), params=None, stop_reason="env-step budget used"):
     source = (DATA / "cartpole_linear.py").read_text()
     cands = {"base": {"params": {"w_position": 0.0, "w_velocity": 0.0, "w_angle": 0.0, "w_angular_velocity": 0.0}}}
     if params is not None:
@@ -17,7 +17,7 @@ def _state(notes, gates=(), promotions=(), params=None):
         generation_log=[{"generation": i + 1, "gated": note is None, "gate_note": note} for i, note in enumerate(notes)],
         spec={"gate": {"validation_episodes": 8, "max_share": 0.3}, "refiner": {"sigma0": 0.2}},
         promotions=list(promotions), gates=list(gates), policy_source=source, baseline_id="base",
-        incumbent_id="inc" if params is not None else "base", candidates=cands)
+        incumbent_id="inc" if params is not None else "base", candidates=cands, stop_reason=stop_reason)
 
 
 def test_names_the_causes_in_numbers():
@@ -62,3 +62,12 @@ def test_advice_never_says_both_lower_and_raise_validation_episodes():
     alone = "\n".join(run_advice(_state(notes)))
     assert "raise max_share or lower [gate] validation_episodes (now 8)" in alone
     assert "raise the budget or lower [gate] validation_episodes (now 8)" in alone
+
+
+# a run that reached its [budget] target promoted enough: `ratchet run` of examples/cartpole (one promotion in six
+# generations, then the target) ended with "why so few promotions" advice
+def test_quiet_about_promotions_when_the_run_reached_its_target():
+    notes = ["validation would take 75 % of env steps, over [gate] max_share = 0.5; it waits"] * 5 + [None]
+    assert run_advice(_state(notes, promotions=[{}], stop_reason="target reached (incumbent validation mean 500.00 "
+                                                                  "≥ 500)")) == []
+    assert run_advice(_state(notes, promotions=[{}]))  # the same run stopped by its budget

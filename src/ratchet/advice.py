@@ -64,8 +64,9 @@ def _array_at_bounds(p: Any, value: Any, tolerance: float) -> list[str]:
 
 
 def run_advice(state: Any) -> list[str]:
-    """Likely causes, in numbers, when a run promoted nothing or little, and what to change (validation
-    episodes, sigma0, bounds, budget), plus parameters left at a bound. Empty when there is nothing to say.
+    """Likely causes, in numbers, when a run promoted nothing or little (and did not reach its ``[budget]
+    target``), and what to change (validation episodes, sigma0, bounds, budget), plus parameters left at a
+    bound. Empty when there is nothing to say.
 
     Args:
         state: A projected run (:class:`ratchet.ledger.projection.RunState`).
@@ -74,7 +75,8 @@ def run_advice(state: Any) -> list[str]:
     log, spec = state.generation_log, state.spec
     gate, refiner = spec.get("gate", {}), spec.get("refiner", {})
     n = len(log)
-    if n and len(state.promotions) <= max(1, n // 10):
+    reached = str(state.stop_reason or "").startswith("target reached")  # it promoted enough to stop
+    if n and not reached and len(state.promotions) <= max(1, n // 10):
         notes = [g.get("gate_note") or "" for g in log if not g.get("gated")]
         screened = sum(note.startswith(_SCREEN) for note in notes)
         share = sum(note.startswith(_SHARE) for note in notes)
