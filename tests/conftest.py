@@ -174,6 +174,10 @@ class RecordingExecutor:
     def caps_env_steps(self) -> bool:
         return bool(getattr(self.inner, "caps_env_steps", False))
 
+    @property
+    def records_traces(self) -> bool:
+        return bool(getattr(self.inner, "records_traces", False))
+
     def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None, **kw):
         self.calls += 1
         if self.max_calls is not None and self.calls > self.max_calls:

@@ -340,8 +340,22 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
     if rule and any(data[k] and data[k]["success_rate"] is not None for k in ("baseline_test", "test")):
         t.add_row("success", rule)
-    for change in data["code_changes"]:  # structural promotions: the code diff, as recorded when promoted
-        t.add_row(f"code change, gen {change['generation']}", _safe(change["diff"], 4000, multiline=True))
+    from ratchet.ledger.projection import llm_usage_text
+    from ratchet.proposals import describe_value_changes
+
+    for change in data["code_changes"]:  # structural promotions: the code's structure apart from its tuned values
+        gen, structure = change["generation"], change.get("structure_diff")
+        if structure is None:  # recorded by an older ratchet: one diff, numbers included
+            t.add_row(f"code change, gen {gen}", _safe(change["diff"], 4000, multiline=True))
+            continue
+        t.add_row(f"code change, gen {gen}", _safe(structure or "(none: only tuned values changed)", 4000,
+                                                   multiline=True))
+        if describe_value_changes(change.get("value_changes")):
+            t.add_row(f"tuned values, gen {gen}", _safe(describe_value_changes(change["value_changes"]), 2000,
+                                                        multiline=True))
+    for name, usage in data.get("llm_usage", {}).items():  # what each LLM refiner asked its endpoint and spent
+        t.add_row(f"llm usage ({name})", _safe(llm_usage_text(usage) + f"\nprompts and answers: ratchet llm-log {run}",
+                                               2000, multiline=True))
     if data["rejected_proposals"]:
         t.add_row("rejected proposals", f"{data['rejected_proposals']} (new source that failed its checks; never ran)")
     if data.get("env_steps_breakdown"):
@@ -653,6 +667,33 @@ def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> d
         return candidate_artifacts(ledger, candidates)
     finally:
         ledger.close()
+
+
+@app.command("llm-log")
+def llm_log(run: str = typer.Argument(..., help="Run id or run directory."),
+            last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the last N requests."),
+            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+    """Print the prompts a run's LLM refiners sent and the answers they got, oldest first, each with its
+    tokens, cost, seconds, attempts and what became of the answer."""
+    from ratchet.ledger.llm_log import format_exchange, llm_exchanges
+    from ratchet.loop import open_run
+
+    try:
+        ledger, _ = open_run(run, runs_dir, storage=storage, readonly=True)
+        try:
+            events = ledger.read()
+            exchanges = llm_exchanges(events, ledger.get_artifact, last)
+        finally:
+            ledger.close()
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    if not exchanges:
+        out.print(f"run {_safe(run, 200)} made no LLM requests", highlight=False, soft_wrap=True)
+        return
+    total = sum(e.type.value == "llm_call" for e in events)
+    for i, x in enumerate(exchanges, total - len(exchanges) + 1):  # the answers are untrusted text: made safe
+        sys.stdout.write(clean(format_exchange(x, i), None, multiline=True) + "\n\n")
 
 
 @app.command()

@@ -122,6 +122,9 @@ class Critique:
             as ``(seed, candidate_return, incumbent_return)``.
         new_failures: Seeds the incumbent succeeds on and the candidate fails.
         text: A short markdown rendering.
+        traces: The last steps of some of its worst episodes, replayed on the trusted side
+            (:class:`ratchet.trace.Trace`; empty unless a refiner asked for them, see
+            :class:`~ratchet.refiners.registry.RefinerContext` ``critique``).
     """
 
     candidate_id: str
@@ -135,16 +138,17 @@ class Critique:
     success_ci: tuple[float, float] | None = None
     failure_modes: list[FailureMode] = field(default_factory=list)
     new_failures: list[int] = field(default_factory=list)
+    traces: tuple[Any, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (stored in the ledger)."""
+        """JSON-ready form (stored in the ledger); ``traces`` only when there are some."""
         return {"candidate_id": self.candidate_id, "split": self.split, "stats": self.stats,
                 "mean_ci": list(self.mean_ci) if self.mean_ci else None,
                 "success_ci": list(self.success_ci) if self.success_ci else None,
                 "failure_modes": [m.to_dict() for m in self.failure_modes], "errors": self.errors,
                 "worst_seeds": [list(w) for w in self.worst_seeds],
                 "regressions": [list(r) for r in self.regressions], "new_failures": self.new_failures,
-                "text": self.text}
+                "text": self.text, **({"traces": [t.to_dict() for t in self.traces]} if self.traces else {})}
 
 
 def is_failure(ep: Episode) -> bool:

@@ -144,6 +144,11 @@ class _Run:
         self._carry = 0.0  # the last decision's level when it promoted (fallback: ratchet.gate.fallback_level)
         self._replaying = False
         self._session_start = time.monotonic()
+        # the critique service (RefinerContext.critique): each candidate's latest training evaluation, the
+        # traces read this session, and what the current generation leaves of the budget for trace replays
+        self._latest_train: dict[str, tuple[Candidate, Evaluation]] = {}
+        self._traces: dict[str, Any] = {}
+        self._spare: tuple[float, float] = (math.inf, math.inf)
         self.event_tag: dict[str, Any] = {}  # merged into every payload recorded (a correction round's number)
 
     def _build_refiners(self) -> dict[str, Any]:
@@ -156,7 +161,7 @@ class _Run:
             ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
                                  name=name, train=self.train, artifact=self.artifact,
                                  training_seeds=self.training_seeds, exchange=self.exchange,
-                                 read_input=self.read_input)
+                                 read_input=self.read_input, critique=self.critique_of)
             for ref in kind.build(settings, name, ctx):
                 out[ref.name] = ref
         return out
@@ -398,6 +403,8 @@ class _Run:
         if self.caps_steps and split != "test" and self.spec.budget.env_steps is not None:
             cap = max(0, self.spec.budget.env_steps - self.usage.env_steps)
         self.executor.run(self.task, jobs, on_episode, **({} if cap is None else {"max_env_steps": cap}))
+        if split == "train":  # for the critique service: each candidate's latest training episodes
+            self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
         # a candidate listed twice ran once
         for cand_id in dict.fromkeys(c.id for c in candidates):
@@ -407,6 +414,98 @@ class _Run:
                 self.usage.episodes += ev.n
                 if split == "validation":
                     self.usage.validation_env_steps += ev.env_steps
+        return out
+
+    def critique_of(self, candidate_id: str, traces: int = 0, last_steps: int = 10) -> Any:
+        """The critique of a candidate's latest training evaluation in this run, with traces of its worst
+        episodes (see :class:`~ratchet.refiners.registry.RefinerContext` ``critique``), or None.
+
+        Args:
+            candidate_id: The candidate.
+            traces: Most worst episodes to replay for their last steps (0: none).
+            last_steps: Env steps each trace keeps (the last ones; at most :data:`ratchet.trace.MAX_STEPS`).
+        """
+        from dataclasses import replace
+
+        from ratchet.trace import MAX_STEPS
+
+        got = self._latest_train.get(candidate_id)
+        if got is None:
+            return None
+        cand, ev = got
+        crit = self.critic.critique(ev)
+        if traces > 0 and last_steps > 0:
+            found = self.trace_worst(cand, ev, min(int(traces), 10))
+            if found:
+                keep = min(int(last_steps), MAX_STEPS)
+                crit = replace(crit, traces=tuple(replace(t, steps=t.steps[-keep:]) for t in found))
+        return crit
+
+    def spare_budget(self, n_candidates: int, est_len: float, reserve: tuple[float, int],
+                     training: int) -> tuple[float, float]:
+        """(env steps, episodes) of the budget left once this generation's episodes (as priced), its training
+        jobs and a kept gate are paid for: what trace replays may spend (inf where there is no such budget)."""
+        b, u = self.spec.budget, self.usage
+        steps = math.inf if b.env_steps is None else (
+            b.env_steps - u.env_steps - reserve[0] - training
+            - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
+        episodes = math.inf if b.episodes is None else (
+            b.episodes - u.episodes - reserve[1] - n_candidates * self.spec.refiner.train_episodes)
+        return max(0.0, steps), max(0.0, episodes)
+
+    def trace_worst(self, cand: Candidate, ev: Evaluation, n: int) -> list[Any]:
+        """Traces of up to ``n`` of the evaluation's worst episodes (lowest return first): read back from
+        ``episode_traced`` events, or replayed now (in the executor, on the trusted side) where the spare
+        budget (:meth:`spare_budget`) pays for their recorded lengths and the executor records traces
+        (``records_traces``). Each replay is charged to the usage once per session, as re-evaluation."""
+        import shutil
+        import tempfile
+
+        from ratchet.trace import Trace, TraceError, read_trace
+
+        worst = sorted((e for e in ev.episodes if e.error != BUDGET_SKIP), key=lambda e: (e.episode_return, e.seed))
+        chosen, todo = [], []
+        steps, episodes = self._spare
+        for ep in worst[:n]:
+            key = f"trace/{cand.id}/{ep.seed}"
+            if key not in self._traces:  # first read this session: it spends its share (recorded or not), so a
+                if self.ledger.get(key) is None:  # resumed run makes the same choices as the first
+                    if not getattr(self.executor, "records_traces", False) or ep.length > steps or episodes < 1:
+                        continue
+                    todo.append(ep)
+                steps, episodes = steps - ep.length, episodes - 1
+            chosen.append(key)
+        self._spare = (steps, episodes)
+        if todo:
+            folder = tempfile.mkdtemp(prefix="ratchet-trace-")
+            try:
+                paths = [str(Path(folder) / f"{i}.json") for i in range(len(todo))]
+                jobs = [Job(cand, ep.seed, {h: self.artifact(h) for h in cand.artifacts.values()}) for ep in todo]
+                replays = self.executor.run(self.task, jobs, render_paths=paths)
+                for ep, replay, path in zip(todo, replays, paths):
+                    try:
+                        trace, error = read_trace(path).to_dict(), None
+                    except TraceError as exc:
+                        trace, error = None, str(exc)
+                    self.record(EventType.EPISODE_TRACED, f"trace/{cand.id}/{ep.seed}", {
+                        "candidate_id": cand.id, "seed": ep.seed, "env_steps": int(replay.length),
+                        "matches": replay.episode_return == ep.episode_return and replay.length == ep.length,
+                        "error": error or replay.error, "trace": trace})
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        out = []
+        for key in chosen:
+            if key not in self._traces:
+                p = self.ledger.get(key).payload
+                self.usage.env_steps += int(p["env_steps"])
+                self.usage.episodes += 1
+                self.usage.reeval_env_steps += int(p["env_steps"])
+                try:
+                    self._traces[key] = None if p.get("trace") is None else Trace.from_dict(p["trace"])
+                except TraceError:
+                    self._traces[key] = None
+            if self._traces[key] is not None:
+                out.append(self._traces[key])
         return out
 
     def choose_refiner(self, generation: int, fits: Callable[[Any], bool] = lambda r: True) -> str:
@@ -482,10 +581,10 @@ class _Run:
                      "env_steps": self.usage.env_steps})
         if decision.promoted:
             structural = {}
-            if best.source != incumbent.source:  # a structural promotion: the code diff, for show and the report
-                from ratchet.proposals import promotion_diff
+            if best.source != incumbent.source:  # a structural promotion: the code diffs, for show and the report
+                from ratchet.proposals import promotion_changes
 
-                structural = {"source_diff": promotion_diff(incumbent, best)}
+                structural = promotion_changes(incumbent, best)
             self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{label}/{best.id}",
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
@@ -646,6 +745,7 @@ class _Run:
 
             # plan
             plan = self.planner.plan(generation)
+            self._spare = self.spare_budget(n_candidates, est_len, reserve, training)  # for trace replays
             # refine (propose) — from the incumbent and its latest critique
             recommended = refiner.recommend()
             if recommended is not None and recommended.source != incumbent.source:
@@ -709,6 +809,8 @@ class _Run:
                        "validation_env_steps": self.usage.validation_env_steps,
                        "critique": critique.to_dict()}
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
+            if promoted:  # the next generation edits the new incumbent: hand the refiner its own critique
+                critique = self.critic.critique(train[incumbent.id])
             self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners))
             completed = generation
 

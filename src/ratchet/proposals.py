@@ -25,8 +25,8 @@ from typing import Any
 from ratchet.errors import PolicyError, RatchetError
 from ratchet.policy import Candidate, PolicyProgram, export_source, parse_policy
 
-__all__ = ["Rejection", "check_source", "baked_source", "source_diff", "promotion_diff", "MAX_SOURCE_CHARS",
-           "ALLOWED_IMPORTS"]
+__all__ = ["Rejection", "check_source", "baked_source", "source_diff", "promotion_diff", "promotion_changes",
+           "structure_source", "value_changes", "TUNED", "MAX_SOURCE_CHARS", "ALLOWED_IMPORTS"]
 
 #: Longest policy source a structural refiner may propose (characters).
 MAX_SOURCE_CHARS = 200_000
@@ -172,6 +172,94 @@ def source_diff(old: str, new: str, max_lines: int = 80) -> str:
     lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(), "parent", "candidate", lineterm="", n=1))
     if len(lines) > max_lines:
         lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+#: What :func:`structure_source` writes in place of each parameter's default.
+TUNED = "TUNED"
+
+
+def structure_source(source: str) -> str:
+    """``source`` with the default of every ``PARAMETERS`` entry replaced by :data:`TUNED`: the code's
+    structure (its logic, the parameters' names and bounds) without the values a tuner changes. A source
+    whose ``PARAMETERS`` is not a dict display (or that does not parse) comes back unchanged."""
+    from ratchet.policy import _find_parameters_node
+
+    try:
+        node = _find_parameters_node(ast.parse(source))
+    except (SyntaxError, ValueError):
+        return source
+    if not isinstance(node, ast.Dict):
+        return source
+    spans = []
+    for val in node.values:
+        target = None
+        if isinstance(val, ast.Dict):
+            target = next((v for k, v in zip(val.keys, val.values)
+                           if isinstance(k, ast.Constant) and k.value == "default"), None)
+        elif isinstance(val, (ast.Tuple, ast.List)) and val.elts:
+            target = val.elts[0]
+        if target is not None and target.end_lineno is not None and target.end_col_offset is not None:
+            spans.append((target.lineno, target.col_offset, target.end_lineno, target.end_col_offset))
+    lines = source.encode("utf-8").splitlines(keepends=True)
+    starts = [0]
+    for b in lines:
+        starts.append(starts[-1] + len(b))
+    data = source.encode("utf-8")
+    for line, col, end_line, end in sorted(spans, reverse=True):
+        data = data[:starts[line - 1] + col] + TUNED.encode() + data[starts[end_line - 1] + end:]
+    return data.decode("utf-8")
+
+
+def value_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The parameter values that differ between two candidates' ``params``, in ``new``'s order, then the
+    removed ones: ``{"name", "from", "to"}`` with a number for a scalar, a one-line summary for an array
+    (:func:`ratchet.policy.describe_value`), and None on the side that lacks the parameter."""
+    import numpy as np
+
+    from ratchet.policy import describe_value
+
+    def shown(v: Any) -> Any:
+        return float(v) if not isinstance(v, (list, tuple, np.ndarray)) else describe_value(v)
+
+    out = []
+    for name in list(new) + [n for n in old if n not in new]:
+        a, b = old.get(name), new.get(name)
+        if a is not None and b is not None and np.array_equal(np.asarray(a, dtype=np.float64),
+                                                              np.asarray(b, dtype=np.float64)):
+            continue
+        out.append({"name": name, "from": None if a is None else shown(a), "to": None if b is None else shown(b)})
+    return out
+
+
+def promotion_changes(incumbent: Candidate, promoted: Candidate, max_lines: int = 400) -> dict[str, Any]:
+    """What a structural promotion changed, for ``show`` and the report: ``source_diff``
+    (:func:`promotion_diff`: every change, numbers included), ``structure_diff`` (the diff of the two
+    sources with their defaults replaced by :data:`TUNED`, :func:`structure_source`: the code's structure
+    alone; empty when only values changed) and ``value_changes`` (:func:`value_changes` of their values)."""
+    return {"source_diff": promotion_diff(incumbent, promoted, max_lines),
+            "structure_diff": source_diff(structure_source(incumbent.source), structure_source(promoted.source),
+                                          max_lines=max_lines),
+            "value_changes": value_changes(incumbent.params, promoted.params)}
+
+
+def describe_value_changes(changes: Any) -> str:
+    """:func:`value_changes` as lines for people: ``name: 0.3 → 0.52``, ``name: 0.7 (new)``,
+    ``name: removed (was 0.3)``; entries that are not such dicts (a damaged ledger) are skipped."""
+    def shown(v: Any) -> str:
+        return f"{v:.6g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+    lines = []
+    for c in changes if isinstance(changes, list) else []:
+        if not isinstance(c, Mapping) or "name" not in c:
+            continue
+        a, b = c.get("from"), c.get("to")
+        if a is None:
+            lines.append(f"{c['name']}: {shown(b)} (new)")
+        elif b is None:
+            lines.append(f"{c['name']}: removed (was {shown(a)})")
+        else:
+            lines.append(f"{c['name']}: {shown(a)} → {shown(b)}")
     return "\n".join(lines)
 
 

@@ -60,6 +60,10 @@ class TaskSpec(_Section):
     max_episode_steps: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS,
                                           description="Override the env's time limit (env steps per episode); "
                                                       "required for an env registered without one.")
+    description: str | None = Field(None, min_length=1, max_length=4000,
+                                    description="The task's rewards and episode end in words, for the llm "
+                                                "refiner's prompts; default: the Rewards and Episode End sections "
+                                                "of the env's documentation.")
 
     @field_validator("env_kwargs")
     @classmethod

@@ -46,6 +46,8 @@ class GymTask:
         max_episode_steps: Override the registered time limit (env steps); ``None`` keeps it. A
             ``max_episode_steps`` in ``env_kwargs`` (how tasks recorded by older versions set it) is moved
             here, so :attr:`step_limit` is always the limit episodes really have.
+        description: What an episode's rewards and ending are, in words (``[task] description``), for
+            :meth:`describe`; None takes them from the environment's documentation.
 
     Raises:
         TaskError: the id is not registered (the message lists close matches), ``env_kwargs`` and
@@ -58,6 +60,7 @@ class GymTask:
     success_threshold: float | None = None
     action_mode: str = "error"
     max_episode_steps: int | None = None
+    description: str | None = None
 
     def __post_init__(self) -> None:
         if self.action_mode not in ("error", "clip"):
@@ -136,11 +139,36 @@ class GymTask:
 
         return observation_names(self.env_id, size)
 
+    def describe(self, env: Any = None) -> str | None:
+        """The task's rewards and episode end in words (for LLM prompts): :attr:`description` when set, else
+        the *Rewards* and *Episode End* (or *Termination*, *Truncation*) sections of the environment class's
+        docstring, as Gymnasium documents its environments (at most 1,500 characters), else None.
+
+        Args:
+            env: An environment of this task already made (None makes one; no policy code runs).
+        """
+        if self.description:
+            return self.description.strip()
+        own = env is None
+        try:
+            env = self.make_env() if own else env
+            doc = type(env.unwrapped).__doc__ or ""
+        except Exception:  # noqa: BLE001 - a description is optional
+            return None
+        finally:
+            if own and env is not None:
+                try:
+                    env.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        return doc_sections(doc)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description."""
+        """JSON-ready description (``description`` only when set)."""
         return {"kind": "gym", "env_id": self.env_id, "env_kwargs": dict(self.env_kwargs),
                 "success_threshold": self.success_threshold, "action_mode": self.action_mode,
-                "max_episode_steps": self.max_episode_steps}
+                "max_episode_steps": self.max_episode_steps,
+                **({"description": self.description} if self.description else {})}
 
     @classmethod
     def from_spec(cls, task: Any) -> GymTask:
@@ -148,13 +176,39 @@ class GymTask:
         as stored in the ledger)."""
         t = task if isinstance(task, Mapping) else task.model_dump()
         return cls(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
-                   t.get("max_episode_steps"))
+                   t.get("max_episode_steps"), t.get("description"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GymTask:
         """Inverse of :meth:`to_dict`."""
         return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),
-                   d.get("action_mode", "error"), d.get("max_episode_steps"))
+                   d.get("action_mode", "error"), d.get("max_episode_steps"), d.get("description"))
+
+
+def doc_sections(doc: str, max_chars: int = 1500) -> str | None:
+    """The *Rewards* and *Episode End* sections of a Gymnasium environment's docstring (headings such as
+    ``## Rewards``, ``## Reward:``, ``## Episode End``, ``## Episode Termination``, ``## Episode Truncation``),
+    whitespace collapsed and RST markup (````x````, ``:math:`x```) reduced to its text; None when it has neither.
+
+    Args:
+        doc: The docstring.
+        max_chars: Most characters returned (cut with ``…``).
+    """
+    import re
+
+    parts = re.split(r"^[ \t]*#{1,6}[ \t]*(.+?)[ \t]*$", doc, flags=re.MULTILINE)
+    found = []
+    for head, body in zip(parts[1::2], parts[2::2]):
+        title = head.strip().rstrip(":")
+        if re.match(r"(rewards?|episode (end|termination|truncation)|termination)$", title, re.IGNORECASE):
+            text = re.sub(r":\w+:`([^`]*)`", r"\1", body)
+            text = " ".join(text.replace("``", "").split())
+            if text:
+                found.append(f"{title}: {text}")
+    if not found:
+        return None
+    out = "\n".join(found)
+    return out if len(out) <= max_chars else out[:max_chars - 1].rstrip() + "…"
 
 
 def success_rule_of(task: Any) -> str | None:

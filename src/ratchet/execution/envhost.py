@@ -161,7 +161,9 @@ def _serve(conn: Any, chan: Channel) -> None:
                 deadline.arm(float(timeout_s))
                 # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
                 # Box2D world does), which would make a return depend on the episodes run before it.
-                env = task.make_env(render_mode="rgb_array" if render_path else None)
+                from ratchet.trace import render_mode_for
+
+                env = task.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
                 # the source travels once per worker pair: the policy process keeps it from then on
                 policy = RemotePolicy(chan, key, source, env.observation_space, env.action_space)
                 candidate = json.dumps([key, params], sort_keys=True)

@@ -302,6 +302,8 @@ class ProcessExecutor:
 
     #: :meth:`run` honours ``max_env_steps`` exactly (the loop may then price work by observed lengths).
     caps_env_steps = True
+    #: :meth:`run` writes an episode's trace (:mod:`ratchet.trace`) to a render path ending in ``.json``.
+    records_traces = True
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None,
@@ -314,7 +316,8 @@ class ProcessExecutor:
 
         Args:
             render_paths: Optional per-job output file (GIF/MP4); when set the episode is rendered
-                to it (used by ``ratchet replay --video``).
+                to it (used by ``ratchet replay --video``); a ``.json`` file receives the episode's trace
+                instead (:func:`ratchet.trace.record_trace`).
             max_env_steps: A hard cap on the env steps these jobs may take together. A job starts only
                 when the steps already taken plus the task's time limit for it and for every job still
                 running fit; when none can start, the rest are recorded as ``"skipped: env-step budget

@@ -289,7 +289,9 @@ def worker_main(conn: Any) -> None:
             elif render_path:
                 from ratchet.report.video import record_episode
 
-                render_env = task.make_env(render_mode="rgb_array")
+                from ratchet.trace import render_mode_for
+
+                render_env = task.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
                 try:
                     bind_spaces(module, render_env.observation_space, render_env.action_space)
                     ep = record_episode(render_env, module, materialize(params), seed, task, render_path)

@@ -18,6 +18,7 @@ class EventType(str, Enum):
     GENERATION_PLANNED = "generation_planned"  # which refiner gets the generation, and why
     TRAINING_FINISHED = "training_finished"  # a refiner's training job: parent, settings, seeds, env steps, artifacts
     LLM_CALL = "llm_call"                  # a refiner's request to an LLM endpoint and its reply (artifacts), tokens
+    EPISODE_TRACED = "episode_traced"      # a recorded training episode replayed for its last steps (a prompt's trace)
     PROPOSAL_REJECTED = "proposal_rejected"  # a proposal whose new source failed its checks (or had none): never ran
     CANDIDATE_PROPOSED = "candidate_proposed"  # a refiner proposed a candidate (full source + params)
     EPISODES_EVALUATED = "episodes_evaluated"  # one candidate's episodes on one split

@@ -36,6 +36,8 @@ class RunState:
     ``correction validation`` and ``correction test``. A promoting round moves ``incumbent_id``; a finished
     round's test evaluation of the incumbent replaces ``test``.
 
+    ``llm_usage``: per LLM refiner (arm name), what its endpoint was asked and spent (:func:`llm_usage_of`).
+
     ``status`` is ``running``, ``stale`` (its writer's lease expired without the run finishing or
     failing: the writer died or hangs, possibly on another machine; ``ratchet resume`` takes it over),
     ``interrupted`` (stopped, or its writer is gone from this machine), ``finished``, ``failed`` or
@@ -75,6 +77,7 @@ class RunState:
     env_steps_breakdown: dict[str, Any] | None = None
     corrections: list[dict[str, Any]] = field(default_factory=list)
     correction_env_steps: dict[str, int] = field(default_factory=lambda: {"person": 0, "validation": 0, "test": 0})
+    llm_usage: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def status_text(self) -> str:
@@ -125,12 +128,81 @@ class RunState:
                 "promotions": len(self.promotions), "env_steps_breakdown": self.env_steps_breakdown,
                 "corrections": [dict(c) for c in self.corrections],
                 "code_changes": [{"generation": p["generation"], "from": p["from"], "to": p["to"],
-                                  "diff": p["source_diff"]} for p in self.promotions if p.get("source_diff")],
+                                  "diff": p["source_diff"], "structure_diff": p.get("structure_diff"),
+                                  "value_changes": p.get("value_changes")}
+                                 for p in self.promotions if p.get("source_diff")],
+                "llm_usage": {k: dict(v) for k, v in self.llm_usage.items()},
                 "rejected_proposals": len(self.rejected_proposals),
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
                                        for m in (self.test_critique or {}).get("failure_modes", [])]}
+
+
+def _count(x: Any) -> float:
+    """A recorded count or amount read defensively (0 for anything that is not a finite, non-negative number)."""
+    import math
+
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+    return x if ok else 0
+
+
+def failure_reason(error: Any) -> str:
+    """A failed request's reason, short enough to group by: the error's text up to its first ``": "`` or
+    ``" ("`` (``"HTTP 503 Service Unavailable"``, ``"timed out"``), at most 80 characters."""
+    import re
+
+    text = " ".join(str(error).split()) or "unknown"
+    return re.split(r": | \(", text, maxsplit=1)[0][:80]
+
+
+def _add_llm_call(usage: dict[str, dict[str, Any]], key: str, p: dict[str, Any]) -> None:
+    """Count one ``llm_call`` event into ``usage`` (see :func:`llm_usage_of`)."""
+    name = p.get("refiner") if isinstance(p.get("refiner"), str) else key.split("/")[1] if key.count("/") >= 2 else "llm"
+    u = usage.setdefault(name, {"model": p.get("model"), "requests": 0, "attempts": 0, "answered": 0,
+                                "prompt_tokens": 0, "completion_tokens": 0, "tokens_estimated": False, "cost": 0.0,
+                                "seconds": 0.0, "failures": {}})
+    u["requests"] += 1
+    u["attempts"] += int(_count(p.get("attempts"))) or 1
+    u["prompt_tokens"] += int(_count(p.get("prompt_tokens")))
+    u["completion_tokens"] += int(_count(p.get("completion_tokens")))
+    u["tokens_estimated"] = u["tokens_estimated"] or bool(p.get("tokens_estimated"))
+    u["cost"] += float(_count(p.get("cost")))
+    u["seconds"] += float(_count(p.get("seconds")))
+    if p.get("response") is None:
+        reason = failure_reason(p.get("error"))
+        u["failures"][reason] = u["failures"].get(reason, 0) + 1
+    else:
+        u["answered"] += 1
+
+
+def llm_usage_of(events: list[Event]) -> dict[str, dict[str, Any]]:
+    """Per LLM refiner (arm name), from its ``llm_call`` events: ``model``, ``requests`` (calls made),
+    ``attempts`` (HTTP attempts, retries included), ``answered`` (calls that got a reply), ``prompt_tokens``,
+    ``completion_tokens``, ``tokens_estimated`` (some counts are estimates: the endpoint reported none),
+    ``cost`` (priced by the refiner's ``price_prompt``/``price_completion``, per million tokens),
+    ``seconds`` (spent waiting on the endpoint) and ``failures`` (reason -> count of calls without a reply,
+    :func:`failure_reason`)."""
+    usage: dict[str, dict[str, Any]] = {}
+    for ev in events:
+        if ev.type is EventType.LLM_CALL:
+            _add_llm_call(usage, ev.key, ev.payload)
+    return usage
+
+
+def llm_usage_text(u: dict[str, Any]) -> str:
+    """One refiner's :func:`llm_usage_of` entry for people, e.g. ``"12 requests (14 HTTP attempts), 11 answered
+    · 12,345 tokens (10,000 prompt + 2,345 answer) · cost 0.0123 · 45.6 s waiting"`` and, when some failed, a
+    second line ``"failed: 2× HTTP 503 Service Unavailable, 1× timed out"``."""
+    tokens = u["prompt_tokens"] + u["completion_tokens"]
+    est = ", partly estimated" if u.get("tokens_estimated") else ""
+    line = (f"{u['requests']:,} request{'s' if u['requests'] != 1 else ''} ({u['attempts']:,} HTTP attempt"
+            f"{'s' if u['attempts'] != 1 else ''}), {u['answered']:,} answered · {tokens:,} tokens "
+            f"({u['prompt_tokens']:,} prompt + {u['completion_tokens']:,} answer{est}) · cost {u['cost']:.4g} · "
+            f"{u['seconds']:.1f} s waiting")
+    if u["failures"]:
+        line += "\nfailed: " + ", ".join(f"{n}× {r}" for r, n in sorted(u["failures"].items(), key=lambda kv: -kv[1]))
+    return line
 
 
 def _test_summary(s: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -204,6 +276,11 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
         elif ev.type is EventType.TRAINING_FINISHED and "correction_round" not in p:
             st.env_steps += int(p["env_steps"])
             st.training_env_steps += int(p["env_steps"])
+        elif ev.type is EventType.EPISODE_TRACED:  # a replay for a prompt's trace: in the budget, as the loop counts
+            st.env_steps += int(p["env_steps"])
+            st.episodes += 1
+        elif ev.type is EventType.LLM_CALL:
+            _add_llm_call(st.llm_usage, ev.key, p)
         elif ev.type is EventType.GATE_DECIDED:
             st.gates.append(p)
         elif ev.type is EventType.PROPOSAL_REJECTED:

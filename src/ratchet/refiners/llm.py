@@ -18,11 +18,18 @@ fails :func:`~ratchet.refiners.structural.check_source` are recorded failed prop
 passes is proposed with ``variants`` parameter settings (its values, then perturbations; new
 parameters drawn across their bounds), as the ``mutate`` refiner does and for the same reason.
 
-The program a request edits is the incumbent (with probability ``incumbent_share``, and with its
-critique in the prompt) or an elite of the refiner's archive of diverse good programs
-(:mod:`ratchet.refiners.archive`, as FunSearch's programs database and MAP-Elites keep), to which every
-edited program is offered once its training episodes ran. The gate still compares every contender
-with the incumbent.
+The program a request edits is the incumbent (with probability ``incumbent_share``) or an elite of the
+refiner's archive of diverse good programs (:mod:`ratchet.refiners.archive`, as FunSearch's programs
+database and MAP-Elites keep), to which every edited program is offered once its training episodes ran.
+Either way the prompt holds the critique of the program it edits, from that program's own latest
+training episodes (the run's :class:`~ratchet.refiners.registry.RefinerContext` ``critique`` service),
+with the last ``trace_steps`` steps of its ``trace_episodes`` worst episodes, replayed on the trusted
+side (:mod:`ratchet.trace`). The gate still compares every contender with the incumbent.
+
+The system message is :data:`SYSTEM_PROMPT` unless ``system_prompt`` (text) or ``system_prompt_file``
+(a file relative to the spec, stored in the ledger when the run starts) replaces it; ``hints`` are added
+to every user message either way. Text quoted in the prompt (the policy, past edits) sits in code fences
+longer than any run of backticks inside it (CommonMark), so quoted code cannot break the layout.
 
 Every request and response is stored in the run's ledger (content-addressed artifacts and an
 ``llm_call`` event with token counts and cost), keyed by a digest of the request, which includes a
@@ -51,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError, RatchetError
@@ -79,6 +86,22 @@ class LLMSettings(ArchiveSettings):
     api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key "
                                                       "(sent as a Bearer token); none for local servers.")
     hints: str = Field("", max_length=20_000, description="Extra guidance for the model, added to every prompt.")
+    system_prompt: str | None = Field(None, min_length=1, max_length=20_000,
+                                      description="The system message, replacing ratchet's own (which says how "
+                                                  "policy files look and how to answer).")
+    system_prompt_file: str | None = Field(None, min_length=1, description="A UTF-8 file holding the system "
+                                                                          "message, relative to the spec file.")
+    trace_episodes: int = Field(2, ge=0, le=10, description="Worst training episodes of the edited program "
+                                                            "replayed for the prompt's traces (0: none); the "
+                                                            "replays count in the env-step budget.")
+    trace_steps: int = Field(10, ge=1, le=50, description="Last env steps each trace shows (observation, action, "
+                                                          "reward).")
+
+    @model_validator(mode="after")
+    def _one_system_prompt(self) -> LLMSettings:
+        if self.system_prompt is not None and self.system_prompt_file is not None:
+            raise ValueError("give system_prompt or system_prompt_file, not both")
+        return self
     proposals: int = Field(2, ge=1, le=50, description="Requests (edited programs) per generation.")
     variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.")
     sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
@@ -285,39 +308,77 @@ def _task_text(task: Mapping[str, Any]) -> str:
         lines.append(f"An episode succeeds when its return is at least {task['success_threshold']:g}.")
     if task.get("step_limit"):
         lines.append(f"Episodes are cut at {task['step_limit']} steps.")
+    if task.get("description"):
+        lines.append("Rewards and episode end:\n" + str(task["description"]).strip())
     return "\n".join(lines)
 
 
+def fenced(text: str, info: str = "") -> str:
+    """``text`` in a code fence of backticks longer than any run of backticks inside it (CommonMark: a fence
+    closes only on at least as many), so quoted code, diffs or answers cannot close it early.
+
+    Args:
+        text: What to quote.
+        info: The fence's info string (a language such as ``"python"``).
+    """
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    bar = "`" * max(3, longest + 1)
+    return f"{bar}{info}\n{text.rstrip()}\n{bar}"
+
+
+def critique_text(critique: Critique | None, trace_steps: int = 10,
+                  observation_names: Sequence[str] | None = None) -> str:
+    """The critique part of a prompt: the critique's text (statistics, failure modes, worst seeds), then how
+    its traced episodes ended, step by step (:meth:`ratchet.trace.Trace.text`).
+
+    Args:
+        critique: The edited program's critique, or None (no training episodes yet).
+        trace_steps: Most steps shown of each trace.
+        observation_names: Names of the observation's components, for the traces' header.
+    """
+    if critique is None:
+        return "No episodes critiqued yet."
+    text = critique.text.strip() or "No episodes critiqued yet."
+    if critique.traces:
+        text += ("\n\nHow its worst episodes ended (replayed; rewards per step, numbers rounded):\n"
+                 + "\n".join(t.text(trace_steps, observation_names) for t in critique.traces))
+    return text
+
+
 def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None, history: Sequence[Attempt],
-                 hints: str = "", max_chars: int = 40_000, max_history: int = 12) -> list[dict[str, str]]:
+                 hints: str = "", max_chars: int = 40_000, max_history: int = 12, *,
+                 system_prompt: str | None = None, trace_steps: int = 10) -> list[dict[str, str]]:
     """The chat messages of one request.
 
     Args:
-        task: ``env_id``, ``observation_space``, ``action_space`` (text), ``success_threshold``, ``step_limit``.
+        task: ``env_id``, ``observation_space``, ``action_space`` (text), ``success_threshold``, ``step_limit``
+            (env steps), and optionally ``description`` (the task's rewards and episode end, in words) and
+            ``observation_names``.
         source: The parent's code (its values written in as defaults).
-        critique: The parent's latest critique (training episodes), or None before the first generation.
+        critique: The parent's own latest critique (training episodes, with traces of its worst episodes),
+            or None when it has run none.
         history: Edits tried so far, oldest first.
         hints: The user's hints.
-        max_chars: Size limit of the user message: the oldest history entries go first, then the
-            critique is cut.
+        max_chars: Size limit of the user message (characters): the oldest history entries go first, then
+            the critique is cut.
         max_history: Most history entries shown.
+        system_prompt: The system message; None uses :data:`SYSTEM_PROMPT`.
+        trace_steps: Most steps shown of each trace.
 
     Returns:
         ``[{"role": "system", ...}, {"role": "user", ...}]``.
     """
-    crit = critique.text.strip() if critique is not None and critique.text else "No episodes critiqued yet."
-    if critique is not None and critique.worst_seeds:
-        crit += "\nWorst seeds (seed, return): " + ", ".join(f"({s}, {r:.1f})" for s, r in critique.worst_seeds)
+    crit = critique_text(critique, trace_steps, task.get("observation_names"))
     shown = list(history)[-max_history:] if max_history else []
 
     def render(entries: Sequence[Attempt], crit_text: str) -> str:
         parts = ["## Task\n" + _task_text(task),
-                 "## Current policy (its tuned values are written in as the defaults)\n```python\n"
-                 + source.rstrip() + "\n```",
+                 "## Current policy (its tuned values are written in as the defaults)\n" + fenced(source, "python"),
                  "## How the current policy does on recent training episodes\n" + crit_text]
         if entries:
             parts.append("## Edits already tried (oldest first) and what became of them\n" + "\n\n".join(
-                f"{i}. ```diff\n{a.summary}\n```\n   result: {a.verdict}" for i, a in enumerate(entries, 1)))
+                f"Edit {i}:\n{fenced(a.summary, 'diff')}\nResult: {' '.join(a.verdict.split())}"
+                for i, a in enumerate(entries, 1)))
         if hints.strip():
             parts.append("## Hints\n" + hints.strip())
         parts.append("## Your answer\nPropose one edit that fixes the failures above and differs from the edits "
@@ -331,7 +392,8 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
     if len(text) > max_chars:
         keep = max(200, len(crit) - (len(text) - max_chars))
         text = render(shown, crit[:keep] + " [cut]")
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+    return [{"role": "system", "content": SYSTEM_PROMPT if system_prompt is None else system_prompt},
+            {"role": "user", "content": text}]
 
 
 # -- the HTTP call ---------------------------------------------------------------------------------------
@@ -451,6 +513,11 @@ class LLMRefiner:
         self.archive = settings.new_archive()
         self._incumbent: Candidate | None = None
         self._proposed: list[Candidate] = []
+        #: The run's critique service (RefinerContext.critique), or None: then only the incumbent has a critique.
+        self.critique_of: Callable[..., Critique | None] | None = None
+        #: The system message (:data:`SYSTEM_PROMPT`, ``system_prompt``, or the text of ``system_prompt_file``).
+        self.system_prompt: str = settings.system_prompt or SYSTEM_PROMPT
+        self._critiques: dict[str, Critique | None] = {}
 
     @property
     def population_size(self) -> int:
@@ -502,7 +569,7 @@ class LLMRefiner:
         for _ in range(s.proposals):
             if self.idle_reason() is not None:
                 break
-            # the program to edit: the incumbent, or an elite of the archive (the critique is the incumbent's)
+            # the program to edit: the incumbent, or an elite of the archive; the prompt holds its own critique
             parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
             try:
                 base = baked_source(parent)
@@ -511,9 +578,10 @@ class LLMRefiner:
                                                   f"source: {exc}", None, {}))
                 continue
             request = {"model": s.model, "messages": build_prompt(self.task, base,
-                                                                  critique if parent is incumbent else None,
+                                                                  self.critique_for(parent, incumbent, critique),
                                                                   self.history, s.hints, s.max_prompt_chars,
-                                                                  s.history),
+                                                                  s.history, system_prompt=self.system_prompt,
+                                                                  trace_steps=s.trace_steps),
                        "temperature": s.temperature, "max_tokens": s.max_tokens, "seed": int(rng.integers(2**31))}
             key = self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
             body, record = self.exchange(key, request, lambda: self._call(request))
@@ -553,6 +621,20 @@ class LLMRefiner:
             self._pending.append(attempt)
         self._proposed = list(out)
         return out
+
+    def critique_for(self, parent: Candidate, incumbent: Candidate, critique: Critique | None) -> Critique | None:
+        """The critique of the program a request edits: its own, from the run's critique service (its latest
+        training episodes, with traces of its worst ones; once per generation and parent), else the loop's
+        ``critique`` when it is the incumbent, else None."""
+        if self.critique_of is not None:
+            key = f"{self._generation}/{parent.id}"
+            if key not in self._critiques:
+                self._critiques = {k: v for k, v in self._critiques.items() if k.startswith(f"{self._generation}/")}
+                self._critiques[key] = self.critique_of(parent.id, traces=self.settings.trace_episodes,
+                                                        last_steps=self.settings.trace_steps)
+            if self._critiques[key] is not None:
+                return self._critiques[key]
+        return critique if parent.id == incumbent.id else None
 
     def take_rejections(self) -> list[Rejection]:
         """Failed proposals since the last call (the loop records them)."""
@@ -603,8 +685,9 @@ def content_head(body: str, n: int = 200) -> str:
 
 
 def task_facts(task: Any) -> tuple[dict[str, Any], dict[str, int]]:
-    """What the prompt says about a task (env id, spaces, success threshold, time limit) and its sizes,
-    from one environment made in the driver (no policy code runs)."""
+    """What the prompt says about a task (env id, spaces, success threshold, time limit, its rewards and
+    episode end in words, the observation's component names) and its sizes, from one environment made in
+    the driver (no policy code runs)."""
     from ratchet.policy import space_dims
 
     env = task.make_env()
@@ -612,21 +695,52 @@ def task_facts(task: Any) -> tuple[dict[str, Any], dict[str, int]]:
         facts = {"env_id": task.env_id, "observation_space": str(env.observation_space),
                  "action_space": str(env.action_space), "success_threshold": getattr(task, "success_threshold", None),
                  "step_limit": getattr(task, "step_limit", None)}
-        return facts, space_dims(env.observation_space, env.action_space)
+        dims = space_dims(env.observation_space, env.action_space)
+        describe = getattr(task, "describe", None)
+        if callable(describe) and describe(env):
+            facts["description"] = describe(env)
+        names = getattr(task, "observation_names", None)
+        if callable(names) and dims.get("obs"):
+            got = list(names(dims["obs"]))
+            if got and not all(n == f"obs[{i}]" for i, n in enumerate(got)):  # only names that say something
+                facts["observation_names"] = got
+        return facts, dims
     finally:
         env.close()
 
 
 def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
+    from ratchet.errors import SpecError
+
     facts, dims = task_facts(ctx.task)
-    return [LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name)]
+    refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name)
+    refiner.critique_of = getattr(ctx, "critique", None)
+    if settings.system_prompt_file is not None:
+        read = getattr(ctx, "read_input", None)
+        if read is None:
+            raise SpecError(f"[[refiners]] {name}: this loop cannot read system_prompt_file "
+                            f"{settings.system_prompt_file}")
+        try:
+            text = read(settings.system_prompt_file).decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecError(f"[[refiners]] {name}: system_prompt_file {settings.system_prompt_file} is not UTF-8 "
+                            "text") from None
+        if not text.strip() or len(text) > 20_000:
+            raise SpecError(f"[[refiners]] {name}: system_prompt_file {settings.system_prompt_file} holds "
+                            f"{len(text):,} characters; give 1 to 20,000")
+        refiner.system_prompt = text
+    return [refiner]
+
+
+def _files(settings: LLMSettings) -> list[str]:
+    return [settings.system_prompt_file] if settings.system_prompt_file else []
 
 
 def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
     return {"llm": RefinerKind(LLMSettings, ("program",), _build,
-                               hint="llm edits a program policy's source")}
+                               hint="llm edits a program policy's source", files=_files)}
 
 
 KINDS = _kinds()

@@ -58,6 +58,17 @@ class RefinerContext:
             policy), relative to the spec's folder. The loop stores its bytes as an artifact when the run
             starts and records the digest in ``run_started``, so a resumed run reads the same bytes from
             the ledger, never the file again. None where the caller offers no files.
+        critique: ``critique(candidate_id, traces=0, last_steps=10) -> Critique | None``: the
+            :class:`~ratchet.critic.Critique` of that candidate's latest training evaluation in this run (the
+            episodes it ran on a generation's training seeds; None when it ran none), so a refiner editing
+            a parent other than the incumbent (an archive elite) reads that parent's own failures. With
+            ``traces`` > 0, up to that many of its worst episodes (lowest return first) are replayed on the
+            trusted side and their last ``last_steps`` env steps come as ``Critique.traces``
+            (:class:`ratchet.trace.Trace`). Replays are recorded (``episode_traced`` events: a resumed run
+            reads them back), count in the env-step and episode budgets (as re-evaluation), and run only
+            out of what the current generation and its gate leave of those budgets, and only where the
+            executor records traces; otherwise the critique comes without them. None where the loop offers
+            no such service.
     """
 
     program: Any
@@ -71,6 +82,7 @@ class RefinerContext:
     exchange: Callable[[str, Mapping[str, Any], Callable[[], tuple[str | None, dict[str, Any]]]],
                        tuple[str | None, dict[str, Any]]] | None = None
     read_input: Callable[[str], bytes] | None = None
+    critique: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)

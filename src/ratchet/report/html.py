@@ -197,12 +197,33 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
         parts.append("<h2>Correction rounds (a person took over; outside the run's budget)</h2><table><tr><th>round</th>"
                      "<th>played</th><th>episodes</th><th>person steps</th><th>student</th><th>promoted</th>"
                      f"<th>gate</th></tr>{rows}</table>")
-    for prom in state.promotions:  # structural promotions: their code diff
+    from ratchet.proposals import describe_value_changes
+
+    pre = "<pre style='text-align:left;background:#f8f8f8;padding:.5em;overflow-x:auto'>"
+    for prom in state.promotions:  # structural promotions: the code's structure apart from its tuned values
         if prom.get("source_diff"):
+            structure, values = prom.get("structure_diff"), describe_value_changes(prom.get("value_changes"))
+            if structure is None:  # recorded by an older ratchet: one diff, numbers included
+                body = f"{pre}{esc(prom['source_diff'])}</pre>"
+            else:
+                body = (f"<p class=small>Structure (each default written as TUNED):</p>"
+                        f"{pre}{esc(structure or '(none: only tuned values changed)')}</pre>"
+                        + (f"<p class=small>Tuned values:</p>{pre}{esc(values)}</pre>" if values else ""))
             parts.append(f"<details open><summary>Code change promoted in generation {prom['generation']} "
                          f"(<code>{esc(prom['from'])}</code> → <code>{esc(prom['to'])}</code>)</summary>"
-                         f"<pre style='text-align:left;background:#f8f8f8;padding:.5em;overflow-x:auto'>"
-                         f"{esc(prom['source_diff'])}</pre></details>")
+                         f"{body}</details>")
+    if state.llm_usage:  # what each LLM refiner asked its endpoint and spent
+        rows = "".join(
+            f"<tr><td>{esc(name)}</td><td>{esc(u.get('model') or '–')}</td><td>{u['requests']:,}</td>"
+            f"<td>{u['attempts']:,}</td><td>{u['answered']:,}</td><td>{u['prompt_tokens']:,}</td>"
+            f"<td>{u['completion_tokens']:,}{' (est.)' if u.get('tokens_estimated') else ''}</td>"
+            f"<td>{u['cost']:.4g}</td><td>{u['seconds']:.1f}</td><td style='text-align:left'>"
+            + (esc(", ".join(f"{n}× {r}" for r, n in sorted(u['failures'].items(), key=lambda kv: -kv[1])))
+               or "none") + "</td></tr>" for name, u in state.llm_usage.items())
+        parts.append("<h2>LLM usage</h2><table><tr><th>refiner</th><th>model</th><th>requests</th>"
+                     "<th>HTTP attempts</th><th>answered</th><th>prompt tokens</th><th>answer tokens</th>"
+                     f"<th>cost</th><th>seconds</th><th>failed requests</th></tr>{rows}</table>"
+                     f"<p class=small>Every prompt and answer: <code>ratchet llm-log {esc(state.run_id)}</code></p>")
     if state.rejected_proposals:
         reasons: dict[str, int] = {}
         for r in state.rejected_proposals:

@@ -35,8 +35,13 @@ def record_episode(env: Any, module: Any, params: Mapping[str, float], seed: int
 
     The episode runs through :func:`~ratchet.rollout.run_episode`, so its return equals a normal
     run's. ``path`` ending in ``.gif`` writes a GIF; ``.mp4`` needs ``imageio-ffmpeg``
-    (``pip install 'policy-ratchet[video]'``).
+    (``pip install 'policy-ratchet[video]'``); ``.json`` writes the episode's trace instead
+    (:func:`ratchet.trace.record_trace`; ``env`` is then made without a render mode).
     """
+    from ratchet.trace import TRACE_SUFFIX, record_trace
+
+    if str(path).endswith(TRACE_SUFFIX):
+        return record_trace(env, module, params, seed, task, path)
     import imageio.v2 as imageio
 
     rec = _FrameRecorder(env)
