@@ -171,7 +171,7 @@ def _serve(conn: Any, chan: Channel) -> None:
                     policy.retire()
                 loaded = candidate
                 if render_path:
-                    from ratchet.report.video import record_episode
+                    from ratchet.execution.recording import record_episode
 
                     ep = record_episode(env, policy, params, seed, task, render_path)
                 else:

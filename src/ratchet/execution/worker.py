@@ -287,7 +287,7 @@ def worker_main(conn: Any) -> None:
             elif not callable(getattr(module, "act", None)):
                 ep = Episode.failed(seed, "policy has no callable act()", task=task)
             elif render_path:
-                from ratchet.report.video import record_episode
+                from ratchet.execution.recording import record_episode
 
                 from ratchet.trace import render_mode_for
 
