@@ -945,7 +945,7 @@ def test_every_success_rate_says_what_success_is_and_where_its_threshold_comes_f
 
 # regression: the summary's "2.0 s" was under half of the command's 5.9 s, with nothing saying what it leaves out
 def test_the_run_summary_says_what_its_time_counts_and_what_the_command_took(cli_run):
-    res, run_dir = cli_run
+    res, _ = cli_run
     summary = next(ln for ln in res.stdout.splitlines() if ln.startswith("env steps "))
     run_time = float(re.search(r"· ([\d.]+) s run time ·", summary).group(1))
     note = next(ln for ln in res.stdout.splitlines() if ln.startswith("(run time: "))
