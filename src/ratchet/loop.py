@@ -37,7 +37,7 @@ from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_
                                     write_pointer)
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
 from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy, space_dims, uses_task_dims
-from ratchet.refiners import ThompsonAllocator
+from ratchet.refiners import Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec, spec_from_dict
@@ -49,10 +49,10 @@ __all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "L
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-def candidates_per_generation(refiner: Any) -> int:
+def candidates_per_generation(refiner: Refiner) -> int:
     """Evaluations a generation of ``refiner`` prices on the training seeds: its proposals, the incumbent, and
-    the refiner's recommendation (CMA-ES's distribution mean) unless it declares ``recommends = False``."""
-    return int(refiner.population_size) + 1 + (1 if getattr(refiner, "recommends", True) else 0)
+    the refiner's recommendation when it makes one (:attr:`GenerationCost.evaluations`)."""
+    return refiner.generation_cost().evaluations
 
 
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
@@ -294,7 +294,7 @@ class _Run:
         from ratchet.proposals import Rejection
 
         refiner = self.refiners[arm]
-        rejected = list(getattr(refiner, "take_rejections", lambda: [])())
+        rejected = list(refiner.take_rejections())
         kept = []
         for cand in proposals:
             reason = self.source_problem(cand, parent)
@@ -516,7 +516,7 @@ class _Run:
         if self.allocator is None:
             return next(iter(self.refiners))
         available = [a for a, r in self.refiners.items()
-                     if getattr(r, "idle_reason", lambda: None)() is None and fits(r)]
+                     if r.idle_reason() is None and fits(r)]
         if not available:
             return next(iter(self.refiners))
         arm, why = self.allocator.choose(generation, available)
@@ -616,16 +616,16 @@ class _Run:
         return (f"{BROKEN_START} {inc_val.n} of its validation episodes, so nothing was searched: "
                 f"{first}; see the episodes with `ratchet evaluate --run {self.run_dir}`")
 
-    def fit_training(self, refiner: Any, est_len: float, reserve: tuple[float, int]) -> bool:
-        """Let a refiner whose training job no longer fits an env-step budget cut it to what is left after
-        the generation's episodes and its gate (``fit_training(room)``, e.g. PPO's); True when it did."""
-        cut, limit = getattr(refiner, "fit_training", None), self.spec.budget.env_steps
-        if cut is None or limit is None:
+    def fit_training(self, refiner: Refiner, est_len: float, reserve: tuple[float, int]) -> bool:
+        """Let a refiner whose generation no longer fits an env-step budget cut it to what is left after
+        the generation's episodes and its gate (:meth:`Refiner.fit`, e.g. PPO's training job); True when it did."""
+        limit = self.spec.budget.env_steps
+        if limit is None:
             return False
         n_candidates = candidates_per_generation(refiner)
         rest = (limit - self.usage.env_steps - reserve[0]
                 - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
-        return rest > 0 and bool(cut(int(rest)))
+        return rest > 0 and bool(refiner.fit(int(rest)))
 
     def no_room_message(self, n_candidates: int, est_len: float, first: bool, training: int = 0) -> str:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
@@ -725,20 +725,20 @@ class _Run:
             def fits(r: Any) -> bool:  # the refiner's generation, its training job and a kept gate
                 return self.planner.can_afford_generation(
                     self.usage, candidates_per_generation(r), est_len, self.episode_price(est_len),
-                    (reserve[0] + int(getattr(r, "training_env_steps", 0)), reserve[1]))
+                    (reserve[0] + r.generation_cost().training_env_steps, reserve[1]))
 
             arm = self.choose_refiner(generation, fits) if stop is None else next(iter(self.refiners))
             refiner = self.refiners[arm]
             n_candidates = candidates_per_generation(refiner)
-            training = int(getattr(refiner, "training_env_steps", 0))  # env steps its training jobs take
+            training = refiner.generation_cost().training_env_steps  # env steps its training jobs take
             if stop is None and not fits(refiner) and self.fit_training(refiner, est_len, reserve):
                 n_candidates = candidates_per_generation(refiner)
-                training = int(refiner.training_env_steps)
+                training = refiner.generation_cost().training_env_steps
             if stop is None and not fits(refiner):
                 stop = self.no_room_message(n_candidates, est_len, first=False, training=training)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
                     stop = self.no_room_message(n_candidates, est_len, first=True, training=training)
-            idle = getattr(refiner, "idle_reason", lambda: None)()
+            idle = refiner.idle_reason()
             if stop is not None or idle is not None:
                 stop = stop or idle
                 break
@@ -789,8 +789,7 @@ class _Run:
             decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
                                                                est_len)
             promoted = decision is not None and decision.promoted
-            if hasattr(refiner, "verdict"):  # structural refiners keep the gate's verdicts in their history
-                refiner.verdict(best.id if best is not None else None, promoted, note)
+            refiner.verdict(best.id if best is not None else None, promoted, note)
             if promoted:
                 gain = cand_val.mean - inc_val.mean
                 incumbent, inc_val = best, cand_val
@@ -803,8 +802,8 @@ class _Run:
                        "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
                        "gate_note": note,
-                       "promoted": promoted, "refiner": arm, "sigma": getattr(refiner, "sigma", None),
-                       "population": refiner.population_size, "restarts": getattr(refiner, "n_restarts", 0),
+                       "promoted": promoted, "refiner": arm, "population": refiner.generation_cost().proposals,
+                       **refiner.summary(),
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,
                        "critique": critique.to_dict()}

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate, PolicyProgram
+from ratchet.refiners.base import GenerationCost, Refiner
 
 __all__ = ["CMAESRefiner", "CMAESSettings", "MIN_SIGMA0"]
 
@@ -40,7 +41,7 @@ class CMAESSettings(BaseModel):
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
 
 
-class CMAESRefiner:
+class CMAESRefiner(Refiner):
     """Covariance Matrix Adaptation Evolution Strategy over the policy's parameters.
 
     Source: N. Hansen, "The CMA Evolution Strategy: A Tutorial" (arXiv:1604.00772); implementation:
@@ -250,6 +251,14 @@ class CMAESRefiner:
     def sigma(self) -> float | None:
         """Current step size (normalised units), or None before the first generation."""
         return None if self._es is None else float(self._es.sigma)
+
+    def generation_cost(self) -> GenerationCost:
+        """A population of samples plus the distribution mean (:meth:`recommend`)."""
+        return GenerationCost(proposals=self.population_size, recommends=True)
+
+    def summary(self) -> dict[str, Any]:
+        """``sigma`` (step size, normalised units; None before the first generation) and ``restarts`` (IPOP)."""
+        return {"sigma": self.sigma, "restarts": self.n_restarts}
 
 
 def _build(settings: CMAESSettings, name: str, ctx: Any) -> list[CMAESRefiner]:

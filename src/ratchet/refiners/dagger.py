@@ -47,6 +47,7 @@ from ratchet.errors import PolicyError
 from ratchet.execution.training import InfoField, Role, TrainingAnswer, TrainingJob, TrainingOutput
 from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate, PolicyProgram, parse_policy
+from ratchet.refiners.base import GenerationCost, Refiner
 
 __all__ = ["CorrectionSettings", "CorrectionRefiner", "train", "collect", "behaviour_cloning", "MODES", "ANSWER"]
 
@@ -105,7 +106,7 @@ class CorrectionSettings(BaseModel):
         return self
 
 
-class CorrectionRefiner:
+class CorrectionRefiner(Refiner):
     """One correction refiner (DAgger, HG-DAgger or BC): one round per :meth:`propose` (see the module doc).
 
     Args:
@@ -116,11 +117,6 @@ class CorrectionRefiner:
         expert_digest: The artifact digest of the expert file's bytes (the training jobs carry it), or None.
         context: The loop's :class:`~ratchet.refiners.registry.RefinerContext`.
     """
-
-    population_size = 1
-    recommends = False  # a generation evaluates the student and the incumbent only
-    sigma = None
-    n_restarts = 0
 
     def __init__(self, mode: str, settings: CorrectionSettings, expert: PolicyProgram | None,
                  expert_digest: str | None, context: Any) -> None:
@@ -147,6 +143,10 @@ class CorrectionRefiner:
             return 0
         n = self.settings.initial_episodes if self._dataset is None else self.settings.episodes
         return n * int(self.ctx.task.step_limit or 1000)
+
+    def generation_cost(self) -> GenerationCost:
+        """One round: its new student (beside the incumbent) and its training job's env steps."""
+        return GenerationCost(proposals=1, training_env_steps=self.training_env_steps)
 
     def idle_reason(self) -> str | None:
         """Why no further round runs (None when one can)."""
@@ -201,12 +201,6 @@ class CorrectionRefiner:
         return [Candidate.create("", {}, kind="mlp", artifacts={"weights": digests["weights"],
                                                                  "dataset": digests["dataset"]},
                                  parent_id=parent.id, refiner=self.name)]
-
-    def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Nothing to learn from training returns: the data drives the next round."""
-
-    def recommend(self) -> Candidate | None:
-        return None
 
     @property
     def rounds(self) -> list[dict[str, Any]]:

@@ -64,6 +64,7 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError, RatchetError
 from ratchet.policy import Candidate
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
+from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = ["LLMRefiner", "LLMSettings", "EditError", "parse_answer", "apply_edits", "build_prompt",
@@ -486,7 +487,7 @@ class _Spent:
     calls: list[str] = field(default_factory=list)
 
 
-class LLMRefiner:
+class LLMRefiner(Refiner):
     """Edits the parent's code with a language model (see the module doc).
 
     Args:
@@ -523,6 +524,12 @@ class LLMRefiner:
     def population_size(self) -> int:
         """Candidates per generation: ``proposals × variants`` at most."""
         return self.settings.proposals * self.settings.variants
+
+    def generation_cost(self) -> GenerationCost:
+        """Up to ``proposals × variants`` candidates, one request per proposal (more with retries), each
+        answer up to ``max_tokens``; no recommendation."""
+        return GenerationCost(proposals=self.population_size, requests=self.settings.proposals,
+                              tokens=self.settings.proposals * self.settings.max_tokens)
 
     def idle_reason(self) -> str | None:
         """Why no further request may be made (a budget spent), or None."""

@@ -68,6 +68,7 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
 from ratchet.policy import Candidate
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
+from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import (
     Rejection,
     add_parameters,
@@ -437,7 +438,7 @@ def mutate_source(source: str, operator: str, rng: np.random.Generator, space: _
     return _OPS[operator](source, tree, rng, space, s)
 
 
-class MutationRefiner:
+class MutationRefiner(Refiner):
     """Structural mutations of programs drawn from an archive of elites (see the module doc).
 
     Args:
@@ -468,6 +469,10 @@ class MutationRefiner:
     def population_size(self) -> int:
         """Candidates per generation: ``programs × variants`` at most."""
         return self.settings.programs * self.settings.variants
+
+    def generation_cost(self) -> GenerationCost:
+        """Up to ``programs × variants`` new candidates; no recommendation."""
+        return GenerationCost(proposals=self.population_size)
 
     def _operator(self, rng: np.random.Generator) -> str:
         """An operator drawn with probability ∝ its posterior mean rate of beating the incumbent
@@ -564,13 +569,6 @@ class MutationRefiner:
             if op in self.operator_record:
                 self.operator_record[op][1] += 1
                 self.operator_record[op][0] += int(gain > 0)
-
-    def recommend(self) -> Candidate | None:
-        """None: a mutation refiner has no distribution mean to recommend."""
-        return None
-
-    def idle_reason(self) -> str | None:
-        return None
 
 
 def _build(settings: MutateSettings, name: str, ctx: Any) -> list[MutationRefiner]:

@@ -44,6 +44,7 @@ from ratchet.execution.training import InfoField, Role, TrainingAnswer, Training
 from ratchet.npz import check_zip, npz_headers
 from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate
+from ratchet.refiners.base import GenerationCost, Refiner
 
 __all__ = ["PPOSettings", "ResidualSettings", "PPORefiner", "train", "answer", "KINDS"]
 
@@ -128,7 +129,7 @@ _PPO_DEFAULTS = {"learning_rate": 3e-4, "batch_size": 64, "n_epochs": 10, "gamma
                  "clip_range": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5}
 
 
-class PPORefiner:
+class PPORefiner(Refiner):
     """Proposes the checkpoints of one PPO training job per generation, started from the incumbent.
 
     Args:
@@ -157,6 +158,14 @@ class PPORefiner:
     def training_env_steps(self) -> int:
         """Env steps the generation's training job takes."""
         return self._fitted[1] if self._fitted else self.settings.job_env_steps
+
+    def generation_cost(self) -> GenerationCost:
+        """The job's checkpoints, each a candidate, and its env steps of training (never a recommendation)."""
+        return GenerationCost(proposals=self.population_size, training_env_steps=self.training_env_steps)
+
+    def fit(self, room_env_steps: int) -> bool:
+        """:meth:`fit_training`."""
+        return self.fit_training(room_env_steps)
 
     def fit_training(self, room: int) -> bool:
         """Cut the next job to at most ``room`` env steps (whole rollouts of ``n_steps``, at most
@@ -216,11 +225,6 @@ class PPORefiner:
             self._line_ids |= {c.id for c in out}
         return out
 
-    def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Nothing to learn from evaluations: each job starts from the incumbent."""
-
-    def recommend(self) -> Candidate | None:
-        return None
 
 
 # -- the trainer (runs in the sandbox) ---------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""The Refiner contract: what the loop calls on every refiner kind, and nothing else.
+
+The loop calls every method below, every generation, without asking what a refiner holds (Optuna's
+``BaseSampler`` shape: a few abstract methods and hooks with defaults that the study always calls). A kind
+subclasses :class:`Refiner`, implements :meth:`~Refiner.propose` and :meth:`~Refiner.generation_cost`, and
+overrides the hooks it needs; a kind defines nothing only for the loop.
+
+One generation, as the loop drives it::
+
+    refiner.idle_reason()            # None: it may take this generation
+    refiner.generation_cost()        # priced before anything runs; fit(room) may cut it to the budget's rest
+    refiner.recommend()              # its best guess so far (evaluated beside the proposals), or None
+    refiner.propose(parent, critique, rng)  # new candidates (possibly after training jobs)
+    refiner.take_rejections()        # what it screened out itself, recorded as proposal_rejected
+    refiner.observe(evaluations)     # training evaluations of its proposals, then the parent's
+    refiner.verdict(candidate_id, promoted, note)  # what the gate said of the generation's contender
+    refiner.summary()                # numbers for the progress line, the ledger and ``show``
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ratchet.critic import Critique, Evaluation
+from ratchet.policy import Candidate
+from ratchet.proposals import Rejection
+
+__all__ = ["Refiner", "GenerationCost"]
+
+
+@dataclass(frozen=True)
+class GenerationCost:
+    """What one generation of a refiner costs before its gate, in every budget unit.
+
+    Attributes:
+        proposals: Most candidates :meth:`Refiner.propose` returns (each is evaluated on the generation's
+            training seeds).
+        recommends: Whether :meth:`Refiner.recommend` may return a candidate (evaluated beside them).
+        training_env_steps: Env steps of the training jobs :meth:`Refiner.propose` runs (charged in full).
+        requests: Most requests to an outside service (an LLM endpoint; HTTP attempts, retries included).
+        tokens: Most tokens those requests may use (prompt and completion).
+    """
+
+    proposals: int
+    recommends: bool = False
+    training_env_steps: int = 0
+    requests: int = 0
+    tokens: int = 0
+
+    @property
+    def evaluations(self) -> int:
+        """Candidates evaluated on the training seeds: the proposals, the incumbent (the paired reference)
+        and the recommendation when there is one."""
+        return int(self.proposals) + 1 + int(self.recommends)
+
+
+class Refiner(ABC):
+    """Proposes candidates from a parent and its critique; learns from their evaluations.
+
+    Attributes:
+        name: The refiner's arm name (recorded as its candidates' ``refiner``).
+    """
+
+    name: str
+
+    @abstractmethod
+    def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
+        """New candidates derived from ``parent`` (the incumbent), at most ``generation_cost().proposals``.
+
+        Args:
+            parent: The incumbent.
+            critique: The incumbent's latest training critique (None before the first generation).
+            rng: The run's generator (seeded; the same draws on replay).
+        """
+
+    @abstractmethod
+    def generation_cost(self) -> GenerationCost:
+        """What the next generation will cost (asked before :meth:`propose`; the same until it runs)."""
+
+    def take_rejections(self) -> list[Rejection]:
+        """Proposals the last :meth:`propose` screened out itself (e.g. an LLM's edit that does not apply),
+        handed over once; the loop records them. Default: none."""
+        return []
+
+    def observe(self, evaluations: Sequence[Evaluation]) -> None:
+        """Training evaluations of the candidates of the last :meth:`propose`, then the parent's on the same
+        seeds (a reference for paired comparisons). Default: nothing learnt."""
+
+    def recommend(self) -> Candidate | None:
+        """The refiner's current best guess (CMA-ES's distribution mean), evaluated beside the proposals when
+        ``generation_cost().recommends``; None otherwise. Default: None."""
+        return None
+
+    def fit(self, room_env_steps: int) -> bool:
+        """Cut the next generation to ``room_env_steps`` env steps (the budget's rest after its episodes and
+        gate) when its full cost no longer fits; True when it did (the next :meth:`generation_cost` says the
+        cut cost). Default: it cannot be cut."""
+        return False
+
+    def idle_reason(self) -> str | None:
+        """Why this refiner takes no more generations (its rounds are done, its training or endpoint keeps
+        failing), one line; None while it can go on. Default: None."""
+        return None
+
+    def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
+        """What the gate said of the generation's contender (None when no contender reached a gate), and its
+        one-line note. Default: nothing kept."""
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready numbers of the refiner's state for the progress line, ``generation_finished`` and
+        ``show`` (e.g. CMA-ES's ``sigma`` and ``restarts``). Default: none."""
+        return {}
