@@ -415,3 +415,26 @@ def test_higher_futility_bound_stops_no_better_candidates_sooner():
     assert used[1.0] < used[0.0]
     with pytest.raises(ValueError, match="futility_t"):
         SequentialGate(futility_t=float("nan"))
+
+
+@pytest.mark.parametrize("test", ["t", "wilcoxon", "betting", "group-t"])
+def test_every_gate_is_driven_by_one_session_protocol(test):
+    """The loop drives every gate the same way; a fixed-n test is a session of one batch of every seed, and
+    its decision is exactly :meth:`PairedTestGate.decide`'s."""
+    rng = np.random.default_rng(4)
+    inc = rng.normal(0, 1, 60)
+    cand = inc + 0.8 + rng.normal(0, 0.3, 60)
+    gate = make_gate(test, 0.05, **({"return_range": (-2.0, 2.0)} if test == "betting" else {}))
+    session = gate.start(1, 60, candidate_id="c", incumbent_id="i")
+    read = 0
+    while (b := session.next_batch_size()) > 0:
+        session.add_evaluations(ev("c", cand[read:read + b], seeds=range(read, read + b)),
+                                ev("i", inc[read:read + b], seeds=range(read, read + b)))
+        read += b
+    decision = session.decision()
+    assert decision.promoted and gate.first_look(60) <= 60 and 0 < gate.price(60) <= 60
+    if test in ("t", "wilcoxon"):
+        assert read == 60 and gate.first_look(60) == gate.price(60) == 60
+        assert decision == gate.decide(ev("c", cand, seeds=range(60)), ev("i", inc, seeds=range(60)))
+        with pytest.raises(ValueError, match="already been made"):
+            session.add_evaluations(ev("c", cand), ev("i", inc))

@@ -37,6 +37,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Self
 
+from ratchet.critic import Evaluation
 from ratchet.errors import RatchetError
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import RunState, project
@@ -314,7 +315,7 @@ class CorrectionRound:
             else:
                 out["student_id"] = student.id
                 run.record_candidate(student, generation)
-                inc_val = self._incumbent_validation(run, incumbent, generation)
+                inc_val = Evaluation(incumbent.id, "validation", ())  # extended by the gate, read back where recorded
                 decision, cand_val, _ = run.decide(generation, student, incumbent, inc_val, label=f"correction-{n}")
                 out["gated"] = decision is not None
                 if decision is None:
@@ -378,17 +379,6 @@ class CorrectionRound:
         student = Candidate.create("", {}, kind="mlp", parent_id=played.id, refiner="person",
                                    artifacts={"weights": digests["weights"], "dataset": digests["dataset"]})
         return student, info
-
-    @staticmethod
-    def _incumbent_validation(run: Any, incumbent: Candidate, generation: int) -> Any:
-        """The incumbent's validation for the gate: all validation seeds for a fixed-n test (read back: the run
-        recorded it); a sequential gate extends from nothing, reading back the batches recorded."""
-        from ratchet.critic import Evaluation
-        from ratchet.gate import SequentialGate
-
-        if isinstance(run.gate, SequentialGate):
-            return Evaluation(incumbent.id, "validation", ())
-        return run.evaluate([incumbent], run.validation_seeds, "validation", generation)[incumbent.id]
 
     # -- the end ---------------------------------------------------------------------------------
     def close(self) -> None:

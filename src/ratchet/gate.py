@@ -14,7 +14,7 @@ from ratchet.critic import Evaluation
 
 _NORMAL = NormalDist()
 
-__all__ = ["Decision", "Gate", "GateSession", "PairedTestGate", "SequentialGate", "betting_log_capital",
+__all__ = ["Decision", "FixedSession", "Gate", "GateSession", "PairedTestGate", "SequentialGate", "betting_log_capital",
            "fallback_level", "group_sequential_level", "make_gate", "spending_level"]
 
 
@@ -66,11 +66,63 @@ class Decision:
 
 
 class Gate(Protocol):
-    """Decides promotions from validation evaluations only."""
+    """Decides promotions from validation evaluations only. Every gate is driven the same way: a session
+    (:meth:`start`) asks for the next batch of paired validation seeds until it decides; a fixed-n test is a
+    session with a single batch of every seed."""
 
     def decide(self, candidate: Evaluation, incumbent: Evaluation, k: int = 1, carry: float = 0.0) -> Decision:
         """Compare two evaluations on the same validation seeds as the run's ``k``-th decision; ``carry`` is the
         level of the previous decision when it promoted (:func:`fallback_level`)."""
+
+    def start(self, k: int = 1, cap: int = 50, *, lower_bound: float | None = None, candidate_id: str = "",
+              incumbent_id: str = "", carry: float = 0.0) -> Any:
+        """Open the run's ``k``-th decision over at most ``cap`` paired validation seeds: an object with
+        ``next_batch_size()``, ``add_evaluations(candidate, incumbent)`` and ``decision()``
+        (:class:`GateSession`, :class:`FixedSession`)."""
+
+    def first_look(self, n_validation: int) -> int:
+        """Validation seeds the incumbent is evaluated on before the first decision (of ``n_validation``)."""
+
+    def price(self, n_validation: int) -> int:
+        """Validation episodes one decision is priced at, of ``n_validation`` seeds."""
+
+
+class FixedSession:
+    """A fixed-n decision as a session of one batch: every seed at once, then :meth:`PairedTestGate.decide`.
+
+    Made by :meth:`PairedTestGate.start`; the same calls as :class:`GateSession`.
+    """
+
+    def __init__(self, gate: PairedTestGate, k: int, cap: int, carry: float) -> None:
+        self.gate, self.k, self.cap, self.carry = gate, k, cap, carry
+        self._decision: Decision | None = None
+        self.n = 0
+
+    def next_batch_size(self) -> int:
+        """Every seed (``cap``) before the decision; 0 after it."""
+        return 0 if self._decision is not None else self.cap
+
+    def add_evaluations(self, candidate: Evaluation, incumbent: Evaluation) -> str:
+        """Decide on the one batch: ``"promote"`` or ``"reject"``.
+
+        Raises:
+            ValueError: as :meth:`PairedTestGate.decide`, or the decision is already made.
+        """
+        if self._decision is not None:
+            raise ValueError("the decision has already been made; start a new session")
+        self._decision = self.gate.decide(candidate, incumbent, k=self.k, carry=self.carry)
+        self.n = candidate.n
+        return "promote" if self._decision.promoted else "reject"
+
+    def decision(self) -> Decision:
+        """The verdict.
+
+        Raises:
+            ValueError: no batch was added yet.
+        """
+        if self._decision is None:
+            raise ValueError("no validation seeds were added to the decision yet")
+        return self._decision
 
 
 def spending_level(alpha: float, k: int, spending: str) -> float:
@@ -236,6 +288,26 @@ class PairedTestGate:
         if p >= level:
             return verdict(False, p, diff, f"not significant: p = {p:.4g} ≥ α_{k} = {level:.4g}")
         return verdict(True, p, diff, f"better by {diff:+.3f} (p = {p:.2g} < α_{k} = {level:.4g})")
+
+    def start(self, k: int = 1, cap: int = 50, *, lower_bound: float | None = None, candidate_id: str = "",
+              incumbent_id: str = "", carry: float = 0.0) -> FixedSession:
+        """The run's ``k``-th decision as a session of one batch of ``cap`` seeds (``lower_bound`` and the ids
+        are not needed by this test; the evaluations carry the ids).
+
+        Raises:
+            ValueError: ``k < 1`` or ``cap < 1``.
+        """
+        if k < 1 or cap < 1:
+            raise ValueError(f"k and cap must be >= 1, got {k} and {cap}")
+        return FixedSession(self, k, cap, carry)
+
+    def first_look(self, n_validation: int) -> int:
+        """Every validation seed: the fixed-n test reads them all."""
+        return n_validation
+
+    def price(self, n_validation: int) -> int:
+        """Every validation seed."""
+        return n_validation
 
     def _p_value(self, d: np.ndarray) -> float:
         if len(d) < 2:
@@ -580,6 +652,15 @@ class SequentialGate:
             raise ValueError("the betting gate needs the range of returns: set return_range=(lo, hi) or pass "
                              "lower_bound (smallest possible candidate − incumbent difference)")
         return GateSession(self, k, cap, lower_bound, candidate_id, incumbent_id, carry)
+
+    def first_look(self, n_validation: int) -> int:
+        """The seeds the first decision reads before it may stop: ``max(batch, min_episodes)``, at most all."""
+        return min(n_validation, max(self.batch, self.min_episodes))
+
+    def price(self, n_validation: int) -> int:
+        """Twice the seeds a decision reads before it may stop for futility (a decision that is no better stops
+        there about half the time; one cut short by the budget simply does not promote), at most all."""
+        return min(n_validation, 2 * max(self.batch, self.min_episodes))
 
     def decide(self, candidate: Evaluation, incumbent: Evaluation, k: int = 1, carry: float = 0.0) -> Decision:
         """The :class:`Gate` protocol on complete evaluations: replay them batch by batch in seed order.

@@ -29,7 +29,7 @@ from ratchet.critic import Critic, Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, WriterLeaseError
 from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
-from ratchet.gate import SequentialGate, make_gate
+from ratchet.gate import make_gate
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
@@ -563,12 +563,7 @@ class _Run:
             the incumbent's validation to more seeds.
         """
         label = generation if label is None else label
-        if isinstance(self.gate, SequentialGate):
-            decision, cand_val, inc_val = self.validate_sequentially(generation, best, incumbent, inc_val)
-        else:
-            cand_val = self.evaluate([best], self.validation_seeds, "validation", generation)[best.id]
-            decision = None if _cut(cand_val) else self.gate.decide(cand_val, inc_val, k=self._n_contested + 1,
-                                                                           carry=self._carry)
+        decision, cand_val, inc_val = self.validate(generation, best, incumbent, inc_val)
         if decision is None:
             return None, cand_val, inc_val
         self._n_contested += decision.contested
@@ -651,20 +646,17 @@ class _Run:
                                                             "train_episodes" if first else ""))
 
     def validation_price(self) -> int:
-        """Validation episodes one gate is priced at: all validation seeds for a fixed-n test; for a
-        sequential test, twice the seeds it reads before it may stop for futility (a decision that is no
-        better stops there about half the time; one cut short by the budget simply does not promote)."""
-        n = len(self.validation_seeds)
-        if isinstance(self.gate, SequentialGate):
-            return min(n, 2 * max(self.gate.batch, self.gate.min_episodes))
-        return n
+        """Validation episodes one gate is priced at (:meth:`~ratchet.gate.Gate.price`: all validation seeds
+        for a fixed-n test, twice the seeds before a futility stop for a sequential one)."""
+        return self.gate.price(len(self.validation_seeds))
 
-    def validate_sequentially(self, generation: int, best: Candidate, incumbent: Candidate,
-                              inc_val: Evaluation) -> tuple[Any, Evaluation, Evaluation]:
-        """Drive a :class:`~ratchet.gate.SequentialGate` decision: run ``best`` on the next batch of
-        validation seeds (the incumbent too, where its validation does not reach that far yet) until the
-        gate decides. Returns the decision (None when the budget cut validation short), the candidate's
-        validation evaluation on the seeds read, and the incumbent's (possibly extended) one."""
+    def validate(self, generation: int, best: Candidate, incumbent: Candidate,
+                 inc_val: Evaluation) -> tuple[Any, Evaluation, Evaluation]:
+        """Drive the gate's decision session (:meth:`~ratchet.gate.Gate.start`; a fixed-n test is one batch of
+        every seed): run ``best`` on the next batch of validation seeds (the incumbent too, where its
+        validation does not reach that far yet) until the gate decides. Returns the decision (None when the
+        budget cut validation short), the candidate's validation evaluation on the seeds read, and the
+        incumbent's (possibly extended) one."""
         session = self.gate.start(self._n_contested + 1, len(self.validation_seeds), lower_bound=self.lower_bound(),
                                   candidate_id=best.id, incumbent_id=incumbent.id, carry=self._carry)
         parts: list[Evaluation] = []
@@ -707,9 +699,7 @@ class _Run:
         baseline = self.start
         self.record_candidate(baseline, 0)
         incumbent = baseline
-        n_first = len(self.validation_seeds)
-        if isinstance(self.gate, SequentialGate):  # a sequential gate extends it as far as decisions read
-            n_first = min(n_first, max(self.gate.batch, self.gate.min_episodes))
+        n_first = self.gate.first_look(len(self.validation_seeds))  # a sequential gate extends it as decisions read
         inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
         self._longest = est_len  # the longest mean episode length of any evaluation so far
