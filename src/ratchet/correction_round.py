@@ -41,6 +41,7 @@ from ratchet.critic import Evaluation
 from ratchet.errors import RatchetError
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import RunState, project
+from ratchet.ledger.rounds import correction_rounds, unfinished_round
 from ratchet.policy import Candidate
 
 __all__ = ["PERSON_SEEDS_START", "CorrectionRound", "unfinished_round"]
@@ -50,17 +51,6 @@ __all__ = ["PERSON_SEEDS_START", "CorrectionRound", "unfinished_round"]
 PERSON_SEEDS_START = 2_000_000_000
 
 _EPISODE_KEYS = ("seed", "length", "return", "terminated", "truncated", "segments", "person_steps")
-
-
-def _rounds(events: Sequence[Any]) -> dict[int, dict[str, Any]]:
-    """Round number -> ``{"recorded": payload, "finished": payload or None}``."""
-    out: dict[int, dict[str, Any]] = {}
-    for ev in events:
-        if ev.type is EventType.CORRECTION_RECORDED:
-            out[int(ev.payload["round"])] = {"recorded": ev.payload, "finished": None}
-        elif ev.type is EventType.CORRECTION_FINISHED and int(ev.payload["round"]) in out:
-            out[int(ev.payload["round"])]["finished"] = ev.payload
-    return out
 
 
 def _checked(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -78,13 +68,6 @@ def _checked(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             raise RatchetError(f"episode record of seed {r.get('seed')} is malformed (keys {sorted(r)}; segments "
                                "must cover the episode)")
     return out
-
-
-def unfinished_round(events: Sequence[Any]) -> int | None:
-    """The newest correction round recorded but not retrained and gated yet (None when there is none)."""
-    rounds = _rounds(events)
-    last = max(rounds, default=None)
-    return last if last is not None and rounds[last]["finished"] is None else None
 
 
 class CorrectionRound:
@@ -107,7 +90,7 @@ class CorrectionRound:
     def __init__(self, run: str | Path, runs_dir: str | Path = "runs", *, storage: str | None = None,
                  executor: Any = None) -> None:
         from ratchet.errors import LedgerError
-        from ratchet.loop import open_for_writing
+        from ratchet.runs import open_for_writing
 
         self._storage, self._executor = storage, executor
         self._own_executor = executor is None
@@ -131,7 +114,7 @@ class CorrectionRound:
     @property
     def next_round(self) -> int:
         """The number the next recorded round gets (1-based)."""
-        return max(_rounds(self.ledger.read()), default=0) + 1
+        return max(correction_rounds(self.ledger.read()), default=0) + 1
 
     def unfinished(self) -> int | None:
         """See :func:`unfinished_round`."""
@@ -141,7 +124,7 @@ class CorrectionRound:
         """The ``correction_episode`` payloads of the next round (played, the round not recorded yet: a session
         that was killed), in order."""
         events = self.ledger.read()
-        n = max(_rounds(events), default=0) + 1
+        n = max(correction_rounds(events), default=0) + 1
         return [dict(e.payload) for e in events
                 if e.type is EventType.CORRECTION_EPISODE and int(e.payload["round"]) == n]
 
@@ -225,7 +208,7 @@ class CorrectionRound:
         seeds; never seeds an earlier round played)."""
         from ratchet.planner import SeedSplits
 
-        played = sum(len(r["recorded"]["seeds"]) for r in _rounds(self.ledger.read()).values())
+        played = sum(len(r["recorded"]["seeds"]) for r in correction_rounds(self.ledger.read()).values())
         return SeedSplits(int(self.state.spec.get("seed", 0))).seeds("train", PERSON_SEEDS_START + played, episodes)
 
     # -- 1. record -------------------------------------------------------------------------------
@@ -283,7 +266,7 @@ class CorrectionRound:
             RatchetError: no such round, or no unfinished one.
         """
         events = self.ledger.read()
-        rounds = _rounds(events)
+        rounds = correction_rounds(events)
         n = unfinished_round(events) if round_no is None else round_no
         if n is None or n not in rounds:
             raise RatchetError(f"run {self.state.run_id} has no " + ("unfinished correction round" if round_no is None

@@ -180,7 +180,7 @@ def run_dataset(run: str | Path, runs_dir: str | Path = "runs", *, candidate: st
         RunNotFoundError: no such run.
         DataError: the run (or candidate) has no data set.
     """
-    from ratchet.loop import open_ledger
+    from ratchet.runs import open_ledger
 
     ledger = open_ledger(run, runs_dir, readonly=True, storage=storage)
     try:

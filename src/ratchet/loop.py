@@ -26,20 +26,21 @@ from typing import Any
 import numpy as np
 
 from ratchet.critic import Critic, Evaluation
-from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, WriterLeaseError
+from ratchet.errors import LedgerError, RatchetError, WriterLeaseError
 from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.gate import make_gate
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
-from ratchet.ledger.storage import (LEDGER_FILE, POINTER_FILE, open_store, read_pointer, storage_url, with_password_of,
-                                    write_pointer)
+from ratchet.ledger.rounds import unfinished_round
+from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
 from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy, space_dims, uses_task_dims
 from ratchet.refiners import Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.rollout import Episode
+from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.task import GymTask
 from ratchet.text import clean
@@ -823,40 +824,6 @@ def _cut(evaluation: Evaluation) -> bool:
     return any(ep.error == BUDGET_SKIP for ep in evaluation.episodes)
 
 
-def new_run_id(name: str) -> str:
-    """``<name>-<UTC yyyymmdd-HHMMSS>-<4 hex>``."""
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(2).hex()}"
-
-
-def lock_run_dir(run_dir: Path) -> int:
-    """Take the run directory's writer lock (``flock`` on ``RUN_DIR/.lock``) for this process's lifetime
-    or until the returned descriptor is closed; the kernel drops it if the process dies.
-
-    This guards the run directory's own files (``policy.py``, the report) on one machine; the ledger is
-    guarded across machines by the run's writer lease (:class:`~ratchet.ledger.lease.WriterLease`).
-
-    Raises:
-        LedgerError: another process on this machine is writing this run.
-    """
-    import fcntl
-
-    from ratchet.execution.sandbox import hide_from_policies
-
-    try:  # the ledger, report and policies of runs are not for policy code to read (see the README, Sandbox)
-        os.chmod(run_dir, 0o700)
-    except OSError:
-        pass
-    hide_from_policies(run_dir.parent, run_dir)
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise LedgerError(f"run {run_dir.name} is being written by another ratchet process on this machine; "
-                          "wait for it or stop it (two writers would interleave one ledger)") from None
-    return fd
-
-
 def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:
     try:
         return run.run()
@@ -1049,54 +1016,6 @@ def _executor_for(spec: RunSpec) -> Executor:
     return executor_from_spec(spec.execution)
 
 
-def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | None = None,
-             readonly: bool = False) -> tuple[LedgerStore, Path]:
-    """Find an existing run and open its ledger.
-
-    A run directory (``run`` itself, or ``runs_dir/run``) holds either ``ledger.sqlite`` or a
-    ``ledger.json`` pointer to a database; a pointer's URL has no password, so ``storage`` naming the
-    same database (or libpq's ``PGPASSWORD``/``~/.pgpass``) supplies it. A run with no directory here
-    is looked up by id (the last path component of ``run``) in the ``storage`` database.
-
-    Args:
-        run: Run id or run directory.
-        runs_dir: Folder that holds run directories.
-        storage: Database URL to look the run up in, or None.
-        readonly: Open the ledger read-only.
-
-    Returns:
-        ``(ledger, run_dir)``; ``run_dir`` does not exist when the run was found only in ``storage``.
-
-    Raises:
-        RunNotFoundError: no such run.
-        LedgerError: the ledger is damaged, the storage URL is bad or the database is unreachable.
-    """
-    for cand in (Path(run), Path(runs_dir) / str(run)):
-        if (cand / LEDGER_FILE).is_file():
-            return open_store(None, cand, cand.name, create=False, readonly=readonly), cand
-        pointer = read_pointer(cand) if cand.is_dir() else None
-        if pointer is not None:
-            url = with_password_of(pointer.storage, storage)
-            return open_store(url, cand, pointer.run_id, create=False, readonly=readonly), cand
-    if storage_url(storage) is not None:
-        run_id = Path(run).name
-        return open_store(storage, Path(runs_dir) / run_id, run_id, create=False, readonly=readonly), \
-            Path(runs_dir) / run_id
-    raise RunNotFoundError(f"no run {str(run)!r} (looked in {run} and {Path(runs_dir) / str(run)}); "
-                           "`ratchet runs` lists the runs (add --storage URL for runs kept in a database)")
-
-
-def open_ledger(run: str | Path, runs_dir: str | Path = "runs", *, readonly: bool = False,
-                storage: str | None = None) -> LedgerStore:
-    """Open an existing run's ledger, given a run directory or a run id (see :func:`open_run`).
-
-    Raises:
-        RunNotFoundError: no such run.
-        LedgerError: the ledger is damaged or its database unreachable.
-    """
-    return open_run(run, runs_dir, storage=storage, readonly=readonly)[0]
-
-
 def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Executor | None = None,
                progress: ProgressFn | None = None, storage: str | None = None) -> RunResult:
     """Continue a run that was interrupted (Ctrl-C, crash, ``kill -9``).
@@ -1128,8 +1047,6 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         started = ledger.get("run_started")
         if ledger.get("run_finished") is not None:
             hint = (f"`ratchet show {run} --storage URL`" if storage else f"`ratchet show {run_dir}`")
-            from ratchet.correction_round import unfinished_round
-
             if unfinished_round(events) is not None:
                 hint += f"; `ratchet correct {run} --resume-round` finishes its correction round"
             raise LedgerError(f"run {started.payload['run_id']} already finished; {hint}")
@@ -1144,38 +1061,6 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
                                                                       "events_before": len(events)})
     return _drive(r, close_executor=executor is None, lock_fd=lock_fd, lease=lease)
-
-
-def open_for_writing(run: str | Path, runs_dir: str | Path = "runs", *,
-                     storage: str | None = None) -> tuple[LedgerStore, Path, int | None, WriterLease]:
-    """Open an existing run to append to it, as its only writer: its directory lock (when it has a directory
-    here; see :func:`lock_run_dir`) and then its writer lease (:class:`~ratchet.ledger.lease.WriterLease`),
-    taken before its state is read, so no other process appends meanwhile (appends are fenced).
-
-    Returns:
-        ``(ledger, run_dir, lock_fd, lease)``; ``lock_fd`` is None when the run has no directory here yet.
-        The caller releases the lease, closes the ledger and closes ``lock_fd``.
-
-    Raises:
-        RunNotFoundError: no such run.
-        LedgerError: another process on this machine writes the run, or its ledger has no start event.
-        WriterLeaseError: another live process writes the run (here or on another machine).
-    """
-    ledger, run_dir = open_run(run, runs_dir, storage=storage)
-    lock_fd = None
-    try:
-        if run_dir.is_dir():  # before reading its state: a second writer on this machine stops here
-            lock_fd = lock_run_dir(run_dir)
-        started = ledger.get("run_started")
-        if started is None:
-            raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed or corrected")
-        lease = WriterLease.acquire(ledger, started.payload["run_id"])
-    except BaseException:
-        ledger.close()
-        if lock_fd is not None:
-            os.close(lock_fd)
-        raise
-    return ledger, run_dir, lock_fd, lease
 
 
 def spec_of(ledger: LedgerStore) -> RunSpec:

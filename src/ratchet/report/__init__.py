@@ -63,7 +63,7 @@ def write_run_report(run: str | Path, runs_dir: str | Path = "runs", output: str
     """
     from ratchet.ledger.artifacts import candidate_artifacts
     from ratchet.ledger.projection import project
-    from ratchet.loop import open_run
+    from ratchet.runs import open_run
 
     ledger, run_dir = open_run(run, runs_dir, storage=storage, readonly=True)
     try:
