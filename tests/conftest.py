@@ -369,11 +369,17 @@ PARAMETERS = {
 
 class StandIn:
     """A real HTTP server on 127.0.0.1 speaking chat completions. ``script`` items are answers (a
-    string) or dicts ``{"status": 429}``, ``{"delay": 1.0, "content": ...}``; when the script runs
-    out it repeats ``default``. Every request (body and Authorization header) is kept in ``requests``."""
+    string) or dicts: ``{"status": 429}`` (``"message"``: the error's text), ``{"delay": 1.0, "content": ...}``,
+    ``{"usage": {"prompt_tokens": ..., "completion_tokens": ...}}`` (default 100 and 20), and hostile ones:
+    ``{"redirect": URL}`` (a 302 there, or ``"status"``), ``{"drip": 1.0}`` (the reply one byte per that many
+    seconds; ``"drip_bytes"``: only the first that many),
+    ``{"size": N}`` (an answer of N characters, streamed without a length), ``{"echo_auth": True}`` (the
+    Authorization header written into the answer). When the script runs out it repeats ``default``. Every
+    request (body and Authorization header) is kept in ``requests``; ``GET .../models`` lists ``models``
+    (404 when None), and is kept in ``gets``."""
 
-    def __init__(self, script=(), default=GOOD_EDIT):
-        self.script, self.default, self.requests = list(script), default, []
+    def __init__(self, script=(), default=GOOD_EDIT, models=None):
+        self.script, self.default, self.requests, self.gets, self.models = list(script), default, [], [], models
         self.lock = threading.Lock()
         outer = self
 
@@ -381,30 +387,61 @@ class StandIn:
             def log_message(self, *args):  # quiet
                 pass
 
+            def do_GET(self):
+                outer.gets.append({"path": self.path, "auth": self.headers.get("Authorization")})
+                found = outer.models is not None and self.path.endswith("/models")
+                data = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]}
+                                  if found else {"error": {"message": "not found"}}).encode()
+                self.send_response(200 if found else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                auth = self.headers.get("Authorization")
                 with outer.lock:
-                    outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                    outer.requests.append({"path": self.path, "auth": auth, "body": body})
                     item = outer.script.pop(0) if outer.script else outer.default
                 item = item if isinstance(item, dict) else {"content": item}
                 if item.get("delay"):
                     time.sleep(item["delay"])
-                status = item.get("status", 200)
-                if status != 200:
-                    data = json.dumps({"error": {"message": "slow down"}}).encode()
+                status = item.get("status", 302 if item.get("redirect") else 200)
+                content = item.get("content", GOOD_EDIT) + (f"\nAuthorization: {auth}" if item.get("echo_auth") else "")
+                if status != 200 or item.get("redirect"):
+                    data = json.dumps({"error": {"message": item.get("message", "slow down")}}).encode()
                 else:
+                    usage = item.get("usage", {"prompt_tokens": 100, "completion_tokens": 20})
                     data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
                                        "choices": [{"index": 0, "finish_reason": "stop",
-                                                    "message": {"role": "assistant", "content": item["content"]}}],
-                                       "usage": {"prompt_tokens": 100, "completion_tokens": 20,
-                                                 "total_tokens": 120}}).encode()
+                                                    "message": {"role": "assistant", "content": content}}],
+                                       "usage": {**usage, "total_tokens": sum(usage.values())}}).encode()
                 try:
                     self.send_response(status)
                     if status == 429:
                         self.send_header("Retry-After", "0")
+                    if item.get("redirect"):
+                        self.send_header("Location", item["redirect"])
                     self.send_header("Content-Type", "application/json")
+                    if item.get("size"):  # no length: the client must stop reading by itself
+                        self.end_headers()
+                        head = b'{"choices": [{"message": {"role": "assistant", "content": "'
+                        self.wfile.write(head)
+                        chunk = b"x" * 65_536
+                        for _ in range(item["size"] // len(chunk)):
+                            self.wfile.write(chunk)
+                        self.wfile.write(b'"}}]}')
+                        return
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
+                    if item.get("drip"):
+                        for i in range(min(len(data), item.get("drip_bytes", len(data)))):
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(item["drip"])
+                        self.wfile.write(data[item.get("drip_bytes", len(data)):])
+                        return
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
                     pass
@@ -424,8 +461,8 @@ class StandIn:
 def standin():
     servers = []
 
-    def make(script=(), default=GOOD_EDIT):
-        servers.append(StandIn(script, default))
+    def make(script=(), default=GOOD_EDIT, models=None):
+        servers.append(StandIn(script, default, models))
         return servers[-1]
 
     yield make

@@ -238,23 +238,24 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
                       {"delay": 1.5, "content": GOOD_EDIT}, GOOD_EDIT.replace("0.5", "0.25")])
     settings = LLMSettings(base_url=server.url, model="stand-in", api_key_env="RATCHET_TEST_KEY", proposals=5,
                            variants=2, timeout_s=0.5, retries=2, backoff_s=0.0, hints="Mind the angle.",
-                           budget_requests=6, incumbent_share=1.0)
+                           budget_requests=7, incumbent_share=1.0)
     waits = []
     r = LLMRefiner(settings, TASK_FACTS, sleep=waits.append)
     parent = load_policy(DATA / "cartpole_linear.py").candidate()
     props = r.propose(parent, None, np.random.default_rng(0))
-    # good edit, malformed, contract broken, 429 then the whole file, slow (timed out) then a good edit
-    assert len(server.requests) == 7
+    # good edit, malformed, contract broken, 429 then the whole file, slow (timed out: timeout_s is the whole
+    # request's deadline, so no retry fits; an endpoint failure, not a failed proposal)
+    assert len(server.requests) == 6
     assert all(q["auth"] == f"Bearer {SECRET}" and q["path"] == "/v1/chat/completions" for q in server.requests)
     assert "Mind the angle." in server.requests[0]["body"]["messages"][1]["content"]
     sources = {c.source for c in props}
-    assert len(sources) == 3 and all(check_source(s) for s in sources)
-    assert len(props) == 6 and all(c.parent_id == parent.id and c.refiner == "llm" for c in props)
+    assert len(sources) == 2 and all(check_source(s) for s in sources)
+    assert len(props) == 4 and all(c.parent_id == parent.id and c.refiner == "llm" for c in props)
     reasons = [x.reason for x in r.take_rejections()]
     assert len(reasons) == 2
     assert reasons[0].startswith("unusable answer") and "without its" in reasons[0]
     assert reasons[1].startswith("failed checks") and "missing" in reasons[1]
-    assert r.spent.requests == 5 and r.spent.tokens == 5 * 120
+    assert r.spent.requests == 6 and r.spent.tokens == 4 * 120 and r.spent.failed == 1  # requests: HTTP attempts
     # the gate's verdicts and the failures show in the next prompt's history
     r.observe([evaluation(c.id, 20.0 + i) for i, c in enumerate(props)])
     r.verdict(props[0].id, False, "rejected: not significant")
@@ -262,10 +263,10 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
     history = server.requests[-1]["body"]["messages"][1]["content"]
     assert "not promoted: rejected: not significant" in history and "unusable answer" in history
     assert "not sent to the gate" in history
-    assert r.spent.requests == 6 and r.idle_reason().startswith("llm budget: 6 of 6 requests")
+    assert r.spent.requests == 7 and r.idle_reason().startswith("llm budget: 7 of 7 requests")
     assert len(props2) == 2
     # no more requests once the budget is spent
-    assert r.propose(parent, None, np.random.default_rng(2)) == [] and len(server.requests) == 8
+    assert r.propose(parent, None, np.random.default_rng(2)) == [] and len(server.requests) == 7
 
 
 def test_llm_refiner_edits_elites_of_its_archive(standin):
@@ -297,28 +298,6 @@ def test_a_base_url_holding_a_credential_is_refused_and_never_echoed(url, what):
         LLMSettings(base_url=url, model="m")
     assert "4242" not in str(exc.value) and "4242" not in redact_url(url)
     assert LLMSettings(base_url="https://llm.example/v1?api-version=2024-06-01", model="m")  # not a credential
-
-
-@pytest.mark.parametrize("budget, reason", [({"budget_tokens": 300}, "360 of 300 tokens used"),
-                                            ({"budget_cost": 0.001, "price_prompt": 2.0, "price_completion": 10.0},
-                                             "0.0012 of 0.001 spent")])
-def test_llm_budgets_in_tokens_and_money_stop_requests(standin, budget, reason):
-    server = standin()
-    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=5, variants=1, **budget), TASK_FACTS)
-    props = r.propose(load_policy(DATA / "cartpole_linear.py").candidate(), None, np.random.default_rng(0))
-    # 120 tokens (100 prompt + 20 answer) per request; priced at 2 and 10 per million: 0.0004 per request
-    assert len(server.requests) == 3 and len(props) == 1  # the same edit three times: one candidate
-    assert reason in r.idle_reason()
-
-
-def test_llm_request_failures_are_failed_proposals(standin):
-    server = standin([{"delay": 1.0, "content": GOOD_EDIT}] * 2, default={"status": 503})
-    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=2, timeout_s=0.3, retries=1,
-                               backoff_s=0.0), TASK_FACTS, sleep=lambda s: None)
-    assert r.propose(load_policy(DATA / "cartpole_linear.py").candidate(), None, np.random.default_rng(0)) == []
-    reasons = [x.reason for x in r.take_rejections()]
-    assert "timed out after 0.3 s" in reasons[0] and "HTTP 503" in reasons[1]
-    assert len(server.requests) == 4  # each request tried twice (one retry)
 
 
 def test_api_key_env_missing_stops_before_any_request(standin, monkeypatch):

@@ -357,7 +357,13 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
         t.add_row(f"llm usage ({name})", _safe(llm_usage_text(usage) + f"\nprompts and answers: ratchet llm-log {run}",
                                                2000, multiline=True))
     if data["rejected_proposals"]:
-        t.add_row("rejected proposals", f"{data['rejected_proposals']} (new source that failed its checks; never ran)")
+        t.add_row("rejected proposals", f"{data['rejected_proposals']} (no usable new source: an unusable answer or "
+                                        "source that failed its checks; never ran)")
+    if data["endpoint_failures"]:  # requests that got no answer: the endpoint's outcome, not a proposal's
+        t.add_row("endpoint failures", _safe(f"{data['endpoint_failures']} request(s) to the LLM endpoint got no "
+                                             "answer: " + "; ".join(f"{r['reason']} (×{r['count']})"
+                                                                    for r in data["endpoint_failure_reasons"]),
+                                             1000))
     if data.get("env_steps_breakdown"):
         outside = " (person and correction: outside the budget)" if data["corrections"] else ""
         t.add_row("env steps went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()

@@ -6,6 +6,9 @@ non-zero; tracebacks appear only with ``--debug``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
     "RatchetError",
     "PolicyError",
@@ -15,6 +18,7 @@ __all__ = [
     "WriterLeaseError",
     "RunNotFoundError",
     "ReplayMismatchError",
+    "EndpointError",
 ]
 
 
@@ -54,3 +58,17 @@ class ReplayMismatchError(RatchetError):
 class SandboxError(RatchetError):
     """The sandbox cannot give what the spec requires (``require_isolation = true``), or a worker
     process cannot be started under it."""
+
+
+class EndpointError(RatchetError):
+    """An outside service a refiner needs (an LLM endpoint) cannot serve the run: unreachable, it refuses
+    the key, does not know the model, or failed request after request. The message says what to fix.
+
+    Raised at the start of a run (before any episode) or by a refiner's ``propose`` when it stops: beside
+    other refiners the run goes on without it; alone, the run stops unfinished and ``ratchet resume``
+    continues it once the service works. ``proposals`` holds what the refiner proposed before it stopped.
+    """
+
+    def __init__(self, message: str, proposals: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.proposals = list(proposals)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ratchet.critic import Critic, Evaluation
-from ratchet.errors import LedgerError, RatchetError, WriterLeaseError
+from ratchet.errors import EndpointError, LedgerError, RatchetError, WriterLeaseError
 from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.gate import make_gate
@@ -145,6 +145,9 @@ class _Run:
         self._carry = 0.0  # the last decision's level when it promoted (fallback: ratchet.gate.fallback_level)
         self._replaying = False
         self._session_start = time.monotonic()
+        self._failures: list[str] = []  # this generation's failed requests to outside services (exchange)
+        self._last_work_seq: int | None = None  # see stopped_at
+        self._session_seq = 0
         # the critique service (RefinerContext.critique): each candidate's latest training evaluation, the
         # traces read this session, and what the current generation leaves of the budget for trace replays
         self._latest_train: dict[str, tuple[Candidate, Evaluation]] = {}
@@ -162,7 +165,7 @@ class _Run:
             ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
                                  name=name, train=self.train, artifact=self.artifact,
                                  training_seeds=self.training_seeds, exchange=self.exchange,
-                                 read_input=self.read_input, critique=self.critique_of)
+                                 read_input=self.read_input, critique=self.critique_of, time_left=self.time_left)
             for ref in kind.build(settings, name, ctx):
                 out[ref.name] = ref
         return out
@@ -274,10 +277,18 @@ class _Run:
                  ) -> tuple[str | None, dict[str, Any]]:
         """A refiner's request to an outside service (an LLM endpoint, say), made at most once per run: see
         :class:`~ratchet.refiners.registry.RefinerContext` ``exchange``. A resumed or replayed run reads
-        the recorded reply and never calls the service again. (The event type ``llm_call`` and the key
-        prefix ``llm/`` are names from the first refiner that used this; they stay so older ledgers resume.)"""
+        the recorded reply and never calls the service again — except a failed request that the run
+        stopped at (:meth:`stopped_at`): that one is made again and recorded as ``KEY~2`` (``~3``, ...), so a
+        run stopped by a dead endpoint resumes once it works, and one that went on past a failure replays
+        it as it was. Failed requests (no body) are counted for the generation's note. (The event type
+        ``llm_call`` and the key prefix ``llm/`` are names from the first refiner that used this; they stay
+        so older ledgers resume.)"""
         ekey = f"llm/{key}"
-        event = self.ledger.get(ekey)
+        event, n = self.ledger.get(ekey), 1
+        while event is not None and (again := self.ledger.get(f"{ekey}~{n + 1}")) is not None:
+            event, n = again, n + 1  # a failed request the run stopped at, tried again by a later session
+        if event is not None and event.payload.get("response") is None and self.stopped_at(event):
+            event, ekey = None, f"{ekey}~{n + 1}"
         if event is None:
             body, info = call()
             request_digest = self.store_artifact(json.dumps(request, sort_keys=True).encode())
@@ -285,7 +296,33 @@ class _Run:
             self.record(EventType.LLM_CALL, ekey, {**info, "request": request_digest, "response": body_digest})
             event = self.ledger.get(ekey)
         p = dict(event.payload)
+        if p["response"] is None:
+            self._failures.append(str(p.get("error") or "request failed"))
         return (None if p["response"] is None else self.artifact(p["response"]).decode("utf-8")), p
+
+    def stopped_at(self, event: Any) -> bool:
+        """Whether an earlier session stopped right after ``event`` (a recorded failed request): nothing but
+        other requests, ``run_failed`` and ``run_resumed`` came after it. Such a failure is tried again (a
+        resumed run whose endpoint works again goes on); one the run went on past is read back as recorded,
+        so the run replays as it ran."""
+        if self._last_work_seq is None:
+            events = self.ledger.read()
+            idle = (EventType.LLM_CALL, EventType.RUN_FAILED, EventType.RUN_RESUMED)
+            self._last_work_seq = max([0] + [e.seq for e in events if e.type not in idle])
+            self._session_seq = max([0] + [e.seq for e in events])
+        return self._last_work_seq < event.seq <= self._session_seq
+
+    def time_left(self) -> float | None:
+        """Seconds of ``[budget] wall_clock_s`` left (None without that budget; 0 when spent)."""
+        limit = self.spec.budget.wall_clock_s
+        if limit is None:
+            return None
+        return max(0.0, limit - (self._clock_offset + time.monotonic() - self._session_start))
+
+    def others_available(self, arm: str, fits: Callable[[Any], bool]) -> bool:
+        """Whether a refiner other than ``arm`` may still take generations (not idle, and its generation fits)."""
+        return any(a != arm and r.idle_reason() is None and fits(r)
+                   for a, r in self.refiners.items())
 
     def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate],
                          generation: int) -> list[Candidate]:
@@ -306,9 +343,22 @@ class _Run:
         for i, r in enumerate(rejected):
             self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/{i}", {
                 "generation": generation, "refiner": r.refiner, "parent_id": r.parent_id, "reason": r.reason,
-                "source": None if r.source is None else self.store_artifact(r.source.encode("utf-8")),
-                "detail": dict(r.detail)})
+                **self.stored_source(r.source), "detail": dict(r.detail)})
         return kept
+
+    def stored_source(self, source: str | None) -> dict[str, Any]:
+        """How a rejected source is kept: an artifact, or for one over
+        :data:`~ratchet.proposals.MAX_SOURCE_CHARS` only its first 2,000 characters as the artifact, with its
+        length and SHA-256 digest (``source_cut``), so an answer of any size cannot bloat the ledger."""
+        from ratchet.proposals import MAX_SOURCE_CHARS
+
+        if source is None:
+            return {"source": None}
+        if len(source) <= MAX_SOURCE_CHARS:
+            return {"source": self.store_artifact(source.encode("utf-8"))}
+        data = source.encode("utf-8", errors="replace")
+        return {"source": self.store_artifact(source[:2000].encode("utf-8", errors="replace")),
+                "source_cut": {"chars": len(source), "sha256": hashlib.sha256(data).hexdigest()}}
 
     def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
         """Why a program candidate with source of its own may not run (None when it may): the source
@@ -536,6 +586,9 @@ class _Run:
         gate's verdict, the contender's validation evaluation (None when no gate ran), and the
         incumbent's validation evaluation (a sequential gate may extend it to more seeds)."""
         if best is None:
+            if self._failures:  # the refiner's outside service failed: say so, not "failed episodes"
+                return None, (f"the LLM endpoint failed {len(self._failures)} request(s) this generation "
+                              f"(last: {self._failures[-1][:200]})"), None, inc_val
             return None, "no contender finished its training episodes without an error", None, inc_val
         inc_train = train[incumbent.id]
         note = self.planner.screen(train[best.id], inc_train, inc_val.mean)
@@ -741,8 +794,14 @@ class _Run:
             recommended = refiner.recommend()
             if recommended is not None and recommended.source != incumbent.source:
                 recommended = None  # for a program the incumbent no longer runs (a structural promotion since)
-            proposals = self.screen_proposals(arm, incumbent, refiner.propose(incumbent, critique, self.rng),
-                                              generation)
+            self._failures, stopped = [], None  # the generation's failed requests to outside services
+            try:
+                proposed = refiner.propose(incumbent, critique, self.rng)
+            except EndpointError as exc:  # its service is down: go on without it, or stop (resumable)
+                if not self.others_available(arm, fits):
+                    raise
+                proposed, stopped = list(exc.proposals), str(exc)
+            proposals = self.screen_proposals(arm, incumbent, proposed, generation)
             contenders = proposals + ([recommended] if recommended is not None else [])
             for cand in contenders:
                 self.record_candidate(cand, generation)
@@ -797,7 +856,8 @@ class _Run:
                        **refiner.summary(),
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,
-                       "critique": critique.to_dict()}
+                       "critique": critique.to_dict(), "endpoint_failures": len(self._failures),
+                       **({"refiner_stopped": stopped} if stopped else {})}
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
             if promoted:  # the next generation edits the new incumbent: hand the refiner its own critique
                 critique = self.critic.critique(train[incumbent.id])
@@ -887,6 +947,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         raise RatchetError(f"{run_dir} exists and is not a run directory; pick another --run-id or --runs-dir")
     url = storage_url(storage)
     check_task(GymTask.from_spec(spec.task))
+    check_refiners(spec)
     ledger = open_store(url, run_dir, run_id) if url else None  # a bad URL fails before any folder is made
     own_executor, lock_fd = executor is None, None
     try:
@@ -952,6 +1013,20 @@ def _describe(executor: Executor) -> dict[str, Any]:
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # use fullmatch: "$" also matches before a final "\n"
+
+
+def check_refiners(spec: RunSpec) -> None:
+    """Each refiner kind's look at what it needs outside ratchet (an LLM endpoint: reachable, the key
+    accepted, the model listed), before a new run spends anything (:attr:`RefinerKind.check`).
+
+    Raises:
+        RatchetError: one line saying what to fix (an :class:`~ratchet.errors.EndpointError` for an endpoint).
+    """
+    entries = spec.refiner_entries()
+    for entry, name in zip(entries, arm_names(entries)):
+        kind = refiner_kind(entry["kind"])
+        if kind.check is not None:
+            kind.check(kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")}), name)
 
 
 def check_task(task: GymTask) -> dict[str, int]:

@@ -119,8 +119,95 @@ def check_source(source: str, *, dims: Mapping[str, int] | None = None) -> Polic
             raise PolicyError(f"<proposal>:{node.lineno}: call to {node.func.id}() is not allowed in a policy")
     if not star:
         _check_names(tree)
+    _check_module_chains(tree)
     _check_params_keys(tree, {p.name for p in program.parameters})
     return program
+
+
+#: Submodules of an allowed module that reach past a policy's business (C libraries, build and test tools).
+_DENIED_SUBMODULES = frozenset({"ctypeslib", "f2py", "distutils", "testing"})
+
+
+def _allowed_module(module: Any) -> bool:
+    parts = str(getattr(module, "__name__", "")).split(".")
+    return parts[0] in ALLOWED_IMPORTS and not any(p in _DENIED_SUBMODULES or p.startswith("_") for p in parts[1:])
+
+
+def _check_module_chains(tree: ast.Module) -> None:
+    """No chain of attributes leaves the allowed modules: a private attribute (``random._os``) anywhere but on
+    ``self``/``cls``; an attribute of an allowed module that is a module outside the allow-list
+    (``typing.sys``, ``numpy.lib.npyio.os``), also through a name bound to a module (``r = random``) or
+    imported from one (``from typing import sys``); ``getattr`` with a name not written out. The allowed
+    modules are looked at in the driver (they are the standard library and numpy; no policy code runs).
+    A filter against machine-written mistakes and obvious escapes; the sandbox is the boundary."""
+    import importlib
+    import types
+
+    def resolve(dotted: str) -> Any:
+        root, *rest = dotted.split(".")
+        if root not in ALLOWED_IMPORTS:
+            return None
+        try:
+            obj: Any = importlib.import_module(root)
+        except ImportError:
+            return None
+        for part in rest:
+            obj = getattr(obj, part, None)
+        return obj
+
+    def chain(node: ast.expr) -> list[str] | None:
+        names = []
+        while isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        return [node.id, *reversed(names)] if isinstance(node, ast.Name) else None
+
+    def refuse(node: ast.AST, what: str) -> None:
+        raise PolicyError(f"<proposal>:{getattr(node, 'lineno', 0)}: {what} is not allowed in a policy (only the "
+                          "public parts of the allowed modules are)")
+
+    modules: dict[str, Any] = {}  # names bound to a module anywhere in the file
+    for _ in range(2):  # twice: an alias may be bound after the line that binds its source
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    modules[a.asname or a.name.split(".")[0]] = resolve(a.name if a.asname else a.name.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    if a.name.startswith("_") and node.module != "__future__":
+                        refuse(node, f"importing the private name {a.name!r} from {node.module}")
+                    value = getattr(resolve(node.module), a.name, None)
+                    if isinstance(value, types.ModuleType):
+                        if not _allowed_module(value):
+                            refuse(node, f"importing {a.name!r} (the module {value.__name__}) from {node.module}")
+                        modules[a.asname or a.name] = value
+            elif isinstance(node, ast.Assign) and (names := chain(node.value)) and names[0] in modules:
+                value = modules[names[0]]
+                for part in names[1:]:
+                    value = getattr(value, part, None)
+                if isinstance(value, types.ModuleType):
+                    for t in node.targets:
+                        if isinstance(t, ast.Name):
+                            modules[t.id] = value
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            dunder = node.attr.startswith("__") and node.attr.endswith("__")
+            on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if node.attr.startswith("_") and not dunder and not on_self:
+                refuse(node, f"the private attribute {node.attr!r}")
+            names = chain(node)
+            if names and isinstance(modules.get(names[0]), types.ModuleType):
+                obj = modules[names[0]]
+                for i, part in enumerate(names[1:], 1):
+                    obj = getattr(obj, part, None)
+                    if isinstance(obj, types.ModuleType) and not _allowed_module(obj):
+                        refuse(node, f"{'.'.join(names[:i + 1])} (the module {obj.__name__})")
+                    if not isinstance(obj, types.ModuleType):
+                        break
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and not name.value.startswith("_")):
+                refuse(node, "getattr() with a name that is not a public name written out")
 
 
 def _check_names(tree: ast.Module) -> None:

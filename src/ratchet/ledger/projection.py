@@ -68,6 +68,7 @@ class RunState:
     gates: list[dict[str, Any]] = field(default_factory=list)
     promotions: list[dict[str, Any]] = field(default_factory=list)
     rejected_proposals: list[dict[str, Any]] = field(default_factory=list)
+    endpoint_failures: list[dict[str, Any]] = field(default_factory=list)
     generation_log: list[dict[str, Any]] = field(default_factory=list)
     baseline_test: dict[str, Any] | None = None
     test: dict[str, Any] | None = None
@@ -110,6 +111,15 @@ class RunState:
                 return Evaluation(candidate_id, split, tuple(Episode.from_dict(e) for e in ev["episodes"]))
         return None
 
+    def endpoint_failure_reasons(self, n: int = 5) -> list[dict[str, Any]]:
+        """The most frequent reasons of ``endpoint_failures`` (requests to an LLM endpoint that got no answer:
+        HTTP status, the server's message, attempts), as ``{"reason": ..., "count": ...}``, most frequent first."""
+        counts: dict[str, int] = {}
+        for f in self.endpoint_failures:
+            reason = str(f.get("error") or "request failed")[:300]
+            counts[reason] = counts.get(reason, 0) + 1
+        return [{"reason": r, "count": c} for r, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]]
+
     def to_json(self) -> dict[str, Any]:
         """The summary printed by ``ratchet show --json``. The incumbent's ``kind`` is its policy kind and
         ``artifacts`` its artifacts' digests by role (empty for a plain program)."""
@@ -133,6 +143,8 @@ class RunState:
                                  for p in self.promotions if p.get("source_diff")],
                 "llm_usage": {k: dict(v) for k, v in self.llm_usage.items()},
                 "rejected_proposals": len(self.rejected_proposals),
+                "endpoint_failures": len(self.endpoint_failures),
+                "endpoint_failure_reasons": self.endpoint_failure_reasons(),
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
@@ -281,10 +293,14 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
             st.episodes += 1
         elif ev.type is EventType.LLM_CALL:
             _add_llm_call(st.llm_usage, ev.key, p)
+            if p.get("response") is None:  # the endpoint's failure (status, its message, attempts), not a proposal's
+                st.endpoint_failures.append({k: p.get(k) for k in ("refiner", "status", "error", "message",
+                                                                   "attempts")})
         elif ev.type is EventType.GATE_DECIDED:
             st.gates.append(p)
         elif ev.type is EventType.PROPOSAL_REJECTED:
-            st.rejected_proposals.append(p)
+            if not str(p.get("reason", "")).startswith("request failed:"):  # older ledgers: an endpoint failure
+                st.rejected_proposals.append(p)
         elif ev.type is EventType.INCUMBENT_CHANGED:
             st.promotions.append(p)
             st.incumbent_id, st.incumbent_validation_mean = p["to"], p["validation_mean"]

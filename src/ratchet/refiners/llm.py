@@ -51,8 +51,6 @@ import os
 import re
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,14 +59,19 @@ import numpy as np
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
-from ratchet.errors import PolicyError, RatchetError
+from ratchet.errors import EndpointError, PolicyError, RatchetError
 from ratchet.policy import Candidate
+from ratchet.proposals import MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = ["LLMRefiner", "LLMSettings", "EditError", "parse_answer", "apply_edits", "build_prompt",
-           "chat_completions_url", "redact_url", "url_secret"]
+           "chat_completions_url", "models_url", "check_endpoint", "redact_url", "url_secret", "MAX_RESPONSE_BYTES"]
+
+
+#: Largest reply ``max_response_bytes`` may allow (bytes), whatever ``max_tokens`` says.
+MAX_RESPONSE_BYTES = 16 * 2**20
 
 
 class LLMSettings(ArchiveSettings):
@@ -80,6 +83,12 @@ class LLMSettings(ArchiveSettings):
     """
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    @property
+    def response_cap(self) -> int:
+        """Largest reply read (bytes): ``max_response_bytes``, or 65,536 + 32 per ``max_tokens`` (a token
+        takes a few characters, and JSON escapes some of them), never above :data:`MAX_RESPONSE_BYTES`."""
+        return min(MAX_RESPONSE_BYTES, self.max_response_bytes or 65_536 + 32 * self.max_tokens)
 
     base_url: str = Field(description="API root of an OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 "
                                       "(Ollama); /chat/completions is appended unless given.")
@@ -109,18 +118,30 @@ class LLMSettings(ArchiveSettings):
                                                       "of each range).")
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature.")
     max_tokens: int = Field(4096, ge=16, le=1_000_000, description="Most tokens of one answer.")
-    timeout_s: float = Field(120.0, gt=0, le=3600, description="Seconds one request may take (per attempt).")
-    retries: int = Field(3, ge=0, le=20, description="Retries on 429, 5xx, timeouts and refused connections.")
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="Seconds one request may take in all: a deadline "
+                                                                "for its attempts, their waits and every byte of the "
+                                                                "reply (never past the run's [budget] wall_clock_s).")
+    retries: int = Field(3, ge=0, le=20, description="Retries on 429, 5xx, timeouts and refused connections (within "
+                                                     "timeout_s).")
     backoff_s: float = Field(2.0, ge=0, le=600, description="First retry's wait; doubles each retry.")
     history: int = Field(12, ge=0, le=1000, description="Most past edits (with their verdicts) in the prompt.")
     max_prompt_chars: int = Field(40_000, ge=2_000, le=2_000_000,
                                   description="Prompt size limit (characters): oldest history, then the critique, "
                                               "are cut to fit.")
     budget_tokens: int | None = Field(None, gt=0, description="Most tokens (prompt + answer) of all requests.")
-    budget_requests: int | None = Field(None, gt=0, description="Most requests.")
+    budget_requests: int | None = Field(200, gt=0, description="Most HTTP requests, retries included (as the "
+                                                              "endpoint bills them).")
     budget_cost: float | None = Field(None, gt=0, description="Most money, priced by price_prompt/price_completion.")
     price_prompt: float = Field(0.0, ge=0, description="Price per million prompt tokens.")
     price_completion: float = Field(0.0, ge=0, description="Price per million answer tokens.")
+    max_response_bytes: int | None = Field(None, ge=1024, le=MAX_RESPONSE_BYTES,
+                                           description="Largest reply (bytes) read from the endpoint; default "
+                                                       "65,536 + 32 per max_tokens. A longer reply is refused.")
+    max_failures: int = Field(3, ge=1, le=100, description="Consecutive failed requests after which the refiner "
+                                                           "stops (a refused key or unknown model stops it at once).")
+    check_endpoint: bool = Field(True, description="At the start of a new run, GET base_url/models: an unreachable "
+                                                   "endpoint, a refused key or a model it does not list stop the "
+                                                   "run before any episode; false skips it.")
 
     @field_validator("base_url")
     @classmethod
@@ -400,53 +421,284 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
 # -- the HTTP call ---------------------------------------------------------------------------------------
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+#: Statuses no retry or later request can fix: a refused key, or no such model or route.
+_PERMANENT_STATUS = {401, 403, 404}
+_REDIRECT_STATUS = {301, 302, 303, 307, 308}
+_ERROR_BODY_BYTES = 4096  # of an error reply, only this much is read (for the server's message)
+
+
+class _Failed(Exception):
+    """One attempt's failure: ``error`` (one line, no key), the HTTP ``status`` (None without a reply), the
+    server's ``message``, whether a retry may help and whether nothing will (``permanent``)."""
+
+    def __init__(self, error: str, status: int | None = None, message: str | None = None, retry: bool = False,
+                 permanent: bool = False, wait: float | None = None, timed_out: bool = False) -> None:
+        super().__init__(error)
+        self.error, self.status, self.message, self.retry = error, status, message, retry
+        self.permanent, self.wait, self.timed_out = permanent, wait, timed_out
+
+
+def _scrub(text: str, key: str | None) -> str:
+    """``text`` with ``key`` (and its JSON-escaped form) replaced by ``***``."""
+    if key:
+        for form in {key, json.dumps(key)[1:-1]}:
+            text = text.replace(form, "***")
+    return text
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _server_message(data: bytes) -> str:
+    """The message of an error reply (OpenAI's ``{"error": {"message": ...}}``, or text), one line."""
+    text = data.decode("utf-8", errors="replace")
+    try:
+        reply = json.loads(text)
+        err = reply.get("error", reply) if isinstance(reply, dict) else reply
+        if isinstance(err, dict):
+            err = err.get("message") or err.get("detail") or err
+        text = err if isinstance(err, str) else json.dumps(err)
+    except ValueError:
+        pass
+    return " ".join(text.split())[:300]
+
+
+def _attempt(url: str, method: str, data: bytes | None, headers: Mapping[str, str], deadline: float,
+             max_bytes: int) -> bytes:
+    """One HTTP exchange that ends by ``deadline`` (``time.monotonic()``): connecting, sending and every byte
+    of the reply (a watchdog shuts the socket at the deadline, so a server that drips its reply cannot hold
+    the call). Redirects are followed only to the same origin and only when they keep the method (307,
+    308), so the key never reaches another server. Returns the body of a 2xx reply (at most ``max_bytes``).
+
+    Raises:
+        _Failed: no reply in time, no connection, a redirect elsewhere, a non-2xx status or a reply over
+            ``max_bytes``.
+    """
+    import ssl
+    import threading
+    from urllib.parse import urljoin, urlsplit
+
+    origin = _origin(url)
+    for _hop in range(4):
+        parts = urlsplit(url)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Failed("no reply within the request's deadline", retry=True, timed_out=True)
+        host, port = parts.hostname or "", parts.port
+        conn = (http.client.HTTPSConnection(host, port, timeout=left, context=ssl.create_default_context())
+                if parts.scheme == "https" else http.client.HTTPConnection(host, port, timeout=left))
+        fired = threading.Event()
+        held: list[socket.socket] = []  # the connection's socket (http.client lets go of it for a closing reply)
+
+        def cut(fired: threading.Event = fired, held: list[socket.socket] = held) -> None:
+            fired.set()
+            for sock in held:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(left, cut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            try:
+                conn.connect()  # within the deadline (the connection's timeout is what is left of it)
+                held.append(conn.sock)
+                if fired.is_set():
+                    cut()
+                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                conn.request(method, path, body=data, headers=dict(headers))
+                resp = conn.getresponse()
+                status = resp.status
+                if status in _REDIRECT_STATUS:
+                    target = urljoin(url, resp.getheader("Location") or "")
+                    if _origin(target) != origin:
+                        raise _Failed(f"the endpoint redirected (HTTP {status}) to {redact_url(target)[:200]}, "
+                                      "another server; ratchet does not follow it (the key would go there): set "
+                                      "base_url to the server that answers", status, permanent=True)
+                    if status not in (307, 308):
+                        raise _Failed(f"the endpoint redirected (HTTP {status}) to {redact_url(target)[:200]}; "
+                                      "set base_url to that address", status, permanent=True)
+                    url = target
+                    continue
+                limit = max_bytes if 200 <= status < 300 else _ERROR_BODY_BYTES
+                declared = resp.getheader("Content-Length")
+                if 200 <= status < 300 and declared and declared.strip().isdigit() and int(declared) > limit:
+                    raise _Failed(f"the endpoint's reply is {int(declared):,} bytes, more than the {limit:,} "
+                                  "bytes allowed (max_response_bytes; by default from max_tokens)", status)
+                chunks, size = [], 0
+                while size <= limit:
+                    held[0].settimeout(max(0.001, deadline - time.monotonic()))
+                    chunk = resp.read1(65_536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+                if fired.is_set():
+                    raise _Failed("no complete reply within the request's deadline", retry=True, timed_out=True)
+                body = b"".join(chunks)
+                if 200 <= status < 300:
+                    if size > limit:
+                        raise _Failed(f"the endpoint's reply is over the {limit:,} bytes allowed "
+                                      "(max_response_bytes; by default from max_tokens); refused", status)
+                    return body
+                message = _server_message(body[:limit])
+                error = f"HTTP {status} {resp.reason}" + (f": {message}" if message else "")
+                after = resp.getheader("Retry-After")
+                wait = min(60.0, float(after)) if after and after.strip().replace(".", "", 1).isdigit() else None
+                raise _Failed(error, status, message or None, retry=status in _RETRY_STATUS,
+                              permanent=status in _PERMANENT_STATUS, wait=wait)
+            except _Failed:
+                raise
+            except TimeoutError:
+                raise _Failed("no complete reply within the request's deadline", retry=True, timed_out=True) from None
+            except ConnectionRefusedError:
+                raise _Failed(f"cannot reach {redact_url(url)}: connection refused (is the server running?)",
+                              retry=True) from None
+            except (OSError, http.client.HTTPException) as exc:
+                if fired.is_set():
+                    raise _Failed("no complete reply within the request's deadline", retry=True,
+                                  timed_out=True) from None
+                what = " ".join(str(exc).split())[:200] or type(exc).__name__
+                raise _Failed(f"connection to {redact_url(url)} failed: {what}", retry=True) from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+    raise _Failed("the endpoint redirected more than 3 times; set base_url to where it ends", permanent=True)
 
 
 def _post(url: str, request: Mapping[str, Any], key: str | None, timeout_s: float, retries: int,
-          backoff_s: float, sleep: Callable[[float], None] = time.sleep) -> tuple[str | None, dict[str, Any]]:
-    """POST a chat-completions request with retries. Returns ``(body or None, info)``; ``info`` holds
-    ``status``, ``attempts``, ``seconds`` and ``error`` (None on success). Never raises for network or
-    HTTP trouble, and no message it returns contains ``key``."""
+          backoff_s: float, sleep: Callable[[float], None] = time.sleep, max_bytes: int = MAX_RESPONSE_BYTES,
+          max_attempts: int | None = None) -> tuple[str | None, dict[str, Any]]:
+    """POST a chat-completions request, retrying on 429, 5xx, timeouts and refused connections, all within
+    one deadline: ``timeout_s`` seconds from now, waits between retries included.
+
+    Args:
+        url: The chat-completions URL.
+        request: The JSON body.
+        key: The API key (sent as a Bearer token, to ``url``'s origin only), or None.
+        timeout_s: Seconds the whole call may take.
+        retries: Most retries; ``max_attempts`` caps the attempts too (a request budget's rest).
+        backoff_s: The first retry's wait (seconds), doubling each retry; a ``Retry-After`` header up to
+            60 s replaces it. A wait that would pass the deadline is not made.
+        sleep: Waits (tests pass a fake).
+        max_bytes: Largest reply body read (bytes); a longer one is refused.
+        max_attempts: Most HTTP attempts.
+
+    Returns:
+        ``(body or None, info)``: ``info`` holds ``status``, ``attempts``, ``seconds``, ``error`` (one line;
+        None on success), ``message`` (the server's message), ``permanent`` (no retry can fix it: a refused key,
+        no such model or route, a redirect elsewhere) and ``timed_out``. Never raises for network or HTTP
+        trouble; neither the body nor any message contains ``key``.
+    """
     data = json.dumps(request).encode("utf-8")
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    t0, status, error = time.monotonic(), None, None
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    most = retries + 1 if max_attempts is None else max(1, min(retries + 1, max_attempts))
+    failure = _Failed("no attempt made")
     attempt = 0
-    for attempt in range(1, retries + 2):
-        wait = backoff_s * 2 ** (attempt - 1)
+    for attempt in range(1, most + 1):
         try:
-            req = urllib.request.Request(url, data=data, headers=headers, method="POST")
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - a URL the user configured
-                body = resp.read().decode("utf-8", errors="replace")
-                return body, {"status": resp.status, "attempts": attempt, "seconds": time.monotonic() - t0,
-                              "error": None}
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-            try:
-                detail = exc.read().decode("utf-8", errors="replace")[:300]
-            except Exception:
-                detail = ""
-            error = f"HTTP {exc.code} {exc.reason}: {detail}".strip()
-            if exc.code not in _RETRY_STATUS:
-                break
-            after = exc.headers.get("Retry-After") if exc.headers else None
-            if after and after.strip().replace(".", "", 1).isdigit():
-                wait = min(60.0, float(after))
-        except (TimeoutError, socket.timeout):
-            status, error = None, f"timed out after {timeout_s:g} s"
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            status = None
-            error = (f"timed out after {timeout_s:g} s" if isinstance(reason, (TimeoutError, socket.timeout))
-                     else f"cannot reach {redact_url(url)}: {reason}")
-        except (ConnectionError, OSError, http.client.HTTPException) as exc:
-            status, error = None, f"connection to {redact_url(url)} failed: {exc}"
-        if attempt <= retries:
-            sleep(wait)
-    if key and error:
-        error = error.replace(key, "***")
-    return None, {"status": status, "attempts": attempt, "seconds": time.monotonic() - t0, "error": error}
+            body = _attempt(url, "POST", data, headers, deadline, max_bytes)
+            return _scrub(body.decode("utf-8", errors="replace"), key), {
+                "status": 200, "attempts": attempt, "seconds": time.monotonic() - t0, "error": None,
+                "message": None, "permanent": False, "timed_out": False}
+        except _Failed as exc:
+            failure = exc
+        if not failure.retry or attempt == most:
+            break
+        wait = backoff_s * 2 ** (attempt - 1) if failure.wait is None else failure.wait
+        if time.monotonic() + wait >= deadline:
+            break
+        sleep(wait)
+    error = failure.error
+    if failure.timed_out:
+        error = f"timed out: no complete reply within timeout_s = {timeout_s:g} s"
+    if attempt > 1:
+        error += f" ({attempt} attempts)"
+    return None, {"status": failure.status, "attempts": attempt, "seconds": time.monotonic() - t0,
+                  "error": _scrub(error, key), "message": _scrub(failure.message, key) if failure.message else None,
+                  "permanent": failure.permanent, "timed_out": failure.timed_out}
+
+
+def models_url(base_url: str) -> str:
+    """``base_url``'s model list (``.../models``; ``/chat/completions`` taken off where given)."""
+    u = base_url.rstrip("/")
+    return u.removesuffix("/chat/completions") + "/models"
+
+
+def _api_key(settings: LLMSettings, name: str) -> str | None:
+    """The key from ``api_key_env``.
+
+    Raises:
+        RatchetError: ``api_key_env`` names a variable that is not set.
+    """
+    if not settings.api_key_env:
+        return None
+    key = os.environ.get(settings.api_key_env)
+    if not key:  # a setup problem, not an outcome: nothing is recorded, the run stops and can resume
+        raise RatchetError(f"[[refiners]] {name}: environment variable {settings.api_key_env} (api_key_env) "
+                           "is not set; export it and `ratchet resume` the run")
+    return key
+
+
+def check_endpoint(settings: LLMSettings, name: str = "llm") -> None:
+    """Look at the endpoint before a run spends anything: ``GET base_url/models`` (within ``timeout_s``,
+    at most 30 s). A server without that route (404, 405, 501) passes; so does any other reply but those
+    below.
+
+    Raises:
+        RatchetError: ``api_key_env`` names a variable that is not set.
+        EndpointError: the endpoint cannot be reached, refuses the key (401, 403), redirects to another
+            server, or lists models and ``model`` is not one of them (``name:latest`` counts as ``name``).
+    """
+    key = _api_key(settings, name)
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    where = f"[[refiners]] {name}"
+    try:
+        body = _attempt(models_url(settings.base_url), "GET", None, headers,
+                        time.monotonic() + min(30.0, settings.timeout_s), 4 * 2**20)
+    except _Failed as exc:
+        if exc.status in (404, 405, 501) or (exc.status is not None and exc.status not in (401, 403)
+                                             and not exc.permanent):
+            return  # no model list here (or a passing hiccup): the run's own requests will tell
+        raise EndpointError(_scrub(f"{where}: {exc.error} (at {redact_url(models_url(settings.base_url))}); "
+                                   f"{fix_for(exc.status, settings, exc.timed_out)}", key)) from None
+    try:
+        listed = [m["id"] for m in json.loads(body)["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    except (ValueError, KeyError, TypeError):
+        return  # not OpenAI's list format: nothing to compare with
+    if listed and settings.model not in listed and f"{settings.model}:latest" not in listed:
+        shown = ", ".join(repr(m[:80]) for m in listed[:10]) + (f" and {len(listed) - 10} more" if len(listed) > 10
+                                                               else "")
+        raise EndpointError(_scrub(f"{where}: the endpoint does not list model {settings.model!r} (it lists "
+                                   f"{shown}); set model to one of them, pull it (e.g. `ollama pull "
+                                   f"{settings.model}`), or set check_endpoint = false if the server serves names "
+                                   "it does not list", key))
+
+
+def fix_for(status: int | None, settings: LLMSettings, timed_out: bool = False) -> str:
+    """What to do about an endpoint failure, one clause (for messages)."""
+    if status in (401, 403):
+        return (f"check the key in ${settings.api_key_env} (api_key_env)" if settings.api_key_env
+                else "the endpoint wants a key: put it in an environment variable and name it in api_key_env")
+    if status == 404:
+        return f"check model ({settings.model!r}) and base_url ({redact_url(settings.base_url)[:120]})"
+    if status is not None and status in _REDIRECT_STATUS:
+        return "set base_url to the server that answers"
+    if timed_out:
+        return "is the server overloaded? raise timeout_s, or check base_url"
+    if status is None:
+        return f"start the server or fix base_url ({redact_url(settings.base_url)[:120]})"
+    return "see the server's message"
 
 
 def _content_and_usage(body: str, request: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -481,10 +733,28 @@ def _direct(key: str, request: Mapping[str, Any], call: Callable[[], tuple[str |
 
 @dataclass
 class _Spent:
+    """What the refiner's requests used: ``requests`` counts HTTP attempts (retries included); ``failures``
+    the failed requests in a row; ``down`` why the endpoint stopped the refiner (None while it works)."""
+
     tokens: int = 0
     requests: int = 0
     cost: float = 0.0
     calls: list[str] = field(default_factory=list)
+    failures: int = 0
+    failed: int = 0
+    down: str | None = None
+    prompt_bound: int = 0  # of the last request built: the most tokens its prompt can take
+
+
+class _OutOfTime(Exception):
+    """The run's wall-clock budget ran out before or during a request (nothing is recorded)."""
+
+
+def prompt_bound(request: Mapping[str, Any]) -> int:
+    """Most tokens a request's prompt can take: one per byte of its messages (a token of a byte-level
+    tokenizer holds at least one byte), plus 16 per message and 16 for the chat template."""
+    messages = request.get("messages", [])
+    return 16 + sum(16 + len(str(m.get("content", "")).encode("utf-8")) for m in messages)
 
 
 class LLMRefiner(Refiner):
@@ -498,14 +768,18 @@ class LLMRefiner(Refiner):
         dims: The task's sizes for array shapes written as ``"obs"``/``"act"``.
         name: The arm name recorded as its candidates' ``refiner``.
         sleep: Waits between retries (tests pass a fake).
+        time_left: Seconds of the run's wall-clock budget left (None: no such budget): no request's
+            deadline goes past it (:class:`~ratchet.refiners.registry.RefinerContext` ``time_left``).
     """
 
     def __init__(self, settings: LLMSettings, task: Mapping[str, Any], exchange: Callable[..., Any] | None = None,
                  dims: Mapping[str, int] | None = None, name: str = "llm",
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 time_left: Callable[[], float | None] | None = None) -> None:
         self.settings, self.task, self.dims, self.name = settings, dict(task), dims, name
         self.exchange = exchange or _direct
         self.sleep = sleep
+        self.time_left = time_left
         self.spent = _Spent()
         self.history: list[Attempt] = []
         self._pending: list[Attempt] = []
@@ -532,29 +806,53 @@ class LLMRefiner(Refiner):
                               tokens=self.settings.proposals * self.settings.max_tokens)
 
     def idle_reason(self) -> str | None:
-        """Why no further request may be made (a budget spent), or None."""
+        """Why no further request may be made, or None: the endpoint stopped the refiner (a refused key, an
+        unknown model, ``max_failures`` failed requests in a row), or a budget has no room for one more
+        request's worst case (``budget_requests`` attempts; ``max_tokens`` of answer plus the most tokens
+        the last prompt could take, in tokens and in money)."""
         s, u = self.settings, self.spent
+        if u.down is not None:
+            return u.down
         if s.budget_requests is not None and u.requests >= s.budget_requests:
             return f"llm budget: {u.requests:,} of {s.budget_requests:,} requests made ({self.name})"
-        if s.budget_tokens is not None and u.tokens >= s.budget_tokens:
-            return f"llm budget: {u.tokens:,} of {s.budget_tokens:,} tokens used ({self.name})"
-        if s.budget_cost is not None and u.cost >= s.budget_cost:
-            return f"llm budget: {u.cost:.4g} of {s.budget_cost:g} spent ({self.name})"
+        most = u.prompt_bound + s.max_tokens
+        if s.budget_tokens is not None and u.tokens + most > s.budget_tokens:
+            return (f"llm budget: {u.tokens:,} of {s.budget_tokens:,} tokens used; the next request may take "
+                    f"{most:,} (max_tokens {s.max_tokens:,} and its prompt) ({self.name})")
+        price = (u.prompt_bound * s.price_prompt + s.max_tokens * s.price_completion) / 1e6
+        if s.budget_cost is not None and u.cost + price > s.budget_cost:
+            return (f"llm budget: {u.cost:.4g} of {s.budget_cost:g} spent; the next request may cost {price:.4g} "
+                    f"({self.name})")
         return None
 
     def _call(self, request: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        """One request within its deadline (``timeout_s``, cut to the run's wall clock left) and the
+        request budget's rest.
+
+        Raises:
+            RatchetError: ``api_key_env`` is not set.
+            _OutOfTime: the run's wall clock ran out (the loop stops the run on it; nothing is recorded).
+        """
         s = self.settings
-        key = None
+        key = _api_key(s, self.name)
         info: dict[str, Any] = {"refiner": self.name, "model": s.model}
-        if s.api_key_env:
-            key = os.environ.get(s.api_key_env)
-            if not key:  # a setup problem, not an outcome: nothing is recorded, the run stops and can resume
-                raise RatchetError(f"[[refiners]] {self.name}: environment variable {s.api_key_env} (api_key_env) "
-                                   "is not set; export it and `ratchet resume` the run")
-        body, got = _post(chat_completions_url(s.base_url), request, key, s.timeout_s, s.retries, s.backoff_s,
-                          self.sleep)
+        left = self.time_left() if self.time_left is not None else None
+        timeout = s.timeout_s if left is None else min(s.timeout_s, left)
+        if timeout <= 0:
+            raise _OutOfTime()
+        attempts = None if s.budget_requests is None else s.budget_requests - self.spent.requests
+        body, got = _post(chat_completions_url(s.base_url), request, key, timeout, s.retries, s.backoff_s,
+                          self.sleep, s.response_cap, attempts)
+        if body is None and got["timed_out"] and timeout < s.timeout_s:
+            raise _OutOfTime()
         info.update(got)
         if body is not None:
+            try:
+                reply = json.loads(body)
+                reply["choices"][0]["message"]
+            except (ValueError, KeyError, IndexError, TypeError):  # a proxy's page, a wrong route: not an answer
+                return None, {**info, "error": f"HTTP {got['status']}, but the reply is not a chat completion: "
+                                               f"{' '.join(body[:200].split())!r}"}
             try:
                 _, usage = _content_and_usage(body, request)
             except EditError:
@@ -562,6 +860,19 @@ class LLMRefiner(Refiner):
             info.update(usage, cost=(usage["prompt_tokens"] * s.price_prompt
                                      + usage["completion_tokens"] * s.price_completion) / 1e6)
         return body, info
+
+    def _failed(self, record: Mapping[str, Any]) -> None:
+        """Count a failed request; stop the refiner (``spent.down``) at a permanent failure or after
+        ``max_failures`` in a row."""
+        s, u = self.settings, self.spent
+        u.failures += 1
+        u.failed += 1
+        error, status = str(record.get("error") or "request failed"), record.get("status")
+        permanent = bool(record.get("permanent")) or status in _PERMANENT_STATUS
+        if permanent or u.failures >= s.max_failures:
+            what = error if permanent else f"{u.failures} requests in a row failed, the last: {error}"
+            u.down = (f"llm endpoint ({self.name}): {what}; {fix_for(status, s, bool(record.get('timed_out')))} "
+                      "(once it works, `ratchet resume` continues a run this stopped)")
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Up to ``proposals`` edited programs of ``parent`` (fewer once a budget is spent), each with up to
@@ -574,7 +885,8 @@ class LLMRefiner(Refiner):
         incumbent = parent
         out: list[Candidate] = []
         for _ in range(s.proposals):
-            if self.idle_reason() is not None:
+            left = self.time_left() if self.time_left is not None else None
+            if self.idle_reason() is not None or (left is not None and left <= 0):
                 break
             # the program to edit: the incumbent, or an elite of the archive; the prompt holds its own critique
             parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
@@ -591,16 +903,25 @@ class LLMRefiner(Refiner):
                                                                   trace_steps=s.trace_steps),
                        "temperature": s.temperature, "max_tokens": s.max_tokens, "seed": int(rng.integers(2**31))}
             key = self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
-            body, record = self.exchange(key, request, lambda: self._call(request))
-            self.spent.requests += 1
+            self.spent.prompt_bound = prompt_bound(request)
+            if self.idle_reason() is not None:  # no room for this request's worst case
+                break
+            try:
+                body, record = self.exchange(key, request, lambda: self._call(request))
+            except _OutOfTime:
+                break
+            self.spent.requests += max(1, int(record.get("attempts") or 1))
             self.spent.tokens += int(record.get("prompt_tokens") or 0) + int(record.get("completion_tokens") or 0)
             self.spent.cost += float(record.get("cost") or 0.0)
             self.spent.calls.append(key)
             detail = {"llm_call": f"llm/{key}"}
-            if body is None:
-                self._rejections.append(Rejection(self.name, parent.id, f"request failed: {record.get('error')}",
-                                                  None, detail))
+            if body is None:  # an endpoint failure: its llm_call event records it (no proposal was made)
+                self._failed(record)
+                if self.spent.down is not None:
+                    self._proposed = list(out)
+                    raise EndpointError(self.spent.down, out)
                 continue
+            self.spent.failures = 0
             new = None
             try:
                 content, _ = _content_and_usage(body, request)
@@ -612,7 +933,8 @@ class LLMRefiner(Refiner):
             except (EditError, PolicyError) as exc:
                 what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
                 self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}", new, detail))
-                summary = source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}"
+                summary = (f"(a {len(new):,}-character program)" if new and len(new) > MAX_SOURCE_CHARS
+                           else source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}")
                 self.history.append(Attempt(summary, f"{what}: {exc}", generation=self._generation))
                 continue
             fresh = [p.name for p in program.parameters if p.name not in parent.params]
@@ -720,7 +1042,8 @@ def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
     from ratchet.errors import SpecError
 
     facts, dims = task_facts(ctx.task)
-    refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name)
+    refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name,
+                         time_left=getattr(ctx, "time_left", None))
     refiner.critique_of = getattr(ctx, "critique", None)
     if settings.system_prompt_file is not None:
         read = getattr(ctx, "read_input", None)
@@ -739,6 +1062,11 @@ def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
     return [refiner]
 
 
+def _check(settings: LLMSettings, name: str) -> None:
+    if settings.check_endpoint:
+        check_endpoint(settings, name)
+
+
 def _files(settings: LLMSettings) -> list[str]:
     return [settings.system_prompt_file] if settings.system_prompt_file else []
 
@@ -747,7 +1075,8 @@ def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
     return {"llm": RefinerKind(LLMSettings, ("program",), _build,
-                               hint="llm edits a program policy's source", files=_files)}
+                               hint="llm edits a program policy's source", files=_files,
+                               check=_check)}
 
 
 KINDS = _kinds()

@@ -69,6 +69,8 @@ class RefinerContext:
             out of what the current generation and its gate leave of those budgets, and only where the
             executor records traces; otherwise the critique comes without them. None where the loop offers
             no such service.
+        time_left: ``time_left() -> float | None``: seconds of the run's ``[budget] wall_clock_s`` left (None
+            without that budget), so a refiner waiting on an outside service stops when the run must.
     """
 
     program: Any
@@ -83,6 +85,7 @@ class RefinerContext:
                        tuple[str | None, dict[str, Any]]] | None = None
     read_input: Callable[[str], bytes] | None = None
     critique: Callable[..., Any] | None = None
+    time_left: Callable[[], float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ class RefinerKind:
     #: ``files(settings) -> [path, …]``: files the settings name, relative to the spec (checked when the
     #: spec is loaded; read through :attr:`RefinerContext.read_input`).
     files: Callable[[Any], list[str]] | None = None
+    #: ``check(settings, name)``: a quick look at what the kind needs outside ratchet (an LLM endpoint), made
+    #: when a new run starts, before any episode (not on resume); raises a
+    #: :class:`~ratchet.errors.RatchetError` with one line saying what to fix.
+    check: Callable[[Any, str], None] | None = None
 
 
 def known_kinds() -> list[str]:

@@ -231,8 +231,14 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
         rows = "".join(f"<tr><td style='text-align:left'>{esc(k)}</td><td>{n}</td></tr>"
                        for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:20])
         parts.append(f"<details><summary>{len(state.rejected_proposals)} proposal(s) rejected before any episode "
-                     f"(new source failing its checks)</summary><table><tr><th>reason</th><th>count</th></tr>{rows}"
+                     f"(an unusable answer, or new source failing its checks)</summary><table><tr><th>reason</th><th>count</th></tr>{rows}"
                      "</table></details>")
+    if state.endpoint_failures:  # requests that got no answer: the endpoint's failures, not the proposals'
+        rows = "".join(f"<tr><td style='text-align:left'>{esc(r['reason'])}</td><td>{r['count']}</td></tr>"
+                       for r in state.endpoint_failure_reasons(20))
+        parts.append(f"<details open><summary>{len(state.endpoint_failures)} request(s) to the LLM endpoint failed "
+                     f"(no answer: HTTP status and the server's message)</summary><table><tr><th>reason</th>"
+                     f"<th>count</th></tr>{rows}</table></details>")
     if gates:
         rows = "".join(f"<tr><td>{g['generation']}</td><td><code>{esc(g['candidate_id'])}</code></td>"
                        f"<td>{_fmt(g['mean_diff'])}</td><td>{g['p_value']:.3g}</td><td>{'yes' if g['promoted'] else 'no'}</td>"

@@ -1,0 +1,351 @@
+"""The LLM client holds its own boundary, and an endpoint that fails says so (issue 18, sections 3 and 4).
+
+Each test plays a hostile or broken endpoint on 127.0.0.1 (the stand-in server of tests/conftest.py): a
+redirect to another origin, a reply dripped one byte a second, a 100 MB reply, a refused key, nothing
+listening, a model the server does not list. Everything is local and takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+from conftest import DATA, GOOD_EDIT, events_of, read_events
+from test_structural import SECRET, TASK_FACTS, WHOLE_FILE, structural_spec
+from typer.testing import CliRunner
+
+from ratchet.errors import EndpointError, PolicyError
+from ratchet.ledger import EventType
+from ratchet.loop import LEDGER_FILE, resume_run, start_run
+from ratchet.policy import load_policy
+from ratchet.proposals import check_source
+from ratchet.refiners.llm import LLMRefiner, LLMSettings, check_endpoint, prompt_bound
+
+KEY_ENV = "RATCHET_TEST_KEY"
+
+
+def parent():
+    return load_policy(DATA / "cartpole_linear.py").candidate()
+
+
+def recording():
+    """An exchange that calls every time and keeps each ``(body, record)``, as the loop's records them."""
+    records: list[tuple[str | None, dict]] = []
+
+    def exchange(key, request, call):
+        body, info = call()
+        records.append((body, info))
+        return body, info
+
+    return exchange, records
+
+
+def refiner(url: str, exchange=None, **settings) -> LLMRefiner:
+    s = {"model": "m", "proposals": 1, "variants": 1, "backoff_s": 0.0, **settings}
+    return LLMRefiner(LLMSettings(base_url=url, **s), TASK_FACTS, exchange, sleep=lambda s: None)
+
+
+def refused_url() -> str:
+    """An http URL on 127.0.0.1 where nothing listens."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}/v1"
+
+
+# -- the key stays with the endpoint it was meant for ------------------------------------------------------
+
+def test_a_redirect_to_another_origin_never_carries_the_key(standin, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    other = standin(default={"echo_auth": True})
+    server = standin([{"redirect": other.url + "/chat/completions"}])
+    exchange, records = recording()
+    r = refiner(server.url, exchange, api_key_env=KEY_ENV, retries=3)
+    with pytest.raises(EndpointError, match="another server"):
+        r.propose(parent(), None, np.random.default_rng(0))
+    assert other.requests == [] and other.gets == []  # never followed: the second server saw nothing
+    assert len(server.requests) == 1  # a redirect elsewhere is permanent: not retried
+    (body, info), = records
+    assert body is None and info["status"] == 302 and info["permanent"] and SECRET not in json.dumps(info)
+    assert r.idle_reason().startswith("llm endpoint (llm)") and "base_url" in r.idle_reason()
+
+
+def test_a_same_origin_redirect_that_keeps_the_method_is_followed(standin, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    server = standin([{"redirect": "/v2/chat/completions", "status": 307}])
+    r = refiner(server.url, api_key_env=KEY_ENV)
+    assert len(r.propose(parent(), None, np.random.default_rng(0))) == 1
+    assert [q["path"] for q in server.requests] == ["/v1/chat/completions", "/v2/chat/completions"]
+    assert all(q["auth"] == f"Bearer {SECRET}" for q in server.requests)
+
+
+def test_a_reply_echoing_the_key_is_stored_without_it(standin, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    server = standin([{"echo_auth": True, "content": GOOD_EDIT}, {"status": 400, "message": f"bad key {SECRET}"}])
+    exchange, records = recording()
+    r = refiner(server.url, exchange, api_key_env=KEY_ENV, proposals=2)
+    r.propose(parent(), None, np.random.default_rng(0))
+    assert SECRET not in json.dumps(records) and "Bearer ***" in records[0][0]
+    assert records[1][1]["message"] == "bad key ***"
+
+
+@pytest.mark.parametrize("first", [{"redirect": "OTHER"}, {"status": 401, "message": "invalid api key"}])
+def test_a_run_stopped_by_its_endpoint_names_it_keeps_no_key_and_resumes_once_it_works(
+        tmp_path, standin, monkeypatch, pool, first):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    other = standin(default={"echo_auth": True})
+    server = standin([{**first, "redirect": other.url + "/chat/completions"} if "redirect" in first else first],
+                     default=WHOLE_FILE)
+    llm = {"kind": "llm", "base_url": server.url, "model": "stand-in", "api_key_env": KEY_ENV, "proposals": 2,
+           "variants": 1, "budget_requests": 3, "retries": 2, "backoff_s": 0.0}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    with pytest.raises(EndpointError) as exc:
+        start_run(spec, tmp_path / "runs", "ep", executor=pool)
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith("llm endpoint (llm)")
+    assert ("another server" in line) if "redirect" in first else ("HTTP 401" in line and "invalid api key" in line
+                                                                   and KEY_ENV in line)
+    assert len(server.requests) == 1 and other.requests == [] and other.gets == []  # stopped at once
+    run_dir = tmp_path / "runs" / "ep"
+    events = read_events(run_dir)
+    (call,) = events_of(events, EventType.LLM_CALL)
+    assert call.payload["response"] is None and call.payload["attempts"] == 1
+    assert call.payload["status"] == (302 if "redirect" in first else 401)
+    assert not events_of(events, EventType.PROPOSAL_REJECTED)  # an endpoint failure, not a failed proposal
+    from ratchet.cli import app
+
+    shown = CliRunner().invoke(app, ["show", str(run_dir), "--json"])
+    data = json.loads(shown.stdout)
+    assert data["status"] == "failed" and data["endpoint_failures"] == 1 and data["rejected_proposals"] == 0
+    # the endpoint works again: the failure the run stopped at is tried again, and the run goes on
+    result = resume_run(run_dir, executor=pool)
+    assert result.stop_reason.startswith("llm budget: 3 of 3 requests")
+    calls = events_of(read_events(run_dir), EventType.LLM_CALL)
+    assert calls[0].key + "~2" == calls[1].key and calls[1].payload["error"] is None
+    assert other.requests == [] and other.gets == []
+    for f in run_dir.rglob("*"):  # the key is nowhere: events, artifacts, report
+        if f.is_file():
+            assert SECRET.encode() not in f.read_bytes(), f
+
+
+# -- timeout_s is a deadline; the run's wall clock bounds it ---------------------------------------------
+
+def test_a_dripping_endpoint_is_cut_at_timeout_s(standin):
+    server = standin([{"drip": 1.0, "drip_bytes": 12}] * 3)
+    exchange, records = recording()
+    r = refiner(server.url, exchange, timeout_s=2.0, retries=3)
+    t0 = time.monotonic()
+    assert r.propose(parent(), None, np.random.default_rng(0)) == []
+    assert time.monotonic() - t0 < 3.5  # one byte a second used to hold a call for as long as the server liked
+    (body, info), = records
+    assert body is None and info["timed_out"] and "timeout_s = 2 s" in info["error"]
+
+
+def test_no_request_outlasts_the_runs_wall_clock(standin):
+    server = standin([{"delay": 3.0, "content": GOOD_EDIT}])
+    exchange, records = recording()
+    r = refiner(server.url, exchange, timeout_s=60.0)
+    r.time_left = lambda: 0.5
+    t0 = time.monotonic()
+    assert r.propose(parent(), None, np.random.default_rng(0)) == []
+    assert time.monotonic() - t0 < 2.0 and records == []  # cut by the run's clock: nothing recorded
+    r.time_left = lambda: 0.0
+    assert r.propose(parent(), None, np.random.default_rng(0)) == [] and len(server.requests) == 1
+
+
+def test_wall_clock_budget_stops_a_run_that_waits_on_its_endpoint(tmp_path, standin, pool):
+    server = standin(default={"delay": 30.0, "content": GOOD_EDIT})
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 1, "variants": 1, "timeout_s": 120}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 50_000, "wall_clock_s": 4})
+    t0 = time.monotonic()
+    result = start_run(spec, tmp_path / "runs", "wc", executor=pool)
+    assert time.monotonic() - t0 < 15 and len(server.requests) >= 1
+    assert "wall" in result.stop_reason
+
+
+# -- the reply's size is capped --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("item", [{"size": 100 * 2**20}, {"content": "x" * 300_000}], ids=["streamed", "declared"])
+def test_an_oversized_reply_is_refused_without_reading_it_all(standin, item):
+    server = standin([item])
+    exchange, records = recording()
+    r = refiner(server.url, exchange, max_tokens=1024, retries=2)
+    tracemalloc.start()
+    try:
+        assert r.propose(parent(), None, np.random.default_rng(0)) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20  # a 100 MB reply used to be read (and stored) whole
+    (body, info), = records
+    assert body is None and "98,304 bytes" in info["error"] and "max_response_bytes" in info["error"]
+    assert len(server.requests) == 1  # not retried: the same request would get the same answer
+
+
+def test_an_over_long_program_is_stored_only_as_its_head_and_digest(tmp_path, standin, pool):
+    import hashlib
+
+    long_file = WHOLE_FILE.replace("Rewritten:\n```python\n", "Rewritten:\n```python\n" + "# pad\n" * 50_000)
+    server = standin([{"size": 100 * 2**20}, long_file], default=GOOD_EDIT)
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 2, "variants": 1, "budget_requests": 2,
+           "max_response_bytes": 2 * 2**20}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    start_run(spec, tmp_path / "runs", "big", executor=pool)
+    run_dir = tmp_path / "runs" / "big"
+    assert (run_dir / LEDGER_FILE).stat().st_size < 2 * 2**20
+    (rejected,) = events_of(read_events(run_dir), EventType.PROPOSAL_REJECTED)
+    program = long_file.split("```python\n")[1].split("```")[0]
+    assert "characters, more than the 200,000 allowed" in rejected.payload["reason"]
+    assert rejected.payload["source_cut"] == {"chars": len(program),
+                                              "sha256": hashlib.sha256(program.encode()).hexdigest()}
+
+
+# -- an endpoint that fails says so ------------------------------------------------------------------------
+
+def test_a_refused_key_stops_the_refiner_at_once_with_what_to_fix(standin, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "sk-wrong")
+    server = standin(default={"status": 401, "message": "Incorrect API key provided"})
+    r = refiner(server.url, api_key_env=KEY_ENV, proposals=3, retries=3)
+    with pytest.raises(EndpointError) as exc:
+        r.propose(parent(), None, np.random.default_rng(0))
+    assert len(server.requests) == 1  # a 401 is never retried
+    assert "HTTP 401" in str(exc.value) and "Incorrect API key" in str(exc.value) and KEY_ENV in str(exc.value)
+    assert r.idle_reason() == str(exc.value) and r.spent.requests == 1
+
+
+def test_failures_in_a_row_retire_the_refiner(standin):
+    exchange, records = recording()
+    r = refiner(refused_url(), exchange, proposals=5, retries=1)
+    with pytest.raises(EndpointError, match="3 requests in a row failed, the last: cannot reach .* connection "
+                                            "refused .*start the server"):
+        r.propose(parent(), None, np.random.default_rng(0))
+    assert len(records) == 3 and all(info["attempts"] == 2 and info["status"] is None for _, info in records)
+    assert r.spent.requests == 6 and r.take_rejections() == []  # attempts count; failures are not proposals
+    # a success in between starts the count again
+    server = standin([{"status": 503}, {"status": 503}, GOOD_EDIT, {"status": 503}, {"status": 503}])
+    r = refiner(server.url, proposals=5, retries=0)
+    assert len(r.propose(parent(), None, np.random.default_rng(0))) == 1 and r.spent.failed == 4
+
+
+def test_a_failing_endpoint_is_named_in_the_progress_line_show_and_the_report(tmp_path, standin, pool):
+    from ratchet.cli import app
+    from ratchet.progress import progress_line
+
+    server = standin([{"status": 503, "message": "model overloaded"}] * 2, default=GOOD_EDIT)
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 2, "variants": 1, "retries": 0,
+           "budget_requests": 4, "max_failures": 3}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    lines = []
+    start_run(spec, tmp_path / "runs", "fl", executor=pool, progress=lambda info: lines.append(progress_line(info)))
+    assert "no gate: the LLM endpoint failed 2 request(s) this generation (last: HTTP 503" in lines[0]
+    assert "model overloaded" in lines[0] and "finished its training episodes" not in lines[0]
+    run_dir = tmp_path / "runs" / "fl"
+    shown = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["show", str(run_dir)])
+    assert "endpoint failures" in shown.stdout and "HTTP 503" in shown.stdout
+    assert "failed its checks" not in shown.stdout
+    CliRunner().invoke(app, ["report", str(run_dir), "--no-videos"])
+    html = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "request(s) to the LLM endpoint failed" in html and "model overloaded" in html
+
+
+def test_beside_other_refiners_the_run_goes_on_without_a_dead_endpoint(tmp_path, pool):
+    llm = {"kind": "llm", "base_url": refused_url(), "model": "m", "proposals": 1, "variants": 1, "retries": 0,
+           "check_endpoint": False}
+    spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 2, "variants": 1}, llm],
+                           budget={"env_steps": 15_000})
+    result = start_run(spec, tmp_path / "runs", "mix", executor=pool)
+    assert "llm endpoint" not in result.stop_reason
+    events = read_events(tmp_path / "runs" / "mix")
+    gens = events_of(events, EventType.GENERATION_FINISHED)
+    stopped = [g for g in gens if g.payload.get("refiner_stopped")]
+    assert stopped and "connection refused" in stopped[0].payload["refiner_stopped"]
+    assert all(g.payload["refiner"] != "llm" for g in gens[gens.index(stopped[0]) + 1:])
+    assert len(gens) > gens.index(stopped[0]) + 1
+
+
+# -- checked at run start: reachable, the model listed ---------------------------------------------------
+
+def test_an_unreachable_endpoint_is_one_line_before_any_episode(tmp_path):
+    from ratchet.cli import app
+
+    llm = {"kind": "llm", "base_url": refused_url(), "model": "m"}
+    spec = structural_spec(tmp_path / "s", [llm])
+    with pytest.raises(EndpointError, match=r"connection refused .*start the server or fix base_url"):
+        start_run(spec, tmp_path / "runs", "x")
+    assert not (tmp_path / "runs" / "x").exists()  # nothing made, nothing ran
+    (tmp_path / "s" / "ratchet.toml").write_text((DATA / "cartpole.toml").read_text(encoding="utf-8")
+                                               + f'\n[[refiners]]\nkind = "llm"\nbase_url = "{llm["base_url"]}"\n'
+                                               'model = "m"\n', encoding="utf-8")
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "s"), "--runs-dir", str(tmp_path / "runs")])
+    assert res.exit_code == 1 and "connection refused" in res.output
+
+
+def test_a_model_the_endpoint_does_not_list_is_one_line_before_any_episode(tmp_path, standin, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+    server = standin(models=["llama3:latest", "qwen2.5-coder:7b"])
+    spec = structural_spec(tmp_path / "s", [{"kind": "llm", "base_url": server.url, "model": "gpt-4o",
+                                             "api_key_env": KEY_ENV}])
+    with pytest.raises(EndpointError) as exc:
+        start_run(spec, tmp_path / "runs", "x")
+    assert "'gpt-4o'" in str(exc.value) and "'qwen2.5-coder:7b'" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "runs" / "x").exists() and server.requests == []
+    assert server.gets == [{"path": "/v1/models", "auth": f"Bearer {SECRET}"}]
+    check_endpoint(LLMSettings(base_url=server.url, model="llama3"))  # Ollama's name:latest counts as name
+    # skippable (offline, or a server that serves names it does not list): the run then starts
+    spec = structural_spec(tmp_path / "s2", [{"kind": "llm", "base_url": server.url, "model": "gpt-4o",
+                                              "check_endpoint": False, "budget_requests": 1}])
+    assert start_run(spec, tmp_path / "runs", "y").stop_reason.startswith("llm budget")
+
+
+# -- budgets ---------------------------------------------------------------------------------------------
+
+def test_budget_requests_counts_attempts_and_has_a_default(standin):
+    assert LLMSettings(base_url="http://localhost:11434/v1", model="m").budget_requests == 200
+    server = standin([{"status": 429}] * 5)
+    r = refiner(server.url, proposals=3, retries=5, budget_requests=3)
+    assert r.propose(parent(), None, np.random.default_rng(0)) == []
+    assert len(server.requests) == 3 and r.spent.requests == 3  # the retries stopped where the budget did
+    assert r.idle_reason().startswith("llm budget: 3 of 3 requests")
+
+
+@pytest.mark.parametrize("budget", [{"budget_tokens": 12_000},
+                                    {"budget_cost": 0.06, "price_prompt": 2.0, "price_completion": 10.0}])
+def test_token_and_cost_budgets_are_never_exceeded(standin, budget):
+    heavy = {"content": GOOD_EDIT, "usage": {"prompt_tokens": 3_000, "completion_tokens": 1_000}}
+    server = standin(default=heavy)
+    r = refiner(server.url, proposals=10, max_tokens=1_000, **budget)
+    r.propose(parent(), None, np.random.default_rng(0))
+    assert 1 <= len(server.requests) < 10
+    if "budget_tokens" in budget:
+        assert r.spent.tokens <= budget["budget_tokens"] and "the next request may take" in r.idle_reason()
+    else:
+        assert r.spent.cost <= budget["budget_cost"] and "the next request may cost" in r.idle_reason()
+    request = server.requests[-1]["body"]
+    assert prompt_bound(request) >= len(request["messages"][1]["content"])
+
+
+# -- the static source check is a filter; its chains to os are closed ------------------------------------
+
+@pytest.mark.parametrize("line", ["SECRET = random._os.popen('id').read()",
+                                  "SECRET = typing.sys.modules",
+                                  "SECRET = np.matrixlib.defmatrix.sys.modules",
+                                  "r = random\nSECRET = r._os",
+                                  "SECRET = getattr(random, '_' + 'os')"])
+def test_module_attribute_chains_to_os_are_refused(line):
+    source = ("import random\nimport typing\nimport numpy as np\n" + line
+              + "\nPARAMETERS = {}\n\n\ndef act(observation, params):\n    return 0\n")
+    with pytest.raises(PolicyError):
+        check_source(source)
+
+
+def test_imports_of_private_or_foreign_module_names_are_refused():
+    for imp in ("from random import _os", "from typing import sys"):
+        with pytest.raises(PolicyError):
+            check_source(imp + "\nPARAMETERS = {}\n\n\ndef act(observation, params):\n    return 0\n")
+    check_source("import numpy as np\nfrom math import pi\nW = np.linalg.norm(np.ones(2)) * pi\nPARAMETERS = {}\n\n\n"
+                 "def act(observation, params):\n    return int(np.clip(observation[2] * W, 0, 1))\n")
