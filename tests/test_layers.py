@@ -21,7 +21,8 @@ LAYERS = [
     "data", "runs",
     "gate", "proposals",
     "execution",
-    "tasks", "policies", "task", "trace",
+    "task",  # ratchet.task: the names older code imports, from tasks/
+    "tasks", "policies", "trace",
     "ledger",
     "critic", "diagnosers", "policy",
     "rollout",

@@ -36,13 +36,13 @@ from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
-from ratchet.policy import Candidate, PolicyProgram, load_policy, parse_policy, space_dims, uses_task_dims
+from ratchet.policy import SOURCE_KINDS, SPACE_KINDS, Candidate, PolicyProgram, load_policy, parse_policy, uses_task_dims
 from ratchet.refiners import Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.rollout import Episode
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run
 from ratchet.spec import RunSpec, spec_from_dict
-from ratchet.task import GymTask
+from ratchet.tasks import Task, task_from_spec
 from ratchet.text import clean
 
 __all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "LEDGER_FILE"]
@@ -101,7 +101,7 @@ class _Run:
 
     def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
                  executor: Executor, progress: ProgressFn | None, pricing: str | None = None,
-                 start: Candidate | None = None, inputs: dict[str, str] | None = None) -> None:
+                 start: Candidate | None = None, inputs: dict[str, str] | None = None, task: Task | None = None) -> None:
         self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
         # files refiners read (path -> artifact digest); None: a new run, which reads them from base_dir
         self.inputs: dict[str, str] = dict(inputs or {})
@@ -111,7 +111,7 @@ class _Run:
         self._checked: dict[str, Any] = {}  # new sources checked this session: digest -> program or reason
         self._training_seeds = 0
         self.executor, self.progress = executor, progress
-        self.task = GymTask.from_spec(spec.task)
+        self.task = task if task is not None else task_from_spec(spec.task)
         self.splits = SeedSplits(spec.seed)
         self.budget = Budget(spec.budget)
         self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
@@ -363,7 +363,7 @@ class _Run:
     def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
         """Why a program candidate with source of its own may not run (None when it may): the source
         fails :func:`~ratchet.proposals.check_source`, or its values do not fit its ``PARAMETERS``."""
-        if cand.kind not in ("program", "residual") or cand.source in (self.program.source, parent.source):
+        if cand.kind not in SOURCE_KINDS or cand.source in (self.program.source, parent.source):
             return None
         from ratchet.errors import PolicyError
         from ratchet.proposals import check_source
@@ -371,7 +371,7 @@ class _Run:
         digest = hashlib.sha256(cand.source.encode()).hexdigest()
         if digest not in self._checked:
             try:
-                dims = check_task(self.task) if uses_task_dims(cand.source) else None
+                dims = self.task.dims() if uses_task_dims(cand.source) else None
                 self._checked[digest] = check_source(cand.source, dims=dims)
             except PolicyError as exc:
                 self._checked[digest] = str(exc)
@@ -933,7 +933,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
     """
     spec_from_dict(spec.to_dict(), spec.base_dir)
-    program, start, start_blobs = load_start(spec)
+    task = task_from_spec(spec.task)
+    spaces = task.spaces()  # the environment, made once with no policy code: setup problems fail here, in one line
+    program, start, start_blobs = load_start(spec, task, spaces)
     run_id = run_id or new_run_id(spec.name)
     if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
@@ -946,7 +948,6 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     if run_dir.exists() and any(run_dir.iterdir()):
         raise RatchetError(f"{run_dir} exists and is not a run directory; pick another --run-id or --runs-dir")
     url = storage_url(storage)
-    check_task(GymTask.from_spec(spec.task))
     check_refiners(spec)
     ledger = open_store(url, run_dir, run_id) if url else None  # a bad URL fails before any folder is made
     own_executor, lock_fd = executor is None, None
@@ -981,7 +982,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     ledger = ledger or open_store(None, run_dir, run_id)
     for data in start_blobs.values():  # before any event names them
         ledger.put_artifact(data)
-    run = _Run(run_dir, spec, program, ledger, executor, progress, start=start)
+    run = _Run(run_dir, spec, program, ledger, executor, progress, start=start, task=task)
     try:
         lease: WriterLease | None = WriterLease.acquire(ledger, run_id)
     except WriterLeaseError:  # another process took this run id between our checks and now
@@ -1029,26 +1030,17 @@ def check_refiners(spec: RunSpec) -> None:
             kind.check(kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")}), name)
 
 
-def check_task(task: GymTask) -> dict[str, int]:
-    """Make the task's environment once (no policy code involved) so setup problems — a missing extra
-    such as MuJoCo, bad ``env_kwargs`` — fail the command up front in one line instead of failing every
-    episode later.
-
-    Returns:
-        The task's sizes ``{"obs": n, "act": m}`` (:func:`ratchet.policy.space_dims`), for policies
-        whose array shapes name them.
+def check_task(task: Task) -> dict[str, int]:
+    """:meth:`Task.dims`: the task's sizes, made once with no policy code, so setup problems (a missing extra
+    such as MuJoCo, bad ``env_kwargs``) fail a command up front in one line.
 
     Raises:
         TaskError: the environment cannot be made.
     """
-    env = task.make_env()
-    try:
-        return space_dims(env.observation_space, env.action_space)
-    finally:
-        env.close()
+    return task.dims()
 
 
-def load_program(path: str | Path, task: GymTask) -> PolicyProgram:
+def load_program(path: str | Path, task: Task, dims: dict[str, int] | None = None) -> PolicyProgram:
     """:func:`ratchet.policy.load_policy` for ``task``: array shapes written as ``"obs"``/``"act"`` are
     resolved from the task's spaces (the driver makes the env for that; it never runs policy code).
 
@@ -1060,31 +1052,34 @@ def load_program(path: str | Path, task: GymTask) -> PolicyProgram:
         source = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         source = ""  # load_policy says what is wrong
-    dims = check_task(task) if uses_task_dims(source) else None
-    return load_policy(path, dims=dims)
+    if uses_task_dims(source) and dims is None:
+        dims = task.dims()
+    return load_policy(path, dims=dims if uses_task_dims(source) else None)
 
 
-def load_start(spec: RunSpec) -> tuple[PolicyProgram, Candidate, dict[str, bytes]]:
+def load_start(spec: RunSpec, task: Task, spaces: tuple[Any, Any] | None = None
+               ) -> tuple[PolicyProgram, Candidate, dict[str, bytes]]:
     """The run's starting point for ``[policy]`` of any kind: the program (empty for network kinds), the
     starting candidate and its artifacts' bytes by digest (see :func:`ratchet.policies.start.start_candidate`).
 
     Raises:
         PolicyError: the policy file or model is invalid.
         TaskError: the environment cannot be made (network kinds need its spaces).
+
+    Args:
+        spec: The run spec.
+        task: Its task.
+        spaces: The task's ``(observation_space, action_space)`` when already made (else made when needed).
     """
     from ratchet.policies.start import start_candidate
+    from ratchet.policy import space_dims
 
-    task = GymTask.from_spec(spec.task)
     kind = spec.policy.kind
-    program = load_program(spec.policy_path, task) if kind in ("program", "residual") else None
-    spaces = None
-    if kind in ("mlp", "residual"):
-        env = task.make_env()
-        try:
-            spaces = (env.observation_space, env.action_space)
-        finally:
-            env.close()
-    return start_candidate(spec.policy, spec.base_dir, spaces, spec.seed, program)
+    if spaces is None and kind in SPACE_KINDS:
+        spaces = task.spaces()
+    dims = space_dims(*spaces) if spaces is not None else None
+    program = load_program(spec.policy_path, task, dims) if kind in SOURCE_KINDS else None
+    return start_candidate(spec.policy, spec.base_dir, spaces if kind in SPACE_KINDS else None, spec.seed, program)
 
 
 def _executor_for(spec: RunSpec) -> Executor:
@@ -1161,10 +1156,11 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
     started = ledger.get("run_started")
     spec = spec_of(ledger)
     source = started.payload["policy_source"]
-    if spec.policy.kind in ("mlp", "sb3"):  # a network: no program
+    task = task_from_spec(spec.task)
+    if spec.policy.kind not in SOURCE_KINDS:  # a network: no program
         program = PolicyProgram("", ())
     else:
-        dims = check_task(GymTask.from_spec(spec.task)) if uses_task_dims(source) else None
+        dims = task.dims() if uses_task_dims(source) else None
         program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
     if not run_dir.exists():  # found only in the database: give it a run directory here
         try:
@@ -1180,4 +1176,4 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
              else program.candidate())
     return _Run(run_dir, spec, program, ledger, executor or _executor_for(spec), progress,
                 pricing=started.payload.get("pricing", "worst-case"),
-                start=start, inputs=started.payload.get("inputs", {})), lock_fd
+                start=start, inputs=started.payload.get("inputs", {}), task=task), lock_fd

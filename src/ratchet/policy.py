@@ -45,7 +45,7 @@ from ratchet.errors import PolicyError
 
 __all__ = ["Parameter", "PolicyProgram", "Candidate", "load_policy", "parse_policy", "export_source",
            "materialize", "bind_spaces", "describe_value", "space_dims", "uses_task_dims", "MAX_PARAMETER_NUMBERS",
-           "TASK_DIMS", "POLICY_KINDS"]
+           "TASK_DIMS", "POLICY_KINDS", "SOURCE_KINDS", "SPACE_KINDS"]
 
 _PARAM_KEYS = {"default", "low", "high", "scale", "shape"}
 
@@ -308,6 +308,10 @@ def _value(v: Any) -> Value:
 
 #: Policy kinds a candidate can be (see :mod:`ratchet.policies`).
 POLICY_KINDS = ("program", "mlp", "sb3", "residual")
+#: Policy kinds whose candidates carry a program's source and its ``PARAMETERS`` (checked, searched, edited).
+SOURCE_KINDS = frozenset({"program", "residual"})
+#: Policy kinds whose starting network is sized to the task's observation and action spaces.
+SPACE_KINDS = frozenset({"mlp", "residual"})
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,9 @@ class TaskSpec(_Section):
 
     @model_validator(mode="after")
     def _bounded_episodes(self) -> TaskSpec:
-        from ratchet.task import GymTask
+        from ratchet.tasks import task_from_spec
 
-        if GymTask.from_spec(self).step_limit is None:
+        if task_from_spec(self).step_limit is None:
             raise ValueError(f"[task] max_episode_steps: {self.env_id} has no time limit, so neither its episodes "
                              "nor the env-step budget would be bounded; set [task] max_episode_steps (env steps "
                              "per episode, e.g. 1000)")
@@ -86,7 +86,7 @@ class TaskSpec(_Section):
     @field_validator("env_id")
     @classmethod
     def _known(cls, v: str) -> str:
-        from ratchet.task import gym_spec
+        from ratchet.tasks.gym import gym_spec
 
         try:
             gym_spec(v)
@@ -338,7 +338,7 @@ class RunSpec(_Section):
     @model_validator(mode="after")
     def _first_validation_fits(self) -> RunSpec:
         """The starting policy's validation runs before any budget decision, so the budget must pay for it."""
-        from ratchet.task import GymTask
+        from ratchet.tasks import task_from_spec
 
         n, b = self.gate.validation_episodes, self.budget
         if self.gate.test in ("betting", "group-t"):  # a sequential gate validates the start on one batch first
@@ -347,7 +347,7 @@ class RunSpec(_Section):
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for the starting policy's first "
                              f"validation ([gate] validation_episodes = {n:,} episodes); raise [budget] episodes "
                              f"above {n:,} (training needs more) or lower [gate] validation_episodes")
-        limit = GymTask.from_spec(self.task).step_limit
+        limit = task_from_spec(self.task).step_limit
         if b.env_steps is not None and limit is not None and n * limit > b.env_steps:
             raise ValueError(f"[budget] env_steps = {b.env_steps:,} cannot pay for the starting policy's first "
                              f"validation: up to {n:,} episodes × {limit:,} env steps (the time limit) = "

@@ -15,7 +15,7 @@ from ratchet.execution.sandbox import Sandbox
 
 from ratchet.policy import Candidate
 from ratchet.rollout import Episode
-from ratchet.task import Task
+from ratchet.tasks import Task
 
 __all__ = ["BUDGET_SKIP", "Job", "policy_payload", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
 

@@ -130,7 +130,7 @@ class _Deadline:
 
 def _serve(conn: Any, chan: Channel) -> None:
     from ratchet.execution.worker import _text, close_quietly, send_reply
-    from ratchet.task import GymTask
+    from ratchet.tasks import task_from_dict
 
     deadline = _Deadline()
     loaded: str | None = None  # the candidate (source key and parameters) the policy process serves
@@ -151,7 +151,7 @@ def _serve(conn: Any, chan: Channel) -> None:
         status, env, task = "ok", None, None
         try:
             if task_key not in tasks:
-                tasks[task_key] = GymTask.from_dict(task_dicts[task_key])
+                tasks[task_key] = task_from_dict(task_dicts[task_key])
             task = tasks[task_key]
             if source is not None:
                 known_sources.add(key)

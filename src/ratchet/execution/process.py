@@ -23,7 +23,7 @@ from ratchet.execution import BUDGET_SKIP, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, remove_cgroup, sweep_leftovers
 from ratchet.rollout import Episode
-from ratchet.task import Task
+from ratchet.tasks import Task
 
 __all__ = ["ProcessExecutor"]
 

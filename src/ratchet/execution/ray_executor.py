@@ -33,7 +33,7 @@ from ratchet.errors import RatchetError
 from ratchet.execution import BUDGET_SKIP, Job
 from ratchet.execution.sandbox import Sandbox
 from ratchet.rollout import Episode
-from ratchet.task import Task
+from ratchet.tasks import Task
 
 __all__ = ["RayExecutor", "default_batch_episodes"]
 
@@ -98,7 +98,7 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
     global _POOL
     from ratchet.execution.process import ProcessExecutor
     from ratchet.policy import Candidate
-    from ratchet.task import GymTask
+    from ratchet.tasks import task_from_dict
 
     key = (float(episode_timeout_s), sandbox)
     if _POOL is None or _POOL[0] != key:
@@ -108,7 +108,7 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
     cands = {cid: Candidate.from_dict(d) for cid, d in candidates.items()}
     t0 = time.perf_counter()
     try:
-        eps = _POOL[1].run(GymTask.from_dict(task_dict), [Job(cands[cid], seed, artifacts or {}) for cid, seed in jobs])
+        eps = _POOL[1].run(task_from_dict(task_dict), [Job(cands[cid], seed, artifacts or {}) for cid, seed in jobs])
     except BaseException:  # interrupted mid-batch: a late reply must never reach the next batch
         _POOL[1].close()
         _POOL = None
@@ -120,11 +120,11 @@ def _train_remote(sandbox: Sandbox, task_dict: dict[str, Any], wire: tuple, time
     """Ray task body of :meth:`RayExecutor.train` (candidates travel as dicts: they hold mapping proxies)."""
     from ratchet.execution.training import TrainingJob, run_training
     from ratchet.policy import Candidate
-    from ratchet.task import GymTask
+    from ratchet.tasks import task_from_dict
 
     trainer, parent, settings, seeds, env_steps, artifacts = wire
     job = TrainingJob(trainer, Candidate.from_dict(parent), settings, tuple(seeds), env_steps, artifacts)
-    return run_training(sandbox, GymTask.from_dict(task_dict), job, timeout_s)
+    return run_training(sandbox, task_from_dict(task_dict), job, timeout_s)
 
 
 def _remote_batch(ray: Any) -> Any:

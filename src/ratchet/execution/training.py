@@ -425,11 +425,11 @@ def _main() -> None:
     out = os.fdopen(os.dup(1), "wb")
     _start(sandbox)  # confines, and points sys.stdout at /dev/null: only `out` answers
     trainer, task_dict, parent, settings, seeds, env_steps = pickle.loads(sys.stdin.buffer.read())
-    from ratchet.task import GymTask
+    from ratchet.tasks import task_from_dict
 
     try:
         module, _, fn = TRAINERS[trainer].partition(":")
-        outputs, _ = getattr(importlib.import_module(module), fn)(GymTask.from_dict(task_dict), parent, settings,
+        outputs, _ = getattr(importlib.import_module(module), fn)(task_from_dict(task_dict), parent, settings,
                                                                   seeds, env_steps)
         header = {"error": None, "outputs": [{"info": dict(o.info), "artifacts": {r: len(b) for r, b in o.artifacts.items()}}
                                              for o in outputs]}

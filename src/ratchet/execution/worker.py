@@ -255,7 +255,7 @@ def worker_main(conn: Any) -> None:
         from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
     from ratchet.policy import bind_spaces, materialize
     from ratchet.rollout import Episode, run_episode
-    from ratchet.task import GymTask
+    from ratchet.tasks import task_from_dict
 
     import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
 
@@ -279,7 +279,7 @@ def worker_main(conn: Any) -> None:
             rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
         try:
             if task_key not in tasks:
-                tasks[task_key] = GymTask.from_dict(task_dict)
+                tasks[task_key] = task_from_dict(task_dict)
             task = tasks[task_key]
             module = policies.load(key, source)
             if isinstance(module, Exception):
@@ -358,9 +358,9 @@ def _text(exc: BaseException, limit: int = 300) -> str:
 
 def _task_or_none(task_dict: Any) -> Any:
     try:
-        from ratchet.task import GymTask
+        from ratchet.tasks import task_from_dict
 
-        return GymTask.from_dict(task_dict)
+        return task_from_dict(task_dict)
     except Exception:
         return None
 

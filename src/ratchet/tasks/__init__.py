@@ -1,0 +1,117 @@
+"""The Task contract: what one episode of a task is, and the registry of task kinds.
+
+Everything above the execution layer — the loop, planner, critic, gate, report, replay and export — talks to a
+task only through :class:`Task` and never names a kind. A kind is a class registered in :data:`TASK_KINDS`
+(``[task] kind`` in a spec, ``"kind"`` in :meth:`Task.to_dict`); :func:`task_from_spec` and
+:func:`task_from_dict` build one. Today: ``"gym"`` (:class:`~ratchet.tasks.gym.GymTask`, any registered
+Gymnasium environment).
+
+An episode of any task: a seed in; out a return (higher is better), a length in the task's cost unit (env
+steps for an environment), how it ended (terminated, truncated — kept apart, as Gymnasium does — or an
+error), success by the task's rule, and diagnostics. What runs on the trusted side (the environment, the
+sums of rewards) is the task's; the policy runs sandboxed and only answers what it is asked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from ratchet.errors import TaskError
+
+__all__ = ["Task", "TASK_KINDS", "task_from_spec", "task_from_dict"]
+
+#: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
+TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask"}
+
+
+@runtime_checkable
+class Task(Protocol):
+    """One episode of a task and how it is judged. Must be picklable (workers receive it) and JSON-describable
+    (:meth:`to_dict` is stored in the ledger; :func:`task_from_dict` rebuilds it).
+
+    Attributes:
+        kind: Its key in :data:`TASK_KINDS`.
+        action_mode: ``"error"``: an invalid action ends the episode as an error; ``"clip"``: clip it.
+        success_threshold: An episode succeeds when its return is at least this; None: no success defined.
+    """
+
+    kind: str
+    action_mode: str
+    success_threshold: float | None
+
+    @property
+    def name(self) -> str:
+        """What people and prompts call the task (``"LunarLander-v3"``)."""
+
+    @property
+    def step_limit(self) -> int | None:
+        """Most steps one episode can take, in the task's cost unit (env steps), or None for no limit."""
+
+    def make_env(self, render_mode: str | None = None) -> Any:
+        """A fresh Gymnasium-style environment (made on the trusted side: the env host).
+
+        Raises:
+            TaskError: it cannot be made.
+        """
+
+    def spaces(self) -> tuple[Any, Any]:
+        """``(observation_space, action_space)``.
+
+        Raises:
+            TaskError: the environment cannot be made.
+        """
+
+    def dims(self) -> dict[str, int]:
+        """The sizes a policy's array shapes may name (``{"obs": n, "act": m}``).
+
+        Raises:
+            TaskError: the environment cannot be made.
+        """
+
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
+        """Whether an episode succeeded; None when the task defines no success."""
+
+    def success_rule(self) -> str | None:
+        """How success is decided, for people, with where its threshold comes from; None without one."""
+
+    @property
+    def diagnose(self) -> Callable[[Any], list[str]] | None:
+        """The task's failure diagnoser (``Episode -> [label, ...]``), or None (the critic clusters)."""
+
+    def observation_names(self, size: int) -> list[str]:
+        """Readable names of the ``size`` observation components."""
+
+    def describe(self) -> str | None:
+        """How the task rewards and ends an episode, for a prompt; None when unknown."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description with ``"kind"`` (stored in the ledger)."""
+
+
+def _kind_class(kind: Any) -> Any:
+    if kind not in TASK_KINDS:
+        raise TaskError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+    module, _, cls = TASK_KINDS[kind].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def task_from_spec(table: Any) -> Task:
+    """The task a run spec's ``[task]`` table describes (a :class:`~ratchet.spec.TaskSpec` or its dict form, as
+    the ledger stores it; without ``kind``: ``"gym"``).
+
+    Raises:
+        TaskError: unknown kind, or the kind refuses the table (e.g. an unregistered env id).
+    """
+    t = table if isinstance(table, Mapping) else table.model_dump()
+    return _kind_class(t.get("kind") or "gym").from_spec(t)
+
+
+def task_from_dict(d: Mapping[str, Any]) -> Task:
+    """Inverse of :meth:`Task.to_dict` (a dict without ``kind`` is a ``"gym"`` task, as older ledgers wrote it).
+
+    Raises:
+        TaskError: unknown kind, or the kind refuses the dict.
+    """
+    return _kind_class(d.get("kind") or "gym").from_dict(d)

@@ -1,0 +1,256 @@
+"""Gymnasium tasks: an episode is one ``reset(seed)`` and ``step`` loop of a registered environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ratchet.errors import TaskError
+from ratchet.policy import space_dims
+
+__all__ = ["GymTask", "gym_spec", "success_rule_of"]
+
+
+@dataclass(frozen=True)
+class GymTask:
+    """Any registered Gymnasium environment.
+
+    Args:
+        env_id: A registered id such as ``"LunarLander-v3"``.
+        env_kwargs: Keyword arguments for ``gymnasium.make``.
+        success_threshold: An episode succeeds when its return is ``>=`` this. ``None`` uses the env's
+            registered ``reward_threshold`` (and no success at all when the env has none).
+        action_mode: ``"error"`` (default): an invalid action ends the episode as an error; ``"clip"``: clip it
+            into the action space.
+        max_episode_steps: Override the registered time limit (env steps); ``None`` keeps it. A
+            ``max_episode_steps`` in ``env_kwargs`` (how tasks recorded by older versions set it) is moved
+            here, so :attr:`step_limit` is always the limit episodes really have.
+        description: What an episode's rewards and ending are, in words (``[task] description``), for
+            :meth:`describe`; None takes them from the environment's documentation.
+
+    Raises:
+        TaskError: the id is not registered (the message lists close matches), ``env_kwargs`` and
+            ``max_episode_steps`` set two different time limits, or the environment cannot be made with
+            these keyword arguments.
+    """
+
+    kind: ClassVar[str] = "gym"
+
+    env_id: str
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    success_threshold: float | None = None
+    action_mode: str = "error"
+    max_episode_steps: int | None = None
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.action_mode not in ("error", "clip"):
+            raise TaskError(f"action_mode must be \"error\" or \"clip\", got {self.action_mode!r}")
+        spec = gym_spec(self.env_id)
+        if self.success_threshold is None and spec.reward_threshold is not None:
+            object.__setattr__(self, "success_threshold", float(spec.reward_threshold))
+        kwargs = dict(self.env_kwargs)
+        if "max_episode_steps" in kwargs:
+            limit = kwargs.pop("max_episode_steps")
+            if self.max_episode_steps is not None and limit != self.max_episode_steps:
+                raise TaskError(f"two time limits: env_kwargs max_episode_steps = {limit!r} and max_episode_steps = "
+                                f"{self.max_episode_steps!r}; keep only max_episode_steps")
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise TaskError(f"max_episode_steps must be a positive int (env steps), got {limit!r}")
+            object.__setattr__(self, "max_episode_steps", limit)
+        object.__setattr__(self, "env_kwargs", kwargs)
+
+    @property
+    def step_limit(self) -> int | None:
+        """Most env steps an episode can take (the time limit, env steps), or None when the env has none.
+
+        ``max_episode_steps`` when set, else the registered ``max_episode_steps`` of the env id. A run
+        refuses an env without one (see :class:`ratchet.spec.TaskSpec`): its budget could not be a hard cap.
+        """
+        if self.max_episode_steps is not None:
+            return int(self.max_episode_steps)
+        limit = gym_spec(self.env_id).max_episode_steps
+        return None if limit is None else int(limit)
+
+    @property
+    def name(self) -> str:
+        """The env id."""
+        return self.env_id
+
+    def spaces(self) -> tuple[Any, Any]:
+        """``(observation_space, action_space)`` of the environment (made once and closed; no policy code runs).
+
+        Raises:
+            TaskError: the environment cannot be made.
+        """
+        env = self.make_env()
+        try:
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
+
+    def dims(self) -> dict[str, int]:
+        """``{"obs": n, "act": m}`` (:func:`ratchet.policy.space_dims`) for policies whose array shapes name them.
+
+        Raises:
+            TaskError: the environment cannot be made.
+        """
+        return space_dims(*self.spaces())
+
+    def make_env(self, render_mode: str | None = None) -> Any:
+        """Make the environment (``gymnasium.make``) with this task's keyword arguments."""
+        import gymnasium as gym
+
+        kwargs = dict(self.env_kwargs)
+        if render_mode is not None:
+            kwargs["render_mode"] = render_mode
+        if self.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = self.max_episode_steps
+        try:
+            return gym.make(self.env_id, **kwargs)
+        except Exception as exc:  # gymnasium raises many types here (DependencyNotInstalled, TypeError, …)
+            text = " ".join(str(exc).split())[:300]
+            raise TaskError(f"cannot make {self.env_id} with env_kwargs {dict(self.env_kwargs)}: {text}") from None
+
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
+        """``episode_return >= success_threshold``; ``None`` when there is no threshold."""
+        if self.success_threshold is None:
+            return None
+        return bool(episode_return >= self.success_threshold)
+
+    def success_rule(self) -> str | None:
+        """How :meth:`is_success` decides, for people, with the threshold's source: ``"return ≥ -110
+        (MountainCar-v0's registered reward_threshold)"`` or ``"return ≥ 200 ([task] success_threshold)"``;
+        None when there is no threshold."""
+        if self.success_threshold is None:
+            return None
+        registered = gym_spec(self.env_id).reward_threshold
+        source = (f"{self.env_id}'s registered reward_threshold" if registered is not None
+                  and float(registered) == self.success_threshold else "[task] success_threshold")
+        return f"return ≥ {self.success_threshold:g} ({source})"
+
+    @property
+    def diagnose(self) -> Any:
+        """The shipped failure diagnoser for this env (``Episode -> list[str]``), or None.
+
+        See :mod:`ratchet.diagnosers` (LunarLander, CartPole, BipedalWalker, MountainCar).
+        """
+        from ratchet.diagnosers import diagnoser_for
+
+        return diagnoser_for(self.env_id)
+
+    def observation_names(self, size: int) -> list[str]:
+        """Readable names for the ``size`` observation components."""
+        from ratchet.diagnosers import observation_names
+
+        return observation_names(self.env_id, size)
+
+    def describe(self, env: Any = None) -> str | None:
+        """The task's rewards and episode end in words (for LLM prompts): :attr:`description` when set, else
+        the *Rewards* and *Episode End* (or *Termination*, *Truncation*) sections of the environment class's
+        docstring, as Gymnasium documents its environments (at most 1,500 characters), else None.
+
+        Args:
+            env: An environment of this task already made (None makes one; no policy code runs).
+        """
+        if self.description:
+            return self.description.strip()
+        own = env is None
+        try:
+            env = self.make_env() if own else env
+            doc = type(env.unwrapped).__doc__ or ""
+        except Exception:  # noqa: BLE001 - a description is optional
+            return None
+        finally:
+            if own and env is not None:
+                try:
+                    env.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        return doc_sections(doc)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (``description`` only when set)."""
+        return {"kind": "gym", "env_id": self.env_id, "env_kwargs": dict(self.env_kwargs),
+                "success_threshold": self.success_threshold, "action_mode": self.action_mode,
+                "max_episode_steps": self.max_episode_steps,
+                **({"description": self.description} if self.description else {})}
+
+    @classmethod
+    def from_spec(cls, task: Any) -> GymTask:
+        """Build from a run spec's ``[task]`` table (a :class:`~ratchet.spec.TaskSpec` or its dict form,
+        as stored in the ledger)."""
+        t = task if isinstance(task, Mapping) else task.model_dump()
+        return cls(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
+                   t.get("max_episode_steps"), t.get("description"))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GymTask:
+        """Inverse of :meth:`to_dict`."""
+        return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),
+                   d.get("action_mode", "error"), d.get("max_episode_steps"), d.get("description"))
+
+
+def doc_sections(doc: str, max_chars: int = 1500) -> str | None:
+    """The *Rewards* and *Episode End* sections of a Gymnasium environment's docstring (headings such as
+    ``## Rewards``, ``## Reward:``, ``## Episode End``, ``## Episode Termination``, ``## Episode Truncation``),
+    whitespace collapsed and RST markup (````x````, ``:math:`x```) reduced to its text; None when it has neither.
+
+    Args:
+        doc: The docstring.
+        max_chars: Most characters returned (cut with ``…``).
+    """
+    import re
+
+    parts = re.split(r"^[ \t]*#{1,6}[ \t]*(.+?)[ \t]*$", doc, flags=re.MULTILINE)
+    found = []
+    for head, body in zip(parts[1::2], parts[2::2]):
+        title = head.strip().rstrip(":")
+        if re.match(r"(rewards?|episode (end|termination|truncation)|termination)$", title, re.IGNORECASE):
+            text = re.sub(r":\w+:`([^`]*)`", r"\1", body)
+            text = " ".join(text.replace("``", "").split())
+            if text:
+                found.append(f"{title}: {text}")
+    if not found:
+        return None
+    out = "\n".join(found)
+    return out if len(out) <= max_chars else out[:max_chars - 1].rstrip() + "…"
+
+
+def success_rule_of(task: Any) -> str | None:
+    """:meth:`GymTask.success_rule` of a run spec's ``[task]`` table (or its dict form, as a ledger stores it),
+    or None: it defines no success, or its env cannot be looked up here (a display never fails on it)."""
+    try:
+        return GymTask.from_spec(task).success_rule()
+    except (TaskError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def gym_spec(env_id: str) -> Any:
+    """Look up a Gymnasium registration, with a helpful error.
+
+    Raises:
+        TaskError: the id is not registered.
+    """
+    import difflib
+
+    import gymnasium as gym
+
+    if not isinstance(env_id, str) or not env_id:
+        raise TaskError("env id is empty; set [task] env_id, e.g. \"CartPole-v1\"")
+    if ":" in env_id:  # Gymnasium's "module:EnvId": importing the module registers its envs
+        import importlib
+
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise TaskError(f"env id {module}:{env_id} needs the module {module!r}, which cannot be imported "
+                            f"({exc}); install the package that provides it (e.g. pip install {module})") from None
+    try:
+        return gym.spec(env_id)
+    except Exception:
+        close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; run `python -c \"import gymnasium; print(list(gymnasium.registry))\"` to list ids"
+        raise TaskError(f"unknown Gymnasium env id {env_id!r}{hint}") from None
