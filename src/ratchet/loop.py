@@ -18,6 +18,7 @@ import platform
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -773,11 +774,10 @@ class _Run:
 
             arm = self.choose_refiner(generation, fits) if stop is None else next(iter(self.refiners))
             refiner = self.refiners[arm]
-            n_candidates = candidates_per_generation(refiner)
-            training = refiner.generation_cost().training_env_steps  # env steps its training jobs take
-            if stop is None and not fits(refiner) and self.fit_training(refiner, est_len, reserve):
-                n_candidates = candidates_per_generation(refiner)
-                training = refiner.generation_cost().training_env_steps
+            if stop is None and not fits(refiner):
+                self.fit_training(refiner, est_len, reserve)  # e.g. PPO cuts its job to the budget's rest
+            cost = refiner.generation_cost()
+            n_candidates, training = cost.evaluations, cost.training_env_steps
             if stop is None and not fits(refiner):
                 stop = self.no_room_message(n_candidates, est_len, first=False, training=training)
                 if generation == 1:  # nothing would happen at all: say why, in numbers
@@ -852,7 +852,8 @@ class _Run:
                        "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
                        "gate_note": note,
-                       "promoted": promoted, "refiner": arm, "population": refiner.generation_cost().proposals,
+                       "promoted": promoted, "refiner": arm, "population": cost.proposals,
+                       "cost": dataclasses.asdict(cost),
                        **refiner.summary(),
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,

@@ -550,7 +550,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                                     f"index from 0, e.g. --set {path}.0.KEY=VALUE (the spec has {tables})")
                 if int(index) >= n:
                     raise SpecError(f"--set {item!r}: {path}.{index}: the spec has {tables}"
-                                    + (f", indexed 0 to {n - 1}" if n else f"; add one to the spec file first"))
+                                    + (f", indexed 0 to {n - 1}" if n else "; add one to the spec file first"))
                 if section is None:
                     raise SpecError(f"--set {item!r}: {path}.{index} is a [[{path}]] table; set one key in it: "
                                     f"--set {path}.{index}.KEY=VALUE")

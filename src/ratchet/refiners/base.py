@@ -43,7 +43,7 @@ class GenerationCost:
         recommends: Whether :meth:`Refiner.recommend` may return a candidate (evaluated beside them).
         training_env_steps: Env steps of the training jobs :meth:`Refiner.propose` runs (charged in full).
         requests: Most requests to an outside service (an LLM endpoint; HTTP attempts, retries included).
-        tokens: Most tokens those requests may use (prompt and completion).
+        tokens: Most answer (completion) tokens those requests may use.
     """
 
     proposals: int

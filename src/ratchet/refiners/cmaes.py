@@ -253,8 +253,9 @@ class CMAESRefiner(Refiner):
         return None if self._es is None else float(self._es.sigma)
 
     def generation_cost(self) -> GenerationCost:
-        """A population of samples plus the distribution mean (:meth:`recommend`)."""
-        return GenerationCost(proposals=self.population_size, recommends=True)
+        """A population of samples plus the distribution mean (:meth:`recommend`); twice the population when an
+        IPOP restart is due (the next :meth:`propose` restarts with it)."""
+        return GenerationCost(proposals=self.population_size * (2 if self._restart_due else 1), recommends=True)
 
     def summary(self) -> dict[str, Any]:
         """``sigma`` (step size, normalised units; None before the first generation) and ``restarts`` (IPOP)."""

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ratchet.critic import Critique, Evaluation
+from ratchet.critic import Critique
 from ratchet.data import Dataset
 from ratchet.errors import PolicyError
 from ratchet.execution.training import InfoField, Role, TrainingAnswer, TrainingJob, TrainingOutput

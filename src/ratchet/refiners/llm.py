@@ -800,10 +800,11 @@ class LLMRefiner(Refiner):
         return self.settings.proposals * self.settings.variants
 
     def generation_cost(self) -> GenerationCost:
-        """Up to ``proposals × variants`` candidates, one request per proposal (more with retries), each
-        answer up to ``max_tokens``; no recommendation."""
-        return GenerationCost(proposals=self.population_size, requests=self.settings.proposals,
-                              tokens=self.settings.proposals * self.settings.max_tokens)
+        """Up to ``proposals × variants`` candidates from ``proposals`` requests of up to ``1 + retries`` HTTP
+        attempts each, each answer up to ``max_tokens`` tokens; no recommendation."""
+        attempts = self.settings.proposals * (1 + self.settings.retries)
+        return GenerationCost(proposals=self.population_size, requests=attempts,
+                              tokens=attempts * self.settings.max_tokens)
 
     def idle_reason(self) -> str | None:
         """Why no further request may be made, or None: the endpoint stopped the refiner (a refused key, an

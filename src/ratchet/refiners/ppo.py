@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ratchet.critic import Critique, Evaluation
+from ratchet.critic import Critique
 from ratchet.execution.training import InfoField, Role, TrainingAnswer, TrainingJob, TrainingOutput
 from ratchet.npz import check_zip, npz_headers
 from ratchet.policies.mlp import load_weights

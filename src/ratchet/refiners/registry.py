@@ -1,11 +1,14 @@
 """Refiner kinds as plug-ins: each ``[[refiners]]`` table names a kind, registered here.
 
-A kind is a module under ``ratchet.refiners`` exposing ``KINDS: dict[str, RefinerKind]``: a pydantic
-model of its settings (the table's keys other than ``kind`` and ``name``), the policy kinds it can
-refine, and ``build(settings, context) -> list[Refiner]`` (several when one table expands into
-variants, e.g. CMA-ES step sizes). The loop knows nothing else of a kind: adding one touches its own
-module, this table of names, and its tests. Modules are imported on first use, so the ``ppo`` kind
-pulls in PyTorch only for runs that use it.
+A kind is a module exposing ``KINDS: dict[str, RefinerKind]``: a pydantic model of its settings (the
+table's keys other than ``kind`` and ``name``), the policy kinds it can refine, and
+``build(settings, name, context) -> list[Refiner]`` (several when one table expands into variants, e.g.
+CMA-ES step sizes; each a :class:`~ratchet.refiners.base.Refiner`). The loop knows nothing else of a kind:
+adding one touches its own module, its name here, and its tests. Modules are imported on first use, so the
+``ppo`` kind pulls in PyTorch only for runs that use it.
+
+Kinds outside ratchet register with :func:`register_kind` (in the process that runs and resumes the run),
+or through the ``ratchet.refiners`` entry-point group of an installed package (``name = "module"``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["RefinerKind", "RefinerContext", "KIND_MODULES", "refiner_kind", "known_kinds"]
+__all__ = ["RefinerKind", "RefinerContext", "KIND_MODULES", "refiner_kind", "known_kinds", "register_kind"]
 
 #: Refiner kind -> the module that defines it.
 KIND_MODULES: dict[str, str] = {
@@ -94,7 +97,8 @@ class RefinerKind:
 
     settings: type[BaseModel]
     policy_kinds: tuple[str, ...]
-    build: Callable[[Any, Mapping[str, Any], RefinerContext], list[Any]]
+    #: ``build(settings, name, context) -> [Refiner, …]``: the refiners of one ``[[refiners]]`` table.
+    build: Callable[[Any, str, RefinerContext], list[Any]]
     #: One line shown when the kind is used with a policy kind it cannot refine.
     hint: str = ""
     #: ``files(settings) -> [path, …]``: files the settings name, relative to the spec (checked when the
@@ -106,7 +110,28 @@ class RefinerKind:
     check: Callable[[Any, str], None] | None = None
 
 
+def register_kind(kind: str, module: str) -> None:
+    """Register refiner kind ``kind``, defined in ``KINDS[kind]`` of ``module`` (imported on first use).
+
+    Raises:
+        ValueError: ``kind`` is already registered to another module.
+    """
+    if KIND_MODULES.get(kind, module) != module:
+        raise ValueError(f"refiner kind {kind!r} is already registered to {KIND_MODULES[kind]}")
+    KIND_MODULES[kind] = module
+
+
+def _entry_points() -> None:
+    """Kinds that installed packages declare in the ``ratchet.refiners`` entry-point group."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="ratchet.refiners"):
+        KIND_MODULES.setdefault(ep.name, ep.value)
+
+
 def known_kinds() -> list[str]:
+    """Every registered kind, those of installed packages included."""
+    _entry_points()
     return list(KIND_MODULES)
 
 
@@ -114,11 +139,16 @@ def refiner_kind(kind: str) -> RefinerKind:
     """The registered kind.
 
     Raises:
-        KeyError: unknown kind (the message lists the known ones).
+        KeyError: unknown kind (the message lists the known ones), or its module does not define it.
     """
     if kind not in KIND_MODULES:
+        _entry_points()
+    if kind not in KIND_MODULES:
         raise KeyError(f"unknown refiner kind {kind!r}; known: {', '.join(KIND_MODULES)}")
-    return importlib.import_module(KIND_MODULES[kind]).KINDS[kind]
+    kinds = getattr(importlib.import_module(KIND_MODULES[kind]), "KINDS", {})
+    if kind not in kinds:
+        raise KeyError(f"refiner kind {kind!r}: module {KIND_MODULES[kind]} defines no KINDS[{kind!r}]")
+    return kinds[kind]
 
 
 def arm_names(entries: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -1,0 +1,184 @@
+"""The Refiner contract, run through by every registered kind (a conformance suite, as Optuna ships for its
+storages): each kind is a :class:`~ratchet.refiners.base.Refiner`; a run killed mid-way and resumed replays
+the same proposals as one that was never interrupted; every generation costs at most what the refiner
+declared before it ran (candidates evaluated, training env steps, requests). And a kind registered from
+outside ``ratchet.refiners`` runs end to end without touching the loop."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections import defaultdict
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA, GOOD_EDIT, SimulatedKill, base_spec_dict, read_events
+from ratchet.execution.process import ProcessExecutor
+from ratchet.loop import resume_run, start_run
+from ratchet.refiners.base import Refiner
+from ratchet.refiners.registry import KIND_MODULES, known_kinds, refiner_kind
+from ratchet.spec import spec_from_dict
+from test_dagger import EXPERT
+
+needs_rl = pytest.mark.skipif(find_spec("torch") is None or find_spec("stable_baselines3") is None,
+                              reason="needs the rl extra: pip install 'policy-ratchet[rl]'")
+PPO = {"env_steps": 512, "checkpoints": 2, "n_steps": 128, "batch_size": 64, "n_epochs": 2, "seeds": 2}
+
+
+class Dying(ProcessExecutor):
+    """A one-worker pool that dies (like kill -9) after ``die_after`` episodes; training jobs run as usual."""
+
+    def __init__(self, die_after: int | None = None) -> None:
+        super().__init__(workers=1, episode_timeout_s=60)
+        self.die_after, self.episodes = die_after, 0
+
+    def run(self, task, jobs, on_episode=None, **kw):
+        def counted(i, ep):
+            if on_episode is not None:
+                on_episode(i, ep)
+            self.episodes += 1
+            if self.die_after is not None and self.episodes >= self.die_after:
+                raise SimulatedKill("killed")
+        return super().run(task, jobs, counted, **kw)
+
+
+def _spec(directory: Path, kind: str, url: str | None = None):
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DATA / "cartpole_linear.py", directory / "policy.py")
+    (directory / "expert.py").write_text(EXPERT)
+    d = base_spec_dict()
+    d.update(test={"episodes": 3}, refiner={"train_episodes": 2}, budget={"env_steps": 6000},
+             gate={"validation_episodes": 6, "max_share": 0.9, "spending": "none"},
+             execution={"workers": 1, "episode_timeout_s": 60, "training_timeout_s": 300})
+    d["task"] = {"env_id": "CartPole-v1", "max_episode_steps": 100}
+    table = {"cmaes": {"popsize": 4}, "mutate": {"programs": 2, "variants": 2},
+             "llm": {"base_url": url, "model": "stand-in", "proposals": 2, "variants": 1, "retries": 0},
+             "ppo": PPO, "residual": PPO,
+             "dagger": {"expert": "expert.py", "initial_episodes": 1, "episodes": 1, "rounds": 2, "updates": 5},
+             }.get(kind)
+    if kind in ("hg-dagger", "bc"):
+        table = {"expert": "expert.py", "initial_episodes": 1, "episodes": 1, "rounds": 2, "updates": 5}
+    d["refiners"] = [{"kind": kind, **table}]
+    if kind in ("ppo", "dagger", "hg-dagger", "bc"):
+        d["policy"] = {"kind": "mlp", "hidden": [8]}
+    elif kind == "residual":
+        d["policy"] = {"kind": "residual", "path": "policy.py", "hidden": [8]}
+    return spec_from_dict(d, directory)
+
+
+def _proposals(events) -> list[str]:
+    return [e.payload["candidate"]["id"] for e in events if e.type.value == "candidate_proposed"]
+
+
+KINDS = [pytest.param(k, marks=needs_rl) if k in ("ppo", "residual") else k for k in
+         ("cmaes", "mutate", "llm", "dagger", "hg-dagger", "bc", "ppo", "residual")]
+
+
+def test_every_registered_kind_is_covered_here_and_is_a_refiner():
+    assert set(known_kinds()) <= {k.values[0] if hasattr(k, "values") else k for k in KINDS}
+    for kind in ("cmaes", "mutate", "llm", "dagger"):
+        module = sys.modules.get(KIND_MODULES[kind]) or __import__(KIND_MODULES[kind], fromlist=["KINDS"])
+        classes = [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__
+                   and v.__name__.endswith("Refiner")]
+        assert classes and all(issubclass(c, Refiner) for c in classes), kind
+        refiner_kind(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kind_replays_its_proposals_and_costs_what_it_declared(tmp_path, kind, standin):
+    url = standin([GOOD_EDIT], default=GOOD_EDIT).url if kind == "llm" else None
+    spec = _spec(tmp_path / "spec", kind, url)
+    with Dying() as ex:
+        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
+    killed = Dying(die_after=20)  # after the first validation (6) and part of the first generations
+    try:
+        with pytest.raises(SimulatedKill):
+            start_run(spec, tmp_path / "b", "r", executor=killed)
+    finally:
+        killed.close()
+    with Dying() as ex:
+        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
+    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    assert _proposals(a) == _proposals(b) and len(_proposals(a)) > 1
+    assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
+
+    evaluated, training, requests = defaultdict(set), defaultdict(int), defaultdict(int)
+    generation = 1
+    for e in a:
+        p = e.payload
+        if e.type.value == "episodes_evaluated" and p["split"] == "train":
+            evaluated[p["generation"]].add(p["candidate_id"])
+        elif e.type.value == "training_finished":
+            training[generation] += p["env_steps"]
+        elif e.type.value == "llm_call":
+            requests[generation] += p.get("attempts") or 1
+        elif e.type.value == "generation_finished":
+            cost = p["cost"]
+            g = p["generation"]
+            assert len(evaluated[g]) <= cost["proposals"] + 1 + cost["recommends"], (g, cost)
+            assert training[g] == cost["training_env_steps"], (g, cost)
+            assert requests[g] <= max(cost["requests"], 0), (g, cost)
+            generation = g + 1
+    assert generation > 1
+
+
+PLUGIN = '''"""A refiner kind from outside ratchet.refiners: nudges one parameter up and down."""
+from pydantic import BaseModel, ConfigDict
+
+from ratchet.policy import Candidate
+from ratchet.refiners.base import GenerationCost, Refiner
+from ratchet.refiners.registry import RefinerKind
+
+
+class NudgeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: float = 0.25
+
+
+class NudgeRefiner(Refiner):
+    def __init__(self, settings, name, ctx):
+        self.settings, self.name, self.program = settings, name, ctx.program
+        self.rounds = 0
+
+    def generation_cost(self):
+        return GenerationCost(proposals=2)
+
+    def idle_reason(self):
+        return "nudge: 3 rounds done" if self.rounds >= 3 else None
+
+    def propose(self, parent, critique, rng):
+        self.rounds += 1
+        p = self.program.parameters[self.rounds % len(self.program.parameters)]
+        out = []
+        for sign in (1, -1):
+            values = dict(parent.params)
+            values[p.name] = min(p.high, max(p.low, values[p.name] + sign * self.settings.step))
+            out.append(Candidate.create(parent.source, values, parent_id=parent.id, refiner=self.name))
+        return out
+
+
+KINDS = {"nudge": RefinerKind(NudgeSettings, ("program",), lambda s, name, ctx: [NudgeRefiner(s, name, ctx)])}
+'''
+
+
+def test_a_kind_registered_from_outside_runs_end_to_end(tmp_path, monkeypatch):
+    from ratchet.refiners import registry
+
+    (tmp_path / "nudge_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "KIND_MODULES", dict(KIND_MODULES))  # the registration ends with the test
+    registry.register_kind("nudge", "nudge_plugin")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_kind("nudge", "another_module")
+    d = base_spec_dict()
+    d.update(refiners=[{"kind": "nudge", "step": 0.3}], test={"episodes": 3}, refiner={"train_episodes": 2},
+             gate={"validation_episodes": 6, "spending": "none"}, execution={"workers": 1})
+    shutil.copy(DATA / "cartpole_linear.py", tmp_path / "policy.py")
+    with Dying() as ex:
+        res = start_run(spec_from_dict(d, tmp_path), tmp_path / "runs", "n", executor=ex)
+    events = read_events(res.run_dir)
+    assert res.stop_reason == "nudge: 3 rounds done"
+    assert sum(e.type.value == "generation_finished" for e in events) == 3
+    assert {e.payload["candidate"].get("refiner") for e in events if e.type.value == "candidate_proposed"} >= {"nudge"}
