@@ -287,3 +287,23 @@ def test_a_training_refiner_whose_one_rollout_exceeds_the_whole_budget_is_refuse
         load_spec(spec_dir)
     (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 1024\n', encoding="utf-8")
     assert load_spec(spec_dir).refiners[0]["n_steps"] == 1024
+
+
+def test_loop_settings_live_in_planner_and_old_specs_keep_working_with_a_note(tmp_path):
+    from ratchet.spec import moved_settings
+
+    new = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "planner": {"train_episodes": 3, "gate_candidate": "mean"}})
+    assert (new.planner.train_episodes, new.planner.gate_candidate) == (3, "mean")
+    assert new.refiner.train_episodes == 3 and "train_episodes" not in new.to_dict()["refiner"]
+    old_data = {"task": {"env_id": "CartPole-v1"}, "refiner": {"train_episodes": 4, "sigma0": 0.3}}
+    old = spec_from_dict(old_data)
+    assert (old.planner.train_episodes, old.refiner.train_episodes, old.refiner.sigma0) == (4, 4, 0.3)
+    assert moved_settings(old_data) == ["note: [refiner] train_episodes is now [planner] train_episodes (read "
+                                        "from [refiner] this time)"]
+    assert moved_settings(old.to_dict()) == [] and spec_from_dict(old.to_dict()) == old  # the ledger: new place
+    notes: list[str] = []
+    load_spec(make_spec_dir(tmp_path / "s"), notes=notes)  # tests/data/cartpole.toml keeps the older spelling
+    assert notes == ["note: [refiner] train_episodes is now [planner] train_episodes (read from [refiner] this time)"]
+    with pytest.raises(SpecError, match="keep only \\[planner\\] train_episodes"):
+        spec_from_dict({"task": {"env_id": "CartPole-v1"}, "refiner": {"train_episodes": 4},
+                        "planner": {"train_episodes": 5}})

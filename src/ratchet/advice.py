@@ -89,7 +89,7 @@ def run_advice(state: Any) -> list[str]:
             step = (f"try a smaller {where} (now {sigma0:g}) for local steps, "
                     if tables or not spec.get("refiners") else "")
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
-                       f"the search is not finding better candidates: {step}more [refiner] train_episodes for less "
+                       f"the search is not finding better candidates: {step}more [planner] train_episodes for less "
                        "noisy ranking" + (", or wider parameter bounds" if step else ""))
         rejected = [g for g in state.gates if not g.get("promoted")]
         gains = [g["mean_diff"] for g in rejected if isinstance(g.get("mean_diff"), (int, float))

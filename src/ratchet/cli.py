@@ -163,10 +163,13 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
     from ratchet.loop import new_run_id
 
     try:
-        s = load_spec(spec, overrides, seed)
+        notes: list[str] = []
+        s = load_spec(spec, overrides, seed, notes=notes)
     except RatchetError as exc:
         _fail(exc)
         return
+    for note in notes:  # a setting written where older specs kept it
+        out.print(Text(note))
     run_id = run_id or new_run_id(s.name)
     _with_progress(lambda progress: start_run(s, runs_dir, run_id, progress=progress, storage=storage),
                    str(Path(runs_dir) / run_id), report, storage)

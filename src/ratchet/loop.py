@@ -30,7 +30,6 @@ from ratchet.critic import Critic, Evaluation
 from ratchet.errors import EndpointError, LedgerError, RatchetError, WriterLeaseError
 from ratchet.execution import BUDGET_SKIP, Executor, Job, executor_from_spec
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
-from ratchet.gate import make_gate
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
@@ -115,19 +114,13 @@ class _Run:
         self.task = task if task is not None else task_from_spec(spec.task)
         self.splits = SeedSplits(spec.seed)
         self.budget = Budget(spec.budget)
-        self.planner = IncumbentPlanner(self.splits, spec.refiner.train_episodes, spec.gate.max_share, self.budget,
-                                        spec.refiner.gate_candidate, spec.planner.weakness_share,
+        self.planner = IncumbentPlanner(self.splits, spec.planner.train_episodes, spec.gate.max_share, self.budget,
+                                        spec.planner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
         self.refiners = self._build_refiners()
         names = list(self.refiners)
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
-        g = spec.gate
-        sequential = g.test in ("betting", "group-t")
-        self.gate = make_gate(g.test, g.alpha, min_improvement=g.min_improvement, spending=g.spending,
-                              max_new_failures=g.max_new_failures,
-                              **({"batch": g.batch, "min_episodes": g.min_episodes, "futility_t": g.futility_t,
-                                  "return_range": tuple(g.return_range) if g.return_range else None}
-                                 if sequential else {}))
+        self.gate = spec.gate.build()
         # Where the executor enforces the env-step budget exactly, work is priced by the episode lengths
         # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
         # choice is recorded when the run starts and kept on resume (the same decisions, whatever executor).
@@ -502,7 +495,7 @@ class _Run:
             b.env_steps - u.env_steps - reserve[0] - training
             - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
         episodes = math.inf if b.episodes is None else (
-            b.episodes - u.episodes - reserve[1] - n_candidates * self.spec.refiner.train_episodes)
+            b.episodes - u.episodes - reserve[1] - n_candidates * self.spec.planner.train_episodes)
         return max(0.0, steps), max(0.0, episodes)
 
     def trace_worst(self, cand: Candidate, ev: Evaluation, n: int) -> list[Any]:
@@ -681,24 +674,24 @@ class _Run:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
         budget that binds (``training``: env steps of the refiner's training jobs in a generation)."""
         what = "a single generation" if first else "another generation"
-        episodes = n_candidates * self.spec.refiner.train_episodes
+        episodes = n_candidates * self.spec.planner.train_episodes
         b, u = self.spec.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
         if b.episodes is not None and u.episodes + episodes + self.gate_reserve()[1] > b.episodes:
             return (f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
-                    f"{self.spec.refiner.train_episodes} training episodes, and {self.gate_reserve()[1]} for its "
+                    f"{self.spec.planner.train_episodes} training episodes, and {self.gate_reserve()[1]} for its "
                     f"gate; {spent} used {u.episodes} of "
                     f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
-                                                             "train_episodes" if first else ""))
+                                                             "[planner] train_episodes" if first else ""))
         price = self.episode_price(est_len)
         cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve()[0] + training
         per = f"{price:,.0f} steps" + (" (the time limit)" if price == self.task.step_limit else "")
         trained = f", {training:,} of the refiner's training" if training else ""
         return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
-                f"{self.spec.refiner.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
+                f"{self.spec.planner.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
                 f"{spent} used {u.env_steps:,} of "
                 f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
-                                                            "train_episodes" if first else ""))
+                                                            "[planner] train_episodes" if first else ""))
 
     def validation_price(self) -> int:
         """Validation episodes one gate is priced at (:meth:`~ratchet.gate.Gate.price`: all validation seeds
@@ -835,7 +828,7 @@ class _Run:
             reserve = self.gate_reserve()
             next_cost = (self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)) + reserve[0]
                          + training,
-                         n_candidates * spec.refiner.train_episodes + reserve[1])
+                         n_candidates * spec.planner.train_episodes + reserve[1])
             decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
                                                                est_len)
             promoted = decision is not None and decision.promoted

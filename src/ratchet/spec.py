@@ -138,13 +138,16 @@ class PolicySpec(_Section):
 
 
 class RefinerSpec(_Section, CMAESSettings):
-    """``[refiner]``: settings every refiner shares (training episodes per generation, which contender is
-    gated) and, when no ``[[refiners]]`` table is given, the one CMA-ES refiner's settings."""
+    """``[refiner]``: when no ``[[refiners]]`` table is given, the one CMA-ES refiner's settings.
+
+    ``train_episodes`` and ``gate_candidate`` are the loop's, not CMA-ES's: they live in ``[planner]`` (written
+    here, as older specs do, they move there with a note; read here, they give the planner's values)."""
 
     kind: Literal["cmaes"] = "cmaes"
-    train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).")
-    gate_candidate: Literal["mean", "best"] = Field(
-        "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
+    train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, exclude=True,
+                                description="Moved: [planner] train_episodes (this mirrors it).")
+    gate_candidate: Literal["mean", "best"] = Field("best", exclude=True,
+                                                    description="Moved: [planner] gate_candidate (this mirrors it).")
 
 
 class GateSpec(_Section):
@@ -178,6 +181,18 @@ class GateSpec(_Section):
     max_new_failures: float | None = Field(
         None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
                                       "seeds the incumbent succeeds on, even if its mean is higher.")
+
+    def build(self) -> Any:
+        """The gate these settings describe (:func:`ratchet.gate.make_gate`): a fixed-n
+        :class:`~ratchet.gate.PairedTestGate` or a :class:`~ratchet.gate.SequentialGate`."""
+        from ratchet.gate import make_gate
+
+        sequential = self.test in ("betting", "group-t")
+        return make_gate(self.test, self.alpha, min_improvement=self.min_improvement, spending=self.spending,
+                         max_new_failures=self.max_new_failures,
+                         **({"batch": self.batch, "min_episodes": self.min_episodes, "futility_t": self.futility_t,
+                             "return_range": tuple(self.return_range) if self.return_range else None}
+                            if sequential else {}))
 
     @model_validator(mode="after")
     def _can_promote(self) -> GateSpec:
@@ -216,7 +231,12 @@ class GateSpec(_Section):
 
 
 class PlannerSpec(_Section):
-    """``[planner]``: where the training episodes go."""
+    """``[planner]``: how each generation is planned — its training episodes, which contender goes to the
+    gate, and where the training seeds come from."""
+
+    train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).")
+    gate_candidate: Literal["mean", "best"] = Field(
+        "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
 
     weakness_share: float = Field(0.0, ge=0, le=1, description="Share of each generation's training seeds drawn "
                                   "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.")
@@ -320,6 +340,7 @@ class RunSpec(_Section):
         ledger records."""
         if not isinstance(data, dict):
             return data
+        data = _move_loop_settings(data)
         budget = data.get("budget")
         episodes = budget.get("episodes") if isinstance(budget, dict) else None
         if type(episodes) is not int or not 0 < episodes <= SMALL_EPISODE_BUDGET:
@@ -330,19 +351,21 @@ class RunSpec(_Section):
             return data  # let field validation report the wrong type
         gate.setdefault("validation_episodes", min(50, max(8, episodes // 12)))
         gate.setdefault("max_share", 0.5)
-        refiner.setdefault("train_episodes", min(5, max(2, episodes // 64)))
+        planner = dict(data.get("planner") or {}) if isinstance(data.get("planner", {}), dict) else data.get("planner")
+        if not isinstance(planner, dict):
+            return data
+        planner.setdefault("train_episodes", min(5, max(2, episodes // 64)))
+        refiner["train_episodes"] = planner["train_episodes"]
         if episodes // 32 < 12:
             refiner.setdefault("popsize", max(4, episodes // 32))
-        return {**data, "gate": gate, "refiner": refiner}
+        return {**data, "gate": gate, "refiner": refiner, "planner": planner}
 
     @model_validator(mode="after")
     def _first_validation_fits(self) -> RunSpec:
         """The starting policy's validation runs before any budget decision, so the budget must pay for it."""
         from ratchet.tasks import task_from_spec
 
-        n, b = self.gate.validation_episodes, self.budget
-        if self.gate.test in ("betting", "group-t"):  # a sequential gate validates the start on one batch first
-            n = min(n, max(self.gate.batch, self.gate.min_episodes))
+        n, b = self.gate.build().first_look(self.gate.validation_episodes), self.budget  # a sequential gate: one batch
         if b.episodes is not None and b.episodes < n:
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for the starting policy's first "
                              f"validation ([gate] validation_episodes = {n:,} episodes); raise [budget] episodes "
@@ -365,18 +388,17 @@ class RunSpec(_Section):
         b, g = self.budget, self.gate
         if b.episodes is None:
             return self
-        sequential = g.test in ("betting", "group-t")
-        first = min(g.validation_episodes, max(g.batch, g.min_episodes)) if sequential else g.validation_episodes
-        gate = min(g.validation_episodes, 2 * max(g.batch, g.min_episodes)) if sequential else g.validation_episodes
+        built = g.build()
+        first, gate = built.first_look(g.validation_episodes), built.price(g.validation_episodes)
         policies = min((e.get("popsize") or 4) + 2 if e["kind"] == "cmaes" else 2 for e in self.refiner_entries())
-        train = self.refiner.train_episodes
+        train = self.planner.train_episodes
         need = first + policies * train + gate
         if b.episodes < need:
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for a single generation: {first:,} for "
                              f"the starting policy's first validation + {policies * train:,} for a generation "
                              f"({policies} candidates × {train} training episodes) + {gate:,} for its gate = {need:,}; "
                              f"raise [budget] episodes to at least {need:,}, or lower [refiner] popsize / "
-                             "train_episodes or [gate] validation_episodes")
+                             "[planner] train_episodes or [gate] validation_episodes")
         return self
 
     @field_validator("refiners")
@@ -452,6 +474,44 @@ class RunSpec(_Section):
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (stored in the ledger)."""
         return self.model_dump(mode="json")
+
+
+#: Loop-wide settings older specs wrote in ``[refiner]``; they belong to ``[planner]``.
+_MOVED_TO_PLANNER = ("train_episodes", "gate_candidate")
+
+
+def _move_loop_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``[refiner] train_episodes``/``gate_candidate`` moved to ``[planner]`` (see
+    :func:`moved_settings`) and mirrored back into ``[refiner]``, so both read the planner's value.
+
+    Raises:
+        ValueError: both tables set one of them, to different values.
+    """
+    refiner, planner = data.get("refiner", {}), data.get("planner", {})
+    if not isinstance(refiner, dict) or not isinstance(planner, dict):
+        return data  # let field validation report the wrong type
+    refiner, planner = dict(refiner), dict(planner)
+    for key in _MOVED_TO_PLANNER:
+        if key in refiner and key in planner and refiner[key] != planner[key]:
+            raise ValueError(f"[refiner] {key} = {refiner[key]!r} and [planner] {key} = {planner[key]!r}: keep only "
+                             f"[planner] {key}")
+        if key in refiner and key not in planner:
+            planner[key] = refiner[key]
+        if key in planner:
+            refiner[key] = planner[key]
+    return {**data, "refiner": refiner, "planner": planner}
+
+
+def moved_settings(data: Any) -> list[str]:
+    """One note per setting a spec's data writes where older specs kept it, naming the new key (``"note:
+    [refiner] train_episodes is now [planner] train_episodes (read from [refiner] this time)"``)."""
+    refiner = data.get("refiner") if isinstance(data, dict) else None
+    planner = data.get("planner") if isinstance(data, dict) else None
+    if not isinstance(refiner, dict):
+        return []
+    planner = planner if isinstance(planner, dict) else {}
+    return [f"note: [refiner] {key} is now [planner] {key} (read from [refiner] this time)"
+            for key in _MOVED_TO_PLANNER if key in refiner and key not in planner]
 
 
 def _format_error(err: dict[str, Any], where: str) -> str:
@@ -599,13 +659,15 @@ def _blame_overrides(data: dict[str, Any], overrides: Sequence[str], seed: int |
     return f"--set {' '.join(overrides)!r}" + message.removeprefix(where)
 
 
-def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None = None) -> RunSpec:
+def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None = None,
+              notes: list[str] | None = None) -> RunSpec:
     """Read and validate a spec file, or a directory containing ``ratchet.toml``.
 
     Args:
         path: The spec file or its folder.
         overrides: ``SECTION.KEY=VALUE`` settings applied on top of the file (:func:`apply_overrides`).
         seed: The run seed, instead of the file's ``seed``.
+        notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`).
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
@@ -626,6 +688,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     except (UnicodeDecodeError, OSError) as exc:
         raise SpecError(f"{p}: cannot read the spec as UTF-8 text ({type(exc).__name__}); give a ratchet.toml file") from None
     file_data, data = data, apply_overrides(data, overrides)
+    if notes is not None:
+        notes += moved_settings(data)
     if seed is not None:
         data["seed"] = seed
     try:
