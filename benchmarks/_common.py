@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -28,14 +28,14 @@ def machine() -> str:
     except (OSError, AttributeError):
         pass
     return (f"{cpu}, {os.cpu_count()} cores{mem}, Python {platform.python_version()}, {platform.system()} "
-            f"{platform.release()}; measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+            f"{platform.release()}; measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
 
 
 def write_section(name: str, body: str) -> None:
     """Replace (or append) the section ``## name`` of RESULTS.md with ``body``."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nMeasured numbers; rerun the command in each section to reproduce.\n"
     section = f"## {name}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text)
     else:

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _common import machine, write_section
+
 from ratchet.planner import SeedSplits
 from ratchet.policies.mlp import init_weights
 from ratchet.policy import load_policy

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from _common import machine, write_section
+
 from ratchet.execution import executor_from_spec
 from ratchet.ledger.sqlite import SQLiteLedger
 from ratchet.loop import start_run

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from _common import machine, write_section
+
 from ratchet.loop import start_run
 from ratchet.spec import load_spec
 
@@ -68,7 +69,7 @@ def main() -> None:
         state = project(open_ledger(result.run_dir).read())
         s, b = state.test, state.baseline_test
         met = check(s) and state.env_steps <= budget
-        sr = lambda x: "–" if x["success_rate"] is None else f"{100 * x['success_rate']:.1f} %"  # noqa: E731
+        sr = lambda x: "–" if x["success_rate"] is None else f"{100 * x['success_rate']:.1f} %"
         paired = float((result.test.returns - result.baseline_test.returns).mean())
         rows.append(f"| {name} | {seed} | {b['mean']:.1f} ± {b['std']:.1f} ({sr(b)}) | {s['mean']:.1f} ± {s['std']:.1f} | {sr(s)} | {paired:+.1f} | "
                     f"{state.env_steps:,} / {budget:,} | {wall:.0f} | {len(state.promotions)} | {target} | "

@@ -26,10 +26,10 @@ import argparse
 import time
 
 import numpy as np
+from _common import machine, write_section
 from scipy import special
 from scipy.stats import binomtest
 
-from _common import machine, write_section
 from ratchet.gate import SequentialGate, betting_log_capital, group_sequential_level, spending_level
 
 ALPHA = 0.05

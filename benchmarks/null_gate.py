@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import machine, write_section
 from scipy.stats import binomtest
 
-from _common import machine, write_section
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger.projection import project
 from ratchet.loop import open_ledger, start_run

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from _common import machine, write_section
+
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.policy import load_policy

@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from _common import machine, write_section
 from scipy import stats
 
-from _common import machine, write_section
 from ratchet.execution import BUDGET_SKIP, Job, executor_from_spec
 from ratchet.ledger.projection import project
 from ratchet.loop import load_program, open_ledger, start_run

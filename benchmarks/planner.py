@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from _common import machine, write_section
+
 from ratchet.loop import start_run
 from ratchet.spec import load_spec
 

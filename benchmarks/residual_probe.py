@@ -6,11 +6,18 @@ gate, no ledger; the env wrapper here is this probe's own.
 
 Usage: python benchmarks/residual_probe.py [--params JSON] [--steps N] [--every N] [--warmup N] [--lr X] [--log-std X]
 """
-import sys, time, json, argparse
+import argparse
+import json
+import sys
+import time
 from pathlib import Path
-import numpy as np, gymnasium as gym, torch
+
+import gymnasium as gym
+import numpy as np
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "lunar_lander_windy"))
-from policy import act, PARAMETERS
+from policy import PARAMETERS, act
 from stable_baselines3 import PPO
 
 p = argparse.ArgumentParser()

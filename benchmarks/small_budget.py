@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from _common import machine, write_section
+
 from ratchet.ledger.projection import project
 from ratchet.loop import open_ledger, start_run
 from ratchet.spec import spec_from_dict

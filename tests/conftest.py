@@ -29,7 +29,7 @@ import pytest
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 
-from ratchet.execution import Job  # noqa: E402
+from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.loop import LEDGER_FILE, start_run

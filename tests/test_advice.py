@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from conftest import DATA
+
 from ratchet.advice import parameters_at_bounds, run_advice
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import DATA, RecordingExecutor, SimulatedKill, events_of, normalized, read_events
+
 from ratchet.critic import Evaluation
 from ratchet.execution import ProcessExecutor
 from ratchet.ledger import EventType

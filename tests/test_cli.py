@@ -7,9 +7,9 @@ import re
 import shutil
 
 import pytest
+from conftest import DATA, events_of, read_events
 from typer.testing import CliRunner
 
-from conftest import DATA, events_of, read_events
 from ratchet.cli import app
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
@@ -127,8 +127,8 @@ def test_report_is_self_contained(finished_run, runner, tmp_path):
     html = out.read_text(encoding="utf-8")
     assert html.startswith("<!doctype html>")
     assert html.count("<img") >= 2 and "data:image/png;base64," in html
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
-    assert not re.search(r"<script[^>]+src", html, re.I) and not re.search(r"<link[^>]+href", html, re.I)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.IGNORECASE)
+    assert not re.search(r"<script[^>]+src", html, re.IGNORECASE) and not re.search(r"<link[^>]+href", html, re.IGNORECASE)
     assert "cp-ref" in html and "Lineage of promotions" in html
 
 
@@ -202,7 +202,7 @@ def test_plain_lines_do_not_wrap_when_piped(finished_run):
                            "CartPole-v1", "-n", "2", "--workers", "1"], capture_output=True, text=True,
                           env={**env, "COLUMNS": "40"}, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^mean .* · errors 0 · [\d,]+ env steps$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^mean .* · errors 0 · [\d,]+ env steps$", proc.stdout, re.MULTILINE), proc.stdout
 
 
 def test_replay_video_gif(finished_run, runner, tmp_path):
@@ -478,9 +478,8 @@ def _tiny_spec(directory):
 
 
 def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatch):
-    from sqlalchemy.engine import make_url
-
     from conftest import password_to_env, unique_run_id
+    from sqlalchemy.engine import make_url
 
     run_id, runs = unique_run_id("cli"), tmp_path / "runs"
     res = invoke(runner, "run", _tiny_spec(tmp_path / "s"), "--storage", shared_storage, "--runs-dir", runs,
@@ -522,6 +521,7 @@ def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatc
 def test_resume_with_storage_through_the_run_directory(shared_storage, runner, tmp_path, monkeypatch):
     """An interrupted run whose ledger is in a database resumes from its run directory alone."""
     from conftest import interrupted_run, password_to_env
+
     from ratchet.loop import open_ledger
 
     run_id = interrupted_run(tmp_path, shared_storage, "resume")
@@ -663,7 +663,7 @@ def test_runs_keeps_a_200_character_id_whole(monkeypatch):
 
     from rich.console import Console
 
-    import ratchet.cli as cli
+    from ratchet import cli
 
     buf = io.StringIO()
     monkeypatch.setattr(cli, "out", Console(file=buf, width=80, markup=False))
@@ -860,8 +860,8 @@ def test_an_mlp_npz_with_non_finite_weights_or_not_an_npz_is_refused_in_one_line
 
     import gymnasium as gym
     import numpy as np
-
     from conftest import make_spec_dir
+
     from ratchet.policies import mlp
 
     spec_dir = make_spec_dir(tmp_path / "s", budget={"env_steps": 30_000})

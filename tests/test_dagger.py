@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import SimulatedKill, read_events
-from ratchet.data import Dataset, DataError, from_minari, run_dataset, to_minari
+
+from ratchet.data import DataError, Dataset, from_minari, run_dataset, to_minari
 from ratchet.errors import SpecError
-from ratchet.ledger.artifacts import digest
 from ratchet.execution.process import ProcessExecutor
+from ratchet.ledger.artifacts import digest
 from ratchet.policies.mlp import init_weights, load_weights
 from ratchet.refiners.dagger import behaviour_cloning, train
 from ratchet.spec import load_spec, spec_from_dict

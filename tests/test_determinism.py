@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from conftest import events_of, normalized, read_events
+
 from ratchet.execution import Job
+from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
 from ratchet.rollout import Episode
-from ratchet.execution.process import ProcessExecutor
 from ratchet.task import GymTask
 
 
@@ -48,9 +49,9 @@ def test_same_spec_same_seed_same_ledger(finished_run, cli_run):
     assert na.keys() == nb.keys()
     for key in na:
         assert na[key] == nb[key], key
-    ids = lambda evs: [e.payload["candidate"]["id"] for e in events_of(evs, EventType.CANDIDATE_PROPOSED)]  # noqa: E731
+    ids = lambda evs: [e.payload["candidate"]["id"] for e in events_of(evs, EventType.CANDIDATE_PROPOSED)]
     assert ids(a) == ids(b)  # proposals are recorded in the same order
-    returns = lambda evs: sorted((e.key, [x["episode_return"] for x in e.payload["episodes"]])  # noqa: E731
+    returns = lambda evs: sorted((e.key, [x["episode_return"] for x in e.payload["episodes"]])
                                  for e in events_of(evs, EventType.EPISODES_EVALUATED))
     assert returns(a) == returns(b)
     # and the two runs really are separate runs

@@ -11,7 +11,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", README, re.DOTALL)
 
 
 def test_readme_policy_snippet_is_the_cartpole_example():
@@ -49,7 +49,7 @@ def test_readme_ppo_block_lists_every_ppo_setting():
     from ratchet.refiners.ppo import PPOSettings, ResidualSettings
 
     block = next(b for b in _blocks("toml") if 'kind = "ppo"' in b)
-    keys = set(re.findall(r"^#? ?(\w+) =", block.split("[[refiners]]", 1)[1], re.M)) - {"kind"}
+    keys = set(re.findall(r"^#? ?(\w+) =", block.split("[[refiners]]", 1)[1], re.MULTILINE)) - {"kind"}
     assert keys == set(PPOSettings.model_fields), keys ^ set(PPOSettings.model_fields)
     assert set(ResidualSettings.model_fields) == set(PPOSettings.model_fields)
     assert ResidualSettings().log_std_init == -1.0 and "default -1.0" in block

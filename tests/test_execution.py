@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import GOOD_WEIGHTS, candidate_of, good_candidate, zero_candidate
+
 from ratchet.execution import Job, make_executor
 from ratchet.execution.process import ProcessExecutor
 from ratchet.task import GymTask

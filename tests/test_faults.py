@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import count_events, events_of, make_spec_dir, read_events
+
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
 

@@ -250,7 +250,7 @@ def test_bad_spending_and_obligation_rejected():
 
 # -- sequential gates ---------------------------------------------------------------------------------
 
-from ratchet.gate import SequentialGate, betting_log_capital, group_sequential_level, make_gate  # noqa: E402
+from ratchet.gate import SequentialGate, betting_log_capital, group_sequential_level, make_gate
 
 
 def crash_noise(rng, size):

@@ -6,23 +6,28 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import DATA, SimulatedKill, read_events
-from ratchet.data import Dataset, DataError
+from test_dagger import TASK, _Executor, _spec_dir, _student, round0  # noqa: F401 - round0 is a fixture
+
+from ratchet.data import DataError, Dataset
 from ratchet.errors import PolicyError
-from ratchet.execution.training import (InfoField, Role, TrainingAnswer, TrainingJob, TrainingOutput,
-                                        TrainingResult, accept)
+from ratchet.execution.training import (
+    InfoField,
+    Role,
+    TrainingAnswer,
+    TrainingJob,
+    TrainingOutput,
+    TrainingResult,
+    accept,
+)
 from ratchet.npz import NpzError, load_npz, npz_headers, unpack_limit
 from ratchet.policies import describe_artifact
 from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate
 from ratchet.refiners import dagger, ppo
-from test_dagger import TASK, _Executor, _spec_dir, _student, round0  # noqa: F401 - round0 is a fixture
 
 
 def _bomb(n: int = 100_000_000) -> bytes:

@@ -16,8 +16,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import events_of, interrupted_run, make_spec_dir, unique_run_id
+
 from ratchet.errors import LedgerError, WriterLeaseError
 from ratchet.ledger import EventType, SQLiteLedger
 from ratchet.ledger.lease import LeaseHolder, LeaseInfo, WriterLease, format_age, lease_ttl_s

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import events_of, read_events
+
 from ratchet.errors import LedgerError
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.ledger.projection import project

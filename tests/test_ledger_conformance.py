@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import unique_run_id
+
 from ratchet.errors import LedgerError, RatchetError
 from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.ledger.sql import TABLE, SQLAlchemyLedger

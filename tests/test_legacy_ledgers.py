@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from conftest import DATA, read_events
 from typer.testing import CliRunner
 
-from conftest import DATA, read_events
 from ratchet.cli import app
 from ratchet.execution.process import ProcessExecutor
 from ratchet.loop import resume_run

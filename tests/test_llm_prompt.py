@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DATA, GOOD_EDIT, RecordingExecutor, SimulatedKill, StandIn, base_spec_dict, events_of, read_events
 from markdown_it import MarkdownIt
 from typer.testing import CliRunner
 
-from conftest import (DATA, GOOD_EDIT, RecordingExecutor, SimulatedKill, StandIn, base_spec_dict, events_of,
-                      read_events)
 from ratchet.cli import app
 from ratchet.critic import Critic, Evaluation
 from ratchet.errors import SpecError
@@ -73,7 +72,7 @@ def test_the_prompt_says_how_the_task_rewards_and_ends_and_has_no_duplicated_sec
     text = build_prompt(task, POLICY, crit, [])[1]["content"]
     assert "reward of `+1` is given for every step" in text and "Pole Angle is greater than ±12°" in text
     assert text.lower().count("worst seeds") == 1  # the critique's own line, not a second list beside it
-    heads = re.findall(r"^#+ .*$", text, re.M)
+    heads = re.findall(r"^#+ .*$", text, re.MULTILINE)
     assert len(heads) == len(set(heads)) == 5  # every section once (task, policy, critique, its heading, answer)
     # a [task] description replaces the env's documentation
     spec = base_spec_dict()
@@ -92,7 +91,7 @@ def test_the_critique_in_a_prompt_carries_short_traces_of_the_worst_episodes():
     text = build_prompt(facts(), POLICY, crit, [], trace_steps=4)[1]["content"]
     assert "How its worst episodes ended" in text
     assert "observation = [cart_position, cart_velocity, pole_angle, pole_angular_velocity]" in text
-    shown = re.findall(r"^  (\d+): \[", text, re.M)
+    shown = re.findall(r"^  (\d+): \[", text, re.MULTILINE)
     assert shown == ["11", "12", "13", "14"]  # the last 4 steps only
     assert "  14: [0.14, -0.1, 0.28, 0.3] -> 0, +1" in text and "then: [0.2, -1.5, 0.25, 2.9]" in text
     assert "seed 3: return 15 in 15 steps, terminated (the task ended it)" in text
@@ -124,6 +123,7 @@ def test_the_system_prompt_is_settable_and_hints_stay():
 
 def test_a_system_prompt_file_is_checked_when_the_spec_loads(tmp_path):
     from conftest import make_spec_dir
+
     from ratchet.spec import load_spec
 
     folder = make_spec_dir(tmp_path / "s")

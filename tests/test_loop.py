@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-
 from conftest import RecordingExecutor, SimulatedKill, events_of, make_spec_dir, normalized, read_events
+
 from ratchet.critic import Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, SpecError
 from ratchet.execution.process import ProcessExecutor
@@ -18,7 +18,6 @@ from ratchet.planner import SeedSplits
 from ratchet.policy import load_policy
 from ratchet.rollout import Episode
 from ratchet.spec import load_spec
-
 
 # -- the shared finished run -----------------------------------------------------------------------
 
@@ -309,9 +308,9 @@ def test_wall_clock_excludes_downtime_across_two_resumes(tmp_path):
 def test_run_in_a_database_resumes_on_another_machine(shared_storage, tmp_path):
     """A run whose ledger lives in a shared database is killed; another machine (no run directory there)
     resumes it by id; its events stay gap-free and the recorded prefix is untouched."""
+    from conftest import interrupted_run
     from sqlalchemy.engine import make_url
 
-    from conftest import interrupted_run
     from ratchet.loop import open_ledger
 
     run_id = interrupted_run(tmp_path, shared_storage, "db")

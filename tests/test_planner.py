@@ -173,6 +173,7 @@ def test_plan_mixes_pool_and_fresh_seeds_deterministically():
 
 def test_run_with_weakness_share_replays_failed_training_seeds(tmp_path):
     from conftest import make_spec_dir, read_events
+
     from ratchet.ledger.projection import project
     from ratchet.loop import start_run
     from ratchet.spec import load_spec

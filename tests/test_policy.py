@@ -8,8 +8,8 @@ import math
 import re
 
 import pytest
-
 from conftest import DATA, data_source
+
 from ratchet.errors import PolicyError
 from ratchet.policy import Candidate, Parameter, compile_policy, export_source, load_policy, parse_policy
 

@@ -8,15 +8,22 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import DATA, RecordingExecutor, SimulatedKill, make_spec_dir, read_events
+
 from ratchet.errors import PolicyError
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.execution.sandbox import Sandbox
 from ratchet.ledger.projection import project
-from ratchet.policy import (MAX_PARAMETER_NUMBERS, Candidate, describe_value, export_source, load_policy, materialize,
-                            parse_policy)
+from ratchet.policy import (
+    MAX_PARAMETER_NUMBERS,
+    Candidate,
+    describe_value,
+    export_source,
+    load_policy,
+    materialize,
+    parse_policy,
+)
 from ratchet.refiners import CMAESRefiner
 from ratchet.spec import load_spec
 from ratchet.task import GymTask
@@ -233,7 +240,7 @@ def test_readme_array_snippet_is_valid():
     import re
 
     readme = (ROOT / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if '"shape": [8, 2]' in b)
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if '"shape": [8, 2]' in b)
     prog = parse_policy(block + "\ndef act(observation, params):\n    return 0\n", dims={"obs": 4, "act": 2})
     assert [p.shape for p in prog.parameters] == [(8, 2), (2,), (2, 4)]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import DATA, events_of, make_spec_dir, run_then_kill_9, unique_run_id
+
+from ratchet.errors import PolicyError
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
-from ratchet.errors import PolicyError
 from ratchet.ledger import EventType
 from ratchet.ledger.artifacts import candidate_artifacts, digest
 from ratchet.ledger.projection import project

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import DATA, comparable, count_events, events_of, read_events
+
 from ratchet.errors import PolicyError
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
@@ -161,7 +161,7 @@ def test_a_ppo_refiner_continues_its_training_line_and_follows_outside_promotion
 
     def train(job):
         jobs.append(job)
-        digest = lambda i: hashlib.sha256(f"{len(jobs)}-{i}".encode()).hexdigest()  # noqa: E731
+        digest = lambda i: hashlib.sha256(f"{len(jobs)}-{i}".encode()).hexdigest()
         return TrainingResult(tuple(TrainingOutput({}, {"artifacts": {"weights": digest(i)}}) for i in range(2)),
                               job.env_steps)
 
@@ -322,7 +322,6 @@ def test_an_sb3_zip_is_refined_and_only_workers_unpickle_it(tmp_path, monkeypatc
             if name.split(".")[0] in blocked:
                 attempts.append(name)
                 raise ImportError(f"the driver must not import {name}")
-            return None
 
     monkeypatch.setattr(sys, "meta_path", [Blocker(), *sys.meta_path])
     result = start_run(load_spec(spec_dir), tmp_path / "runs", "s")

@@ -15,9 +15,10 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-
 import test_execution as conformance
 from conftest import candidate_of, events_of, good_candidate, make_spec_dir, read_events, zero_candidate
+from test_loop import RecordingExecutor, SimulatedKill
+
 from ratchet.errors import RatchetError
 from ratchet.execution import Job, make_executor
 from ratchet.execution.ray_executor import RayExecutor, default_batch_episodes, split_batches
@@ -27,7 +28,6 @@ from ratchet.loop import resume_run, start_run
 from ratchet.policy import load_policy
 from ratchet.spec import load_spec
 from ratchet.task import GymTask
-from test_loop import RecordingExecutor, SimulatedKill
 
 ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "policy-ratchet[ray]")')
 

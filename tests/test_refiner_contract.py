@@ -13,14 +13,14 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-
 from conftest import DATA, GOOD_EDIT, SimulatedKill, base_spec_dict, read_events
+from test_dagger import EXPERT
+
 from ratchet.execution.process import ProcessExecutor
 from ratchet.loop import resume_run, start_run
 from ratchet.refiners.base import Refiner
 from ratchet.refiners.registry import KIND_MODULES, known_kinds, refiner_kind
 from ratchet.spec import spec_from_dict
-from test_dagger import EXPERT
 
 needs_rl = pytest.mark.skipif(find_spec("torch") is None or find_spec("stable_baselines3") is None,
                               reason="needs the rl extra: pip install 'policy-ratchet[rl]'")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
 from conftest import DATA
+
 from ratchet.critic import Evaluation
 from ratchet.policy import load_policy, parse_policy
 from ratchet.refiners import CMAESRefiner, Refiner
@@ -132,6 +132,7 @@ def test_ipop_restart_doubles_the_population_after_stagnation():
 
 def test_run_with_variants_records_each_allocation(tmp_path):
     from conftest import make_spec_dir, read_events
+
     from ratchet.ledger import EventType
     from ratchet.ledger.projection import project
     from ratchet.loop import start_run
@@ -169,6 +170,7 @@ def test_a_refiner_whose_training_job_no_longer_fits_sits_out_while_a_cheaper_on
     never chosen (the allocator tries untried arms first, in order, so it would come first), and CMA-ES
     spends the budget instead of the run stopping with nothing done."""
     from conftest import make_spec_dir, read_events
+
     from ratchet.ledger import EventType
     from ratchet.ledger.projection import project
     from ratchet.loop import start_run

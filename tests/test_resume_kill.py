@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (children_of, comparable, count_events, events_of, make_spec_dir, read_events,
-                      run_then_kill_9)
+from conftest import children_of, comparable, count_events, events_of, make_spec_dir, read_events, run_then_kill_9
 
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from conftest import GOOD_WEIGHTS, data_source
 from gymnasium import spaces
 
-from conftest import GOOD_WEIGHTS, data_source
 from ratchet.policy import compile_policy
 from ratchet.rollout import Episode, InvalidAction, check_action, run_episode
 from ratchet.task import GymTask

@@ -9,8 +9,8 @@ import time
 import uuid
 
 import pytest
-
 from conftest import DATA, candidate_of, good_candidate
+
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.execution.sandbox import Sandbox, SandboxError, isolation

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from conftest import DATA, make_spec_dir
+
 from ratchet.errors import SpecError
 from ratchet.spec import RunSpec, load_spec, spec_from_dict
 

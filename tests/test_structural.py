@@ -12,8 +12,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-
 from conftest import DATA, GOOD_EDIT, RecordingExecutor, SimulatedKill, base_spec_dict, events_of, read_events
+
 from ratchet.critic import Evaluation
 from ratchet.errors import PolicyError
 from ratchet.ledger import EventType, SQLiteLedger
@@ -21,8 +21,15 @@ from ratchet.loop import LEDGER_FILE, resume_run, start_run
 from ratchet.planner import SeedSplits
 from ratchet.policy import Candidate, load_policy, parse_policy, uses_task_dims
 from ratchet.refiners.cmaes import CMAESRefiner
-from ratchet.refiners.llm import (EditError, LLMRefiner, LLMSettings, apply_edits, build_prompt,
-                                  chat_completions_url, parse_answer)
+from ratchet.refiners.llm import (
+    EditError,
+    LLMRefiner,
+    LLMSettings,
+    apply_edits,
+    build_prompt,
+    chat_completions_url,
+    parse_answer,
+)
 from ratchet.refiners.mutate import OPERATORS, MutateSettings, MutationRefiner, _Space, mutate_source
 from ratchet.refiners.structural import baked_source, check_source, param_variants
 from ratchet.rollout import Episode
@@ -434,7 +441,7 @@ def test_readme_structural_snippets_are_valid_refiner_tables():
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S)
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL)
               if 'kind = "mutate"' in b or 'kind = "llm"' in b]
     assert len(blocks) == 2
     for block in blocks:

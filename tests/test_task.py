@@ -5,8 +5,8 @@ from __future__ import annotations
 import pickle
 
 import pytest
-
 from conftest import DATA
+
 from ratchet.errors import TaskError
 from ratchet.task import GymTask, Task, gym_spec
 

@@ -6,7 +6,6 @@ All weights start at 0, which always pushes left and fails in about 10 steps;
 a good weight vector (roughly: lean the cart toward where the pole falls)
 balances the pole for all 500 steps.
 """
-import numpy as np
 
 PARAMETERS = {
     "w_position": {"default": 0.0, "low": -1.0, "high": 1.0},

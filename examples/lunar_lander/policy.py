@@ -13,7 +13,6 @@ angle demand exceeds a threshold, otherwise no-op.
 With the defaults below the policy is exactly Gymnasium's heuristic (mean return
 about 232 on held-out seeds); the constants are what ratchet refines.
 """
-import numpy as np
 
 PARAMETERS = {
     # target angle = x_gain * x + vx_gain * vx, clipped to +-angle_limit
@@ -41,10 +40,8 @@ def act(observation, params):
     s = observation
     angle_lim = params["angle_limit"]
     angle_targ = s[0] * params["x_gain"] + s[2] * params["vx_gain"]
-    if angle_targ > angle_lim:
-        angle_targ = angle_lim
-    if angle_targ < -angle_lim:
-        angle_targ = -angle_lim
+    angle_targ = min(angle_targ, angle_lim)
+    angle_targ = max(angle_targ, -angle_lim)
     hover_targ = params["hover_x_gain"] * abs(s[0])
 
     angle_todo = (angle_targ - s[4]) * params["angle_p"] - s[5] * params["angle_d"]

@@ -6,8 +6,16 @@ ledger; the incumbent only moves up.
 
 from typing import TYPE_CHECKING
 
-from ratchet.errors import (LedgerError, PolicyError, RatchetError, RunNotFoundError, SandboxError, SpecError,
-                            TaskError, WriterLeaseError)
+from ratchet.errors import (
+    LedgerError,
+    PolicyError,
+    RatchetError,
+    RunNotFoundError,
+    SandboxError,
+    SpecError,
+    TaskError,
+    WriterLeaseError,
+)
 
 #: Public name -> the module that defines it, imported on first use (PEP 562): a worker or training process
 #: that imports ``ratchet.execution.worker`` must not pay for the gate's SciPy, the loop or the report.
@@ -46,12 +54,46 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
 __version__ = "0.1.0"
 
 __all__ = [
-    "Candidate", "CMAESRefiner", "Critic", "Critique", "Decision", "Episode", "Evaluation", "Event",
-    "EventType", "Executor", "GymTask", "Job", "LedgerError", "PairedTestGate", "Parameter", "SequentialGate", "PolicyError",
-    "PolicyProgram", "ProgressPrinter", "RatchetError", "Refiner", "RunNotFoundError", "RunResult", "RunSpec", "SQLiteLedger",
-    "Sandbox", "SandboxError", "SpecError", "Task", "TaskError", "executor_from_spec", "export_source", "load_policy",
-    "load_spec", "make_executor",
-    "parse_policy", "resume_run", "start_run", "write_run_report", "WriterLeaseError",
+    "CMAESRefiner",
+    "Candidate",
+    "Critic",
+    "Critique",
+    "Decision",
+    "Episode",
+    "Evaluation",
+    "Event",
+    "EventType",
+    "Executor",
+    "GymTask",
+    "Job",
+    "LedgerError",
+    "PairedTestGate",
+    "Parameter",
+    "PolicyError",
+    "PolicyProgram",
+    "ProgressPrinter",
+    "RatchetError",
+    "Refiner",
+    "RunNotFoundError",
+    "RunResult",
+    "RunSpec",
+    "SQLiteLedger",
+    "Sandbox",
+    "SandboxError",
+    "SequentialGate",
+    "SpecError",
+    "Task",
+    "TaskError",
+    "WriterLeaseError",
+    "executor_from_spec",
+    "export_source",
+    "load_policy",
+    "load_spec",
+    "make_executor",
+    "parse_policy",
+    "resume_run",
+    "start_run",
+    "write_run_report",
 ]
 
 

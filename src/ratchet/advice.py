@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["run_advice", "parameters_at_bounds"]
+__all__ = ["parameters_at_bounds", "run_advice"]
 
 _SCREEN = ("not better on training seeds", "training mean")
 _SHARE = "validation would take"

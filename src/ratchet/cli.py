@@ -10,7 +10,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -147,20 +147,18 @@ def _success_rule(state) -> str | None:
 @app.command()
 def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder that holds one."),
         runs_dir: str = RUNS_DIR_OPT,
-        run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
+        run_id: str | None = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
         report: bool = typer.Option(True, "--report/--no-report", help="Write report.html in the run directory."),
-        storage: Optional[str] = STORAGE_OPT,
-        seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Run seed (draws the seed splits and the "
+        storage: str | None = STORAGE_OPT,
+        seed: int | None = typer.Option(None, "--seed", min=0, help="Run seed (draws the seed splits and the "
                                                                        "refiner's sampling); default the spec's."),
         overrides: list[str] = typer.Option([], "--set", metavar="SECTION.KEY=VALUE",
                                             help="Override a spec setting (repeatable), e.g. --set "
                                                  "gate.validation_episodes=100 --set budget.env_steps=20000; a [[refiners]] "
                                                  "table by its index from 0: --set refiners.0.env_steps=5000.")) -> None:
     """Refine the spec's policy until its budget or a stop rule ends the run."""
-    from ratchet.loop import start_run
+    from ratchet.loop import new_run_id, start_run
     from ratchet.spec import load_spec
-
-    from ratchet.loop import new_run_id
 
     try:
         notes: list[str] = []
@@ -218,7 +216,7 @@ def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
 @app.command()
 def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
            report: bool = typer.Option(True, "--report/--no-report", help="Write report.html when done."),
-           storage: Optional[str] = STORAGE_OPT) -> None:
+           storage: str | None = STORAGE_OPT) -> None:
     """Continue an interrupted run (even after kill -9) without redoing recorded evaluations."""
     from ratchet.loop import resume_run
 
@@ -227,14 +225,15 @@ def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs
 
 
 @app.command("runs")
-def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """List the runs in --runs-dir, or with --storage the runs in that database."""
     from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, storage_url
 
     try:
         url = storage_url(storage)
         if url is not None:
-            from ratchet.ledger.sql import SQLAlchemyLedger, display_url, list_runs as runs_in
+            from ratchet.ledger.sql import SQLAlchemyLedger, display_url
+            from ratchet.ledger.sql import list_runs as runs_in
 
             where = display_url(url, password=True)
             runs = [(run_id, lambda run_id=run_id: _project(SQLAlchemyLedger(url, run_id, readonly=True), run_id))
@@ -296,7 +295,7 @@ def _num(x: Any) -> str:
 @app.command()
 def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
          as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-         storage: Optional[str] = STORAGE_OPT) -> None:
+         storage: str | None = STORAGE_OPT) -> None:
     """Show a run's status, budget used, incumbent and test results."""
     from ratchet.loop import open_run
 
@@ -399,11 +398,11 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
 
 @app.command()
 def report(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
-           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
+           output: Path | None = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
            videos: bool = typer.Option(True, "--videos/--no-videos",
                                        help="Render one GIF per top failure mode (re-runs those episodes)."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-           storage: Optional[str] = STORAGE_OPT) -> None:
+           storage: str | None = STORAGE_OPT) -> None:
     """Write a self-contained HTML report (opens offline)."""
     try:
         st, run_dir = _load_state(run, runs_dir, storage)
@@ -422,12 +421,12 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
 
 
 @app.command()
-def evaluate(policy: Optional[Path] = typer.Argument(None, help="Policy .py file (PARAMETERS + act); or give --run."),
-             env: Optional[str] = typer.Option(None, "--env", help="Gymnasium env id, e.g. LunarLander-v3 "
+def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (PARAMETERS + act); or give --run."),
+             env: str | None = typer.Option(None, "--env", help="Gymnasium env id, e.g. LunarLander-v3 "
                                                                    "(or take the task from --spec)."),
-             spec_path: Optional[Path] = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
+             spec_path: Path | None = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
                                                       "id, env_kwargs, max_episode_steps, action mode."),
-             seeds: Optional[str] = typer.Option(None, "--seeds", help="Explicit seeds: '1,2,3', or a file of seeds "
+             seeds: str | None = typer.Option(None, "--seeds", help="Explicit seeds: '1,2,3', or a file of seeds "
                                                  "(commas or whitespace; '#' starts a comment); instead of "
                                                  "--seed/--episodes."),
              episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes (at most 100000)."),
@@ -435,12 +434,12 @@ def evaluate(policy: Optional[Path] = typer.Argument(None, help="Policy .py file
              workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core; at most 1024)."),
              timeout: float = typer.Option(60.0, "--timeout", min=0.001,
                                            help="Per-episode timeout (seconds, at most 86400)."),
-             run: Optional[str] = typer.Option(None, "--run", help="Evaluate a run's candidate (any policy kind: "
+             run: str | None = typer.Option(None, "--run", help="Evaluate a run's candidate (any policy kind: "
                                                "program, mlp, sb3, residual) instead of a policy file; the task is "
                                                "the run's unless --env or --spec is given."),
-             candidate: Optional[str] = typer.Option(None, "--candidate", help="With --run: candidate id (or prefix); "
+             candidate: str | None = typer.Option(None, "--candidate", help="With --run: candidate id (or prefix); "
                                                      "default the incumbent."),
-             runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+             runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Evaluate a policy file with its default parameters, or a run's candidate (--run), and print a table."""
     from ratchet.critic import Evaluation
     from ratchet.execution import Job, make_executor
@@ -551,10 +550,10 @@ def _parse_seeds(text: str) -> list[int]:
 @app.command()
 def replay(run: str = typer.Argument(..., help="Run id or run directory."),
            seed: int = typer.Option(..., "--seed", help="Seed of a recorded episode."),
-           candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
-           video: Optional[Path] = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
+           candidate: str | None = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
+           video: Path | None = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --video file."),
-           runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+           runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Re-run one recorded episode and check its return against the ledger, bit for bit."""
     from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
@@ -680,8 +679,8 @@ def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> d
 
 @app.command("llm-log")
 def llm_log(run: str = typer.Argument(..., help="Run id or run directory."),
-            last: Optional[int] = typer.Option(None, "--last", min=1, help="Only the last N requests."),
-            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+            last: int | None = typer.Option(None, "--last", min=1, help="Only the last N requests."),
+            runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Print the prompts a run's LLM refiners sent and the answers they got, oldest first, each with its
     tokens, cost, seconds, attempts and what became of the answer."""
     from ratchet.ledger.llm_log import format_exchange, llm_exchanges
@@ -707,11 +706,11 @@ def llm_log(run: str = typer.Argument(..., help="Run id or run directory."),
 
 @app.command()
 def critique(run: str = typer.Argument(..., help="Run id or run directory."),
-             candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
+             candidate: str | None = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
              split: str = typer.Option("validation", "--split", help="validation, test or train (its latest evaluation)."),
              runs_dir: str = RUNS_DIR_OPT,
              as_json: bool = typer.Option(False, "--json", help="Print the structured critique as JSON."),
-             storage: Optional[str] = STORAGE_OPT) -> None:
+             storage: str | None = STORAGE_OPT) -> None:
     """Diagnose a candidate's episodes: intervals, failure modes, regressions vs the incumbent."""
     from rich.markdown import Markdown
 
@@ -749,10 +748,10 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
                                        help="File to write: the policy .py (program), the model .zip (sb3); an mlp "
                                             "writes STEM.py + STEM.npz, a residual STEM.py + STEM_correction.npz + "
                                             "STEM_residual.py."),
-           candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
+           candidate: str | None = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
            runs_dir: str = RUNS_DIR_OPT,
            force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
-           storage: Optional[str] = STORAGE_OPT) -> None:
+           storage: str | None = STORAGE_OPT) -> None:
     """Write the refined policy back in the form it came in: a policy file whose defaults are the refined
     values, an SB3 .zip, or a network's .npz with a standalone NumPy program (see ratchet.policies.export)."""
     from ratchet.policies.export import export_candidate, export_paths
@@ -799,18 +798,18 @@ _CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstri
 @app.command(help=_CORRECT_HELP)
 def correct(run: str = typer.Argument(..., help="Run id or run directory (a finished run whose incumbent is an mlp "
                                                 "policy)."),
-            episodes: Optional[int] = typer.Option(None, "--episodes", min=1, max=1000,
+            episodes: int | None = typer.Option(None, "--episodes", min=1, max=1000,
                                                    help="Episodes to play (default 5)."),
-            output: Optional[Path] = typer.Option(None, "-o", "--output",
+            output: Path | None = typer.Option(None, "-o", "--output",
                                                   help="Also write the person's data set to this .npz file (the "
                                                        "ledger keeps it in any case); checked before anything is "
                                                        "played, written after the round is recorded."),
             force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-            port: Optional[int] = typer.Option(None, "--port", min=0, max=65535,
+            port: int | None = typer.Option(None, "--port", min=0, max=65535,
                                                help="Local port; 0 (the default) picks a free one."),
-            interval_ms: Optional[int] = typer.Option(None, "--interval-ms", min=10, max=5000,
+            interval_ms: int | None = typer.Option(None, "--interval-ms", min=10, max=5000,
                                                       help="Time between env steps (default 50)."),
-            candidate: Optional[str] = typer.Option(None, "--candidate", help="Candidate id to play and retrain from; "
+            candidate: str | None = typer.Option(None, "--candidate", help="Candidate id to play and retrain from; "
                                                                              "default the incumbent."),
             retrain: bool = typer.Option(True, "--retrain/--no-retrain",
                                          help="End the round with retraining and gating (--no-retrain: record the "
@@ -820,10 +819,10 @@ def correct(run: str = typer.Argument(..., help="Run id or run directory (a fini
                                                    "not retrained and gated (after a crash or --no-retrain); plays "
                                                    "nothing, so it takes none of --no-retrain, --output, --force, "
                                                    "--candidate, --episodes, --port, --interval-ms."),
-            updates: Optional[int] = typer.Option(None, "--updates", min=1, max=10**7,
+            updates: int | None = typer.Option(None, "--updates", min=1, max=10**7,
                                                   help="Gradient steps of behaviour cloning; default the run's "
                                                        "correction refiner's, else 2000."),
-            runs_dir: str = RUNS_DIR_OPT, storage: Optional[str] = STORAGE_OPT) -> None:
+            runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """A person's correction round in a finished run (see ``_CORRECT_HELP``, the command's help)."""
     import time as _time
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from ratchet.errors import RatchetError
 
-__all__ = ["CorrectionSession", "serve", "key_map_for", "parse_step"]
+__all__ = ["CorrectionSession", "key_map_for", "parse_step", "serve"]
 
 _LUNAR = {"ArrowUp": 2, "ArrowLeft": 1, "ArrowRight": 3}
 

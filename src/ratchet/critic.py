@@ -11,7 +11,7 @@ import numpy as np
 
 from ratchet.rollout import Episode
 
-__all__ = ["Evaluation", "Critique", "Critic", "FailureMode", "is_failure"]
+__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "is_failure"]
 
 
 @dataclass(frozen=True)

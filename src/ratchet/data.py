@@ -35,7 +35,7 @@ import numpy as np
 from ratchet.errors import RatchetError
 from ratchet.npz import NpzError, load_npz
 
-__all__ = ["Dataset", "DataError", "to_minari", "from_minari", "run_dataset"]
+__all__ = ["DataError", "Dataset", "from_minari", "run_dataset", "to_minari"]
 
 _FIELDS = ("obs", "next_obs", "label", "executed", "reward", "terminated", "truncated", "expert", "round",
            "episode", "seed", "step")
@@ -167,7 +167,7 @@ class Dataset:
     def summary(self) -> dict[str, Any]:
         """Counts for the ledger and reports: steps, expert-controlled steps, episodes, segments, rounds."""
         return {"steps": len(self), "expert_steps": int(self.expert.sum()),
-                "episodes": int(len(np.unique(self.episode))), "segments": sum(1 for _ in self.segments()),
+                "episodes": len(np.unique(self.episode)), "segments": sum(1 for _ in self.segments()),
                 "rounds": sorted(int(r) for r in np.unique(self.round))}
 
 

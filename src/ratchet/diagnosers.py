@@ -12,8 +12,15 @@ from collections.abc import Callable
 
 from ratchet.rollout import Episode
 
-__all__ = ["Diagnoser", "diagnoser_for", "observation_names", "lunar_lander", "cartpole", "bipedal_walker",
-           "mountain_car"]
+__all__ = [
+    "Diagnoser",
+    "bipedal_walker",
+    "cartpole",
+    "diagnoser_for",
+    "lunar_lander",
+    "mountain_car",
+    "observation_names",
+]
 
 Diagnoser = Callable[[Episode], list[str]]
 

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
-    "RatchetError",
+    "EndpointError",
+    "LedgerError",
     "PolicyError",
+    "RatchetError",
+    "ReplayMismatchError",
+    "RunNotFoundError",
     "SpecError",
     "TaskError",
-    "LedgerError",
     "WriterLeaseError",
-    "RunNotFoundError",
-    "ReplayMismatchError",
-    "EndpointError",
 ]
 
 

@@ -9,16 +9,16 @@ evaluation.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
-import re
 import platform
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -36,7 +36,15 @@ from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
 from ratchet.planner import Budget, IncumbentPlanner, SeedSplits, Usage
-from ratchet.policy import SOURCE_KINDS, SPACE_KINDS, Candidate, PolicyProgram, load_policy, parse_policy, uses_task_dims
+from ratchet.policy import (
+    SOURCE_KINDS,
+    SPACE_KINDS,
+    Candidate,
+    PolicyProgram,
+    load_policy,
+    parse_policy,
+    uses_task_dims,
+)
 from ratchet.refiners import Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.rollout import Episode
@@ -45,7 +53,7 @@ from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.tasks import Task, task_from_spec
 from ratchet.text import clean
 
-__all__ = ["RunResult", "start_run", "resume_run", "open_run", "open_ledger", "LEDGER_FILE"]
+__all__ = ["LEDGER_FILE", "RunResult", "open_ledger", "open_run", "resume_run", "start_run"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
 

@@ -23,8 +23,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ArrayHeader", "NpzError", "npz_headers", "load_npz", "check_zip", "unpack_limit", "UNPACK_RATIO", "UNPACK_FLOOR",
-           "UNPACK_CAP"]
+__all__ = [
+    "UNPACK_CAP",
+    "UNPACK_FLOOR",
+    "UNPACK_RATIO",
+    "ArrayHeader",
+    "NpzError",
+    "check_zip",
+    "load_npz",
+    "npz_headers",
+    "unpack_limit",
+]
 
 #: What an artifact may unpack to, as a multiple of its own size in bytes ...
 UNPACK_RATIO = 32
@@ -131,7 +140,7 @@ def npz_headers(data: bytes, *, limit: int | None = None) -> list[ArrayHeader]:
                 if nbytes > info.file_size:
                     raise NpzError(f"an .npz whose array {info.filename!r} declares {nbytes:,} bytes of data in a "
                                    f"member of {info.file_size:,}")
-                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                name = info.filename.removesuffix(".npy")
                 out.append(ArrayHeader(name, tuple(int(s) for s in shape), dtype, nbytes))
             return out
     except NpzError:

@@ -11,10 +11,9 @@ import numpy as np
 
 from ratchet.critic import Evaluation
 from ratchet.policy import Candidate
-
 from ratchet.spec import BudgetSpec
 
-__all__ = ["SeedSplits", "Usage", "Budget", "Plan", "WeaknessPool", "IncumbentPlanner"]
+__all__ = ["Budget", "IncumbentPlanner", "Plan", "SeedSplits", "Usage", "WeaknessPool"]
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 

@@ -43,9 +43,24 @@ from typing import Any
 
 from ratchet.errors import PolicyError
 
-__all__ = ["Parameter", "PolicyProgram", "Candidate", "load_policy", "parse_policy", "export_source",
-           "materialize", "bind_spaces", "describe_value", "space_dims", "uses_task_dims", "MAX_PARAMETER_NUMBERS",
-           "TASK_DIMS", "POLICY_KINDS", "SOURCE_KINDS", "SPACE_KINDS"]
+__all__ = [
+    "MAX_PARAMETER_NUMBERS",
+    "POLICY_KINDS",
+    "SOURCE_KINDS",
+    "SPACE_KINDS",
+    "TASK_DIMS",
+    "Candidate",
+    "Parameter",
+    "PolicyProgram",
+    "bind_spaces",
+    "describe_value",
+    "export_source",
+    "load_policy",
+    "materialize",
+    "parse_policy",
+    "space_dims",
+    "uses_task_dims",
+]
 
 _PARAM_KEYS = {"default", "low", "high", "scale", "shape"}
 
@@ -422,9 +437,7 @@ def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None) -> P
 def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
     node = None
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PARAMETERS" for t in stmt.targets):
-            node = stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "PARAMETERS":
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PARAMETERS" for t in stmt.targets) or isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == "PARAMETERS":
             node = stmt.value
     return node
 

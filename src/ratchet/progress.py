@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ProgressPrinter", "progress_line", "budget_fraction"]
+__all__ = ["ProgressPrinter", "budget_fraction", "progress_line"]
 
 
 def budget_fraction(info: dict[str, Any]) -> float:

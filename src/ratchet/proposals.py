@@ -25,8 +25,19 @@ from typing import Any
 from ratchet.errors import PolicyError, RatchetError
 from ratchet.policy import Candidate, PolicyProgram, export_source, parse_policy
 
-__all__ = ["Rejection", "check_source", "baked_source", "source_diff", "promotion_diff", "promotion_changes",
-           "structure_source", "value_changes", "TUNED", "MAX_SOURCE_CHARS", "ALLOWED_IMPORTS"]
+__all__ = [
+    "ALLOWED_IMPORTS",
+    "MAX_SOURCE_CHARS",
+    "TUNED",
+    "Rejection",
+    "baked_source",
+    "check_source",
+    "promotion_changes",
+    "promotion_diff",
+    "source_diff",
+    "structure_source",
+    "value_changes",
+]
 
 #: Longest policy source a structural refiner may propose (characters).
 MAX_SOURCE_CHARS = 200_000

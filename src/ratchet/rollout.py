@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["Episode", "run_episode", "check_action", "action_checker", "PolicyFailure", "RolloutAborted"]
+__all__ = ["Episode", "PolicyFailure", "RolloutAborted", "action_checker", "check_action", "run_episode"]
 
 
 @dataclass(frozen=True)

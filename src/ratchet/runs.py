@@ -15,7 +15,7 @@ from ratchet.ledger import LedgerStore
 from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.storage import LEDGER_FILE, open_store, read_pointer, storage_url, with_password_of
 
-__all__ = ["new_run_id", "lock_run_dir", "open_run", "open_ledger", "open_for_writing"]
+__all__ = ["lock_run_dir", "new_run_id", "open_for_writing", "open_ledger", "open_run"]
 
 
 def new_run_id(name: str) -> str:

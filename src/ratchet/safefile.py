@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["UnsafeFile", "read_tail", "read_bytes", "copy_out"]
+__all__ = ["UnsafeFile", "copy_out", "read_bytes", "read_tail"]
 
 _CHUNK = 1 << 20
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)

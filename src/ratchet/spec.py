@@ -130,7 +130,7 @@ class PolicySpec(_Section):
         return v
 
     @model_validator(mode="after")
-    def _normalization(self) -> "PolicySpec":
+    def _normalization(self) -> PolicySpec:
         if self.normalization is not None and self.kind != "sb3":
             raise ValueError(f"[policy] normalization (VecNormalize statistics) is for kind = \"sb3\", not "
                              f"{self.kind!r}; remove it")

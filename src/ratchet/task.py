@@ -5,4 +5,4 @@ from __future__ import annotations
 from ratchet.tasks import Task
 from ratchet.tasks.gym import GymTask, doc_sections, gym_spec, success_rule_of
 
-__all__ = ["Task", "GymTask", "doc_sections", "gym_spec", "success_rule_of"]
+__all__ = ["GymTask", "Task", "doc_sections", "gym_spec", "success_rule_of"]

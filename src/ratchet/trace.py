@@ -25,8 +25,18 @@ import numpy as np
 
 from ratchet.rollout import Episode, run_episode
 
-__all__ = ["Step", "Trace", "TraceError", "TRACE_SUFFIX", "MAX_STEPS", "MAX_VALUES", "MAX_TRACE_BYTES",
-           "record_trace", "read_trace", "render_mode_for"]
+__all__ = [
+    "MAX_STEPS",
+    "MAX_TRACE_BYTES",
+    "MAX_VALUES",
+    "TRACE_SUFFIX",
+    "Step",
+    "Trace",
+    "TraceError",
+    "read_trace",
+    "record_trace",
+    "render_mode_for",
+]
 
 #: A render path ending so asks for a trace (JSON) instead of a video.
 TRACE_SUFFIX = ".json"

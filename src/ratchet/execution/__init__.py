@@ -12,12 +12,11 @@ from typing import Any, Protocol
 
 from ratchet.errors import RatchetError
 from ratchet.execution.sandbox import Sandbox
-
 from ratchet.policy import Candidate
 from ratchet.rollout import Episode
 from ratchet.tasks import Task
 
-__all__ = ["BUDGET_SKIP", "Job", "policy_payload", "Executor", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor"]
+__all__ = ["BUDGET_SKIP", "Executor", "Job", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor", "policy_payload"]
 
 
 #: The error of an episode that never ran because an env-step cap (``max_env_steps``) left no room.

@@ -16,7 +16,7 @@ import select
 import struct
 import time
 
-__all__ = ["Channel", "BadMessage", "ChannelTimeout", "pin_to_cpu"]
+__all__ = ["BadMessage", "Channel", "ChannelTimeout", "pin_to_cpu"]
 
 _HEADER = struct.Struct("!I")
 _READ_SIZE = 1 << 16

@@ -26,11 +26,11 @@ import time
 from typing import Any
 
 import numpy as np
+from gymnasium.spaces import Box
 
 from ratchet.execution.channel import BadMessage, Channel, ChannelTimeout, pin_to_cpu
 from ratchet.execution.protocol import BadReply, Opaque, decode_reply
 from ratchet.rollout import Episode, InvalidAction, RolloutAborted, run_episode
-from gymnasium.spaces import Box
 
 __all__ = ["RemotePolicy", "envhost_main"]
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ratchet.rollout import PolicyFailure
 
-__all__ = ["encode_action", "decode_reply", "encode_error", "Opaque", "BadReply", "PolicyFailure"]
+__all__ = ["BadReply", "Opaque", "PolicyFailure", "decode_reply", "encode_action", "encode_error"]
 
 _I64 = struct.Struct("!q")
 _F64 = struct.Struct("!d")

@@ -17,7 +17,7 @@ from typing import Any
 from ratchet.rollout import Episode
 from ratchet.text import clean
 
-__all__ = ["BadReply", "decode_reply", "parse_episode_reply", "EPISODE_KEYS", "DIAGNOSTICS_KEYS"]
+__all__ = ["DIAGNOSTICS_KEYS", "EPISODE_KEYS", "BadReply", "decode_reply", "parse_episode_reply"]
 
 #: The keys of an episode record (:meth:`Episode.to_dict`), all required, no others allowed.
 EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "truncated", "success", "error",

@@ -34,8 +34,16 @@ from typing import Any
 from ratchet.errors import SandboxError
 from ratchet.processes import process_running
 
-__all__ = ["Sandbox", "SandboxError", "isolation", "hide_from_policies", "confine", "rearm_cpu_limit", "reap_strays",
-           "sweep_leftovers"]
+__all__ = [
+    "Sandbox",
+    "SandboxError",
+    "confine",
+    "hide_from_policies",
+    "isolation",
+    "reap_strays",
+    "rearm_cpu_limit",
+    "sweep_leftovers",
+]
 
 #: Variables a worker inherits from the parent (plus :attr:`Sandbox.env_allowlist`). Everything else,
 #: API keys and tokens included, is dropped.

@@ -36,8 +36,18 @@ from typing import Any
 from ratchet.policy import Candidate
 from ratchet.text import clean
 
-__all__ = ["TrainingJob", "TrainingOutput", "TrainingResult", "TrainingAnswer", "Role", "InfoField", "BadAnswer",
-           "accept", "TRAINERS", "run_training"]
+__all__ = [
+    "TRAINERS",
+    "BadAnswer",
+    "InfoField",
+    "Role",
+    "TrainingAnswer",
+    "TrainingJob",
+    "TrainingOutput",
+    "TrainingResult",
+    "accept",
+    "run_training",
+]
 
 #: Trainer name -> ``"module:function"``. A refiner kind registers its trainer here (see ``refiners/``).
 TRAINERS: dict[str, str] = {
@@ -169,7 +179,7 @@ class TrainingAnswer:
     roles: tuple[Role, ...]
     info: tuple[InfoField, ...] = ()
     min_outputs: int = 1
-    max_outputs: int | Callable[["TrainingJob"], int] = 1
+    max_outputs: int | Callable[[TrainingJob], int] = 1
     max_info_bytes: int = 1 << 20
 
     def check(self, job: TrainingJob, outputs: Sequence[TrainingOutput]) -> None:

@@ -170,7 +170,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
     from ratchet.policy import bind_spaces, materialize
 
     if sandbox is not None:
-        from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
+        from ratchet.execution.sandbox import reap_strays, rearm_cpu_limit
 
         try:
             ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the policy's orphans come back here
@@ -252,12 +252,12 @@ def worker_main(conn: Any) -> None:
     sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
     _start(sandbox)
     if sandbox is not None:
-        from ratchet.execution.sandbox import rearm_cpu_limit, reap_strays
+        from ratchet.execution.sandbox import reap_strays, rearm_cpu_limit
+    import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
+
     from ratchet.policy import bind_spaces, materialize
     from ratchet.rollout import Episode, run_episode
     from ratchet.tasks import task_from_dict
-
-    import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
 
     conn.send_bytes(b'"ready"')  # replies are JSON, never pickles: the parent must not unpickle policy bytes
     policies = _Policies()
@@ -288,7 +288,6 @@ def worker_main(conn: Any) -> None:
                 ep = Episode.failed(seed, "policy has no callable act()", task=task)
             elif render_path:
                 from ratchet.execution.recording import record_episode
-
                 from ratchet.trace import render_mode_for
 
                 render_env = task.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames

@@ -16,7 +16,7 @@ from typing import Any
 
 from ratchet.errors import LedgerError
 
-__all__ = ["digest", "check_artifact", "candidate_artifacts", "MAX_ARTIFACT_BYTES"]
+__all__ = ["MAX_ARTIFACT_BYTES", "candidate_artifacts", "check_artifact", "digest"]
 
 #: Largest artifact a store accepts, in bytes (a policy network or a data set of corrections).
 MAX_ARTIFACT_BYTES = 512 << 20

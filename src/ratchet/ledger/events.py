@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["EventType", "Event"]
+__all__ = ["Event", "EventType"]
 
 
 class EventType(str, Enum):

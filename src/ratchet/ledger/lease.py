@@ -38,8 +38,16 @@ from typing import Any
 from ratchet.errors import LedgerError, WriterLeaseError
 from ratchet.processes import process_running
 
-__all__ = ["DEFAULT_TTL_S", "TTL_ENV", "LeaseHolder", "LeaseInfo", "WriterLease", "lease_ttl_s", "format_age",
-           "writer_dead_here"]
+__all__ = [
+    "DEFAULT_TTL_S",
+    "TTL_ENV",
+    "LeaseHolder",
+    "LeaseInfo",
+    "WriterLease",
+    "format_age",
+    "lease_ttl_s",
+    "writer_dead_here",
+]
 
 #: Seconds a lease lives after its last heartbeat (the writer renews every third of it).
 DEFAULT_TTL_S = 60.0

@@ -16,7 +16,7 @@ from typing import Any
 
 from ratchet.ledger.events import Event, EventType
 
-__all__ = ["LLMExchange", "llm_exchanges", "format_exchange", "MAX_SHOWN_CHARS"]
+__all__ = ["MAX_SHOWN_CHARS", "LLMExchange", "format_exchange", "llm_exchanges"]
 
 #: Most characters of one message or answer kept (the rest is cut, saying how much).
 MAX_SHOWN_CHARS = 100_000

@@ -16,9 +16,32 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (BigInteger, Boolean, Column, Double, Engine, LargeBinary, MetaData, PrimaryKeyConstraint, String,
-                        Table, Text, UniqueConstraint, cast, create_engine, event, exists, extract, func, insert, inspect,
-                        literal, or_, select, update)
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    Engine,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    cast,
+    create_engine,
+    event,
+    exists,
+    extract,
+    func,
+    insert,
+    inspect,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
@@ -29,7 +52,7 @@ from ratchet.ledger.events import Event, EventType
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseHolder, LeaseInfo
 
-__all__ = ["SQLAlchemyLedger", "list_runs", "database_url", "display_url", "TABLE", "LEASES_TABLE", "ARTIFACTS_TABLE"]
+__all__ = ["ARTIFACTS_TABLE", "LEASES_TABLE", "TABLE", "SQLAlchemyLedger", "database_url", "display_url", "list_runs"]
 
 #: Name of the table that holds every run's events.
 TABLE = "ratchet_events"
@@ -77,7 +100,7 @@ _SECRET_QUERY_KEYS = {"password", "sslpassword", "passfile"}
 def _mask(raw: str) -> str:
     """``raw`` with any password (between ``user:`` and the last ``@``, or as a query value) replaced by ``***``."""
     raw = re.sub(r"(://[^:/@]*:).*@", r"\1***@", raw)
-    return re.sub(r"((?:ssl)?password=)[^&]*", r"\1***", raw, flags=re.I)
+    return re.sub(r"((?:ssl)?password=)[^&]*", r"\1***", raw, flags=re.IGNORECASE)
 
 
 def database_url(storage: str) -> URL:

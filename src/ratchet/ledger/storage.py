@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ratchet.errors import LedgerError
@@ -23,8 +22,16 @@ if TYPE_CHECKING:
 # ratchet.ledger.sql (SQLAlchemy) is imported only when a storage URL is used: worker processes and
 # default runs never pay for it.
 
-__all__ = ["LEDGER_FILE", "POINTER_FILE", "Pointer", "storage_url", "open_store", "write_pointer", "read_pointer",
-           "with_password_of"]
+__all__ = [
+    "LEDGER_FILE",
+    "POINTER_FILE",
+    "Pointer",
+    "open_store",
+    "read_pointer",
+    "storage_url",
+    "with_password_of",
+    "write_pointer",
+]
 
 #: The per-run SQLite ledger in a run directory (the default store).
 LEDGER_FILE = "ledger.sqlite"

@@ -24,7 +24,7 @@ from ratchet.errors import PolicyError
 from ratchet.npz import NpzError, load_npz, npz_headers
 from ratchet.policy import POLICY_KINDS
 
-__all__ = ["build", "kind_module", "describe_artifact", "POLICY_KINDS"]
+__all__ = ["POLICY_KINDS", "build", "describe_artifact", "kind_module"]
 
 
 def kind_module(kind: str) -> Any:

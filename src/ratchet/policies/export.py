@@ -34,7 +34,7 @@ from typing import Any
 from ratchet.errors import PolicyError
 from ratchet.policy import Candidate, export_source
 
-__all__ = ["export_paths", "export_candidate"]
+__all__ = ["export_candidate", "export_paths"]
 
 
 def export_paths(candidate: Candidate, output: str | Path) -> list[Path]:

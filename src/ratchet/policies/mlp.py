@@ -27,7 +27,7 @@ import numpy as np
 from ratchet.errors import PolicyError
 from ratchet.npz import NpzError, load_npz
 
-__all__ = ["MLP", "init_weights", "load_weights", "build", "ACTIVATIONS", "to_sb3_actor", "from_sb3_actor"]
+__all__ = ["ACTIVATIONS", "MLP", "build", "from_sb3_actor", "init_weights", "load_weights", "to_sb3_actor"]
 
 ACTIVATIONS = ("tanh", "relu")
 

@@ -21,7 +21,7 @@ from typing import Any
 from ratchet.errors import PolicyError
 from ratchet.npz import NpzError, check_zip
 
-__all__ = ["ALGORITHMS", "algorithm_of", "load_model", "load_vecnormalize", "SB3Policy", "build", "describe"]
+__all__ = ["ALGORITHMS", "SB3Policy", "algorithm_of", "build", "describe", "load_model", "load_vecnormalize"]
 
 #: Algorithms whose zips this kind loads, by name (the Stable-Baselines3 class of the same name).
 ALGORITHMS = ("PPO", "A2C", "SAC", "TD3")

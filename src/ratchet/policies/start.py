@@ -3,8 +3,8 @@ unpickles anything)."""
 
 from __future__ import annotations
 
-import zipfile
 import io
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from ratchet.errors import PolicyError
 from ratchet.ledger.artifacts import digest
 from ratchet.policy import Candidate, PolicyProgram
 
-__all__ = ["start_candidate", "read_sb3_zip", "read_vecnormalize", "read_mlp_weights", "MAX_MODEL_BYTES"]
+__all__ = ["MAX_MODEL_BYTES", "read_mlp_weights", "read_sb3_zip", "read_vecnormalize", "start_candidate"]
 
 #: Largest model file accepted as a starting policy, bytes.
 MAX_MODEL_BYTES = 256 << 20

@@ -30,7 +30,7 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate
 from ratchet.proposals import Rejection
 
-__all__ = ["Refiner", "GenerationCost"]
+__all__ = ["GenerationCost", "Refiner"]
 
 
 @dataclass(frozen=True)

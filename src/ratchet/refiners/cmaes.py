@@ -12,7 +12,7 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate, PolicyProgram
 from ratchet.refiners.base import GenerationCost, Refiner
 
-__all__ = ["CMAESRefiner", "CMAESSettings", "MIN_SIGMA0"]
+__all__ = ["MIN_SIGMA0", "CMAESRefiner", "CMAESSettings"]
 
 #: Smallest initial step size accepted (fraction of a parameter's range).
 MIN_SIGMA0 = 1e-6

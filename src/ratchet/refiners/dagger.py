@@ -49,7 +49,7 @@ from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate, PolicyProgram, parse_policy
 from ratchet.refiners.base import GenerationCost, Refiner
 
-__all__ = ["CorrectionSettings", "CorrectionRefiner", "train", "collect", "behaviour_cloning", "MODES", "ANSWER"]
+__all__ = ["ANSWER", "MODES", "CorrectionRefiner", "CorrectionSettings", "behaviour_cloning", "collect", "train"]
 
 #: Refiner kind -> how a round collects data.
 MODES = ("dagger", "hg-dagger", "bc")
@@ -602,7 +602,7 @@ def _build(mode: str) -> Any:
             expert, expert_digest = parse_policy(source, settings.expert), digest(data)
         refiner = CorrectionRefiner(mode, settings, expert, expert_digest, ctx)
         if settings.demonstrations is not None:
-            from ratchet.data import Dataset, DataError
+            from ratchet.data import DataError, Dataset
 
             demos = read(settings.demonstrations)
             try:

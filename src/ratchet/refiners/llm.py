@@ -66,8 +66,20 @@ from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generat
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
-__all__ = ["LLMRefiner", "LLMSettings", "EditError", "parse_answer", "apply_edits", "build_prompt",
-           "chat_completions_url", "models_url", "check_endpoint", "redact_url", "url_secret", "MAX_RESPONSE_BYTES"]
+__all__ = [
+    "MAX_RESPONSE_BYTES",
+    "EditError",
+    "LLMRefiner",
+    "LLMSettings",
+    "apply_edits",
+    "build_prompt",
+    "chat_completions_url",
+    "check_endpoint",
+    "models_url",
+    "parse_answer",
+    "redact_url",
+    "url_secret",
+]
 
 
 #: Largest reply ``max_response_bytes`` may allow (bytes), whatever ``max_tokens`` says.

@@ -81,7 +81,7 @@ from ratchet.refiners.structural import (
     splice,
 )
 
-__all__ = ["MutationRefiner", "MutateSettings", "OPERATORS", "mutate_source"]
+__all__ = ["OPERATORS", "MutateSettings", "MutationRefiner", "mutate_source"]
 
 #: The mutation operators, in the order ``operators`` defaults to.
 OPERATORS = ("constant", "term", "guard", "swap", "delete", "crossover")
@@ -333,7 +333,7 @@ def _op_swap(source: str, tree: ast.Module, rng: np.random.Generator, space: _Sp
     if not sites:
         return None
     what, node = sites[int(rng.integers(len(sites)))]
-    seg = lambda n: ast.get_source_segment(source, n)  # noqa: E731
+    seg = lambda n: ast.get_source_segment(source, n)
     if what == "compare":
         text = f"{seg(node.left)} {_FLIP[type(node.ops[0])]} {seg(node.comparators[0])}"
     elif what == "ifexp":

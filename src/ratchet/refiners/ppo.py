@@ -46,7 +46,7 @@ from ratchet.policies.mlp import load_weights
 from ratchet.policy import Candidate
 from ratchet.refiners.base import GenerationCost, Refiner
 
-__all__ = ["PPOSettings", "ResidualSettings", "PPORefiner", "train", "answer", "KINDS"]
+__all__ = ["KINDS", "PPORefiner", "PPOSettings", "ResidualSettings", "answer", "train"]
 
 
 class PPOSettings(BaseModel):

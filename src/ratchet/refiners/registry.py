@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["RefinerKind", "RefinerContext", "KIND_MODULES", "refiner_kind", "known_kinds", "register_kind"]
+__all__ = ["KIND_MODULES", "RefinerContext", "RefinerKind", "known_kinds", "refiner_kind", "register_kind"]
 
 #: Refiner kind -> the module that defines it.
 KIND_MODULES: dict[str, str] = {

@@ -23,8 +23,18 @@ from ratchet.policy import Candidate, PolicyProgram, parse_policy
 # the neutral parts (the loop uses them too) live in ratchet.proposals; named here for the refiners
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS, Rejection, baked_source, check_source, source_diff
 
-__all__ = ["Rejection", "check_source", "program_of", "baked_source", "param_variants", "source_diff",
-           "splice", "add_parameters", "MAX_SOURCE_CHARS", "ALLOWED_IMPORTS"]
+__all__ = [
+    "ALLOWED_IMPORTS",
+    "MAX_SOURCE_CHARS",
+    "Rejection",
+    "add_parameters",
+    "baked_source",
+    "check_source",
+    "param_variants",
+    "program_of",
+    "source_diff",
+    "splice",
+]
 
 def program_of(candidate: Candidate, dims: Mapping[str, int] | None = None) -> PolicyProgram:
     """The program a candidate runs (its own source, which a structural refiner may have changed).

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_run_report", "render_report", "report_candidates"]
+__all__ = ["render_report", "report_candidates", "write_run_report"]
 
 
 def report_candidates(state: Any) -> list[Any]:

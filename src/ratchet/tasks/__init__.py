@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
 
-__all__ = ["Task", "TASK_KINDS", "task_from_spec", "task_from_dict"]
+__all__ = ["TASK_KINDS", "Task", "task_from_dict", "task_from_spec"]
 
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
 TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask"}

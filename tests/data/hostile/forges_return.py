@@ -8,7 +8,7 @@ PARAMETERS = {"w": {"default": 0.0, "low": -1.0, "high": 1.0}}
 
 
 def act(observation, params):
-    import gymnasium.envs.classic_control.cartpole as cartpole
+    from gymnasium.envs.classic_control import cartpole
 
     env_class = cartpole.CartPoleEnv
     if not getattr(env_class, "_forged", False):

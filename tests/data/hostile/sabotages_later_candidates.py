@@ -5,8 +5,8 @@ PARAMETERS = {"w": {"default": 0.0, "low": -1.0, "high": 1.0}}
 
 
 def _flip_actions():
-    import ratchet.execution.protocol as protocol
-    import ratchet.rollout as rollout
+    from ratchet import rollout
+    from ratchet.execution import protocol
 
     if getattr(rollout, "_sabotaged", False):
         return

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from conftest import DATA, RecordingExecutor, SimulatedKill, make_spec_dir
+
 from ratchet.execution.process import ProcessExecutor
 from ratchet.loop import resume_run, start_run
 from ratchet.spec import load_spec
