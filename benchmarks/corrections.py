@@ -124,9 +124,9 @@ def main() -> None:
     minutes = (time.monotonic() - t0) / 60
     exp = np.mean([results[s]["expert"][0] for s in seeds])
     r0 = np.mean([results[s]["round0"][0] for s in seeds])
-    lines = [f"Command: `python benchmarks/corrections.py --seeds {args.seeds} --episodes {args.episodes} "
-             f"--initial {args.initial} --test {args.test} --updates {args.updates} --handback {args.handback}"
-             f"{'' if args.rounds == 4 else f' --rounds {args.rounds}'} --write` ({minutes:.1f} min).",
+    lines = [(f"Command: `python benchmarks/corrections.py --seeds {args.seeds} --episodes {args.episodes} "
+              f"--initial {args.initial} --test {args.test} --updates {args.updates} --handback {args.handback}"
+              f"{'' if args.rounds == 4 else f' --rounds {args.rounds}'} --write` ({minutes:.1f} min)."),
              "",
              f"Machine: {machine()}.",
              "",
@@ -148,8 +148,8 @@ def main() -> None:
             cells.append(f"{np.mean(vals):.1%} ({', '.join(f'{v:.0%}' for v in vals)})")
         labels = [sum(r["labels"] for r in results[s][m]) for s in seeds]
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {', '.join(map(str, labels))} |")
-    lines += ["", "Expert-controlled steps per episode of the collection episodes, mean over run seeds (HG-DAgger: "
-              "takeover steps; DAgger: 0, the expert only labels; BC: every step):", "",
+    lines += ["", ("Expert-controlled steps per episode of the collection episodes, mean over run seeds (HG-DAgger: "
+              "takeover steps; DAgger: 0, the expert only labels; BC: every step):"), "",
               "| method | " + " | ".join(f"round {k}" for k in range(1, args.rounds + 1)) + " | change round 1 → "
               f"{args.rounds} |", "|---|" + "---|" * (args.rounds + 1)]
     for m in METHODS:
@@ -161,12 +161,12 @@ def main() -> None:
     last = np.mean([rows[-1]["success"] for rows in hg])
     per = [np.mean([rows[k]["expert_steps_per_episode"] for rows in hg]) for k in range(args.rounds)]
     drop = (per[0] - per[-1]) / per[0] if per[0] else float("nan")
-    lines += ["", f"Goals: HG-DAgger's student reaches ≥ 90 % of the expert's test success within {args.rounds} "
+    lines += ["", (f"Goals: HG-DAgger's student reaches ≥ 90 % of the expert's test success within {args.rounds} "
               f"rounds: round-{args.rounds} success {last:.1%} = {last / exp:.0%} of the expert's {exp:.1%} "
               f"(best round per run seed: {', '.join(f'{b:.0%}' for b in best)}) — "
               f"{'met' if last >= 0.9 * exp else 'NOT met'}; expert-controlled steps per episode fall ≥ 70 % from "
               f"round 1 to {args.rounds}: {per[0]:.1f} → {per[-1]:.1f} ({drop:.0%} fewer) — "
-              f"{'met' if drop >= 0.7 else 'NOT met'}."]
+              f"{'met' if drop >= 0.7 else 'NOT met'}.")]
     text = "\n".join(lines)
     print(text)
     if args.write:

@@ -87,14 +87,14 @@ def main() -> None:
     rows = [("run wall clock (s)", f"{wall:.1f}"),
             ("inside executor.run (s)", f"{ex.seconds:.1f} ({ex.seconds / wall:.1%})"),
             ("driver outside the executor (s)", f"{outside:.1f} ({outside / wall:.1%})"),
-            ("ledger appends, during and between evaluations (s)", f"{appends['s']:.2f} ({appends['n']} appends, "
-                                            f"{1000 * appends['s'] / max(1, appends['n']):.2f} ms each)"),
-            ("driver CPU, whole run (s)", f"{driver_cpu:.2f}, of which {ex.cpu:.2f} inside executor.run "
-                                          "(dispatching episodes, recording evaluations)"),
+            ("ledger appends, during and between evaluations (s)", (f"{appends['s']:.2f} ({appends['n']} appends, "
+                                            f"{1000 * appends['s'] / max(1, appends['n']):.2f} ms each)")),
+            ("driver CPU, whole run (s)", (f"{driver_cpu:.2f}, of which {ex.cpu:.2f} inside executor.run "
+                                           "(dispatching episodes, recording evaluations)")),
             ("episodes", f"{ex.jobs:,} in {ex.calls} executor calls"),
             ("events in the ledger", f"{events:,} ({events / ex.jobs:.2f} per episode)"),
-            ("driver CPU per episode (ms)", f"{1000 * driver_cpu / ex.jobs:.2f} (inside executor.run "
-                                            f"{1000 * ex.cpu / ex.jobs:.2f})"),
+            ("driver CPU per episode (ms)", (f"{1000 * driver_cpu / ex.jobs:.2f} (inside executor.run "
+                                             f"{1000 * ex.cpu / ex.jobs:.2f})")),
             ("driver CPU per generation outside the executor (ms)",
              f"{1000 * (driver_cpu - ex.cpu) / max(1, generations):.1f} ({generations} generations)"),
             ("test mean", f"{result.baseline_test.mean:.1f} → {result.test.mean:.1f}")]

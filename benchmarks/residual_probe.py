@@ -37,7 +37,7 @@ p.add_argument("--seed", type=int, default=0)
 a = p.parse_args()
 torch.set_num_threads(1)
 params = {k: v["default"] for k, v in PARAMETERS.items()}; params.update(json.loads(a.params))
-KW = dict(continuous=True, enable_wind=True, wind_power=20.0, turbulence_power=2.0)
+KW = {"continuous": True, "enable_wind": True, "wind_power": 20.0, "turbulence_power": 2.0}
 
 class Resid(gym.Wrapper):
     def __init__(s, e):
@@ -63,8 +63,9 @@ t0 = time.time()
 print("base", *np.round(evaluate(None), 3), flush=True)
 env = gym.make("LunarLander-v3", **KW); env = Resid(env)
 model = PPO("MlpPolicy", env, n_steps=a.n_steps, batch_size=a.batch, n_epochs=a.epochs, gamma=a.gamma, gae_lambda=a.lam,
-            learning_rate=a.lr, seed=a.seed, device="cpu", policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]),
-            activation_fn=torch.nn.Tanh, log_std_init=a.log_std))
+            learning_rate=a.lr, seed=a.seed, device="cpu", policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]},
+                                                                       "activation_fn": torch.nn.Tanh,
+                                                                       "log_std_init": a.log_std})
 with torch.no_grad():
     model.policy.action_net.weight.zero_(); model.policy.action_net.bias.zero_()
 actor = list(model.policy.mlp_extractor.policy_net.parameters()) + list(model.policy.action_net.parameters()) + [model.policy.log_std]

@@ -66,10 +66,10 @@ def main() -> None:
                 rows.append((args.ref, measure(Path(tmp) / "ref" / "src", args.pools)))
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tmp + "/ref"],
-                               capture_output=True)
+                               capture_output=True, check=False)  # best effort: the temporary worktree may be gone
         rows.append(("working tree", measure(ROOT / "src", args.pools)))
-    lines = [f"| code | `import ratchet.execution.worker` (s) | {args.pools} pools × (2 workers + 4 episodes): wall (s) "
-             "| child CPU (s) |", "|---|---|---|---|"]
+    lines = [(f"| code | `import ratchet.execution.worker` (s) | {args.pools} pools × (2 workers + 4 episodes): wall (s) "
+              "| child CPU (s) |"), "|---|---|---|---|"]
     lines += [f"| {name} | {m['worker_import_s']:.2f} | {m['wall_s']:.2f} | {m['child_cpu_s']:.2f} |" for name, m in rows]
     table = "\n".join(lines)
     print(table)

@@ -176,7 +176,7 @@ def test_evaluate_reports_policy_errors_in_the_table(runner):
 
 def test_replay_matches_the_ledger(finished_run, runner):
     _, run_dir, _ = finished_run
-    st, episodes = incumbent_test_episode(run_dir)
+    _st, episodes = incumbent_test_episode(run_dir)
     for ep in episodes[:2]:
         res = invoke(runner, "replay", run_dir, "--seed", ep["seed"])
         assert res.exit_code == 0, res.output
@@ -194,13 +194,14 @@ def test_plain_lines_do_not_wrap_when_piped(finished_run):
     _, episodes = incumbent_test_episode(run_dir)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.run([sys.executable, "-m", "ratchet.cli", "replay", str(run_dir), "--seed",
-                           str(episodes[0]["seed"])], capture_output=True, text=True, env=env, timeout=120)
+                           str(episodes[0]["seed"])], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("candidate "))
     assert len(line) > 80 and "truncated=" in line and f"ledger {episodes[0]['episode_return']!r}" in line, proc.stdout
     proc = subprocess.run([sys.executable, "-m", "ratchet.cli", "evaluate", str(DATA / "cartpole_linear.py"), "--env",
                            "CartPole-v1", "-n", "2", "--workers", "1"], capture_output=True, text=True,
-                          env={**env, "COLUMNS": "40"}, timeout=120)
+                          env={**env, "COLUMNS": "40"}, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^mean .* · errors 0 · [\d,]+ env steps$", proc.stdout, re.MULTILINE), proc.stdout
 
@@ -829,7 +830,7 @@ def test_usage_errors_are_one_line_too(args, fragment):
 
     root = Path(__file__).resolve().parents[1]
     res = subprocess.run([sys.executable, "-m", "ratchet.cli", *args], cwd=root, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, check=False)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith("error: ") and fragment in lines[0] and "--help" in lines[0]

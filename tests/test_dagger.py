@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,7 @@ def test_each_mode_collects_aggregates_and_retrains(round0, mode):
     for ep in info["episodes"]:  # segments cover the episode; labelled ranges are what was added
         segs = ep["segments"]
         assert segs[0][0] == 0 and segs[-1][1] == ep["length"]
-        assert all(a[1] == b[0] for a, b in zip(segs, segs[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(segs))
         assert ep["expert_steps"] == sum(e - s for s, e, who in segs if who == "expert")
     labelled = sum(e - s for ep in info["episodes"] for s, e in ep["labelled"])
     assert labelled == info["labelled_steps"]
@@ -99,8 +100,9 @@ def test_behaviour_cloning_is_deterministic_and_learns(round0):
 
 
 def test_dataset_bytes_concat_and_segments():
-    steps = [dict(obs=np.full(4, i, np.float32), next_obs=np.full(4, i + 1, np.float32), label=i % 2, executed=0,
-                  reward=1.0, terminated=False, truncated=False, expert=True, round=0, episode=ep, seed=ep, step=i)
+    steps = [{"obs": np.full(4, i, np.float32), "next_obs": np.full(4, i + 1, np.float32), "label": i % 2,
+              "executed": 0, "reward": 1.0, "terminated": False, "truncated": False, "expert": True, "round": 0,
+              "episode": ep, "seed": ep, "step": i}
              for ep in (0, 1) for i in range(3) if (ep, i) != (1, 1)]
     ds = Dataset.from_steps(steps, "discrete", 4, env_id="CartPole-v1")
     assert list(ds.segments()) == [(0, 3), (3, 4), (4, 5)]
@@ -154,7 +156,7 @@ class _Context:
 
         self.jobs.append(job)
         arts = {role: self.store[h] for role, h in job.parent.artifacts.items()}
-        outs, used = train(TASK, {"kind": "mlp", "artifacts": arts}, job.settings, list(job.seeds), job.env_steps)
+        outs, _used = train(TASK, {"kind": "mlp", "artifacts": arts}, job.settings, list(job.seeds), job.env_steps)
         res = []
         for o in outs:
             for data in o.artifacts.values():

@@ -47,8 +47,8 @@ def test_same_spec_same_seed_same_ledger(finished_run, cli_run):
     na = {key: (t, p) for t, key, p in normalized(a)}
     nb = {key: (t, p) for t, key, p in normalized(b)}
     assert na.keys() == nb.keys()
-    for key in na:
-        assert na[key] == nb[key], key
+    for key, value in na.items():
+        assert value == nb[key], key
     ids = lambda evs: [e.payload["candidate"]["id"] for e in events_of(evs, EventType.CANDIDATE_PROPOSED)]
     assert ids(a) == ids(b)  # proposals are recorded in the same order
     returns = lambda evs: sorted((e.key, [x["episode_return"] for x in e.payload["episodes"]])

@@ -85,7 +85,7 @@ def test_random_worker_kills_and_a_driver_kill_leave_no_trace(tmp_path):
                              test={"episodes": 10}, execution={"workers": 2, "death_retries": 3})
     clean_runs, runs = tmp_path / "clean", tmp_path / "runs"
     done = subprocess.run(CLI + ["run", str(spec_dir), "--runs-dir", str(clean_runs), "--run-id", "f", "--no-report"],
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stderr
     clean = read_events(clean_runs / "f")
 
@@ -116,7 +116,7 @@ def test_random_worker_kills_and_a_driver_kill_leave_no_trace(tmp_path):
     killer = WorkerKiller(resumer.pid, seed=2)
     killer.start()
     try:
-        out, err = resumer.communicate(timeout=300)
+        _out, err = resumer.communicate(timeout=300)
     finally:
         kills_second = killer.stop()
     assert resumer.returncode == 0, err

@@ -79,7 +79,7 @@ def _job(answer: TrainingAnswer, env_steps: int = 100, **settings) -> TrainingJo
     return TrainingJob("dagger", parent, settings, (1, 2), env_steps, answer=answer)
 
 
-def test_accept_checks_roles_info_types_ranges_and_sizes(round0):
+def test_accept_checks_roles_info_types_ranges_and_sizes(round0):  # noqa: F811 - pytest passes the fixture
     job = _job(dagger.ANSWER, 200, round=0)
     info = {"round": 0, "mode": "bc", "episodes": [], "labelled_steps": 10, "expert_steps": 10, "env_steps": 100,
             "expert_steps_per_episode": 0.0, "dataset": Dataset.from_bytes(round0["dataset"]).summary(),

@@ -175,7 +175,7 @@ def test_two_resumes_from_different_run_directories_one_runs(shared_storage, tmp
 def _can_unshare() -> bool:
     if shutil.which("unshare") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
         return False
-    return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
+    return subprocess.run(["unshare", "--uts", "true"], capture_output=True, check=False).returncode == 0
 
 
 def _on_host(host: str, *args: str) -> list[str]:
@@ -240,7 +240,8 @@ def test_two_host_resume(shared_storage, tmp_path):
 
     def on_b(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(_on_host("hostb", *args, "--runs-dir", str(tmp_path / "b"), *storage),
-                              capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
+                              check=False)
 
     shown = on_b("show", run_id, "--json")
     assert shown.returncode == 0, shown.stderr

@@ -139,7 +139,7 @@ def test_every_evaluated_candidate_was_proposed_first(finished_run):
 
 
 def test_start_run_refuses_an_existing_run(finished_run):
-    result, run_dir, spec_dir = finished_run
+    _result, run_dir, spec_dir = finished_run
     with pytest.raises(RatchetError, match="already exists"):
         start_run(load_spec(spec_dir), run_dir.parent, run_dir.name)
 
@@ -276,8 +276,8 @@ def test_killed_run_resumes_to_the_same_ledger(finished_run, tmp_path):
     ref = {key: (t, p) for t, key, p in normalized(read_events(ref_dir))}
     got = {key: (t, p) for t, key, p in normalized(after) if t != "run_resumed"}
     assert got.keys() == ref.keys()
-    for key in ref:
-        assert got[key] == ref[key], key
+    for key, value in ref.items():
+        assert got[key] == value, key
     st = project(after)
     assert st.status == "finished" and st.env_steps == project(read_events(ref_dir)).env_steps
 

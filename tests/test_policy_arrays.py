@@ -49,7 +49,7 @@ def _policy(spec: str) -> str:
 
 def test_array_parameter_is_declared_with_its_shape_and_broadcast_bounds():
     prog = parse_policy(SRC)
-    gain, w, b = prog.parameters
+    gain, w, _b = prog.parameters
     assert (gain.shape, gain.size, gain.is_array) == ((), 1, False)
     assert (w.shape, w.size, w.is_array) == ((3, 2), 6, True)
     assert w.array("high").tolist() == [[1, 2], [3, 4], [5, 6]] and w.array("low").shape == (3, 2)
@@ -69,8 +69,8 @@ def test_array_parameter_is_declared_with_its_shape_and_broadcast_bounds():
     ('"W": {"shape": [2], "default": 0.0, "low": -1e308, "high": 1e308}', "the range high - low overflows"),
     ('"W": {"default": [0.0, 0.0], "low": 0.0, "high": 1.0}', 'add "shape": [2] to declare an array parameter'),
     ('"W": {"shape": [400, 400], "default": 0.0, "low": 0.0, "high": 1.0}', "holds 160,000 numbers"),
-    ('"W": {"shape": [60000], "default": 0.0, "low": 0.0, "high": 1.0}, '
-     '"V": {"shape": [60000], "default": 0.0, "low": 0.0, "high": 1.0}', "at 'V'"),
+    (('"W": {"shape": [60000], "default": 0.0, "low": 0.0, "high": 1.0}, '
+      '"V": {"shape": [60000], "default": 0.0, "low": 0.0, "high": 1.0}'), "at 'V'"),
 ])
 def test_validation_errors_name_the_parameter_and_the_fix(spec, fragment):
     with pytest.raises(PolicyError) as info:
@@ -293,7 +293,7 @@ def test_advice_counts_array_elements_at_their_bounds():
     st = RunState(policy_source=src, baseline_id="a", incumbent_id="b",
                   candidates={"b": {"params": {"W": w.tolist(), "b": [0.0, 1.0]}}})
     assert parameters_at_bounds(st) == [
-        "parameter W: 2 of 8 elements sit at a bound (1 lower, 1 upper): the search wanted to go further; widen "
-        "their range in PARAMETERS",
-        "parameter b: 1 of 2 elements sit at a bound (0 lower, 1 upper): the search wanted to go further; widen "
-        "their range in PARAMETERS"]
+        ("parameter W: 2 of 8 elements sit at a bound (1 lower, 1 upper): the search wanted to go further; widen "
+         "their range in PARAMETERS"),
+        ("parameter b: 1 of 2 elements sit at a bound (0 lower, 1 upper): the search wanted to go further; widen "
+         "their range in PARAMETERS")]

@@ -84,11 +84,11 @@ def _count(open_ledger, type_: str) -> int:
     """Events of ``type_`` in a ledger another process is writing (0 while it is being created)."""
     try:
         ledger = open_ledger()
-    except Exception:
+    except Exception:  # noqa: BLE001 - another process is still creating the ledger: count 0
         return 0
     try:
         return sum(1 for e in ledger.read() if e.type.value == type_)
-    except Exception:
+    except Exception:  # noqa: BLE001 - another process is mid-write: count 0 and poll again
         return 0
     finally:
         ledger.close()
@@ -319,7 +319,8 @@ def test_mlp_candidate_evaluated_and_exported(tmp_path, executor):
     assert module.ENV_ID == "CartPole-v1"
     for s, ep in zip(seeds, eps):
         assert _standalone_return(module, CARTPOLE, s) == (ep.episode_return, ep.length)
-    demo = subprocess.run([sys.executable, str(paths[0]), "10"], capture_output=True, text=True, timeout=60)
+    demo = subprocess.run([sys.executable, str(paths[0]), "10"], capture_output=True, text=True, timeout=60,
+                          check=False)
     assert demo.returncode == 0 and f"return {eps[0].episode_return!r}" in demo.stdout, demo.stderr
     # the exported weights start a new run where this one ended: [policy] kind = "mlp", path = "net.npz"
     _, again, _ = start_candidate(PolicySpec(kind="mlp", path="out/net.npz"), tmp_path, _spaces(CARTPOLE), 0, None)

@@ -274,7 +274,7 @@ def test_leftovers_of_killed_runs_are_swept(tmp_path, monkeypatch):
     tempfile.tempdir = None
     try:
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout.strip()
+                              text=True, check=True).stdout.strip()
         stale, live = tmp_path / f"ratchet-worker-{dead}-abc", tmp_path / f"ratchet-worker-{os.getpid()}-abc"
         stale.mkdir()
         (stale / "worker.log").write_text("x")

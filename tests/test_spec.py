@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 from conftest import DATA, make_spec_dir
+from pydantic import ValidationError
 
 from ratchet.errors import SpecError
 from ratchet.spec import RunSpec, load_spec, spec_from_dict
@@ -136,7 +137,7 @@ def test_spec_from_dict_rejects_non_tables():
 
 def test_specs_are_frozen(tmp_path):
     spec = load_spec(make_spec_dir(tmp_path))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         spec.seed = 3  # type: ignore[misc]
     assert isinstance(spec, RunSpec)
 
@@ -298,8 +299,8 @@ def test_loop_settings_live_in_planner_and_old_specs_keep_working_with_a_note(tm
     old_data = {"task": {"env_id": "CartPole-v1"}, "refiner": {"train_episodes": 4, "sigma0": 0.3}}
     old = spec_from_dict(old_data)
     assert (old.planner.train_episodes, old.refiner.train_episodes, old.refiner.sigma0) == (4, 4, 0.3)
-    assert moved_settings(old_data) == ["note: [refiner] train_episodes is now [planner] train_episodes (read "
-                                        "from [refiner] this time)"]
+    assert moved_settings(old_data) == [("note: [refiner] train_episodes is now [planner] train_episodes (read "
+                                         "from [refiner] this time)")]
     assert moved_settings(old.to_dict()) == [] and spec_from_dict(old.to_dict()) == old  # the ledger: new place
     notes: list[str] = []
     load_spec(make_spec_dir(tmp_path / "s"), notes=notes)  # tests/data/cartpole.toml keeps the older spelling

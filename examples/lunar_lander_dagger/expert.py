@@ -49,7 +49,7 @@ def act(observation, params):
 
 def takeover(observation, params):
     """True when the lander is in danger: observation = x, y, vx, vy, angle, angular velocity, legs."""
-    x, y, vx, vy, angle, spin = observation[:6]
+    x, y, _vx, vy, angle, spin = observation[:6]
     if observation[6] and observation[7]:  # both legs down: nothing left to save
         return False
     tilted = abs(angle) > 0.6 or abs(spin) > 1.0
