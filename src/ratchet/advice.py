@@ -27,7 +27,7 @@ def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
     try:
         values = state.candidates.get(state.incumbent_id, {}).get("params", {})
         program = parse_policy(state.policy_source, "<policy>", dims=_infer_dims(state.policy_source, values))
-    except Exception:
+    except Exception:  # noqa: BLE001 - advice is a hint: a source or parameters it cannot read give none, never a failed report
         return []
     values = state.candidates.get(state.incumbent_id, {}).get("params", {})
     out = []
@@ -59,8 +59,8 @@ def _array_at_bounds(p: Any, value: Any, tolerance: float) -> list[str]:
     low, high = int(np.sum(v - lo <= tolerance * span)), int(np.sum(hi - v <= tolerance * span))
     if not low + high:
         return []
-    return [f"parameter {p.name}: {low + high} of {v.size} elements sit at a bound ({low} lower, {high} upper): "
-            "the search wanted to go further; widen their range in PARAMETERS"]
+    return [(f"parameter {p.name}: {low + high} of {v.size} elements sit at a bound ({low} lower, {high} upper): "
+             "the search wanted to go further; widen their range in PARAMETERS")]
 
 
 def run_advice(state: Any) -> list[str]:

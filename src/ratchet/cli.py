@@ -38,7 +38,7 @@ class _LiteralHelp(TyperGroup):
             cmd.help = escape(cmd.help) if cmd.help else cmd.help
             for param in cmd.params:
                 if getattr(param, "help", None):
-                    param.help = escape(param.help)
+                    param.help = escape(param.help)  # type: ignore[attr-defined]  # an Option's (getattr above)
 
 
 app = typer.Typer(help="ratchet: make an existing decision policy better, provably "
@@ -239,7 +239,8 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -
             runs = [(run_id, lambda run_id=run_id: _project(SQLAlchemyLedger(url, run_id, readonly=True), run_id))
                     for run_id, _ in runs_in(url)]
         else:
-            root = where = Path(runs_dir)
+            root = Path(runs_dir)
+            where = str(root)
             if root.exists() and not root.is_dir():
                 raise RunNotFoundError(f"--runs-dir {root} is a file; runs live in the folder `ratchet run --runs-dir` used")
             dirs = sorted(p for p in root.iterdir() if (p / LEDGER_FILE).is_file() or (p / POINTER_FILE).is_file()) \
@@ -255,7 +256,7 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -
     for name, load in runs:
         try:
             st = load()
-        except Exception as exc:  # one damaged run must not hide the others
+        except Exception as exc:  # noqa: BLE001 - one damaged run must not hide the others
             rows.append((name, f"unreadable: {_safe(str(exc), 80)}", "", "", "", "", "", ""))
             continue
         test = st.test or {}
@@ -482,6 +483,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
                 task = _task_of(st)
             label = f"candidate {cand.id} ({cand.kind}) of run {st.run_id}"
         else:
+            assert policy is not None  # checked above: a policy file or --run
             cand = load_program(policy, task).candidate()
             label = str(policy)
         check_task(task)
@@ -777,22 +779,22 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
-_CORRECT_HELP = "\n\n".join((  # one paragraph per string: Typer keeps a docstring's line breaks
+_CORRECT_HELP = "\n\n".join((  # noqa: FLY002 - one paragraph per string: Typer keeps a docstring's line breaks
     "A person's correction round in a finished run (HG-DAgger with a person as the expert).",
-    "Serves a local page (127.0.0.1, under a random token path, no internet assets) that plays the incumbent on "
-    "fresh training seeds, rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. "
-    "In a task with no no-op action (CartPole: ← 0, → 1) the episode waits while you are in control and hold no "
-    "key.",
-    "When the episodes are done, or on Ctrl-C (the episodes played to the end are kept; the one being played is "
-    "dropped), the round goes into the run's ledger: the person's data set as an artifact and who controlled which "
-    "steps. It then ends with retraining (behaviour cloning on the run's data plus the person's steps) and the "
-    "run's gate: a better student becomes the incumbent, and the incumbent is evaluated on the test split again.",
-    "Each episode goes into the ledger as it ends: a process killed while the person plays (kill -9, a crash) "
-    "loses only the episode being played, and --resume-round records the round from the finished ones. Once "
-    "recorded, a round killed at any point is finished by --resume-round without asking the person again. A new "
-    "round is refused while an earlier one is not finished.",
-    "The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env steps are "
-    "recorded apart from the run's budget."))
+    ("Serves a local page (127.0.0.1, under a random token path, no internet assets) that plays the incumbent on "
+     "fresh training seeds, rendered live; a mapped key takes over (LunarLander: the arrow keys), Enter hands back. "
+     "In a task with no no-op action (CartPole: ← 0, → 1) the episode waits while you are in control and hold no "
+     "key."),
+    ("When the episodes are done, or on Ctrl-C (the episodes played to the end are kept; the one being played is "
+     "dropped), the round goes into the run's ledger: the person's data set as an artifact and who controlled which "
+     "steps. It then ends with retraining (behaviour cloning on the run's data plus the person's steps) and the "
+     "run's gate: a better student becomes the incumbent, and the incumbent is evaluated on the test split again."),
+    ("Each episode goes into the ledger as it ends: a process killed while the person plays (kill -9, a crash) "
+     "loses only the episode being played, and --resume-round records the round from the finished ones. Once "
+     "recorded, a round killed at any point is finished by --resume-round without asking the person again. A new "
+     "round is refused while an earlier one is not finished."),
+    ("The run is held (as `ratchet resume` holds it) from start to end. The person's and the round's env steps are "
+     "recorded apart from the run's budget.")))
 
 
 @app.command(help=_CORRECT_HELP)
@@ -990,7 +992,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     # Typer's UsageError (its own vendored click in recent Typer, click's in older ones), found without a
     # private import: BadParameter derives from it
-    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    usage_error: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
     try:
         code = app(standalone_mode=False)
     except usage_error as exc:  # a bad option value, a missing argument: one line, like the rest

@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import threading
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -94,9 +95,10 @@ class CorrectionSession:
             self.done = True
             return
         self.obs, _ = self.env.reset(seed=int(self.seeds[self.episode]))
-        self.done, self.t, self.ret, self.control, self.who = False, 0, 0.0, "student", []
+        self.done, self.t, self.ret, self.control = False, 0, 0.0, "student"
+        self.who: list[str] = []
 
-    def step(self, held: list[str], pressed: list[str] = (), handback: bool = False) -> dict[str, Any]:
+    def step(self, held: Sequence[str], pressed: Sequence[str] = (), handback: bool = False) -> dict[str, Any]:
         """One env step: the student's action or, from the first mapped key pressed until ``handback``, the
         person's: the first mapped key held, else the first pressed since the last step (a tap), else the
         idle action — or, where the key map has no idle action (no no-op), no step at all: the episode waits
@@ -221,7 +223,7 @@ def parse_step(body: bytes) -> tuple[list[str], list[str], bool]:
     except (ValueError, RecursionError):
         raise ValueError("body is not JSON") from None
     if not isinstance(msg, dict):
-        raise ValueError("body must be a JSON object {held, pressed, handback}")
+        raise ValueError("body must be a JSON object {held, pressed, handback}")  # noqa: TRY004 - parse_step's contract: ValueError (400)
     extra = sorted(set(msg) - {"held", "pressed", "handback"})
     if extra:
         raise ValueError(f"unknown field(s) {', '.join(repr(k)[:40] for k in extra[:3])}")
@@ -235,7 +237,7 @@ def parse_step(body: bytes) -> tuple[list[str], list[str], bool]:
         out.append(keys)
     handback = msg.get("handback", False)
     if not isinstance(handback, bool):
-        raise ValueError("handback must be true or false")
+        raise ValueError("handback must be true or false")  # noqa: TRY004 - parse_step's contract: ValueError (400)
     return out[0], out[1], handback
 
 
@@ -343,7 +345,7 @@ def serve(session: CorrectionSession, host: str = "127.0.0.1", port: int = 0,
                 state = session.step(held, pressed, handback)
                 if not state["done"]:
                     state["frame"] = base64.b64encode(session.frame_png()).decode()
-            except Exception as exc:  # the env or renderer failed: one line to the page, nothing on the terminal
+            except Exception as exc:  # noqa: BLE001 - the env or renderer failed: one line to the page, nothing on the terminal
                 self._refuse(500, f"the episode failed: {type(exc).__name__}: {str(exc)[:200]}".replace("\n", " "))
                 return
             self._send(json.dumps(state).encode(), "application/json")

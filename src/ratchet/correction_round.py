@@ -40,6 +40,7 @@ from typing import Any, Self
 from ratchet.critic import Evaluation
 from ratchet.errors import RatchetError
 from ratchet.ledger import EventType
+from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import RunState, project
 from ratchet.ledger.rounds import correction_rounds, unfinished_round
 from ratchet.policy import Candidate
@@ -95,7 +96,8 @@ class CorrectionRound:
         self._storage, self._executor = storage, executor
         self._own_executor = executor is None
         self._run: Any = None
-        self.ledger, self.run_dir, self._lock_fd, self._lease = open_for_writing(run, runs_dir, storage=storage)
+        self.ledger, self.run_dir, self._lock_fd, lease = open_for_writing(run, runs_dir, storage=storage)
+        self._lease: WriterLease | None = lease  # None once released
         try:
             self.state: RunState = project(self.ledger.read())
             if self.ledger.get("run_finished") is None:
@@ -279,6 +281,7 @@ class CorrectionRound:
         rec = rounds[n]["recorded"]
         earlier = [e for e in events if e.payload.get("correction_round") != n]  # the run as the round found it
         st = project(earlier)
+        assert st.incumbent_id is not None and st.baseline_id is not None  # a run with a round has both
         played = st.candidate(rec["candidate_id"])
         incumbent = st.candidate(st.incumbent_id)
         baseline = st.candidate(st.baseline_id)
@@ -320,7 +323,9 @@ class CorrectionRound:
                                for s in ("validation", "test")}}
         run.record(EventType.CORRECTION_FINISHED, f"correction/{n}/finished", out)
         self.refresh()
-        return dict(self.ledger.get(f"correction/{n}/finished").payload)
+        finished = self.ledger.get(f"correction/{n}/finished")
+        assert finished is not None  # recorded just above
+        return dict(finished.payload)
 
     def _wired_run(self, events: Sequence[Any]) -> Any:
         """The run's loop wiring (:func:`ratchet.loop.rebuild_run`), taken up where ``events`` leave it."""
@@ -340,7 +345,7 @@ class CorrectionRound:
         from ratchet.execution.training import TrainingJob
         from ratchet.refiners.dagger import ANSWER, MODES, CorrectionSettings
 
-        table = next((e for e in run.spec.refiner_entries() if e["kind"] in MODES), {})
+        table: dict[str, Any] = next((e for e in run.spec.refiner_entries() if e["kind"] in MODES), {})
         fields = CorrectionSettings.model_fields
         settings = {k: table.get(k, fields[k].default) for k in ("updates", "batch_size", "learning_rate")}
         if updates is not None:
@@ -371,8 +376,9 @@ class CorrectionRound:
         if self._run is not None and self._own_executor:
             self._run.executor.close()
             self._run = None
-        if getattr(self, "_lease", None) is not None:
-            self._lease.release()
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            lease.release()
             self._lease = None
         if getattr(self, "ledger", None) is not None:
             self.ledger.close()

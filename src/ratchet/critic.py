@@ -238,7 +238,7 @@ class Critic:
             return None
         from scipy.stats import binomtest
 
-        k = int(round(rate * evaluation.n))
+        k = round(rate * evaluation.n)
         ci = binomtest(k, evaluation.n).proportion_ci(confidence_level=0.95, method="wilson")
         return (float(ci.low), float(ci.high))
 

@@ -24,6 +24,7 @@ each segment as one of its episodes (:func:`to_minari`, :func:`from_minari`).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ class Dataset:
         try:
             meta = json.loads(arrays.pop("meta").tobytes().decode())
             ds = cls(**{f: arrays[f] for f in _FIELDS}, meta=meta)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a malformed file fails in many ways; each one is a DataError
             raise DataError(f"not a ratchet data set: {type(exc).__name__}: {exc}"[:300]) from None
         n = len(ds)
         if any(getattr(ds, f).shape[:1] != (n,) for f in _FIELDS):
@@ -158,7 +159,7 @@ class Dataset:
             return
         brk = np.flatnonzero((np.diff(self.episode) != 0) | (np.diff(self.step) != 1)) + 1
         bounds = [0, *brk.tolist(), n]
-        yield from zip(bounds[:-1], bounds[1:])
+        yield from itertools.pairwise(bounds)
 
     def take(self, rows: Any) -> Dataset:
         """The rows ``rows`` (indices or a mask)."""
@@ -306,7 +307,7 @@ def from_minari(source: str | Path | Any, *, expert: bool = True) -> Dataset:
     if isinstance(source, (str, Path)):
         try:
             ds = minari.MinariDataset(Path(source) / "data" if (Path(source) / "data").is_dir() else source)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Minari raises many types for a bad path; each one is a DataError
             raise DataError(f"{source}: not a Minari data set ({type(exc).__name__}: {exc})"[:300]) from None
     else:
         ds = source
@@ -329,7 +330,8 @@ def from_minari(source: str | Path | Any, *, expert: bool = True) -> Dataset:
         info = ep.infos if isinstance(ep.infos, dict) else {}
         ours = all(k in info for k in _MINARI_INFO)
 
-        def col(key: str, default: Any, dtype: Any) -> np.ndarray:
+        def col(key: str, default: Any, dtype: Any, info: dict[str, Any] = info, t: int = t,
+                ours: bool = ours) -> np.ndarray:  # this episode's info, t and ours, bound here
             return np.asarray(info[key], dtype=dtype)[1:t + 1] if ours else np.asarray(default, dtype=dtype)
 
         executed = (np.asarray(info["ratchet_executed"])[1:t + 1].astype(label.dtype).reshape(label.shape) if ours

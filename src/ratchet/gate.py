@@ -494,6 +494,7 @@ class GateSession:
         d = np.asarray(self.diffs) - g.min_improvement
         mean = self.mean_diff
         if g.method == "betting":
+            assert self.lower_bound is not None  # SequentialGate.start refuses "betting" without one
             scale = g.min_improvement - self.lower_bound  # x = (d - m) / scale >= -1
             log_k = betting_log_capital(d / scale, g.max_bet, g.prior_var)
             self.max_e = float(np.exp(min(log_k.max(), 700.0)))

@@ -106,7 +106,7 @@ def check_zip(data: bytes, *, limit: int | None = None) -> list[str]:
             return [i.filename for i in _members(zf, len(data), limit)]
     except NpzError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: every failure is an NpzError
         raise NpzError(f"not a zip archive ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})") from None
 
 
@@ -145,7 +145,7 @@ def npz_headers(data: bytes, *, limit: int | None = None) -> list[ArrayHeader]:
             return out
     except NpzError:
         raise
-    except Exception as exc:  # BadZipFile, ValueError from a malformed header, EOFError, ...
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: BadZipFile, ValueError from a malformed header, EOFError, ...
         raise NpzError(f"not an .npz ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})") from None
 
 
@@ -166,5 +166,5 @@ def load_npz(data: bytes, *, limit: int | None = None) -> dict[str, np.ndarray]:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: every failure is an NpzError
         raise NpzError(f"not an .npz ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})") from None

@@ -496,9 +496,10 @@ def _nested_shape(v: Any) -> tuple[int, ...] | None:
     if not v:
         return None
     inner = {_nested_shape(x) for x in v}
-    if len(inner) != 1 or None in inner:
+    if len(inner) != 1:
         return None
-    return (len(v), *inner.pop())
+    shape = inner.pop()
+    return None if shape is None else (len(v), *shape)
 
 
 def _flat(v: Any) -> list[Any]:
@@ -669,6 +670,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     declared = set()
     if isinstance(node, ast.Dict):
         for key, val in zip(node.keys, node.values):
+            assert key is not None  # parse_policy checked: a literal dict, no ** in it
             name = ast.literal_eval(key)
             declared.add(name)
             if name not in params:
@@ -676,7 +678,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
             target = None
             if isinstance(val, ast.Dict):
                 for k2, v2 in zip(val.keys, val.values):
-                    if ast.literal_eval(k2) == "default":
+                    if k2 is not None and ast.literal_eval(k2) == "default":
                         target = v2
             elif isinstance(val, (ast.Tuple, ast.List)):
                 target = val.elts[0]

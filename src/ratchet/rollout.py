@@ -100,7 +100,8 @@ class RolloutAborted(Exception):
     def __init__(self, status: str, detail: str = "") -> None:
         super().__init__(f"{status}: {detail}" if detail else status)
         self.status, self.detail = status, detail
-        self.length, self.episode_return, self.final_observation = 0, 0.0, None
+        self.length, self.episode_return = 0, 0.0
+        self.final_observation: list[float] | None = None
 
 
 class InvalidAction(ValueError):
@@ -237,14 +238,14 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
     except RolloutAborted as exc:
         exc.length, exc.episode_return, exc.final_observation = steps, total, _obs_list(obs)
         raise
-    except BaseException as exc:  # the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
+    except BaseException as exc:  # noqa: BLE001 - the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
         if isinstance(exc, PolicyFailure):
             error = f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
         else:
             kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
             try:
                 text = str(exc)[:400]
-            except Exception:
+            except Exception:  # noqa: BLE001 - a policy's exception may fail in __str__ too
                 text = "<unprintable exception>"
             error = f"{kind}: {text}"
         return Episode(seed, total, steps, False, False, _failure(task), error[:500],

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -514,7 +514,7 @@ def moved_settings(data: Any) -> list[str]:
             for key in _MOVED_TO_PLANNER if key in refiner and key not in planner]
 
 
-def _format_error(err: dict[str, Any], where: str) -> str:
+def _format_error(err: Mapping[str, Any], where: str) -> str:
     loc = [str(x) for x in err["loc"]]
     section, key = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("", loc[0] if loc else "")
     name = f"[{section}] {key}" if section and key else (section or key)

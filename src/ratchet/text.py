@@ -48,7 +48,7 @@ def clean(text: Any, max_len: int | None = 500, *, multiline: bool = False) -> s
     if not isinstance(text, str):
         try:
             text = str(text)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any object's __str__ may raise anything
             text = "<unprintable>"
     if max_len is not None and len(text) > 4 * max_len + 4:
         text = text[:4 * max_len + 4]  # an escape is at most 6 characters; bound the work first

@@ -64,8 +64,8 @@ class RemotePolicy:
                  action_space: Any = None) -> None:
         self.chan, self.key, self.source = chan, key, source
         self.spaces = (observation_space, action_space)
-        dtype, shape = getattr(observation_space, "dtype", None), getattr(observation_space, "shape", None)
-        self.raw = (np.dtype(dtype), tuple(shape)) if isinstance(observation_space, Box) else None
+        self.raw = ((np.dtype(observation_space.dtype), tuple(observation_space.shape))
+                    if isinstance(observation_space, Box) else None)
 
     def _ask(self, payload: bytes, expect: str) -> Any:
         try:
@@ -187,7 +187,7 @@ def _serve(conn: Any, chan: Channel) -> None:
                           "interfered": f"policy process sent {exc.detail}"}.get(status, status)
                 ep = Episode.failed(seed, reason, exc.length, exc.episode_return, task=task)
             reply = [job_id, ep.to_dict(), status]
-        except Exception as exc:  # environment trouble: report it as this episode's error
+        except Exception as exc:  # noqa: BLE001 - environment trouble: report it as this episode's error
             reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=task).to_dict(), status]
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -16,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Self, cast
 
 from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, Job, policy_payload
@@ -50,10 +51,10 @@ class _Worker:
         parent_sock, child_sock = socket.socketpair()
         python = [sys.executable, "-m"]
         if self.trusted:
-            self.hostdir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-host-")  # 0700: not the policy's
+            self.hostdir: str | None = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-host-")  # 0700: not the policy's
             to_policy_r, to_policy_w = os.pipe()
             to_host_r, to_host_w = os.pipe()
-            policy_fds = (to_policy_r, to_host_w)
+            policy_fds: tuple[int, ...] = (to_policy_r, to_host_w)
             host_fds = (child_sock.fileno(), to_host_r, to_policy_w)
             extra = {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w}"}
             if cpu is not None:  # the pair shares one CPU (see channel.pin_to_cpu)
@@ -71,6 +72,7 @@ class _Worker:
                                              start_new_session=True)
             self.host = None
             if self.trusted:
+                assert self.hostdir is not None  # made above for a trusted worker
                 host_env = dict(os.environ, RATCHET_ENVHOST_FDS=",".join(map(str, host_fds)),
                                 RATCHET_PARENT_PID=str(os.getpid()), **{k: v for k, v in extra.items()
                                                                          if k == "RATCHET_CPU"})
@@ -290,7 +292,7 @@ class ProcessExecutor:
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
-        new = []
+        new: list[_Worker] = []
         for _ in range(n - len(self._workers)):  # boot in parallel
             new.append(_Worker(self.sandbox, self._pick_cpu(new)))
         for w in new:
@@ -378,6 +380,7 @@ class ProcessExecutor:
             held[0] = False
             while pending:
                 if cap is not None:
+                    assert task.step_limit is not None  # cap is set only with a step limit
                     running = sum(len(x.jobs) for x in workers)
                     if spent[0] + (running + 1) * task.step_limit > cap:
                         if running:
@@ -401,9 +404,10 @@ class ProcessExecutor:
                     continue
                 tdict = None if task_key in w.known_tasks else task_dict
                 render = None
-                if render_paths and render_paths[i]:  # the worker writes only inside its own directory
-                    render = os.path.join(w.outdir, f"render-{i}{os.path.splitext(render_paths[i])[1]}")
-                    renders[i] = (render, render_paths[i])
+                wanted = render_paths[i] if render_paths else None
+                if wanted:  # the worker writes only inside its own directory
+                    render = os.path.join(w.outdir, f"render-{i}{os.path.splitext(wanted)[1]}")
+                    renders[i] = (render, wanted)
                 try:
                     w.conn.send(("job", i, task_key, tdict, key, src, dict(job.candidate.params), job.seed,
                                  render, self.episode_timeout_s))
@@ -421,17 +425,17 @@ class ProcessExecutor:
         while True:
             for depth in (1, 2):  # fill idle workers first, then queue one job behind each running one
                 for w in list(workers):
-                    if len(w.jobs) < depth and pending:
-                        if not dispatch(w) and pending and not w.jobs and not held[0]:
-                            workers.remove(w)
-                            workers.append(self._replace(w))
+                    if (len(w.jobs) < depth and pending and not dispatch(w) and pending and not w.jobs
+                            and not held[0]):
+                        workers.remove(w)
+                        workers.append(self._replace(w))
             busy = {w.conn: w for w in workers if w.jobs}
             if not busy:
                 if not pending:
                     break
                 continue
             timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            for conn in wait(list(busy), timeout=timeout):
+            for conn in cast("list[Connection]", wait(list(busy), timeout=timeout)):  # returns what it was given
                 w = busy[conn]
                 head = w.jobs[0]
                 try:
@@ -508,10 +512,8 @@ class ProcessExecutor:
     def close(self) -> None:
         """Stop all workers."""
         for w in self._workers:
-            try:
+            with contextlib.suppress(OSError):  # a worker that died has a closed pipe; it is killed below
                 w.conn.send(None)
-            except Exception:
-                pass
         for w in self._workers:
             try:
                 w.proc.wait(2)
@@ -520,7 +522,7 @@ class ProcessExecutor:
             w.kill()
         self._workers = []
 
-    def __enter__(self) -> ProcessExecutor:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

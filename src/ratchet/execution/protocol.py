@@ -72,7 +72,7 @@ def encode_action(action: Any) -> bytes:
     else:
         try:
             arr = np.asarray(action)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the action is policy output: its __array__ may raise anything
             arr = None
         if arr is not None and arr.dtype.kind in _ARRAY_KINDS and arr.ndim <= _MAX_DIMS:
             if arr.dtype.kind == "b":
@@ -85,7 +85,7 @@ def encode_action(action: Any) -> bytes:
             return b"a" + head + arr.tobytes()
     try:
         text = repr(action)[:60]
-    except Exception:
+    except Exception:  # noqa: BLE001 - the action is policy output: its __repr__ may raise anything
         text = "<unprintable>"
     return b"o" + json.dumps({"type": type(action).__name__[:100], "repr": text}).encode()
 

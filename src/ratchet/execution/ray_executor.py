@@ -27,7 +27,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from ratchet.errors import RatchetError
 from ratchet.execution import BUDGET_SKIP, Job
@@ -295,6 +295,7 @@ class RayExecutor:
             while waiting:
                 batch = waiting[0]
                 if limit:
+                    assert max_env_steps is not None  # limit is set only with it
                     running = sum(len(b) for b in pending.values())
                     room = (max_env_steps - spent) // limit - running
                     if room < 1:
@@ -374,7 +375,7 @@ class RayExecutor:
             self._checked = False
         self._owns_ray = False
 
-    def __enter__(self) -> RayExecutor:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

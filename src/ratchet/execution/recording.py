@@ -17,7 +17,8 @@ class _FrameRecorder:
     """Minimal env proxy that keeps ``env.render()`` after ``reset`` and every ``step``."""
 
     def __init__(self, env: Any) -> None:
-        self.env, self.frames = env, []
+        self.env = env
+        self.frames: list[Any] = []
         self.action_space = env.action_space
 
     def reset(self, **kwargs: Any) -> Any:

@@ -303,14 +303,15 @@ def isolation() -> str:
         try:
             probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                                     "--unshare-net", "--unshare-pid", "--cap-drop", "ALL", "--", "true"],
-                                   capture_output=True, timeout=30)
+                                   capture_output=True, timeout=30, check=False)
             if probe.returncode == 0:
                 return "bwrap"
         except (OSError, subprocess.SubprocessError):
             pass
     try:
-        probe = subprocess.run([sys.executable, "-c", "from ratchet.execution.sandbox import _unshare_net;"
-                                "raise SystemExit(0 if _unshare_net() else 1)"], capture_output=True, timeout=60)
+        probe = subprocess.run([sys.executable, "-c", ("from ratchet.execution.sandbox import _unshare_net;"
+                                "raise SystemExit(0 if _unshare_net() else 1)")], capture_output=True, timeout=60,
+                               check=False)
         if probe.returncode == 0:
             return "netns"
     except (OSError, subprocess.SubprocessError):
@@ -350,7 +351,7 @@ def confine(settings: dict[str, Any]) -> None:
         os.setuid(uid)  # from root to another uid: every capability is gone too
 
     def limit(which: int, value: int) -> None:
-        soft, hard = resource.getrlimit(which)
+        _soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
 

@@ -210,18 +210,18 @@ class TrainingAnswer:
                 if role.check is not None:
                     try:
                         role.check(data)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - a check failing in any way means the trainer's answer is bad
                         raise BadAnswer(f"{where}: artifact {name!r}: {clean(str(exc) or type(exc).__name__, 200)}"
                                         ) from None
             info = out.info
             if not isinstance(info, Mapping):
                 raise BadAnswer(f"{where}: info of type {type(info).__name__} (expected an object)")
             try:
-                size = len(json.dumps(info, allow_nan=False))
+                info_bytes = len(json.dumps(info, allow_nan=False))
             except (TypeError, ValueError, RecursionError):
                 raise BadAnswer(f"{where}: info that is not finite JSON") from None
-            if size > self.max_info_bytes:
-                raise BadAnswer(f"{where}: {size:,} bytes of info (at most {self.max_info_bytes:,})")
+            if info_bytes > self.max_info_bytes:
+                raise BadAnswer(f"{where}: {info_bytes:,} bytes of info (at most {self.max_info_bytes:,})")
             extra = sorted(clean(repr(k), 40) for k in set(info) - set(fields))
             missing = sorted(f.name for f in self.info if f.required and f.name not in info)
             if extra or missing:
@@ -244,7 +244,9 @@ def _check_field(f: InfoField, value: Any, job: TrainingJob, where: str) -> None
         raise BadAnswer(f"{where}: info {f.name!r} = {shown} (expected {'null or ' if f.nullable else ''}{f.kind})")
     if f.choices is not None and value not in f.choices:
         raise BadAnswer(f"{where}: info {f.name!r} = {shown} (expected one of {list(f.choices)})")
-    measure = len(value) if f.kind in ("list", "str", "dict") else value
+    measure: Any = value  # of the kind checked above
+    if f.kind in ("list", "str", "dict"):
+        measure = len(measure)
     low = f.low(job) if callable(f.low) else f.low
     high = f.high(job) if callable(f.high) else f.high
     if f.kind in ("int", "float") and not math.isfinite(measure):
@@ -321,6 +323,7 @@ def run_training(sandbox: Any, task: Any, job: TrainingJob, timeout_s: float) ->
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(argv, env=env, cwd=workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=log, start_new_session=True)
+        assert proc.stdin is not None and proc.stdout is not None  # both are PIPEs
         try:
             proc.stdin.write(message)
             proc.stdin.close()
@@ -412,7 +415,7 @@ def _read_answer(fd: int, deadline: float) -> tuple[TrainingOutput, ...]:
         raise
     except BadReply as exc:
         raise _Failed(f"trainer sent {exc}") from None
-    except Exception as exc:  # whatever the answer holds, decoding it never raises past here
+    except Exception as exc:  # noqa: BLE001 - whatever the answer holds, decoding it never raises past here
         raise _Failed(f"trainer sent a malformed answer ({type(exc).__name__})") from None
     return tuple(outs)
 
@@ -441,10 +444,10 @@ def _main() -> None:
         module, _, fn = TRAINERS[trainer].partition(":")
         outputs, _ = getattr(importlib.import_module(module), fn)(task_from_dict(task_dict), parent, settings,
                                                                   seeds, env_steps)
-        header = {"error": None, "outputs": [{"info": dict(o.info), "artifacts": {r: len(b) for r, b in o.artifacts.items()}}
+        header: dict[str, Any] = {"error": None, "outputs": [{"info": dict(o.info), "artifacts": {r: len(b) for r, b in o.artifacts.items()}}
                                              for o in outputs]}
         body = [b for o in outputs for b in o.artifacts.values()]
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a failing trainer is an outcome sent to the driver
         import traceback
 
         traceback.print_exc()

@@ -69,7 +69,7 @@ class _Policies:
                     if key not in self.codes:
                         self.codes[key] = compile(payload, "<policy>", "exec")
                     self.modules[key] = compile_policy(self.codes[key], "<policy>")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a policy that fails to load is its episodes' outcome
                 self.modules[key] = exc
         module = self.modules[key]
         if not isinstance(module, Exception) and not hasattr(module, "reset"):
@@ -153,7 +153,7 @@ def _preload_sb3() -> None:
 
         _torch_single_thread()
         import stable_baselines3  # noqa: F401
-    except Exception:  # the child reports it when it loads the policy
+    except Exception:  # noqa: BLE001, S110 - a preload; the child reports it when it loads the policy
         pass
 
 
@@ -176,7 +176,9 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
             ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the policy's orphans come back here
         except (OSError, AttributeError):
             pass
-    act, params, raw = None, {}, None
+    act: Any = None  # the policy's act, once an episode starts
+    params: dict[str, Any] = {}
+    raw: Any = None  # (dtype, shape) of raw observations, announced with the episode
     frombuffer = np.frombuffer
     msg: tuple | None = first
     while True:
@@ -194,7 +196,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
             if kind == "obs":
                 try:
                     reply = encode_action(act(msg[1], params))
-                except BaseException as exc:  # the policy's failure is the episode's outcome
+                except BaseException as exc:  # noqa: BLE001 - the policy's failure is the episode's outcome
                     reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
             elif kind == "episode":
                 _, key, source, params, seed, raw = msg[:6]
@@ -218,7 +220,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                     if reset is not None:
                         try:
                             reset(params, seed)
-                        except BaseException as exc:
+                        except BaseException as exc:  # noqa: BLE001 - the policy's reset failing is the episode's outcome
                             reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
                     act = module.act
             elif kind == "end":
@@ -308,7 +310,7 @@ def worker_main(conn: Any) -> None:
                 if strays and ep.error is None:
                     ep = Episode.failed(seed, f"policy left {strays} process(es) running (killed)", task=task)
             reply = (job_id, ep.to_dict())
-        except Exception as exc:  # environment trouble: report it as this episode's error
+        except Exception as exc:  # noqa: BLE001 - environment trouble: report it as this episode's error
             reply = (job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=_task_or_none(task_dict)).to_dict())
         finally:
@@ -322,7 +324,7 @@ def close_quietly(env: Any) -> None:
     if env is not None:
         try:
             env.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - closing quietly is the point: the episode's result is already known
             pass
 
 
@@ -351,7 +353,7 @@ def _trim_log() -> None:
 def _text(exc: BaseException, limit: int = 300) -> str:
     try:
         return str(exc)[:limit]
-    except Exception:
+    except Exception:  # noqa: BLE001 - a policy's exception may fail in __str__ too
         return "<unprintable>"
 
 
@@ -360,7 +362,7 @@ def _task_or_none(task_dict: Any) -> Any:
         from ratchet.tasks import task_from_dict
 
         return task_from_dict(task_dict)
-    except Exception:
+    except Exception:  # noqa: BLE001 - only names the task in an error reply; a bad task dict gives None
         return None
 
 

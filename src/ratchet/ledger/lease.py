@@ -227,5 +227,5 @@ class WriterLease:
             self._thread.join(timeout=5)
         try:
             self.store.release_lease(self.holder)
-        except Exception:  # noqa: BLE001 — releasing is best effort; expiry is the fallback
+        except Exception:  # noqa: BLE001, S110 - releasing is best effort; expiry is the fallback
             pass

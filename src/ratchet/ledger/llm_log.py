@@ -64,7 +64,7 @@ def _cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
 
 
 def _number(x: Any, kind: type = float) -> Any:
-    return kind(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) < 1e18 else kind(0)
+    return kind(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < 1e18 else kind(0)  # NaN < 1e18 is False too
 
 
 def _messages(data: bytes | None) -> tuple[dict[str, str], ...]:
@@ -133,8 +133,9 @@ def llm_exchanges(events: list[Event], artifact: Callable[[str], bytes], last: i
         if body is None and error is None and p.get("response") is not None:
             error = "the recorded reply is missing from the artifact store"
         outcome = rejected.get(e.key) or (f"request failed: {error}" if answer is None else "proposed")
-        refiner = p.get("refiner") if isinstance(p.get("refiner"), str) else e.key.split("/")[1]
-        out.append(LLMExchange(e.key, refiner, p.get("model") if isinstance(p.get("model"), str) else None,
+        refiner, model = p.get("refiner"), p.get("model")
+        out.append(LLMExchange(e.key, refiner if isinstance(refiner, str) else e.key.split("/")[1],
+                               model if isinstance(model, str) else None,
                                e.time, _messages(read(p.get("request"))), answer, error,
                                _number(p.get("attempts"), int), _number(p.get("prompt_tokens"), int),
                                _number(p.get("completion_tokens"), int), _number(p.get("cost")),

@@ -170,7 +170,8 @@ def failure_reason(error: Any) -> str:
 
 def _add_llm_call(usage: dict[str, dict[str, Any]], key: str, p: dict[str, Any]) -> None:
     """Count one ``llm_call`` event into ``usage`` (see :func:`llm_usage_of`)."""
-    name = p.get("refiner") if isinstance(p.get("refiner"), str) else key.split("/")[1] if key.count("/") >= 2 else "llm"
+    refiner = p.get("refiner")
+    name = refiner if isinstance(refiner, str) else key.split("/")[1] if key.count("/") >= 2 else "llm"
     u = usage.setdefault(name, {"model": p.get("model"), "requests": 0, "attempts": 0, "answered": 0,
                                 "prompt_tokens": 0, "completion_tokens": 0, "tokens_estimated": False, "cost": 0.0,
                                 "seconds": 0.0, "failures": {}})
@@ -228,7 +229,7 @@ def _pid_alive(pid: int | None, host: str | None = None) -> bool:
     alive (its ledger is in a shared database)."""
     if host is not None and host != socket.gethostname():
         return True
-    return bool(pid) and process_running(pid)
+    return pid is not None and pid != 0 and process_running(pid)
 
 
 def active_seconds(events: list[Event]) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -339,7 +340,7 @@ class SQLAlchemyLedger:
             select(*_COLUMNS).where(_events.c.run_id == self.run_id, _events.c.seq > from_seq)
             .order_by(_events.c.seq))]
 
-    def _select(self, stmt) -> list:
+    def _select(self, stmt) -> Sequence[Any]:
         try:
             with self._engine.connect() as conn:
                 return conn.execute(stmt).fetchall()
@@ -439,8 +440,8 @@ class SQLAlchemyLedger:
                     _create_table(self._engine)
                     self._has_leases = True
                 now = self._now()
-                mine = dict(token=holder.token, host=holder.host[:255], pid=holder.pid, heartbeat_at=now,
-                            expires_at=now + ttl_s, released=False)
+                mine = {"token": holder.token, "host": holder.host[:255], "pid": holder.pid, "heartbeat_at": now,
+                        "expires_at": now + ttl_s, "released": False}
                 took = conn.execute(update(_leases).where(
                     c.run_id == self.run_id,
                     or_(c.expires_at <= now, c.released.is_(True), c.token.in_([holder.token, take_over or ""])))

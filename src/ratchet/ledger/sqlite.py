@@ -128,7 +128,8 @@ class SQLiteLedger:
             return stored, False
         except sqlite3.Error as exc:  # read-only, disk full, locked for longer than the timeout
             raise LedgerError(f"cannot append to ledger {self.path}: {exc}") from None
-        return Event(int(cur.lastrowid), type, key, now, payload), True
+        assert cur.lastrowid is not None  # an INSERT that ran sets it
+        return Event(cur.lastrowid, type, key, now, payload), True
 
     def get(self, key: str) -> Event | None:
         """The event with this key, or None."""

@@ -129,7 +129,7 @@ def read_pointer(run_dir: str | Path) -> Pointer | None:
 def with_password_of(pointer_url: str, storage: str | None) -> str:
     """``pointer_url``, or ``storage`` when that names the same database (so a password given with
     ``--storage`` is used for a run found through its pointer)."""
-    if storage_url(storage) is None:
+    if storage is None or storage_url(storage) is None:
         return pointer_url
     from ratchet.ledger.sql import display_url
 

@@ -17,6 +17,7 @@ Andrychowicz et al., "What Matters in On-Policy RL", 2020).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -86,7 +87,9 @@ class MLP:
         for i, (w, b) in enumerate(self.weights):
             arrays[f"W{i}"], arrays[f"b{i}"] = w, b
         buf = io.BytesIO()
-        np.savez(buf, **arrays)  # uncompressed: zip entries carry fixed timestamps in NumPy's writer
+        # uncompressed: zip entries carry fixed timestamps in NumPy's writer. The ignore: NumPy's stub types **kwds
+        # as if a key could be its allow_pickle (a bool); these keys are meta, obs_*, log_std, W<i>, b<i>.
+        np.savez(buf, **arrays)  # type: ignore[arg-type]
         return buf.getvalue()
 
     def with_weights(self, weights: Sequence[tuple[np.ndarray, np.ndarray]], log_std: np.ndarray | None = None) -> MLP:
@@ -183,11 +186,11 @@ def load_weights(data: bytes) -> MLP:
                   arrays["log_std"].astype(np.float64), str(meta["activation"]), str(meta["action"]), low, high)
     except PolicyError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - an untrusted artifact: every failure is a PolicyError
         raise PolicyError(f"not an mlp weights artifact: {type(exc).__name__}: {exc}"[:300]) from None
     if not weights or mlp.activation not in ACTIVATIONS or mlp.action not in ("discrete", "box"):
         raise PolicyError("not an mlp weights artifact: no layers, or unknown activation/action")
-    for (w, b), (w2, _) in zip(weights, weights[1:]):
+    for (w, b), (w2, _) in itertools.pairwise(weights):
         if w.ndim != 2 or b.shape != (w.shape[1],) or w2.shape[0] != w.shape[1]:
             raise PolicyError("not an mlp weights artifact: layer shapes do not chain")
     arrays_of = [a for wb in weights for a in wb] + [mlp.obs_shift, mlp.obs_scale, mlp.log_std]

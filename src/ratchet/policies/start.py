@@ -91,7 +91,7 @@ def read_mlp_weights(path: str | Path, spaces: tuple[Any, Any]) -> bytes:
 def _check_layers(policy: Any, net: Any) -> None:
     """Refuse ``hidden``/``activation`` set in ``[policy]`` that differ from the weights file's network (the
     file's network is what runs; settings it would silently override are a mistake)."""
-    given = getattr(policy, "model_fields_set", set())  # only what the spec set: the defaults are no claim
+    given: set[str] = getattr(policy, "model_fields_set", set())  # only what the spec set: the defaults are no claim
     wrong = []
     if "hidden" in given and [int(h) for h in policy.hidden] != list(net.hidden):
         wrong.append(f"hidden = {[int(h) for h in policy.hidden]}")

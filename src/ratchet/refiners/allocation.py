@@ -48,7 +48,7 @@ class ThompsonAllocator:
         all_rewards = [r for rs in self.rewards.values() for r in rs]
         scale = float(np.std(all_rewards)) if len(all_rewards) > 1 and np.std(all_rewards) > 0 else 1.0
         rng = np.random.default_rng([self.seed, generation, 11])
-        stats = {}
+        stats: dict[str, dict[str, Any]] = {}
         for a in self.arms:
             rs = self.rewards[a]
             n = len(rs)

@@ -254,12 +254,12 @@ def offer_generation(archive: Archive, incumbent: Candidate, proposed: Sequence[
     """
     by_id = {e.candidate_id: e for e in evaluations}
 
-    def clean(ev: Evaluation | None) -> bool:
-        return ev is not None and not ev.n_errors and bool(np.isfinite(ev.mean))
+    def clean(ev: Evaluation) -> bool:
+        return not ev.n_errors and bool(np.isfinite(ev.mean))
 
     inc = by_id.get(incumbent.id)
     base = None
-    if clean(inc):
+    if inc is not None and clean(inc):
         archive.add(incumbent, float(inc.mean), behaviour_descriptor(inc, None, step_limit, len(incumbent.params)),
                     generation)
         elite = archive.get(incumbent.id)
@@ -269,7 +269,7 @@ def offer_generation(archive: Archive, incumbent: Candidate, proposed: Sequence[
     gains: dict[str, float] = {}
     for cand in proposed:
         ev = by_id.get(cand.id)
-        if cand.id == incumbent.id or not clean(ev):
+        if cand.id == incumbent.id or ev is None or not clean(ev):
             continue
         gain = paired_gain(ev, inc)
         fitness = float(ev.mean) if gain is None or base is None else base + gain

@@ -101,7 +101,7 @@ class CMAESRefiner(Refiner):
         self._best = float("-inf")
         self._stale = 0
         self._restart_due = False
-        self._es = None
+        self._es: Any = None  # a cma.CMAEvolutionStrategy once started (pycma is untyped)
         self._asked: dict[str, np.ndarray] = {}
         self._parent_id: str | None = None
         self._parent: Candidate | None = None
@@ -130,7 +130,7 @@ class CMAESRefiner(Refiner):
                 x.append(u)
         return x
 
-    def unflatten(self, x: Sequence[float]) -> dict[str, Any]:
+    def unflatten(self, x: Sequence[float] | np.ndarray) -> dict[str, Any]:
         """Inverse of :meth:`flatten` (coordinates clipped to ``[0, 1]``): name -> float, or nested
         tuples of floats for array parameters. Coordinates past ``dimension`` are ignored."""
         values: dict[str, Any] = {}

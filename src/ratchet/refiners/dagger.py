@@ -373,7 +373,7 @@ def behaviour_cloning(mlp: Any, data: Any, *, updates: int = 2000, batch_size: i
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - scikit-learn brings it
-        from contextlib import nullcontext as threadpool_limits  # type: ignore[assignment]
+        from contextlib import nullcontext as threadpool_limits
 
     # small matrices: extra BLAS threads only spin (40x slower on a busy 2-core machine, measured)
     with threadpool_limits(1):
@@ -433,7 +433,7 @@ def _behaviour_cloning(mlp: Any, data: Any, *, updates: int, batch_size: int, le
             loss = float((d ** 2).sum(axis=1).mean())
             g = 2.0 * d / bs
         losses.append(loss)
-        grads = [None] * len(params)
+        grads: list[Any] = [None] * len(params)
         for li in range(len(params) // 2 - 1, -1, -1):
             grads[2 * li] = hs[li].T @ g
             grads[2 * li + 1] = g.sum(axis=0)
@@ -479,7 +479,8 @@ def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], see
         new = Dataset.from_bytes(arts["corrections"])
         later = int(old.round.max()) + 1 if old is not None and len(old) else round_no  # after the aggregate's rounds
         new = dataclasses.replace(new, round=np.full(len(new), later, dtype=new.round.dtype))
-        records, used = [], 0
+        records: list[dict[str, Any]] = []
+        used = 0
     elif "expert" not in arts:  # round 0 from demonstrations without an expert: nothing to collect
         if old is None or seeds:
             raise RuntimeError("no expert to collect episodes with")
@@ -530,7 +531,7 @@ def _check_records(records: list[Any]) -> None:
         if isinstance(r["return"], bool) or not isinstance(r["return"], (int, float)) or not np.isfinite(r["return"]):
             raise ValueError("an episode record whose return is not a finite number")
         if not isinstance(r["terminated"], bool) or not isinstance(r["truncated"], bool):
-            raise ValueError("an episode record whose terminated/truncated are not bools")
+            raise TypeError("an episode record whose terminated/truncated are not bools")
         for seg in r["segments"]:
             if not isinstance(seg, list) or len(seg) != 3 or seg[2] not in ("student", "expert"):
                 raise ValueError("a segment that is not [start, end, 'student'|'expert']")
@@ -548,7 +549,7 @@ def _check_summary(summary: dict[str, Any]) -> None:
     for k in ("steps", "expert_steps", "episodes", "segments"):
         _int(summary[k])
     if not isinstance(summary["rounds"], list):
-        raise ValueError("a data set summary whose rounds are not a list")
+        raise TypeError("a data set summary whose rounds are not a list")
     for r in summary["rounds"]:
         _int(r, 0, 10**7)
 

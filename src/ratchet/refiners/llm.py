@@ -44,6 +44,7 @@ whose only refiner it is stops there, like any budget; beside other refiners it 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import json
@@ -299,8 +300,8 @@ def apply_edits(source: str, blocks: Sequence[tuple[str, str]]) -> str:
             if done:
                 break
         if not done:
-            first = next((ln for ln in want if ln.strip()), "")
-            raise EditError(f"SEARCH block {k} does not match the policy (first line {first.strip()[:80]!r})")
+            head = next((ln for ln in want if ln.strip()), "")
+            raise EditError(f"SEARCH block {k} does not match the policy (first line {head.strip()[:80]!r})")
     return source
 
 
@@ -920,7 +921,7 @@ class LLMRefiner(Refiner):
             if self.idle_reason() is not None:  # no room for this request's worst case
                 break
             try:
-                body, record = self.exchange(key, request, lambda: self._call(request))
+                body, record = self.exchange(key, request, functools.partial(self._call, request))
             except _OutOfTime:
                 break
             self.spent.requests += max(1, int(record.get("attempts") or 1))
@@ -1021,7 +1022,7 @@ def content_head(body: str, n: int = 200) -> str:
     """The start of an answer's text (or of the raw body), one line."""
     try:
         text = json.loads(body)["choices"][0]["message"]["content"]
-    except Exception:
+    except Exception:  # noqa: BLE001 - an endpoint's body of any shape falls back to its raw text
         text = body
     return " ".join(str(text).split())[:n]
 

@@ -84,9 +84,9 @@ from ratchet.refiners.structural import (
 __all__ = ["OPERATORS", "MutateSettings", "MutationRefiner", "mutate_source"]
 
 #: The mutation operators, in the order ``operators`` defaults to.
-OPERATORS = ("constant", "term", "guard", "swap", "delete", "crossover")
-
 Operator = Literal["constant", "term", "guard", "swap", "delete", "crossover"]
+
+OPERATORS: tuple[Operator, ...] = ("constant", "term", "guard", "swap", "delete", "crossover")
 
 
 class MutateSettings(ArchiveSettings):
@@ -201,7 +201,8 @@ def _in_index(node: ast.AST, parents: Mapping[int, ast.AST]) -> bool:
     return False
 
 
-def _span(node: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
+def _span(node: ast.expr | ast.stmt) -> tuple[tuple[int, int], tuple[int, int]]:
+    assert node.end_lineno is not None and node.end_col_offset is not None  # ast.parse sets positions
     return (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
 
 
@@ -228,9 +229,11 @@ def _op_constant(source: str, tree: ast.Module, rng: np.random.Generator, space:
     for fn in _functions(tree):
         parents = _parents(fn)
         for node in ast.walk(fn):
-            if not (isinstance(node, ast.Constant) and type(node.value) in (int, float)) or _in_index(node, parents):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, (int, float))
+                    and not isinstance(node.value, bool)) or _in_index(node, parents):
                 continue
-            target, value = node, float(node.value)
+            target: ast.expr = node
+            value = float(node.value)
             up = parents.get(id(node))
             if isinstance(up, ast.UnaryOp) and isinstance(up.op, ast.USub):
                 target, value, up = up, -value, parents.get(id(up))
@@ -260,7 +263,7 @@ def _op_term(source: str, tree: ast.Module, rng: np.random.Generator, space: _Sp
     act = _act(tree)
     obs = _obs_name(act)
     parents = _parents(act)
-    sites = []
+    sites: list[ast.expr] = []
     for node in ast.walk(act):
         if _in_index(node, parents):
             continue
@@ -301,6 +304,7 @@ def _op_guard(source: str, tree: ast.Module, rng: np.random.Generator, space: _S
         start, n = space.discrete
         action = str(start + int(rng.integers(n)))
     else:
+        assert space.box is not None  # checked above: Discrete or Box actions
         alo, ahi = space.box
         names = []
         for j in range(len(alo)):
@@ -321,7 +325,7 @@ _FLIP = {ast.Gt: "<", ast.Lt: ">", ast.GtE: "<=", ast.LtE: ">="}
 
 def _op_swap(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
              s: MutateSettings) -> tuple[str, list[str]] | None:
-    sites: list[tuple[str, ast.AST]] = []
+    sites: list[tuple[str, Any]] = []  # ("compare", ast.Compare), ("if", ast.If) or ("ifexp", ast.IfExp)
     for fn in _functions(tree):
         for node in ast.walk(fn):
             if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _FLIP:
@@ -362,6 +366,7 @@ def _op_delete(source: str, tree: ast.Module, rng: np.random.Generator, space: _
         return None
     stmt, block = sites[int(rng.integers(len(sites)))]
     lines = source.splitlines(keepends=True)
+    assert stmt.end_lineno is not None and stmt.end_col_offset is not None  # ast.parse sets positions
     whole = (not lines[stmt.lineno - 1][:stmt.col_offset].strip()
              and not lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode().strip().lstrip(";").strip())
     if len(block) == 1 or not whole:
@@ -386,13 +391,15 @@ def _op_crossover(source: str, tree: ast.Module, rng: np.random.Generator, space
         return None
     other, otree, f = options[int(rng.integers(len(options)))]
     text = ast.get_source_segment(other, f)
-    edits = [((mine[f.name].lineno, mine[f.name].col_offset), (mine[f.name].end_lineno, mine[f.name].end_col_offset),
-              text)]
+    if text is None:  # no positions: nothing to copy
+        return None
+    edits: list[tuple[tuple[int, int], tuple[int, int], str]] = [(*_span(mine[f.name]), text)]
     # helpers the incoming function calls that this program lacks come along (appended at the end)
     theirs = {g.name: g for g in otree.body if isinstance(g, ast.FunctionDef)}
     names = {n.id for n in ast.walk(f) if isinstance(n, ast.Name)}
-    extra = [ast.get_source_segment(other, theirs[n]) for n in sorted(names) if n in theirs and n not in mine
-             and not any(isinstance(s_, ast.FunctionDef) and s_.name == n for s_ in tree.body)]
+    extra = [seg for n in sorted(names) if n in theirs and n not in mine
+             and not any(isinstance(s_, ast.FunctionDef) and s_.name == n for s_ in tree.body)
+             if (seg := ast.get_source_segment(other, theirs[n])) is not None]
     if extra:
         end = len(source.splitlines()) + 1
         edits.append(((end, 0), (end, 0), ("\n" if source.endswith("\n") else "\n\n") + "\n\n".join(extra) + "\n"))

@@ -213,7 +213,7 @@ class PPORefiner(Refiner):
         if result.error is not None:
             self._failure = f"{self.name}: training failed: {' '.join(str(result.error).split())}"  # one line
             return []
-        out = []
+        out: list[Candidate] = []
         for o in result.outputs:
             cand = Candidate.create(start.source, start.params, kind=start.kind,
                                     artifacts={**start.artifacts, **o.info["artifacts"]}, parent_id=start.id,
@@ -288,7 +288,8 @@ def _residual_env(env: Any, seeds: Sequence[int], source: str, params: Mapping[s
         def __init__(self, inner: Any) -> None:
             super().__init__(inner)
             self.action_space = space
-            self._i, self._obs, self.base = 0, None, None
+            self._i, self._obs = 0, None
+            self.base: Any = None  # the program policy, compiled at the first reset
 
         def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
             s = int(seeds[self._i % len(seeds)])
@@ -340,7 +341,7 @@ def _load_critic(policy: Any, data: bytes | None) -> None:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except Exception:
+    except Exception:  # noqa: BLE001 - a parent's critic is optional: unreadable bytes keep the fresh one
         return
     state = policy.state_dict()
     if set(arrays) != {k for k in state if k.startswith(("mlp_extractor.value_net.", "value_net."))} or \

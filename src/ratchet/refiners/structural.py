@@ -66,11 +66,11 @@ def param_variants(program: PolicyProgram, rng: np.random.Generator, n: int, fre
     """
     middle = dict(program.defaults if center is None else center)
     out: list[dict[str, Any]] = [middle]
-    fresh = set(fresh)
+    fresh_names = set(fresh)
     for _ in range(max(0, n - 1)):
         values: dict[str, Any] = {}
         for p in program.parameters:
-            if p.name in fresh:
+            if p.name in fresh_names:
                 u = rng.uniform(0.0, 1.0, size=p.size)
             else:
                 u = np.asarray(p.to_unit(middle[p.name]), dtype=np.float64).reshape(-1)
@@ -136,9 +136,11 @@ def add_parameters(source: str, entries: Mapping[str, tuple[float, float, float]
         text = "".join(f"\n    {parameter_entry(n, *v)}," for n, v in entries.items())
         if node.values:
             last = node.values[-1]
+            assert last.end_lineno is not None and last.end_col_offset is not None  # ast.parse sets positions
             edits.append(((last.end_lineno, last.end_col_offset), (last.end_lineno, last.end_col_offset),
                           "," + text.rstrip(",")))
         else:  # PARAMETERS = {}
+            assert node.end_lineno is not None and node.end_col_offset is not None  # ast.parse sets positions
             edits.append(((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset),
                           "{" + text + "\n}"))
     return splice(source, edits)

@@ -37,7 +37,7 @@ def render_report(state: Any, run_dir: Path, path: Path, videos: bool = True,
     if videos and state.status == "finished":
         try:
             gifs = render_failure_examples(state, Path(run_dir) / "videos", artifacts=artifacts)
-        except Exception as exc:  # rendering needs pygame; the report is still useful without GIFs
+        except Exception as exc:  # noqa: BLE001 - rendering needs pygame; the report is still useful without GIFs
             if note is not None:
                 note(f"failure-mode GIFs skipped ({type(exc).__name__}: {exc})")
     return write_report(state, Path(path), gifs, artifacts)

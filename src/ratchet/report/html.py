@@ -111,17 +111,17 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
         parts.append(f"<p>env steps went to: {went}</p>")
 
     # summary table
-    rows = []
+    summary: list[str] = []
     for label, s in (("starting policy", state.baseline_test), ("final incumbent", state.test)):
         if s:
             sr = "–" if s.get("success_rate") is None else f"{100 * s['success_rate']:.1f} %"
-            rows.append(f"<tr><td>{label}</td><td>{s['mean']:.2f}</td><td>{s['std']:.2f}</td><td>{s['n']}</td><td>{sr}</td></tr>")
-    if rows:
+            summary.append(f"<tr><td>{label}</td><td>{s['mean']:.2f}</td><td>{s['std']:.2f}</td><td>{s['n']}</td><td>{sr}</td></tr>")
+    if summary:
         from ratchet.task import success_rule_of
 
         rule = success_rule_of(state.spec.get("task"))
         parts.append("<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean return</th>"
-                     "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(rows) + "</table>"
+                     "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(summary) + "</table>"
                      + (f"<p>success: {esc(rule)}</p>" if rule else ""))
 
     # incumbent score vs env steps
@@ -261,6 +261,7 @@ def _policy_changes(state: RunState, artifacts: Mapping[str, bytes]) -> str:
     from ratchet.policies import describe_artifact
 
     esc = html.escape
+    assert state.baseline_id is not None and state.incumbent_id is not None  # the caller checked
     before, after = state.candidates[state.baseline_id], state.candidates[state.incumbent_id]
     b, a = before.get("params", {}), after.get("params", {})
     rows = "".join(_param_row(k, b[k], a.get(k)) for k in b)
@@ -268,12 +269,12 @@ def _policy_changes(state: RunState, artifacts: Mapping[str, bytes]) -> str:
     for role in dict.fromkeys([*b_art, *a_art]):
         hb, ha = b_art.get(role), a_art.get(role)
         change = "unchanged" if hb == ha else "changed"
-        if hb != ha and role != "model" and hb in artifacts and ha in artifacts:
+        if hb is not None and ha is not None and hb != ha and role != "model" and hb in artifacts and ha in artifacts:
             from ratchet.policies.mlp import difference
 
             try:
                 change = difference(artifacts[hb], artifacts[ha])
-            except Exception:  # a damaged or foreign artifact: say only that it changed
+            except Exception:  # noqa: BLE001, S110 - a damaged or foreign artifact: say only that it changed
                 pass
         rows += (f"<tr><td>{esc(role)}</td><td>{esc(describe_artifact(role, artifacts.get(hb), with_role=False) if hb else '–')}</td>"
                  f"<td>{esc(describe_artifact(role, artifacts.get(ha), with_role=False) if ha else '–')}</td><td>{esc(change)}</td></tr>")

@@ -29,17 +29,21 @@ TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask"}
 @runtime_checkable
 class Task(Protocol):
     """One episode of a task and how it is judged. Must be picklable (workers receive it) and JSON-describable
-    (:meth:`to_dict` is stored in the ledger; :func:`task_from_dict` rebuilds it).
-
-    Attributes:
-        kind: Its key in :data:`TASK_KINDS`.
-        action_mode: ``"error"``: an invalid action ends the episode as an error; ``"clip"``: clip it.
-        success_threshold: An episode succeeds when its return is at least this; None: no success defined.
+    (:meth:`to_dict` is stored in the ledger; :func:`task_from_dict` rebuilds it). Its attributes are read-only
+    properties here, so a frozen dataclass's fields (or a class attribute, for ``kind``) implement them.
     """
 
-    kind: str
-    action_mode: str
-    success_threshold: float | None
+    @property
+    def kind(self) -> str:
+        """Its key in :data:`TASK_KINDS` (a class attribute will do)."""
+
+    @property
+    def action_mode(self) -> str:
+        """``"error"``: an invalid action ends the episode as an error; ``"clip"``: clip it."""
+
+    @property
+    def success_threshold(self) -> float | None:
+        """An episode succeeds when its return is at least this; None: no success defined."""
 
     @property
     def name(self) -> str:
@@ -105,7 +109,8 @@ def task_from_spec(table: Any) -> Task:
         TaskError: unknown kind, or the kind refuses the table (e.g. an unregistered env id).
     """
     t = table if isinstance(table, Mapping) else table.model_dump()
-    return _kind_class(t.get("kind") or "gym").from_spec(t)
+    task: Task = _kind_class(t.get("kind") or "gym").from_spec(t)
+    return task
 
 
 def task_from_dict(d: Mapping[str, Any]) -> Task:
@@ -114,4 +119,5 @@ def task_from_dict(d: Mapping[str, Any]) -> Task:
     Raises:
         TaskError: unknown kind, or the kind refuses the dict.
     """
-    return _kind_class(d.get("kind") or "gym").from_dict(d)
+    task: Task = _kind_class(d.get("kind") or "gym").from_dict(d)
+    return task

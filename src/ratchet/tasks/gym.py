@@ -109,7 +109,7 @@ class GymTask:
             kwargs["max_episode_steps"] = self.max_episode_steps
         try:
             return gym.make(self.env_id, **kwargs)
-        except Exception as exc:  # gymnasium raises many types here (DependencyNotInstalled, TypeError, …)
+        except Exception as exc:  # noqa: BLE001 - gymnasium raises many types here (DependencyNotInstalled, TypeError, ...)
             text = " ".join(str(exc).split())[:300]
             raise TaskError(f"cannot make {self.env_id} with env_kwargs {dict(self.env_kwargs)}: {text}") from None
 
@@ -166,7 +166,7 @@ class GymTask:
             if own and env is not None:
                 try:
                     env.close()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001, S110 - closing an env made only for its description is best effort
                     pass
         return doc_sections(doc)
 
@@ -250,7 +250,7 @@ def gym_spec(env_id: str) -> Any:
                             f"({exc}); install the package that provides it (e.g. pip install {module})") from None
     try:
         return gym.spec(env_id)
-    except Exception:
+    except gym.error.Error:  # NameNotFound, VersionNotFound, a malformed id, ...
         close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; run `python -c \"import gymnasium; print(list(gymnasium.registry))\"` to list ids"
         raise TaskError(f"unknown Gymnasium env id {env_id!r}{hint}") from None
