@@ -1,11 +1,11 @@
-# ratchet — two commands: `make demo` and `make test`.
+# ratchet — two commands: `make demo` and `make test` (which runs `make lint` first).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 RUNS   ?= runs
 TORCH  ?= 2.13.0
 
-.PHONY: demo test install dev benchmarks clean
+.PHONY: demo test lint install dev benchmarks clean
 
 $(BIN)/ratchet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,13 @@ dev: install
 demo: install
 	$(BIN)/ratchet run examples/lunar_lander --runs-dir $(RUNS) --run-id demo-$$(date +%Y%m%d-%H%M%S)
 
-## test: run the test suite (offline, a few minutes on 2 cores)
-test: install
+## lint: ruff's rule set (pyproject's [tool.ruff]) and mypy (its [tool.mypy]), the versions pinned in the dev extra
+lint: install
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/mypy
+
+## test: lint, then run the test suite (offline, a few minutes on 2 cores)
+test: install lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two processes: most tests wait on worker start-up, not CPU
 
 benchmarks: install
