@@ -16,6 +16,7 @@ LAYERS = [
     "report", "correct", "progress", "advice",
     "correction_round",
     "loop",
+    "services",
     "planner", "spec",
     "refiners",
     "data", "runs",

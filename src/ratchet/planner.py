@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +12,10 @@ import numpy as np
 
 from ratchet.critic import Evaluation
 from ratchet.policy import Candidate
+from ratchet.refiners.base import Refiner
 from ratchet.spec import BudgetSpec
 
-__all__ = ["Budget", "IncumbentPlanner", "Plan", "SeedSplits", "Usage", "WeaknessPool"]
+__all__ = ["Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Usage", "WeaknessPool"]
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 
@@ -94,9 +96,7 @@ class Budget:
         s = self.spec
         if s.env_steps is not None and usage.env_steps + env_steps > s.env_steps:
             return False
-        if s.episodes is not None and usage.episodes + episodes > s.episodes:
-            return False
-        return True
+        return not (s.episodes is not None and usage.episodes + episodes > s.episodes)
 
     def stop_reason(self, usage: Usage, incumbent_validation_mean: float, stale_generations: int,
                     *, check_clock: bool = True) -> str | None:
@@ -205,7 +205,7 @@ class IncumbentPlanner:
         """Plan ``generation`` (1-based): ``train_episodes`` seeds, a ``weakness_share`` of them from the
         weakness pool (when it has any) and the rest fresh. Deterministic given the run seed and the
         pool's history, so a resumed run plans the same seeds."""
-        n_weak = int(round(self.weakness_share * self.train_episodes))
+        n_weak = round(self.weakness_share * self.train_episodes)
         rng = np.random.default_rng([self.splits.run_seed, generation, 7])
         weak = self.pool.sample(n_weak, rng)
         start = (generation - 1) * self.train_episodes
@@ -237,7 +237,7 @@ class IncumbentPlanner:
 
     def generation_cost(self, n_candidates: int, est_episode_steps: float, step_limit: int | None = None) -> float:
         """Env steps one generation may take: ``step_limit`` per episode when given (the time limit, or the
-        loop's price for an episode, see ``ratchet.loop._Run.episode_price``), else the estimate plus a
+        loop's price for an episode, see :meth:`Pricing.episode_price`), else the estimate plus a
         25 % margin."""
         n_eps = n_candidates * self.train_episodes
         return n_eps * step_limit if step_limit else 1.25 * n_eps * est_episode_steps
@@ -320,3 +320,96 @@ class IncumbentPlanner:
         share = (usage.validation_env_steps + cost) / (usage.env_steps + cost)
         return (f"validation would take {100 * share:.0f} % of env steps, over [gate] max_share = "
                 f"{self.max_share:g}; it waits until search has spent more")
+
+
+class Pricing:
+    """What work costs against the run's budget before it runs, in env steps and episodes: one episode, a
+    generation (its training evaluations and training jobs) and the gate it must leave room for.
+
+    Args:
+        budget: The ``[budget]`` settings (``env_steps``, ``episodes``).
+        usage: The run's usage so far (read as it grows).
+        planner: Prices a generation's training evaluations (:meth:`IncumbentPlanner.generation_cost`).
+        step_limit: The task's time limit (env steps), or None.
+        price_limit: The price of every episode under worst-case pricing (the time limit); None for observed
+            pricing (the mean length seen plus a 25 % margin).
+        validation_episodes: Validation episodes one gate is priced at (:meth:`ratchet.gate.Gate.price`).
+        train_episodes: Training episodes per candidate per generation.
+    """
+
+    def __init__(self, budget: Any, usage: Usage, planner: IncumbentPlanner, step_limit: int | None,
+                 price_limit: int | None, validation_episodes: int, train_episodes: int) -> None:
+        self.budget, self.usage, self.planner = budget, usage, planner
+        self.step_limit, self.price_limit = step_limit, price_limit
+        self.validation_episodes, self.train_episodes = validation_episodes, train_episodes
+        self._margin = 1.25  # observed pricing: the mean episode length seen, plus this margin
+
+    def fits(self, refiner: Refiner, est_len: float, reserve: tuple[float, int]) -> bool:
+        """Whether ``refiner``'s next generation (its evaluations and training jobs, :meth:`Refiner.generation_cost`)
+        and ``reserve`` (a kept gate, env steps and episodes) fit what is left of the budget."""
+        cost = refiner.generation_cost()
+        return self.planner.can_afford_generation(self.usage, cost.evaluations, est_len, self.episode_price(est_len),
+                                                  (reserve[0] + cost.training_env_steps, reserve[1]))
+
+    def gate_reserve(self, longest: float) -> tuple[float, int]:
+        """(env steps, episodes) a generation must leave for its gate: one validation, its episodes priced at
+        ``longest``, the longest mean episode length seen so far (a candidate worth gating tends to play long)."""
+        n = self.validation_episodes
+        return n * self.episode_price(longest), n
+
+    def episode_price(self, est_len: float) -> float | None:
+        """Env steps one episode is priced at: the time limit with worst-case pricing; with observed pricing
+        the mean length seen (``est_len``) plus a 25 % margin, never above the time limit. None when there
+        is neither a limit nor an estimate to go by."""
+        limit = self.step_limit
+        if self.price_limit is not None:
+            return float(self.price_limit)
+        price = self._margin * est_len
+        return float(min(price, limit)) if limit else price
+
+    def fit(self, refiner: Refiner, est_len: float, reserve: tuple[float, int]) -> bool:
+        """Let a refiner whose generation no longer fits an env-step budget cut it to what is left after
+        the generation's episodes and its gate (:meth:`Refiner.fit`, e.g. PPO's training job); True when it did."""
+        limit = self.budget.env_steps
+        if limit is None:
+            return False
+        n_candidates = refiner.generation_cost().evaluations
+        rest = (limit - self.usage.env_steps - reserve[0]
+                - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
+        return rest > 0 and bool(refiner.fit(int(rest)))
+
+    def no_room_message(self, n_candidates: int, est_len: float, longest: float, first: bool, training: int = 0) -> str:
+        """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
+        budget that binds (``training``: env steps of the refiner's training jobs in a generation; ``longest``: the
+        longest mean episode length seen, which prices the gate)."""
+        what = "a single generation" if first else "another generation"
+        episodes = n_candidates * self.train_episodes
+        b, u = self.budget, self.usage
+        spent = "after " + ("validation" if first else "the generations so far")
+        if b.episodes is not None and u.episodes + episodes + self.gate_reserve(longest)[1] > b.episodes:
+            return (f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
+                    f"{self.train_episodes} training episodes, and {self.gate_reserve(longest)[1]} for its "
+                    f"gate; {spent} used {u.episodes} of "
+                    f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
+                                                             "[planner] train_episodes" if first else ""))
+        price = self.episode_price(est_len)
+        cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve(longest)[0] + training
+        per = f"{price:,.0f} steps" + (" (the time limit)" if price == self.step_limit else "")
+        trained = f", {training:,} of the refiner's training" if training else ""
+        return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
+                f"{self.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
+                f"{spent} used {u.env_steps:,} of "
+                f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
+                                                            "[planner] train_episodes" if first else ""))
+
+    def spare(self, n_candidates: int, est_len: float, reserve: tuple[float, int],
+                     training: int) -> tuple[float, float]:
+        """(env steps, episodes) of the budget left once this generation's episodes (as priced), its training
+        jobs and a kept gate are paid for: what trace replays may spend (inf where there is no such budget)."""
+        b, u = self.budget, self.usage
+        steps = math.inf if b.env_steps is None else (
+            b.env_steps - u.env_steps - reserve[0] - training
+            - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
+        episodes = math.inf if b.episodes is None else (
+            b.episodes - u.episodes - reserve[1] - n_candidates * self.train_episodes)
+        return max(0.0, steps), max(0.0, episodes)

@@ -1,0 +1,546 @@
+"""The services a run's loop calls, each one recorded in the run's ledger: evaluating candidates on seeded
+episodes, training jobs, requests to outside services (an LLM endpoint), screening proposed sources, the critique
+of a candidate, and gate decisions. A resumed run calls the same services and reads what they recorded instead
+of doing the work again; the loop (:mod:`ratchet.loop`) only decides what to ask for, in order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ratchet.critic import Critic, Evaluation
+from ratchet.errors import LedgerError
+from ratchet.execution import BUDGET_SKIP, Executor, Job
+from ratchet.execution.training import TrainingOutput, TrainingResult, accept
+from ratchet.ledger import EventType, LedgerStore
+from ratchet.planner import SeedSplits, Usage
+from ratchet.policy import SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
+from ratchet.rollout import Episode
+from ratchet.spec import RunSpec
+from ratchet.tasks import Task, task_from_spec
+from ratchet.text import clean
+
+__all__ = ["RunServices", "eval_key"]
+
+
+def eval_key(split: str, candidate_id: str, seeds: Sequence[int]) -> str:
+    """Ledger key of one candidate's evaluation on a seed list."""
+    digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:12]
+    return f"eval/{split}/{candidate_id}/{digest}"
+
+
+
+def _cut(evaluation: Evaluation) -> bool:
+    """Whether the executor's env-step cap left some of the evaluation's episodes unrun."""
+    return any(ep.error == BUDGET_SKIP for ep in evaluation.episodes)
+
+
+
+
+class RunServices:
+    """A run's recorded services and the state they keep (usage, alpha spending, artifacts read); the loop
+    subclasses it. Every method that does work first looks for its event in the ledger.
+    """
+
+    def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
+                 executor: Executor, pricing: str | None = None, start: Candidate | None = None,
+                 inputs: dict[str, str] | None = None, task: Task | None = None) -> None:
+        self.run_dir, self.spec, self.program, self.ledger = run_dir, spec, program, ledger
+        # files refiners read (path -> artifact digest); None: a new run, which reads them from base_dir
+        self.inputs: dict[str, str] = dict(inputs or {})
+        self._inputs_recorded = inputs is not None
+        self.start = start or program.candidate()
+        self._blobs: dict[str, bytes] = {}  # artifact bytes read or made this session, by digest
+        self._checked: dict[str, Any] = {}  # new sources checked this session: digest -> program or reason
+        self._training_seeds = 0
+        self.executor = executor
+        self.task = task if task is not None else task_from_spec(spec.task)
+        self.splits = SeedSplits(spec.seed)
+        self.gate = spec.gate.build()
+        # Where the executor enforces the env-step budget exactly, work is priced by the episode lengths
+        # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
+        # choice is recorded when the run starts and kept on resume (the same decisions, whatever executor).
+        self.caps_steps = bool(getattr(executor, "caps_env_steps", False))
+        self.pricing = pricing or (spec.budget.pricing if self.caps_steps else "worst-case")
+        self.price_limit = None if self.pricing == "observed" else self.task.step_limit
+        self._train_returns = [math.inf, -math.inf]  # lowest and highest training return seen (betting bound)
+        self.critic = Critic.for_task(self.task, seed=spec.seed)
+        self.rng = np.random.default_rng(spec.seed)
+        self.usage = Usage()
+        self.validation_seeds = self.splits.seeds("validation", 0, spec.gate.validation_episodes)
+        self.test_seeds = self.splits.seeds("test", 0, spec.test.episodes)
+        self._clock_offset = 0.0
+        self._n_contested = 0  # gate decisions so far whose candidate beat the incumbent's mean (alpha spending)
+        self._carry = 0.0  # the last decision's level when it promoted (fallback: ratchet.gate.fallback_level)
+        self._replaying = False
+        self._session_start = time.monotonic()
+        self._failures: list[str] = []  # this generation's failed requests to outside services (exchange)
+        self._last_work_seq: int | None = None  # see stopped_at
+        self._session_seq = 0
+        # the critique service (RefinerContext.critique): each candidate's latest training evaluation, the
+        # traces read this session, and what the current generation leaves of the budget for trace replays
+        self._latest_train: dict[str, tuple[Candidate, Evaluation]] = {}
+        self._traces: dict[str, Any] = {}
+        self._spare: tuple[float, float] = (math.inf, math.inf)
+        self._longest = 1.0  # the longest mean episode length of any evaluation so far (the loop sets it)
+        self.event_tag: dict[str, Any] = {}  # merged into every payload recorded (a correction round's number)
+
+    def artifact(self, name: str) -> bytes:
+        """An artifact's bytes by digest (read from the ledger's store once per session)."""
+        if name not in self._blobs:
+            self._blobs[name] = self.ledger.get_artifact(name)
+        return self._blobs[name]
+
+    def read_input(self, path: str) -> bytes:
+        """A file a refiner's settings name, relative to the spec's folder: read once when the run starts and
+        kept as an artifact (its digest goes into ``run_started``); a resumed run reads the recorded bytes.
+
+        Raises:
+            PolicyError: the file cannot be read (a new run), or the ledger has no copy of it (a resumed run).
+        """
+        from ratchet.errors import PolicyError
+
+        if path in self.inputs:
+            return self.artifact(self.inputs[path])
+        if self._inputs_recorded:
+            raise PolicyError(f"the ledger holds no copy of {path}, which a refiner reads; was the run started by an "
+                              "older ratchet?")
+        try:
+            data = (Path(self.spec.base_dir) / path).read_bytes()
+        except OSError as exc:
+            raise PolicyError(f"cannot read {path} (relative to the spec's folder {self.spec.base_dir}): "
+                              f"{exc.strerror or exc}") from None
+        self.inputs[path] = self.store_artifact(data)
+        return data
+
+    def store_artifact(self, data: bytes) -> str:
+        name = self.ledger.put_artifact(data)
+        self._blobs[name] = bytes(data)
+        return name
+
+    def training_seeds(self, n: int) -> list[int]:
+        """``n`` fresh seeds of the training split for training jobs (a range of their own, far above the
+        planner's per-generation training seeds; the same sequence when a run is replayed)."""
+        start = 1_000_000_000 + self._training_seeds
+        self._training_seeds += n
+        return self.splits.seeds("train", start, n)
+
+    def train(self, job: Any) -> Any:
+        """Run a refiner's training job, or read its recorded result back (a resumed run never re-trains).
+
+        The answer is checked against the trainer's declaration (``job.answer``,
+        :func:`~ratchet.execution.training.accept`) before anything records or uses it: an answer that breaks
+        it, or an executor that raises, is the job's recorded failure. The outputs' artifacts are stored
+        before the ``training_finished`` event that names them; each output's ``info["artifacts"]`` gives
+        their digests by role. The job's env-step allowance counts in the budget in full; a job that would
+        exceed an env-step budget does not run. A recorded answer is checked again when read back, so an
+        event recorded by an older ratchet that breaks the declaration is a failure, never a crash.
+        """
+        key = f"training/{job.key}"
+        event = self.ledger.get(key)
+        if event is None:
+            b = self.spec.budget
+            if job.env_steps and b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
+                return TrainingResult((), 0, "the env-step budget has no room for this training job")
+            runner = getattr(self.executor, "train", None)
+            if runner is None:
+                result = TrainingResult((), 0, f"executor {type(self.executor).__name__} cannot run training jobs")
+            else:
+                blobs = {h: self.artifact(h) for h in job.parent.artifacts.values()}
+                from dataclasses import replace
+
+                try:
+                    result = runner(self.task, replace(job, artifacts=blobs), self.spec.execution.training_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - the job's failure, not the run's
+                    result = TrainingResult((), job.env_steps, f"the executor failed to run the training job: "
+                                                               f"{type(exc).__name__}: {exc}"[:500])
+                result = accept(job, result)
+            outputs = []
+            for out in result.outputs:
+                digests = {role: self.store_artifact(data) for role, data in out.artifacts.items()}
+                outputs.append({"artifacts": digests, "info": dict(out.info)})
+            self.record(EventType.TRAINING_FINISHED, key, {
+                "trainer": job.trainer, "parent_id": job.parent.id, "settings": dict(job.settings),
+                "seeds": list(job.seeds), "env_steps": result.env_steps, "error": result.error,
+                "seconds": result.seconds, "outputs": outputs})
+            event = self.ledger.get(key)
+        return self._recorded_training(job, event.payload)
+
+    def _recorded_training(self, job: Any, p: Mapping[str, Any]) -> Any:
+        """The result a ``training_finished`` payload records, checked against ``job.answer`` again; its env
+        steps are charged to the usage."""
+        steps = p.get("env_steps")
+        steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else job.env_steps
+        self.usage.env_steps += steps
+        self.usage.training_env_steps += steps
+        try:
+            if p["error"] is not None:
+                return TrainingResult((), steps, clean(str(p["error"]), 500), float(p.get("seconds", 0.0)))
+            outs = tuple(TrainingOutput({role: self.artifact(h) for role, h in o["artifacts"].items()}, dict(o["info"]))
+                         for o in p["outputs"])
+            checked = accept(job, TrainingResult(outs, steps, None, float(p.get("seconds", 0.0))))
+        except Exception as exc:  # noqa: BLE001 - a malformed event recorded by an older ratchet
+            return TrainingResult((), steps, f"the recorded training answer cannot be read ({type(exc).__name__})")
+        if checked.error is not None:
+            return checked
+        outs = tuple(TrainingOutput(o.artifacts, {**o.info, "artifacts": dict(r["artifacts"])})
+                     for o, r in zip(checked.outputs, p["outputs"]))
+        return TrainingResult(outs, steps, None, checked.seconds)
+
+    def exchange(self, key: str, request: Any, call: Callable[[], tuple[str | None, dict[str, Any]]]
+                 ) -> tuple[str | None, dict[str, Any]]:
+        """A refiner's request to an outside service (an LLM endpoint, say), made at most once per run: see
+        :class:`~ratchet.refiners.registry.RefinerContext` ``exchange``. A resumed or replayed run reads
+        the recorded reply and never calls the service again — except a failed request that the run
+        stopped at (:meth:`stopped_at`): that one is made again and recorded as ``KEY~2`` (``~3``, ...), so a
+        run stopped by a dead endpoint resumes once it works, and one that went on past a failure replays
+        it as it was. Failed requests (no body) are counted for the generation's note. (The event type
+        ``llm_call`` and the key prefix ``llm/`` are names from the first refiner that used this; they stay
+        so older ledgers resume.)"""
+        ekey = f"llm/{key}"
+        event, n = self.ledger.get(ekey), 1
+        while event is not None and (again := self.ledger.get(f"{ekey}~{n + 1}")) is not None:
+            event, n = again, n + 1  # a failed request the run stopped at, tried again by a later session
+        if event is not None and event.payload.get("response") is None and self.stopped_at(event):
+            event, ekey = None, f"{ekey}~{n + 1}"
+        if event is None:
+            body, info = call()
+            request_digest = self.store_artifact(json.dumps(request, sort_keys=True).encode())
+            body_digest = None if body is None else self.store_artifact(body.encode("utf-8"))
+            self.record(EventType.LLM_CALL, ekey, {**info, "request": request_digest, "response": body_digest})
+            event = self.ledger.get(ekey)
+        p = dict(event.payload)
+        if p["response"] is None:
+            self._failures.append(str(p.get("error") or "request failed"))
+        return (None if p["response"] is None else self.artifact(p["response"]).decode("utf-8")), p
+
+    def stopped_at(self, event: Any) -> bool:
+        """Whether an earlier session stopped right after ``event`` (a recorded failed request): nothing but
+        other requests, ``run_failed`` and ``run_resumed`` came after it. Such a failure is tried again (a
+        resumed run whose endpoint works again goes on); one the run went on past is read back as recorded,
+        so the run replays as it ran."""
+        if self._last_work_seq is None:
+            events = self.ledger.read()
+            idle = (EventType.LLM_CALL, EventType.RUN_FAILED, EventType.RUN_RESUMED)
+            self._last_work_seq = max([0] + [e.seq for e in events if e.type not in idle])
+            self._session_seq = max([0] + [e.seq for e in events])
+        return self._last_work_seq < event.seq <= self._session_seq
+
+    def time_left(self) -> float | None:
+        """Seconds of ``[budget] wall_clock_s`` left (None without that budget; 0 when spent)."""
+        limit = self.spec.budget.wall_clock_s
+        if limit is None:
+            return None
+        return max(0.0, limit - (self._clock_offset + time.monotonic() - self._session_start))
+
+    def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate],
+                         generation: int) -> list[Candidate]:
+        """Check every proposal that carries new source before any episode runs, and record what failed
+        — the refiner's own failed proposals (``take_rejections``) and those failing the checks here —
+        as ``proposal_rejected`` events (the rejected source stored as an artifact). Returns the rest."""
+        from ratchet.proposals import Rejection
+
+        refiner = self.refiners[arm]
+        rejected = list(refiner.take_rejections())
+        kept = []
+        for cand in proposals:
+            reason = self.source_problem(cand, parent)
+            if reason is None:
+                kept.append(cand)
+            else:
+                rejected.append(Rejection(arm, cand.parent_id, reason, cand.source, {"candidate_id": cand.id}))
+        for i, r in enumerate(rejected):
+            self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/{i}", {
+                "generation": generation, "refiner": r.refiner, "parent_id": r.parent_id, "reason": r.reason,
+                **self.stored_source(r.source), "detail": dict(r.detail)})
+        return kept
+
+    def stored_source(self, source: str | None) -> dict[str, Any]:
+        """How a rejected source is kept: an artifact, or for one over
+        :data:`~ratchet.proposals.MAX_SOURCE_CHARS` only its first 2,000 characters as the artifact, with its
+        length and SHA-256 digest (``source_cut``), so an answer of any size cannot bloat the ledger."""
+        from ratchet.proposals import MAX_SOURCE_CHARS
+
+        if source is None:
+            return {"source": None}
+        if len(source) <= MAX_SOURCE_CHARS:
+            return {"source": self.store_artifact(source.encode("utf-8"))}
+        data = source.encode("utf-8", errors="replace")
+        return {"source": self.store_artifact(source[:2000].encode("utf-8", errors="replace")),
+                "source_cut": {"chars": len(source), "sha256": hashlib.sha256(data).hexdigest()}}
+
+    def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
+        """Why a program candidate with source of its own may not run (None when it may): the source
+        fails :func:`~ratchet.proposals.check_source`, or its values do not fit its ``PARAMETERS``."""
+        if cand.kind not in SOURCE_KINDS or cand.source in (self.program.source, parent.source):
+            return None
+        from ratchet.errors import PolicyError
+        from ratchet.proposals import check_source
+
+        digest = hashlib.sha256(cand.source.encode()).hexdigest()
+        if digest not in self._checked:
+            try:
+                dims = self.task.dims() if uses_task_dims(cand.source) else None
+                self._checked[digest] = check_source(cand.source, dims=dims)
+            except PolicyError as exc:
+                self._checked[digest] = str(exc)
+        program = self._checked[digest]
+        if isinstance(program, str):
+            return program
+        names = {p.name for p in program.parameters}
+        if set(cand.params) != names:
+            return (f"parameter values {sorted(cand.params)} do not match the source's PARAMETERS "
+                    f"{sorted(names)}")
+        for p in program.parameters:
+            u = np.asarray(p.to_unit(cand.params[p.name]), dtype=np.float64)
+            if not np.all(np.isfinite(u)) or np.any(u < -1e-9) or np.any(u > 1 + 1e-9):
+                return f"parameter {p.name!r} is outside its bounds [{p.low}, {p.high}]"
+        return None
+
+    def record(self, type: EventType, key: str, payload: dict[str, Any]) -> None:
+        self.ledger.append(type, key, {**payload, **self.event_tag})
+
+    def restore(self, events: Sequence[Any]) -> None:
+        """Take up where the loop left off, for work appended to the ledger after it (a correction round,
+        :mod:`ratchet.correction_round`): the usage counters, the gate's alpha spending (contested decisions
+        so far, the level a promotion passes on) and the range of training returns, from ``events``."""
+        from ratchet.ledger.projection import project
+
+        st = project(list(events))
+        self._n_contested, self._carry, self._train_returns = 0, 0.0, [math.inf, -math.inf]
+        self.usage.env_steps, self.usage.episodes = st.env_steps, st.episodes
+        self.usage.validation_env_steps, self.usage.training_env_steps = st.validation_env_steps, st.training_env_steps
+        for ev in events:
+            p = ev.payload
+            if ev.type is EventType.GATE_DECIDED:
+                self._n_contested += bool(p.get("contested"))
+                self._carry = float(p["alpha"]) if p["promoted"] else 0.0
+            elif ev.type is EventType.EPISODES_EVALUATED and p["split"] == "train":
+                returns = [e["episode_return"] for e in p["episodes"] if e["error"] is None]
+                if returns:
+                    self._train_returns = [min(self._train_returns[0], *returns),
+                                           max(self._train_returns[1], *returns)]
+
+    def record_candidate(self, cand: Candidate, generation: int) -> None:
+        key = f"proposed/{generation}/{cand.id}"
+        if self._replaying and self.ledger.get(key) is None:
+            raise LedgerError(f"resume diverged from the ledger at generation {generation} (candidate {cand.id} was "
+                              "never proposed before); were package versions changed since the run started?")
+        d = cand.to_dict()
+        if d["source"] == self.program.source:
+            d["source"] = None  # the run's policy source, stored once in run_started
+        self.record(EventType.CANDIDATE_PROPOSED, key, {"generation": generation, "candidate": d})
+
+    def evaluate(self, candidates: Sequence[Candidate], seeds: Sequence[int], split: str,
+                 generation: int) -> dict[str, Evaluation]:
+        """Execute (or read back from the ledger) each candidate's episodes on ``seeds``."""
+        out: dict[str, Evaluation] = {}
+        todo: list[Candidate] = []
+        for cand in dict.fromkeys(candidates):  # unique, in order
+            event = self.ledger.get(eval_key(split, cand.id, seeds))
+            if event is not None:
+                eps = tuple(Episode.from_dict(e) for e in event.payload["episodes"])
+                out[cand.id] = Evaluation(cand.id, split, eps)
+            else:
+                todo.append(cand)
+        jobs = [Job(c, s, {h: self.artifact(h) for h in c.artifacts.values()}) for c in todo for s in seeds]
+        done: dict[str, dict[int, Episode]] = {c.id: {} for c in todo}
+
+        def on_episode(i: int, ep: Episode) -> None:  # record each candidate as soon as it completes
+            cand = jobs[i].candidate
+            done[cand.id][i] = ep
+            if len(done[cand.id]) == len(seeds):
+                eps = tuple(done[cand.id][k] for k in sorted(done[cand.id]))
+                ev = Evaluation(cand.id, split, eps)
+                self.record(EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
+                            {"candidate_id": cand.id, "split": split, "generation": generation,
+                             "seeds": list(seeds), "summary": ev.summary(),
+                             "episodes": [e.to_dict() for e in eps]})
+                out[cand.id] = ev
+
+        cap = None
+        if self.caps_steps and split != "test" and self.spec.budget.env_steps is not None:
+            cap = max(0, self.spec.budget.env_steps - self.usage.env_steps)
+        self.executor.run(self.task, jobs, on_episode, **({} if cap is None else {"max_env_steps": cap}))
+        if split == "train":  # for the critique service: each candidate's latest training episodes
+            self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
+        # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
+        # a candidate listed twice ran once
+        for cand_id in dict.fromkeys(c.id for c in candidates):
+            ev = out[cand_id]
+            if split != "test":
+                self.usage.env_steps += ev.env_steps
+                self.usage.episodes += ev.n
+                if split == "validation":
+                    self.usage.validation_env_steps += ev.env_steps
+        return out
+
+    def critique_of(self, candidate_id: str, traces: int = 0, last_steps: int = 10) -> Any:
+        """The critique of a candidate's latest training evaluation in this run, with traces of its worst
+        episodes (see :class:`~ratchet.refiners.registry.RefinerContext` ``critique``), or None.
+
+        Args:
+            candidate_id: The candidate.
+            traces: Most worst episodes to replay for their last steps (0: none).
+            last_steps: Env steps each trace keeps (the last ones; at most :data:`ratchet.trace.MAX_STEPS`).
+        """
+        from dataclasses import replace
+
+        from ratchet.trace import MAX_STEPS
+
+        got = self._latest_train.get(candidate_id)
+        if got is None:
+            return None
+        cand, ev = got
+        crit = self.critic.critique(ev)
+        if traces > 0 and last_steps > 0:
+            found = self.trace_worst(cand, ev, min(int(traces), 10))
+            if found:
+                keep = min(int(last_steps), MAX_STEPS)
+                crit = replace(crit, traces=tuple(replace(t, steps=t.steps[-keep:]) for t in found))
+        return crit
+
+    def trace_worst(self, cand: Candidate, ev: Evaluation, n: int) -> list[Any]:
+        """Traces of up to ``n`` of the evaluation's worst episodes (lowest return first): read back from
+        ``episode_traced`` events, or replayed now (in the executor, on the trusted side) where the spare
+        budget (:meth:`spare_budget`) pays for their recorded lengths and the executor records traces
+        (``records_traces``). Each replay is charged to the usage once per session, as re-evaluation."""
+        import shutil
+        import tempfile
+
+        from ratchet.trace import Trace, TraceError, read_trace
+
+        worst = sorted((e for e in ev.episodes if e.error != BUDGET_SKIP), key=lambda e: (e.episode_return, e.seed))
+        chosen, todo = [], []
+        steps, episodes = self._spare
+        for ep in worst[:n]:
+            key = f"trace/{cand.id}/{ep.seed}"
+            if key not in self._traces:  # first read this session: it spends its share (recorded or not), so a
+                if self.ledger.get(key) is None:  # resumed run makes the same choices as the first
+                    if not getattr(self.executor, "records_traces", False) or ep.length > steps or episodes < 1:
+                        continue
+                    todo.append(ep)
+                steps, episodes = steps - ep.length, episodes - 1
+            chosen.append(key)
+        self._spare = (steps, episodes)
+        if todo:
+            folder = tempfile.mkdtemp(prefix="ratchet-trace-")
+            try:
+                paths = [str(Path(folder) / f"{i}.json") for i in range(len(todo))]
+                jobs = [Job(cand, ep.seed, {h: self.artifact(h) for h in cand.artifacts.values()}) for ep in todo]
+                replays = self.executor.run(self.task, jobs, render_paths=paths)
+                for ep, replay, path in zip(todo, replays, paths):
+                    try:
+                        trace, error = read_trace(path).to_dict(), None
+                    except TraceError as exc:
+                        trace, error = None, str(exc)
+                    self.record(EventType.EPISODE_TRACED, f"trace/{cand.id}/{ep.seed}", {
+                        "candidate_id": cand.id, "seed": ep.seed, "env_steps": int(replay.length),
+                        "matches": replay.episode_return == ep.episode_return and replay.length == ep.length,
+                        "error": error or replay.error, "trace": trace})
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        out = []
+        for key in chosen:
+            if key not in self._traces:
+                p = self.ledger.get(key).payload
+                self.usage.env_steps += int(p["env_steps"])
+                self.usage.episodes += 1
+                self.usage.reeval_env_steps += int(p["env_steps"])
+                try:
+                    self._traces[key] = None if p.get("trace") is None else Trace.from_dict(p["trace"])
+                except TraceError:
+                    self._traces[key] = None
+            if self._traces[key] is not None:
+                out.append(self._traces[key])
+        return out
+
+    def decide(self, generation: int, best: Candidate, incumbent: Candidate, inc_val: Evaluation,
+               label: str | int | None = None) -> tuple[Any, Evaluation, Evaluation]:
+        """Validate ``best`` and let the gate decide it against ``incumbent`` as the run's next decision
+        (alpha spending counts it), recording ``gate_decided`` and, when it promotes, ``incumbent_changed``
+        (keys ``gate/LABEL/ID`` and ``incumbent/LABEL/ID``; ``label`` defaults to the generation).
+
+        Returns:
+            ``(decision, candidate validation, incumbent validation)``: the decision is None when the
+            env-step budget cut validation short (nothing recorded); a sequential gate may have extended
+            the incumbent's validation to more seeds.
+        """
+        label = generation if label is None else label
+        decision, cand_val, inc_val = self.validate(generation, best, incumbent, inc_val)
+        if decision is None:
+            return None, cand_val, inc_val
+        self._n_contested += decision.contested
+        self._carry = decision.alpha if decision.promoted else 0.0
+        inc_part = Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n])
+        self.record(EventType.GATE_DECIDED, f"gate/{label}/{best.id}",
+                    {"generation": generation, **decision.to_dict(),
+                     "critique": self.critic.critique(cand_val, inc_part).to_dict(),
+                     "candidate_validation": cand_val.summary(), "incumbent_validation": inc_part.summary(),
+                     "env_steps": self.usage.env_steps})
+        if decision.promoted:
+            structural = {}
+            if best.source != incumbent.source:  # a structural promotion: the code diffs, for show and the report
+                from ratchet.proposals import promotion_changes
+
+                structural = promotion_changes(incumbent, best)
+            self.record(EventType.INCUMBENT_CHANGED, f"incumbent/{label}/{best.id}",
+                        {"generation": generation, "from": incumbent.id, "to": best.id,
+                         "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
+                         "env_steps": self.usage.env_steps, "params": dict(best.params), **structural})
+        return decision, cand_val, inc_val
+
+    def validate(self, generation: int, best: Candidate, incumbent: Candidate,
+                 inc_val: Evaluation) -> tuple[Any, Evaluation, Evaluation]:
+        """Drive the gate's decision session (:meth:`~ratchet.gate.Gate.start`; a fixed-n test is one batch of
+        every seed): run ``best`` on the next batch of validation seeds (the incumbent too, where its
+        validation does not reach that far yet) until the gate decides. Returns the decision (None when the
+        budget cut validation short), the candidate's validation evaluation on the seeds read, and the
+        incumbent's (possibly extended) one."""
+        session = self.gate.start(self._n_contested + 1, len(self.validation_seeds), lower_bound=self.lower_bound(),
+                                  candidate_id=best.id, incumbent_id=incumbent.id, carry=self._carry)
+        parts: list[Evaluation] = []
+        while (b := session.next_batch_size()) > 0:
+            lo, hi = session.n, session.n + b
+            inc_val = self.extend_validation(incumbent, inc_val, hi, generation)
+            part = self.evaluate([best], self.validation_seeds[lo:hi], "validation", generation)[best.id]
+            if _cut(part) or inc_val.n < hi:
+                return None, part, inc_val
+            parts.append(part)
+            session.add_evaluations(part, Evaluation(incumbent.id, "validation", inc_val.episodes[lo:hi]))
+        cand_val = Evaluation(best.id, "validation", tuple(e for p in parts for e in p.episodes))
+        return session.decision(), cand_val, inc_val
+
+    def extend_validation(self, cand: Candidate, val: Evaluation, upto: int, generation: int) -> Evaluation:
+        """``val`` (``cand`` on the first validation seeds) extended to the first ``upto`` seeds. When the
+        env-step budget cuts the extension short, ``val`` comes back unchanged."""
+        if val.n >= upto:
+            return val
+        more = self.evaluate([cand], self.validation_seeds[val.n:upto], "validation", generation)[cand.id]
+        if _cut(more):
+            return val
+        return Evaluation(cand.id, "validation", val.episodes + more.episodes)
+
+    def lower_bound(self) -> float | None:
+        """The betting gate's lower bound on a paired difference (return units) when ``[gate] return_range`` is
+        not set: 1.5 times the spread of every training return seen so far (never validation returns), so a
+        difference below it is far outside what the task has shown; the gate rejects a decision that sees
+        one. A safeguard rather than a guarantee: declare ``return_range`` where the task's range is known."""
+        if self.spec.gate.return_range is not None:
+            return None
+        lo, hi = self._train_returns
+        if not lo < hi:
+            return -max(1.0, abs(hi) if math.isfinite(hi) else 1.0)
+        return -1.5 * (hi - lo)
+
+    def validation_price(self) -> int:
+        """Validation episodes one gate is priced at (:meth:`~ratchet.gate.Gate.price`: all validation seeds
+        for a fixed-n test, twice the seeds before a futility stop for a sequential one)."""
+        return self.gate.price(len(self.validation_seeds))
