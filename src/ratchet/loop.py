@@ -41,7 +41,7 @@ from ratchet.policy import (
 )
 from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
-from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run
+from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.tasks import Task, task_from_spec
@@ -158,9 +158,10 @@ class _Run(RunServices):
                     self._train_returns = [min(self._train_returns[0], ep.episode_return),
                                            max(self._train_returns[1], ep.episode_return)]
 
-    def others_available(self, arm: str, fits: Callable[[Any], bool]) -> bool:
-        """Whether a refiner other than ``arm`` may still take generations (not idle, and its generation fits)."""
-        return any(a != arm and r.idle_reason() is None and fits(r)
+    def others_available(self, arm: str, est_len: float, reserve: tuple[float, int]) -> bool:
+        """Whether a refiner other than ``arm`` may still take generations (not idle, and its generation and
+        ``reserve`` fit the budget, episodes priced from ``est_len`` env steps)."""
+        return any(a != arm and r.idle_reason() is None and self.prices.fits(r, est_len, reserve)
                    for a, r in self.refiners.items())
 
     def choose_refiner(self, generation: int, fits: Callable[[Any], bool] = lambda r: True) -> str:
@@ -250,10 +251,10 @@ class _Run(RunServices):
             try:
                 proposed = refiner.propose(incumbent, critique, self.rng)
             except EndpointError as exc:  # its service is down: go on without it, or stop (resumable)
-                if not self.others_available(arm, lambda r, n=est_len, kept=reserve: self.prices.fits(r, n, kept)):
+                if not self.others_available(arm, est_len, reserve):
                     raise
                 proposed, stopped = list(exc.proposals), str(exc)
-            proposals = self.screen_proposals(arm, incumbent, proposed, generation)
+            proposals = self.screen_proposals(arm, incumbent, proposed, generation, refiner.take_rejections())
             contenders = proposals + ([recommended] if recommended is not None else [])
             for cand in contenders:
                 self.record_candidate(cand, generation)
@@ -288,7 +289,7 @@ class _Run(RunServices):
                                                                est_len)
             promoted = decision is not None and decision.promoted
             refiner.verdict(best.id if best is not None else None, promoted, note)
-            if promoted:
+            if promoted and best is not None and cand_val is not None:
                 gain = cand_val.mean - inc_val.mean
                 incumbent, inc_val = best, cand_val
             if self.allocator is not None:
@@ -438,7 +439,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         "inputs": dict(run.inputs),
         "seeds": {"validation": run.validation_seeds, "test": run.test_seeds,
                   "train": "fresh each generation: SeedSplits(run_seed).seeds('train', ...)"}})[1]
-    if not created:  # another process started this run id between our checks and now
+    if not created or lease is None:  # another process started this run id between our checks and now
         if lease is not None:
             lease.release()
         if own_executor:
@@ -558,7 +559,7 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     ledger, run_dir, lock_fd, lease = open_for_writing(run, runs_dir, storage=storage)
     try:
         events = ledger.read()
-        started = ledger.get("run_started")
+        started = started_event(ledger)
         if ledger.get("run_finished") is not None:
             hint = (f"`ratchet show {run} --storage URL`" if storage else f"`ratchet show {run_dir}`")
             if unfinished_round(events) is not None:
@@ -579,7 +580,7 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
 
 def spec_of(ledger: LedgerStore) -> RunSpec:
     """The run's spec as its ``run_started`` event recorded it (not the file, which may have changed since)."""
-    return spec_from_dict(ledger.get("run_started").payload["spec"], where="ledger spec")
+    return spec_from_dict(started_event(ledger).payload["spec"], where="ledger spec")
 
 
 def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executor: Executor | None = None,
@@ -597,7 +598,7 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
         SpecError, PolicyError: the recorded spec or policy no longer loads (package versions changed).
         RatchetError: the run directory cannot be created.
     """
-    started = ledger.get("run_started")
+    started = started_event(ledger)
     spec = spec_of(ledger)
     source = started.payload["policy_source"]
     task = task_from_spec(spec.task)
@@ -611,7 +612,8 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
             run_dir.mkdir(mode=0o700, parents=True)
             if program.source:
                 (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
-            write_pointer(run_dir, storage, started.payload["run_id"])
+            if storage is not None:  # a run found only in a database (always so here: it had no directory)
+                write_pointer(run_dir, storage, started.payload["run_id"])
         except OSError as exc:
             raise RatchetError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
     if lock_fd is None:

@@ -235,7 +235,7 @@ class IncumbentPlanner:
         cost = self.generation_cost(n_candidates, est_episode_steps, step_limit)
         return self.budget.can_afford(usage, cost + reserve[0], n_candidates * self.train_episodes + reserve[1])
 
-    def generation_cost(self, n_candidates: int, est_episode_steps: float, step_limit: int | None = None) -> float:
+    def generation_cost(self, n_candidates: int, est_episode_steps: float, step_limit: float | None = None) -> float:
         """Env steps one generation may take: ``step_limit`` per episode when given (the time limit, or the
         loop's price for an episode, see :meth:`Pricing.episode_price`), else the estimate plus a
         25 % margin."""
@@ -293,7 +293,7 @@ class IncumbentPlanner:
                                     next_generation_episodes) is None
 
     def validation_hold(self, usage: Usage, n_validation: int, est_episode_steps: float,
-                        next_generation_steps: float = 0.0, step_limit: int | None = None,
+                        next_generation_steps: float = 0.0, step_limit: float | None = None,
                         next_generation_episodes: int = 0) -> str | None:
         """Whether to validate one candidate now.
 
@@ -357,15 +357,14 @@ class Pricing:
         n = self.validation_episodes
         return n * self.episode_price(longest), n
 
-    def episode_price(self, est_len: float) -> float | None:
+    def episode_price(self, est_len: float) -> float:
         """Env steps one episode is priced at: the time limit with worst-case pricing; with observed pricing
-        the mean length seen (``est_len``) plus a 25 % margin, never above the time limit. None when there
-        is neither a limit nor an estimate to go by."""
+        the mean length seen (``est_len``, env steps) plus a 25 % margin, never above the time limit."""
         limit = self.step_limit
         if self.price_limit is not None:
             return float(self.price_limit)
         price = self._margin * est_len
-        return float(min(price, limit)) if limit else price
+        return float(min(price, limit)) if limit else float(price)
 
     def fit(self, refiner: Refiner, est_len: float, reserve: tuple[float, int]) -> bool:
         """Let a refiner whose generation no longer fits an env-step budget cut it to what is left after

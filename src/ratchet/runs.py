@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ratchet.errors import LedgerError, RunNotFoundError
 from ratchet.execution.sandbox import hide_from_policies
-from ratchet.ledger import LedgerStore
+from ratchet.ledger import Event, LedgerStore
 from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.storage import LEDGER_FILE, open_store, read_pointer, storage_url, with_password_of
 
-__all__ = ["lock_run_dir", "new_run_id", "open_for_writing", "open_ledger", "open_run"]
+__all__ = ["lock_run_dir", "new_run_id", "open_for_writing", "open_ledger", "open_run", "started_event"]
 
 
 def new_run_id(name: str) -> str:
@@ -116,13 +116,22 @@ def open_for_writing(run: str | Path, runs_dir: str | Path = "runs", *,
     try:
         if run_dir.is_dir():  # before reading its state: a second writer on this machine stops here
             lock_fd = lock_run_dir(run_dir)
-        started = ledger.get("run_started")
-        if started is None:
-            raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed or corrected")
-        lease = WriterLease.acquire(ledger, started.payload["run_id"])
+        lease = WriterLease.acquire(ledger, started_event(ledger).payload["run_id"])
     except BaseException:
         ledger.close()
         if lock_fd is not None:
             os.close(lock_fd)
         raise
     return ledger, run_dir, lock_fd, lease
+
+
+def started_event(ledger: LedgerStore) -> Event:
+    """The run's ``run_started`` event.
+
+    Raises:
+        LedgerError: the ledger has none (it is not a run's, or its first append was lost).
+    """
+    started = ledger.get("run_started")
+    if started is None:
+        raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed or corrected")
+    return started

@@ -19,9 +19,10 @@ from ratchet.critic import Critic, Evaluation
 from ratchet.errors import LedgerError
 from ratchet.execution import BUDGET_SKIP, Executor, Job
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
-from ratchet.ledger import EventType, LedgerStore
+from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.planner import SeedSplits, Usage
 from ratchet.policy import SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
+from ratchet.proposals import Rejection
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec
 from ratchet.tasks import Task, task_from_spec
@@ -170,7 +171,7 @@ class RunServices:
                 "trainer": job.trainer, "parent_id": job.parent.id, "settings": dict(job.settings),
                 "seeds": list(job.seeds), "env_steps": result.env_steps, "error": result.error,
                 "seconds": result.seconds, "outputs": outputs})
-            event = self.ledger.get(key)
+            event = self.recorded(key)
         return self._recorded_training(job, event.payload)
 
     def _recorded_training(self, job: Any, p: Mapping[str, Any]) -> Any:
@@ -215,7 +216,7 @@ class RunServices:
             request_digest = self.store_artifact(json.dumps(request, sort_keys=True).encode())
             body_digest = None if body is None else self.store_artifact(body.encode("utf-8"))
             self.record(EventType.LLM_CALL, ekey, {**info, "request": request_digest, "response": body_digest})
-            event = self.ledger.get(ekey)
+            event = self.recorded(ekey)
         p = dict(event.payload)
         if p["response"] is None:
             self._failures.append(str(p.get("error") or "request failed"))
@@ -240,15 +241,13 @@ class RunServices:
             return None
         return max(0.0, limit - (self._clock_offset + time.monotonic() - self._session_start))
 
-    def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate],
-                         generation: int) -> list[Candidate]:
+    def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate], generation: int,
+                         screened: Sequence[Rejection] = ()) -> list[Candidate]:
         """Check every proposal that carries new source before any episode runs, and record what failed
-        — the refiner's own failed proposals (``take_rejections``) and those failing the checks here —
-        as ``proposal_rejected`` events (the rejected source stored as an artifact). Returns the rest."""
-        from ratchet.proposals import Rejection
-
-        refiner = self.refiners[arm]
-        rejected = list(refiner.take_rejections())
+        — ``screened`` (the refiner's own failed proposals, :meth:`Refiner.take_rejections`) and those
+        failing the checks here — as ``proposal_rejected`` events (the rejected source stored as an
+        artifact). Returns the rest."""
+        rejected = list(screened)
         kept = []
         for cand in proposals:
             reason = self.source_problem(cand, parent)
@@ -303,6 +302,17 @@ class RunServices:
             if not np.all(np.isfinite(u)) or np.any(u < -1e-9) or np.any(u > 1 + 1e-9):
                 return f"parameter {p.name!r} is outside its bounds [{p.low}, {p.high}]"
         return None
+
+    def recorded(self, key: str) -> Event:
+        """The event recorded under ``key`` (just appended, or read back).
+
+        Raises:
+            LedgerError: the ledger holds no such event (it lost an append).
+        """
+        event = self.ledger.get(key)
+        if event is None:
+            raise LedgerError(f"{self.ledger.location} holds no event {key!r} although it was just recorded")
+        return event
 
     def record(self, type: EventType, key: str, payload: dict[str, Any]) -> None:
         self.ledger.append(type, key, {**payload, **self.event_tag})
@@ -368,7 +378,10 @@ class RunServices:
         cap = None
         if self.caps_steps and split != "test" and self.spec.budget.env_steps is not None:
             cap = max(0, self.spec.budget.env_steps - self.usage.env_steps)
-        self.executor.run(self.task, jobs, on_episode, **({} if cap is None else {"max_env_steps": cap}))
+        if cap is None:
+            self.executor.run(self.task, jobs, on_episode)
+        else:
+            self.executor.run(self.task, jobs, on_episode, max_env_steps=cap)
         if split == "train":  # for the critique service: each candidate's latest training episodes
             self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
@@ -450,7 +463,7 @@ class RunServices:
         out = []
         for key in chosen:
             if key not in self._traces:
-                p = self.ledger.get(key).payload
+                p = self.recorded(key).payload
                 self.usage.env_steps += int(p["env_steps"])
                 self.usage.episodes += 1
                 self.usage.reeval_env_steps += int(p["env_steps"])

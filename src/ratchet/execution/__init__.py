@@ -65,7 +65,7 @@ class Executor(Protocol):
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None, *,
-            max_env_steps: int | None = None) -> list[Episode]:
+            max_env_steps: int | None = None, render_paths: Sequence[str | None] | None = None) -> list[Episode]:
         """Run every job and return its episode, in job order.
 
         Args:
@@ -75,6 +75,9 @@ class Executor(Protocol):
                 (completion order).
             max_env_steps: Hard cap on the env steps all these jobs may take together (see
                 :meth:`ratchet.execution.process.ProcessExecutor.run`); None for no cap.
+            render_paths: Per job, a file to record the episode to where the env runs (``.gif``/``.mp4``
+                frames, ``.json`` a trace; :mod:`ratchet.execution.recording`), or None; executors that cannot
+                record ignore it.
         """
 
     def close(self) -> None:

@@ -256,8 +256,9 @@ class RayExecutor:
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None, *,
-            max_env_steps: int | None = None) -> list[Episode]:
-        """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
+            max_env_steps: int | None = None, render_paths: Sequence[str | None] | None = None) -> list[Episode]:
+        """Run ``jobs``; see :class:`~ratchet.execution.Executor` (``render_paths`` is ignored: Ray workers do not
+        record episodes).
 
         ``on_episode`` is called for a batch's jobs (in job order) when the whole batch has finished.
         With ``max_env_steps`` (and a task time limit) a batch is submitted only when the env steps taken
