@@ -22,6 +22,7 @@ from ratchet.refiners.base import Refiner
 from ratchet.refiners.registry import KIND_MODULES, known_kinds, refiner_kind
 from ratchet.spec import spec_from_dict
 
+ROOT = Path(__file__).resolve().parents[1]
 needs_rl = pytest.mark.skipif(find_spec("torch") is None or find_spec("stable_baselines3") is None,
                               reason="needs the rl extra: pip install 'policy-ratchet[rl]'")
 PPO = {"env_steps": 512, "checkpoints": 2, "n_steps": 128, "batch_size": 64, "n_epochs": 2, "seeds": 2}
@@ -124,52 +125,15 @@ def test_a_kind_replays_its_proposals_and_costs_what_it_declared(tmp_path, kind,
     assert generation > 1
 
 
-PLUGIN = '''"""A refiner kind from outside ratchet.refiners: nudges one parameter up and down."""
-from pydantic import BaseModel, ConfigDict
-
-from ratchet.policy import Candidate
-from ratchet.refiners.base import GenerationCost, Refiner
-from ratchet.refiners.registry import RefinerKind
-
-
-class NudgeSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    step: float = 0.25
-
-
-class NudgeRefiner(Refiner):
-    def __init__(self, settings, name, ctx):
-        self.settings, self.name, self.program = settings, name, ctx.program
-        self.rounds = 0
-
-    def generation_cost(self):
-        return GenerationCost(proposals=2)
-
-    def idle_reason(self):
-        return "nudge: 3 rounds done" if self.rounds >= 3 else None
-
-    def propose(self, parent, critique, rng):
-        self.rounds += 1
-        p = self.program.parameters[self.rounds % len(self.program.parameters)]
-        out = []
-        for sign in (1, -1):
-            values = dict(parent.params)
-            values[p.name] = min(p.high, max(p.low, values[p.name] + sign * self.settings.step))
-            out.append(Candidate.create(parent.source, values, parent_id=parent.id, refiner=self.name))
-        return out
-
-
-KINDS = {"nudge": RefinerKind(NudgeSettings, ("program",), lambda s, name, ctx: [NudgeRefiner(s, name, ctx)])}
-'''
+PLUGIN = ROOT / "examples" / "own_refiner"
 
 
 def test_a_kind_registered_from_outside_runs_end_to_end(tmp_path, monkeypatch):
     from ratchet.refiners import registry
 
-    (tmp_path / "nudge_plugin.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(PLUGIN))  # examples/own_refiner/nudge.py, the README's example
     monkeypatch.setattr(registry, "KIND_MODULES", dict(KIND_MODULES))  # the registration ends with the test
-    registry.register_kind("nudge", "nudge_plugin")
+    registry.register_kind("nudge", "nudge")
     with pytest.raises(ValueError, match="already registered"):
         registry.register_kind("nudge", "another_module")
     d = base_spec_dict()

@@ -305,6 +305,8 @@ def test_loop_settings_live_in_planner_and_old_specs_keep_working_with_a_note(tm
     notes: list[str] = []
     load_spec(make_spec_dir(tmp_path / "s"), notes=notes)  # tests/data/cartpole.toml keeps the older spelling
     assert notes == ["note: [refiner] train_episodes is now [planner] train_episodes (read from [refiner] this time)"]
+    with pytest.raises(SpecError, match="^spec: \\[planner\\] train_episodes: must be ≥ 1"):
+        spec_from_dict({"task": {"env_id": "CartPole-v1"}, "planner": {"train_episodes": 0}})
     with pytest.raises(SpecError, match="keep only \\[planner\\] train_episodes"):
         spec_from_dict({"task": {"env_id": "CartPole-v1"}, "refiner": {"train_episodes": 4},
                         "planner": {"train_episodes": 5}})

@@ -449,3 +449,22 @@ def test_readme_structural_snippets_are_valid_refiner_tables():
         spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"path": "policy.py"}, "refiners": tables},
                               root / "examples" / "cartpole")
         assert [e["kind"] for e in spec.refiner_entries()] == [t["kind"] for t in tables]
+
+
+def test_a_proposal_whose_values_leave_its_bounds_is_refused_before_any_episode(tmp_path, pool, monkeypatch):
+    """Values are checked for every proposal, not only for new source: a refiner that proposes the run's own
+    program with a weight of 5 (bounds [-1, 1]) or an undeclared parameter gets a proposal_rejected event."""
+    spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 1, "variants": 1}],
+                           budget={"env_steps": 9000})
+    program = load_policy(DATA / "cartpole_linear.py")
+    wild = Candidate.create(program.source, {p.name: 5.0 for p in program.parameters}, refiner="mutate-wild")
+    stray = Candidate.create(program.source, {"nosuch": 0.0}, refiner="mutate-stray")
+    propose = MutationRefiner.propose
+    monkeypatch.setattr(MutationRefiner, "propose", lambda self, *a: propose(self, *a) + [wild, stray])
+    result = start_run(spec, tmp_path / "runs", "wild", executor=pool)
+    events = read_events(result.run_dir)
+    reasons = {e.payload["detail"].get("candidate_id"): e.payload["reason"]
+               for e in events_of(events, EventType.PROPOSAL_REJECTED)}
+    assert "outside its bounds" in reasons[wild.id] and "do not match the source's PARAMETERS" in reasons[stray.id]
+    assert not any(wild.id in e.key or stray.id in e.key for e in events
+                   if e.type in (EventType.EPISODES_EVALUATED, EventType.CANDIDATE_PROPOSED))

@@ -167,7 +167,7 @@ def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder 
         _fail(exc)
         return
     for note in notes:  # a setting written where older specs kept it
-        out.print(Text(note))
+        out.print(Text(note), soft_wrap=True)
     run_id = run_id or new_run_id(s.name)
     _with_progress(lambda progress: start_run(s, runs_dir, run_id, progress=progress, storage=storage),
                    str(Path(runs_dir) / run_id), report, storage)

@@ -276,14 +276,17 @@ class RunServices:
                 "source_cut": {"chars": len(source), "sha256": hashlib.sha256(data).hexdigest()}}
 
     def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
-        """Why a program candidate with source of its own may not run (None when it may): the source
-        fails :func:`~ratchet.proposals.check_source`, or its values do not fit its ``PARAMETERS``."""
-        if cand.kind not in SOURCE_KINDS or cand.source in (self.program.source, parent.source):
+        """Why a candidate that carries a program may not run (None when it may): new source that fails
+        :func:`~ratchet.proposals.check_source`, or values that do not fit its source's ``PARAMETERS`` (names
+        and bounds; checked for every proposal, so a refiner that proposes out-of-bounds values is refused)."""
+        if cand.kind not in SOURCE_KINDS:
             return None
         from ratchet.errors import PolicyError
         from ratchet.proposals import check_source
 
         digest = hashlib.sha256(cand.source.encode()).hexdigest()
+        if cand.source == self.program.source:
+            self._checked.setdefault(digest, self.program)
         if digest not in self._checked:
             try:
                 dims = self.task.dims() if uses_task_dims(cand.source) else None

@@ -355,10 +355,17 @@ class RunSpec(_Section):
         if not isinstance(planner, dict):
             return data
         planner.setdefault("train_episodes", min(5, max(2, episodes // 64)))
-        refiner["train_episodes"] = planner["train_episodes"]
         if episodes // 32 < 12:
             refiner.setdefault("popsize", max(4, episodes // 32))
         return {**data, "gate": gate, "refiner": refiner, "planner": planner}
+
+    @model_validator(mode="after")
+    def _mirror_loop_settings(self) -> RunSpec:
+        """``[refiner] train_episodes``/``gate_candidate`` read the ``[planner]`` values (older code reads them there)."""
+        mirror = {k: getattr(self.planner, k) for k in _MOVED_TO_PLANNER}
+        if any(getattr(self.refiner, k) != v for k, v in mirror.items()):
+            object.__setattr__(self, "refiner", self.refiner.model_copy(update=mirror))
+        return self
 
     @model_validator(mode="after")
     def _first_validation_fits(self) -> RunSpec:
@@ -481,8 +488,8 @@ _MOVED_TO_PLANNER = ("train_episodes", "gate_candidate")
 
 
 def _move_loop_settings(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with ``[refiner] train_episodes``/``gate_candidate`` moved to ``[planner]`` (see
-    :func:`moved_settings`) and mirrored back into ``[refiner]``, so both read the planner's value.
+    """``data`` with ``[refiner] train_episodes``/``gate_candidate`` copied to ``[planner]`` (see
+    :func:`moved_settings`); :meth:`RunSpec._mirror_loop_settings` makes ``[refiner]`` read the planner's values.
 
     Raises:
         ValueError: both tables set one of them, to different values.
@@ -497,8 +504,6 @@ def _move_loop_settings(data: dict[str, Any]) -> dict[str, Any]:
                              f"[planner] {key}")
         if key in refiner and key not in planner:
             planner[key] = refiner[key]
-        if key in planner:
-            refiner[key] = planner[key]
     return {**data, "refiner": refiner, "planner": planner}
 
 
