@@ -94,7 +94,7 @@ def test_accept_checks_roles_info_types_ranges_and_sizes(round0):  # noqa: F811 
         return res.error
 
     assert "missing ['dataset']" in why({"weights": round0["weights"]})
-    assert "unknown 'extra'" in why({**round0, "extra": b"x"})
+    assert "unknown ['extra']" in why({**round0, "extra": b"x"})
     assert "info 'round' = 'zz' (expected int)" in why(round="zz")
     assert "info 'round' = True (expected int)" in why(round=True)
     assert "info 'env_steps' = 201 (expected int in 0..200)" in why(env_steps=201)
@@ -104,7 +104,7 @@ def test_accept_checks_roles_info_types_ranges_and_sizes(round0):  # noqa: F811 
     assert "unpacks to" in why({**round0, "dataset": _bomb()})
     assert "artifact 'weights': not an mlp weights artifact" in why({**round0, "weights": b"junk"})
     assert "info 'episodes'" in why(episodes=[{"seed": 1}])
-    assert "wrong keys (unknown 'x')" in why(x=1)
+    assert "wrong keys (unknown ['x'])" in why(x=1)
     assert "2 outputs (expected 1..1)" in accept(job, TrainingResult((good, good), 0)).error
     assert "a result of type str" in accept(job, "garbage").error
     assert "no declaration" in accept(_job(None), TrainingResult((good,), 0)).error

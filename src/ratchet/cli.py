@@ -446,6 +446,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
     from ratchet.execution import Job, make_executor
     from ratchet.spec import MAX_EPISODES, MAX_TIMEOUT_S, MAX_WORKERS
     from ratchet.task import GymTask
+    from ratchet.tasks import task_from_spec
 
     try:
         if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
@@ -459,7 +460,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
         if seeds is not None and (episodes != 10 or seed != 0):
             raise RatchetError("--seeds gives the seeds itself; leave out --episodes and --seed")
         seed_list = _parse_seeds(seeds) if seeds is not None else list(range(seed, seed + episodes))
-        from ratchet.loop import check_task, load_program
+        from ratchet.loop import load_program
 
         if (policy is None) == (run is None):
             raise RatchetError("give a policy file, or a run's candidate with --run RUN [--candidate ID] (one of the two)")
@@ -471,7 +472,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
         if spec_path is not None:
             from ratchet.spec import load_spec
 
-            task = GymTask.from_spec(load_spec(spec_path).task)
+            task = task_from_spec(load_spec(spec_path).task)
         elif env is not None:
             task = GymTask(env)
         blobs: dict[str, bytes] = {}
@@ -486,7 +487,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
             assert policy is not None  # checked above: a policy file or --run
             cand = load_program(policy, task).candidate()
             label = str(policy)
-        check_task(task)
+        task.dims()  # the env, made once with no policy code: setup problems fail here, in one line
         ex = make_executor(workers, timeout)
         try:
             eps = ex.run(task, [Job(cand, s, blobs) for s in seed_list])
@@ -496,7 +497,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
         _fail(exc)
         return
     ev = Evaluation(cand.id, "evaluate", tuple(eps))
-    t = Table(title=f"{label} on {task.env_id}")
+    t = Table(title=f"{label} on {task.name}")
     for col in ("seed", "return", "length", "terminated", "truncated", "success", "error"):
         t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
     for e in eps[:50]:
@@ -659,9 +660,9 @@ def _candidate_of(state, candidate: str | None):
 
 
 def _task_of(state):
-    from ratchet.task import GymTask
+    from ratchet.tasks import task_from_spec
 
-    return GymTask.from_spec(state.spec["task"])
+    return task_from_spec(state.spec["task"])
 
 
 def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> dict[str, bytes]:

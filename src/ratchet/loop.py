@@ -51,11 +51,6 @@ __all__ = ["LEDGER_FILE", "RunResult", "eval_key", "open_ledger", "open_run", "r
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-def candidates_per_generation(refiner: Refiner) -> int:
-    """Evaluations a generation of ``refiner`` prices on the training seeds: its proposals, the incumbent, and
-    the refiner's recommendation when it makes one (:attr:`GenerationCost.evaluations`)."""
-    return refiner.generation_cost().evaluations
-
 
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
 BROKEN_START = "the starting policy failed all"
@@ -474,15 +469,6 @@ def check_refiners(spec: RunSpec) -> None:
         if kind.check is not None:
             kind.check(kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")}), name)
 
-
-def check_task(task: Task) -> dict[str, int]:
-    """:meth:`Task.dims`: the task's sizes, made once with no policy code, so setup problems (a missing extra
-    such as MuJoCo, bad ``env_kwargs``) fail a command up front in one line.
-
-    Raises:
-        TaskError: the environment cannot be made.
-    """
-    return task.dims()
 
 
 def load_program(path: str | Path, task: Task, dims: dict[str, int] | None = None) -> PolicyProgram:

@@ -17,7 +17,7 @@ from typing import Any
 from ratchet.rollout import Episode
 from ratchet.text import clean
 
-__all__ = ["DIAGNOSTICS_KEYS", "EPISODE_KEYS", "BadReply", "decode_reply", "parse_episode_reply"]
+__all__ = ["DIAGNOSTICS_KEYS", "EPISODE_KEYS", "BadReply", "decode_reply", "key_mismatch", "parse_episode_reply"]
 
 #: The keys of an episode record (:meth:`Episode.to_dict`), all required, no others allowed.
 EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "truncated", "success", "error",
@@ -51,6 +51,17 @@ def decode_reply(body: bytes) -> Any:
         raise BadReply(f"a reply that is not JSON ({clean(str(exc), 80)})") from None
     except RecursionError:
         raise BadReply("a reply that is not JSON (nested too deeply)") from None
+
+
+def key_mismatch(given: Any, known: Any, required: Any) -> str | None:
+    """How the keys of an untrusted object differ from a schema's: ``"missing ['a']; unknown ['zz']"`` (unknown
+    names made safe to print), or None when every ``required`` key is there and none is outside ``known``."""
+    keys = set(given)
+    missing, extra = sorted(set(required) - keys), sorted(map(str, keys - set(known)))
+    if not missing and not extra:
+        return None
+    return "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                       f"unknown {clean(extra, 80)}" if extra else "") if part)
 
 
 def _number(value: Any, name: str, finite: bool = True) -> float:
@@ -140,11 +151,8 @@ def parse_episode_reply(msg: Any, job_id: int, seed: int, step_limit: int | None
         raise BadReply("a reply that does not match its job")
     if not isinstance(ep, dict):
         raise BadReply(f"a malformed reply (the episode is a {type(ep).__name__}, expected an object)")
-    keys = set(ep)
-    if keys != EPISODE_KEYS:
-        missing, extra = sorted(EPISODE_KEYS - keys), sorted(map(str, keys - EPISODE_KEYS))
-        what = "; ".join(part for part in (f"missing {missing}" if missing else "",
-                                           f"unknown {clean(extra, 80)}" if extra else "") if part)
+    what = key_mismatch(ep, EPISODE_KEYS, EPISODE_KEYS)
+    if what is not None:
         raise BadReply(f"a reply with the wrong keys ({what})")
     ep_seed = ep["seed"]
     if isinstance(ep_seed, bool) or not isinstance(ep_seed, int) or ep_seed != seed:

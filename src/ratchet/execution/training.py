@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratchet.execution.replies import BadReply, decode_reply, key_mismatch
 from ratchet.policy import Candidate
 from ratchet.text import clean
 
@@ -196,12 +197,9 @@ class TrainingAnswer:
         for i, out in enumerate(outputs):
             where = f"output {i + 1}"
             arts = out.artifacts
-            extra = sorted(clean(repr(r), 40) for r in set(arts) - set(roles))
-            missing = sorted(r.name for r in self.roles if r.required and r.name not in arts)
-            if extra or missing:
-                raise BadAnswer(f"{where} with the wrong artifacts ("
-                                + "; ".join(p for p in (f"missing {missing}" if missing else "",
-                                                        f"unknown {', '.join(extra)}" if extra else "") if p) + ")")
+            wrong = key_mismatch(arts, roles, [r.name for r in self.roles if r.required])
+            if wrong is not None:
+                raise BadAnswer(f"{where} with the wrong artifacts ({wrong})")
             for name, data in arts.items():
                 role = roles[name]
                 if not isinstance(data, bytes) or len(data) > role.max_bytes:
@@ -222,12 +220,9 @@ class TrainingAnswer:
                 raise BadAnswer(f"{where}: info that is not finite JSON") from None
             if info_bytes > self.max_info_bytes:
                 raise BadAnswer(f"{where}: {info_bytes:,} bytes of info (at most {self.max_info_bytes:,})")
-            extra = sorted(clean(repr(k), 40) for k in set(info) - set(fields))
-            missing = sorted(f.name for f in self.info if f.required and f.name not in info)
-            if extra or missing:
-                raise BadAnswer(f"{where}: info with the wrong keys ("
-                                + "; ".join(p for p in (f"missing {missing}" if missing else "",
-                                                        f"unknown {', '.join(extra)}" if extra else "") if p) + ")")
+            wrong = key_mismatch(info, fields, [f.name for f in self.info if f.required])
+            if wrong is not None:
+                raise BadAnswer(f"{where}: info with the wrong keys ({wrong})")
             for key, value in info.items():
                 _check_field(fields[key], value, job, where)
 
@@ -385,8 +380,6 @@ def _read_answer(fd: int, deadline: float) -> tuple[TrainingOutput, ...]:
     Raises:
         _Failed: the answer is malformed (any exception while decoding it is one), or the trainer's own error.
     """
-    from ratchet.execution.replies import BadReply, decode_reply
-
     (n,) = struct.unpack("!I", _read_exact(fd, 4, deadline))
     if n > _MAX_HEADER_BYTES:
         raise _Failed(f"trainer sent a header of {n:,} bytes (at most {_MAX_HEADER_BYTES:,})")
