@@ -30,7 +30,7 @@ from gymnasium.spaces import Box
 
 from ratchet.execution.channel import BadMessage, Channel, ChannelTimeout, pin_to_cpu
 from ratchet.execution.protocol import BadReply, Opaque, decode_reply
-from ratchet.rollout import Episode, InvalidAction, RolloutAborted, run_episode
+from ratchet.rollout import Episode, InvalidAction, RolloutAborted
 
 __all__ = ["RemotePolicy", "envhost_main"]
 
@@ -39,33 +39,30 @@ _END_GRACE_S = 10.0
 
 
 class RemotePolicy:
-    """The policy, as seen from the env host: ``reset`` and ``act`` are requests to the policy process.
+    """The policy, as seen from the env host (a :class:`ratchet.tasks.PolicyHandle`): ``start``, ``act`` and
+    ``call`` are requests to the policy process.
 
     An observation that is an ``ndarray`` of the observation space's dtype and shape travels as raw
     bytes (``O`` + the array's bytes; the policy process knows dtype and shape from the episode
     message); anything else is pickled. The episode's deadline is a real-time timer (``SIGALRM``), so
-    waiting for an action is a single blocking ``read``.
+    waiting for an answer is a single blocking ``read``.
 
     Args:
         chan: Channel to the policy process.
         key: Source key of the candidate's policy file.
         source: The source, or None when the policy process has it already.
-        observation_space: The env's observation space.
-        action_space: The env's action space; both spaces travel (pickled) with each episode message,
-            and the policy process binds them to the policy (:func:`ratchet.policy.bind_spaces`).
+        functions: The functions the task calls (``("act",)`` for an environment); the policy process checks
+            the policy defines them before the episode starts.
 
-    Raises (from ``reset``/``act``):
-        PolicyFailure: the policy raised, failed to load or has no ``act``.
-        InvalidAction: it returned something that is not a number or numeric array.
+    Raises (from ``start``/``act``/``call``):
+        PolicyFailure: the policy raised, failed to load or lacks one of ``functions``.
+        InvalidAction: ``act`` returned something that is not a number or numeric array.
         RolloutAborted: the policy process died, timed out or sent garbage.
     """
 
-    def __init__(self, chan: Channel, key: str, source: str | None, observation_space: Any,
-                 action_space: Any = None) -> None:
-        self.chan, self.key, self.source = chan, key, source
-        self.spaces = (observation_space, action_space)
-        self.raw = ((np.dtype(observation_space.dtype), tuple(observation_space.shape))
-                    if isinstance(observation_space, Box) else None)
+    def __init__(self, chan: Channel, key: str, source: str | None, functions: tuple[str, ...] = ("act",)) -> None:
+        self.chan, self.key, self.source, self.functions = chan, key, source, tuple(functions)
+        self.raw: tuple[np.dtype, tuple[int, ...]] | None = None
 
     def _ask(self, payload: bytes, expect: str) -> Any:
         try:
@@ -76,11 +73,17 @@ class RemotePolicy:
         except (BadMessage, BadReply) as exc:
             raise RolloutAborted("interfered", str(exc)) from None
 
-    def reset(self, params: Any, seed: int) -> None:
+    def start(self, params: Any, seed: int, spaces: tuple[Any, Any] = (None, None)) -> None:
+        """Start an episode: the policy process loads the policy (its source travels the first time), binds
+        the ``(observation_space, action_space)`` (pickled, with the message), seeds and calls ``reset``."""
+        obs_space = spaces[0]
+        self.raw = ((np.dtype(obs_space.dtype), tuple(obs_space.shape)) if isinstance(obs_space, Box) else None)
         raw = None if self.raw is None else (self.raw[0].str, self.raw[1])
-        self._ask(_pickled(("episode", self.key, self.source, dict(params), int(seed), raw, self.spaces)), "started")
+        self._ask(_pickled(("episode", self.key, self.source, dict(params), int(seed), raw, tuple(spaces),
+                            self.functions)), "started")
 
     def act(self, observation: Any, params: Any) -> Any:
+        """The policy's action for ``observation`` (``params`` are the policy process's own copy)."""
         raw = self.raw
         if raw is not None and type(observation) is np.ndarray and observation.dtype == raw[0] \
                 and observation.shape == raw[1]:
@@ -91,6 +94,11 @@ class RemotePolicy:
         if isinstance(action, Opaque):
             raise InvalidAction(f"expected a number or a numeric array, got {action.type_name} {action.text}")
         return action
+
+    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        """The policy's ``name(*args, params)``: a number, numeric array, tuple/list/dict of them, or
+        :class:`~ratchet.execution.protocol.Opaque` for anything else (decoded strictly, never unpickled)."""
+        return self._ask(_pickled(("call", name, tuple(args))), "value")
 
     def end(self) -> int:
         """Tell the policy process the episode is over; returns the stray processes it killed."""
@@ -129,7 +137,7 @@ class _Deadline:
 
 
 def _serve(conn: Any, chan: Channel) -> None:
-    from ratchet.execution.worker import _text, close_quietly, send_reply
+    from ratchet.execution.worker import _text, send_reply
     from ratchet.tasks import task_from_dict
 
     deadline = _Deadline()
@@ -148,7 +156,7 @@ def _serve(conn: Any, chan: Channel) -> None:
         _, job_id, task_key, task_dict, key, source, params, seed, render_path, timeout_s = msg
         if task_dict is not None:
             task_dicts[task_key] = task_dict
-        status, env, task = "ok", None, None
+        status, task = "ok", None
         try:
             if task_key not in tasks:
                 tasks[task_key] = task_from_dict(task_dicts[task_key])
@@ -159,23 +167,13 @@ def _serve(conn: Any, chan: Channel) -> None:
                 raise RuntimeError("policy source missing")
             try:
                 deadline.arm(float(timeout_s))
-                # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
-                # Box2D world does), which would make a return depend on the episodes run before it.
-                from ratchet.trace import render_mode_for
-
-                env = task.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
                 # the source travels once per worker pair: the policy process keeps it from then on
-                policy = RemotePolicy(chan, key, source, env.observation_space, env.action_space)
+                policy = RemotePolicy(chan, key, source, tuple(task.functions))
                 candidate = json.dumps([key, params], sort_keys=True)
                 if loaded is not None and loaded != candidate:
                     policy.retire()
                 loaded = candidate
-                if render_path:
-                    from ratchet.execution.recording import record_episode
-
-                    ep = record_episode(env, policy, params, seed, task, render_path)
-                else:
-                    ep = run_episode(env, policy.act, policy.reset, params, seed, task)
+                ep = task.run_episode(policy, params, seed, render_path)
                 deadline.arm(_END_GRACE_S)
                 strays = policy.end()
                 if strays and ep.error is None:
@@ -192,7 +190,6 @@ def _serve(conn: Any, chan: Channel) -> None:
                                             task=task).to_dict(), status]
         finally:
             deadline.disarm()  # also after an error of the env itself: no timer may fire between episodes
-            close_quietly(env)
         if not send_reply(conn, reply):
             return  # the driver is gone
         if status != "ok":

@@ -10,12 +10,16 @@ as its failure.
 Env host → policy (pickled tuples):
     ``("episode", source_key, source_or_None, params, seed, raw, (observation_space, action_space))``
     — load the policy, bind the spaces (:func:`ratchet.policy.bind_spaces`), seed, call ``reset``;
-    ``("obs", observation)`` — return an action; ``("end",)`` — the episode is over;
+    ``("obs", observation)`` — return an action; ``("call", name, args)`` — return ``name(*args, params)``
+    (evaluator tasks; the episode message then also names the functions the policy must define);
+    ``("end",)`` — the episode is over;
     ``("retire",)`` — the next episode is another candidate's (the candidate's process exits).
 Policy → env host (tagged bytes):
     ``R`` ready · ``K`` episode started · ``E`` + JSON ``{"kind", "text"}`` the policy failed ·
     ``i`` int64 · ``f`` float64 · ``b`` bool · ``a`` numeric array · ``o`` + JSON ``{"type", "repr"}``
-    any other object · ``S`` + JSON ``{"strays": n}`` episode cleanup done.
+    any other object · ``S`` + JSON ``{"strays": n}`` episode cleanup done. A ``call``'s answer may also
+    be ``t`` (tuple) or ``l`` (list) + count + length-prefixed items, or ``m`` (dict) + count + (length-prefixed
+    UTF-8 key, length-prefixed item) pairs, nested at most 8 deep (:func:`encode_value`).
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ import numpy as np
 
 from ratchet.rollout import PolicyFailure
 
-__all__ = ["BadReply", "Opaque", "PolicyFailure", "decode_reply", "encode_action", "encode_error"]
+__all__ = ["BadReply", "Opaque", "PolicyFailure", "decode_reply", "encode_action", "encode_error", "encode_value"]
 
 _I64 = struct.Struct("!q")
 _F64 = struct.Struct("!d")
 _ARRAY_KINDS = {"b", "i", "u", "f"}
 _MAX_DIMS = 8
 _MAX_TEXT = 2000
+_MAX_DEPTH = 8
+_MAX_ITEMS = 100_000
+_U32 = struct.Struct("<I")
 
 
 class BadReply(Exception):
@@ -90,6 +97,60 @@ def encode_action(action: Any) -> bytes:
     return b"o" + json.dumps({"type": type(action).__name__[:100], "repr": text}).encode()
 
 
+def encode_value(value: Any, depth: int = 0) -> bytes:
+    """Policy side: the answer to a ``call``: as :func:`encode_action`, plus tuples, lists and dicts with text
+    keys of such values (nested at most 8 deep; deeper, or anything else, is an ``o`` reply)."""
+    if isinstance(value, (tuple, list)) and depth < _MAX_DEPTH and len(value) <= _MAX_ITEMS:
+        parts = [encode_value(v, depth + 1) for v in value]
+        return (b"t" if isinstance(value, tuple) else b"l") + _U32.pack(len(parts)) + b"".join(
+            _U32.pack(len(p)) + p for p in parts)
+    if isinstance(value, dict) and depth < _MAX_DEPTH and len(value) <= _MAX_ITEMS \
+            and all(isinstance(k, str) for k in value):
+        out = [b"m", _U32.pack(len(value))]
+        for k, v in value.items():
+            kb, vb = k.encode("utf-8", "replace")[:200], encode_value(v, depth + 1)
+            out += [_U32.pack(len(kb)), kb, _U32.pack(len(vb)), vb]
+        return b"".join(out)
+    return encode_action(value)
+
+
+def _take(body: bytes, pos: int) -> tuple[bytes, int]:
+    if pos + 4 > len(body):
+        raise BadReply("an undecodable value")
+    (n,) = _U32.unpack_from(body, pos)
+    end = pos + 4 + n
+    if end > len(body):
+        raise BadReply("an undecodable value")
+    return body[pos + 4:end], end
+
+
+def _decode_value(msg: bytes, depth: int) -> Any:
+    tag, body = msg[:1], msg[1:]
+    if tag in (b"t", b"l", b"m"):
+        if depth >= _MAX_DEPTH or len(body) < 4:
+            raise BadReply("an undecodable value")
+        (count,) = _U32.unpack_from(body)
+        if count > _MAX_ITEMS:
+            raise BadReply("an undecodable value")
+        pos, items = 4, []
+        keys: list[str] = []
+        for _ in range(count):
+            if tag == b"m":
+                kb, pos = _take(body, pos)
+                try:
+                    keys.append(kb.decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise BadReply("an undecodable value") from None
+            item, pos = _take(body, pos)
+            items.append(_decode_value(item, depth + 1))
+        if pos != len(body):
+            raise BadReply("an undecodable value")
+        if tag == b"m":
+            return dict(zip(keys, items))
+        return tuple(items) if tag == b"t" else items
+    return decode_reply(msg, "action")
+
+
 def _json(body: bytes) -> dict[str, Any]:
     try:
         d = json.loads(body)
@@ -112,10 +173,12 @@ def decode_reply(msg: bytes, expect: str) -> Any:
 
     Args:
         msg: The message bytes.
-        expect: ``"ready"``, ``"started"``, ``"action"``, ``"end"`` or ``"retired"``.
+        expect: ``"ready"``, ``"started"``, ``"action"``, ``"value"`` (a ``call``'s answer), ``"end"`` or
+            ``"retired"``.
 
     Returns:
-        For ``"action"``: an int, float, bool, ``numpy.ndarray`` or :class:`Opaque`. For ``"end"``: the
+        For ``"action"``: an int, float, bool, ``numpy.ndarray`` or :class:`Opaque`; for ``"value"`` also
+        tuples, lists and dicts of those. For ``"end"``: the
         number of stray processes the policy process killed. Otherwise None.
 
     Raises:
@@ -127,7 +190,7 @@ def decode_reply(msg: bytes, expect: str) -> Any:
     if not msg:
         raise BadReply("an empty reply")
     tag, body = msg[:1], msg[1:]
-    if tag == b"E" and expect in ("started", "action"):
+    if tag == b"E" and expect in ("started", "action", "value"):
         d = _json(body)
         raise PolicyFailure(_text(d, "kind"), _text(d, "text"))
     if expect == "ready" and msg == b"R":
@@ -139,6 +202,8 @@ def decode_reply(msg: bytes, expect: str) -> Any:
         if type(n) is not int or not 0 <= n < 2**31:
             raise BadReply("a malformed reply")
         return n
+    if expect == "value":
+        return _decode_value(msg, 0)
     if expect != "action":
         raise BadReply(f"an unexpected reply (waiting for {expect})")
     if tag == b"i" and len(body) == 8:

@@ -166,7 +166,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
 
     import numpy as np
 
-    from ratchet.execution.protocol import encode_action, encode_error
+    from ratchet.execution.protocol import encode_action, encode_error, encode_value
     from ratchet.policy import bind_spaces, materialize
 
     if sandbox is not None:
@@ -177,6 +177,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
         except (OSError, AttributeError):
             pass
     act: Any = None  # the policy's act, once an episode starts
+    module: Any = None  # the policy's module, once an episode starts
     params: dict[str, Any] = {}
     raw: Any = None  # (dtype, shape) of raw observations, announced with the episode
     frombuffer = np.frombuffer
@@ -198,9 +199,15 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                     reply = encode_action(act(msg[1], params))
                 except BaseException as exc:  # noqa: BLE001 - the policy's failure is the episode's outcome
                     reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
+            elif kind == "call":
+                try:
+                    reply = encode_value(getattr(module, msg[1])(*msg[2], params))
+                except BaseException as exc:  # noqa: BLE001 - the policy's failure is the instance's outcome
+                    reply = encode_error(f"policy raised {type(exc).__name__} in {msg[1]}()", _text(exc, 400))
             elif kind == "episode":
                 _, key, source, params, seed, raw = msg[:6]
                 spaces = msg[6] if len(msg) > 6 else (None, None)  # (observation, action) spaces, from the env host
+                functions = msg[7] if len(msg) > 7 else ("act",)  # what the task calls
                 raw = None if raw is None else (np.dtype(raw[0]), tuple(raw[1]))
                 if sandbox is not None:
                     rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
@@ -210,8 +217,8 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                     bind_spaces(module, *spaces)
                 if isinstance(module, Exception):
                     reply = encode_error("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
-                elif not callable(getattr(module, "act", None)):
-                    reply = encode_error("policy has no callable act()", "")
+                elif missing_function(module, functions):
+                    reply = encode_error(f"policy has no callable {missing_function(module, functions)}()", "")
                 else:
                     random.seed(seed)
                     np.random.seed(seed % 2**32)
@@ -222,7 +229,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                             reset(params, seed)
                         except BaseException as exc:  # noqa: BLE001 - the policy's reset failing is the episode's outcome
                             reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
-                    act = module.act
+                    act = getattr(module, "act", None)
             elif kind == "end":
                 _trim_log()
                 strays = reap_strays() if sandbox is not None else 0
@@ -257,8 +264,8 @@ def worker_main(conn: Any) -> None:
         from ratchet.execution.sandbox import reap_strays, rearm_cpu_limit
     import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
 
-    from ratchet.policy import bind_spaces, materialize
-    from ratchet.rollout import Episode, run_episode
+    from ratchet.policy import materialize
+    from ratchet.rollout import Episode
     from ratchet.tasks import task_from_dict
 
     conn.send_bytes(b'"ready"')  # replies are JSON, never pickles: the parent must not unpickle policy bytes
@@ -276,7 +283,6 @@ def worker_main(conn: Any) -> None:
         if task_dict is not None:
             task_dicts[task_key] = task_dict
         task_dict = task_dicts[task_key]
-        env = None
         if sandbox is not None:
             rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
         try:
@@ -284,26 +290,13 @@ def worker_main(conn: Any) -> None:
                 tasks[task_key] = task_from_dict(task_dict)
             task = tasks[task_key]
             module = policies.load(key, source)
+            missing = None if isinstance(module, Exception) else missing_function(module, task.functions)
             if isinstance(module, Exception):
                 ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500], task=task)
-            elif not callable(getattr(module, "act", None)):
-                ep = Episode.failed(seed, "policy has no callable act()", task=task)
-            elif render_path:
-                from ratchet.execution.recording import record_episode
-                from ratchet.trace import render_mode_for
-
-                render_env = task.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
-                try:
-                    bind_spaces(module, render_env.observation_space, render_env.action_space)
-                    ep = record_episode(render_env, module, materialize(params), seed, task, render_path)
-                finally:
-                    render_env.close()
+            elif missing:
+                ep = Episode.failed(seed, f"policy has no callable {missing}()", task=task)
             else:
-                # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
-                # Box2D world does), which would make a return depend on the episodes run before it.
-                env = task.make_env()
-                bind_spaces(module, env.observation_space, env.action_space)
-                ep = run_episode(env, module.act, getattr(module, "reset", None), materialize(params), seed, task)
+                ep = task.run_episode(LocalPolicy(module), materialize(params), seed, render_path)
             _trim_log()
             if sandbox is not None:
                 strays = reap_strays()
@@ -313,10 +306,44 @@ def worker_main(conn: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - environment trouble: report it as this episode's error
             reply = (job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
                                             task=_task_or_none(task_dict)).to_dict())
-        finally:
-            close_quietly(env)
         if not send_reply(conn, reply):
             return  # the parent is gone
+
+
+def missing_function(module: Any, functions: Any) -> str | None:
+    """The first of ``functions`` (names) the loaded policy module does not define as a callable, or None."""
+    return next((f for f in functions if not callable(getattr(module, f, None))), None)
+
+
+class LocalPolicy:
+    """A loaded policy module as a :class:`ratchet.tasks.PolicyHandle`, in the process that runs the task
+    (``[execution] trusted_rollouts = false``). A ``call``'s answer goes through the same encoding as from a
+    sandboxed policy process (:func:`ratchet.execution.protocol.encode_value`), so both give the same values."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.params: Any = {}
+        self.act = getattr(module, "act", None)
+
+    def start(self, params: Any, seed: int, spaces: tuple[Any, Any] = (None, None)) -> None:
+        import random
+
+        import numpy as np
+
+        from ratchet.policy import bind_spaces
+
+        bind_spaces(self.module, *spaces)
+        self.params = params
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        reset = getattr(self.module, "reset", None)
+        if reset is not None:
+            reset(params, seed)
+
+    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        from ratchet.execution.protocol import decode_reply, encode_value
+
+        return decode_reply(encode_value(getattr(self.module, name)(*args, self.params)), "value")
 
 
 def close_quietly(env: Any) -> None:

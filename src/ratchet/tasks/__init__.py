@@ -4,7 +4,8 @@ Everything above the execution layer — the loop, planner, critic, gate, report
 task only through :class:`Task` and never names a kind. A kind is a class registered in :data:`TASK_KINDS`
 (``[task] kind`` in a spec, ``"kind"`` in :meth:`Task.to_dict`); :func:`task_from_spec` and
 :func:`task_from_dict` build one. Today: ``"gym"`` (:class:`~ratchet.tasks.gym.GymTask`, any registered
-Gymnasium environment).
+Gymnasium environment) and ``"evaluator"`` (:class:`~ratchet.tasks.evaluator.EvaluatorTask`, a user's
+evaluator scoring the policy's functions on problem instances).
 
 An episode of any task: a seed in; out a return (higher is better), a length in the task's cost unit (env
 steps for an environment), how it ended (terminated, truncated — kept apart, as Gymnasium does — or an
@@ -15,15 +16,37 @@ sums of rewards) is the task's; the policy runs sandboxed and only answers what 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
 
-__all__ = ["TASK_KINDS", "Task", "task_from_dict", "task_from_spec"]
+__all__ = ["TASK_KINDS", "PolicyHandle", "Task", "task_from_dict", "task_from_spec"]
 
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
-TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask"}
+TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask",
+                              "evaluator": "ratchet.tasks.evaluator:EvaluatorTask"}
+
+
+class PolicyHandle(Protocol):
+    """The candidate as a task's episode sees it, on the trusted side: a sandboxed policy process
+    (:class:`ratchet.execution.envhost.RemotePolicy`) or, with ``trusted_rollouts = false``, the loaded module
+    (:class:`ratchet.execution.worker.LocalPolicy`).
+
+    Raises (every method): ``PolicyFailure`` (the policy raised, failed to load, lacks a function),
+    ``RolloutAborted`` (its process died, timed out or sent garbage).
+    """
+
+    def start(self, params: Mapping[str, Any], seed: int, spaces: tuple[Any, Any] = (None, None)) -> None:
+        """Begin an episode: load the policy, give it ``spaces`` (observation, action; None for none), seed
+        its random generators with ``seed`` and call its ``reset(params, seed)`` if it has one."""
+
+    def act(self, observation: Any, params: Mapping[str, Any]) -> Any:
+        """The policy's ``act(observation, params)``."""
+
+    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        """The policy's ``name(*args, params)`` with the parameters ``start`` was given: a number, a numeric
+        array, tuples/lists/dicts of them, or an ``Opaque`` stand-in for anything else."""
 
 
 @runtime_checkable
@@ -53,11 +76,33 @@ class Task(Protocol):
     def step_limit(self) -> int | None:
         """Most steps one episode can take, in the task's cost unit (env steps), or None for no limit."""
 
+    @property
+    def functions(self) -> Mapping[str, int]:
+        """The functions a policy file defines for this task, with their argument counts (``params`` last):
+        ``{"act": 2}`` for an environment."""
+
+    @property
+    def cost_unit(self) -> str:
+        """What an episode's length (and the ``env_steps`` budget) counts: ``"env steps"``, ``"instances"``..."""
+
+    def seed_pools(self) -> Mapping[str, Sequence[int]] | None:
+        """The seeds each split may use when they are a fixed set (a data set's instances), else None."""
+
+    def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
+                    render_path: str | None = None) -> Any:
+        """One episode on the trusted side (the env host): the :class:`~ratchet.rollout.Episode` of ``policy``
+        with ``params`` on ``seed``, recorded to ``render_path`` where the task can record.
+
+        Raises:
+            RolloutAborted: the policy process died, timed out or sent garbage (the executor's business);
+                every failure of the policy itself is an errored episode instead.
+        """
+
     def make_env(self, render_mode: str | None = None) -> Any:
         """A fresh Gymnasium-style environment (made on the trusted side: the env host).
 
         Raises:
-            TaskError: it cannot be made.
+            TaskError: it cannot be made (or the task has no environment).
         """
 
     def spaces(self) -> tuple[Any, Any]:

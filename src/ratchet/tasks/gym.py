@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -77,6 +77,51 @@ class GymTask:
     def name(self) -> str:
         """The env id."""
         return self.env_id
+
+    #: A policy defines ``act(observation, params)`` (two arguments).
+    functions: ClassVar[Mapping[str, int]] = {"act": 2}
+    #: An episode's length counts env steps.
+    cost_unit: ClassVar[str] = "env steps"
+
+    def seed_pools(self) -> Mapping[str, Sequence[int]] | None:
+        """None: any seed makes an episode."""
+        return None
+
+    def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None) -> Any:
+        """One episode in a fresh environment (made here, on the trusted side), recorded to ``render_path`` when
+        given (frames or a trace, :func:`ratchet.execution.recording.record_episode`).
+
+        Args:
+            policy: The candidate (:class:`ratchet.tasks.PolicyHandle`), started with the env's spaces.
+            params: Its parameter values.
+            seed: The episode's seed (``env.reset(seed=seed)``).
+            render_path: A ``.gif``/``.mp4``/``.json`` file to record to, or None.
+
+        Returns:
+            The :class:`~ratchet.rollout.Episode` (:func:`ratchet.rollout.run_episode`).
+
+        Raises:
+            RolloutAborted: the policy process died, timed out or sent garbage.
+        """
+        from ratchet.rollout import run_episode
+        from ratchet.trace import render_mode_for
+
+        # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
+        # Box2D world does), which would make a return depend on the episodes run before it.
+        env = self.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
+        try:
+            spaces = (env.observation_space, env.action_space)
+            started = _Started(policy, spaces)
+            if render_path:
+                from ratchet.execution.recording import record_episode
+
+                return record_episode(env, started, params, seed, self, render_path)
+            return run_episode(env, policy.act, started.reset, params, seed, self)
+        finally:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001, S110 - closing is best effort: the episode's result is already known
+                pass
 
     def spaces(self) -> tuple[Any, Any]:
         """``(observation_space, action_space)`` of the environment (made once and closed; no policy code runs).
@@ -190,6 +235,17 @@ class GymTask:
         """Inverse of :meth:`to_dict`."""
         return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),
                    d.get("action_mode", "error"), d.get("max_episode_steps"), d.get("description"))
+
+
+class _Started:
+    """A policy handle seen as ``run_episode`` wants it: ``reset(params, seed)`` starts it with the env's spaces."""
+
+    def __init__(self, policy: Any, spaces: tuple[Any, Any]) -> None:
+        self.policy, self.spaces = policy, spaces
+        self.act = policy.act
+
+    def reset(self, params: Any, seed: int) -> None:
+        self.policy.start(params, seed, self.spaces)
 
 
 def doc_sections(doc: str, max_chars: int = 1500) -> str | None:

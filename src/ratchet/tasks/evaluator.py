@@ -1,0 +1,510 @@
+"""Evaluator tasks: a user's evaluator scores a policy's functions on problem instances.
+
+The shape FunSearch, AlphaEvolve, OpenEvolve and generalized-planning work share: a *program* (here a ratchet
+policy file) defines one or more functions, and a trusted *evaluator* builds problem instances and scores the
+program on each by calling those functions. ``[task] kind = "evaluator"`` with ``evaluator = "evaluate.py"``
+names the evaluator module, which is trusted like a Gymnasium environment:
+
+.. code-block:: python
+
+    FUNCTIONS = {"priority": "priority(item, bins, params) -> np.ndarray: one score per bin"}  # required
+    DESCRIPTION = "Online bin packing ..."   # optional: the task in words (prompts, docs)
+    COST_UNIT = "items"                        # optional: the unit of the cost evaluate() reports
+    MAX_COST = 5000                            # required with COST_UNIT: the most one instance can cost
+    SUCCESS = "the plan is valid"              # optional: instances succeed or fail, by this rule
+    INSTANCES = 60                             # optional: a data set of 60 instances (seed = instance number)
+    SPLITS = {"train": [...], ...}             # optional with INSTANCES: which instance is in which split
+
+    def make_instance(seed): ...               # instance ``seed``: generated from it, or read from a file
+    def evaluate(instance, policy): ...        # the score (higher is better), or a dict (below)
+
+``policy.priority(item, bins)`` calls the candidate's ``priority(item, bins, params)`` (ratchet appends the
+parameters; the evaluator never sees them). The candidate runs in the sandbox; its answers cross the boundary
+as numbers, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
+never as pickles. A non-finite number, any other object, or an exception in the candidate fails that
+instance for the candidate (the call raises; the evaluator should not catch it). ``evaluate`` returns a float,
+or a dict ``{"score", "success", "failure", "text", "diagnostics", "cost"}``: ``failure`` a short label of how
+the instance failed (the critic groups failing instances by it), ``text`` the detail (≤ 500 characters:
+where a plan broke), ``diagnostics`` named numbers, ``cost`` in ``COST_UNIT`` (default: every instance
+costs 1, so the env-step budget counts instances). Raising :class:`CandidateError` fails the instance for the
+candidate (an unusable answer: a wrong shape, an index out of range); any other exception is the evaluator's
+fault: the run stops with one line naming the instance.
+
+Seeds keep ratchet's three splits. A generated seed carries its split (``seed % 3``: 0 train, 1 validation,
+2 test; :func:`split_of`), so an evaluator may, for instance, make held-out problems larger. With
+``INSTANCES = n`` the seeds are instance numbers ``0..n-1``, instance ``i`` in split ``i % 3`` unless
+``SPLITS`` says otherwise; each split draws only its own instances (:meth:`EvaluatorTask.seed_pools`).
+
+The evaluator's source is stored with the task (in the ledger), so a replay or a resume runs the same code;
+a changed file starts a new run. Files the evaluator reads itself are the user's to keep unchanged.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import math
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ratchet.errors import TaskError
+
+__all__ = ["CandidateError", "EvaluatorTask", "split_of"]
+
+_SPLITS = ("train", "validation", "test")
+MAX_TEXT = 500
+MAX_LABEL = 80
+MAX_SCORES = 32
+MAX_SOURCE_BYTES = 1 << 20
+
+
+class CandidateError(Exception):
+    """Raised by an evaluator when the candidate's answer is unusable (a wrong shape, an index out of range):
+    that instance is the candidate's recorded failure, with this message as its reason."""
+
+
+class _Fault(Exception):
+    """The evaluator itself failed (raised, returned no score): the run stops, naming the instance."""
+
+
+def split_of(seed: int) -> str:
+    """The split a generated seed belongs to: ``"train"``, ``"validation"`` or ``"test"`` (``seed % 3``, as
+    :class:`ratchet.planner.SeedSplits` makes them)."""
+    return _SPLITS[int(seed) % 3]
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """What an evaluator module declares, checked (see the module docstring)."""
+
+    functions: dict[str, int]
+    signatures: dict[str, str]
+    description: str | None
+    cost_unit: str
+    max_cost: int
+    success: str | None
+    pools: dict[str, tuple[int, ...]] | None
+
+
+def _signature_arity(name: str, text: Any) -> int:
+    if not isinstance(text, str) or not text.strip():
+        raise TaskError(f"FUNCTIONS[{name!r}] must be text starting with its signature, e.g. "
+                        f"\"{name}(x, params) -> float: ...\"")
+    head = text.strip().split("->")[0].split(":")[0].strip()
+    try:
+        call = ast.parse(head, mode="eval").body
+    except SyntaxError:
+        call = None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.func.id != name \
+            or not all(isinstance(a, ast.Name) for a in call.args) or call.keywords or not call.args:
+        raise TaskError(f"FUNCTIONS[{name!r}] must start with the signature a policy writes, params last, e.g. "
+                        f"\"{name}(x, params) -> float\"; got {text.strip()[:60]!r}")
+    return len(call.args)
+
+
+def _declared(module: types.ModuleType, where: str) -> _Declared:
+    get = module.__dict__.get
+    fns = get("FUNCTIONS")
+    if not isinstance(fns, Mapping) or not fns:
+        raise TaskError(f"{where}: define FUNCTIONS = {{\"name\": \"name(x, params) -> ...: what it returns\"}}, "
+                        "the functions a policy must define")
+    functions, signatures = {}, {}
+    for name, text in fns.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in ("reset", "act"):
+            raise TaskError(f"{where}: FUNCTIONS key {name!r} must be a public function name (not reset or act)")
+        functions[name] = _signature_arity(name, text)
+        signatures[name] = " ".join(str(text).split())
+    for fn in ("make_instance", "evaluate"):
+        if not callable(get(fn)):
+            raise TaskError(f"{where}: define {fn}() (see ratchet.tasks.evaluator)")
+    unit, max_cost = get("COST_UNIT"), get("MAX_COST")
+    if unit is None:
+        if max_cost is not None:
+            raise TaskError(f"{where}: MAX_COST needs COST_UNIT (the unit evaluate() reports its cost in)")
+        unit, max_cost = "instances", 1
+    elif not isinstance(unit, str) or not unit.strip() or len(unit) > 40:
+        raise TaskError(f"{where}: COST_UNIT must be a short text such as \"items\"")
+    elif isinstance(max_cost, bool) or not isinstance(max_cost, int) or not 1 <= max_cost <= 10**9:
+        raise TaskError(f"{where}: COST_UNIT = {unit!r} needs MAX_COST, the most {unit} one instance can cost "
+                        "(an int in 1..10**9), so the budget has a worst case")
+    description, success = get("DESCRIPTION"), get("SUCCESS")
+    for key, value in (("DESCRIPTION", description), ("SUCCESS", success)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise TaskError(f"{where}: {key} must be text")
+    return _Declared(functions, signatures, description.strip() if description else None, unit, int(max_cost),
+                     success.strip() if success else None, _pools(get("INSTANCES"), get("SPLITS"), where))
+
+
+def _pools(count: Any, splits: Any, where: str) -> dict[str, tuple[int, ...]] | None:
+    if count is None:
+        if splits is not None:
+            raise TaskError(f"{where}: SPLITS needs INSTANCES (how many instances the data set has)")
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or not 3 <= count <= 10**8:
+        raise TaskError(f"{where}: INSTANCES must be the number of instances of the data set (an int ≥ 3)")
+    if splits is None:
+        return {s: tuple(range(code, count, 3)) for code, s in enumerate(_SPLITS)}
+    if not isinstance(splits, Mapping) or set(splits) != set(_SPLITS):
+        raise TaskError(f"{where}: SPLITS must map \"train\", \"validation\" and \"test\" to instance numbers")
+    out: dict[str, tuple[int, ...]] = {}
+    seen: set[int] = set()
+    for s in _SPLITS:
+        ids = splits[s]
+        if not isinstance(ids, Sequence) or not ids or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count for i in ids):
+            raise TaskError(f"{where}: SPLITS[{s!r}] must be a non-empty list of instance numbers in 0..{count - 1}")
+        if seen & set(ids) or len(set(ids)) != len(ids):
+            raise TaskError(f"{where}: SPLITS share or repeat instances; a held-out instance must never be "
+                            "used for selection")
+        seen |= set(ids)
+        out[s] = tuple(int(i) for i in ids)
+    return out
+
+
+def _load(source: str, path: str) -> types.ModuleType:
+    module = types.ModuleType("ratchet_evaluator")
+    module.__file__ = path
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - the evaluator is trusted, like an env
+    except Exception as exc:  # noqa: BLE001 - the user's module: any error is a setup problem, in one line
+        raise TaskError(f"{path}: the evaluator fails to load: {type(exc).__name__}: {_short(exc)}") from None
+    return module
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    try:
+        return " ".join(str(exc).split())[:limit]
+    except Exception:  # noqa: BLE001 - an exception's __str__ may raise too
+        return "<unprintable>"
+
+
+_MODULES: dict[str, tuple[types.ModuleType, _Declared]] = {}
+
+
+@dataclass(frozen=True)
+class EvaluatorTask:
+    """A task whose episodes are a trusted evaluator's scores of the policy's functions on problem instances.
+
+    An episode: ``seed`` → ``make_instance(seed)`` → ``evaluate(instance, policy)``; its return is the score,
+    its length the cost (``COST_UNIT``; 1 per instance by default), ``terminated`` True, ``truncated`` False.
+
+    Args:
+        path: The evaluator module's path (kept for messages and for ``__file__``).
+        source: Its source text (stored with the task, so replay and resume run this exact code).
+        success_threshold: An instance succeeds when its score is ``>=`` this (``[task] success_threshold``).
+        name: What people and prompts call the task; default the evaluator file's stem.
+
+    Raises:
+        TaskError: the module fails to load, or its declarations are malformed (one line saying which).
+    """
+
+    kind: ClassVar[str] = "evaluator"
+    action_mode: ClassVar[str] = "error"
+
+    path: str
+    source: str
+    success_threshold: float | None = None
+    label: str | None = None
+    _digest: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str):
+            raise TaskError(f"{self.path}: the evaluator's source is not text")
+        object.__setattr__(self, "_digest", hashlib.sha256(self.source.encode()).hexdigest())
+        self._module()
+
+    @classmethod
+    def from_file(cls, path: str | Path, success_threshold: float | None = None, name: str | None = None) -> EvaluatorTask:
+        """Read the evaluator at ``path``.
+
+        Raises:
+            TaskError: missing, unreadable, over 1 MiB, or as the constructor.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise TaskError(f"evaluator not found: {p} (set [task] evaluator to a .py file beside the spec)")
+        try:
+            data = p.read_bytes()
+            if len(data) > MAX_SOURCE_BYTES:
+                raise TaskError(f"{p}: {len(data):,} bytes; an evaluator module may have at most {MAX_SOURCE_BYTES:,}")
+            source = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskError(f"cannot read evaluator {p}: {exc}") from None
+        return cls(str(p.resolve()), source, success_threshold, name)
+
+    def _module(self) -> tuple[types.ModuleType, _Declared]:
+        """The loaded module and its declarations (loaded once per process and source)."""
+        if self._digest not in _MODULES:
+            module = _load(self.source, self.path)
+            _MODULES[self._digest] = (module, _declared(module, Path(self.path).name))
+        return _MODULES[self._digest]
+
+    # -- the Task contract -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The ``[task] name``, else the evaluator file's stem (``"weibull"``)."""
+        return self.label or Path(self.path).stem
+
+    @property
+    def functions(self) -> dict[str, int]:
+        """The functions a policy must define, with how many arguments each takes (``params`` last)."""
+        return dict(self._module()[1].functions)
+
+    @property
+    def step_limit(self) -> int:
+        """The most cost one instance can have, in :attr:`cost_unit` (``MAX_COST``; 1 without a cost unit)."""
+        return self._module()[1].max_cost
+
+    @property
+    def cost_unit(self) -> str:
+        """What an episode's length counts: ``COST_UNIT``, or ``"instances"``."""
+        return self._module()[1].cost_unit
+
+    def seed_pools(self) -> dict[str, tuple[int, ...]] | None:
+        """The instance numbers each split draws from (a data set), or None: any seed makes an instance."""
+        pools = self._module()[1].pools
+        return None if pools is None else dict(pools)
+
+    def spaces(self) -> tuple[Any, Any]:
+        """``(None, None)``: an evaluator task has no observation or action space."""
+        return None, None
+
+    def dims(self) -> dict[str, int]:
+        """``{}``: no sizes for array shapes to name."""
+        return {}
+
+    def make_env(self, render_mode: str | None = None) -> Any:
+        """Evaluator tasks have no environment.
+
+        Raises:
+            TaskError: always (a refiner that needs an environment does not apply to this task).
+        """
+        raise TaskError(f"{self.name} is an evaluator task: it has no environment to step (refiners and tools "
+                        "that need one, such as ppo, dagger or traces, do not apply)")
+
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
+        """``score >= success_threshold`` when set; with ``SUCCESS`` declared, whether the instance finished
+        (the evaluator's own verdict is applied by :meth:`run_episode`); else None."""
+        if self.success_threshold is not None:
+            return bool(episode_return >= self.success_threshold)
+        if self._module()[1].success is not None:
+            return bool(terminated)
+        return None
+
+    def success_rule(self) -> str | None:
+        """How success is decided, or None."""
+        if self.success_threshold is not None:
+            return f"score ≥ {self.success_threshold:g} ([task] success_threshold)"
+        rule = self._module()[1].success
+        return None if rule is None else f"{rule} (the evaluator's SUCCESS)"
+
+    @property
+    def diagnose(self) -> Any:
+        """Failing instances are grouped by the evaluator's ``failure`` label (errors by their text)."""
+        return _diagnose
+
+    def observation_names(self, size: int) -> list[str]:
+        """No observations: generic names."""
+        return [f"x[{i}]" for i in range(size)]
+
+    def describe(self) -> str | None:
+        """The evaluator's ``DESCRIPTION`` and the functions a policy defines, for prompts."""
+        d = self._module()[1]
+        lines = [d.description] if d.description else []
+        lines += ["Functions the policy file defines (params is the dict of PARAMETERS values):",
+                  *(f"- {sig}" for sig in d.signatures.values())]
+        if d.cost_unit != "instances":
+            lines.append(f"Each instance costs at most {d.max_cost:,} {d.cost_unit}.")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description, with the evaluator's source and its SHA-256."""
+        return {"kind": "evaluator", "evaluator": self.path, "source": self.source, "sha256": self._digest,
+                "success_threshold": self.success_threshold, **({"name": self.label} if self.label else {})}
+
+    @classmethod
+    def from_spec(cls, table: Any) -> EvaluatorTask:
+        """From a spec's ``[task]`` table: ``evaluator`` is a path (resolved against the spec's folder by
+        :func:`ratchet.spec.load_spec`); the ledger's stored form (with ``source``) is read as :meth:`from_dict`."""
+        t = table if isinstance(table, Mapping) else table.model_dump()
+        if t.get("source") is not None:
+            return cls.from_dict(t)
+        if not t.get("evaluator"):
+            raise TaskError("[task] kind = \"evaluator\" needs evaluator = \"evaluate.py\" (the module that scores "
+                            "a policy on problem instances)")
+        return cls.from_file(t["evaluator"], t.get("success_threshold"), t.get("name"))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvaluatorTask:
+        """Inverse of :meth:`to_dict` (runs the stored source, never the file as it is now).
+
+        Raises:
+            TaskError: the stored source does not match its SHA-256.
+        """
+        task = cls(str(d["evaluator"]), d["source"], d.get("success_threshold"), d.get("name"))
+        if d.get("sha256") not in (None, task._digest):
+            raise TaskError("the stored evaluator source does not match its SHA-256; the ledger is corrupt")
+        return task
+
+    # -- one episode -------------------------------------------------------------------------------------
+
+    def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None) -> Any:
+        """Score the policy on instance ``seed`` (runs on the trusted side: the env host).
+
+        Args:
+            policy: The candidate (:class:`ratchet.tasks.PolicyHandle`): started with ``params`` and ``seed``,
+                then called through :meth:`PolicyHandle.call` for each function the evaluator calls.
+            params: The candidate's parameter values (sent to the policy, never to the evaluator).
+            seed: The instance's seed (or instance number of a data set).
+            render_path: Ignored (nothing to render).
+
+        Returns:
+            The :class:`~ratchet.rollout.Episode`: the score as its return; the candidate's failures
+            (it raised, hung, answered garbage or NaN, or the evaluator raised :class:`CandidateError`) as an
+            errored episode; the evaluator's own failure as an errored episode with ``diagnostics["fault"] ==
+            "evaluator"`` (the loop stops the run on it).
+
+        Raises:
+            RolloutAborted: the policy process died, timed out or sent garbage (the executor's business).
+        """
+        from ratchet.rollout import Episode, PolicyFailure, RolloutAborted
+
+        module, declared = self._module()
+        proxy = _Proxy(policy, declared.functions)
+        try:
+            try:
+                instance = module.make_instance(int(seed))
+            except Exception as exc:  # noqa: BLE001 - the user's generator failing is the evaluator's fault
+                raise _Fault(f"make_instance raised {type(exc).__name__}: {_short(exc)}") from None
+            policy.start(dict(params), int(seed), (None, None))
+            result = module.evaluate(instance, proxy)
+            episode = self._episode(seed, result, declared, proxy.calls)
+        except RolloutAborted as exc:
+            exc.length = proxy.calls if declared.cost_unit == "calls" else 0
+            raise
+        except _Fault as exc:
+            return Episode(seed, 0.0, 0, False, False, None, f"evaluator error on instance {seed}: {exc}"[:MAX_TEXT],
+                           {"cause": "error", "fault": "evaluator"})
+        except (PolicyFailure, CandidateError, _BadAnswer) as exc:
+            if isinstance(exc, PolicyFailure):
+                text = f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
+            else:
+                text = _short(exc, 400)
+            return Episode.failed(seed, text[:MAX_TEXT], task=self)
+        except Exception as exc:  # noqa: BLE001 - the evaluator raised: its fault, not the candidate's
+            return Episode(seed, 0.0, 0, False, False, None,
+                           f"evaluator error on instance {seed}: evaluate raised {type(exc).__name__}: "
+                           f"{_short(exc)}"[:MAX_TEXT], {"cause": "error", "fault": "evaluator"})
+        return episode
+
+    def _episode(self, seed: int, result: Any, declared: _Declared, calls: int) -> Any:
+        from ratchet.rollout import Episode
+
+        if isinstance(result, Mapping):
+            unknown = set(result) - {"score", "success", "failure", "text", "diagnostics", "cost"}
+            if unknown or "score" not in result:
+                raise _Fault(f"evaluate returned a dict with {'unknown keys ' + str(sorted(map(str, unknown)))[:80] if unknown else 'no score'}")
+            score = result["score"]
+        else:
+            score, result = result, {}
+        if isinstance(score, (bool, np.bool_)) or not isinstance(score, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(score)):
+            raise _Fault(f"evaluate returned a score that is not a finite number ({str(score)[:40]})")
+        cost = result.get("cost", 1 if declared.cost_unit == "instances" else None)
+        if cost is None:
+            raise _Fault(f"evaluate reported no cost (COST_UNIT = {declared.cost_unit!r}: return {{'score': ..., 'cost': n}})")
+        if isinstance(cost, (bool, np.bool_)) or not isinstance(cost, (int, np.integer)) or not 0 <= cost <= declared.max_cost:
+            raise _Fault(f"evaluate reported cost {str(cost)[:40]}, not an int in 0..{declared.max_cost} (MAX_COST)")
+        diagnostics: dict[str, Any] = {"cause": "terminated"}
+        failure, text = result.get("failure"), result.get("text")
+        if failure is not None:
+            if not isinstance(failure, str) or not failure.strip():
+                raise _Fault("evaluate returned a failure label that is not text")
+            diagnostics["failure"] = " ".join(failure.split())[:MAX_LABEL]
+        if text is not None:
+            if not isinstance(text, str):
+                raise _Fault("evaluate returned a text that is not text")
+            diagnostics["text"] = text.strip()[:MAX_TEXT]
+        named = result.get("diagnostics") or {}
+        if not isinstance(named, Mapping) or len(named) > MAX_SCORES:
+            raise _Fault(f"evaluate returned diagnostics that are not a dict of at most {MAX_SCORES} named numbers")
+        scores = {}
+        for k, v in named.items():
+            if not isinstance(k, str) or isinstance(v, (bool, np.bool_)) or not isinstance(
+                    v, (int, float, np.integer, np.floating)) or not math.isfinite(float(v)):
+                raise _Fault(f"evaluate returned diagnostic {str(k)[:40]!r} = {str(v)[:40]}, not a finite number")
+            scores[k[:40]] = float(v)
+        if scores:
+            diagnostics["scores"] = scores
+        diagnostics["calls"] = calls
+        success = result.get("success")
+        if success is not None and not isinstance(success, (bool, np.bool_)):
+            raise _Fault("evaluate returned a success that is not a bool")
+        if success is None:
+            if self.success_threshold is not None:
+                success = float(score) >= self.success_threshold
+            elif declared.success is not None:
+                success = failure is None
+        return Episode(int(seed), float(score), int(cost), True, False, None if success is None else bool(success),
+                       None, diagnostics)
+
+
+def _diagnose(episode: Any) -> list[str]:
+    """Failure label of an evaluator episode: the evaluator's ``failure``, else the error's text."""
+    label = episode.diagnostics.get("failure")
+    if label:
+        return [str(label)]
+    if episode.error:
+        return ["error: " + episode.error[:60]]
+    return ["failed"]
+
+
+class _BadAnswer(Exception):
+    """The candidate answered something that is not a number, a numeric array, or a structure of them."""
+
+
+class _Proxy:
+    """The policy as an evaluator sees it: ``proxy.name(*args)`` calls the candidate's ``name(*args, params)``
+    (in the sandbox) and returns its checked answer."""
+
+    def __init__(self, policy: Any, functions: Mapping[str, int]) -> None:
+        self._policy, self._functions, self.calls = policy, dict(functions), 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self._functions:
+            raise AttributeError(f"the policy has no function {name!r} for the evaluator; FUNCTIONS declares "
+                                 f"{', '.join(self._functions)}")
+        arity = self._functions[name] - 1
+
+        def call(*args: Any) -> Any:
+            if len(args) != arity:
+                raise TypeError(f"{name}() takes {arity} argument(s) besides params (FUNCTIONS), got {len(args)}")
+            self.calls += 1
+            return _checked(name, self._policy.call(name, args))
+
+        return call
+
+
+def _checked(name: str, value: Any, depth: int = 0) -> Any:
+    """The candidate's answer with every number finite, or :class:`_BadAnswer` saying what is wrong."""
+    from ratchet.execution.protocol import Opaque
+
+    if isinstance(value, Opaque):
+        raise _BadAnswer(f"{name}() returned {value.type_name} {value.text}; expected numbers or numeric arrays")
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise _BadAnswer(f"{name}() returned an array with non-finite values")
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _BadAnswer(f"{name}() returned {value}")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_checked(name, v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return {k: _checked(name, v, depth + 1) for k, v in value.items()}
+    return value
