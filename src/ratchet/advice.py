@@ -26,7 +26,8 @@ def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
         return []
     try:
         values = state.candidates.get(state.incumbent_id, {}).get("params", {})
-        program = parse_policy(state.policy_source, "<policy>", dims=_infer_dims(state.policy_source, values))
+        program = parse_policy(state.policy_source, "<policy>", dims=_infer_dims(state.policy_source, values),
+                               functions=None)
     except Exception:  # noqa: BLE001 - advice is a hint: a source or parameters it cannot read give none, never a failed report
         return []
     values = state.candidates.get(state.incumbent_id, {}).get("params", {})

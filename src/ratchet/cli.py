@@ -660,9 +660,9 @@ def _candidate_of(state, candidate: str | None):
 
 
 def _task_of(state):
-    from ratchet.tasks import task_from_spec
+    from ratchet.tasks import task_from_dict, task_from_spec
 
-    return task_from_spec(state.spec["task"])
+    return task_from_dict(state.task) if state.task else task_from_spec(state.spec["task"])
 
 
 def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> dict[str, bytes]:

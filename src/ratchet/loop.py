@@ -29,7 +29,7 @@ from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
-from ratchet.planner import Budget, IncumbentPlanner, Pricing
+from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits
 from ratchet.policy import (
     SOURCE_KINDS,
     SPACE_KINDS,
@@ -44,7 +44,7 @@ from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
 from ratchet.spec import RunSpec, spec_from_dict
-from ratchet.tasks import Task, task_from_spec
+from ratchet.tasks import Task, task_from_dict, task_from_spec
 
 __all__ = ["LEDGER_FILE", "RunResult", "eval_key", "open_ledger", "open_run", "resume_run", "start_run"]
 
@@ -375,6 +375,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     spec_from_dict(spec.to_dict(), spec.base_dir)
     task = task_from_spec(spec.task)
     spaces = task.spaces()  # the environment, made once with no policy code: setup problems fail here, in one line
+    SeedSplits(spec.seed, task.seed_pools()).check_sizes(spec.gate.validation_episodes, spec.test.episodes)
     program, start, start_blobs = load_start(spec, task, spaces)
     run_id = run_id or new_run_id(spec.name)
     if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
@@ -485,7 +486,7 @@ def load_program(path: str | Path, task: Task, dims: dict[str, int] | None = Non
         source = ""  # load_policy says what is wrong
     if uses_task_dims(source) and dims is None:
         dims = task.dims()
-    return load_policy(path, dims=dims if uses_task_dims(source) else None)
+    return load_policy(path, dims=dims if uses_task_dims(source) else None, functions=task.functions)
 
 
 def load_start(spec: RunSpec, task: Task, spaces: tuple[Any, Any] | None = None
@@ -506,9 +507,14 @@ def load_start(spec: RunSpec, task: Task, spaces: tuple[Any, Any] | None = None
     from ratchet.policy import space_dims
 
     kind = spec.policy.kind
+    if kind != "program" and "act" not in task.functions:
+        from ratchet.errors import PolicyError
+
+        raise PolicyError(f"[policy] kind = {kind!r} maps observations to actions, but {task.name} calls "
+                          f"{', '.join(task.functions)}(); use kind = \"program\" (a policy file defining them)")
     if spaces is None and kind in SPACE_KINDS:
         spaces = task.spaces()
-    dims = space_dims(*spaces) if spaces is not None else None
+    dims = space_dims(*spaces) if spaces is not None and spaces[0] is not None else None
     program = load_program(spec.policy_path, task, dims) if kind in SOURCE_KINDS else None
     return start_candidate(spec.policy, spec.base_dir, spaces if kind in SPACE_KINDS else None, spec.seed, program)
 
@@ -587,12 +593,14 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
     started = started_event(ledger)
     spec = spec_of(ledger)
     source = started.payload["policy_source"]
-    task = task_from_spec(spec.task)
+    # the task as the run recorded it (an evaluator's source included), not as its files are now
+    task = task_from_dict(started.payload["task"]) if "task" in started.payload else task_from_spec(spec.task)
     if spec.policy.kind not in SOURCE_KINDS:  # a network: no program
         program = PolicyProgram("", ())
     else:
         dims = task.dims() if uses_task_dims(source) else None
-        program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims)
+        program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims,
+                               functions=task.functions)
     if not run_dir.exists():  # found only in the database: give it a run directory here
         try:
             run_dir.mkdir(mode=0o700, parents=True)

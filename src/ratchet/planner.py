@@ -24,22 +24,38 @@ class SeedSplits:
     """Three disjoint seed splits derived from the run seed.
 
     Seed ``i`` of a split is ``3 * h + code`` with ``h`` a 30-bit hash of (run seed, split, i) and
-    ``code`` 0/1/2 for train/validation/test, so the splits can never share a seed.
+    ``code`` 0/1/2 for train/validation/test, so the splits can never share a seed. With ``pools`` (a data
+    set's instances, :meth:`ratchet.tasks.Task.seed_pools`) a split's seeds are its own pool in an order
+    shuffled by the run seed, repeating after ``len(pool)`` seeds.
 
     Args:
         run_seed: The run's seed (non-negative int).
+        pools: Split -> the seeds it may use, or None for any seed.
     """
 
-    def __init__(self, run_seed: int) -> None:
+    def __init__(self, run_seed: int, pools: Mapping[str, Sequence[int]] | None = None) -> None:
         self.run_seed = int(run_seed)
+        self.pools: dict[str, list[int]] | None = None
+        if pools is not None:
+            self.pools = {}
+            for split, pool in pools.items():
+                keyed = [(hashlib.sha256(f"ratchet/{self.run_seed}/{split}/pool/{s}".encode()).digest(), int(s))
+                         for s in pool]
+                self.pools[split] = [s for _, s in sorted(keyed)]
 
     def seed(self, split: str, index: int) -> int:
         """Seed number ``index`` of ``split`` (``"train"``, ``"validation"`` or ``"test"``)."""
+        if self.pools is not None:
+            pool = self.pools[split]
+            return pool[index % len(pool)]
         digest = hashlib.sha256(f"ratchet/{self.run_seed}/{split}/{index}".encode()).digest()
         return 3 * (int.from_bytes(digest[:4], "little") >> 2) + _SPLIT_CODE[split]
 
     def seeds(self, split: str, start: int, count: int) -> list[int]:
-        """``count`` distinct seeds of ``split`` beginning at index ``start``."""
+        """``count`` distinct seeds of ``split`` beginning at index ``start`` (with pools: distinct as long as
+        ``count`` is at most the pool's size)."""
+        if self.pools is not None:
+            return [self.seed(split, i) for i in range(start, start + count)]
         out: list[int] = []
         seen: set[int] = set()
         i = start
@@ -50,6 +66,22 @@ class SeedSplits:
                 out.append(s)
             i += 1
         return out
+
+    def check_sizes(self, validation: int, test: int) -> None:
+        """Refuse held-out splits larger than their pools (a data set's instances would repeat, and the gate's
+        episodes would not be independent).
+
+        Raises:
+            TaskError: ``validation`` or ``test`` exceeds the instances of its split.
+        """
+        from ratchet.errors import TaskError
+
+        if self.pools is None:
+            return
+        for split, n, key in (("validation", validation, "[gate] validation_episodes"), ("test", test, "[test] episodes")):
+            if n > len(self.pools[split]):
+                raise TaskError(f"{key} = {n} but the data set has {len(self.pools[split])} {split} instances; "
+                                f"set {key} to at most {len(self.pools[split])} (or give the evaluator more instances)")
 
 
 @dataclass

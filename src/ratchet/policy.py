@@ -406,13 +406,20 @@ class Candidate:
         return cand
 
 
-def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
+#: The functions a policy for a Gymnasium task defines: ``act(observation, params)``.
+ACT: Mapping[str, int] = {"act": 2}
+
+
+def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None,
+                functions: Mapping[str, int] | None = ACT) -> PolicyProgram:
     """Read and validate a policy file without executing it.
 
     Args:
         path: Path to a ``.py`` file defining ``PARAMETERS`` and ``act``.
         dims: The task's sizes ``{"obs": n, "act": m}`` (:func:`space_dims`), needed only when an
             array shape is written relative to the spaces, e.g. ``"shape": ["obs", "act"]``.
+        functions: The functions the task calls, with their argument counts (``params`` last; the task's
+            :attr:`~ratchet.tasks.Task.functions`); default ``act(observation, params)``; None checks none.
 
     Returns:
         The validated :class:`PolicyProgram`.
@@ -431,7 +438,21 @@ def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None) -> P
         source = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"cannot read policy file {p}: {exc}") from exc
-    return parse_policy(source, str(p), dims=dims)
+    return parse_policy(source, str(p), dims=dims, functions=functions)
+
+
+def _check_functions(funcs: Mapping[str, ast.FunctionDef], functions: Mapping[str, int], path: str) -> None:
+    for name, arity in functions.items():
+        args = ", ".join(["observation"] if name == "act" else [f"x{i + 1}" for i in range(arity - 1)]) + ", params"
+        if name not in funcs:
+            what = "that returns an action" if name == "act" else "(the task's evaluator calls it)"
+            raise PolicyError(f"{path}: no top-level function {name}({args}); define one {what}")
+        a = funcs[name].args
+        positional = len(a.posonlyargs) + len(a.args)
+        required = positional - len(a.defaults)
+        if (positional < arity and a.vararg is None) or required > arity or any(d is None for d in a.kw_defaults):
+            n = "two" if arity == 2 else str(arity)
+            raise PolicyError(f"{path}:{funcs[name].lineno}: {name} must take {n} arguments ({args})")
 
 
 def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
@@ -442,7 +463,8 @@ def _find_parameters_node(tree: ast.Module) -> ast.expr | None:
     return node
 
 
-def parse_policy(source: str, path: str = "<string>", *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
+def parse_policy(source: str, path: str = "<string>", *, dims: Mapping[str, int] | None = None,
+                 functions: Mapping[str, int] | None = ACT) -> PolicyProgram:
     """Validate policy source text (see :func:`load_policy`); never executes it.
 
     Raises:
@@ -455,13 +477,8 @@ def parse_policy(source: str, path: str = "<string>", *, dims: Mapping[str, int]
         where = f"{path}:{line}" if line else path
         raise PolicyError(f"{where}: syntax error: {getattr(exc, 'msg', None) or exc}") from None
     funcs = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
-    if "act" not in funcs:
-        raise PolicyError(f"{path}: no top-level function act(observation, params); define one that returns an action")
-    a = funcs["act"].args
-    positional = len(a.posonlyargs) + len(a.args)
-    required = positional - len(a.defaults)
-    if (positional < 2 and a.vararg is None) or required > 2 or any(d is None for d in a.kw_defaults):
-        raise PolicyError(f"{path}:{funcs['act'].lineno}: act must take two arguments (observation, params)")
+    if functions is not None:
+        _check_functions(funcs, functions, path)
     node = _find_parameters_node(tree)
     if node is None:
         raise PolicyError(f"{path}: no PARAMETERS; add e.g. PARAMETERS = {{\"gain\": {{\"default\": 1.0, \"low\": 0.0, \"high\": 2.0}}}}"
@@ -659,7 +676,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
         PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter or an
             array value does not have its parameter's shape.
     """
-    program = parse_policy(source, dims=_infer_dims(source, params))
+    program = parse_policy(source, dims=_infer_dims(source, params), functions=None)
     shapes = {p.name: p.shape for p in program.parameters}
     by_name = {p.name: p for p in program.parameters}
     tree = ast.parse(source)
@@ -708,7 +725,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     out = data.decode("utf-8")
     if header:
         out = "".join(f"# {h}\n" for h in header.splitlines()) + out
-    parse_policy(out, dims=_infer_dims(out, params))
+    parse_policy(out, dims=_infer_dims(out, params), functions=None)
     return out
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.errors import PolicyError, RatchetError
-from ratchet.policy import Candidate, PolicyProgram, export_source, parse_policy
+from ratchet.policy import ACT, Candidate, PolicyProgram, export_source, parse_policy
 
 __all__ = [
     "ALLOWED_IMPORTS",
@@ -76,12 +76,14 @@ class Rejection:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
-def check_source(source: str, *, dims: Mapping[str, int] | None = None) -> PolicyProgram:
+def check_source(source: str, *, dims: Mapping[str, int] | None = None,
+                 functions: Mapping[str, int] | None = None) -> PolicyProgram:
     """Check new policy source without running it; return its program.
 
     Args:
         source: Policy file text.
         dims: The task's sizes (:func:`ratchet.policy.space_dims`) for shapes written as ``"obs"``/``"act"``.
+        functions: The functions the task calls (:attr:`ratchet.tasks.Task.functions`); default ``act``.
 
     Returns:
         The parsed :class:`~ratchet.policy.PolicyProgram`.
@@ -96,7 +98,8 @@ def check_source(source: str, *, dims: Mapping[str, int] | None = None) -> Polic
         raise PolicyError("empty source")
     if len(source) > MAX_SOURCE_CHARS:
         raise PolicyError(f"source is {len(source):,} characters, more than the {MAX_SOURCE_CHARS:,} allowed")
-    program = parse_policy(source, "<proposal>", dims=dims)
+    functions = ACT if functions is None else functions
+    program = parse_policy(source, "<proposal>", dims=dims, functions=functions)
     tree = ast.parse(source)
     try:
         compile(tree, "<proposal>", "exec")  # compiles only (nothing runs): catches misplaced return/yield etc.
@@ -108,12 +111,14 @@ def check_source(source: str, *, dims: Mapping[str, int] | None = None) -> Polic
         if not ok:
             raise PolicyError(f"<proposal>:{stmt.lineno}: top-level {type(stmt).__name__} statement; only imports, "
                               "assignments and definitions may run when the policy loads")
-    act = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "act")
-    inner = [n for n in ast.walk(act) if n is not act]
-    if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in inner):
-        raise PolicyError(f"<proposal>:{act.lineno}: act is a generator (it yields); it must return an action")
-    if not any(isinstance(n, ast.Return) and n.value is not None for n in inner):
-        raise PolicyError(f"<proposal>:{act.lineno}: act never returns an action (no return statement with a value)")
+    for fn in (s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name in functions):
+        inner = [n for n in ast.walk(fn) if n is not fn]
+        what = "an action" if fn.name == "act" else "a value"
+        if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in inner):
+            raise PolicyError(f"<proposal>:{fn.lineno}: {fn.name} is a generator (it yields); it must return {what}")
+        if not any(isinstance(n, ast.Return) and n.value is not None for n in inner):
+            raise PolicyError(f"<proposal>:{fn.lineno}: {fn.name} never returns {what} (no return statement with a "
+                              "value)")
     star = False
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -63,7 +63,7 @@ class RunServices:
         self._training_seeds = 0
         self.executor = executor
         self.task = task if task is not None else task_from_spec(spec.task)
-        self.splits = SeedSplits(spec.seed)
+        self.splits = SeedSplits(spec.seed, self.task.seed_pools())
         self.gate = spec.gate.build()
         # Where the executor enforces the env-step budget exactly, work is priced by the episode lengths
         # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
@@ -290,7 +290,7 @@ class RunServices:
         if digest not in self._checked:
             try:
                 dims = self.task.dims() if uses_task_dims(cand.source) else None
-                self._checked[digest] = check_source(cand.source, dims=dims)
+                self._checked[digest] = check_source(cand.source, dims=dims, functions=self.task.functions)
             except PolicyError as exc:
                 self._checked[digest] = str(exc)
         program = self._checked[digest]
@@ -365,11 +365,14 @@ class RunServices:
                 todo.append(cand)
         jobs = [Job(c, s, {h: self.artifact(h) for h in c.artifacts.values()}) for c in todo for s in seeds]
         done: dict[str, dict[int, Episode]] = {c.id: {} for c in todo}
+        faults: list[Episode] = []  # episodes the task itself failed (an evaluator that raised): never recorded
 
         def on_episode(i: int, ep: Episode) -> None:  # record each candidate as soon as it completes
             cand = jobs[i].candidate
             done[cand.id][i] = ep
-            if len(done[cand.id]) == len(seeds):
+            if ep.diagnostics.get("fault"):
+                faults.append(ep)
+            if len(done[cand.id]) == len(seeds) and not any(e.diagnostics.get("fault") for e in done[cand.id].values()):
                 eps = tuple(done[cand.id][k] for k in sorted(done[cand.id]))
                 ev = Evaluation(cand.id, split, eps)
                 self.record(EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
@@ -385,6 +388,11 @@ class RunServices:
             self.executor.run(self.task, jobs, on_episode)
         else:
             self.executor.run(self.task, jobs, on_episode, max_env_steps=cap)
+        if faults:
+            from ratchet.errors import TaskError
+
+            raise TaskError(f"{faults[0].error} — the task's fault, not the candidate's; fix it and start a new run "
+                            "(a run keeps the evaluator it started with)")
         if split == "train":  # for the critique service: each candidate's latest training episodes
             self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);

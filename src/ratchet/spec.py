@@ -50,12 +50,25 @@ class _Section(BaseModel):
 
 
 class TaskSpec(_Section):
-    """``[task]``: which environment and what counts as success."""
+    """``[task]``: what an episode is and what counts as success.
 
-    env_id: str = Field(description="Registered Gymnasium id, e.g. \"LunarLander-v3\".")
+    ``kind = "gym"`` (default): a registered Gymnasium environment, ``env_id``. ``kind = "evaluator"``: a user's
+    evaluator module, ``evaluator`` (a ``.py`` file relative to the spec's folder; see
+    :mod:`ratchet.tasks.evaluator`), scoring the policy's functions on problem instances.
+    """
+
+    kind: Literal["gym", "evaluator"] = Field("gym", description="\"gym\": a Gymnasium environment (env_id); "
+                                              "\"evaluator\": a module that scores a policy on problem instances "
+                                              "(evaluator).")
+    env_id: str | None = Field(None, description="kind = \"gym\": registered Gymnasium id, e.g. \"LunarLander-v3\".")
+    evaluator: str | None = Field(None, min_length=1, description="kind = \"evaluator\": the evaluator module "
+                                                                   "(.py, relative to the spec's folder).")
+    name: str | None = Field(None, min_length=1, max_length=80, description="kind = \"evaluator\": what people and "
+                                                                           "prompts call the task; default the "
+                                                                           "evaluator file's name.")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
-    success_threshold: float | None = Field(None, description="Return at or above which an episode succeeds; "
-                                            "default: the env's reward_threshold.")
+    success_threshold: float | None = Field(None, description="Return (an evaluator's score) at or above which an "
+                                            "episode succeeds; default: the env's reward_threshold.")
     action: Literal["error", "clip"] = Field("error", description="Invalid actions: make the episode an error, or clip.")
     max_episode_steps: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS,
                                           description="Override the env's time limit (env steps per episode); "
@@ -74,7 +87,37 @@ class TaskSpec(_Section):
         return v
 
     @model_validator(mode="after")
-    def _bounded_episodes(self) -> TaskSpec:
+    def _one_kind(self) -> TaskSpec:
+        if self.kind == "evaluator":
+            if self.evaluator is None:
+                raise ValueError("kind = \"evaluator\" needs evaluator = \"evaluate.py\" (the module that scores a "
+                                 "policy on problem instances)")
+            wrong = [k for k in ("env_id", "max_episode_steps", "description") if getattr(self, k) is not None]
+            wrong += ["env_kwargs"] if self.env_kwargs else []
+            wrong += ["action"] if self.action != "error" else []
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} belong(s) to Gymnasium tasks; an evaluator task takes "
+                                 "evaluator, name and success_threshold (its DESCRIPTION, COST_UNIT and MAX_COST "
+                                 "are the module's)")
+            from ratchet.tasks import task_from_spec
+
+            try:
+                task_from_spec(self)
+            except TaskError as exc:
+                raise ValueError(str(exc)) from None
+            return self
+        if self.env_id is None:
+            raise ValueError("env_id is missing; set it to a Gymnasium id such as \"CartPole-v1\" (or kind = "
+                             "\"evaluator\" with evaluator = \"evaluate.py\")")
+        for k in ("evaluator", "name"):
+            if getattr(self, k) is not None:
+                raise ValueError(f"{k} belongs to evaluator tasks; add kind = \"evaluator\" or remove it")
+        try:
+            from ratchet.tasks.gym import gym_spec
+
+            gym_spec(self.env_id)
+        except TaskError as exc:
+            raise ValueError(str(exc)) from None
         from ratchet.tasks import task_from_spec
 
         if task_from_spec(self).step_limit is None:
@@ -82,17 +125,6 @@ class TaskSpec(_Section):
                              "nor the env-step budget would be bounded; set [task] max_episode_steps (env steps "
                              "per episode, e.g. 1000)")
         return self
-
-    @field_validator("env_id")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from ratchet.tasks.gym import gym_spec
-
-        try:
-            gym_spec(v)
-        except TaskError as exc:
-            raise ValueError(str(exc)) from None
-        return v
 
 
 class PolicySpec(_Section):
@@ -573,6 +605,9 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
         raise SpecError(f"{where}: expected a table of settings")
     if "base_dir" in data:
         raise SpecError(f"{where}: unknown key base_dir; paths are relative to the spec file's folder")
+    task = data.get("task")
+    if isinstance(task, dict) and isinstance(task.get("evaluator"), str) and task["evaluator"]:
+        data = {**data, "task": {**task, "evaluator": str((Path(base_dir) / task["evaluator"]).resolve())}}
     try:
         return RunSpec(**{**data, "base_dir": str(base_dir)})
     except ValidationError as exc:

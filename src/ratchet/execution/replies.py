@@ -22,8 +22,11 @@ __all__ = ["DIAGNOSTICS_KEYS", "EPISODE_KEYS", "BadReply", "decode_reply", "key_
 #: The keys of an episode record (:meth:`Episode.to_dict`), all required, no others allowed.
 EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "truncated", "success", "error",
                           "diagnostics"})
-#: The diagnostics keys :func:`~ratchet.rollout.run_episode` and ``Episode.failed`` write (all optional).
-DIAGNOSTICS_KEYS = frozenset({"final_observation", "final_reward", "cause"})
+#: The diagnostics keys :func:`~ratchet.rollout.run_episode` and ``Episode.failed`` write (all optional), and
+#: those of an evaluator task (:mod:`ratchet.tasks.evaluator`): its ``failure`` label and ``text``, named
+#: ``scores``, the policy ``calls`` made, and ``fault`` (the evaluator itself failed).
+DIAGNOSTICS_KEYS = frozenset({"final_observation", "final_reward", "cause", "failure", "text", "scores", "calls",
+                              "fault"})
 
 MAX_ERROR_CHARS = 500
 MAX_OBSERVATION_ENTRIES = 64
@@ -116,6 +119,25 @@ def _diagnostics(value: Any, error: str | None, terminated: bool) -> dict[str, A
         out["final_observation"] = obs
     if "final_reward" in value:
         out["final_reward"] = _number(value["final_reward"], "final_reward")
+    for key, limit in (("failure", 80), ("text", MAX_ERROR_CHARS)):
+        if key in value:
+            if not isinstance(value[key], str) or len(value[key]) > limit:
+                raise BadReply(f"a reply whose {key} is not text of at most {limit} characters")
+            out[key] = clean(value[key], limit)
+    if "scores" in value:
+        scores = value["scores"]
+        if not isinstance(scores, dict) or len(scores) > 32 or not all(isinstance(k, str) and len(k) <= 40 for k in scores):
+            raise BadReply("a reply whose scores are not at most 32 named numbers")
+        out["scores"] = {clean(k, 40): _number(v, "score") for k, v in scores.items()}
+    if "calls" in value:
+        calls = value["calls"]
+        if isinstance(calls, bool) or not isinstance(calls, int) or not 0 <= calls < 2**53:
+            raise BadReply("a reply whose calls is not a count")
+        out["calls"] = calls
+    if "fault" in value:
+        if value["fault"] != "evaluator" or error is None:
+            raise BadReply("a reply with a malformed fault")
+        out["fault"] = "evaluator"
     return out
 
 

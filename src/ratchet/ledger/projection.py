@@ -48,6 +48,8 @@ class RunState:
     run_id: str = ""
     status: str = "unknown"
     spec: dict[str, Any] = field(default_factory=dict)
+    #: The task as the run recorded it (:meth:`ratchet.tasks.Task.to_dict`; an evaluator's source included).
+    task: dict[str, Any] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     execution: dict[str, Any] = field(default_factory=dict)
     policy_source: str = ""
@@ -264,6 +266,7 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
         p = ev.payload
         if ev.type is EventType.RUN_STARTED:
             st.run_id, st.spec, st.versions = p["run_id"], p["spec"], p.get("versions", {})
+            st.task = p.get("task")
             st.execution = p.get("execution", {})
             st.policy_source, st.started_at, pid, st.status = p["policy_source"], ev.time, p.get("pid"), "running"
             host = p.get("host")

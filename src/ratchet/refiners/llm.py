@@ -231,12 +231,12 @@ _BLOCK = re.compile(r"^[ \t]*<{5,9}[ \t]*SEARCH[ \t]*\n(.*?)"
 _FENCE = re.compile(r"^```[ \t]*(?:python|py)?[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
-def parse_answer(text: str) -> list[tuple[str, str]] | str:
+def parse_answer(text: str, functions: Sequence[str] = ("act",)) -> list[tuple[str, str]] | str:
     """An answer's edits: a list of ``(search, replace)`` blocks, or a whole file (a str).
 
     Raises:
         EditError: the answer has SEARCH/REPLACE markers that do not form blocks, or neither blocks
-            nor a fenced code block defining ``act``.
+            nor a fenced code block defining ``act`` (or the first of the task's ``functions``).
     """
     if not isinstance(text, str) or not text.strip():
         raise EditError("empty answer")
@@ -249,10 +249,11 @@ def parse_answer(text: str) -> list[tuple[str, str]] | str:
         return blocks
     if markers:
         raise EditError("a SEARCH block without its ======= and >>>>>>> REPLACE lines")
-    files = [m.group(1) for m in _FENCE.finditer(text) if re.search(r"^def act\(", m.group(1), re.MULTILINE)]
+    first = re.escape(next(iter(functions), "act"))
+    files = [m.group(1) for m in _FENCE.finditer(text) if re.search(rf"^def {first}\(", m.group(1), re.MULTILINE)]
     if files:
         return files[-1]
-    raise EditError("no SEARCH/REPLACE block and no ```python block with a whole policy file (def act)")
+    raise EditError(f"no SEARCH/REPLACE block and no ```python block with a whole policy file (def {first[:40]})")
 
 
 def _reindent(lines: list[str], delta: int) -> list[str]:
@@ -324,6 +325,24 @@ the lines that replace them
 or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
 
 
+EVALUATOR_SYSTEM_PROMPT = """\
+You improve heuristic programs by editing their Python code. An evaluator scores the program on problem
+instances (higher is better) by calling the functions the task names, each with params as its last
+argument. A program file defines PARAMETERS, a literal dict name -> {"default": x, "low": a, "high": b} of
+tunable numbers (params maps each name to its value), and those functions. Only numpy, math and the
+standard library may be imported. Every edit is tested on fresh instances and kept only if it is
+significantly better on held-out instances. Put new tunable numbers in PARAMETERS with sensible bounds: an
+optimiser tunes them after your edit.
+
+Answer with one or more edit blocks, each quoting lines of the current file exactly:
+<<<<<<< SEARCH
+lines copied from the current file
+=======
+the lines that replace them
+>>>>>>> REPLACE
+or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
+
+
 @dataclass
 class Attempt:
     """One edit tried: what it changed and what became of it (shown in later prompts)."""
@@ -336,6 +355,13 @@ class Attempt:
 
 
 def _task_text(task: Mapping[str, Any]) -> str:
+    if task.get("functions"):  # an evaluator task: its description names the functions
+        lines = [f"Task: {task.get('name')}", str(task.get("description") or "").strip()]
+        if task.get("success_threshold") is not None:
+            lines.append(f"An instance succeeds when its score is at least {task['success_threshold']:g}.")
+        elif task.get("success_rule"):
+            lines.append(f"An instance succeeds when: {task['success_rule']}.")
+        return "\n".join(line for line in lines if line)
     lines = [f"Gymnasium environment: {task.get('env_id')}",
              f"Observation space: {task.get('observation_space')}",
              f"Action space: {task.get('action_space')}"]
@@ -427,7 +453,8 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
     if len(text) > max_chars:
         keep = max(200, len(crit) - (len(text) - max_chars))
         text = render(shown, crit[:keep] + " [cut]")
-    return [{"role": "system", "content": SYSTEM_PROMPT if system_prompt is None else system_prompt},
+    default = EVALUATOR_SYSTEM_PROMPT if task.get("functions") else SYSTEM_PROMPT
+    return [{"role": "system", "content": default if system_prompt is None else system_prompt},
             {"role": "user", "content": text}]
 
 
@@ -804,7 +831,10 @@ class LLMRefiner(Refiner):
         #: The run's critique service (RefinerContext.critique), or None: then only the incumbent has a critique.
         self.critique_of: Callable[..., Critique | None] | None = None
         #: The system message (:data:`SYSTEM_PROMPT`, ``system_prompt``, or the text of ``system_prompt_file``).
-        self.system_prompt: str = settings.system_prompt or SYSTEM_PROMPT
+        self.system_prompt: str = settings.system_prompt or (EVALUATOR_SYSTEM_PROMPT if self.task.get("functions")
+                                                             else SYSTEM_PROMPT)
+        #: The functions a policy defines for the task, with their argument counts.
+        self.functions: dict[str, int] = dict(self.task.get("functions") or {"act": 2})
         self._critiques: dict[str, Critique | None] = {}
 
     @property
@@ -939,11 +969,11 @@ class LLMRefiner(Refiner):
             new = None
             try:
                 content, _ = _content_and_usage(body, request)
-                edits = parse_answer(content)
+                edits = parse_answer(content, tuple(self.functions))
                 new = edits if isinstance(edits, str) else apply_edits(base, edits)
                 if new == base:
                     raise EditError("the edit leaves the policy unchanged")
-                program = check_source(new, dims=self.dims)
+                program = check_source(new, dims=self.dims, functions=self.functions)
             except (EditError, PolicyError) as exc:
                 what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
                 self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}", new, detail))
@@ -1033,6 +1063,10 @@ def task_facts(task: Any) -> tuple[dict[str, Any], dict[str, int]]:
     the driver (no policy code runs)."""
     from ratchet.policy import space_dims
 
+    if "act" not in task.functions:  # an evaluator task: no environment; its description names the functions
+        return {"name": task.name, "description": task.describe(), "functions": dict(task.functions),
+                "success_threshold": task.success_threshold, "success_rule": task.success_rule(),
+                "step_limit": None}, {}
     env = task.make_env()
     try:
         facts = {"env_id": task.env_id, "observation_space": str(env.observation_space),

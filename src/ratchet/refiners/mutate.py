@@ -455,11 +455,15 @@ class MutationRefiner(Refiner):
         name: The arm name recorded as its candidates' ``refiner``.
         observation_names: Names of the observation's elements, as the critique's failure modes use them.
         step_limit: The task's time limit (env steps), for the behaviour descriptor; None without one.
+        functions: The functions a policy defines for the task (:attr:`ratchet.tasks.Task.functions`);
+            default ``act``.
     """
 
     def __init__(self, space: _Space, settings: MutateSettings | None = None, dims: Mapping[str, int] | None = None,
-                 name: str = "mutate", observation_names: Sequence[str] = (), step_limit: int | None = None) -> None:
+                 name: str = "mutate", observation_names: Sequence[str] = (), step_limit: int | None = None,
+                 functions: Mapping[str, int] | None = None) -> None:
         self.space, self.settings, self.dims, self.name = space, settings or MutateSettings(), dims, name
+        self.functions = dict(functions or {"act": 2})
         self.observation_names = list(observation_names)
         self.step_limit = step_limit
         self.archive = self.settings.new_archive()
@@ -515,7 +519,7 @@ class MutationRefiner(Refiner):
             attempts += 1
             origin = draw_parent(self.archive, parent, rng, s.incumbent_share)
             if origin.id != parent.id and rng.random() < s.tune_share:  # tune an elite's numbers further
-                program = check_source(origin.source, dims=self.dims)
+                program = check_source(origin.source, dims=self.dims, functions=self.functions)
                 made += 1
                 for values in param_variants(program, rng, s.variants, sigma=s.sigma, center=origin.params):
                     add(Candidate.create(origin.source, values, parent_id=origin.id, refiner=f"{self.name}-tune"),
@@ -542,7 +546,7 @@ class MutationRefiner(Refiner):
                 continue
             self._tried.add(key)
             try:
-                program = check_source(new, dims=self.dims)
+                program = check_source(new, dims=self.dims, functions=self.functions)
             except PolicyError as exc:
                 self._rejections.append(Rejection(self.name, origin.id, str(exc), new, {"operator": op}))
                 continue
@@ -581,16 +585,13 @@ class MutationRefiner(Refiner):
 def _build(settings: MutateSettings, name: str, ctx: Any) -> list[MutationRefiner]:
     from ratchet.policy import space_dims
 
-    env = ctx.task.make_env()
-    try:
-        space = _Space(env.observation_space, env.action_space)
-        dims = space_dims(env.observation_space, env.action_space)
-    finally:
-        env.close()
+    observation_space, action_space = ctx.task.spaces()  # made once in the driver (an env task), or none
+    space = _Space(observation_space, action_space)
+    dims = space_dims(observation_space, action_space) if observation_space is not None else {}
     names = getattr(ctx.task, "observation_names", None)
     names = (names(space.obs_dim) if callable(names) else names) if space.obs_dim else None
     return [MutationRefiner(space, settings, dims, name, names or [f"obs[{i}]" for i in range(space.obs_dim)],
-                            getattr(ctx.task, "step_limit", None))]
+                            getattr(ctx.task, "step_limit", None), dict(ctx.task.functions))]
 
 
 def _kinds() -> dict[str, Any]:

@@ -42,7 +42,7 @@ def program_of(candidate: Candidate, dims: Mapping[str, int] | None = None) -> P
     Raises:
         PolicyError: the source is not a valid policy.
     """
-    return parse_policy(candidate.source, "<candidate>", dims=dims or _dims_of(candidate))
+    return parse_policy(candidate.source, "<candidate>", dims=dims or _dims_of(candidate), functions=None)
 
 
 def _dims_of(candidate: Candidate) -> dict[str, int] | None:

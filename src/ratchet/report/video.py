@@ -26,10 +26,10 @@ def render_failure_examples(state: Any, out_dir: str | Path, max_modes: int = 3,
     """
     from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
-    from ratchet.tasks import task_from_spec
+    from ratchet.tasks import task_from_dict, task_from_spec
 
     out_dir = Path(out_dir)
-    task = task_from_spec(state.spec["task"])
+    task = task_from_dict(state.task) if state.task else task_from_spec(state.spec["task"])
     wanted: list[tuple[str, Any, int, Path]] = []
     for tag, crit, cid in (("before", state.baseline_test_critique, state.baseline_id),
                            ("after", state.test_critique, state.incumbent_id)):
