@@ -124,7 +124,7 @@ def _print_result(run_dir: Path, state) -> None:
     rule = _success_rule(state)
     if rule and any(s["success_rate"] is not None for _, s in tests):
         out.print(f"success: {rule}", highlight=False, soft_wrap=True)
-    out.print(f"env steps {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s run time · "
+    out.print(f"{_unit(state)} {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s run time · "
               f"promotions {len(state.promotions)}", soft_wrap=True)
     started = _state.get("started")
     took = f"; this command took {time.monotonic() - started:.1f} s" if started is not None else ""
@@ -369,7 +369,7 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
                                              1000))
     if data.get("env_steps_breakdown"):
         outside = " (person and correction: outside the budget)" if data["corrections"] else ""
-        t.add_row("env steps went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
+        t.add_row(f"{_unit(st)} went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
                                                  if v is not None) + outside)
     for c in data["corrections"]:  # a person's rounds after the run finished (ratchet correct)
         if c["status"] == "finished":
@@ -509,7 +509,7 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
     s = ev.summary()
     sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
     out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} over {s['n']} episodes{sr} · errors {s['n_errors']} · "
-              f"{s['env_steps']:,} env steps", soft_wrap=True)
+              f"{s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
     if s["n_errors"] == s["n"]:
@@ -599,7 +599,7 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
             ep = ex.run(task, [Job(cand, seed, blobs)], render_paths=[str(video.resolve()) if video else None])[0]
         finally:
             ex.close()
-        out.print(f"candidate {cand.id} seed {seed}: return {ep.episode_return!r} ({ep.length} env steps, "
+        out.print(f"candidate {cand.id} seed {seed}: return {ep.episode_return!r} ({ep.length} {task.cost_unit}, "
                   f"terminated={ep.terminated}, truncated={ep.truncated}); ledger {recorded['episode_return']!r}",
                   soft_wrap=True)
         if ep.error:
@@ -657,6 +657,11 @@ def _candidate_of(state, candidate: str | None):
     except KeyError:
         raise RunNotFoundError(f"no unique candidate {cid!r} in run {state.run_id}; `ratchet show {state.run_id} --json` "
                                "gives the incumbent and baseline ids") from None
+
+
+def _unit(state) -> str:
+    """What a run's env-step counts count: ``"env steps"``, or an evaluator task's cost unit (``"items"``)."""
+    return str((state.task or {}).get("cost_unit", "env steps"))
 
 
 def _task_of(state):

@@ -176,7 +176,7 @@ class _Run(RunServices):
 
     def report_progress(self, **info: Any) -> None:
         if self.progress is not None:
-            self.progress({"usage": self.usage, "budget": self.spec.budget, **info})
+            self.progress({"usage": self.usage, "budget": self.spec.budget, "cost_unit": self.task.cost_unit, **info})
 
     def gate_step(self, generation: int, best: Candidate | None, train: dict[str, Evaluation], incumbent: Candidate,
                   inc_val: Evaluation, next_cost: tuple[float, int],

@@ -34,7 +34,8 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
     Args:
         info: The dict the loop passes to ``progress``: ``generation``, ``best_train_mean`` (or None),
             ``incumbent_validation_mean``, ``usage`` (:class:`ratchet.planner.Usage`), ``budget``
-            (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line); with
+            (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line), ``cost_unit``
+            (what the env-step count counts; default ``"env steps"``); with
             ``n_refiners`` > 1, the generation's ``refiner`` is named after its number.
         time_left: Text such as ``"≈12 s left"``.
     """
@@ -43,7 +44,7 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
     steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
     arm = f" {info['refiner']}" if info.get("n_refiners", 1) > 1 and info.get("refiner") else ""
     line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else f'{best:9.2f}'} | "
-            f"incumbent val {info['incumbent_validation_mean']:9.2f} | env steps {steps}")
+            f"incumbent val {info['incumbent_validation_mean']:9.2f} | {info.get('cost_unit', 'env steps')} {steps}")
     if budget.episodes:
         line += f" | episodes {usage.episodes:,}/{budget.episodes:,}"
     if time_left:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["Episode", "PolicyFailure", "RolloutAborted", "action_checker", "check_action", "run_episode"]
+__all__ = ["Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker", "check_action", "run_episode"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,17 @@ class PolicyFailure(Exception):
     def __init__(self, kind: str, text: str = "") -> None:
         super().__init__(f"{kind}: {text}" if text else kind)
         self.kind, self.text = kind, text
+
+
+class Opaque:
+    """An answer of the policy that is not a number or a numeric array (None, a string, an object): only its
+    type name and a short repr cross the boundary from the sandbox; every action check rejects it."""
+
+    def __init__(self, type_name: str, text: str) -> None:
+        self.type_name, self.text = type_name, text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 class RolloutAborted(Exception):

@@ -76,7 +76,7 @@ class Executor(Protocol):
             max_env_steps: Hard cap on the env steps all these jobs may take together (see
                 :meth:`ratchet.execution.process.ProcessExecutor.run`); None for no cap.
             render_paths: Per job, a file to record the episode to where the env runs (``.gif``/``.mp4``
-                frames, ``.json`` a trace; :mod:`ratchet.execution.recording`), or None; executors that cannot
+                frames, ``.json`` a trace; :mod:`ratchet.tasks.recording`), or None; executors that cannot
                 record ignore it.
         """
 

@@ -22,7 +22,7 @@ from typing import Any, Self, cast
 from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
-from ratchet.execution.sandbox import Sandbox, remove_cgroup, sweep_leftovers
+from ratchet.execution.sandbox import Sandbox, hide_from_policies, remove_cgroup, sweep_leftovers
 from ratchet.rollout import Episode
 from ratchet.tasks import Task
 
@@ -330,6 +330,10 @@ class ProcessExecutor:
             return []
         task_dict = task.to_dict()
         task_key = json.dumps(task_dict, sort_keys=True)
+        if hide_from_policies(*task.private_paths()):  # workers started from now on cannot see them
+            for w in list(self._workers):  # those running already could: replace them
+                w.kill()
+            self._workers = []
         pending: deque[int] = deque(range(len(jobs)))
         failed_candidates: dict[str, str] = {}
         self._ensure_workers(min(self.n_workers, len(jobs)))

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ratchet.rollout import PolicyFailure
+from ratchet.rollout import Opaque, PolicyFailure
 
 __all__ = ["BadReply", "Opaque", "PolicyFailure", "decode_reply", "encode_action", "encode_error", "encode_value"]
 
@@ -47,17 +47,6 @@ _U32 = struct.Struct("<I")
 
 class BadReply(Exception):
     """The policy process sent bytes that are not a valid reply."""
-
-
-class Opaque:
-    """An action the policy returned that is not a number or a numeric array (None, a string, a dict):
-    only its type name and a short repr cross the boundary; every action check rejects it."""
-
-    def __init__(self, type_name: str, text: str) -> None:
-        self.type_name, self.text = type_name, text
-
-    def __repr__(self) -> str:
-        return self.text
 
 
 def encode_error(kind: str, text: str) -> bytes:

@@ -217,13 +217,19 @@ _NOBODY = 65534
 _hidden: set[str] = set()
 
 
-def hide_from_policies(*paths: str | os.PathLike[str]) -> None:
+def hide_from_policies(*paths: str | os.PathLike[str]) -> bool:
     """Replace each of ``paths`` (folders: the runs folder, a run's directory) by an empty one in the
     view of every worker started from now on under bubblewrap, so policy code cannot read ledgers,
     reports or other runs' policies even where it runs as the caller's uid. A folder that holds the
     Python installation or the project is left visible (hiding it would break every worker); give a
-    narrower one beside it (the run's own directory). No effect without bubblewrap."""
-    _hidden.update(os.path.realpath(p) for p in paths)
+    narrower one beside it (the run's own directory). No effect without bubblewrap.
+
+    Returns:
+        Whether any of ``paths`` was not hidden before (workers already running still see it).
+    """
+    new = {os.path.realpath(p) for p in paths} - _hidden
+    _hidden.update(new)
+    return bool(new)
 
 
 def _hidden_mounts(home: str | None, workdir: str) -> list[str]:

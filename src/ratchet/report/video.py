@@ -1,5 +1,5 @@
 """Render example episodes of a finished run to GIFs for its report. The frames are recorded where the env
-runs (:mod:`ratchet.execution.recording`); this module only asks an executor for them."""
+runs (:mod:`ratchet.tasks.recording`); this module only asks an executor for them."""
 
 from __future__ import annotations
 

@@ -88,6 +88,10 @@ class Task(Protocol):
     def seed_pools(self) -> Mapping[str, Sequence[int]] | None:
         """The seeds each split may use when they are a fixed set (a data set's instances), else None."""
 
+    def private_paths(self) -> Sequence[str]:
+        """Folders of the trusted side that policy code must not read (an evaluator's folder: its data sets and
+        reference solutions); executors hide them from sandboxed workers where the sandbox can."""
+
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:
         """One episode on the trusted side (the env host): the :class:`~ratchet.rollout.Episode` of ``policy``

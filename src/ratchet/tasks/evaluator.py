@@ -271,6 +271,11 @@ class EvaluatorTask:
         pools = self._module()[1].pools
         return None if pools is None else dict(pools)
 
+    def private_paths(self) -> tuple[str, ...]:
+        """The evaluator's folder (its data sets, reference solutions): hidden from policy code under bubblewrap,
+        unless it also holds the Python installation or the project (then left visible)."""
+        return (str(Path(self.path).parent),)
+
     def spaces(self) -> tuple[Any, Any]:
         """``(None, None)``: an evaluator task has no observation or action space."""
         return None, None
@@ -324,8 +329,9 @@ class EvaluatorTask:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description, with the evaluator's source and its SHA-256."""
+        """JSON-ready description, with the evaluator's source and its SHA-256 (and its cost unit, for displays)."""
         return {"kind": "evaluator", "evaluator": self.path, "source": self.source, "sha256": self._digest,
+                "cost_unit": self.cost_unit,
                 "success_threshold": self.success_threshold, **({"name": self.label} if self.label else {})}
 
     @classmethod
@@ -493,7 +499,7 @@ class _Proxy:
 
 def _checked(name: str, value: Any, depth: int = 0) -> Any:
     """The candidate's answer with every number finite, or :class:`_BadAnswer` saying what is wrong."""
-    from ratchet.execution.protocol import Opaque
+    from ratchet.rollout import Opaque
 
     if isinstance(value, Opaque):
         raise _BadAnswer(f"{name}() returned {value.type_name} {value.text}; expected numbers or numeric arrays")

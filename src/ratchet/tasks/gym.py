@@ -87,9 +87,13 @@ class GymTask:
         """None: any seed makes an episode."""
         return None
 
+    def private_paths(self) -> Sequence[str]:
+        """None: the environment is a library, and its files hold nothing a policy could use to forge a return."""
+        return ()
+
     def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None) -> Any:
         """One episode in a fresh environment (made here, on the trusted side), recorded to ``render_path`` when
-        given (frames or a trace, :func:`ratchet.execution.recording.record_episode`).
+        given (frames or a trace, :func:`ratchet.tasks.recording.record_episode`).
 
         Args:
             policy: The candidate (:class:`ratchet.tasks.PolicyHandle`), started with the env's spaces.
@@ -113,7 +117,7 @@ class GymTask:
             spaces = (env.observation_space, env.action_space)
             started = _Started(policy, spaces)
             if render_path:
-                from ratchet.execution.recording import record_episode
+                from ratchet.tasks.recording import record_episode
 
                 return record_episode(env, started, params, seed, self, render_path)
             return run_episode(env, policy.act, started.reset, params, seed, self)

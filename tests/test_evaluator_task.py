@@ -1,0 +1,349 @@
+"""Evaluator tasks (:mod:`ratchet.tasks.evaluator`): a trusted evaluator scores a policy's functions on problem
+instances made from seeds (or read from a data set), through the same loop, gate, ledger, sandbox, resume and
+replay as an environment; a hostile candidate is a recorded failure, an evaluator that raises stops the run in
+one line naming the instance."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import SimulatedKill, read_events
+
+from ratchet.errors import PolicyError, SpecError, TaskError
+from ratchet.execution import Job
+from ratchet.execution.process import ProcessExecutor
+from ratchet.execution.protocol import decode_reply, encode_value
+from ratchet.loop import resume_run, start_run
+from ratchet.planner import SeedSplits
+from ratchet.policy import Candidate, parse_policy
+from ratchet.spec import load_spec, spec_from_dict
+from ratchet.tasks import task_from_dict
+from ratchet.tasks.evaluator import EvaluatorTask, split_of
+
+#: Guess a hidden target (2.0) from three hints: the candidate's guess(hint, pair, params) is called three times
+#: per instance; each call costs one "hint". A guess more than 1 away is the labelled failure "far off".
+EVALUATOR = '''
+import numpy as np
+from ratchet.tasks.evaluator import CandidateError
+
+FUNCTIONS = {"guess": "guess(hint, pair, params) -> float: the hidden target's estimate"}
+DESCRIPTION = "Guess a hidden number from hints."
+COST_UNIT = "hints"
+MAX_COST = 3
+
+def make_instance(seed):
+    rng = np.random.default_rng(seed)
+    return {"hints": rng.normal(size=3), "target": 2.0}
+
+def evaluate(instance, policy):
+    errors = []
+    for h in instance["hints"]:
+        g = policy.guess(float(h), np.array([h, -h]))
+        if not isinstance(g, (int, float)):
+            raise CandidateError(f"guess returned {type(g).__name__}, expected a number")
+        errors.append(abs(g - instance["target"]))
+    mean = float(np.mean(errors))
+    out = {"score": -mean, "cost": 3, "diagnostics": {"mean_error": mean}}
+    if mean > 1:
+        out.update(failure="far off", text=f"mean error {mean:.2f} on hints {np.round(instance['hints'], 2).tolist()}")
+    return out
+'''
+
+POLICY = '''
+PARAMETERS = {"b": {"default": 0.0, "low": -5.0, "high": 5.0}, "w": {"default": 0.5, "low": -2.0, "high": 2.0}}
+
+def guess(hint, pair, params):
+    return params["b"] + params["w"] * 0.1 * hint
+'''
+
+
+def _spec_dir(tmp_path: Path, evaluator: str = EVALUATOR, source: str = POLICY, **over: dict) -> Path:
+    d = tmp_path / "spec"
+    d.mkdir(exist_ok=True)
+    (d / "evaluate.py").write_text(evaluator)
+    (d / "policy.py").write_text(source)
+    (d / "data.txt").write_text("the test instances' answers")
+    sections = {"task": {"kind": "evaluator", "evaluator": "evaluate.py"}, "policy": {"path": "policy.py"},
+                "refiners": [{"kind": "cmaes", "popsize": 4, "sigma0": 0.5}], "planner": {"train_episodes": 3},
+                "gate": {"validation_episodes": 12, "max_share": 0.9, "spending": "none"},
+                "budget": {"episodes": 160}, "test": {"episodes": 6},
+                "execution": {"workers": 1, "episode_timeout_s": 20}, **over}
+    lines = ["seed = 3"]
+    for name, table in sections.items():
+        rows = table if isinstance(table, list) else [table]
+        for row in rows:
+            lines.append(f"[[{name}]]" if isinstance(table, list) else f"[{name}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in row.items()]
+    (d / "ratchet.toml").write_text("\n".join(lines) + "\n")
+    return d
+
+
+class Dying(ProcessExecutor):
+    def __init__(self, die_after: int | None = None) -> None:
+        super().__init__(workers=1, episode_timeout_s=20)
+        self.die_after, self.episodes = die_after, 0
+
+    def run(self, task, jobs, on_episode=None, **kw):
+        def counted(i, ep):
+            if on_episode is not None:
+                on_episode(i, ep)
+            self.episodes += 1
+            if self.die_after is not None and self.episodes >= self.die_after:
+                raise SimulatedKill("killed")
+        return super().run(task, jobs, counted, **kw)
+
+
+def test_an_evaluator_run_keeps_the_splits_promotes_and_counts_its_cost_unit(tmp_path: Path) -> None:
+    spec = load_spec(_spec_dir(tmp_path))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        result = start_run(spec, tmp_path / "runs", run_id="ev", executor=ex)
+    finally:
+        ex.close()
+    assert result.test.mean > result.baseline_test.mean + 1  # from about -2 (guessing 0) to near 0
+    events = read_events(tmp_path / "runs" / "ev")
+    evals = [e.payload for e in events if e.type.value == "episodes_evaluated"]
+    for ev in evals:  # every split draws its own seeds, and each instance costs its MAX_COST of 3 hints
+        assert {split_of(s) for s in ev["seeds"]} == {ev["split"]}
+        assert all(ep["length"] == 3 and ep["diagnostics"]["calls"] == 3 for ep in ev["episodes"])
+    started = next(e for e in events if e.type.value == "run_started").payload
+    assert started["task"]["kind"] == "evaluator" and "def evaluate" in started["task"]["source"]
+    baseline = next(ev for ev in evals if ev["split"] == "validation")
+    assert all(ep["diagnostics"]["failure"] == "far off" for ep in baseline["episodes"])  # the start guesses ~0
+    gated = [e.payload for e in events if e.type.value == "gate_decided"]
+    assert any(g["promoted"] for g in gated)
+    train = sum(ev["summary"]["n"] for ev in evals if ev["split"] != "test")
+    assert train <= 160 and sum(ev["summary"]["env_steps"] for ev in evals if ev["split"] != "test") == 3 * train
+
+
+def test_failure_modes_come_from_the_evaluators_labels_and_reach_the_critique(tmp_path: Path) -> None:
+    from ratchet.critic import Critic, Evaluation
+
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    cand = Candidate.create(POLICY, {"b": 0.0, "w": 0.5})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        eps = ex.run(task, [Job(cand, s) for s in (0, 3, 6)])
+    finally:
+        ex.close()
+    crit = Critic.for_task(task).critique(Evaluation(cand.id, "train", tuple(eps)))
+    assert [m.label for m in crit.failure_modes] == []  # no SUCCESS declared: a label alone is no failure
+    assert all(e.diagnostics["failure"] == "far off" and "mean error" in e.diagnostics["text"] for e in eps)
+    assert all(e.diagnostics["scores"]["mean_error"] > 1 for e in eps)
+    successful = EvaluatorTask.from_file(_write(tmp_path / "s", EVALUATOR + '\nSUCCESS = "every guess within 1"\n'))
+    assert successful.is_success(0.0, False, False) is False and "SUCCESS" in successful.success_rule()
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        eps = ex.run(successful, [Job(cand, s) for s in (0, 3, 6)])
+    finally:
+        ex.close()
+    crit = Critic.for_task(successful).critique(Evaluation(cand.id, "train", tuple(eps)))
+    assert [(m.label, m.count) for m in crit.failure_modes] == [("far off", 3)]
+    assert "far off" in crit.text
+
+
+def _write(d: Path, source: str, name: str = "evaluate.py") -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(source)
+    return d / name
+
+
+def test_a_killed_evaluator_run_resumes_to_the_same_decisions_and_replays_bit_for_bit(tmp_path: Path) -> None:
+    spec = load_spec(_spec_dir(tmp_path))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        start_run(spec, tmp_path / "a", run_id="r", executor=ex)
+    finally:
+        ex.close()
+    dying = Dying(die_after=40)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "b", run_id="r", executor=dying)
+    dying.close()
+    (tmp_path / "spec" / "evaluate.py").write_text(EVALUATOR.replace("2.0}", "-3.0}"))  # resume keeps the recorded one
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        resume_run("r", tmp_path / "b", executor=ex)
+    finally:
+        ex.close()
+
+    def decisions(run_dir):
+        return [(e.type.value, e.payload.get("candidate_id"), e.payload.get("promoted"))
+                for e in read_events(run_dir) if e.type.value in ("gate_decided", "candidate_promoted")]
+
+    assert decisions(tmp_path / "a" / "r") == decisions(tmp_path / "b" / "r")
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    test = next(e.payload for e in read_events(tmp_path / "b" / "r")
+                if e.type.value == "episodes_evaluated" and e.payload["split"] == "test")
+    worst = min(test["episodes"], key=lambda e: e["episode_return"])
+    res = CliRunner().invoke(app, ["replay", "r", "--runs-dir", str(tmp_path / "b"), "--seed", str(worst["seed"])])
+    assert res.exit_code == 0 and "match: identical return and length" in res.output, res.output
+    assert f"{worst['episode_return']!r}" in res.output and "(3 hints" in res.output
+
+
+HOSTILE = {
+    "raises": "def guess(h, pair, params):\n    return 1 / 0\n",
+    "nan": "def guess(h, pair, params):\n    return float('nan')\n",
+    "a string": "def guess(h, pair, params):\n    return 'two'\n",
+    "nan in an array": "import numpy as np\ndef guess(h, pair, params):\n    return np.array([np.nan, 1.0])\n",
+    "reads the evaluator's folder": ("def guess(h, pair, params):\n    import os\n"
+                                     "    return float(len(open(os.environ.get('DATA', '/nonexistent')).read()))\n"),
+    "walks the frames": ("import sys\ndef guess(h, pair, params):\n    f = sys._getframe()\n"
+                         "    while f.f_back is not None:\n        f = f.f_back\n"
+                         "    f.f_globals['__builtins__']['abs'] = lambda x: 0.0\n    return 2.5\n"),
+    "hangs": "def guess(h, pair, params):\n    while True:\n        pass\n",
+}
+
+
+@pytest.mark.parametrize("how", list(HOSTILE))
+def test_a_hostile_candidate_fails_its_instances_and_is_recorded(tmp_path: Path, how: str) -> None:
+    import tempfile
+
+    from ratchet.execution.sandbox import isolation
+
+    if how == "reads the evaluator's folder":  # a folder anyone may read: only the sandbox's hiding keeps it out
+        if isolation() != "bwrap":
+            pytest.skip("hiding the evaluator's folder needs bubblewrap")
+        tmp_path = Path(tempfile.mkdtemp(prefix="ratchet-evaluator-", dir="/tmp"))
+        tmp_path.chmod(0o755)
+    d = _spec_dir(tmp_path)
+    for f in (d, *d.iterdir()):
+        f.chmod(0o755)
+    task = EvaluatorTask.from_file(d / "evaluate.py")
+    source = "PARAMETERS = {}\n" + HOSTILE[how].replace("/nonexistent", str(d / "data.txt"))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        eps = ex.run(task, [Job(Candidate.create(source, {}), s) for s in (0, 3)])
+        honest = ex.run(task, [Job(Candidate.create(POLICY, {"b": 2.0, "w": 0.0}), 0)])[0]
+    finally:
+        ex.close()
+    if how == "walks the frames":  # the frames it walks are its own process's: the score is the evaluator's
+        assert all(e.error is None and e.episode_return == pytest.approx(-0.5) for e in eps)
+    else:
+        assert all(e.error and e.episode_return == 0.0 and e.length == 0 for e in eps), [e.error for e in eps]
+        assert {"raises": "ZeroDivisionError", "nan": "returned nan", "a string": "returned str",
+                "nan in an array": "non-finite", "hangs": "timeout",
+                "reads the evaluator's folder": "No such file"}[how] in eps[0].error
+    assert honest.error is None and honest.episode_return == 0.0  # the evaluator is untouched
+
+
+def test_an_evaluator_that_raises_stops_the_run_in_one_line_naming_the_instance(tmp_path: Path) -> None:
+    broken = EVALUATOR.replace('    errors = []', '    if instance["hints"][0] > 0:\n        raise KeyError("bins")\n'
+                               '    errors = []')
+    spec = load_spec(_spec_dir(tmp_path, broken))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    with pytest.raises(TaskError, match=r"evaluator error on instance \d+: evaluate raised KeyError: 'bins' — the "
+                                        r"task's fault, not the candidate's") as info:
+        try:
+            start_run(spec, tmp_path / "runs", run_id="bad", executor=ex)
+        finally:
+            ex.close()
+    assert "\n" not in str(info.value)
+
+
+def test_data_set_instances_keep_their_splits_and_held_out_sizes_are_checked(tmp_path: Path) -> None:
+    data_set = EVALUATOR.replace("def make_instance(seed):", "INSTANCES = 30\n\ndef make_instance(seed):\n"
+                                 "    assert 0 <= seed < 30\n")
+    task = EvaluatorTask.from_file(_write(tmp_path / "ds", data_set))
+    pools = task.seed_pools()
+    assert pools == {s: tuple(range(c, 30, 3)) for c, s in enumerate(("train", "validation", "test"))}
+    splits = SeedSplits(7, pools)
+    assert sorted(splits.seeds("validation", 0, 10)) == list(range(1, 30, 3))
+    assert len(set(splits.seeds("train", 0, 25))) == 10  # training draws repeat once the pool is used
+    with pytest.raises(TaskError, match=r"\[gate\] validation_episodes = 12 but the data set has 10 validation "
+                                        r"instances; set \[gate\] validation_episodes to at most 10"):
+        splits.check_sizes(12, 5)
+    spec = load_spec(_spec_dir(tmp_path, data_set))
+    with pytest.raises(TaskError, match="validation_episodes = 12"):
+        start_run(spec, tmp_path / "runs", run_id="ds")
+    assert not (tmp_path / "runs" / "ds").exists()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (("FUNCTIONS = {", "FUNCTIONS_ = {"), "define FUNCTIONS"),
+    (('"guess(hint, pair, params)', '"guess hint'), "must start with the signature"),
+    (("MAX_COST = 3", ""), "needs MAX_COST"),
+    (("def evaluate(", "def score("), "define evaluate()"),
+    (("import numpy as np", "import numpy as np\n1 / 0"), "fails to load: ZeroDivisionError"),
+])
+def test_a_malformed_evaluator_is_refused_at_load_in_one_line(tmp_path: Path, change, message) -> None:
+    d = _spec_dir(tmp_path, EVALUATOR.replace(*change))
+    with pytest.raises(SpecError, match=message) as info:
+        load_spec(d)
+    assert "\n" not in str(info.value)
+
+
+def test_the_policy_contract_is_the_evaluators_functions(tmp_path: Path) -> None:
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    assert task.functions == {"guess": 3} and task.cost_unit == "hints" and task.step_limit == 3
+    with pytest.raises(PolicyError, match=r"no top-level function guess\(x1, x2, params\)"):
+        parse_policy("PARAMETERS = {}\ndef act(o, params):\n    return 0\n", functions=task.functions)
+    with pytest.raises(PolicyError, match="guess must take 3 arguments"):
+        parse_policy("PARAMETERS = {}\ndef guess(h, params):\n    return 0\n", functions=task.functions)
+    parse_policy(POLICY, functions=task.functions)
+    assert "guess(hint, pair, params)" in task.describe()
+    spec = load_spec(_spec_dir(tmp_path, source=POLICY.replace("def guess", "def gues")))
+    with pytest.raises(PolicyError, match="no top-level function guess"):
+        start_run(spec, tmp_path / "runs", run_id="p")
+    with pytest.raises(SpecError, match="env_id, max_episode_steps"):
+        spec_from_dict({"task": {"kind": "evaluator", "evaluator": "evaluate.py", "env_id": "CartPole-v1",
+                                 "max_episode_steps": 9}, "policy": {"path": "policy.py"}}, tmp_path / "spec")
+    residual = load_spec(_spec_dir(tmp_path, policy={"kind": "residual", "path": "policy.py"}))
+    with pytest.raises(PolicyError, match="calls guess\\(\\); use kind = \"program\""):
+        start_run(residual, tmp_path / "runs", run_id="m")
+
+
+def test_call_answers_cross_the_boundary_as_numbers_arrays_and_structures_of_them() -> None:
+    import numpy as np
+
+    from ratchet.rollout import Opaque
+
+    value = {"a": (1, 2.5, True), "b": [np.arange(3, dtype=np.int16), {"c": np.ones((2, 2))}]}
+    back = decode_reply(encode_value(value), "value")
+    assert back["a"] == (1, 2.5, True) and back["b"][0].dtype == np.int16 and back["b"][1]["c"].shape == (2, 2)
+    assert isinstance(decode_reply(encode_value(object()), "value"), Opaque)
+    assert isinstance(decode_reply(encode_value({1: 2}), "value"), Opaque)  # non-text keys: opaque
+    deep: list = []
+    for _ in range(20):
+        deep = [deep]
+    assert isinstance(decode_reply(encode_value(deep), "value")[0][0][0][0][0][0][0][0], Opaque)
+    from ratchet.execution.protocol import BadReply
+
+    for forged in (b"t\xff\xff\xff\xff", b"t\x01\x00\x00\x00\x09\x00\x00\x00i", b"m\x01\x00\x00\x00\x02\x00\x00\x00\xff\xfe"):
+        with pytest.raises(BadReply):
+            decode_reply(forged, "value")
+
+
+def test_ratchet_evaluate_and_the_report_work_on_an_evaluator_run(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    d = _spec_dir(tmp_path)
+    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "12 hints" in res.output and "on evaluate" in res.output
+    res = CliRunner().invoke(app, ["run", str(d), "--runs-dir", str(tmp_path / "runs"), "--run-id", "c",
+                                   "--set", "budget.episodes=60"])
+    assert res.exit_code == 0, res.output
+    assert "hints" in res.output
+    show = CliRunner().invoke(app, ["show", "c", "--runs-dir", str(tmp_path / "runs")])
+    assert show.exit_code == 0 and "hints went to" in show.output
+    assert (tmp_path / "runs" / "c" / "report.html").is_file()
+    export = CliRunner().invoke(app, ["export", "c", "--runs-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "out.py")])
+    assert export.exit_code == 0, export.output
+    parse_policy((tmp_path / "out.py").read_text(), functions={"guess": 3})
+
+
+def test_evaluator_source_is_checked_against_its_digest(tmp_path: Path) -> None:
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    d = task.to_dict()
+    assert task_from_dict(d) == task
+    with pytest.raises(TaskError, match="does not match its SHA-256"):
+        task_from_dict({**d, "source": d["source"] + "\n# changed\n"})
+    assert textwrap.dedent(task_from_dict(d).source) == d["source"]
