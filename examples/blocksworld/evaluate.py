@@ -133,8 +133,14 @@ def make_instance(seed: int) -> dict:
                 goal[tower[0]] = -2
         if any(goal[i] != init[i] for i, _ in goal_facts(goal)):   # not already solved
             break
+    return instance(seed, init, goal)
+
+
+def instance(seed: int, init, goal) -> dict:
+    """The instance dict of a problem given in the policy's code (``make_instance``; tests build tiny ones)."""
+    init, goal = [int(s) for s in init], [int(g) for g in goal]
     pddl = problem_pddl(seed, init, goal)
-    return {"seed": seed, "n": n, "init": init, "goal": goal, "pddl": pddl, "digest": digest(pddl)}
+    return {"seed": int(seed), "n": len(init), "init": init, "goal": goal, "pddl": pddl, "digest": digest(pddl)}
 
 
 # --- unified-planning: problems, validation, the reference planner ------------------------------------------

@@ -15,7 +15,7 @@ next is the policy: every possible move gets a score, a weighted sum of its feat
 (misplaced blocks under it, / n) and ``height`` (blocks under it, / n).
 
 At the default weights only ``table`` counts: the planner first puts every misplaced block on the table,
-then builds the goal towers — always valid, but about a third longer than it needs to be. A large
+then builds the goal towers — always valid, but about 10 % longer than optimal on 8-10 blocks. A large
 ``w_final`` gives the classic "move a block to its final place whenever you can" strategy; the other
 weights decide which block to put aside when no block can go to its final place.
 """
