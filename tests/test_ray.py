@@ -274,3 +274,19 @@ def test_candidates_with_artifacts_and_training_jobs_on_ray(ray_pool, cartpole_t
     assert _dicts(ray_pool.run(cartpole_task, jobs)) == _dicts(pool.run(cartpole_task, jobs))
     res = ray_pool.train(cartpole_task, TrainingJob("no-such-trainer", cand, {}, (1,), 10, blobs), 60)
     assert res.outputs == () and "no-such-trainer" in res.error
+
+
+def test_an_evaluator_task_runs_on_ray_as_on_the_process_pool(ray_pool, pool, tmp_path):
+    """The evaluator's source travels with the task: Ray workers score the same instances the same way."""
+    from test_evaluator_task import EVALUATOR, POLICY
+
+    from ratchet.policy import Candidate
+    from ratchet.tasks.evaluator import EvaluatorTask
+
+    (tmp_path / "evaluate.py").write_text(EVALUATOR)
+    task = EvaluatorTask.from_file(tmp_path / "evaluate.py")
+    jobs = [Job(Candidate.create(POLICY, {"b": b, "w": 0.5}), s) for b in (0.0, 1.5) for s in range(0, 12, 3)]
+    expected = pool.run(task, jobs)
+    got = ray_pool.run(task, jobs)
+    assert _dicts(got) == _dicts(expected)
+    assert all(e.error is None and e.length == 3 for e in got)

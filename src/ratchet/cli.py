@@ -261,13 +261,13 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -
             continue
         test = st.test or {}
         sr = test.get("success_rate")
-        rows.append((st.run_id, st.status_text, str(st.spec.get("task", {}).get("env_id")), str(st.generations),
+        rows.append((st.run_id, st.status_text, st.task_name, str(st.generations),
                      f"{st.env_steps:,}", _num(st.incumbent_validation_mean), _num(test.get("mean")),
                      "–" if sr is None else f"{100 * sr:.1f} %"))
     _print_runs(rows)
 
 
-_RUNS_COLUMNS = ("run", "status", "env", "gens", "env steps", "incumbent val", "test mean", "test success")
+_RUNS_COLUMNS = ("run", "status", "task", "gens", "env steps", "incumbent val", "test mean", "test success")
 
 
 def _print_runs(rows: list[tuple[str, ...]]) -> None:
@@ -314,7 +314,7 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
     t.add_column("key")
     t.add_column("value")
     data["status"] = st.status_text
-    for k in ("status", "env_id", "stop_reason", "generations", "env_steps", "validation_env_steps", "episodes",
+    for k in ("status", "task", "stop_reason", "generations", "env_steps", "validation_env_steps", "episodes",
               "wall_clock_s", "promotions", "error"):
         if data.get(k) is not None:
             t.add_row(k, _safe(data[k]))

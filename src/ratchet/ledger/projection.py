@@ -122,6 +122,15 @@ class RunState:
             counts[reason] = counts.get(reason, 0) + 1
         return [{"reason": r, "count": c} for r, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]]
 
+    @property
+    def task_name(self) -> str:
+        """What the run's task is called: the env id, or an evaluator task's name (its file's stem)."""
+        t = self.task or self.spec.get("task", {})
+        if t.get("env_id"):
+            return str(t["env_id"])
+        name = t.get("name") or str(t.get("evaluator") or "?").rsplit("/", 1)[-1].removesuffix(".py")
+        return str(name)
+
     def to_json(self) -> dict[str, Any]:
         """The summary printed by ``ratchet show --json``. The incumbent's ``kind`` is its policy kind and
         ``artifacts`` its artifacts' digests by role (empty for a plain program)."""
@@ -131,7 +140,8 @@ class RunState:
                 "episodes": self.episodes, "validation_env_steps": self.validation_env_steps,
                 "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
                 "stop_reason": self.stop_reason, "error": self.error,
-                "env_id": self.spec.get("task", {}).get("env_id"), "execution": self.execution,
+                "env_id": self.spec.get("task", {}).get("env_id"), "task": self.task_name,
+                "cost_unit": (self.task or {}).get("cost_unit", "env steps"), "execution": self.execution,
                 "budget": self.spec.get("budget"),
                 "baseline": {"candidate_id": self.baseline_id},
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,

@@ -100,7 +100,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
 
     esc = _esc
     parts: list[str] = []
-    env_id = state.spec.get("task", {}).get("env_id", "?")
+    env_id = state.task_name
     parts.append(f"<h1>ratchet run {esc(state.run_id)}</h1>")
     parts.append(f"<p>{esc(env_id)} · status <b>{esc(state.status)}</b> · stop: {esc(str(state.stop_reason))} · "
                  f"{state.generations} generations · {state.env_steps:,} env steps ({state.validation_env_steps:,} on "
