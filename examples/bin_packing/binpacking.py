@@ -26,13 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-try:
-    from ratchet.tasks.evaluator import CandidateError
-except ImportError:  # pragma: no cover - until ratchet's evaluator tasks land
-
-    class CandidateError(Exception):  # type: ignore[no-redef]
-        """The candidate's answer is unusable (stand-in for ratchet.tasks.evaluator.CandidateError)."""
-
+from ratchet.tasks.evaluator import CandidateError
 
 KINDS: dict[str, dict[str, int | str]] = {
     "weibull": {"n_items": 5000, "capacity": 100, "label": "Weibull 5k (shape 3, scale 45, sizes 1-100)"},

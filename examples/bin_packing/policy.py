@@ -3,14 +3,16 @@
 ``priority(item, bins, params)`` scores every candidate bin by the gap it would leave, ``gap = bins - item``
 (the last entry of ``bins`` is always a new, empty bin). Best fit is ``-gap``: the tightest bin wins and a new
 bin, whose gap is the largest, only when nothing else fits. The other terms are the ideas FunSearch's evolved
-heuristics share (Romera-Paredes et al., Nature 2023), each switched off at its default:
+heuristics share (Romera-Paredes et al., Nature 2023), each switched off (zero weight) at its default:
 
 - a *tight fit* bonus for gaps up to ``tight_gap`` (a fraction of the capacity): near-exact fits close a bin;
 - a *dead gap* penalty for gaps above ``tight_gap`` and up to ``dead_gap``: a bin left with a small gap that few
   later items fit is capacity lost, so such a bin is better left open for a tighter item;
-- a *spread* slope for gaps beyond ``spread_gap``: once the gap is large anyway, ``spread_weight > 0`` prefers
-  the emptier bin (it keeps room for a large item) instead of the tighter one;
-- a *new bin* bonus: a positive value makes opening a new bin preferable to bins whose score is lower.
+- a *spread* slope for gaps beyond ``spread_gap``: once the gap is large anyway, ``spread_weight`` above 1
+  prefers the emptier bin (worst fit among them: the tight bins stay open for items that fit them exactly),
+  1 makes them equal (the oldest wins), below 1 keeps best fit's order;
+- a *new bin* bonus added to the last entry's score: positive opens new bins more readily, negative less
+  (with a spread slope above 1 the new, emptiest bin would otherwise look best).
 
 All scores are in units of the capacity. With the defaults below the policy is exactly best fit.
 """
