@@ -347,3 +347,58 @@ def test_evaluator_source_is_checked_against_its_digest(tmp_path: Path) -> None:
     with pytest.raises(TaskError, match="does not match its SHA-256"):
         task_from_dict({**d, "source": d["source"] + "\n# changed\n"})
     assert textwrap.dedent(task_from_dict(d).source) == d["source"]
+
+
+#: An LLM's answer for POLICY: a whole new file whose guess uses the hint's sign too (a new tunable number).
+LLM_EDIT = """Use the hint's sign as well.
+```python
+PARAMETERS = {"b": {"default": 0.0, "low": -5.0, "high": 5.0}, "w": {"default": 0.5, "low": -2.0, "high": 2.0},
+              "s": {"default": 0.0, "low": -1.0, "high": 1.0}}
+
+def guess(hint, pair, params):
+    return params["b"] + params["w"] * 0.1 * hint + params["s"] * (1.0 if hint > 0 else -1.0)
+```
+"""
+
+
+def test_the_llm_refiner_edits_an_evaluator_tasks_functions_from_its_description_and_critique(tmp_path, standin):
+    server = standin(default=LLM_EDIT)
+    d = _spec_dir(tmp_path, EVALUATOR + '\nSUCCESS = "every guess within 1 of the target"\n',
+                  refiners=[{"kind": "llm", "base_url": server.url, "model": "stand-in", "proposals": 1,
+                             "variants": 2, "retries": 0}], budget={"episodes": 60})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        start_run(load_spec(d), tmp_path / "runs", run_id="llm", executor=ex)
+    finally:
+        ex.close()
+    system, user = (m["content"] for m in server.requests[0]["body"]["messages"])
+    assert "heuristic programs" in system and "Gymnasium" not in system + user
+    assert "Guess a hidden number from hints." in user and "guess(hint, pair, params)" in user
+    later = server.requests[-1]["body"]["messages"][1]["content"]
+    assert "far off" in later, later  # the critique: failing training instances, by the evaluator's label
+    proposed = [e.payload["candidate"] for e in read_events(tmp_path / "runs" / "llm")
+                if e.type.value == "candidate_proposed" and e.payload["candidate"]["refiner"] == "llm"]
+    assert proposed and all("s" in c["params"] for c in proposed)
+
+
+def test_an_evaluator_may_define_dataclasses(tmp_path: Path) -> None:
+    source = "from __future__ import annotations\nfrom dataclasses import dataclass\n\n@dataclass\nclass Inst:\n" \
+             "    hints: list\n\n" + EVALUATOR
+    task = EvaluatorTask.from_file(_write(tmp_path / "dc", source))
+    assert task.functions == {"guess": 3}
+
+
+def test_mutate_and_cmaes_together_refine_an_evaluator_tasks_program(tmp_path: Path) -> None:
+    spec = load_spec(_spec_dir(tmp_path, refiners=[{"kind": "cmaes", "popsize": 4, "sigma0": 0.5},
+                                                   {"kind": "mutate", "programs": 2, "variants": 2}],
+                               budget={"episodes": 200}))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        result = start_run(spec, tmp_path / "runs", run_id="mu", executor=ex)
+    finally:
+        ex.close()
+    events = read_events(tmp_path / "runs" / "mu")
+    mutants = [e.payload["candidate"] for e in events if e.type.value == "candidate_proposed"
+               and e.payload["candidate"]["refiner"].startswith("mutate")]
+    assert mutants and all("def guess" in (c["source"] or "def guess") for c in mutants)
+    assert result.test.mean > result.baseline_test.mean

@@ -94,10 +94,15 @@ def test_check_source_rejects_with_a_reason(source, reason):
 def test_check_source_accepts_valid_policies():
     for path in ("cartpole_linear.py",):
         assert check_source(POLICY).parameters == load_policy(DATA / path).parameters
+    from ratchet.spec import load_spec
+    from ratchet.tasks import task_from_spec
+
     for example in Path(__file__).parent.parent.glob("examples/*/policy.py"):
         source = example.read_text(encoding="utf-8")
+        specs = sorted(example.parent.glob("*.toml"))
+        task = task_from_spec(load_spec(specs[0]).task) if specs else None
         if not uses_task_dims(source):  # shapes relative to the task need its dims
-            check_source(source)
+            check_source(source, functions=task.functions if task is not None else None)
 
 
 def test_param_variants_start_at_defaults_and_stay_in_bounds():

@@ -86,6 +86,18 @@ class TaskSpec(_Section):
                              "argument; move it to [task] max_episode_steps")
         return v
 
+    @field_validator("env_id")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        from ratchet.tasks.gym import gym_spec
+
+        if v is not None:
+            try:
+                gym_spec(v)
+            except TaskError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
     @model_validator(mode="after")
     def _one_kind(self) -> TaskSpec:
         if self.kind == "evaluator":
@@ -107,17 +119,11 @@ class TaskSpec(_Section):
                 raise ValueError(str(exc)) from None
             return self
         if self.env_id is None:
-            raise ValueError("env_id is missing; set it to a Gymnasium id such as \"CartPole-v1\" (or kind = "
+            raise ValueError("missing [task] env_id; set it to a Gymnasium id such as \"CartPole-v1\" (or kind = "
                              "\"evaluator\" with evaluator = \"evaluate.py\")")
         for k in ("evaluator", "name"):
             if getattr(self, k) is not None:
                 raise ValueError(f"{k} belongs to evaluator tasks; add kind = \"evaluator\" or remove it")
-        try:
-            from ratchet.tasks.gym import gym_spec
-
-            gym_spec(self.env_id)
-        except TaskError as exc:
-            raise ValueError(str(exc)) from None
         from ratchet.tasks import task_from_spec
 
         if task_from_spec(self).step_limit is None:

@@ -286,10 +286,12 @@ def _op_term(source: str, tree: ast.Module, rng: np.random.Generator, space: _Sp
 
 def _op_guard(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
               s: MutateSettings) -> tuple[str, list[str]] | None:
+    if not space.obs_dim:  # no observation to guard on (an evaluator task)
+        return None
     act = _act(tree)
     obs = _obs_name(act)
     body = _body_statements(act)
-    if not space.obs_dim or obs is None or not body or (space.discrete is None and space.box is None):
+    if obs is None or not body or (space.discrete is None and space.box is None):
         return None
     i = _feature(rng, space)
     lo, hi = float(space.obs_low[i]), float(space.obs_high[i])

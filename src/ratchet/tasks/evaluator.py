@@ -167,11 +167,16 @@ def _pools(count: Any, splits: Any, where: str) -> dict[str, tuple[int, ...]] | 
 
 
 def _load(source: str, path: str) -> types.ModuleType:
-    module = types.ModuleType("ratchet_evaluator")
+    import sys
+
+    name = "ratchet_evaluator_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    module = types.ModuleType(name)
     module.__file__ = path
+    sys.modules[name] = module  # dataclasses and pickling look their module up while it loads
     try:
         exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - the evaluator is trusted, like an env
     except Exception as exc:  # noqa: BLE001 - the user's module: any error is a setup problem, in one line
+        sys.modules.pop(name, None)
         raise TaskError(f"{path}: the evaluator fails to load: {type(exc).__name__}: {_short(exc)}") from None
     return module
 
