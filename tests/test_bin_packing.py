@@ -11,17 +11,19 @@ import pytest
 HERE = Path(__file__).resolve().parent.parent / "examples" / "bin_packing"
 
 
-def _load(name: str, file: str):
+def _load(name: str, file: str, options: dict | None = None):
     spec = importlib.util.spec_from_file_location(name, HERE / file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    if options is not None:  # as ratchet sets [task] options before the evaluator runs
+        module.OPTIONS = options
     spec.loader.exec_module(module)
     return module
 
 
-bp = _load("bin_packing_example_core", "binpacking.py")
-weibull = _load("bin_packing_example_weibull", "weibull.py")
-or_style = _load("bin_packing_example_or", "or_style.py")
+bp = _load("bin_packing_example_core", "evaluate.py")
+weibull = _load("bin_packing_example_weibull", "evaluate.py", {"kind": "weibull"})
+or_style = _load("bin_packing_example_or", "evaluate.py", {"kind": "or"})
 policy = _load("bin_packing_example_policy", "policy.py")
 DEFAULTS = {k: v["default"] for k, v in policy.PARAMETERS.items()}
 
@@ -59,7 +61,7 @@ def reference_pack(items, capacity, rule):
 
 
 def small(kind, seed, n):
-    inst = bp.make_instance(kind, seed)
+    inst = bp.make_kind_instance(kind, seed)
     inst["items"] = inst["items"][:n]
     inst["lower_bound"] = bp.lower_bound(inst["items"], inst["capacity"])
     return inst

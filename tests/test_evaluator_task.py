@@ -76,9 +76,15 @@ def _spec_dir(tmp_path: Path, evaluator: str = EVALUATOR, source: str = POLICY, 
         rows = table if isinstance(table, list) else [table]
         for row in rows:
             lines.append(f"[[{name}]]" if isinstance(table, list) else f"[{name}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in row.items()]
+            lines += [f"{k} = {_toml(v)}" for k, v in row.items()]
     (d / "ratchet.toml").write_text("\n".join(lines) + "\n")
     return d
+
+
+def _toml(v) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)
 
 
 class Dying(ProcessExecutor):
@@ -402,3 +408,19 @@ def test_mutate_and_cmaes_together_refine_an_evaluator_tasks_program(tmp_path: P
                and e.payload["candidate"]["refiner"].startswith("mutate")]
     assert mutants and all("def guess" in (c["source"] or "def guess") for c in mutants)
     assert result.test.mean > result.baseline_test.mean
+
+
+def test_task_options_reach_the_evaluator_as_OPTIONS_and_are_stored_with_the_task(tmp_path: Path) -> None:
+    source = EVALUATOR.replace('"target": 2.0}', '"target": float(OPTIONS.get("target", 2.0))}')
+    d = _spec_dir(tmp_path, source, task={"kind": "evaluator", "evaluator": "evaluate.py", "options": {"target": -1.0}})
+    spec = load_spec(d)
+    task = EvaluatorTask.from_spec(spec.task)
+    assert task.options == {"target": -1.0} and task_from_dict(task.to_dict()) == task
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        ep = ex.run(task, [Job(Candidate.create(POLICY, {"b": -1.0, "w": 0.0}), 0)])[0]
+    finally:
+        ex.close()
+    assert ep.episode_return == 0.0  # the guess -1 is exact for target -1
+    with pytest.raises(SpecError, match="options belong to evaluator tasks"):
+        spec_from_dict({"task": {"env_id": "CartPole-v1", "options": {"a": 1}}})

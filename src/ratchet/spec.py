@@ -66,6 +66,8 @@ class TaskSpec(_Section):
     name: str | None = Field(None, min_length=1, max_length=80, description="kind = \"evaluator\": what people and "
                                                                            "prompts call the task; default the "
                                                                            "evaluator file's name.")
+    options: dict[str, Any] = Field(default_factory=dict, description="kind = \"evaluator\": settings for the "
+                                    "evaluator, its module global OPTIONS (e.g. which instances to make).")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
     success_threshold: float | None = Field(None, description="Return (an evaluator's score) at or above which an "
                                             "episode succeeds; default: the env's reward_threshold.")
@@ -121,6 +123,8 @@ class TaskSpec(_Section):
         if self.env_id is None:
             raise ValueError("missing [task] env_id; set it to a Gymnasium id such as \"CartPole-v1\" (or kind = "
                              "\"evaluator\" with evaluator = \"evaluate.py\")")
+        if self.options:
+            raise ValueError("options belong to evaluator tasks (a Gymnasium env takes env_kwargs)")
         for k in ("evaluator", "name"):
             if getattr(self, k) is not None:
                 raise ValueError(f"{k} belongs to evaluator tasks; add kind = \"evaluator\" or remove it")

@@ -15,6 +15,8 @@ names the evaluator module, which is trusted like a Gymnasium environment:
     INSTANCES = 60                             # optional: a data set of 60 instances (seed = instance number)
     SPLITS = {"train": [...], ...}             # optional with INSTANCES: which instance is in which split
 
+    OPTIONS                                    # set by ratchet before the module runs: [task] options (a dict)
+
     def make_instance(seed): ...               # instance ``seed``: generated from it, or read from a file
     def evaluate(instance, policy): ...        # the score (higher is better), or a dict (below)
 
@@ -166,12 +168,14 @@ def _pools(count: Any, splits: Any, where: str) -> dict[str, tuple[int, ...]] | 
     return out
 
 
-def _load(source: str, path: str) -> types.ModuleType:
+def _load(source: str, path: str, options: Mapping[str, Any]) -> types.ModuleType:
+    import json
     import sys
 
-    name = "ratchet_evaluator_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = "ratchet_evaluator_" + hashlib.sha256((source + json.dumps(options, sort_keys=True)).encode()).hexdigest()[:16]
     module = types.ModuleType(name)
     module.__file__ = path
+    module.OPTIONS = dict(options)  # type: ignore[attr-defined]  # the module's settings, as env_kwargs are an env's
     sys.modules[name] = module  # dataclasses and pickling look their module up while it loads
     try:
         exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - the evaluator is trusted, like an env
@@ -202,7 +206,9 @@ class EvaluatorTask:
         path: The evaluator module's path (kept for messages and for ``__file__``).
         source: Its source text (stored with the task, so replay and resume run this exact code).
         success_threshold: An instance succeeds when its score is ``>=`` this (``[task] success_threshold``).
-        name: What people and prompts call the task; default the evaluator file's stem.
+        label: What people and prompts call the task (``[task] name``); default the evaluator file's stem.
+        options: Settings for the evaluator (``[task] options``, JSON values), its module global ``OPTIONS``
+            before it runs: one evaluator file may serve several instance kinds or sizes.
 
     Raises:
         TaskError: the module fails to load, or its declarations are malformed (one line saying which).
@@ -215,16 +221,27 @@ class EvaluatorTask:
     source: str
     success_threshold: float | None = None
     label: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
     _digest: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        import json
+
         if not isinstance(self.source, str):
             raise TaskError(f"{self.path}: the evaluator's source is not text")
+        try:
+            object.__setattr__(self, "options", json.loads(json.dumps(dict(self.options or {}))))
+        except (TypeError, ValueError):
+            raise TaskError("[task] options must hold JSON values (numbers, text, lists, tables)") from None
         object.__setattr__(self, "_digest", hashlib.sha256(self.source.encode()).hexdigest())
         self._module()
 
+    def __hash__(self) -> int:
+        return hash((self.path, self._digest))
+
     @classmethod
-    def from_file(cls, path: str | Path, success_threshold: float | None = None, name: str | None = None) -> EvaluatorTask:
+    def from_file(cls, path: str | Path, success_threshold: float | None = None, name: str | None = None,
+                  options: Mapping[str, Any] | None = None) -> EvaluatorTask:
         """Read the evaluator at ``path``.
 
         Raises:
@@ -240,14 +257,17 @@ class EvaluatorTask:
             source = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise TaskError(f"cannot read evaluator {p}: {exc}") from None
-        return cls(str(p.resolve()), source, success_threshold, name)
+        return cls(str(p.resolve()), source, success_threshold, name, dict(options or {}))
 
     def _module(self) -> tuple[types.ModuleType, _Declared]:
         """The loaded module and its declarations (loaded once per process and source)."""
-        if self._digest not in _MODULES:
-            module = _load(self.source, self.path)
-            _MODULES[self._digest] = (module, _declared(module, Path(self.path).name))
-        return _MODULES[self._digest]
+        import json
+
+        key = self._digest + json.dumps(self.options, sort_keys=True)
+        if key not in _MODULES:
+            module = _load(self.source, self.path, self.options)
+            _MODULES[key] = (module, _declared(module, Path(self.path).name))
+        return _MODULES[key]
 
     # -- the Task contract -------------------------------------------------------------------------------
 
@@ -337,7 +357,8 @@ class EvaluatorTask:
         """JSON-ready description, with the evaluator's source and its SHA-256 (and its cost unit, for displays)."""
         return {"kind": "evaluator", "evaluator": self.path, "source": self.source, "sha256": self._digest,
                 "cost_unit": self.cost_unit,
-                "success_threshold": self.success_threshold, **({"name": self.label} if self.label else {})}
+                "success_threshold": self.success_threshold, **({"name": self.label} if self.label else {}),
+                **({"options": dict(self.options)} if self.options else {})}
 
     @classmethod
     def from_spec(cls, table: Any) -> EvaluatorTask:
@@ -349,7 +370,7 @@ class EvaluatorTask:
         if not t.get("evaluator"):
             raise TaskError("[task] kind = \"evaluator\" needs evaluator = \"evaluate.py\" (the module that scores "
                             "a policy on problem instances)")
-        return cls.from_file(t["evaluator"], t.get("success_threshold"), t.get("name"))
+        return cls.from_file(t["evaluator"], t.get("success_threshold"), t.get("name"), t.get("options"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvaluatorTask:
@@ -358,7 +379,7 @@ class EvaluatorTask:
         Raises:
             TaskError: the stored source does not match its SHA-256.
         """
-        task = cls(str(d["evaluator"]), d["source"], d.get("success_threshold"), d.get("name"))
+        task = cls(str(d["evaluator"]), d["source"], d.get("success_threshold"), d.get("name"), d.get("options") or {})
         if d.get("sha256") not in (None, task._digest):
             raise TaskError("the stored evaluator source does not match its SHA-256; the ledger is corrupt")
         return task

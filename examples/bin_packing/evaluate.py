@@ -1,7 +1,9 @@
-"""Online 1-D bin packing, as in FunSearch (Romera-Paredes et al., Nature 2023): instances, packing, scoring.
+"""ratchet evaluator: online 1-D bin packing, as in FunSearch (Romera-Paredes et al., Nature 2023).
 
-Shared by the two evaluator files in this folder (``weibull.py``, ``or_style.py``), which load it by path with
-``importlib`` (no ``sys.path`` change), and by ``benchmarks/bin_packing.py`` and ``tests/test_bin_packing.py``.
+One self-contained file (ratchet stores its source in the ledger, so a resumed or replayed run scores with exactly
+this code): the instance kind comes from the spec's ``[task] options = {kind = "weibull"}`` (or ``"or"``), which
+ratchet sets as the module global ``OPTIONS`` before the file runs. ``benchmarks/bin_packing.py`` and
+``tests/test_bin_packing.py`` load it too (``OPTIONS`` unset: Weibull) for the reference heuristics.
 
 Instance kinds (every instance is generated from its seed with ``numpy.random.default_rng(seed)``):
 
@@ -82,7 +84,7 @@ def make_items(kind: str, seed: int) -> np.ndarray:
     return sizes.astype(np.int64)
 
 
-def make_instance(kind: str, seed: int) -> dict:
+def make_kind_instance(kind: str, seed: int) -> dict:
     """Instance ``seed``: its items, capacity and L1 lower bound (a plain dict: it pickles anywhere)."""
     items = make_items(kind, seed)
     capacity = int(KINDS[kind]["capacity"])
@@ -185,3 +187,18 @@ def excess_pct(instance: dict, priority: Callable[[float, np.ndarray], object]) 
     """Excess % of one heuristic on one instance (no policy wrapper)."""
     return float(score_packing(instance, pack(instance["items"], int(instance["capacity"]), priority))
                  ["diagnostics"]["excess_pct"])
+
+
+# -- the evaluator contract (ratchet.tasks.evaluator) ---------------------------------------------------------
+
+KIND = str(globals().get("OPTIONS", {}).get("kind", "weibull"))
+if KIND not in KINDS:
+    raise ValueError(f"[task] options kind = {KIND!r}; known: {sorted(KINDS)}")
+DESCRIPTION = description(KIND)
+COST_UNIT = "items"
+MAX_COST = int(KINDS[KIND]["n_items"])
+
+
+def make_instance(seed: int) -> dict:
+    """Instance ``seed`` of this evaluator's kind: its item sizes drawn with numpy's default_rng(seed)."""
+    return make_kind_instance(KIND, seed)
