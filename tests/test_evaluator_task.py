@@ -424,3 +424,20 @@ def test_task_options_reach_the_evaluator_as_OPTIONS_and_are_stored_with_the_tas
     assert ep.episode_return == 0.0  # the guess -1 is exact for target -1
     with pytest.raises(SpecError, match="options belong to evaluator tasks"):
         spec_from_dict({"task": {"env_id": "CartPole-v1", "options": {"a": 1}}})
+
+
+def test_a_slow_evaluator_is_cut_at_the_instance_timeout_and_blamed_not_the_candidate(tmp_path: Path) -> None:
+    slow = EVALUATOR.replace("    errors = []", "    import time\n    time.sleep(5)\n    errors = []")
+    task = EvaluatorTask.from_file(_write(tmp_path / "slow", slow))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=1)
+    try:
+        t0 = __import__("time").monotonic()
+        eps = ex.run(task, [Job(Candidate.create(POLICY, {"b": 2.0, "w": 0.0}), s) for s in (0, 3)])
+        took = __import__("time").monotonic() - t0
+    finally:
+        ex.close()
+    assert took < 8
+    assert all(e.diagnostics.get("fault") == "task" and "the evaluator's own code ran" in e.error for e in eps)
+    spec = load_spec(_spec_dir(tmp_path, slow, execution={"workers": 1, "episode_timeout_s": 1}))
+    with pytest.raises(TaskError, match="evaluator's own code ran .* raise \\[execution\\] episode_timeout_s"):
+        start_run(spec, tmp_path / "runs", run_id="slow")

@@ -113,6 +113,8 @@ class RolloutAborted(Exception):
         self.status, self.detail = status, detail
         self.length, self.episode_return = 0, 0.0
         self.final_observation: list[float] | None = None
+        #: Set by a task when the time ran out in its own code, not the policy's: why, in one line.
+        self.fault: str | None = None
 
 
 class InvalidAction(ValueError):

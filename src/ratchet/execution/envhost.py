@@ -184,6 +184,8 @@ def _serve(conn: Any, chan: Channel) -> None:
                 reason = {"died": "policy process died", "timeout": f"timeout after {float(timeout_s):g} s",
                           "interfered": f"policy process sent {exc.detail}"}.get(status, status)
                 ep = Episode.failed(seed, reason, exc.length, exc.episode_return, task=task)
+                if exc.fault:  # the task's own code ran out the time: its fault, not the candidate's
+                    ep = Episode(seed, 0.0, 0, False, False, None, exc.fault[:500], {"cause": "error", "fault": "task"})
             reply = [job_id, ep.to_dict(), status]
         except Exception as exc:  # noqa: BLE001 - environment trouble: report it as this episode's error
             reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],

@@ -452,6 +452,13 @@ class ProcessExecutor:
                     fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its "
                                  "worker")
                     continue
+                if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
+                    w.jobs.popleft()
+                    pending.extendleft(reversed(w.jobs))
+                    workers.remove(w)
+                    workers.append(self._replace(w))
+                    finish(head, ep)
+                    continue
                 if status != "ok":  # the env host stopped the episode: the policy process must go
                     fail_head(w, _abort_reason(status, ep, jobs[head].seed, w), retry=status == "died", episode=ep)
                     continue

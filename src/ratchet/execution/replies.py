@@ -24,7 +24,7 @@ EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "tru
                           "diagnostics"})
 #: The diagnostics keys :func:`~ratchet.rollout.run_episode` and ``Episode.failed`` write (all optional), and
 #: those of an evaluator task (:mod:`ratchet.tasks.evaluator`): its ``failure`` label and ``text``, named
-#: ``scores``, the policy ``calls`` made, and ``fault`` (the evaluator itself failed).
+#: ``scores``, the policy ``calls`` made, and ``fault`` (``"task"``: the task's own code failed, not the policy).
 DIAGNOSTICS_KEYS = frozenset({"final_observation", "final_reward", "cause", "failure", "text", "scores", "calls",
                               "fault"})
 
@@ -135,9 +135,9 @@ def _diagnostics(value: Any, error: str | None, terminated: bool) -> dict[str, A
             raise BadReply("a reply whose calls is not a count")
         out["calls"] = calls
     if "fault" in value:
-        if value["fault"] != "evaluator" or error is None:
+        if value["fault"] != "task" or error is None:
             raise BadReply("a reply with a malformed fault")
-        out["fault"] = "evaluator"
+        out["fault"] = "task"
     return out
 
 

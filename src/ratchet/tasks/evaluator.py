@@ -400,15 +400,18 @@ class EvaluatorTask:
             The :class:`~ratchet.rollout.Episode`: the score as its return; the candidate's failures
             (it raised, hung, answered garbage or NaN, or the evaluator raised :class:`CandidateError`) as an
             errored episode; the evaluator's own failure as an errored episode with ``diagnostics["fault"] ==
-            "evaluator"`` (the loop stops the run on it).
+            "task"`` (the loop stops the run on it).
 
         Raises:
             RolloutAborted: the policy process died, timed out or sent garbage (the executor's business).
         """
+        import time
+
         from ratchet.rollout import Episode, PolicyFailure, RolloutAborted
 
         module, declared = self._module()
         proxy = _Proxy(policy, declared.functions)
+        started = time.perf_counter()
         try:
             try:
                 instance = module.make_instance(int(seed))
@@ -418,11 +421,16 @@ class EvaluatorTask:
             result = module.evaluate(instance, proxy)
             episode = self._episode(seed, result, declared, proxy.calls)
         except RolloutAborted as exc:
-            exc.length = proxy.calls if declared.cost_unit == "calls" else 0
+            elapsed = time.perf_counter() - started
+            own = elapsed - proxy.waited_s
+            if exc.status == "timeout" and own >= elapsed / 2:  # the evaluator's own code used most of the time
+                exc.fault = (f"evaluator error on instance {seed}: the evaluator's own code ran {own:.1f} s of the "
+                             f"{elapsed:.1f} s an instance may take (the candidate's answers {proxy.waited_s:.1f} s); "
+                             "make it faster or raise [execution] episode_timeout_s")
             raise
         except _Fault as exc:
             return Episode(seed, 0.0, 0, False, False, None, f"evaluator error on instance {seed}: {exc}"[:MAX_TEXT],
-                           {"cause": "error", "fault": "evaluator"})
+                           {"cause": "error", "fault": "task"})
         except (PolicyFailure, CandidateError, _BadAnswer) as exc:
             if isinstance(exc, PolicyFailure):
                 text = f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
@@ -432,7 +440,7 @@ class EvaluatorTask:
         except Exception as exc:  # noqa: BLE001 - the evaluator raised: its fault, not the candidate's
             return Episode(seed, 0.0, 0, False, False, None,
                            f"evaluator error on instance {seed}: evaluate raised {type(exc).__name__}: "
-                           f"{_short(exc)}"[:MAX_TEXT], {"cause": "error", "fault": "evaluator"})
+                           f"{_short(exc)}"[:MAX_TEXT], {"cause": "error", "fault": "task"})
         return episode
 
     def _episode(self, seed: int, result: Any, declared: _Declared, calls: int) -> Any:
@@ -507,6 +515,7 @@ class _Proxy:
 
     def __init__(self, policy: Any, functions: Mapping[str, int]) -> None:
         self._policy, self._functions, self.calls = policy, dict(functions), 0
+        self.waited_s = 0.0  # seconds spent waiting for the candidate's answers
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in self._functions:
@@ -517,8 +526,15 @@ class _Proxy:
         def call(*args: Any) -> Any:
             if len(args) != arity:
                 raise TypeError(f"{name}() takes {arity} argument(s) besides params (FUNCTIONS), got {len(args)}")
+            import time
+
             self.calls += 1
-            return _checked(name, self._policy.call(name, args))
+            t0 = time.perf_counter()
+            try:
+                answer = self._policy.call(name, args)
+            finally:
+                self.waited_s += time.perf_counter() - t0
+            return _checked(name, answer)
 
         return call
 
