@@ -97,14 +97,40 @@ def tune(kind: str, n_train: int, iters: int, popsize: int, seed: int) -> tuple[
     return decode(np.asarray(es.result.xbest)), float(es.result.fbest)
 
 
-def ratchet_rows(kind: str, instances: list[dict]) -> list[tuple[str, dict]]:
-    """RATCHET RESULTS GO HERE: rows ``(label, measure(...))`` for ratchet runs' incumbents on ``instances``.
+def ratchet_rows(kind: str, seeds: list[int], runs_file: Path | None) -> list[tuple[str, dict]]:
+    """Rows ``(label, {"excess", "cpu_s"})`` for the incumbents of ratchet's runs (``benchmarks/bin_packing_runs.py``
+    writes ``runs_file``), each scored on the same test instances (``seeds``) through ratchet's sandboxed
+    executor (the parent never runs policy code); one row per refiner configuration, pooling its run seeds'
+    instances, plus one per run."""
+    if runs_file is None or not runs_file.exists():
+        return []
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.policy import Candidate
+    from ratchet.tasks.evaluator import EvaluatorTask
 
-    TODO (once evaluator tasks run end to end): read each run's incumbent (its source and parameter values) from
-    its ledger, load that source as a module, and ``measure(instances, lambda i, b: module.priority(i, b, p))``.
-    Until then, ``--params KIND=JSON`` adds the start policy at given parameter values (e.g. an incumbent's).
-    """
-    return []
+    runs = [r for r in json.loads(runs_file.read_text()) if r["kind"] == kind]
+    task = EvaluatorTask.from_file(EXAMPLE / "evaluate.py", options={"kind": kind})
+    out: list[tuple[str, dict]] = []
+    ex = ProcessExecutor(workers=2, episode_timeout_s=120)
+    try:
+        by_config: dict[str, list[float]] = {}
+        for r in runs:
+            cand = Candidate.create(r["source"], r["params"])
+            eps = ex.run(task, [Job(cand, s) for s in seeds])
+            bad = [e.error for e in eps if e.error]
+            if bad:
+                raise SystemExit(f"{r['run_id']}: incumbent failed on a test instance: {bad[0]}")
+            excess = [-e.episode_return for e in eps]
+            by_config.setdefault(r["config"], []).extend(excess)
+            out.append(((f"ratchet {r['config']}, run seed {r['seed']} ({r['promotions']} promotions, "
+                        f"{r['episodes']:,} instances, {r['cpu_s']:.0f} CPU s, {r['wall_s']:.0f} s wall)"),
+                        {"excess": excess, "cpu_s": float("nan")}))
+        summary = [((f"**ratchet {c}** (run seeds {', '.join(str(r['seed']) for r in runs if r['config'] == c)}; "
+                    f"all their test instances)"), {"excess": xs, "cpu_s": float("nan")}) for c, xs in by_config.items()]
+    finally:
+        ex.close()
+    return summary + out
 
 
 def fmt(xs: list[float]) -> str:
@@ -122,6 +148,8 @@ def main() -> None:
     ap.add_argument("--popsize", type=int, default=10, help="CMA-ES population.")
     ap.add_argument("--seed", type=int, default=1, help="CMA-ES seed.")
     ap.add_argument("--no-tune", action="store_true", help="Skip the CMA-ES row.")
+    ap.add_argument("--runs", type=Path, default=Path(__file__).resolve().parent / "bin_packing_runs.json",
+                    help="ratchet's runs (benchmarks/bin_packing_runs.py writes them); their incumbents join the table.")
     ap.add_argument("--params", action="append", default=[], metavar="KIND=JSON",
                     help="Also measure the start policy at these parameter values on KIND (repeatable).")
     args = ap.parse_args()
@@ -149,11 +177,11 @@ def main() -> None:
                          + json.dumps({k: round(v, 4) for k, v in best.items()}))
         for params in extra.get(kind, []):
             rows.append((f"start policy at {json.dumps(params)}", measure(instances, with_params(params))))
-        rows += ratchet_rows(kind, instances)
+        rows += ratchet_rows(kind, test_seeds(args.test), args.runs)
         for label, m in rows:
             published = next((v for k, v in PUBLISHED.get(kind, {}).items() if label.startswith(k)), "")
-            lines.append(f"| {kind} ({len(instances)} test) | {label} | {fmt(m['excess'])} | {published} | "
-                         f"{m['cpu_s']:.3f} |")
+            cpu = "" if m["cpu_s"] != m["cpu_s"] else f"{m['cpu_s']:.3f}"  # NaN: measured per run instead
+            lines.append(f"| {kind} ({len(instances)} test) | {label} | {fmt(m['excess'])} | {published} | {cpu} |")
         if kind in PUBLISHED and "FunSearch" in PUBLISHED[kind]:
             lines.append(f"| {kind} | FunSearch (published) | | {PUBLISHED[kind]['FunSearch']} | |")
     print("\n".join(lines))
