@@ -100,6 +100,7 @@ class _Run(RunServices):
         self.planner = IncumbentPlanner(self.splits, spec.planner.train_episodes, spec.gate.max_share, self.budget,
                                         spec.planner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
+        self.planner.unit = self.task.cost_unit
         self.prices = Pricing(spec.budget, self.usage, self.planner, self.task.step_limit, self.price_limit,
                               self.validation_price(), spec.planner.train_episodes)
         self.refiners = self._build_refiners()

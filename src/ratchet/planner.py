@@ -232,6 +232,8 @@ class IncumbentPlanner:
         self.gate_choice = gate_choice
         self.weakness_share = weakness_share
         self.pool = WeaknessPool(pool_size)
+        #: What the env-step budget counts, for messages (the task's cost unit: ``"instances"``, ``"items"``).
+        self.unit = "env steps"
 
     def plan(self, generation: int) -> Plan:
         """Plan ``generation`` (1-based): ``train_episodes`` seeds, a ``weakness_share`` of them from the
@@ -341,7 +343,7 @@ class IncumbentPlanner:
         cost = n_validation * est_episode_steps
         worst = n_validation * step_limit if step_limit else 1.25 * cost
         if not self.budget.can_afford(usage, worst, n_validation):
-            return (f"the budget cannot pay for validation ({n_validation} episodes, up to {worst:,.0f} env steps); "
+            return (f"the budget cannot pay for validation ({n_validation} episodes, up to {worst:,.0f} {self.unit}); "
                     "a smaller [gate] validation_episodes or a larger budget would let it")
         if usage.validation_env_steps + cost <= self.max_share * (usage.env_steps + cost):
             return None
@@ -350,7 +352,7 @@ class IncumbentPlanner:
         if not self.budget.can_afford(after, next_generation_steps, next_generation_episodes):
             return None  # the last chance: after it no further generation would fit
         share = (usage.validation_env_steps + cost) / (usage.env_steps + cost)
-        return (f"validation would take {100 * share:.0f} % of env steps, over [gate] max_share = "
+        return (f"validation would take {100 * share:.0f} % of {self.unit}, over [gate] max_share = "
                 f"{self.max_share:g}; it waits until search has spent more")
 
 
@@ -425,9 +427,11 @@ class Pricing:
                                                              "[planner] train_episodes" if first else ""))
         price = self.episode_price(est_len)
         cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve(longest)[0] + training
-        per = f"{price:,.0f} steps" + (" (the time limit)" if price == self.step_limit else "")
+        unit = self.planner.unit
+        per = (f"{price:,.0f} steps" + (" (the time limit)" if price == self.step_limit else "") if unit == "env steps"
+               else f"{price:,.0f} {unit}" + (" (the most an instance costs)" if price == self.step_limit else ""))
         trained = f", {training:,} of the refiner's training" if training else ""
-        return (f"budget: no room for {what} (up to {cost:,.0f} env steps: {n_candidates} candidates × "
+        return (f"budget: no room for {what} (up to {cost:,.0f} {unit}: {n_candidates} candidates × "
                 f"{self.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
                 f"{spent} used {u.env_steps:,} of "
                 f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
