@@ -62,7 +62,7 @@ def guess(hint, pair, params):
 
 def _spec_dir(tmp_path: Path, evaluator: str = EVALUATOR, source: str = POLICY, **over: dict) -> Path:
     d = tmp_path / "spec"
-    d.mkdir(exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
     (d / "evaluate.py").write_text(evaluator)
     (d / "policy.py").write_text(source)
     (d / "data.txt").write_text("the test instances' answers")
@@ -136,7 +136,9 @@ def test_failure_modes_come_from_the_evaluators_labels_and_reach_the_critique(tm
     finally:
         ex.close()
     crit = Critic.for_task(task).critique(Evaluation(cand.id, "train", tuple(eps)))
-    assert [m.label for m in crit.failure_modes] == []  # no SUCCESS declared: a label alone is no failure
+    assert [(m.label, m.count) for m in crit.failure_modes] == [("far off", 3)]  # a label fails an instance
+    assert crit.failure_modes[0].description.startswith("mean error")  # described by the worst one's text
+    assert crit.stats["success_rate"] is None  # without SUCCESS the task still defines no success
     assert all(e.diagnostics["failure"] == "far off" and "mean error" in e.diagnostics["text"] for e in eps)
     assert all(e.diagnostics["scores"]["mean_error"] > 1 for e in eps)
     successful = EvaluatorTask.from_file(_write(tmp_path / "s", EVALUATOR + '\nSUCCESS = "every guess within 1"\n'))
@@ -441,3 +443,29 @@ def test_a_slow_evaluator_is_cut_at_the_instance_timeout_and_blamed_not_the_cand
     spec = load_spec(_spec_dir(tmp_path, slow, execution={"workers": 1, "episode_timeout_s": 1}))
     with pytest.raises(TaskError, match="evaluator's own code ran .* raise \\[execution\\] episode_timeout_s"):
         start_run(spec, tmp_path / "runs", run_id="slow")
+
+
+def test_the_cli_refuses_what_an_evaluator_task_cannot_do_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    d = _spec_dir(tmp_path, EVALUATOR.replace('    errors = []', '    if instance["hints"][0] > 0:\n'
+                                              '        raise KeyError("bins")\n    errors = []'))
+    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "6", "--workers", "1"])
+    assert res.exit_code == 1 and "evaluate raised KeyError: 'bins' — the task's fault" in res.output
+    data_set = EVALUATOR.replace("def make_instance(seed):", "INSTANCES = 30\n\ndef make_instance(seed):")
+    d2 = _spec_dir(tmp_path / "ds", data_set, gate={"validation_episodes": 6}, test={"episodes": 3})
+    res = CliRunner().invoke(app, ["evaluate", str(d2 / "policy.py"), "--spec", str(d2), "--seeds", "3,45"])
+    assert res.exit_code == 1 and "seed 45 is not an instance of" in res.output
+    with pytest.raises(SpecError, match="keep one rule for success"):
+        load_spec(_spec_dir(tmp_path / "two", EVALUATOR + '\nSUCCESS = "x"\n',
+                            task={"kind": "evaluator", "evaluator": "evaluate.py", "success_threshold": 0.5}))
+    d3 = _spec_dir(tmp_path / "ok")
+    run = CliRunner().invoke(app, ["run", str(d3), "--runs-dir", str(tmp_path / "runs"), "--run-id", "v",
+                                   "--set", "budget.episodes=60", "--no-report"])
+    assert run.exit_code == 0, run.output
+    seed = next(e.payload["seeds"][0] for e in read_events(tmp_path / "runs" / "v") if e.type.value == "episodes_evaluated")
+    res = CliRunner().invoke(app, ["replay", "v", "--runs-dir", str(tmp_path / "runs"), "--seed", str(seed),
+                                   "--video", str(tmp_path / "x.gif")])
+    assert res.exit_code == 1 and "no frames to record" in res.output and not (tmp_path / "x.gif").exists()

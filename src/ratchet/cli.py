@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from ratchet.errors import LedgerError, RatchetError, ReplayMismatchError, RunNotFoundError
+from ratchet.errors import LedgerError, RatchetError, ReplayMismatchError, RunNotFoundError, TaskError
 from ratchet.text import clean
 
 
@@ -139,9 +139,9 @@ def _print_result(run_dir: Path, state) -> None:
 
 def _success_rule(state) -> str | None:
     """What success means in a run, with the threshold's source; None where it has none."""
-    from ratchet.task import success_rule_of
+    from ratchet.tasks import success_rule_of
 
-    return success_rule_of(state.spec.get("task"))
+    return success_rule_of(state.task or state.spec.get("task"))
 
 
 @app.command()
@@ -488,11 +488,21 @@ def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (P
             cand = load_program(policy, task).candidate()
             label = str(policy)
         task.dims()  # the env, made once with no policy code: setup problems fail here, in one line
+        pools = task.seed_pools()
+        if pools is not None:  # a data set: seeds are its instance numbers
+            known = {s for pool in pools.values() for s in pool}
+            outside = [s for s in seed_list if s not in known]
+            if outside:
+                raise RatchetError(f"seed {outside[0]} is not an instance of {task.name}'s data set (instance numbers "
+                                   f"{min(known)}..{max(known)}); give seeds among them")
         ex = make_executor(workers, timeout)
         try:
             eps = ex.run(task, [Job(cand, s, blobs) for s in seed_list])
         finally:
             ex.close()
+        fault = next((e for e in eps if e.diagnostics.get("fault")), None)
+        if fault is not None:  # the evaluator's own failure: not a score of the policy
+            raise TaskError(f"{fault.error} — the task's fault, not the policy's; nothing was scored")
     except RatchetError as exc:
         _fail(exc)
         return
@@ -578,6 +588,9 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
                                    f"include {hint}")
         task = _task_of(st)
         if video is not None:
+            if task.spaces()[0] is None:
+                raise RatchetError(f"--video: {task.name} is an evaluator task, with no frames to record; its "
+                                   "instances' diagnostics are in `ratchet critique` and the report")
             if video.suffix.lower() not in (".gif", ".mp4"):
                 raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
             _check_output(video, force, "--video")

@@ -152,8 +152,9 @@ class Critique:
 
 
 def is_failure(ep: Episode) -> bool:
-    """An episode fails when it errored or, where the task defines success, did not succeed."""
-    return ep.error is not None or ep.success is False
+    """An episode fails when it errored, where the task defines success did not succeed, or its task labelled
+    how it failed (an evaluator's ``failure``)."""
+    return ep.error is not None or ep.success is False or bool(ep.diagnostics.get("failure"))
 
 
 class Critic:
@@ -254,6 +255,10 @@ class Critic:
             for e in failing:
                 labels = self.diagnose(e) or ["unknown"]
                 groups.setdefault(labels[0], []).append(e)
+            for label, members in groups.items():  # the task's own words for its worst member (an evaluator's text)
+                worst = min(members, key=lambda e: e.episode_return)
+                if isinstance(worst.diagnostics.get("text"), str):
+                    descriptions[label] = worst.diagnostics["text"]
         else:
             for e in failing:
                 if e.error:
@@ -309,8 +314,9 @@ class Critic:
         return out
 
 
-#: What to do when a task defines no success (no threshold given, none registered for the env).
-NO_SUCCESS_HINT = "the env registers no reward threshold; set [task] success_threshold to a return"
+#: What to do when a task defines no success (no threshold given, none registered for the env or the evaluator).
+NO_SUCCESS_HINT = ("the task defines no success (no reward threshold registered for the env, no SUCCESS in the "
+                   "evaluator); set [task] success_threshold to a return")
 
 
 def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float, float] | None,
@@ -325,8 +331,8 @@ def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float,
         rule = f"; success: {success_rule}" if success_rule else ""
         lines.append(f"- success rate {100 * stats['success_rate']:.1f} %{sci}{rule}")
     elif not errors:
-        lines.append(f"- success is undefined for this task ({NO_SUCCESS_HINT}), so only errored episodes count as "
-                     "failures")
+        lines.append(f"- success is undefined for this task ({NO_SUCCESS_HINT}), so only errored episodes (and "
+                     "episodes the task labels as failed) count as failures")
     eps = evaluation.episodes
     if eps:  # how episodes ended, apart from success: fewer time-outs can come with a lower success rate
         lines.append(f"- endings: {sum(e.terminated for e in eps)} terminated, {sum(e.truncated for e in eps)} "

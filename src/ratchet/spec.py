@@ -111,8 +111,8 @@ class TaskSpec(_Section):
             wrong += ["action"] if self.action != "error" else []
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} belong(s) to Gymnasium tasks; an evaluator task takes "
-                                 "evaluator, name and success_threshold (its DESCRIPTION, COST_UNIT and MAX_COST "
-                                 "are the module's)")
+                                 "evaluator, name, options and success_threshold (its DESCRIPTION, COST_UNIT and "
+                                 "MAX_COST are the module's)")
             from ratchet.tasks import task_from_spec
 
             try:
@@ -419,12 +419,15 @@ class RunSpec(_Section):
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for the starting policy's first "
                              f"validation ([gate] validation_episodes = {n:,} episodes); raise [budget] episodes "
                              f"above {n:,} (training needs more) or lower [gate] validation_episodes")
-        limit = task_from_spec(self.task).step_limit
+        task = task_from_spec(self.task)
+        limit = task.step_limit
         if b.env_steps is not None and limit is not None and n * limit > b.env_steps:
+            unit, why, knob = (("env steps", "the time limit", " or [task] max_episode_steps") if self.task.kind == "gym"
+                               else (task.cost_unit, "the most an instance costs", ""))
             raise ValueError(f"[budget] env_steps = {b.env_steps:,} cannot pay for the starting policy's first "
-                             f"validation: up to {n:,} episodes × {limit:,} env steps (the time limit) = "
+                             f"validation: up to {n:,} episodes × {limit:,} {unit} ({why}) = "
                              f"{n * limit:,}; raise [budget] env_steps above {n * limit:,} or lower [gate] "
-                             "validation_episodes or [task] max_episode_steps")
+                             f"validation_episodes{knob}")
         return self
 
     @model_validator(mode="after")

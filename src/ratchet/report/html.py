@@ -76,9 +76,9 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
                          f"src='data:image/gif;base64,{data}'><figcaption>{esc(label)}</figcaption></figure>")
     if not parts:
         return ""
-    from ratchet.task import success_rule_of
+    from ratchet.tasks import success_rule_of
 
-    rule = success_rule_of(state.spec.get("task"))
+    rule = success_rule_of(state.task or state.spec.get("task"))
     what = f"<p>Episodes that errored or missed success ({esc(rule)}), by how they ended.</p>" if rule else ""
     return "<h2>Failure modes on the test split, before vs after</h2>" + what + "".join(parts)
 
@@ -117,9 +117,9 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
             sr = "–" if s.get("success_rate") is None else f"{100 * s['success_rate']:.1f} %"
             summary.append(f"<tr><td>{label}</td><td>{s['mean']:.2f}</td><td>{s['std']:.2f}</td><td>{s['n']}</td><td>{sr}</td></tr>")
     if summary:
-        from ratchet.task import success_rule_of
+        from ratchet.tasks import success_rule_of
 
-        rule = success_rule_of(state.spec.get("task"))
+        rule = success_rule_of(state.task or state.spec.get("task"))
         parts.append("<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean return</th>"
                      "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(summary) + "</table>"
                      + (f"<p>success: {esc(rule)}</p>" if rule else ""))

@@ -30,6 +30,8 @@ def render_failure_examples(state: Any, out_dir: str | Path, max_modes: int = 3,
 
     out_dir = Path(out_dir)
     task = task_from_dict(state.task) if state.task else task_from_spec(state.spec["task"])
+    if task.spaces()[0] is None:  # an evaluator task: no environment, no frames
+        return {}
     wanted: list[tuple[str, Any, int, Path]] = []
     for tag, crit, cid in (("before", state.baseline_test_critique, state.baseline_id),
                            ("after", state.test_critique, state.incumbent_id)):

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
 
-__all__ = ["TASK_KINDS", "PolicyHandle", "Task", "task_from_dict", "task_from_spec"]
+__all__ = ["TASK_KINDS", "PolicyHandle", "Task", "success_rule_of", "task_from_dict", "task_from_spec"]
 
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
 TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask",
@@ -160,6 +160,17 @@ def task_from_spec(table: Any) -> Task:
     t = table if isinstance(table, Mapping) else table.model_dump()
     task: Task = _kind_class(t.get("kind") or "gym").from_spec(t)
     return task
+
+
+def success_rule_of(task: Any) -> str | None:
+    """:meth:`Task.success_rule` of a task as a run recorded it (:meth:`Task.to_dict`) or of a spec's ``[task]``
+    table, or None: it defines no success, or it cannot be rebuilt here (a display never fails on it)."""
+    try:
+        built = task_from_dict(task) if isinstance(task, Mapping) and task.get("source") is not None \
+            else task_from_spec(task)
+        return built.success_rule()
+    except (TaskError, KeyError, TypeError, AttributeError, ValueError):
+        return None
 
 
 def task_from_dict(d: Mapping[str, Any]) -> Task:

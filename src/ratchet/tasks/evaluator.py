@@ -260,13 +260,22 @@ class EvaluatorTask:
         return cls(str(p.resolve()), source, success_threshold, name, dict(options or {}))
 
     def _module(self) -> tuple[types.ModuleType, _Declared]:
-        """The loaded module and its declarations (loaded once per process and source)."""
+        """The loaded module and its declarations (loaded once per process and source).
+
+        Raises:
+            TaskError: as the constructor; also ``[task] success_threshold`` given for an evaluator that declares
+                its own ``SUCCESS`` (two rules for one thing).
+        """
         import json
 
         key = self._digest + json.dumps(self.options, sort_keys=True)
         if key not in _MODULES:
             module = _load(self.source, self.path, self.options)
             _MODULES[key] = (module, _declared(module, Path(self.path).name))
+        rule = _MODULES[key][1].success
+        if self.success_threshold is not None and rule is not None:
+            raise TaskError(f"[task] success_threshold = {self.success_threshold:g}, but {Path(self.path).name} declares "
+                            f"SUCCESS ({rule[:60]!r}); keep one rule for success")
         return _MODULES[key]
 
     # -- the Task contract -------------------------------------------------------------------------------
@@ -486,11 +495,10 @@ class EvaluatorTask:
         success = result.get("success")
         if success is not None and not isinstance(success, (bool, np.bool_)):
             raise _Fault("evaluate returned a success that is not a bool")
-        if success is None:
-            if self.success_threshold is not None:
-                success = float(score) >= self.success_threshold
-            elif declared.success is not None:
-                success = failure is None
+        if self.success_threshold is not None:  # [task] success_threshold is the rule, whatever evaluate says
+            success = float(score) >= self.success_threshold
+        elif success is None and declared.success is not None:
+            success = failure is None
         return Episode(int(seed), float(score), int(cost), True, False, None if success is None else bool(success),
                        None, diagnostics)
 

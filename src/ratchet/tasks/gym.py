@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ratchet.errors import TaskError
 from ratchet.policy import space_dims
 
-__all__ = ["GymTask", "gym_spec", "success_rule_of"]
+__all__ = ["GymTask", "gym_spec"]
 
 
 @dataclass(frozen=True)
@@ -276,15 +276,6 @@ def doc_sections(doc: str, max_chars: int = 1500) -> str | None:
         return None
     out = "\n".join(found)
     return out if len(out) <= max_chars else out[:max_chars - 1].rstrip() + "…"
-
-
-def success_rule_of(task: Any) -> str | None:
-    """:meth:`GymTask.success_rule` of a run spec's ``[task]`` table (or its dict form, as a ledger stores it),
-    or None: it defines no success, or its env cannot be looked up here (a display never fails on it)."""
-    try:
-        return GymTask.from_spec(task).success_rule()
-    except (TaskError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def gym_spec(env_id: str) -> Any:
