@@ -469,3 +469,54 @@ def test_the_cli_refuses_what_an_evaluator_task_cannot_do_in_one_line(tmp_path: 
     res = CliRunner().invoke(app, ["replay", "v", "--runs-dir", str(tmp_path / "runs"), "--seed", str(seed),
                                    "--video", str(tmp_path / "x.gif")])
     assert res.exit_code == 1 and "no frames to record" in res.output and not (tmp_path / "x.gif").exists()
+
+
+#: Candidate A takes over its process's channel and never retires: it answers every later message itself.
+HIJACKER = '''PARAMETERS = {}
+import sys, pickle
+
+def guess(h, pair, params):
+    from ratchet.execution.protocol import encode_value
+    chan = sys._getframe(1).f_locals.get("chan")
+    chan.send(encode_value(2.0))
+    while True:
+        msg = pickle.loads(chan.recv()[1:])
+        reply = {"call": encode_value(2.0), "episode": b"K", "end": b'S{"strays": 0}', "retire": b"X"}[msg[0]]
+        chan.send(reply)
+'''
+#: Candidate A leaves a module (and a file) behind for the next candidate's imports and reads.
+PLANTER = '''PARAMETERS = {}
+import os
+
+def guess(h, pair, params):
+    for d in (".", "..", os.environ.get("HOME", ".")):
+        try:
+            with open(os.path.join(d, "statistics.py"), "w") as f:
+                f.write("def fmean(xs):\\n    return 2.0\\n")
+        except OSError:
+            pass
+    return 0.0
+'''
+HONEST_IMPORTS = '''PARAMETERS = {}
+import statistics
+
+def guess(h, pair, params):
+    return statistics.fmean([h, -h]) + 0.5 * h
+'''
+
+
+@pytest.mark.parametrize("attacker", ["hijacker", "planter"])
+def test_a_candidate_cannot_answer_for_or_plant_code_in_the_next_candidate(tmp_path: Path, attacker: str) -> None:
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    a = Candidate.create(HIJACKER if attacker == "hijacker" else PLANTER, {})
+    b = Candidate.create(HONEST_IMPORTS, {})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        alone = ex.run(task, [Job(b, s) for s in (0, 3, 6)])
+        ex.close()
+        ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+        after = ex.run(task, [Job(a, s) for s in (0, 3)] + [Job(b, s) for s in (0, 3, 6)])
+    finally:
+        ex.close()
+    assert all(e.error is None for e in alone) and len({e.episode_return for e in alone}) == 3
+    assert [e.to_dict() for e in after[2:]] == [e.to_dict() for e in alone]  # B's own scores, not A's forgeries

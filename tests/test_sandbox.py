@@ -142,7 +142,7 @@ def test_workers_start_in_a_fresh_directory_with_a_scrubbed_environment(tmp_path
     finally:
         del os.environ["RATCHET_TEST_TOKEN"]
     assert "cwd=/tmp/ratchet-worker-" in ep.error or "cwd=" + os.path.realpath("/tmp") in ep.error
-    assert "files=['worker.log']" in ep.error
+    assert "/candidate-1 files=[]" in ep.error  # a fresh, empty folder of this candidate's own, inside the worker's
     assert "RATCHET_TEST_TOKEN" not in ep.error and "HOME" in ep.error
 
 

@@ -97,6 +97,24 @@ class Channel:
                 raise EOFError
             buf += chunk
 
+    def drain(self) -> int:
+        """Discard everything the other end has written and this end has not read (buffered or in the pipe, as
+        far as it can be read without waiting). Returns the bytes discarded."""
+        n = len(self._buf)
+        self._buf.clear()
+        os.set_blocking(self.read_fd, False)
+        try:
+            while True:
+                chunk = os.read(self.read_fd, _READ_SIZE)
+                if not chunk:
+                    break
+                n += len(chunk)
+        except BlockingIOError:
+            pass
+        finally:
+            os.set_blocking(self.read_fd, True)
+        return n
+
     def close(self) -> None:
         """Close both pipes (safe to call twice)."""
         for fd in (self.read_fd, self.write_fd):

@@ -12,7 +12,8 @@ cannot forge a return, a length or a success: the numbers the gate reads come fr
 A policy that hangs is stopped here with its true step count; one that dies or sends garbage ends its
 episode with the steps it took. Replies to the driver are the executor's usual JSON
 ``[job_id, episode_dict, status]`` with ``status`` one of ``"ok"``, ``"died"``, ``"timeout"``,
-``"interfered"`` (the last three: the policy process must be replaced).
+``"interfered"``, ``"stale"`` (the last four: the policy process must be replaced; ``"stale"``: the candidate before
+this job's did not let go of it, so the job itself never ran and runs again on a fresh pair).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ratchet.rollout import Episode, InvalidAction, RolloutAborted
 __all__ = ["RemotePolicy", "envhost_main"]
 
 _START_TIMEOUT_S = 120.0
+_RETIRE_TIMEOUT_S = 10.0
 _END_GRACE_S = 10.0
 
 
@@ -60,8 +62,9 @@ class RemotePolicy:
         RolloutAborted: the policy process died, timed out or sent garbage.
     """
 
-    def __init__(self, chan: Channel, key: str, source: str | None, functions: tuple[str, ...] = ("act",)) -> None:
-        self.chan, self.key, self.source, self.functions = chan, key, source, tuple(functions)
+    def __init__(self, chan: Channel, key: str, source: str | None, functions: tuple[str, ...] = ("act",),
+                 ctl: int | None = None) -> None:
+        self.chan, self.key, self.source, self.functions, self.ctl = chan, key, source, tuple(functions), ctl
         self.raw: tuple[np.dtype, tuple[int, ...]] | None = None
 
     def _ask(self, payload: bytes, expect: str) -> Any:
@@ -106,8 +109,23 @@ class RemotePolicy:
 
     def retire(self) -> None:
         """End the policy process's current candidate (its forked process exits; see
-        :func:`ratchet.execution.worker.policy_main`)."""
+        :func:`ratchet.execution.worker.policy_main`), and make sure it did: only the zygote can write ``X`` on
+        ``ctl``, after the candidate's process and everything it started are gone; then whatever the candidate
+        left in the channel is discarded, so nothing it wrote can pass for the next candidate's answers.
+
+        Raises:
+            RolloutAborted: ``"stale"``: no confirmation within 10 s (the retired candidate kept its process alive):
+                the pair must be replaced, and the next candidate's episode runs on a fresh one.
+        """
         self._ask(_pickled(("retire",)), "retired")
+        if self.ctl is None:
+            return
+        import select
+
+        ready, _, _ = select.select([self.ctl], [], [], _RETIRE_TIMEOUT_S)
+        if not ready or os.read(self.ctl, 1) != b"X":
+            raise RolloutAborted("stale", "a retired candidate whose process did not exit")
+        self.chan.drain()
 
 
 def _pickled(message: tuple) -> bytes:
@@ -136,7 +154,7 @@ class _Deadline:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _serve(conn: Any, chan: Channel) -> None:
+def _serve(conn: Any, chan: Channel, ctl: int | None = None) -> None:
     from ratchet.execution.worker import _text, send_reply
     from ratchet.tasks import task_from_dict
 
@@ -168,7 +186,7 @@ def _serve(conn: Any, chan: Channel) -> None:
             try:
                 deadline.arm(float(timeout_s))
                 # the source travels once per worker pair: the policy process keeps it from then on
-                policy = RemotePolicy(chan, key, source, tuple(task.functions))
+                policy = RemotePolicy(chan, key, source, tuple(task.functions), ctl)
                 candidate = json.dumps([key, params], sort_keys=True)
                 if loaded is not None and loaded != candidate:
                     policy.retire()
@@ -198,7 +216,7 @@ def _serve(conn: Any, chan: Channel) -> None:
             return  # the driver replaces this pair
 
 
-def envhost_main(conn: Any, chan: Channel) -> None:
+def envhost_main(conn: Any, chan: Channel, ctl: int | None = None) -> None:
     """Wait for the policy process's handshake, tell the driver, then serve jobs until ``conn`` closes.
 
     Exits with status 3 (its log says why) when the policy process does not start.
@@ -217,11 +235,11 @@ def envhost_main(conn: Any, chan: Channel) -> None:
         print(f"policy process did not start ({type(exc).__name__})", file=sys.stderr)
         sys.exit(3)
     conn.send_bytes(b'"ready"')
-    _serve(conn, chan)
+    _serve(conn, chan, ctl)
 
 
 if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
-    sock_fd, read_fd, write_fd = map(int, os.environ.pop("RATCHET_ENVHOST_FDS").split(","))
-    envhost_main(Connection(sock_fd), Channel(read_fd, write_fd, max_message=1 << 20))
+    sock_fd, read_fd, write_fd, ctl_fd = map(int, os.environ.pop("RATCHET_ENVHOST_FDS").split(","))
+    envhost_main(Connection(sock_fd), Channel(read_fd, write_fd, max_message=1 << 20), ctl_fd)

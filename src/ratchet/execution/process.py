@@ -54,9 +54,10 @@ class _Worker:
             self.hostdir: str | None = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-host-")  # 0700: not the policy's
             to_policy_r, to_policy_w = os.pipe()
             to_host_r, to_host_w = os.pipe()
-            policy_fds: tuple[int, ...] = (to_policy_r, to_host_w)
-            host_fds = (child_sock.fileno(), to_host_r, to_policy_w)
-            extra = {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w}"}
+            ctl_r, ctl_w = os.pipe()  # the zygote's own line to the env host (see worker.policy_main)
+            policy_fds: tuple[int, ...] = (to_policy_r, to_host_w, ctl_w)
+            host_fds = (child_sock.fileno(), to_host_r, to_policy_w, ctl_r)
+            extra = {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w},{ctl_w}"}
             if cpu is not None:  # the pair shares one CPU (see channel.pin_to_cpu)
                 extra["RATCHET_CPU"] = str(cpu)
         else:
@@ -83,7 +84,7 @@ class _Worker:
         finally:
             child_sock.close()
             if self.trusted:
-                for fd in (to_policy_r, to_policy_w, to_host_r, to_host_w):
+                for fd in (to_policy_r, to_policy_w, to_host_r, to_host_w, ctl_r, ctl_w):
                     os.close(fd)
         self.conn = Connection(parent_sock.detach())
         self.ready = False
@@ -214,7 +215,7 @@ def _episode_reply(msg: Any, job_id: int, seed: int, step_limit: int | None = No
     return replies.parse_episode_reply(msg, job_id, seed, step_limit), status
 
 
-_STATUSES = ("ok", "died", "timeout", "interfered")
+_STATUSES = ("ok", "died", "timeout", "interfered", "stale")
 
 
 def _abort_reason(status: str, ep: Episode, seed: int, w: _Worker) -> str:
@@ -362,6 +363,7 @@ class ProcessExecutor:
                 on_episode(i, ep)
 
         deaths: dict[int, int] = {}
+        stale: dict[int, int] = {}  # jobs rerun because the candidate before them did not let go of the pair
 
         def fail_head(w: _Worker, reason: str, retry: bool = False, episode: Episode | None = None) -> None:
             """The worker's running job failed (timeout or crash): requeue the job queued behind it (it
@@ -451,6 +453,14 @@ class ProcessExecutor:
                 except BadReply as exc:  # only policy code tampering with the worker's socket does this
                     fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its "
                                  "worker")
+                    continue
+                if status == "stale" and w.trusted and stale.get(head, 0) < 3:  # only an env host says so
+                    stale[head] = stale.get(head, 0) + 1  # the candidate before this job's kept the pair: rerun it
+                    w.jobs.popleft()
+                    pending.extendleft(reversed(w.jobs))
+                    pending.appendleft(head)
+                    workers.remove(w)
+                    workers.append(self._replace(w))
                     continue
                 if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
                     w.jobs.popleft()

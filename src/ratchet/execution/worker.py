@@ -91,7 +91,7 @@ def _start(sandbox: dict[str, Any] | None) -> None:
         sys.stdout = devnull
 
 
-def policy_main(chan: Any) -> None:
+def policy_main(chan: Any, ctl: int | None = None) -> None:
     """Serve a trusted env host (:mod:`ratchet.execution.envhost`) over ``chan``: the policy half of a
     trusted rollout. This process never sees the environment, its rewards or the step count; it maps
     the observations it is sent to actions (see :mod:`ratchet.execution.protocol`).
@@ -101,6 +101,13 @@ def policy_main(chan: Any) -> None:
     tampers with the interpreter (monkeypatches NumPy, plants code in the worker's modules) affects
     only its own episodes, never a later candidate's. A child that dies takes the zygote with it, with
     the child's exit status, so the driver reports the death as before.
+
+    A child holds the channel's pipes, so a policy could keep serving after it was retired and answer for the
+    next candidate. So only the zygote holds ``ctl``, a pipe to the env host each child closes before any policy
+    code runs: once a retired child has exited and every process it left (re-parented here: the zygote is a child
+    subreaper) is killed, the zygote writes ``X`` there, and the env host starts the next candidate only then
+    (:meth:`ratchet.execution.envhost.RemotePolicy.retire`). Each child runs in a fresh folder of its own, and the
+    worker's folder is not on the import path, so a candidate cannot leave modules or files for the next.
     """
     import pickle
 
@@ -112,8 +119,19 @@ def policy_main(chan: Any) -> None:
     sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
     pin_to_cpu()
     _start(sandbox)
+    home = os.getcwd()
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(home)]  # no planted modules
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: a retired child's orphans come back here
+        libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: no process of this uid may open /proc/<zygote>/fd (ctl) or ptrace it
+    except (OSError, AttributeError):
+        pass
     policies = _Policies()
     chan.send(b"R")
+    n_children = 0
     while True:
         try:
             data = chan.recv()  # from the trusted env host only
@@ -127,16 +145,31 @@ def policy_main(chan: Any) -> None:
         payload = policies.sources.get(msg[1])
         if isinstance(payload, tuple) and payload[0] == "sb3":
             _preload_sb3()
+        n_children += 1
+        own = os.path.join(home, f"candidate-{n_children}")
+        os.mkdir(own, 0o700)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                if ctl is not None:
+                    os.close(ctl)  # before any policy code: only the zygote can confirm a retirement
+                os.chdir(own)
+                os.environ.update(HOME=own, TMPDIR=own)
                 _serve_candidate(chan, msg, policies, sandbox)
                 code = 0
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            from ratchet.execution.sandbox import reap_strays
+
+            reap_strays()  # whatever the child left running, re-parented to this subreaper
+            import shutil
+
+            shutil.rmtree(own, ignore_errors=True)
+            if ctl is not None:
+                os.write(ctl, b"X")
             continue  # retired
         code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status) or 1
         sys.stderr.flush()
@@ -397,8 +430,8 @@ if __name__ == "__main__":
     if "RATCHET_POLICY_FDS" in os.environ:
         from ratchet.execution.channel import Channel
 
-        read_fd, write_fd = map(int, os.environ.pop("RATCHET_POLICY_FDS").split(","))
-        policy_main(Channel(read_fd, write_fd, max_message=1 << 30))
+        read_fd, write_fd, ctl_fd = map(int, os.environ.pop("RATCHET_POLICY_FDS").split(","))
+        policy_main(Channel(read_fd, write_fd, max_message=1 << 30), ctl_fd)
     else:
         from multiprocessing.connection import Connection
 

@@ -12,7 +12,9 @@ PARAMETERS = {"mode": {"default": 0.0, "low": 0.0, "high": 3.0},
 
 def act(observation, params):
     mode, secret = int(params["mode"]), f"/tmp/ratchet-secret-{int(params['tag'])}"
-    log = os.path.join(os.getcwd(), "worker.log")
+    here = os.getcwd()  # a candidate's own folder inside the worker's (trusted rollouts), or the worker's
+    log = os.path.join(here if os.path.exists(os.path.join(here, "worker.log")) else os.path.dirname(here),
+                       "worker.log")
     os.remove(log)
     if mode == 0:
         os.symlink(secret, log)
