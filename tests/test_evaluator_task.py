@@ -520,3 +520,32 @@ def test_a_candidate_cannot_answer_for_or_plant_code_in_the_next_candidate(tmp_p
         ex.close()
     assert all(e.error is None for e in alone) and len({e.episode_return for e in alone}) == 3
     assert [e.to_dict() for e in after[2:]] == [e.to_dict() for e in alone]  # B's own scores, not A's forgeries
+
+
+def test_answers_that_overflow_and_arguments_that_cannot_cross_are_blamed_rightly(tmp_path: Path) -> None:
+    from ratchet.tasks.evaluator import as_array
+
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    huge = Candidate.create("PARAMETERS = {}\ndef guess(h, pair, params):\n    return 1.7e308\n", {})
+    passes_object = EVALUATOR.replace("g = policy.guess(float(h), np.array([h, -h]))",
+                                      "g = policy.guess(float(h), object())")
+    exits = EVALUATOR.replace("    errors = []", "    raise SystemExit('bye')\n    errors = []")
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        (big,) = ex.run(task, [Job(huge, 0)])
+        (obj,) = ex.run(EvaluatorTask.from_file(_write(tmp_path / "o", passes_object)), [Job(huge, 0)])
+        (bye,) = ex.run(EvaluatorTask.from_file(_write(tmp_path / "x", exits)), [Job(huge, 0)])
+    finally:
+        ex.close()
+    assert "beyond ±1e+12" in big.error and not big.diagnostics.get("fault")  # the candidate's failure
+    assert obj.diagnostics.get("fault") == "task" and "was passed a object" in obj.error
+    assert bye.diagnostics.get("fault") == "task" and "SystemExit: bye" in bye.error
+    with pytest.raises(CandidateError_, match=r"shape \(3,\), expected \(2,\)"):
+        as_array([1, 2, 3], (2,), "scores")
+    with pytest.raises(CandidateError_, match="not a numeric array"):
+        as_array([1.0, [2.0], 3.0], None, "scores")
+    with pytest.raises(TaskError, match="fails to load: SystemExit"):
+        EvaluatorTask.from_file(_write(tmp_path / "imp", "import sys\nsys.exit('no')\n" + EVALUATOR))
+
+
+from ratchet.tasks.evaluator import CandidateError as CandidateError_

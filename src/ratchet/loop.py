@@ -376,7 +376,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     spec_from_dict(spec.to_dict(), spec.base_dir)
     task = task_from_spec(spec.task)
     spaces = task.spaces()  # the environment, made once with no policy code: setup problems fail here, in one line
-    SeedSplits(spec.seed, task.seed_pools()).check_sizes(spec.gate.validation_episodes, spec.test.episodes)
+    SeedSplits(spec.seed, task.seed_pools()).check_sizes(spec.gate.validation_episodes, spec.test.episodes,
+                                                         spec.planner.train_episodes)
     program, start, start_blobs = load_start(spec, task, spaces)
     run_id = run_id or new_run_id(spec.name)
     if not _RUN_ID.fullmatch(run_id) or ".." in run_id:

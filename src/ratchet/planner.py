@@ -67,18 +67,20 @@ class SeedSplits:
             i += 1
         return out
 
-    def check_sizes(self, validation: int, test: int) -> None:
+    def check_sizes(self, validation: int, test: int, train: int = 0) -> None:
         """Refuse held-out splits larger than their pools (a data set's instances would repeat, and the gate's
         episodes would not be independent).
 
         Raises:
-            TaskError: ``validation`` or ``test`` exceeds the instances of its split.
+            TaskError: ``validation`` or ``test`` exceeds the instances of its split, or ``train`` (training episodes
+                per candidate) the training instances.
         """
         from ratchet.errors import TaskError
 
         if self.pools is None:
             return
-        for split, n, key in (("validation", validation, "[gate] validation_episodes"), ("test", test, "[test] episodes")):
+        for split, n, key in (("validation", validation, "[gate] validation_episodes"), ("test", test, "[test] episodes"),
+                              ("train", train, "[planner] train_episodes")):
             if n > len(self.pools[split]):
                 raise TaskError(f"{key} = {n} but the data set has {len(self.pools[split])} {split} instances; "
                                 f"set {key} to at most {len(self.pools[split])} (or give the evaluator more instances)")

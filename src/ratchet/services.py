@@ -391,8 +391,9 @@ class RunServices:
         if faults:
             from ratchet.errors import TaskError
 
-            raise TaskError(f"{faults[0].error} — the task's fault, not the candidate's; fix it and start a new run "
-                            "(a run keeps the evaluator it started with)")
+            raise TaskError(f"{faults[0].error} — the task's fault, not the candidate's; if it was passing (a file, "
+                            "a service), `ratchet resume` retries; else fix it and start a new run (a run keeps the "
+                            "evaluator it started with)")
         if split == "train":  # for the critique service: each candidate's latest training episodes
             self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);

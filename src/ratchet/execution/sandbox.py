@@ -229,6 +229,11 @@ def hide_from_policies(*paths: str | os.PathLike[str]) -> bool:
     """
     new = {os.path.realpath(p) for p in paths} - _hidden
     _hidden.update(new)
+    for path in sorted(new):
+        if isolation() == "bwrap" and any(q == path or q.startswith(path.rstrip(os.sep) + os.sep)
+                                          for q in _python_paths()):
+            _warn_once(f"{path} holds the Python installation or an import path, so it stays visible to "
+                       "policy code; keep an evaluator's data sets and reference solutions in a folder of their own")
     return bool(new)
 
 

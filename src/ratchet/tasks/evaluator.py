@@ -24,7 +24,10 @@ names the evaluator module, which is trusted like a Gymnasium environment:
 parameters; the evaluator never sees them). The candidate runs in the sandbox; its answers cross the boundary
 as numbers, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
 never as pickles. A non-finite number, any other object, or an exception in the candidate fails that
-instance for the candidate (the call raises; the evaluator should not catch it). ``evaluate`` returns a float,
+instance for the candidate (the call raises; the evaluator should not catch it); check an answer with
+:func:`as_array` before using it, so a ragged list or a wrong shape is the candidate's :class:`CandidateError`,
+not the evaluator's exception. Arguments must be numbers, text, numeric arrays and tuples/lists/dicts of them.
+A score that is not finite or beyond ±1e12 is the candidate's failure too. ``evaluate`` returns a float,
 or a dict ``{"score", "success", "failure", "text", "diagnostics", "cost"}``: ``failure`` a short label of how
 the instance failed (the critic groups failing instances by it), ``text`` the detail (≤ 500 characters:
 where a plan broke), ``diagnostics`` named numbers, ``cost`` in ``COST_UNIT`` (default: every instance
@@ -56,13 +59,16 @@ import numpy as np
 
 from ratchet.errors import TaskError
 
-__all__ = ["CandidateError", "EvaluatorTask", "split_of"]
+__all__ = ["CandidateError", "EvaluatorTask", "as_array", "split_of"]
 
 _SPLITS = ("train", "validation", "test")
 MAX_TEXT = 500
 MAX_LABEL = 80
 MAX_SCORES = 32
 MAX_SOURCE_BYTES = 1 << 20
+#: Largest score magnitude an instance may have (a candidate's answer that overflows its evaluator's arithmetic
+#: is that candidate's failure, not a number the statistics and plots must survive).
+MAX_SCORE = 1e12
 
 
 class CandidateError(Exception):
@@ -72,6 +78,26 @@ class CandidateError(Exception):
 
 class _Fault(Exception):
     """The evaluator itself failed (raised, returned no score): the run stops, naming the instance."""
+
+
+def as_array(value: Any, shape: tuple[int, ...] | None = None, name: str = "the answer",
+             dtype: Any = np.float64) -> np.ndarray:
+    """A candidate's answer as a finite numeric array (``dtype``) of ``shape`` (None: any), or
+    :class:`CandidateError` saying what is wrong: the check an evaluator makes before it uses an answer, so a
+    ragged list, a string or a wrong shape is the candidate's failure and never the evaluator's exception.
+
+    Raises:
+        CandidateError: not numeric, ragged, non-finite, or of another shape.
+    """
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        raise CandidateError(f"{name} is not a numeric array (got {type(value).__name__})") from None
+    if shape is not None and arr.shape != tuple(shape):
+        raise CandidateError(f"{name} has shape {arr.shape}, expected {tuple(shape)}")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise CandidateError(f"{name} has non-finite values")
+    return arr
 
 
 def split_of(seed: int) -> str:
@@ -179,7 +205,7 @@ def _load(source: str, path: str, options: Mapping[str, Any]) -> types.ModuleTyp
     sys.modules[name] = module  # dataclasses and pickling look their module up while it loads
     try:
         exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - the evaluator is trusted, like an env
-    except Exception as exc:  # noqa: BLE001 - the user's module: any error is a setup problem, in one line
+    except BaseException as exc:  # noqa: BLE001 - the user's module (even sys.exit at import): a setup problem, in one line
         sys.modules.pop(name, None)
         raise TaskError(f"{path}: the evaluator fails to load: {type(exc).__name__}: {_short(exc)}") from None
     return module
@@ -446,7 +472,7 @@ class EvaluatorTask:
             else:
                 text = _short(exc, 400)
             return Episode.failed(seed, text[:MAX_TEXT], task=self)
-        except Exception as exc:  # noqa: BLE001 - the evaluator raised: its fault, not the candidate's
+        except BaseException as exc:  # noqa: BLE001 - the evaluator raised (even SystemExit): its fault, not the candidate's
             return Episode(seed, 0.0, 0, False, False, None,
                            f"evaluator error on instance {seed}: evaluate raised {type(exc).__name__}: "
                            f"{_short(exc)}"[:MAX_TEXT], {"cause": "error", "fault": "task"})
@@ -462,9 +488,11 @@ class EvaluatorTask:
             score = result["score"]
         else:
             score, result = result, {}
-        if isinstance(score, (bool, np.bool_)) or not isinstance(score, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(float(score)):
-            raise _Fault(f"evaluate returned a score that is not a finite number ({str(score)[:40]})")
+        if isinstance(score, (bool, np.bool_)) or not isinstance(score, (int, float, np.integer, np.floating)):
+            raise _Fault(f"evaluate returned a score that is not a number ({type(score).__name__} {str(score)[:40]})")
+        if not math.isfinite(float(score)) or abs(float(score)) > MAX_SCORE:
+            raise _BadAnswer(f"the score {float(score):.3g} is not finite or beyond ±{MAX_SCORE:g} (an answer that "
+                             "overflows the evaluator's arithmetic)")
         cost = result.get("cost", 1 if declared.cost_unit == "instances" else None)
         if cost is None:
             raise _Fault(f"evaluate reported no cost (COST_UNIT = {declared.cost_unit!r}: return {{'score': ..., 'cost': n}})")
@@ -534,6 +562,10 @@ class _Proxy:
         def call(*args: Any) -> Any:
             if len(args) != arity:
                 raise TypeError(f"{name}() takes {arity} argument(s) besides params (FUNCTIONS), got {len(args)}")
+            bad = _not_plain(args)
+            if bad is not None:
+                raise TypeError(f"{name}() was passed {bad}; arguments must be numbers, text, numpy arrays and "
+                                "tuples/lists/dicts of them (the sandbox unpickles nothing else)")
             import time
 
             self.calls += 1
@@ -545,6 +577,23 @@ class _Proxy:
             return _checked(name, answer)
 
         return call
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None), np.integer, np.floating, np.bool_)
+
+
+def _not_plain(value: Any, depth: int = 0) -> str | None:
+    """What in an argument is not plain data (numbers, text, numeric/bool arrays, tuples/lists/dicts), or None."""
+    if type(value) in _PLAIN or isinstance(value, (np.integer, np.floating, np.bool_)):
+        return None
+    if type(value) is np.ndarray:
+        return None if value.dtype.kind in "biuf" else f"an array of dtype {value.dtype}"
+    if type(value) in (tuple, list) and depth < 8:
+        return next((b for b in (_not_plain(v, depth + 1) for v in value) if b is not None), None)
+    if type(value) is dict and depth < 8:
+        return next((b for b in (_not_plain(v, depth + 1) for v in (*value.keys(), *value.values())) if b is not None),
+                    None)
+    return f"a {type(value).__name__}"
 
 
 def _checked(name: str, value: Any, depth: int = 0) -> Any:
