@@ -73,7 +73,7 @@ def _proposals(events) -> list[str]:
     return [e.payload["candidate"]["id"] for e in events if e.type.value == "candidate_proposed"]
 
 
-KINDS = [pytest.param(k, marks=needs_rl) if k in ("ppo", "residual") else k for k in
+KINDS = [pytest.param(k, marks=[needs_rl, pytest.mark.timeout(600)]) if k in ("ppo", "residual") else k for k in
          ("cmaes", "mutate", "llm", "dagger", "hg-dagger", "bc", "ppo", "residual")]
 
 
