@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SimulatedKill, read_events
+from test_refiner_contract import Dying
 
 from ratchet.errors import PolicyError, SpecError, TaskError
 from ratchet.execution import Job
@@ -85,21 +86,6 @@ def _toml(v) -> str:
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
     return json.dumps(v)
-
-
-class Dying(ProcessExecutor):
-    def __init__(self, die_after: int | None = None) -> None:
-        super().__init__(workers=1, episode_timeout_s=20)
-        self.die_after, self.episodes = die_after, 0
-
-    def run(self, task, jobs, on_episode=None, **kw):
-        def counted(i, ep):
-            if on_episode is not None:
-                on_episode(i, ep)
-            self.episodes += 1
-            if self.die_after is not None and self.episodes >= self.die_after:
-                raise SimulatedKill("killed")
-        return super().run(task, jobs, counted, **kw)
 
 
 def test_an_evaluator_run_keeps_the_splits_promotes_and_counts_its_cost_unit(tmp_path: Path) -> None:

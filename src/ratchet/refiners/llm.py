@@ -308,6 +308,16 @@ def apply_edits(source: str, blocks: Sequence[tuple[str, str]]) -> str:
 
 # -- prompts -------------------------------------------------------------------------------------------
 
+#: How every answer is written (the end of both system messages).
+ANSWER_FORMAT = """\
+Answer with one or more edit blocks, each quoting lines of the current file exactly:
+<<<<<<< SEARCH
+lines copied from the current file
+=======
+the lines that replace them
+>>>>>>> REPLACE
+or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
+
 SYSTEM_PROMPT = """\
 You improve control policies for reinforcement-learning environments by editing their Python code.
 A policy file defines PARAMETERS, a literal dict name -> {"default": x, "low": a, "high": b} of tunable
@@ -316,13 +326,7 @@ reset(params, seed) runs before each episode. Only numpy, math and the standard 
 Every edit is tested on fresh seeds and kept only if it is significantly better on held-out seeds.
 Put new tunable numbers in PARAMETERS with sensible bounds: an optimiser tunes them after your edit.
 
-Answer with one or more edit blocks, each quoting lines of the current file exactly:
-<<<<<<< SEARCH
-lines copied from the current file
-=======
-the lines that replace them
->>>>>>> REPLACE
-or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
+""" + ANSWER_FORMAT
 
 
 EVALUATOR_SYSTEM_PROMPT = """\
@@ -334,13 +338,7 @@ standard library may be imported. Every edit is tested on fresh instances and ke
 significantly better on held-out instances. Put new tunable numbers in PARAMETERS with sensible bounds: an
 optimiser tunes them after your edit.
 
-Answer with one or more edit blocks, each quoting lines of the current file exactly:
-<<<<<<< SEARCH
-lines copied from the current file
-=======
-the lines that replace them
->>>>>>> REPLACE
-or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
+""" + ANSWER_FORMAT
 
 
 @dataclass
