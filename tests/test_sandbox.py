@@ -238,14 +238,17 @@ def test_forged_messages_to_the_parent_are_contained(monkeypatch, reference, mod
     assert not os.path.exists(f"/tmp/ratchet-pwned-{tag}")
 
 
+@pytest.mark.parametrize("lockstep", [1, 32])
 @pytest.mark.parametrize("mode, reason", [(0, "undecodable action"), (1, "undecodable action"),
                                           (2, "a message of 2,147,483,632 bytes"), (3, "timeout after 3 s")])
-def test_forged_messages_to_the_env_host_are_contained(reference, mode, reason):
+def test_forged_messages_to_the_env_host_are_contained(reference, mode, reason, lockstep):
     """With trusted rollouts the policy process holds only its pipes to the env host: whatever it writes
     there is decoded without unpickling, size-capped, and a message that never completes is a hang that
-    the episode timeout ends (with the env steps taken so far)."""
+    the episode timeout ends (with the env steps taken so far) — one episode at a time or in lockstep."""
     tag = uuid.uuid4().int % 10**9
-    with ProcessExecutor(workers=1, episode_timeout_s=3) as ex:
+    if lockstep > 1 and mode < 2:  # a forged message arrives where the round's actions are awaited
+        reason = "unexpected reply (waiting for actions)"
+    with ProcessExecutor(workers=1, episode_timeout_s=3, lockstep=lockstep) as ex:
         eps = _run_beside_good(ex, hostile("forges_replies", {"mode": float(mode), "tag": float(tag)}), reference)
     assert reason in eps[0].error, eps[0].error
     assert mode == 3 or "interfered" in eps[0].error

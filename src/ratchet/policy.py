@@ -59,6 +59,7 @@ __all__ = [
     "materialize",
     "parse_policy",
     "space_dims",
+    "uses_global_random",
     "uses_task_dims",
 ]
 
@@ -740,3 +741,23 @@ def compile_policy(source: str | types.CodeType, filename: str = "<policy>") -> 
     code = source if isinstance(source, types.CodeType) else compile(source, filename, "exec")
     exec(code, module.__dict__)  # noqa: S102 - running policy code is the worker's job
     return module
+
+
+def uses_global_random(code: types.CodeType) -> bool:
+    """Whether compiled policy code may draw from the process-wide random generators (Python's ``random``,
+    NumPy's ``np.random``): any name, attribute or text constant in it, or in the functions and classes it
+    defines, that contains ``"random"`` (a text constant counts when it could name a module:
+    ``__import__("random")``). Conservative (``np.random.default_rng`` counts too): such a policy's
+    episodes are run one at a time in a policy process, so each draws from generators seeded with its own seed
+    alone, as :func:`ratchet.rollout.run_episode` seeds them."""
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        if any("random" in n for n in c.co_names) or any("random" in n for n in c.co_varnames):
+            return True
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                stack.append(k)
+            elif isinstance(k, str) and "random" in k and k.replace(".", "").isidentifier():  # not a docstring
+                return True
+    return False

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker", "check_action", "run_episode"]
+__all__ = ["BatchAborted", "Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker", "check_action",
+           "run_episode", "run_lockstep"]
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,12 @@ class PolicyFailure(Exception):
     Attributes:
         kind: The error's prefix, e.g. ``"policy raised ValueError"``.
         text: Its message (untrusted text).
+        start: It failed starting the episode (loading, ``reset``), before the environment's first observation.
     """
 
-    def __init__(self, kind: str, text: str = "") -> None:
+    def __init__(self, kind: str, text: str = "", start: bool = False) -> None:
         super().__init__(f"{kind}: {text}" if text else kind)
-        self.kind, self.text = kind, text
+        self.kind, self.text, self.start = kind, text, start
 
 
 class Opaque:
@@ -252,21 +254,183 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
         exc.length, exc.episode_return, exc.final_observation = steps, total, _obs_list(obs)
         raise
     except BaseException as exc:  # noqa: BLE001 - the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
-        if isinstance(exc, PolicyFailure):
-            error = f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
-        else:
-            kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
-            try:
-                text = str(exc)[:400]
-            except Exception:  # noqa: BLE001 - a policy's exception may fail in __str__ too
-                text = "<unprintable exception>"
-            error = f"{kind}: {text}"
-        return Episode(seed, total, steps, False, False, _failure(task), error[:500],
-                       {"cause": "error", "final_observation": _obs_list(obs)})
+        return _errored(seed, total, steps, obs, _error_text(exc), task)
+    return _ended(seed, total, steps, obs, reward, terminated, truncated, task)
+
+
+def _error_text(exc: BaseException) -> str:
+    """An episode's error for what the policy (or, stepping its action, the env) raised."""
+    if isinstance(exc, PolicyFailure):
+        return f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
+    kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
+    try:
+        text = str(exc)[:400]
+    except Exception:  # noqa: BLE001 - a policy's exception may fail in __str__ too
+        text = "<unprintable exception>"
+    return f"{kind}: {text}"
+
+
+def _errored(seed: int, total: float, steps: int, obs: Any, error: str, task: Any) -> Episode:
+    return Episode(seed, total, steps, False, False, _failure(task), error[:500],
+                   {"cause": "error", "final_observation": _obs_list(obs)})
+
+
+def _ended(seed: int, total: float, steps: int, obs: Any, reward: Any, terminated: Any, truncated: Any,
+           task: Any) -> Episode:
     if not math.isfinite(total):
-        return Episode(seed, total, steps, False, False, _failure(task), "non-finite return",
-                       {"cause": "error", "final_observation": _obs_list(obs)})
+        return _errored(seed, total, steps, obs, "non-finite return", task)
     success = task.is_success(total, bool(terminated), bool(truncated))
     return Episode(seed, total, steps, bool(terminated), bool(truncated), success, None,
                    {"cause": "terminated" if terminated else "truncated", "final_observation": _obs_list(obs),
                     "final_reward": float(reward)})
+
+
+class BatchAborted(Exception):
+    """A lockstep batch stopped because its policy process was lost (:func:`run_lockstep`).
+
+    Attributes:
+        cause: The :class:`RolloutAborted` (``status``: ``"died"``, ``"timeout"``, ``"interfered"``).
+        episodes: Per seed of the batch, its :class:`Episode` when it had finished, else None.
+        partial: Per unfinished seed's index, ``(env steps, partial return)`` it had reached (0, 0.0 if never started).
+    """
+
+    def __init__(self, cause: RolloutAborted, episodes: list[Episode | None], partial: dict[int, tuple[int, float]]):
+        super().__init__(str(cause))
+        self.cause, self.episodes, self.partial = cause, episodes, partial
+
+
+class _Running:
+    """One episode of a lockstep batch, on the trusted side."""
+
+    __slots__ = ("check", "env", "index", "obs", "reward", "seed", "steps", "total", "used")
+
+    def __init__(self, index: int, seed: int, env: Any, check: Any) -> None:
+        self.index, self.seed, self.env, self.check = index, seed, env, check
+        self.obs: Any = None
+        self.total, self.steps, self.reward, self.used = 0.0, 0, 0.0, 0.0
+
+
+def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: list[int], task: Any, width: int,
+                 timeout_s: float) -> list[Episode]:
+    """Roll the episodes of one candidate on ``seeds`` in lockstep: up to ``width`` environments at once, each
+    round one message with the observations of the episodes waiting for an action and one answer with all their
+    actions (:mod:`ratchet.execution.protocol`). Each episode has a fresh environment, is seeded and started
+    afresh, and ends on its own (terminated, truncated or errored): its :class:`Episode` is the one
+    :func:`run_episode` gives it alone.
+
+    Time: each episode is charged its own reset and steps plus an equal share of every round it was in; an
+    episode charged more than ``timeout_s`` ends the batch as a timeout, and so does an answer that does not
+    come within ``timeout_s`` less the time the round's most-charged episode has used (so a hanging policy is
+    stopped as soon as one of its episodes runs out). Rounds start with one observation and double while the
+    policy's answers would take under a tenth of ``timeout_s``, so a slow policy is never timed out for
+    answering many observations at once.
+
+    Args:
+        make_env: ``() -> env``: a fresh environment (the task's ``make_env``).
+        policy: A batch handle (:class:`ratchet.execution.envhost.RemotePolicy`): ``start_batch(params, spaces)``
+            returns the most episodes the policy serves at once; ``act_round(new, slots, observations, timeout_s)``
+            answers a round.
+        params: The candidate's parameter values.
+        seeds: The episodes' seeds (``env.reset(seed=...)``), in the order of the returned list.
+        task: The task (action mode, success).
+        width: Most episodes at once (≥ 1).
+        timeout_s: Per-episode time limit, seconds.
+
+    Returns:
+        One :class:`Episode` per seed, in ``seeds`` order.
+
+    Raises:
+        BatchAborted: the policy process died, timed out or sent garbage; it carries the finished episodes and
+            how far the others got.
+    """
+    import time
+
+    clock = time.perf_counter
+    done: list[Episode | None] = [None] * len(seeds)
+    running: dict[int, _Running] = {}
+    first_env = make_env()
+    envs_made = [first_env]
+    try:
+        spaces = (first_env.observation_space, first_env.action_space)
+        t0 = clock()
+        try:
+            width = max(1, min(width, int(policy.start_batch(params, spaces))))
+        except PolicyFailure as exc:
+            return [_errored(s, 0.0, 0, None, _error_text(exc), task) for s in seeds]
+        start_cost = (clock() - t0) / max(1, min(width, len(seeds)))
+        queue: list[int] = []  # slots waiting for an action, in order
+        new: dict[int, int] = {}  # slots whose episode the policy has not started yet -> seed
+        next_i, chunk = 0, 1
+        while True:
+            while len(running) < width and next_i < len(seeds):  # refill: fresh episodes into free places
+                i, seed = next_i, seeds[next_i]
+                next_i += 1
+                t = clock()
+                env = envs_made.pop() if envs_made else make_env()
+                run = _Running(i, seed, env, action_checker(env.action_space, task.action_mode))
+                random.seed(seed)  # as run_episode: an env drawing from the global generators draws the same
+                np.random.seed(seed % 2**32)
+                run.obs, _ = env.reset(seed=seed)
+                run.used = start_cost + clock() - t
+                running[i] = run
+                new[i] = seed
+                queue.append(i)
+            if not queue:
+                break
+            slots, queue = queue[:chunk], queue[chunk:]
+            runs = [running[i] for i in slots]
+            left = timeout_s - max(r.used for r in runs)
+            t = clock()
+            answers = policy.act_round([(i, new.pop(i)) for i in slots if i in new], slots,
+                                       [r.obs for r in runs], max(left, 1e-3))
+            answered = clock() - t
+            for r, answer in zip(runs, answers):
+                if isinstance(answer, PolicyFailure) and answer.start:  # as run_episode: before the env's reset
+                    done[r.index] = _errored(r.seed, 0.0, 0, None, _error_text(answer), task)
+                    _retire(running.pop(r.index).env)
+                    continue
+                try:
+                    if isinstance(answer, PolicyFailure):
+                        raise answer
+                    if isinstance(answer, Opaque):
+                        raise InvalidAction(f"expected a number or a numeric array, got {answer.type_name} {answer.text}")
+                    try:
+                        action = r.check(answer)
+                    except InvalidAction as exc:
+                        raise InvalidAction(f"step {r.steps}: {exc}") from None
+                    r.obs, r.reward, terminated, truncated, _ = r.env.step(action)
+                    r.steps += 1
+                    r.total += float(r.reward)
+                except RolloutAborted:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - as run_episode: the policy's failure is the episode's outcome
+                    done[r.index] = _errored(r.seed, r.total, r.steps, r.obs, _error_text(exc), task)
+                    _retire(running.pop(r.index).env)
+                    continue
+                if terminated or truncated:
+                    done[r.index] = _ended(r.seed, r.total, r.steps, r.obs, r.reward, terminated, truncated, task)
+                    _retire(running.pop(r.index).env)
+                else:
+                    queue.append(r.index)
+            share = (clock() - t) / len(runs)
+            for r in runs:
+                r.used += share
+                if r.used > timeout_s and r.index in running:
+                    raise RolloutAborted("timeout")
+            if chunk < width and answered / len(runs) * 2 * chunk <= timeout_s / 10:
+                chunk = min(2 * chunk, width)
+    except RolloutAborted as exc:
+        partial = {i: (0, 0.0) for i in range(len(seeds)) if done[i] is None}
+        partial.update({i: (r.steps, r.total) for i, r in running.items()})
+        raise BatchAborted(exc, done, partial) from None
+    finally:
+        for env in [*envs_made, *(r.env for r in running.values())]:
+            _retire(env)
+    return [ep for ep in done if ep is not None]
+
+
+def _retire(env: Any) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001, S110 - closing is best effort: the episode's result is already known
+        pass

@@ -89,7 +89,7 @@ class Executor(Protocol):
 
 def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend: str = "process",
                   sandbox: Sandbox | None = None, address: str | None = None, batch_episodes: int = 0,
-                  death_retries: int = 1) -> Executor:
+                  death_retries: int = 1, lockstep: int = 32) -> Executor:
     """Build an executor.
 
     Args:
@@ -100,6 +100,8 @@ def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend:
         address: Ray only: cluster address (``"auto"``, ``"ray://host:10001"``); None starts a local Ray.
         batch_episodes: Ray only: episodes per Ray task; 0 picks one.
         death_retries: Process backend: reruns of an episode whose worker died before its death is an error.
+        lockstep: Episodes of one candidate a worker steps at once with trusted rollouts (one message per round
+            to the policy process); 1 runs them one at a time.
 
     Raises:
         RatchetError: unknown backend, or Ray asked for but not installed.
@@ -109,12 +111,12 @@ def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend:
         from ratchet.execution.process import ProcessExecutor
 
         return ProcessExecutor(workers=workers, episode_timeout_s=episode_timeout_s, sandbox=sandbox,
-                               death_retries=death_retries)
+                               death_retries=death_retries, lockstep=lockstep)
     if backend == "ray":
         from ratchet.execution.ray_executor import RayExecutor
 
         return RayExecutor(address=address, workers=workers, batch_episodes=batch_episodes,
-                           episode_timeout_s=episode_timeout_s, sandbox=sandbox)
+                           episode_timeout_s=episode_timeout_s, sandbox=sandbox, lockstep=lockstep)
     raise RatchetError(f"unknown execution backend {backend!r}; use \"process\" or \"ray\"")
 
 
@@ -123,7 +125,8 @@ def executor_from_spec(execution: Any) -> Executor:
     return make_executor(execution.workers, execution.episode_timeout_s, backend=execution.backend,
                          sandbox=Sandbox.from_spec(execution), address=execution.address,
                          batch_episodes=execution.batch_episodes,
-                         death_retries=getattr(execution, "death_retries", 1))
+                         death_retries=getattr(execution, "death_retries", 1),
+                         lockstep=getattr(execution, "lockstep_episodes", 32))
 
 
 def __getattr__(name: str):  # lazy: keep `import ratchet.execution` light

@@ -30,8 +30,8 @@ import numpy as np
 from gymnasium.spaces import Box
 
 from ratchet.execution.channel import BadMessage, Channel, ChannelTimeout, pin_to_cpu
-from ratchet.execution.protocol import BadReply, Opaque, decode_reply
-from ratchet.rollout import Episode, InvalidAction, RolloutAborted
+from ratchet.execution.protocol import BadReply, Opaque, decode_actions, decode_reply, encode_round
+from ratchet.rollout import BatchAborted, Episode, InvalidAction, RolloutAborted
 
 __all__ = ["RemotePolicy", "envhost_main"]
 
@@ -63,9 +63,10 @@ class RemotePolicy:
     """
 
     def __init__(self, chan: Channel, key: str, source: str | None, functions: tuple[str, ...] = ("act",),
-                 ctl: int | None = None) -> None:
+                 ctl: int | None = None, deadline: _Deadline | None = None) -> None:
         self.chan, self.key, self.source, self.functions, self.ctl = chan, key, source, tuple(functions), ctl
         self.raw: tuple[np.dtype, tuple[int, ...]] | None = None
+        self.deadline = deadline
 
     def _ask(self, payload: bytes, expect: str) -> Any:
         try:
@@ -97,6 +98,37 @@ class RemotePolicy:
         if isinstance(action, Opaque):
             raise InvalidAction(f"expected a number or a numeric array, got {action.type_name} {action.text}")
         return action
+
+    def start_batch(self, params: Any, spaces: tuple[Any, Any]) -> int:
+        """Start a lockstep batch of this candidate's episodes (:func:`ratchet.rollout.run_lockstep`): the policy
+        process loads the policy and answers the most episodes it serves at once."""
+        obs_space = spaces[0]
+        self.raw = ((np.dtype(obs_space.dtype), tuple(obs_space.shape)) if isinstance(obs_space, Box) else None)
+        raw = None if self.raw is None else (self.raw[0].str, self.raw[1])
+        width: int = self._ask(_pickled(("batch", self.key, self.source, dict(params), raw, tuple(spaces),
+                                         self.functions)), "width")
+        return width
+
+    def act_round(self, new: list[tuple[int, int]], slots: list[int], observations: list[Any],
+                  timeout_s: float) -> list[Any]:
+        """One lockstep round: start the ``new`` (slot, seed) episodes, then an answer per observation (an action,
+        :class:`~ratchet.execution.protocol.Opaque` or :class:`~ratchet.rollout.PolicyFailure`) within
+        ``timeout_s`` seconds."""
+        raw = self.raw
+        ok = raw is not None and all(type(o) is np.ndarray and o.dtype == raw[0] and o.shape == raw[1]
+                                     for o in observations)
+        if self.deadline is not None:
+            self.deadline.arm(timeout_s)
+        try:
+            self.chan.send(encode_round(new, slots, observations, ok))
+            return decode_actions(self.chan.recv(), len(slots))
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise RolloutAborted("died") from None
+        except (BadMessage, BadReply) as exc:
+            raise RolloutAborted("interfered", str(exc)) from None
+        finally:
+            if self.deadline is not None:
+                self.deadline.disarm()
 
     def call(self, name: str, args: tuple[Any, ...]) -> Any:
         """The policy's ``name(*args, params)``: a number, numeric array, tuple/list/dict of them, or
@@ -171,10 +203,13 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None) -> None:
             return
         if msg is None:
             return
-        _, job_id, task_key, task_dict, key, source, params, seed, render_path, timeout_s = msg
+        kind, job_ids, task_key, task_dict, key, source, params, seeds, render_path, timeout_s = msg[:10]
+        if kind == "job":
+            job_ids, seeds = [job_ids], [seeds]
         if task_dict is not None:
             task_dicts[task_key] = task_dict
-        status, task = "ok", None
+        replies: list[tuple[Episode, str]] = []
+        task = None
         try:
             if task_key not in tasks:
                 tasks[task_key] = task_from_dict(task_dicts[task_key])
@@ -186,34 +221,76 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None) -> None:
             try:
                 deadline.arm(float(timeout_s))
                 # the source travels once per worker pair: the policy process keeps it from then on
-                policy = RemotePolicy(chan, key, source, tuple(task.functions), ctl)
+                policy = RemotePolicy(chan, key, source, tuple(task.functions), ctl, deadline)
                 candidate = json.dumps([key, params], sort_keys=True)
                 if loaded is not None and loaded != candidate:
                     policy.retire()
                 loaded = candidate
-                ep = task.run_episode(policy, params, seed, render_path)
+                if kind == "job":
+                    replies = [(task.run_episode(policy, params, seeds[0], render_path), "ok")]
+                else:
+                    replies = _run_batch(task, policy, params, seeds, int(msg[10]), float(timeout_s))
+                if any(status != "ok" for _, status in replies):
+                    raise _Lost(replies)  # the pair is replaced: nothing more to ask the policy process
                 deadline.arm(_END_GRACE_S)
                 strays = policy.end()
-                if strays and ep.error is None:
-                    ep = Episode.failed(seed, f"policy left {strays} process(es) running (killed)", ep.length,
-                                        ep.episode_return, task=task)
-            except RolloutAborted as exc:
-                status = exc.status
-                reason = {"died": "policy process died", "timeout": f"timeout after {float(timeout_s):g} s",
-                          "interfered": f"policy process sent {exc.detail}"}.get(status, status)
-                ep = Episode.failed(seed, reason, exc.length, exc.episode_return, task=task)
-                if exc.fault:  # the task's own code ran out the time: its fault, not the candidate's
-                    ep = Episode(seed, 0.0, 0, False, False, None, exc.fault[:500], {"cause": "error", "fault": "task"})
-            reply = [job_id, ep.to_dict(), status]
-        except Exception as exc:  # noqa: BLE001 - environment trouble: report it as this episode's error
-            reply = [job_id, Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text(exc)}"[:500],
-                                            task=task).to_dict(), status]
+                if strays:
+                    replies = [(Episode.failed(ep.seed, f"policy left {strays} process(es) running (killed)", ep.length,
+                                               ep.episode_return, task=task) if ep.error is None else ep, status)
+                               for ep, status in replies]
+            except _Lost as lost:
+                replies = lost.replies
+            except RolloutAborted as exc:  # lost before the episodes began (stale) or after they ended (at "end")
+                reached = [(ep.length, ep.episode_return) for ep, _ in replies] or [(exc.length, exc.episode_return)]
+                reached += [(0, 0.0)] * (len(seeds) - len(reached))
+                replies = [(_aborted(exc, seed, steps, total, float(timeout_s), task), exc.status)
+                           for seed, (steps, total) in zip(seeds, reached)]
+        except Exception as exc:  # noqa: BLE001 - environment trouble: report it as the episodes' error
+            error = f"worker error: {type(exc).__name__}: {_text(exc)}"[:500]
+            replies = [(Episode.failed(seed, error, task=task), "ok") for seed in seeds]
         finally:
             deadline.disarm()  # also after an error of the env itself: no timer may fire between episodes
-        if not send_reply(conn, reply):
-            return  # the driver is gone
-        if status != "ok":
+        for job_id, (ep, status) in zip(job_ids, replies):
+            if not send_reply(conn, [job_id, ep.to_dict(), status]):
+                return  # the driver is gone
+        if any(status != "ok" for _, status in replies):
             return  # the driver replaces this pair
+
+
+class _Lost(Exception):
+    """A batch's policy process was lost on the way (its episodes' replies say how)."""
+
+    def __init__(self, replies: list[tuple[Episode, str]]) -> None:
+        super().__init__("lost")
+        self.replies = replies
+
+
+def _run_batch(task: Any, policy: RemotePolicy, params: Any, seeds: list[int], width: int,
+               timeout_s: float) -> list[tuple[Episode, str]]:
+    """A lockstep batch (:meth:`ratchet.tasks.gym.GymTask.run_batch`) as ``(episode, status)`` per seed: when the
+    policy process is lost, the unfinished episodes end with the reason and what they had reached."""
+    try:
+        return [(ep, "ok") for ep in task.run_batch(policy, params, seeds, width, timeout_s)]
+    except BatchAborted as stop:
+        cause = stop.cause
+        out = []
+        for i, seed in enumerate(seeds):
+            ep = stop.episodes[i]
+            if ep is not None:
+                out.append((ep, "ok"))
+            else:
+                steps, total = stop.partial.get(i, (0, 0.0))
+                out.append((_aborted(cause, seed, steps, total, timeout_s, task), cause.status))
+        return out
+
+
+def _aborted(exc: RolloutAborted, seed: int, steps: int, total: float, timeout_s: float, task: Any) -> Episode:
+    """The failed episode of a policy process that was lost (died, timed out, interfered) or of a task fault."""
+    if exc.fault:  # the task's own code ran out the time: its fault, not the candidate's
+        return Episode(seed, 0.0, 0, False, False, None, exc.fault[:500], {"cause": "error", "fault": "task"})
+    reason = {"died": "policy process died", "timeout": f"timeout after {timeout_s:g} s",
+              "interfered": f"policy process sent {exc.detail}"}.get(exc.status, exc.status)
+    return Episode.failed(seed, reason, steps, total, task=task)
 
 
 def envhost_main(conn: Any, chan: Channel, ctl: int | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -90,7 +91,9 @@ class _Worker:
         self.ready = False
         self.known_sources: set[str] = set()
         self.known_tasks: set[str] = set()
-        self.jobs: deque[int] = deque()
+        self.jobs: deque[int] = deque()  # the jobs sent, in order: the running message's first
+        self.batches: deque[int] = deque()  # how many of them each message sent holds
+        self.doomed = False  # a reply said the pair must be replaced (after the running message's last reply)
         self.deadline = 0.0
 
     @property
@@ -273,14 +276,23 @@ class ProcessExecutor:
         death_retries: Times an episode whose worker died (killed from outside, crashed) is run again
             on a fresh worker before it counts as the candidate's failure. Deterministic crashes
             (a policy that segfaults) fail again and are recorded; a stray kill leaves no trace.
+        lockstep: With trusted rollouts and a task that can (:meth:`ratchet.tasks.gym.GymTask.run_batch`), how many
+            episodes of one candidate a worker steps at once: one message to the policy process per round of
+            observations instead of one per env step (:func:`ratchet.rollout.run_lockstep`). A message holds the
+            jobs of one candidate queued together (at most ``4 * lockstep``, a fair share per worker, and what the
+            env-step cap's worst case allows), so one candidate's code never runs beside another's. 1: one episode
+            at a time, one round trip per env step.
 
     Raises:
         SandboxError: the sandbox requires isolation this machine cannot give.
+        RatchetError: ``lockstep`` is not an int from 1 to 4096.
     """
 
     def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None,
-                 death_retries: int = 1) -> None:
-        self.death_retries = int(death_retries)
+                 death_retries: int = 1, lockstep: int = 32) -> None:
+        if isinstance(lockstep, bool) or not isinstance(lockstep, int) or not 1 <= lockstep <= 4096:
+            raise RatchetError(f"lockstep must be an int from 1 to 4096 (episodes at once per worker), got {lockstep!r}")
+        self.death_retries, self.lockstep = int(death_retries), lockstep
         self.sandbox = sandbox if sandbox is not None else Sandbox()
         self.sandbox.check()
         sweep_leftovers()
@@ -364,23 +376,63 @@ class ProcessExecutor:
 
         deaths: dict[int, int] = {}
         stale: dict[int, int] = {}  # jobs rerun because the candidate before them did not let go of the pair
+        lockstep = self.lockstep if self.sandbox.trusted_rollouts and callable(getattr(task, "run_batch", None)) else 1
 
-        def fail_head(w: _Worker, reason: str, retry: bool = False, episode: Episode | None = None) -> None:
-            """The worker's running job failed (timeout or crash): requeue the job queued behind it (it
-            never started), replace the worker, and record the failure — unless ``retry`` (the worker
-            died) and the job has retries left, in which case it runs again on a fresh worker. The
-            env steps and partial return of ``episode`` (from a trusted env host) are kept."""
-            head = w.jobs.popleft()
+        def replace(w: _Worker) -> None:
+            """Requeue the jobs of the messages ``w`` has not started, and put a fresh pair in its place."""
             pending.extendleft(reversed(w.jobs))
-            deaths[head] = deaths.get(head, 0) + 1
-            if retry and deaths[head] <= self.death_retries and jobs[head].candidate.id not in failed_candidates:
-                pending.appendleft(head)
-            else:
-                failed_candidates[jobs[head].candidate.id] = reason
-                steps = (episode.length, episode.episode_return) if episode is not None else (0, 0.0)
-                finish(head, Episode.failed(jobs[head].seed, reason, *steps, task=task))
             workers.remove(w)
             workers.append(self._replace(w))
+
+        def fail_head(w: _Worker, reason: str, retry: bool = False, episode: Episode | None = None) -> None:
+            """The worker's running message failed as a whole (timeout, crash, garbage): its jobs fail with ``reason``
+            (the first keeps the env steps and partial return of ``episode``), unless ``retry`` (the worker died) and
+            a job has retries left: then it runs again on a fresh worker. The worker is replaced."""
+            head = [w.jobs.popleft() for _ in range(w.batches.popleft())]
+            again = []
+            for k, j in enumerate(head):
+                deaths[j] = deaths.get(j, 0) + 1
+                if retry and deaths[j] <= self.death_retries and jobs[j].candidate.id not in failed_candidates:
+                    again.append(j)
+                else:
+                    failed_candidates[jobs[j].candidate.id] = reason
+                    steps = (episode.length, episode.episode_return) if episode is not None and k == 0 else (0, 0.0)
+                    finish(j, Episode.failed(jobs[j].seed, reason, *steps, task=task))
+            replace(w)
+            pending.extendleft(reversed(again))
+
+        def answered(w: _Worker) -> None:
+            """The running message's first outstanding job was answered: when that was its last, replace a doomed
+            worker, else start the clock of the next message."""
+            w.jobs.popleft()
+            w.batches[0] -= 1
+            if w.batches[0]:
+                return
+            w.batches.popleft()
+            if w.doomed:
+                replace(w)
+            elif w.batches:
+                w.deadline = time.monotonic() + self._deadline_s * w.batches[0]
+
+        def take(w: _Worker) -> list[int]:
+            """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
+            candidate queued right behind it (no renders), as many as the width allows, a fair share of them for each
+            worker, and the env-step cap's worst case."""
+            first = pending.popleft()
+            if lockstep == 1 or (render_paths and render_paths[first]):
+                return [first]
+            cid = jobs[first].candidate.id
+            same = 1
+            for j in itertools.islice(pending, 4 * lockstep * len(workers)):
+                if jobs[j].candidate.id != cid or (render_paths and render_paths[j]):
+                    break
+                same += 1
+            size = min(4 * lockstep, -(-same // len(workers)))
+            if cap is not None:
+                assert task.step_limit is not None  # cap is set only with a step limit
+                running = sum(len(x.jobs) for x in workers)
+                size = min(size, max(1, (cap - spent[0]) // task.step_limit - running))
+            return [first] + [pending.popleft() for _ in range(size - 1)]
 
         def dispatch(w: _Worker) -> bool:
             held[0] = False
@@ -396,42 +448,91 @@ class ProcessExecutor:
                             j = pending.popleft()
                             finish(j, Episode.failed(jobs[j].seed, BUDGET_SKIP, task=task))
                         return False
-                i = pending.popleft()
+                i = pending[0]
                 job = jobs[i]
                 cid = job.candidate.id
                 if cid in failed_candidates:
+                    pending.popleft()
                     finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}", task=task))
                     continue
                 key = job.candidate.policy_key
                 try:
                     src = None if key in w.known_sources else policy_payload(job)
                 except RatchetError as exc:
+                    pending.popleft()
                     finish(i, Episode.failed(job.seed, f"worker error: {exc}", task=task))
                     continue
+                batch = take(w)
                 tdict = None if task_key in w.known_tasks else task_dict
-                render = None
-                wanted = render_paths[i] if render_paths else None
-                if wanted:  # the worker writes only inside its own directory
-                    render = os.path.join(w.outdir, f"render-{i}{os.path.splitext(wanted)[1]}")
-                    renders[i] = (render, wanted)
+                params = dict(job.candidate.params)
+                if len(batch) > 1 or lockstep > 1 and not (render_paths and render_paths[i]):
+                    msg: tuple = ("batch", batch, task_key, tdict, key, src, params, [jobs[j].seed for j in batch],
+                                  None, self.episode_timeout_s, lockstep)
+                else:
+                    render = None
+                    wanted = render_paths[i] if render_paths else None
+                    if wanted:  # the worker writes only inside its own directory
+                        render = os.path.join(w.outdir, f"render-{i}{os.path.splitext(wanted)[1]}")
+                        renders[i] = (render, wanted)
+                    msg = ("job", i, task_key, tdict, key, src, params, job.seed, render, self.episode_timeout_s)
                 try:
-                    w.conn.send(("job", i, task_key, tdict, key, src, dict(job.candidate.params), job.seed,
-                                 render, self.episode_timeout_s))
+                    w.conn.send(msg)
                 except (BrokenPipeError, OSError):
-                    pending.appendleft(i)
+                    pending.extendleft(reversed(batch))
                     return False
                 w.known_sources.add(key)
                 w.known_tasks.add(task_key)
                 if not w.jobs:
-                    w.deadline = time.monotonic() + self._deadline_s
-                w.jobs.append(i)
+                    w.deadline = time.monotonic() + self._deadline_s * len(batch)
+                w.jobs.extend(batch)
+                w.batches.append(len(batch))
                 return True
             return False
 
+        def receive(w: _Worker, conn: Connection) -> None:
+            """Handle one reply of ``w`` (for its first outstanding job)."""
+            head = w.jobs[0]
+            try:
+                ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
+                                            getattr(task, "step_limit", None))
+            except (EOFError, OSError):
+                fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
+                return
+            except BadReply as exc:  # only policy code tampering with the worker's socket does this
+                fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its worker")
+                return
+            if status == "stale" and w.trusted and stale.get(head, 0) < 3:  # only an env host says so
+                stale[head] = stale.get(head, 0) + 1  # the candidate before this job's kept the pair: rerun it
+                w.doomed = True
+                answered(w)
+                pending.appendleft(head)
+                return
+            if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
+                w.doomed = True
+                finish(head, ep)
+            elif status != "ok" and jobs[head].candidate.id in failed_candidates:  # a batch's other episodes
+                w.doomed = True
+                finish(head, Episode.failed(jobs[head].seed, f"skipped: {failed_candidates[jobs[head].candidate.id]}",
+                                            ep.length, ep.episode_return, task=task))
+            elif status != "ok":  # the env host stopped the episode: the policy process must go
+                w.doomed = True
+                reason = _abort_reason(status, ep, jobs[head].seed, w)
+                deaths[head] = deaths.get(head, 0) + 1
+                if status == "died" and deaths[head] <= self.death_retries \
+                        and jobs[head].candidate.id not in failed_candidates:
+                    answered(w)
+                    pending.appendleft(head)
+                    return
+                failed_candidates[jobs[head].candidate.id] = reason
+                finish(head, Episode.failed(jobs[head].seed, reason, ep.length, ep.episode_return, task=task))
+            else:
+                finish(head, ep)
+            answered(w)
+
         while True:
-            for depth in (1, 2):  # fill idle workers first, then queue one job behind each running one
+            for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
                 for w in list(workers):
-                    if (len(w.jobs) < depth and pending and not dispatch(w) and pending and not w.jobs
+                    if (len(w.batches) < depth and pending and not dispatch(w) and pending and not w.jobs
                             and not held[0]):
                         workers.remove(w)
                         workers.append(self._replace(w))
@@ -443,38 +544,9 @@ class ProcessExecutor:
             timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
             for conn in cast("list[Connection]", wait(list(busy), timeout=timeout)):  # returns what it was given
                 w = busy[conn]
-                head = w.jobs[0]
-                try:
-                    ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
-                                                getattr(task, "step_limit", None))
-                except (EOFError, OSError):
-                    fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
-                    continue
-                except BadReply as exc:  # only policy code tampering with the worker's socket does this
-                    fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its "
-                                 "worker")
-                    continue
-                if status == "stale" and w.trusted and stale.get(head, 0) < 3:  # only an env host says so
-                    stale[head] = stale.get(head, 0) + 1  # the candidate before this job's kept the pair: rerun it
-                    w.jobs.popleft()
-                    pending.extendleft(reversed(w.jobs))
-                    pending.appendleft(head)
-                    workers.remove(w)
-                    workers.append(self._replace(w))
-                    continue
-                if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
-                    w.jobs.popleft()
-                    pending.extendleft(reversed(w.jobs))
-                    workers.remove(w)
-                    workers.append(self._replace(w))
-                    finish(head, ep)
-                    continue
-                if status != "ok":  # the env host stopped the episode: the policy process must go
-                    fail_head(w, _abort_reason(status, ep, jobs[head].seed, w), retry=status == "died", episode=ep)
-                    continue
-                w.jobs.popleft()
-                w.deadline = time.monotonic() + self._deadline_s
-                finish(head, ep)
+                receive(w, conn)
+                while w in workers and w.jobs and conn.poll(0):  # the rest of a batch's replies, already here
+                    receive(w, conn)
             now = time.monotonic()
             for w in list(busy.values()):
                 if w.jobs and w in workers and now >= w.deadline:

@@ -33,7 +33,8 @@ import numpy as np
 
 from ratchet.rollout import Opaque, PolicyFailure
 
-__all__ = ["BadReply", "Opaque", "PolicyFailure", "decode_reply", "encode_action", "encode_error", "encode_value"]
+__all__ = ["BadReply", "Opaque", "PolicyFailure", "SlotFailure", "decode_actions", "decode_reply", "decode_round",
+           "encode_action", "encode_actions", "encode_error", "encode_round", "encode_value"]
 
 _I64 = struct.Struct("!q")
 _F64 = struct.Struct("!d")
@@ -43,15 +44,16 @@ _MAX_TEXT = 2000
 _MAX_DEPTH = 8
 _MAX_ITEMS = 100_000
 _U32 = struct.Struct("<I")
+_MAX_WIDTH = 4096  # most episodes a policy process serves at once
 
 
 class BadReply(Exception):
     """The policy process sent bytes that are not a valid reply."""
 
 
-def encode_error(kind: str, text: str) -> bytes:
-    """Policy side: the ``E`` reply."""
-    return b"E" + json.dumps({"kind": kind[:200], "text": text[:_MAX_TEXT]}).encode()
+def encode_error(kind: str, text: str, start: bool = False) -> bytes:
+    """Policy side: the ``E`` reply (``start``: the policy failed starting its episode, in a lockstep round)."""
+    return b"E" + json.dumps({"kind": kind[:200], "text": text[:_MAX_TEXT], **({"start": True} if start else {})}).encode()
 
 
 def encode_action(action: Any) -> bytes:
@@ -162,8 +164,8 @@ def decode_reply(msg: bytes, expect: str) -> Any:
 
     Args:
         msg: The message bytes.
-        expect: ``"ready"``, ``"started"``, ``"action"``, ``"value"`` (a ``call``'s answer), ``"end"`` or
-            ``"retired"``.
+        expect: ``"ready"``, ``"started"``, ``"action"``, ``"value"`` (a ``call``'s answer), ``"width"`` (a
+            batch's start: the most episodes the policy serves at once), ``"end"`` or ``"retired"``.
 
     Returns:
         For ``"action"``: an int, float, bool, ``numpy.ndarray`` or :class:`Opaque`; for ``"value"`` also
@@ -179,13 +181,15 @@ def decode_reply(msg: bytes, expect: str) -> Any:
     if not msg:
         raise BadReply("an empty reply")
     tag, body = msg[:1], msg[1:]
-    if tag == b"E" and expect in ("started", "action", "value"):
+    if tag == b"E" and expect in ("started", "action", "value", "width"):
         d = _json(body)
-        raise PolicyFailure(_text(d, "kind"), _text(d, "text"))
+        raise PolicyFailure(_text(d, "kind"), _text(d, "text"), d.get("start") is True)
     if expect == "ready" and msg == b"R":
         return None
     if (expect, msg) in (("started", b"K"), ("retired", b"X")):
         return None
+    if expect == "width" and tag == b"W" and len(body) == 4:
+        return max(1, min(_U32.unpack(body)[0], _MAX_WIDTH))
     if expect == "end" and tag == b"S":
         n = _json(body).get("strays")
         if type(n) is not int or not 0 <= n < 2**31:
@@ -228,3 +232,127 @@ def _decode_array(body: bytes) -> np.ndarray:
     if kind == "b":
         return arr.astype(bool)
     return arr.astype(dtype.newbyteorder("="))
+
+
+# -- lockstep batches ---------------------------------------------------------------------------------------
+#
+# Env host → policy, after a pickled ``("batch", source_key, source_or_None, params, raw, spaces, functions)``
+# (answered ``W`` + u32 width, or ``E``): one round is ``B`` + u32 n_new + n_new × (u32 slot, i64 seed) + u32 n +
+# n × u32 slot + the n observations (``r`` + their raw bytes back to back when ``raw`` was announced, else ``p`` +
+# a pickled list). New slots start an episode (fresh policy state, seeded, ``reset``) before the round's actions.
+# Policy → env host: ``A`` + an ``a`` array of n rows (one action each), or ``l`` + n length-prefixed items, each
+# an action as :func:`encode_action` writes it or an ``E`` (that episode's failure); or ``E`` for all n.
+
+_ROUND_HEAD = struct.Struct("<I")
+_NEW_SLOT = struct.Struct("<Iq")
+
+
+def encode_round(new: list[tuple[int, int]], slots: list[int], observations: list[Any], raw: bool) -> bytes:
+    """Env host side: one round's message (see above); ``raw``: every observation is an ``ndarray`` of the dtype
+    and shape the batch announced."""
+    import pickle
+
+    parts = [b"B", _ROUND_HEAD.pack(len(new))]
+    parts += [_NEW_SLOT.pack(s, seed) for s, seed in new]
+    parts.append(_ROUND_HEAD.pack(len(slots)))
+    parts.append(np.asarray(slots, dtype="<u4").tobytes())
+    if raw:
+        parts.append(b"r")
+        parts += [o.tobytes() for o in observations]
+    else:
+        parts.append(b"p" + pickle.dumps(list(observations), protocol=pickle.HIGHEST_PROTOCOL))
+    return b"".join(parts)
+
+
+def decode_round(data: bytes, raw: tuple[np.dtype, tuple[int, ...]] | None) -> tuple[list[tuple[int, int]], list[int], Any]:
+    """Policy side: ``(new slots as (slot, seed), slots, observations)`` of a round message (from the trusted env
+    host, so unpickling is safe); observations are an ``(n, *shape)`` array when raw, else a list."""
+    import pickle
+
+    (n_new,) = _ROUND_HEAD.unpack_from(data, 1)
+    pos = 5
+    new = [_NEW_SLOT.unpack_from(data, pos + 12 * i) for i in range(n_new)]
+    pos += 12 * n_new
+    (n,) = _ROUND_HEAD.unpack_from(data, pos)
+    pos += 4
+    slots = np.frombuffer(data, dtype="<u4", count=n, offset=pos).tolist()
+    pos += 4 * n
+    if data[pos:pos + 1] == b"r":
+        assert raw is not None  # the env host sends raw observations only when it announced their dtype and shape
+        obs: Any = np.frombuffer(data, raw[0], offset=pos + 1).reshape((n, *raw[1])).copy()
+    else:
+        obs = pickle.loads(data[pos + 1:])
+    return [(int(s), int(seed)) for s, seed in new], slots, obs
+
+
+class SlotFailure:
+    """Policy side: one episode's failure within a round (``encode_actions`` writes it as ``E``); ``start``: it
+    failed starting (loading or ``reset``)."""
+
+    def __init__(self, kind: str, text: str, start: bool = False) -> None:
+        self.kind, self.text, self.start = kind, text, start
+
+
+def encode_actions(actions: Any, n: int) -> bytes:
+    """Policy side: the answer to a round of ``n`` observations: ``actions`` is a sequence of ``n`` actions (each
+    maybe a :class:`SlotFailure`) or an array of ``n`` rows (``act_batch``'s answer). Actions that are all ints, or
+    all arrays of one dtype and shape, travel as one array; anything else item by item. A sequence of the wrong
+    length is the round's failure."""
+    if isinstance(actions, np.ndarray) and actions.ndim >= 1 and actions.dtype.kind in _ARRAY_KINDS:
+        return b"A" + encode_action(actions) if actions.shape[0] == n else _wrong_count(actions.shape[0], n)
+    try:
+        items = list(actions)
+    except Exception:  # noqa: BLE001 - act_batch's answer is policy output: iterating it may raise anything
+        return encode_error("policy act_batch() returned no sequence", f"got {type(actions).__name__}")
+    if len(items) != n:
+        return _wrong_count(len(items), n)
+    if items and all(type(a) is int for a in items) and all(-2**63 <= a < 2**63 for a in items):
+        return b"A" + encode_action(np.array(items, dtype=np.int64))
+    first = items[0] if items else None
+    if isinstance(first, np.ndarray) and first.dtype.kind in "iuf" and all(
+            type(a) is np.ndarray and a.dtype == first.dtype and a.shape == first.shape for a in items):
+        return b"A" + encode_action(np.stack(items))
+    out = [b"Al", _U32.pack(n)]
+    for a in items:
+        p = encode_error(a.kind, a.text, a.start) if isinstance(a, SlotFailure) else encode_action(a)
+        out += [_U32.pack(len(p)), p]
+    return b"".join(out)
+
+
+def _wrong_count(got: int, n: int) -> bytes:
+    return encode_error("policy act_batch() returned the wrong number of actions", f"{got} for {n} observations")
+
+
+def decode_actions(msg: bytes, n: int) -> list[Any]:
+    """Env host side: the ``n`` answers of a round, each an action (as :func:`decode_reply` gives it), an
+    :class:`Opaque`, or a :class:`PolicyFailure` (that episode's own failure).
+
+    Raises:
+        PolicyFailure: the policy failed for the whole round (``E``).
+        BadReply: anything else that is not such an answer.
+    """
+    if msg[:1] == b"E":
+        decode_reply(msg, "action")  # raises PolicyFailure (or BadReply for a malformed one)
+    if msg[:1] != b"A" or len(msg) < 2:
+        raise BadReply("an unexpected reply (waiting for actions)")
+    if msg[1:2] == b"a":
+        arr = decode_reply(msg[1:], "action")
+        if not isinstance(arr, np.ndarray) or arr.ndim < 1 or arr.shape[0] != n:
+            raise BadReply("a batch of actions whose size does not match the round")
+        # one number per episode as Python numbers, as each would arrive alone (``i``/``f``/``b``)
+        return arr.tolist() if arr.ndim == 1 else list(arr)
+    if msg[1:2] != b"l" or len(msg) < 6:
+        raise BadReply("an undecodable batch of actions")
+    (count,) = _U32.unpack_from(msg, 2)
+    if count != n:
+        raise BadReply("a batch of actions whose size does not match the round")
+    body, pos, out = msg[2:], 4, []
+    for _ in range(count):
+        item, pos = _take(body, pos)
+        try:
+            out.append(decode_reply(item, "action"))
+        except PolicyFailure as exc:
+            out.append(exc)
+    if pos != len(body):
+        raise BadReply("an undecodable batch of actions")
+    return out

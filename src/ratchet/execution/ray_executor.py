@@ -79,18 +79,19 @@ def split_batches(n_jobs: int, batch_episodes: int) -> list[range]:
 
 # -- inside Ray workers -------------------------------------------------------------------------------
 
-_POOL: tuple[tuple[float, Sandbox], Any] | None = None  # this Ray worker's ProcessExecutor, reused across tasks
+_POOL: tuple[tuple[float, Sandbox, int], Any] | None = None  # this Ray worker's ProcessExecutor, reused across tasks
 _REMOTE: Any = None  # the driver's Ray remote function for _run_batch
 
 
 def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]], jobs: list[tuple[str, int]],
                episode_timeout_s: float, sandbox: Sandbox,
-               artifacts: dict[str, bytes] | None = None) -> tuple[list[dict[str, Any]], float]:
+               artifacts: dict[str, bytes] | None = None, lockstep: int = 32) -> tuple[list[dict[str, Any]], float]:
     """Ray task body: ``jobs`` (candidate id, seed) through a one-worker sandboxed process pool.
 
     Args:
         candidates: :meth:`Candidate.to_dict` by id, for the candidates in ``jobs``.
         artifacts: The bytes of those candidates' artifacts, by digest.
+        lockstep: Episodes at once per worker (:class:`~ratchet.execution.process.ProcessExecutor`).
 
     Returns:
         The episodes (:meth:`Episode.to_dict`) in job order, and the batch's wall-clock seconds.
@@ -100,11 +101,12 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
     from ratchet.policy import Candidate
     from ratchet.tasks import task_from_dict
 
-    key = (float(episode_timeout_s), sandbox)
+    key = (float(episode_timeout_s), sandbox, int(lockstep))
     if _POOL is None or _POOL[0] != key:
         if _POOL is not None:
             _POOL[1].close()
-        _POOL = (key, ProcessExecutor(workers=1, episode_timeout_s=episode_timeout_s, sandbox=sandbox))
+        _POOL = (key, ProcessExecutor(workers=1, episode_timeout_s=episode_timeout_s, sandbox=sandbox,
+                                      lockstep=int(lockstep)))
     cands = {cid: Candidate.from_dict(d) for cid, d in candidates.items()}
     t0 = time.perf_counter()
     try:
@@ -169,6 +171,7 @@ class RayExecutor:
         episode_timeout_s: Per-episode wall-clock limit in seconds (enforced on the node).
         sandbox: How policy code is confined on the nodes; default :class:`Sandbox()`.
         max_retries: Times Ray re-runs a task whose worker process or node died.
+        lockstep: Episodes each node's worker steps at once (``[execution] lockstep_episodes``).
 
     Raises:
         RatchetError: Ray is not installed, the cluster cannot be reached, or a node lacks ratchet or
@@ -176,7 +179,8 @@ class RayExecutor:
     """
 
     def __init__(self, address: str | None = None, workers: int = 0, batch_episodes: int = 0,
-                 episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None, max_retries: int = 3) -> None:
+                 episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None, max_retries: int = 3,
+                 lockstep: int = 32) -> None:
         if batch_episodes < 0:
             raise RatchetError(f"batch_episodes must be ≥ 0 (0 picks one), got {batch_episodes}")
         self._ray = _import_ray()
@@ -185,7 +189,7 @@ class RayExecutor:
         self.batch_episodes = int(batch_episodes)
         self.episode_timeout_s = float(episode_timeout_s)
         self.sandbox = sandbox if sandbox is not None else Sandbox()
-        self.max_retries = int(max_retries)
+        self.max_retries, self.lockstep = int(max_retries), int(lockstep)
         self._owns_ray = self._checked = False
         self._episode_s: dict[str, deque[float]] = {}  # per task: recent batches' seconds per episode
         self._connect()
@@ -316,7 +320,7 @@ class RayExecutor:
                 blobs = {h: b for i in batch for h, b in jobs[i].artifacts.items()}
                 ref = submit(task_ref, {cid: c.to_dict() for cid, c in cands.items()},
                              [(jobs[i].candidate.id, jobs[i].seed) for i in batch], self.episode_timeout_s,
-                             self.sandbox, blobs)
+                             self.sandbox, blobs, self.lockstep)
                 pending[ref] = batch
 
         try:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 _MODULE_CACHE_SIZE = 16
+_MAX_WIDTH = 4096  # as ratchet.execution.protocol (not imported here before a batch needs it)
 
 
 def _exit_with_parent(own_pid_namespace: bool) -> None:
@@ -76,6 +77,150 @@ class _Policies:
             self.modules.pop(key)
         return module
 
+    def fresh(self, key: str) -> Any:
+        """A new instance of ``key``'s policy (another executed module for a program; the cached build for other
+        kinds), or the exception that building it raised; the cache is left as it was."""
+        from ratchet.policy import compile_policy
+
+        payload = self.sources[key]
+        if not isinstance(payload, str):
+            return self.load(key, None)
+        try:
+            if key not in self.codes:
+                self.codes[key] = compile(payload, "<policy>", "exec")
+            return compile_policy(self.codes[key], "<policy>")
+        except Exception as exc:  # noqa: BLE001 - a policy that fails to load is its episodes' outcome
+            return exc
+
+
+class _Batch:
+    """A forked child's side of one lockstep batch (:mod:`ratchet.execution.protocol`): the policy state of each
+    of the batch's episodes (its *slots*) and the round that maps their observations to actions.
+
+    How the policy acts decides how its episodes share a process:
+
+    * ``act_batch(observations, params)`` (and, for a program, no ``reset``): one instance answers every round in
+      one call (``mlp`` and ``sb3`` kinds; a program that defines it). It must not keep per-episode state or draw
+      from the global random generators, or its episodes depend on which others ran beside them.
+    * ``start_slot``/``act_slots`` (the ``residual`` kind): the policy keeps per-episode state itself.
+    * otherwise each episode gets an instance of its own (a freshly executed module, seeded and ``reset`` as
+      :func:`ratchet.rollout.run_episode` does) and ``act`` is called per observation. A program that may draw from
+      the global random generators (:func:`ratchet.policy.uses_global_random`) is served one episode at a time
+      (width 1), so its draws are its own episode's; any other runs ``width`` episodes side by side.
+
+    Either way an episode's actions are the ones it would get alone (the lockstep tests check it, every example).
+    """
+
+    def __init__(self, policies: _Policies, key: str, params: Any, spaces: tuple[Any, Any], functions: Any,
+                 sandbox: dict[str, Any] | None) -> None:
+        from ratchet.policy import materialize, uses_global_random
+
+        self.policies, self.key, self.raw_params, self.spaces, self.sandbox = policies, key, params, spaces, sandbox
+        module = policies.load(key, None)
+        payload = policies.sources[key]
+        self.error: tuple[str, str] | None = None
+        self.mode, self.width = "episodes", _MAX_WIDTH
+        self.instances: dict[int, Any] = {}
+        self.params: dict[int, Any] = {}
+        self.shared = module
+        if isinstance(module, Exception):
+            self.error = ("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
+        elif missing_function(module, functions):
+            self.error = (f"policy has no callable {missing_function(module, functions)}()", "")
+        elif callable(getattr(module, "act_batch", None)) and not (isinstance(payload, str) and hasattr(module, "reset")):
+            self.mode, self.batch_params = "shared", materialize(params)
+        elif callable(getattr(module, "act_slots", None)):
+            self.mode, self.batch_params = "slots", materialize(params)
+            self.width = 1 if getattr(module, "sequential", False) else _MAX_WIDTH
+        elif not isinstance(payload, str):
+            self.width = 1  # a kind that acts per observation and keeps its own state: one episode at a time
+        else:
+            self.width = 1 if uses_global_random(policies.codes.get(key) or compile(payload, "<policy>", "exec")) \
+                else _MAX_WIDTH
+        if self.mode != "episodes" and self.error is None:
+            from ratchet.policy import bind_spaces
+
+            bind_spaces(module, *spaces)
+
+    def start(self, slot: int, seed: int) -> Any:
+        """Start the episode in ``slot`` on ``seed``: None, or its :class:`~ratchet.execution.protocol.SlotFailure`."""
+        import random
+
+        import numpy as np
+
+        from ratchet.execution.protocol import SlotFailure
+        from ratchet.policy import bind_spaces, materialize
+
+        if self.sandbox is not None:
+            from ratchet.execution.sandbox import rearm_cpu_limit
+
+            rearm_cpu_limit(int(self.sandbox["cpu_limit_s"]))  # each episode gets the CPU-time limit afresh
+        if self.mode == "shared":
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+            return None
+        if self.mode == "slots":
+            try:
+                self.shared.start_slot(slot, self.batch_params, seed)
+            except BaseException as exc:  # noqa: BLE001 - the policy's reset failing is the episode's outcome
+                return SlotFailure(f"policy raised {type(exc).__name__}", _text(exc, 400), start=True)
+            return None
+        module = self.policies.fresh(self.key)
+        if isinstance(module, Exception):
+            return SlotFailure("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}", start=True)
+        missing = missing_function(module, ("act",))
+        if missing:
+            return SlotFailure(f"policy has no callable {missing}()", "", start=True)
+        bind_spaces(module, *self.spaces)
+        params = materialize(self.raw_params)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        reset = getattr(module, "reset", None)
+        if reset is not None:
+            try:
+                reset(params, seed)
+            except BaseException as exc:  # noqa: BLE001 - the policy's reset failing is the episode's outcome
+                return SlotFailure(f"policy raised {type(exc).__name__}", _text(exc, 400), start=True)
+        self.instances[slot], self.params[slot] = module.act, params
+        return None
+
+    def act(self, new: list[tuple[int, int]], slots: list[int], observations: Any) -> bytes:
+        """The encoded answer to a round: start ``new`` slots, then one action per observation."""
+        from ratchet.execution.protocol import SlotFailure, encode_actions, encode_error
+
+        failed = {}
+        for slot, seed in new:
+            why = self.start(slot, seed)
+            if why is not None:
+                failed[slot] = why
+        n = len(slots)
+        if self.mode == "shared" or self.mode == "slots":
+            if failed and len(failed) == n:
+                return encode_actions([failed[s] for s in slots], n)
+            try:
+                if self.mode == "shared":
+                    out = self.shared.act_batch(observations, self.batch_params)
+                else:
+                    out = [SlotFailure(f"policy raised {type(a).__name__}", _text(a, 400)) if isinstance(a, BaseException)
+                           else a for a in self.shared.act_slots(slots, observations, self.batch_params)]
+            except BaseException as exc:  # noqa: BLE001 - the policy's failure is the round's episodes' outcome
+                return encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
+            if failed:
+                out = [failed.get(s, a) for s, a in zip(slots, list(out))]
+            return encode_actions(out, n)
+        results: list[Any] = []
+        instances, params = self.instances, self.params
+        for s, obs in zip(slots, observations):
+            act = instances.get(s)
+            if act is None:
+                results.append(failed.get(s) or SlotFailure("policy has no episode in this slot", ""))
+                continue
+            try:
+                results.append(act(obs, params[s]))
+            except BaseException as exc:  # noqa: BLE001 - the policy's failure is the episode's outcome
+                results.append(SlotFailure(f"policy raised {type(exc).__name__}", _text(exc, 400)))
+        return encode_actions(results, n)
+
 
 def _start(sandbox: dict[str, Any] | None) -> None:
     """Confine this process (when the parent passed sandbox settings) and silence its stdout."""
@@ -138,7 +283,7 @@ def policy_main(chan: Any, ctl: int | None = None) -> None:
         except (EOFError, OSError):
             return
         msg = pickle.loads(data[1:])
-        if msg[0] != "episode":
+        if msg[0] not in ("episode", "batch"):
             return
         if msg[2] is not None:
             policies.sources[msg[1]] = msg[2]
@@ -196,10 +341,11 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
     import ctypes
     import pickle
     import random
+    import struct
 
     import numpy as np
 
-    from ratchet.execution.protocol import encode_action, encode_error, encode_value
+    from ratchet.execution.protocol import decode_round, encode_action, encode_error, encode_value
     from ratchet.policy import bind_spaces, materialize
 
     if sandbox is not None:
@@ -215,6 +361,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
     raw: Any = None  # (dtype, shape) of raw observations, announced with the episode
     frombuffer = np.frombuffer
     msg: tuple | None = first
+    batch: _Batch | None = None
     while True:
         if msg is None:
             try:
@@ -223,11 +370,25 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                 return
             if data[:1] == b"O":  # an observation as raw bytes, of the dtype and shape the episode announced
                 msg = ("obs", frombuffer(data, raw[0], offset=1).reshape(raw[1]).copy())
+            elif data[:1] == b"B":  # a lockstep round
+                msg = ("round", data)
             else:
                 msg = pickle.loads(data[1:])
         kind = msg[0]
         try:
-            if kind == "obs":
+            if kind == "round":
+                if batch is None:
+                    reply = encode_error("no batch started", "")
+                else:
+                    reply = batch.act(*decode_round(msg[1], raw))
+            elif kind == "batch":
+                _, key, source, params, raw, spaces, functions = msg
+                raw = None if raw is None else (np.dtype(raw[0]), tuple(raw[1]))
+                if source is not None:
+                    policies.sources[key] = source
+                batch = _Batch(policies, key, params, spaces, functions, sandbox)
+                reply = encode_error(*batch.error) if batch.error else b"W" + struct.pack("<I", batch.width)
+            elif kind == "obs":
                 try:
                     reply = encode_action(act(msg[1], params))
                 except BaseException as exc:  # noqa: BLE001 - the policy's failure is the episode's outcome
@@ -264,6 +425,7 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                             reply = encode_error(f"policy raised {type(exc).__name__}", _text(exc, 400))
                     act = getattr(module, "act", None)
             elif kind == "end":
+                batch = None
                 _trim_log()
                 strays = reap_strays() if sandbox is not None else 0
                 reply = b"S" + json.dumps({"strays": strays}).encode()

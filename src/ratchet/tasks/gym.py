@@ -127,6 +127,29 @@ class GymTask:
             except Exception:  # noqa: BLE001, S110 - closing is best effort: the episode's result is already known
                 pass
 
+    def run_batch(self, policy: Any, params: Mapping[str, Any], seeds: Sequence[int], width: int,
+                  timeout_s: float) -> list[Any]:
+        """The episodes of one candidate on ``seeds``, up to ``width`` environments stepped in lockstep (one message
+        to the policy process per round; :func:`ratchet.rollout.run_lockstep`), each in a fresh environment and equal
+        to its :meth:`run_episode`.
+
+        Args:
+            policy: A batch handle (:class:`ratchet.execution.envhost.RemotePolicy`).
+            params: The candidate's parameter values.
+            seeds: The episodes' seeds.
+            width: Most environments at once.
+            timeout_s: Per-episode time limit (seconds; each episode is charged its share of the rounds it was in).
+
+        Returns:
+            The :class:`~ratchet.rollout.Episode` of each seed, in order.
+
+        Raises:
+            BatchAborted: the policy process died, timed out or sent garbage.
+        """
+        from ratchet.rollout import run_lockstep
+
+        return run_lockstep(self.make_env, policy, params, list(seeds), self, width, timeout_s)
+
     def spaces(self) -> tuple[Any, Any]:
         """``(observation_space, action_space)`` of the environment (made once and closed; no policy code runs).
 
