@@ -155,9 +155,9 @@ class _Batch:
             from ratchet.execution.sandbox import rearm_cpu_limit
 
             rearm_cpu_limit(int(self.sandbox["cpu_limit_s"]))  # each episode gets the CPU-time limit afresh
+        random.seed(seed)  # as run_episode, before the policy's reset
+        np.random.seed(seed % 2**32)
         if self.mode == "shared":
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
             return None
         if self.mode == "slots":
             try:
@@ -173,8 +173,6 @@ class _Batch:
             return SlotFailure(f"policy has no callable {missing}()", "", start=True)
         bind_spaces(module, *self.spaces)
         params = materialize(self.raw_params)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
         reset = getattr(module, "reset", None)
         if reset is not None:
             try:

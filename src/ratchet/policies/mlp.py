@@ -60,20 +60,36 @@ class MLP:
         return [int(w.shape[1]) for w, _ in self.weights[:-1]]
 
     def output(self, observation: Any) -> np.ndarray:
-        """The network's output for one observation (flattened), shape ``(out,)``."""
-        x = (np.asarray(observation, dtype=np.float64).ravel() - self.obs_shift) * self.obs_scale
+        """The network's output for one observation (flattened), shape ``(out,)``: row 0 of :meth:`outputs`."""
+        return self.outputs(np.asarray(observation, dtype=np.float64).reshape(1, -1))[0]
+
+    def outputs(self, observations: Any) -> np.ndarray:
+        """The network's outputs for ``n`` observations (each flattened), shape ``(n, out)``, float64.
+
+        Each row is computed as a vector-matrix product of its own (a stack of ``(1, in) @ (in, out)``), never as
+        one matrix product of the whole batch, whose summation order BLAS may choose by the batch's size: a row's
+        output is the same bits whichever observations it came with, and alone.
+        """
+        x = (np.asarray(observations, dtype=np.float64).reshape(len(observations), 1, -1) - self.obs_shift) * self.obs_scale
         act = np.tanh if self.activation == "tanh" else (lambda v: np.maximum(v, 0.0))
         for i, (w, b) in enumerate(self.weights):
             x = x @ w + b
             if i < len(self.weights) - 1:
                 x = act(x)
-        return x
+        return x[:, 0, :]
 
     def act(self, observation: Any) -> Any:
         """The deterministic action: an ``int`` for Discrete, a float array of the Box's shape otherwise."""
         out = self.output(observation)
         if self.action == "discrete":
             return int(np.argmax(out))
+        return np.clip(out, self.low, self.high)
+
+    def act_batch(self, observations: Any) -> np.ndarray:
+        """:meth:`act` for ``n`` observations at once: int64 shape ``(n,)`` for Discrete, else float64 ``(n, act)``."""
+        out = self.outputs(observations)
+        if self.action == "discrete":
+            return np.argmax(out, axis=1)
         return np.clip(out, self.low, self.high)
 
     def to_bytes(self) -> bytes:
@@ -249,6 +265,10 @@ class MLPPolicy:
 
     def act(self, observation: Any, params: Mapping[str, Any]) -> Any:
         return self.mlp.act(observation)
+
+    def act_batch(self, observations: Any, params: Mapping[str, Any]) -> Any:
+        """One forward pass for a lockstep round's observations (:meth:`MLP.act_batch`)."""
+        return self.mlp.act_batch(observations)
 
 
 def build(source: str, artifacts: Mapping[str, bytes]) -> MLPPolicy:

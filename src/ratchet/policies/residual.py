@@ -43,6 +43,7 @@ class ResidualPolicy:
         self.code = compile(source, "<policy>", "exec")
         self.correction = correction
         self.base: Any = None
+        self.bases: dict[int, Any] = {}  # lockstep slots' bases
 
     def reset(self, params: Mapping[str, Any], seed: int) -> None:
         if self.base is None or not hasattr(self.base, "reset"):
@@ -53,6 +54,33 @@ class ResidualPolicy:
 
     def act(self, observation: Any, params: Mapping[str, Any]) -> Any:
         return combine(self.base.act(observation, params), self.correction.output(observation), self.correction)
+
+    @property
+    def sequential(self) -> bool:
+        """The base program may draw from the global random generators: serve one episode at a time."""
+        from ratchet.policy import uses_global_random
+
+        return uses_global_random(self.code)
+
+    def start_slot(self, slot: int, params: Mapping[str, Any], seed: int) -> None:
+        """Start a lockstep batch's episode in ``slot``: a base of its own, started as :meth:`reset` starts one."""
+        base = compile_policy(self.code, "<policy>")
+        bind_spaces(base, getattr(self, "OBSERVATION_SPACE", None), getattr(self, "ACTION_SPACE", None))
+        if hasattr(base, "reset"):
+            base.reset(params, seed)
+        self.bases[slot] = base
+
+    def act_slots(self, slots: list[int], observations: Any, params: Mapping[str, Any]) -> list[Any]:
+        """A lockstep round: each slot's base action (or the exception it raised) and the correction for all
+        observations in one forward pass (:meth:`MLP.outputs`, row for row the same as alone)."""
+        corrections = self.correction.outputs(observations)
+        out: list[Any] = []
+        for slot, obs, corr in zip(slots, observations, corrections):
+            try:
+                out.append(combine(self.bases[slot].act(obs, params), corr, self.correction))
+            except Exception as exc:  # noqa: BLE001 - the base's failure is its own episode's outcome
+                out.append(exc)
+        return out
 
 
 def build(source: str, artifacts: Mapping[str, bytes]) -> ResidualPolicy:

@@ -153,6 +153,13 @@ class SB3Policy:
         action, _ = self.policy.predict(observation, deterministic=True)  # no_grad inside
         return int(action) if self.discrete else action
 
+    def act_batch(self, observations: Any, params: Mapping[str, Any]) -> list[Any]:
+        """A lockstep round's actions, one ``predict`` per observation: PyTorch's matrix product of a batch rounds
+        differently from a single row's, so one forward pass for all would change actions from what the model gives
+        each observation alone (and from Stable-Baselines3's own loop); the round trip per step is saved all the
+        same."""
+        return [self.act(o, params) for o in observations]
+
 
 def build(source: str, artifacts: Mapping[str, bytes]) -> SB3Policy:
     """Worker entry point (see :func:`ratchet.policies.build`): roles ``"model"`` and, optionally,

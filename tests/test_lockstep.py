@@ -1,0 +1,228 @@
+"""Lockstep batches (``[execution] lockstep_episodes``): a worker pair steps many episodes of one candidate at once,
+and every episode is the one it would be alone — for every shipped example, every policy kind, and episodes that
+fail on their own."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ratchet.execution import Job
+from ratchet.execution.process import ProcessExecutor
+from ratchet.policy import parse_policy
+from ratchet.task import GymTask
+
+ROOT = Path(__file__).resolve().parents[1]
+GYM_EXAMPLES = sorted(p.parent.name for p in ROOT.glob("examples/*/ratchet.toml")
+                      if 'kind = "evaluator"' not in p.read_text())
+
+
+def _both(task, cands_and_seeds, lockstep=8, workers=1, timeout_s=60.0):
+    """The episodes of the same jobs one at a time and in lockstep, as dicts."""
+    out = []
+    for width in (1, lockstep):
+        with ProcessExecutor(workers=workers, episode_timeout_s=timeout_s, lockstep=width) as ex:
+            out.append([e.to_dict() for e in ex.run(task, cands_and_seeds)])
+    return out
+
+
+@pytest.mark.parametrize("example", GYM_EXAMPLES)
+def test_every_shipped_example_gives_the_same_episodes_in_lockstep(example, tmp_path):
+    """The start candidate of each example (program, mlp, sb3 and residual kinds), its env cut to 200 steps per
+    episode to keep the test short: lockstep episodes equal one-at-a-time episodes, field for field."""
+    from ratchet.loop import load_start
+    from ratchet.spec import load_spec
+    from ratchet.tasks import task_from_spec
+
+    spec = load_spec(ROOT / "examples" / example / "ratchet.toml")
+    if spec.task.env_id.startswith(("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")):
+        pytest.importorskip("mujoco", reason="MuJoCo tasks need pip install 'policy-ratchet[mujoco]'")
+    table = spec.task.model_dump()
+    table["max_episode_steps"] = 200
+    task = task_from_spec(table)
+    _, cand, blobs = load_start(spec, task)
+    if cand.kind == "residual":  # a start correction is zero; give it weights so it changes actions
+        from ratchet.ledger.artifacts import digest
+        from ratchet.policies import mlp
+
+        net = mlp.init_weights(*task.spaces(), hidden=[16], seed=3, zero_output=False).to_bytes()
+        cand = type(cand).create(cand.source, cand.params, kind="residual", artifacts={"correction": digest(net)})
+        blobs = {digest(net): net}
+    jobs = [Job(cand, s, blobs) for s in range(10)]
+    alone, together = _both(task, jobs, lockstep=4)
+    assert together == alone
+    assert not any(e["error"] for e in alone), [e["error"] for e in alone]
+
+
+def _program(source: str, params=None):
+    return parse_policy(source).candidate(params)
+
+
+CARTPOLE = GymTask("CartPole-v1")
+LINEAR = """
+import numpy as np
+PARAMETERS = {"w": {"default": [0.1, 0.5, 1.0, 1.0], "low": -5, "high": 5, "shape": [4]}}
+def act(obs, params):
+    return int(obs @ params["w"] > 0)
+"""
+
+
+def test_episodes_fail_on_their_own_in_a_batch():
+    """An invalid action in one episode, a raise in another and a reset that fails in a third end only those
+    episodes, each with the error (and env steps, return, final observation) it gets alone."""
+    source = """
+import math
+PARAMETERS = {}
+STATE = {}
+def reset(params, seed):
+    if seed == 3:
+        raise ValueError("no start for seed 3")
+    STATE["seed"], STATE["t"] = seed, 0
+def act(obs, params):
+    STATE["t"] += 1
+    if STATE["seed"] == 1 and STATE["t"] == 7:
+        return 5
+    if STATE["seed"] == 2 and STATE["t"] == 11:
+        raise RuntimeError("boom at 11")
+    if STATE["seed"] == 4 and STATE["t"] == 4:
+        return math.nan
+    return int(obs[2] + obs[3] > 0)
+"""
+    alone, together = _both(CARTPOLE, [Job(_program(source), s) for s in range(6)])
+    assert together == alone
+    errors = [e["error"] for e in alone]
+    assert errors[0] is None and errors[5] is None
+    assert "invalid action: step 6" in errors[1] and "policy raised RuntimeError: boom at 11" == errors[2]
+    assert errors[3] == "policy raised ValueError: no start for seed 3" and alone[3]["diagnostics"]["final_observation"] is None
+    assert "non-finite" in errors[4] and alone[4]["length"] == 3
+
+
+def test_a_policy_drawing_random_numbers_gets_its_own_episode_draws():
+    """A policy that draws from the global generators is served one episode at a time inside the batch, so its
+    episodes are the same as alone (seeded with their own seed)."""
+    source = """
+import random
+import numpy as np
+PARAMETERS = {}
+def act(obs, params):
+    return int(np.random.random() < 0.5) if random.random() < 0.3 else int(obs[2] > 0)
+"""
+    alone, together = _both(CARTPOLE, [Job(_program(source), s) for s in range(6)])
+    assert together == alone
+    assert len({e["length"] for e in alone}) > 1
+
+
+def test_uses_global_random_reads_names_not_docstrings():
+    from ratchet.policy import uses_global_random
+
+    def code(src):
+        return compile(src, "<p>", "exec")
+
+    assert uses_global_random(code("import numpy as np\ndef act(o, p):\n    return np.random.rand()"))
+    assert uses_global_random(code("from random import choice\ndef act(o, p):\n    return choice([0, 1])"))
+    assert uses_global_random(code("def act(o, p):\n    return __import__('random').random()"))
+    assert not uses_global_random(code('"""Not random at all."""\ndef act(o, p):\n    """no random here"""\n    return 0'))
+
+
+def test_act_batch_answers_a_whole_round():
+    """A program's ``act_batch(observations, params)`` answers every episode of a round in one call, and gives
+    the episodes ``act`` gives alone (a batch of one)."""
+    source = LINEAR + """
+CALLS = []
+def act_batch(observations, params):
+    CALLS.append(len(observations))
+    return (observations @ params["w"] > 0).astype(int)
+"""
+    cand = _program(source)
+    alone, together = _both(CARTPOLE, [Job(cand, s) for s in range(8)])
+    assert together == alone
+    assert not any(e["error"] for e in alone)
+
+
+@pytest.mark.parametrize("answer, fragment", [("[0]", "wrong number of actions"), ("None", "returned no sequence"),
+                                              ("1 / 0", "policy raised ZeroDivisionError")])
+def test_act_batch_that_fails_fails_the_round(answer, fragment):
+    source = LINEAR + f"""
+def act_batch(observations, params):
+    return {answer}
+"""
+    with ProcessExecutor(workers=1, episode_timeout_s=60, lockstep=4) as ex:
+        eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(4)])
+    assert all(fragment in e.error for e in eps), [e.error for e in eps]
+
+
+def test_mlp_outputs_are_row_for_row_those_of_one_observation():
+    """A network's batch forward pass gives each row exactly the bits of that observation alone (BLAS's matrix
+    product would not: its summation order depends on the batch size)."""
+    from ratchet.policies import mlp
+
+    task = GymTask("LunarLander-v3")
+    net = mlp.load_weights(mlp.init_weights(*task.spaces(), hidden=[64, 64], seed=1, zero_output=False).to_bytes())
+    obs = np.random.default_rng(0).normal(size=(37, 8)).astype(np.float32)
+    batch = net.outputs(obs)
+    assert all((batch[i] == net.output(obs[i])).all() for i in range(len(obs)))
+    assert net.act_batch(obs).tolist() == [net.act(o) for o in obs]
+
+
+def test_a_hanging_episode_stops_its_batch_within_the_timeout():
+    """A policy that hangs in one episode of a batch: the batch ends at the timeout, not at a multiple of it;
+    the hung episode and the others of the batch keep the env steps they took; the next candidate runs."""
+    source = """
+import time
+PARAMETERS = {}
+STATE = {}
+def reset(params, seed):
+    STATE["seed"], STATE["t"] = seed, 0
+def act(obs, params):
+    STATE["t"] += 1
+    if STATE["seed"] == 2 and STATE["t"] == 20:
+        time.sleep(1000)
+    return int(obs[2] + obs[3] > 0)
+"""
+    good = _program(LINEAR)
+    with ProcessExecutor(workers=1, episode_timeout_s=2, lockstep=8) as ex:
+        t0 = time.monotonic()
+        eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(6)] + [Job(good, 0)])
+        took = time.monotonic() - t0
+    assert took < 12, took
+    assert eps[0].error.startswith("timeout after 2 s on seed")
+    assert all(e.error.startswith("skipped: timeout after 2 s") for e in eps[1:6])
+    assert sum(e.length for e in eps[:6]) >= 6 * 19  # every episode had reached its 19th step
+    assert eps[6].error is None
+
+
+def test_a_slow_policy_is_not_timed_out_for_answering_a_whole_round():
+    """A policy taking 0.1 s per action, 16 episodes of 5 steps and a 1 s timeout: a round of all 16 would take
+    1.6 s, but rounds grow only while they take under a tenth of the timeout, so no episode times out."""
+    source = """
+import time
+PARAMETERS = {}
+def act(obs, params):
+    time.sleep(0.1)
+    return int(obs[2] > 0)
+"""
+    task = GymTask("CartPole-v1", max_episode_steps=5)
+    with ProcessExecutor(workers=1, episode_timeout_s=1.0, lockstep=16) as ex:
+        eps = ex.run(task, [Job(_program(source), s) for s in range(16)])
+    assert [e.error for e in eps] == [None] * 16
+    assert all(e.length == 5 for e in eps)
+
+
+def test_a_batch_starts_only_when_its_worst_case_fits_the_env_step_cap():
+    """With ``max_env_steps`` a batch is sized so that even if every episode runs to the time limit the cap holds."""
+    task = GymTask("CartPole-v1", max_episode_steps=50)
+    with ProcessExecutor(workers=2, episode_timeout_s=60, lockstep=16) as ex:
+        eps = ex.run(task, [Job(_program(LINEAR), s) for s in range(40)], max_env_steps=730)
+    assert sum(e.length for e in eps) <= 730
+    ran = [e for e in eps if e.error is None]
+    assert len(ran) == 14 and all(e.error == "skipped: env-step budget used" for e in eps if e.error)
+
+
+def test_lockstep_setting_is_checked():
+    from ratchet.errors import RatchetError
+
+    with pytest.raises(RatchetError, match="lockstep must be an int from 1 to 4096"):
+        ProcessExecutor(workers=1, lockstep=0)
