@@ -252,8 +252,7 @@ class _Run(RunServices):
                 proposed, stopped = list(exc.proposals), str(exc)
             proposals = self.screen_proposals(arm, incumbent, proposed, generation, refiner.take_rejections())
             contenders = proposals + ([recommended] if recommended is not None else [])
-            for cand in contenders:
-                self.record_candidate(cand, generation)
+            self.record_candidates(contenders, generation)
             # execute
             train = self.evaluate(contenders + [incumbent], plan.train_seeds, "train", generation)
             gen_evals = list(train.values())

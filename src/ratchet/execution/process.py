@@ -94,6 +94,7 @@ class _Worker:
         self.jobs: deque[int] = deque()  # the jobs sent, in order: the running message's first
         self.batches: deque[int] = deque()  # how many of them each message sent holds
         self.doomed = False  # a reply said the pair must be replaced (after the running message's last reply)
+        self.again: list[int] = []  # jobs of the running message to run again on a fresh pair (died, stale)
         self.deadline = 0.0
 
     @property
@@ -411,6 +412,7 @@ class ProcessExecutor:
             w.batches.popleft()
             if w.doomed:
                 replace(w)
+                pending.extendleft(reversed(w.again))  # the running message's jobs to rerun go first, in order
             elif w.batches:
                 w.deadline = time.monotonic() + self._deadline_s * w.batches[0]
 
@@ -504,8 +506,8 @@ class ProcessExecutor:
             if status == "stale" and w.trusted and stale.get(head, 0) < 3:  # only an env host says so
                 stale[head] = stale.get(head, 0) + 1  # the candidate before this job's kept the pair: rerun it
                 w.doomed = True
+                w.again.append(head)
                 answered(w)
-                pending.appendleft(head)
                 return
             if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
                 w.doomed = True
@@ -520,8 +522,8 @@ class ProcessExecutor:
                 deaths[head] = deaths.get(head, 0) + 1
                 if status == "died" and deaths[head] <= self.death_retries \
                         and jobs[head].candidate.id not in failed_candidates:
+                    w.again.append(head)
                     answered(w)
-                    pending.appendleft(head)
                     return
                 failed_candidates[jobs[head].candidate.id] = reason
                 finish(head, Episode.failed(jobs[head].seed, reason, ep.length, ep.episode_return, task=task))

@@ -34,6 +34,10 @@ class LedgerStore(Protocol):
     def append(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
         """Append unless ``key`` exists; return (stored event, created)."""
 
+    def append_many(self, events: Any) -> list[tuple[Event, bool]]:
+        """:meth:`append` each ``(type, key, payload)`` of ``events``, in order; a store may commit them together
+        (all or none)."""
+
     def get(self, key: str) -> Event | None:
         """The event with this key, or None."""
 

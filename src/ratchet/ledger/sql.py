@@ -264,6 +264,11 @@ class SQLAlchemyLedger:
             self._engine.dispose()
             raise RunNotFoundError(f"no run {run_id!r} in {shown}; `ratchet runs --storage URL` lists its runs")
 
+    def append_many(self, events: Sequence[tuple[EventType, str, dict[str, Any]]]) -> list[tuple[Event, bool]]:
+        """:meth:`append` each of ``events`` in order (each commits on its own: a database server's commit is cheap
+        next to a file's ``fsync``, and a store shared by many runs keeps its write transactions short)."""
+        return [self.append(type, key, payload) for type, key, payload in events]
+
     def append(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
         """Append one event unless this run already has ``key``.
 

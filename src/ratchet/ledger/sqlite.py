@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,27 +108,56 @@ class SQLiteLedger:
         existing = self.get(key)
         if existing is not None:
             return existing, False
-        if self._lease_lost:
-            raise self._lost_error(key)
-        now = time.time()
-        body = json.dumps(payload, separators=(",", ":"))
         try:
-            if self._fence is None:
-                cur = self._db.execute("INSERT INTO events(key, type, time, payload) VALUES (?, ?, ?, ?)",
-                                       (key, type.value, now, body))
-            else:  # one statement: SQLite holds its write lock from the lease check to the insert
-                cur = self._db.execute("INSERT INTO events(key, type, time, payload) SELECT ?, ?, ?, ? "
-                                       "WHERE EXISTS (SELECT 1 FROM lease WHERE token = ?)",
-                                       (key, type.value, now, body, self._fence))
-                if cur.rowcount == 0:
-                    self._lease_lost = True
-                    raise self._lost_error(key)
+            return self._insert(type, key, payload)
         except sqlite3.IntegrityError:  # another writer won the race
             stored = self.get(key)
             assert stored is not None
             return stored, False
         except sqlite3.Error as exc:  # read-only, disk full, locked for longer than the timeout
             raise LedgerError(f"cannot append to ledger {self.path}: {exc}") from None
+
+    def append_many(self, events: Sequence[tuple[EventType, str, dict[str, Any]]]) -> list[tuple[Event, bool]]:
+        """Append several events in one transaction (one commit, one ``fsync``), each unless its key exists: all of
+        them are stored or, if the write fails, none.
+
+        Returns:
+            ``(event, created)`` for each, in order.
+
+        Raises:
+            LedgerError: the ledger is read-only, the write failed, or the writer lease was lost (then nothing of
+                this call is stored).
+        """
+        out: list[tuple[Event, bool]] = []
+        try:
+            self._db.execute("BEGIN IMMEDIATE")  # no other writer between the key checks and the inserts
+            try:
+                for type, key, payload in events:
+                    existing = self.get(key)
+                    out.append((existing, False) if existing is not None else self._insert(type, key, payload))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot append to ledger {self.path}: {exc}") from None
+        return out
+
+    def _insert(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
+        if self._lease_lost:
+            raise self._lost_error(key)
+        now = time.time()
+        body = json.dumps(payload, separators=(",", ":"))
+        if self._fence is None:
+            cur = self._db.execute("INSERT INTO events(key, type, time, payload) VALUES (?, ?, ?, ?)",
+                                   (key, type.value, now, body))
+        else:  # one statement: SQLite holds its write lock from the lease check to the insert
+            cur = self._db.execute("INSERT INTO events(key, type, time, payload) SELECT ?, ?, ?, ? "
+                                   "WHERE EXISTS (SELECT 1 FROM lease WHERE token = ?)",
+                                   (key, type.value, now, body, self._fence))
+            if cur.rowcount == 0:
+                self._lease_lost = True
+                raise self._lost_error(key)
         assert cur.lastrowid is not None  # an INSERT that ran sets it
         return Event(cur.lastrowid, type, key, now, payload), True
 
