@@ -49,9 +49,9 @@ CASES = {  # env id -> (policy file, params, episodes)
     "BipedalWalker-v3": (ROOT / "examples/bipedal_walker/policy.py", None, 10),
     "HalfCheetah-v5": (ROOT / "examples/half_cheetah_linear/policy.py", {"W": _CHEETAH_W}, 10),
 }
-VARIANTS = {"in-process worker": dict(trusted_rollouts=False, lockstep=1),
-            "trusted, one at a time": dict(trusted_rollouts=True, lockstep=1),
-            "trusted, lockstep": dict(trusted_rollouts=True, lockstep=32)}
+VARIANTS = {"in-process worker": {"trusted_rollouts": False, "lockstep": 1},
+            "trusted, one at a time": {"trusted_rollouts": True, "lockstep": 1},
+            "trusted, lockstep": {"trusted_rollouts": True, "lockstep": 32}}
 
 _PLAIN = """
 import json, os, sys, time
