@@ -8,7 +8,7 @@ excluded by a warm-up batch:
 * **in-process worker** — ``[execution] trusted_rollouts = false``: policy and env in one sandboxed process;
 * **trusted, one at a time** — ``lockstep_episodes = 1``: the env host sends each observation to the sandboxed
   policy process and waits for its action (one round trip per env step);
-* **trusted, lockstep** — the default (``lockstep_episodes = 32``): one round trip per round of up to 32 episodes.
+* **trusted, lockstep** — the default (``lockstep_episodes = 64``): one round trip per round of up to 64 episodes.
 
 Returns must be identical in every variant. Also measured: 2 workers against 1 (trusted, lockstep), and an ``mlp``
 64-64 policy's actions per second on LunarLander observations, one ``act`` per observation vs ``act_batch`` on
@@ -38,6 +38,7 @@ from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.execution.sandbox import Sandbox, isolation
 from ratchet.policy import load_policy
+from ratchet.rollout import LOCKSTEP_EPISODES
 from ratchet.task import GymTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ CASES = {  # env id -> (policy file, params, episodes)
 }
 VARIANTS = {"in-process worker": {"trusted_rollouts": False, "lockstep": 1},
             "trusted, one at a time": {"trusted_rollouts": True, "lockstep": 1},
-            "trusted, lockstep": {"trusted_rollouts": True, "lockstep": 32}}
+            "trusted, lockstep": {"trusted_rollouts": True, "lockstep": LOCKSTEP_EPISODES}}
 
 _PLAIN = """
 import json, os, sys, time
@@ -162,7 +163,7 @@ def main() -> None:
     for env_id in args.envs.split(","):
         path, params, n = CASES[env_id]
         n = max(2, n // 10) if args.quick else n
-        program = load_policy(path)
+        program = load_policy(path, dims=GymTask(env_id).dims())
         params = params or program.defaults
         cand = program.candidate(params)
         seeds = list(range(n))
@@ -190,8 +191,8 @@ def main() -> None:
         if env_id in ("CartPole-v1", "LunarLander-v3"):
             two, one = [], []
             for _ in range(args.repeats):
-                one.append(executor_run(env_id, cand, seeds * 2, 1, True, 32)[0])
-                two.append(executor_run(env_id, cand, seeds * 2, 2, True, 32)[0])
+                one.append(executor_run(env_id, cand, seeds * 2, 1, True, LOCKSTEP_EPISODES)[0])
+                two.append(executor_run(env_id, cand, seeds * 2, 2, True, LOCKSTEP_EPISODES)[0])
             speed = statistics.median(one) / statistics.median(two)
             scaling.append(f"| {env_id} | {2 * n} | {statistics.median(one):.3f} | {statistics.median(two):.3f} | "
                            f"{speed:.2f}× (≥ 1.9× {'met' if speed >= 1.9 else 'NOT met'}) |")

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ratchet.errors import SpecError, TaskError
 from ratchet.execution.sandbox import Sandbox
 from ratchet.refiners.cmaes import CMAESSettings
+from ratchet.rollout import LOCKSTEP_EPISODES
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
@@ -323,7 +324,7 @@ class ExecutionSpec(_Section):
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
                                               "per CPU core.")
     episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).")
-    lockstep_episodes: int = Field(32, ge=1, le=4096, description="Episodes of one candidate each worker steps at once "
+    lockstep_episodes: int = Field(LOCKSTEP_EPISODES, ge=1, le=4096, description="Episodes of one candidate each worker steps at once "
                                    "with trusted rollouts: one message to the policy process per round instead of one "
                                    "per env step; returns are the same as one at a time (1).")
     death_retries: int = Field(1, ge=0, le=10, description="Process backend: times an episode whose worker died (killed "

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from ratchet.errors import RatchetError
 from ratchet.execution.sandbox import Sandbox
 from ratchet.policy import Candidate
-from ratchet.rollout import Episode
+from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
 
 __all__ = ["BUDGET_SKIP", "Executor", "Job", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor", "policy_payload"]
@@ -89,7 +89,7 @@ class Executor(Protocol):
 
 def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend: str = "process",
                   sandbox: Sandbox | None = None, address: str | None = None, batch_episodes: int = 0,
-                  death_retries: int = 1, lockstep: int = 32) -> Executor:
+                  death_retries: int = 1, lockstep: int = LOCKSTEP_EPISODES) -> Executor:
     """Build an executor.
 
     Args:
@@ -126,7 +126,7 @@ def executor_from_spec(execution: Any) -> Executor:
                          sandbox=Sandbox.from_spec(execution), address=execution.address,
                          batch_episodes=execution.batch_episodes,
                          death_retries=getattr(execution, "death_retries", 1),
-                         lockstep=getattr(execution, "lockstep_episodes", 32))
+                         lockstep=getattr(execution, "lockstep_episodes", LOCKSTEP_EPISODES))
 
 
 def __getattr__(name: str):  # lazy: keep `import ratchet.execution` light

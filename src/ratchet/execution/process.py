@@ -24,7 +24,7 @@ from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, hide_from_policies, remove_cgroup, sweep_leftovers
-from ratchet.rollout import Episode
+from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
 
 __all__ = ["ProcessExecutor"]
@@ -290,7 +290,7 @@ class ProcessExecutor:
     """
 
     def __init__(self, workers: int = 0, episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None,
-                 death_retries: int = 1, lockstep: int = 32) -> None:
+                 death_retries: int = 1, lockstep: int = LOCKSTEP_EPISODES) -> None:
         if isinstance(lockstep, bool) or not isinstance(lockstep, int) or not 1 <= lockstep <= 4096:
             raise RatchetError(f"lockstep must be an int from 1 to 4096 (episodes at once per worker), got {lockstep!r}")
         self.death_retries, self.lockstep = int(death_retries), lockstep

@@ -32,7 +32,7 @@ from typing import Any, Self
 from ratchet.errors import RatchetError
 from ratchet.execution import BUDGET_SKIP, Job
 from ratchet.execution.sandbox import Sandbox
-from ratchet.rollout import Episode
+from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
 
 __all__ = ["RayExecutor", "default_batch_episodes"]
@@ -85,7 +85,8 @@ _REMOTE: Any = None  # the driver's Ray remote function for _run_batch
 
 def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]], jobs: list[tuple[str, int]],
                episode_timeout_s: float, sandbox: Sandbox,
-               artifacts: dict[str, bytes] | None = None, lockstep: int = 32) -> tuple[list[dict[str, Any]], float]:
+               artifacts: dict[str, bytes] | None = None, lockstep: int = LOCKSTEP_EPISODES
+               ) -> tuple[list[dict[str, Any]], float]:
     """Ray task body: ``jobs`` (candidate id, seed) through a one-worker sandboxed process pool.
 
     Args:
@@ -180,7 +181,7 @@ class RayExecutor:
 
     def __init__(self, address: str | None = None, workers: int = 0, batch_episodes: int = 0,
                  episode_timeout_s: float = 60.0, sandbox: Sandbox | None = None, max_retries: int = 3,
-                 lockstep: int = 32) -> None:
+                 lockstep: int = LOCKSTEP_EPISODES) -> None:
         if batch_episodes < 0:
             raise RatchetError(f"batch_episodes must be ≥ 0 (0 picks one), got {batch_episodes}")
         self._ray = _import_ray()
