@@ -33,6 +33,7 @@ _MODULES: dict[str, object] = {}
 def _episode(job: tuple[str, str, dict, int, int | None]) -> tuple[float, int]:
     """One plain episode in this pool process: (return, env steps)."""
     import gymnasium as gym
+    import numpy as np
 
     from ratchet.policy import bind_spaces, compile_policy, materialize
 
@@ -48,7 +49,10 @@ def _episode(job: tuple[str, str, dict, int, int | None]) -> tuple[float, int]:
     obs, _ = env.reset(seed=seed)
     total, steps = 0.0, 0
     while True:
-        obs, reward, terminated, truncated, _ = env.step(module.act(obs, p))  # type: ignore[attr-defined]
+        action = module.act(obs, p)  # type: ignore[attr-defined]
+        if isinstance(env.action_space, gym.spaces.Box):  # as ratchet passes it: an array of the space's dtype
+            action = np.asarray(action, dtype=env.action_space.dtype)
+        obs, reward, terminated, truncated, _ = env.step(action)
         total += float(reward)
         steps += 1
         if terminated or truncated:
