@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -118,6 +119,9 @@ def plain_pair(env_id: str, source: str, params: dict, seeds: list[int]) -> floa
 def executor_run(env_id: str, cand, seeds: list[int], workers: int, trusted_rollouts: bool,
                  lockstep: int) -> tuple[float, int, list[float]]:
     task = GymTask(env_id)
+    every = os.sched_getaffinity(0)
+    if workers == 1:  # everything on the CPU the plain loop uses, whatever the variant (this VM's CPUs differ in noise)
+        os.sched_setaffinity(0, {min(every)})
     ex = ProcessExecutor(workers=workers, episode_timeout_s=600, sandbox=Sandbox(trusted_rollouts=trusted_rollouts),
                          lockstep=lockstep)
     try:
@@ -127,6 +131,7 @@ def executor_run(env_id: str, cand, seeds: list[int], workers: int, trusted_roll
         return time.perf_counter() - t0, sum(e.length for e in eps), [e.episode_return for e in eps]
     finally:
         ex.close()
+        os.sched_setaffinity(0, every)
 
 
 def mlp_rates(rounds: int = 300, width: int = 32) -> tuple[float, float]:
@@ -245,8 +250,8 @@ def main() -> None:
         write_section("Rollout speed: lockstep batches", (
             f"Command: `python benchmarks/rollout_speed.py --repeats {args.repeats} --write` — 1 worker unless said, "
             f"median of {args.repeats} interleaved repeats, fresh executors each time, sandboxed (`{isolation()}`); "
-            "the plain loop runs in a fresh process pinned to one CPU, as a worker pair is. Returns identical in every "
-            "variant, episode for episode.\n\n"
+            "with 1 worker every variant runs on the same CPU (the plain loop in a fresh process pinned to it; ratchet's "
+            "driver, worker and env host confined to it). Returns identical in every variant, episode for episode.\n\n"
             f"Machine: {machine()}\n\n{table}\n{table2}\n{mlp_line}\n\n{vec_line}\n"))
 
 

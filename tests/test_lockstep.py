@@ -226,3 +226,44 @@ def test_lockstep_setting_is_checked():
 
     with pytest.raises(RatchetError, match="lockstep must be an int from 1 to 4096"):
         ProcessExecutor(workers=1, lockstep=0)
+
+
+def test_round_messages_round_trip_and_bad_answers_are_refused():
+    """The round message carries new, ended and asked slots; an answer that is not n actions is refused."""
+    from ratchet.execution.protocol import (
+        BadReply,
+        SlotFailure,
+        decode_actions,
+        decode_round,
+        encode_actions,
+        encode_round,
+    )
+    from ratchet.rollout import Opaque, PolicyFailure
+
+    obs = [np.arange(4, dtype=np.float32) + i for i in range(3)]
+    new, done, slots, got = decode_round(encode_round([(2, 7)], [0], [1, 2, 5], obs, True), (np.dtype(np.float32), (4,)))
+    assert (new, done, slots) == ([(2, 7)], [0], [1, 2, 5]) and np.array_equal(got, np.stack(obs))
+    assert decode_actions(encode_actions([1, 0, 1], 3), 3) == [1, 0, 1]
+    mixed = decode_actions(encode_actions([1, SlotFailure("policy raised X", "boom", start=True), "left"], 3), 3)
+    assert mixed[0] == 1 and isinstance(mixed[1], PolicyFailure) and mixed[1].start and isinstance(mixed[2], Opaque)
+    rows = decode_actions(encode_actions(np.ones((3, 2)), 3), 3)
+    assert len(rows) == 3 and rows[0].shape == (2,)
+    for bad in (b"", b"A", b"Ax", b"Al\x02\x00\x00\x00", encode_actions([1, 2], 2), b"\x80pickle"):
+        with pytest.raises((BadReply, PolicyFailure)):
+            decode_actions(bad, 3)
+
+
+def test_a_batch_keeps_state_only_for_running_episodes():
+    """The policy process drops an episode's module instance when the env host says it ended, so a batch of many
+    seeds holds at most a width's worth of policy instances."""
+    from ratchet.execution.worker import _Batch, _Policies
+
+    policies = _Policies()
+    policies.sources["k"] = "PARAMETERS = {}\nBIG = bytearray(10)\ndef act(obs, params):\n    return 0\n"
+    task = GymTask("CartPole-v1")
+    batch = _Batch(policies, "k", {}, task.spaces(), ("act",), None)
+    obs = np.zeros((2, 4), dtype=np.float32)
+    batch.act([(0, 1), (1, 2)], [], [0, 1], obs)
+    assert set(batch.instances) == {0, 1}
+    batch.act([(2, 3)], [0], [1, 2], obs)
+    assert set(batch.instances) == {1, 2}

@@ -333,8 +333,8 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
     Args:
         make_env: ``() -> env``: a fresh environment (the task's ``make_env``).
         policy: A batch handle (:class:`ratchet.execution.envhost.RemotePolicy`): ``start_batch(params, spaces)``
-            returns the most episodes the policy serves at once; ``act_round(new, slots, observations, timeout_s)``
-            answers a round.
+            returns the most episodes the policy serves at once; ``act_round(new, done, slots, observations,
+            timeout_s)`` answers a round.
         params: The candidate's parameter values.
         seeds: The episodes' seeds (``env.reset(seed=...)``), in the order of the returned list.
         task: The task (action mode, success).
@@ -365,6 +365,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
         start_cost = (clock() - t0) / max(1, min(width, len(seeds)))
         queue: list[int] = []  # slots waiting for an action, in order
         new: dict[int, int] = {}  # slots whose episode the policy has not started yet -> seed
+        ended: list[int] = []  # slots whose episode ended since the last round (the policy drops their state)
         next_i, chunk = 0, 1
         while True:
             while len(running) < width and next_i < len(seeds):  # refill: fresh episodes into free places
@@ -386,13 +387,15 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             runs = [running[i] for i in slots]
             left = timeout_s - max(r.used for r in runs)
             t = clock()
-            answers = policy.act_round([(i, new.pop(i)) for i in slots if i in new], slots,
+            answers = policy.act_round([(i, new.pop(i)) for i in slots if i in new], ended, slots,
                                        [r.obs for r in runs], max(left, 1e-3))
+            ended = []
             answered = clock() - t
             for r, answer in zip(runs, answers):
                 if isinstance(answer, PolicyFailure) and answer.start:  # as run_episode: before the env's reset
                     done[r.index] = _errored(r.seed, 0.0, 0, None, _error_text(answer), task)
                     _retire(running.pop(r.index).env)
+                    ended.append(r.index)
                     continue
                 try:
                     if isinstance(answer, PolicyFailure):
@@ -411,10 +414,12 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                 except BaseException as exc:  # noqa: BLE001 - as run_episode: the policy's failure is the episode's outcome
                     done[r.index] = _errored(r.seed, r.total, r.steps, r.obs, _error_text(exc), task)
                     _retire(running.pop(r.index).env)
+                    ended.append(r.index)
                     continue
                 if terminated or truncated:
                     done[r.index] = _ended(r.seed, r.total, r.steps, r.obs, r.reward, terminated, truncated, task)
                     _retire(running.pop(r.index).env)
+                    ended.append(r.index)
                 else:
                     queue.append(r.index)
             share = (clock() - t) / len(runs)

@@ -109,18 +109,18 @@ class RemotePolicy:
                                          self.functions)), "width")
         return width
 
-    def act_round(self, new: list[tuple[int, int]], slots: list[int], observations: list[Any],
+    def act_round(self, new: list[tuple[int, int]], done: list[int], slots: list[int], observations: list[Any],
                   timeout_s: float) -> list[Any]:
-        """One lockstep round: start the ``new`` (slot, seed) episodes, then an answer per observation (an action,
-        :class:`~ratchet.execution.protocol.Opaque` or :class:`~ratchet.rollout.PolicyFailure`) within
-        ``timeout_s`` seconds."""
+        """One lockstep round: the ``done`` slots' episodes ended, start the ``new`` (slot, seed) episodes, then an
+        answer per observation (an action, :class:`~ratchet.execution.protocol.Opaque` or
+        :class:`~ratchet.rollout.PolicyFailure`) within ``timeout_s`` seconds."""
         raw = self.raw
         ok = raw is not None and all(type(o) is np.ndarray and o.dtype == raw[0] and o.shape == raw[1]
                                      for o in observations)
         if self.deadline is not None:
             self.deadline.arm(timeout_s)
         try:
-            self.chan.send(encode_round(new, slots, observations, ok))
+            self.chan.send(encode_round(new, done, slots, observations, ok))
             return decode_actions(self.chan.recv(), len(slots))
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise RolloutAborted("died") from None

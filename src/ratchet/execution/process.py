@@ -400,7 +400,7 @@ class ProcessExecutor:
                     steps = (episode.length, episode.episode_return) if episode is not None and k == 0 else (0, 0.0)
                     finish(j, Episode.failed(jobs[j].seed, reason, *steps, task=task))
             replace(w)
-            pending.extendleft(reversed(again))
+            pending.extendleft(reversed([*w.again, *again]))  # with the message's jobs already marked to rerun
 
         def answered(w: _Worker) -> None:
             """The running message's first outstanding job was answered: when that was its last, replace a doomed
@@ -418,8 +418,8 @@ class ProcessExecutor:
 
         def take(w: _Worker) -> list[int]:
             """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
-            candidate queued right behind it (no renders), as many as the width allows, a fair share of them for each
-            worker, and the env-step cap's worst case."""
+            candidate queued right behind it (no renders), as many as four widths, a fair share of the queue for each
+            worker, and the env-step cap's worst case allow."""
             first = pending.popleft()
             if lockstep == 1 or (render_paths and render_paths[first]):
                 return [first]
@@ -429,7 +429,9 @@ class ProcessExecutor:
                 if jobs[j].candidate.id != cid or (render_paths and render_paths[j]):
                     break
                 same += 1
-            size = min(4 * lockstep, -(-same // len(workers)))
+            # a fair share for each worker of all the work queued, so a generation's candidates go to the workers
+            # whole (each candidate's process started once) and one long validation is split between them
+            size = min(4 * lockstep, same, -(-(len(pending) + 1) // len(workers)))
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 running = sum(len(x.jobs) for x in workers)

@@ -237,9 +237,10 @@ def _decode_array(body: bytes) -> np.ndarray:
 # -- lockstep batches ---------------------------------------------------------------------------------------
 #
 # Env host → policy, after a pickled ``("batch", source_key, source_or_None, params, raw, spaces, functions)``
-# (answered ``W`` + u32 width, or ``E``): one round is ``B`` + u32 n_new + n_new × (u32 slot, i64 seed) + u32 n +
-# n × u32 slot + the n observations (``r`` + their raw bytes back to back when ``raw`` was announced, else ``p`` +
-# a pickled list). New slots start an episode (fresh policy state, seeded, ``reset``) before the round's actions.
+# (answered ``W`` + u32 width, or ``E``): one round is ``B`` + u32 n_new + n_new × (u32 slot, i64 seed) + u32 n_done +
+# n_done × u32 slot + u32 n + n × u32 slot + the n observations (``r`` + their raw bytes back to back when ``raw`` was
+# announced, else ``p`` + a pickled list). New slots start an episode (fresh policy state, seeded, ``reset``) before
+# the round's actions; done slots' episodes have ended (the policy drops their state).
 # Policy → env host: ``A`` + an ``a`` array of n rows (one action each), or ``l`` + n length-prefixed items, each
 # an action as :func:`encode_action` writes it or an ``E`` (that episode's failure); or ``E`` for all n.
 
@@ -247,13 +248,15 @@ _ROUND_HEAD = struct.Struct("<I")
 _NEW_SLOT = struct.Struct("<Iq")
 
 
-def encode_round(new: list[tuple[int, int]], slots: list[int], observations: list[Any], raw: bool) -> bytes:
+def encode_round(new: list[tuple[int, int]], done: list[int], slots: list[int], observations: list[Any],
+                 raw: bool) -> bytes:
     """Env host side: one round's message (see above); ``raw``: every observation is an ``ndarray`` of the dtype
     and shape the batch announced."""
     import pickle
 
     parts = [b"B", _ROUND_HEAD.pack(len(new))]
     parts += [_NEW_SLOT.pack(s, seed) for s, seed in new]
+    parts += [_ROUND_HEAD.pack(len(done)), np.asarray(done, dtype="<u4").tobytes()]
     parts.append(_ROUND_HEAD.pack(len(slots)))
     parts.append(np.asarray(slots, dtype="<u4").tobytes())
     if raw:
@@ -264,15 +267,19 @@ def encode_round(new: list[tuple[int, int]], slots: list[int], observations: lis
     return b"".join(parts)
 
 
-def decode_round(data: bytes, raw: tuple[np.dtype, tuple[int, ...]] | None) -> tuple[list[tuple[int, int]], list[int], Any]:
-    """Policy side: ``(new slots as (slot, seed), slots, observations)`` of a round message (from the trusted env
-    host, so unpickling is safe); observations are an ``(n, *shape)`` array when raw, else a list."""
+def decode_round(data: bytes, raw: tuple[np.dtype, tuple[int, ...]] | None
+                 ) -> tuple[list[tuple[int, int]], list[int], list[int], Any]:
+    """Policy side: ``(new slots as (slot, seed), done slots, slots, observations)`` of a round message (from the
+    trusted env host, so unpickling is safe); observations are an ``(n, *shape)`` array when raw, else a list."""
     import pickle
 
     (n_new,) = _ROUND_HEAD.unpack_from(data, 1)
     pos = 5
     new = [_NEW_SLOT.unpack_from(data, pos + 12 * i) for i in range(n_new)]
     pos += 12 * n_new
+    (n_done,) = _ROUND_HEAD.unpack_from(data, pos)
+    done = np.frombuffer(data, dtype="<u4", count=n_done, offset=pos + 4).tolist()
+    pos += 4 + 4 * n_done
     (n,) = _ROUND_HEAD.unpack_from(data, pos)
     pos += 4
     slots = np.frombuffer(data, dtype="<u4", count=n, offset=pos).tolist()
@@ -282,7 +289,7 @@ def decode_round(data: bytes, raw: tuple[np.dtype, tuple[int, ...]] | None) -> t
         obs: Any = np.frombuffer(data, raw[0], offset=pos + 1).reshape((n, *raw[1])).copy()
     else:
         obs = pickle.loads(data[pos + 1:])
-    return [(int(s), int(seed)) for s, seed in new], slots, obs
+    return [(int(s), int(seed)) for s, seed in new], done, slots, obs
 
 
 class SlotFailure:

@@ -182,10 +182,16 @@ class _Batch:
         self.instances[slot], self.params[slot] = module.act, params
         return None
 
-    def act(self, new: list[tuple[int, int]], slots: list[int], observations: Any) -> bytes:
-        """The encoded answer to a round: start ``new`` slots, then one action per observation."""
+    def act(self, new: list[tuple[int, int]], done: list[int], slots: list[int], observations: Any) -> bytes:
+        """The encoded answer to a round: drop the ``done`` slots' state, start ``new`` slots, then one action per
+        observation."""
         from ratchet.execution.protocol import SlotFailure, encode_actions, encode_error
 
+        for slot in done:  # at most a width's worth of episodes hold state at once
+            self.instances.pop(slot, None)
+            self.params.pop(slot, None)
+            if self.mode == "slots":
+                self.shared.end_slot(slot)
         failed = {}
         for slot, seed in new:
             why = self.start(slot, seed)
@@ -257,6 +263,11 @@ def policy_main(chan: Any, ctl: int | None = None) -> None:
     import gymnasium.spaces  # noqa: F401 - the episode message carries the task's spaces (pickled); import before "ready"
     import numpy as np  # noqa: F401 - imported once here, before forking, for every candidate
 
+    # what each candidate's child uses, imported once here (a child's own imports die with it: they would cost
+    # every candidate milliseconds)
+    import ratchet.execution.protocol
+    import ratchet.execution.sandbox
+    import ratchet.policy  # noqa: F401
     from ratchet.execution.channel import pin_to_cpu
 
     sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None

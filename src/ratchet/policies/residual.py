@@ -70,6 +70,10 @@ class ResidualPolicy:
             base.reset(params, seed)
         self.bases[slot] = base
 
+    def end_slot(self, slot: int) -> None:
+        """The episode in ``slot`` ended: drop its base."""
+        self.bases.pop(slot, None)
+
     def act_slots(self, slots: list[int], observations: Any, params: Mapping[str, Any]) -> list[Any]:
         """A lockstep round: each slot's base action (or the exception it raised) and the correction for all
         observations in one forward pass (:meth:`MLP.outputs`, row for row the same as alone)."""
