@@ -85,8 +85,9 @@ def main() -> None:
             f"Command: `python benchmarks/trusted_rollouts.py --episodes {args.episodes} --repeats {args.repeats} "
             f"--workers {args.workers} --write` — {args.workers} worker(s), {args.repeats} interleaved repeats, "
             f"fresh executors each time, both modes sandboxed (`{isolation()}`). *Trusted*: the env host steps "
-            "the env and sends each observation to the sandboxed policy process over a pipe (raw bytes), which "
-            "answers with the action (tagged bytes, never unpickled); both processes are pinned to one CPU. "
+            "the envs and sends the observations of up to `lockstep_episodes` (64) episodes per round to the "
+            "sandboxed policy process over a pipe (raw bytes), which answers with their actions (tagged bytes, never "
+            "unpickled); both processes are pinned to one CPU. "
             "*In-process*: `[execution] trusted_rollouts = false`, policy and env in one sandboxed process.\n\n"
             f"Machine: {machine()}\n\n{table}\n{summary}\n"))
 
