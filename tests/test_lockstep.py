@@ -168,8 +168,10 @@ def test_mlp_outputs_are_row_for_row_those_of_one_observation():
 
 
 def test_a_hanging_episode_stops_its_batch_within_the_timeout():
-    """A policy that hangs in one episode of a batch: the batch ends at the timeout, not at a multiple of it;
-    the hung episode and the others of the batch keep the env steps they took; the next candidate runs."""
+    """A policy that hangs in one episode of a batch: the round stops at the timeout, and the batch's unfinished
+    episodes run again one at a time, as they would alone: the honest ones complete, the hanging one times out (so
+    a hang costs two timeouts, not a multiple of the batch), the rest of the candidate is skipped, and the next
+    candidate runs."""
     source = """
 import time
 PARAMETERS = {}
@@ -188,9 +190,9 @@ def act(obs, params):
         eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(6)] + [Job(good, 0)])
         took = time.monotonic() - t0
     assert took < 12, took
-    assert eps[0].error.startswith("timeout after 2 s on seed")
-    assert all(e.error.startswith("skipped: timeout after 2 s") for e in eps[1:6])
-    assert sum(e.length for e in eps[:6]) >= 6 * 19  # every episode had reached its 19th step
+    assert eps[0].error is None and eps[1].error is None
+    assert eps[2].error == "timeout after 2 s on seed 2" and eps[2].length == 19
+    assert all(e.error == "skipped: timeout after 2 s on seed 2" for e in eps[3:6])
     assert eps[6].error is None
 
 
@@ -267,3 +269,56 @@ def test_a_batch_keeps_state_only_for_running_episodes():
     assert set(batch.instances) == {0, 1}
     batch.act([(2, 3)], [0], [1, 2], obs)
     assert set(batch.instances) == {1, 2}
+
+
+def test_act_batch_failing_midway_fails_only_the_round_and_keeps_the_steps():
+    """act_batch raising after many rounds errs the round's episodes with the steps they took; episodes that had
+    finished stand (the env-step cap counts every step)."""
+    source = LINEAR + """
+SEEN = [0]
+def act_batch(observations, params):
+    SEEN[0] += len(observations)
+    if SEEN[0] > 1500:
+        raise ValueError("tired")
+    return (observations @ params["w"] > 0).astype(int)
+"""
+    task = GymTask("CartPole-v1", max_episode_steps=300)
+    with ProcessExecutor(workers=1, episode_timeout_s=60, lockstep=4) as ex:
+        eps = ex.run(task, [Job(_program(source), s) for s in range(8)])
+    ok, failed = [e for e in eps if e.error is None], [e for e in eps if e.error]
+    assert ok and failed and all(e.error == "policy raised ValueError: tired" and e.length > 0 for e in failed)
+    assert sum(e.length for e in eps) == 1499  # every observation answered before the failing round was a step
+
+
+def test_a_slow_phase_after_fast_rounds_reruns_the_batch_one_at_a_time():
+    """A policy fast for 20 steps and then 0.1 s per action: rounds had grown to all 12 episodes (1.2 s > the 1 s
+    timeout), so the batch is rerun one episode at a time, where each episode fits its own timeout."""
+    source = """
+import time
+PARAMETERS = {}
+STATE = {}
+def reset(params, seed):
+    STATE["t"] = 0
+def act(obs, params):
+    STATE["t"] += 1
+    if STATE["t"] == 20:
+        time.sleep(0.1)
+    return int(obs[2] + obs[3] > 0)
+"""
+    task = GymTask("CartPole-v1", max_episode_steps=30)
+    with ProcessExecutor(workers=1, episode_timeout_s=1.0, lockstep=16) as ex:
+        eps = ex.run(task, [Job(_program(source), s) for s in range(12)])
+    assert [e.error for e in eps] == [None] * 12
+
+
+def test_each_episode_gets_its_own_copy_of_the_spaces():
+    """A policy seeding ACTION_SPACE in reset and sampling from it gets the episodes it gets alone."""
+    source = """
+PARAMETERS = {}
+def reset(params, seed):
+    ACTION_SPACE.seed(seed)
+def act(obs, params):
+    return int(ACTION_SPACE.sample()) if abs(obs[2]) < 0.02 else int(obs[2] + obs[3] > 0)
+"""
+    alone, together = _both(CARTPOLE, [Job(_program(source), s) for s in range(6)])
+    assert together == alone

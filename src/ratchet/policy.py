@@ -746,15 +746,15 @@ def compile_policy(source: str | types.CodeType, filename: str = "<policy>") -> 
 def uses_global_random(code: types.CodeType) -> bool:
     """Whether compiled policy code may draw from the process-wide random generators (Python's ``random``,
     NumPy's ``np.random``): any name, attribute or text constant in it, or in the functions and classes it
-    defines, that contains ``"random"`` (a text constant counts when it could name a module:
+    defines, that contains ``"random"``, or SciPy's ``rvs`` (a text constant counts when it could name a module:
     ``__import__("random")``). Conservative (``np.random.default_rng`` counts too): such a policy's
     episodes are run one at a time in a policy process, so each draws from generators seeded with its own seed
     alone, as :func:`ratchet.rollout.run_episode` seeds them."""
     stack = [code]
     while stack:
         c = stack.pop()
-        if any("random" in n for n in c.co_names) or any("random" in n for n in c.co_varnames):
-            return True
+        if any("random" in n or n == "rvs" for n in c.co_names) or any("random" in n for n in c.co_varnames):
+            return True  # rvs: SciPy's random variates, drawn from NumPy's global generator by default
         for k in c.co_consts:
             if isinstance(k, types.CodeType):
                 stack.append(k)

@@ -106,7 +106,8 @@ class RolloutAborted(Exception):
     had reached (``length`` in env steps, ``episode_return``, ``final_observation``) and re-raises.
 
     Attributes:
-        status: ``"died"``, ``"timeout"`` or ``"interfered"``.
+        status: ``"died"``, ``"timeout"``, ``"interfered"``, or ``"solo"`` (a lockstep round outlasted the time
+            left: run the episodes again one at a time).
         detail: A short description (for ``"interfered"``: what was sent).
     """
 
@@ -270,6 +271,13 @@ def _error_text(exc: BaseException) -> str:
     return f"{kind}: {text}"
 
 
+def _text_of(exc: BaseException) -> str:
+    try:
+        return str(exc)[:300]
+    except Exception:  # noqa: BLE001 - an exception may fail in __str__ too
+        return "<unprintable>"
+
+
 def _errored(seed: int, total: float, steps: int, obs: Any, error: str, task: Any) -> Episode:
     return Episode(seed, total, steps, False, False, _failure(task), error[:500],
                    {"cause": "error", "final_observation": _obs_list(obs)})
@@ -346,7 +354,9 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
 
     Raises:
         BatchAborted: the policy process died, timed out or sent garbage; it carries the finished episodes and
-            how far the others got.
+            how far the others got. Its cause's status is ``"solo"`` when a round of several answers outlasted the
+            time left: the unfinished episodes are then to be run again one at a time, where a policy that is merely
+            slow gets each episode's own timeout (and one that hangs times out as it would alone).
     """
     import time
 
@@ -372,11 +382,20 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                 i, seed = next_i, seeds[next_i]
                 next_i += 1
                 t = clock()
-                env = envs_made.pop() if envs_made else make_env()
+                try:
+                    env = envs_made.pop() if envs_made else make_env()
+                except Exception as exc:  # noqa: BLE001 - as alone: the env cannot be made for this episode
+                    done[i] = Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text_of(exc)}"[:500], task=task)
+                    continue
                 run = _Running(i, seed, env, action_checker(env.action_space, task.action_mode))
                 random.seed(seed)  # as run_episode: an env drawing from the global generators draws the same
                 np.random.seed(seed % 2**32)
-                run.obs, _ = env.reset(seed=seed)
+                try:
+                    run.obs, _ = env.reset(seed=seed)
+                except Exception as exc:  # noqa: BLE001 - as run_episode: the episode's error
+                    done[i] = _errored(seed, 0.0, 0, None, _error_text(exc), task)
+                    _retire(env)
+                    continue
                 run.used = start_cost + clock() - t
                 running[i] = run
                 new[i] = seed
@@ -387,8 +406,15 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             runs = [running[i] for i in slots]
             left = timeout_s - max(r.used for r in runs)
             t = clock()
-            answers = policy.act_round([(i, new.pop(i)) for i in slots if i in new], ended, slots,
-                                       [r.obs for r in runs], max(left, 1e-3))
+            try:
+                answers = policy.act_round([(i, new.pop(i)) for i in slots if i in new], ended, slots,
+                                           [r.obs for r in runs], max(left, 1e-3))
+            except PolicyFailure as exc:  # the policy failed the whole round (act_batch raised): each episode's error
+                answers = [exc] * len(slots)
+            except RolloutAborted as exc:
+                if exc.status == "timeout" and len(slots) > 1:  # many answers outlasted one episode's time
+                    raise RolloutAborted("solo", f"a round of {len(slots)} answers took over {left:.3g} s") from None
+                raise
             ended = []
             answered = clock() - t
             for r, answer in zip(runs, answers):

@@ -12,8 +12,9 @@ cannot forge a return, a length or a success: the numbers the gate reads come fr
 A policy that hangs is stopped here with its true step count; one that dies or sends garbage ends its
 episode with the steps it took. Replies to the driver are the executor's usual JSON
 ``[job_id, episode_dict, status]`` with ``status`` one of ``"ok"``, ``"died"``, ``"timeout"``,
-``"interfered"``, ``"stale"`` (the last four: the policy process must be replaced; ``"stale"``: the candidate before
-this job's did not let go of it, so the job itself never ran and runs again on a fresh pair).
+``"interfered"``, ``"stale"``, ``"solo"`` (the last five: the policy process must be replaced; ``"stale"``: the
+candidate before this job's did not let go of it, so the job itself never ran and runs again on a fresh pair;
+``"solo"``: a lockstep round outlasted the time left, so the episode runs again one at a time).
 """
 
 from __future__ import annotations
@@ -289,7 +290,8 @@ def _aborted(exc: RolloutAborted, seed: int, steps: int, total: float, timeout_s
     if exc.fault:  # the task's own code ran out the time: its fault, not the candidate's
         return Episode(seed, 0.0, 0, False, False, None, exc.fault[:500], {"cause": "error", "fault": "task"})
     reason = {"died": "policy process died", "timeout": f"timeout after {timeout_s:g} s",
-              "interfered": f"policy process sent {exc.detail}"}.get(exc.status, exc.status)
+              "interfered": f"policy process sent {exc.detail}",
+              "solo": f"rerun one at a time: {exc.detail}"}.get(exc.status, exc.status)
     return Episode.failed(seed, reason, steps, total, task=task)
 
 

@@ -219,7 +219,7 @@ def _episode_reply(msg: Any, job_id: int, seed: int, step_limit: int | None = No
     return replies.parse_episode_reply(msg, job_id, seed, step_limit), status
 
 
-_STATUSES = ("ok", "died", "timeout", "interfered", "stale")
+_STATUSES = ("ok", "died", "timeout", "interfered", "stale", "solo")
 
 
 def _abort_reason(status: str, ep: Episode, seed: int, w: _Worker) -> str:
@@ -377,6 +377,7 @@ class ProcessExecutor:
 
         deaths: dict[int, int] = {}
         stale: dict[int, int] = {}  # jobs rerun because the candidate before them did not let go of the pair
+        solo: set[int] = set()  # jobs to run one at a time (a lockstep round of theirs outlasted the time left)
         lockstep = self.lockstep if self.sandbox.trusted_rollouts and callable(getattr(task, "run_batch", None)) else 1
 
         def replace(w: _Worker) -> None:
@@ -395,6 +396,8 @@ class ProcessExecutor:
                 deaths[j] = deaths.get(j, 0) + 1
                 if retry and deaths[j] <= self.death_retries and jobs[j].candidate.id not in failed_candidates:
                     again.append(j)
+                    if cap is not None and task.step_limit:  # unknown steps of the lost attempt: its worst case
+                        spent[0] += task.step_limit
                 else:
                     failed_candidates[jobs[j].candidate.id] = reason
                     steps = (episode.length, episode.episode_return) if episode is not None and k == 0 else (0, 0.0)
@@ -421,12 +424,12 @@ class ProcessExecutor:
             candidate queued right behind it (no renders), as many as four widths, a fair share of the queue for each
             worker, and the env-step cap's worst case allow."""
             first = pending.popleft()
-            if lockstep == 1 or (render_paths and render_paths[first]):
+            if lockstep == 1 or first in solo or (render_paths and render_paths[first]):
                 return [first]
             cid = jobs[first].candidate.id
             same = 1
             for j in itertools.islice(pending, 4 * lockstep * len(workers)):
-                if jobs[j].candidate.id != cid or (render_paths and render_paths[j]):
+                if jobs[j].candidate.id != cid or j in solo or (render_paths and render_paths[j]):
                     break
                 same += 1
             # a fair share for each worker of all the work queued, so a generation's candidates go to the workers
@@ -469,7 +472,7 @@ class ProcessExecutor:
                 batch = take(w)
                 tdict = None if task_key in w.known_tasks else task_dict
                 params = dict(job.candidate.params)
-                if len(batch) > 1 or lockstep > 1 and not (render_paths and render_paths[i]):
+                if len(batch) > 1 or lockstep > 1 and i not in solo and not (render_paths and render_paths[i]):
                     msg: tuple = ("batch", batch, task_key, tdict, key, src, params, [jobs[j].seed for j in batch],
                                   None, self.episode_timeout_s, lockstep)
                 else:
@@ -511,6 +514,13 @@ class ProcessExecutor:
                 w.again.append(head)
                 answered(w)
                 return
+            if status == "solo" and w.trusted and head not in solo:  # a round outlasted the time: rerun it alone
+                solo.add(head)
+                spent[0] += ep.length  # the steps it took count against the cap all the same
+                w.doomed = True
+                w.again.append(head)
+                answered(w)
+                return
             if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
                 w.doomed = True
                 finish(head, ep)
@@ -524,6 +534,7 @@ class ProcessExecutor:
                 deaths[head] = deaths.get(head, 0) + 1
                 if status == "died" and deaths[head] <= self.death_retries \
                         and jobs[head].candidate.id not in failed_candidates:
+                    spent[0] += ep.length  # the lost attempt's env steps count against the cap
                     w.again.append(head)
                     answered(w)
                     return

@@ -144,6 +144,7 @@ class _Batch:
 
     def start(self, slot: int, seed: int) -> Any:
         """Start the episode in ``slot`` on ``seed``: None, or its :class:`~ratchet.execution.protocol.SlotFailure`."""
+        import copy
         import random
 
         import numpy as np
@@ -171,7 +172,7 @@ class _Batch:
         missing = missing_function(module, ("act",))
         if missing:
             return SlotFailure(f"policy has no callable {missing}()", "", start=True)
-        bind_spaces(module, *self.spaces)
+        bind_spaces(module, *copy.deepcopy(self.spaces))  # its own, as alone: a space's generator is per episode
         params = materialize(self.raw_params)
         reset = getattr(module, "reset", None)
         if reset is not None:
