@@ -281,8 +281,9 @@ class ProcessExecutor:
             episodes of one candidate a worker steps at once: one message to the policy process per round of
             observations instead of one per env step (:func:`ratchet.rollout.run_lockstep`). A message holds the
             jobs of one candidate queued together (at most ``4 * lockstep``, a fair share per worker, and what the
-            env-step cap's worst case allows), so one candidate's code never runs beside another's. 1: one episode
-            at a time, one round trip per env step.
+            env-step cap's worst case allows), so one candidate's code never runs beside another's. When a round
+            outlasts the time left (a hang, or a policy that turned slow), the batch's unfinished episodes run again
+            one at a time, each with its own timeout. 1: one episode at a time, one round trip per env step.
 
     Raises:
         SandboxError: the sandbox requires isolation this machine cannot give.
