@@ -435,7 +435,8 @@ class ProcessExecutor:
                 same += 1
             # a fair share for each worker of all the work queued, so a generation's candidates go to the workers
             # whole (each candidate's process started once) and one long validation is split between them
-            size = min(4 * lockstep, same, -(-(len(pending) + 1) // len(workers)))
+            holding = sum(len(x.jobs) for x in workers)  # jobs the workers already hold count in the share
+            size = min(4 * lockstep, same, -(-(len(pending) + 1 + holding) // len(workers)))
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 running = sum(len(x.jobs) for x in workers)
