@@ -41,3 +41,32 @@ def write_section(name: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + section
     RESULTS.write_text(text.rstrip() + "\n")
+
+
+def plain_episode(module, env, params, seed: int) -> tuple[float, int]:
+    """One episode as a user's own loop runs it (no ratchet): ``reset`` if the policy has one, then ``step`` with
+    its ``act`` until the episode ends, a Box action passed as an array of the space's dtype (as ratchet passes it).
+    Returns (return, env steps); closes ``env``."""
+    import gymnasium as gym
+    import numpy as np
+
+    from ratchet.policy import bind_spaces, materialize
+
+    p = materialize(params)
+    bind_spaces(module, env.observation_space, env.action_space)
+    box = env.action_space.dtype if isinstance(env.action_space, gym.spaces.Box) else None
+    if hasattr(module, "reset"):  # the policy's own per-episode state (else its module holds none)
+        module.reset(p, seed)
+    obs, _ = env.reset(seed=seed)
+    total, steps = 0.0, 0
+    while True:
+        action = module.act(obs, p)
+        if box is not None:
+            action = np.asarray(action, dtype=box)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total += float(reward)
+        steps += 1
+        if terminated or truncated:
+            break
+    env.close()
+    return total, steps

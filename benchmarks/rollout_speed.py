@@ -57,9 +57,10 @@ VARIANTS = {"in-process worker": {"trusted_rollouts": False, "lockstep": 1},
 
 _PLAIN = """
 import json, os, sys, time
+sys.path.insert(0, BENCHMARKS)
 import gymnasium as gym
-import numpy as np
-from ratchet.policy import bind_spaces, compile_policy, materialize
+from _common import plain_episode
+from ratchet.policy import compile_policy
 env_id, source, params, seeds, cpu = json.loads(sys.stdin.read())
 os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[cpu]})
 module = compile_policy(source)
@@ -67,27 +68,11 @@ gym.make(env_id).reset(seed=10_000)  # warm-up, like the executors' warm-up batc
 t0 = time.perf_counter()
 steps, returns = 0, []
 for seed in seeds:
-    env = gym.make(env_id)  # a fresh env per episode, as ratchet makes one
-    p = materialize(params)
-    bind_spaces(module, env.observation_space, env.action_space)
-    box = env.action_space.dtype if isinstance(env.action_space, gym.spaces.Box) else None
-    if hasattr(module, "reset"):  # the policy's own per-episode state (else its module holds none)
-        module.reset(p, seed)
-    obs, _ = env.reset(seed=seed)
-    total = 0.0
-    while True:
-        action = module.act(obs, p)
-        if box:  # as ratchet passes it: an array of the space's dtype
-            action = np.asarray(action, dtype=box)
-        obs, reward, terminated, truncated, _ = env.step(action)
-        total += float(reward)
-        steps += 1
-        if terminated or truncated:
-            break
-    env.close()
+    total, n = plain_episode(module, gym.make(env_id), params, seed)  # a fresh env per episode, as ratchet makes one
+    steps += n
     returns.append(total)
 print(json.dumps([time.perf_counter() - t0, steps, returns]))
-"""
+""".replace("BENCHMARKS", repr(str(Path(__file__).resolve().parent)))
 
 
 def plain_loop(env_id: str, source: str, params: dict, seeds: list[int]) -> tuple[float, int, list[float]]:

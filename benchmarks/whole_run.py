@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, write_section
+from _common import machine, plain_episode, write_section
 
 from ratchet.ledger.events import EventType
 from ratchet.ledger.sqlite import SQLiteLedger
@@ -33,32 +33,14 @@ _MODULES: dict[str, object] = {}
 def _episode(job: tuple[str, str, dict, int, int | None]) -> tuple[float, int]:
     """One plain episode in this pool process: (return, env steps)."""
     import gymnasium as gym
-    import numpy as np
 
-    from ratchet.policy import bind_spaces, compile_policy, materialize
+    from ratchet.policy import compile_policy
 
     env_id, source, params, seed, limit = job
     if source not in _MODULES:
         _MODULES[source] = compile_policy(source)
-    module = _MODULES[source]
-    env = gym.make(env_id, **({"max_episode_steps": limit} if limit else {}))
-    p = materialize(params)
-    bind_spaces(module, env.observation_space, env.action_space)
-    if hasattr(module, "reset"):
-        module.reset(p, seed)  # type: ignore[attr-defined]
-    obs, _ = env.reset(seed=seed)
-    total, steps = 0.0, 0
-    while True:
-        action = module.act(obs, p)  # type: ignore[attr-defined]
-        if isinstance(env.action_space, gym.spaces.Box):  # as ratchet passes it: an array of the space's dtype
-            action = np.asarray(action, dtype=env.action_space.dtype)
-        obs, reward, terminated, truncated, _ = env.step(action)
-        total += float(reward)
-        steps += 1
-        if terminated or truncated:
-            break
-    env.close()
-    return total, steps
+    return plain_episode(_MODULES[source], gym.make(env_id, **({"max_episode_steps": limit} if limit else {})), params,
+                         seed)
 
 
 def ledger_episodes(ledger_path: Path) -> list[tuple[tuple[str, str, dict, int, int | None], float]]:

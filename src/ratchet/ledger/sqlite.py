@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,18 +131,24 @@ class SQLiteLedger:
         """
         out: list[tuple[Event, bool]] = []
         try:
-            self._db.execute("BEGIN IMMEDIATE")  # no other writer between the key checks and the inserts
-            try:
+            with self._transaction():  # no other writer between the key checks and the inserts
                 for type, key, payload in events:
                     existing = self.get(key)
                     out.append((existing, False) if existing is not None else self._insert(type, key, payload))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot append to ledger {self.path}: {exc}") from None
         return out
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception (which is re-raised)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _insert(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
         if self._lease_lost:
@@ -237,8 +244,7 @@ class SQLiteLedger:
         """
         now = time.time()
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 self._db.execute(_LEASE_SCHEMA)
                 cur = self._db.execute(
                     "UPDATE lease SET token = ?, host = ?, pid = ?, heartbeat_at = ?, expires_at = ?, released = 0 "
@@ -248,10 +254,6 @@ class SQLiteLedger:
                     self._db.execute("INSERT OR IGNORE INTO lease(id, token, host, pid, heartbeat_at, expires_at) "
                                      "VALUES (1, ?, ?, ?, ?, ?)",
                                      (holder.token, holder.host, holder.pid, now, now + ttl_s))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot take the writer lease of ledger {self.path}: {exc}") from None
         info = self.read_lease()
