@@ -328,13 +328,8 @@ class RunServices:
 
     def record_many(self, events: Sequence[tuple[EventType, str, dict[str, Any]]]) -> None:
         """:meth:`record` each ``(type, key, payload)``, committed together where the store can (one ``fsync``)."""
-        tagged = [(t, k, {**p, **self.event_tag}) for t, k, p in events]
-        many = getattr(self.ledger, "append_many", None)
-        if many is None:
-            for t, k, p in tagged:
-                self.ledger.append(t, k, p)
-        elif tagged:
-            many(tagged)
+        if events:
+            self.ledger.append_many([(t, k, {**p, **self.event_tag}) for t, k, p in events])
 
     def restore(self, events: Sequence[Any]) -> None:
         """Take up where the loop left off, for work appended to the ledger after it (a correction round,
