@@ -98,7 +98,10 @@ def test_seed_splits_disjoint_in_the_ledger(finished_run):
     # every generation trains on fresh seeds
     gens = [g.payload["train_seeds"] for g in events_of(events, EventType.GENERATION_FINISHED)]
     flat = [s for g in gens for s in g]
-    assert len(flat) == len(set(flat)) and set(flat) == by_split["train"]
+    # ... and a decision's confirmations on fresh training seeds of their own range
+    confirmation = set(splits.seeds("train", 2_000_000_000, 1000))
+    assert len(flat) == len(set(flat)) and not set(flat) & confirmation
+    assert by_split["train"] - set(flat) <= confirmation and set(flat) <= by_split["train"]
 
 
 def test_gate_decisions_are_reproducible_from_the_ledger(finished_run):
@@ -369,7 +372,8 @@ def test_a_generation_the_env_step_cap_cuts_short_is_not_judged(tmp_path):
     """Work is priced by the episode lengths seen; when the executor's hard cap stops a generation, the
     run ends without judging it, and the env-step budget is never exceeded."""
     spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 2000}, test={"episodes": 3},
-                                   gate={"validation_episodes": 3}, execution={"workers": 1}))
+                                   gate={"validation_episodes": 3}, execution={"workers": 1},
+                                   planner={"decide": "every"}))  # (powered: its confirmations' reserve ends it first)
     result = start_run(spec, tmp_path / "runs", "tiny")
     state = project(read_events(tmp_path / "runs" / "tiny"))
     assert state.env_steps <= 2000

@@ -18,7 +18,7 @@ from ratchet.spec import load_spec
 NULL_TASK = Path(__file__).resolve().parents[1] / "benchmarks" / "null_task"
 
 
-def _runs_with_promotion(tmp_path, spending: str, n_runs: int) -> tuple[int, int]:
+def _runs_with_promotion(tmp_path, spending: str, n_runs: int, decide: str = "every") -> tuple[int, int]:
     base = load_spec(NULL_TASK)
     promoted = decisions = 0
     with ProcessExecutor(workers=2) as ex:
@@ -27,9 +27,10 @@ def _runs_with_promotion(tmp_path, spending: str, n_runs: int) -> tuple[int, int
                 "seed": seed,
                 "budget": base.budget.model_copy(update={"env_steps": 30_000}),
                 "gate": base.gate.model_copy(update={"spending": spending}),
+                "planner": base.planner.model_copy(update={"decide": decide}),
                 "test": base.test.model_copy(update={"episodes": 2}),
             })
-            result = start_run(spec, tmp_path / spending, f"null-{seed}", executor=ex)
+            result = start_run(spec, tmp_path / f"{spending}-{decide}", f"null-{seed}", executor=ex)
             st = project(open_ledger(result.run_dir).read())
             decisions += len(st.gates)
             promoted += bool(st.promotions)
@@ -37,10 +38,19 @@ def _runs_with_promotion(tmp_path, spending: str, n_runs: int) -> tuple[int, int
 
 
 def test_null_runs_rarely_promote_with_alpha_spending(tmp_path):
+    """Gating every generation (decide = "every"): many decisions per run, still at most alpha run-wide."""
     promoted, decisions = _runs_with_promotion(tmp_path, "harmonic", 8)
     assert decisions >= 8, "the null task should gate several times per run, or the test proves nothing"
     # at most alpha = 0.05 of runs in expectation; 8 runs: P(>= 3 promoted runs) < 1 % at exactly 5 %
     # (benchmarks/null_gate.py measures the rate on 200 runs)
+    assert promoted <= 2
+
+
+def test_powered_null_runs_decide_at_the_end_and_rarely_promote(tmp_path):
+    """decide = "powered" (the default): few decisions, at least the final one where a candidate confirmed a
+    positive gain, and still rarely a promotion."""
+    promoted, decisions = _runs_with_promotion(tmp_path, "harmonic", 6, decide="powered")
+    assert decisions >= 3
     assert promoted <= 2
 
 

@@ -110,7 +110,7 @@ def test_a_kind_replays_its_proposals_and_costs_what_it_declared(tmp_path, kind,
     for e in a:
         p = e.payload
         if e.type.value == "episodes_evaluated" and p["split"] == "train":
-            evaluated[p["generation"]].add(p["candidate_id"])
+            evaluated[p["generation"], tuple(p["seeds"])].add(p["candidate_id"])
         elif e.type.value == "training_finished":
             training[generation] += p["env_steps"]
         elif e.type.value == "llm_call":
@@ -118,7 +118,8 @@ def test_a_kind_replays_its_proposals_and_costs_what_it_declared(tmp_path, kind,
         elif e.type.value == "generation_finished":
             cost = p["cost"]
             g = p["generation"]
-            assert len(evaluated[g]) <= cost["proposals"] + 1 + cost["recommends"], (g, cost)
+            # on the generation's own seeds (a decision's confirmations read seeds of their own)
+            assert len(evaluated[g, tuple(p["train_seeds"])]) <= cost["proposals"] + 1 + cost["recommends"], (g, cost)
             assert training[g] == cost["training_env_steps"], (g, cost)
             assert requests[g] <= max(cost["requests"], 0), (g, cost)
             generation = g + 1

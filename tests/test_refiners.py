@@ -150,10 +150,28 @@ def test_run_with_variants_records_each_allocation(tmp_path):
     assert [g["refiner"] for g in gens] == [p["arm"] for p in plans[:len(gens)]]
 
 
-def test_the_search_follows_the_incumbent_after_a_promotion():
-    """A new parent (a promotion) moves the CMA-ES mean onto it; step size is kept."""
+def test_the_search_keeps_its_own_path_after_a_promotion_by_default():
+    """follow = "own": a promotion changes the candidates' parent, not the distribution (the same samples as a
+    search that saw no promotion)."""
     prog = load_policy(DATA / "cartpole_linear.py")
-    r = CMAESRefiner(prog, sigma0=0.3, seed=1)
+    runs = []
+    for promote in (False, True):
+        r = CMAESRefiner(prog, sigma0=0.3, seed=1)
+        pop = r.propose(prog.candidate(), None, np.random.default_rng(0))
+        r.observe([evaluation(c.id, float(i)) for i, c in enumerate(pop)])
+        mean = np.array(r._es.mean)
+        later = r.propose(pop[2] if promote else prog.candidate(), None, np.random.default_rng(0))
+        assert np.allclose(r._es.mean, mean)
+        runs.append([c.params for c in later])
+        if promote:
+            assert all(c.parent_id == pop[2].id for c in later)
+    assert runs[0] == runs[1]
+
+
+def test_the_search_follows_the_incumbent_after_a_promotion():
+    """follow = "incumbent": a new parent (a promotion) moves the CMA-ES mean onto it; step size is kept."""
+    prog = load_policy(DATA / "cartpole_linear.py")
+    r = CMAESRefiner(prog, sigma0=0.3, seed=1, follow="incumbent")
     pop = r.propose(prog.candidate(), None, np.random.default_rng(0))
     r.observe([evaluation(c.id, float(i)) for i, c in enumerate(pop)])
     promoted = pop[2]

@@ -43,6 +43,7 @@ from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
+from ratchet.shortlist import Shortlist, gate_power
 from ratchet.spec import RunSpec, spec_from_dict
 from ratchet.tasks import Task, task_from_dict, task_from_spec
 
@@ -51,6 +52,11 @@ __all__ = ["LEDGER_FILE", "RunResult", "eval_key", "open_ledger", "open_run", "r
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
+
+#: Most seeds per candidate of the final confirmation (``_Run.confirmation_size``).
+MAX_CONFIRM = 1000
+#: The final validation is priced at its candidate's mean episode length times this (the hard cap never cuts it).
+_VALIDATION_MARGIN = 1.1
 
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
 BROKEN_START = "the starting policy failed all"
@@ -101,8 +107,18 @@ class _Run(RunServices):
                                         spec.planner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
         self.planner.unit = self.task.cost_unit
+        self.powered = spec.planner.decide == "powered"
+        self.shortlist = Shortlist()
+        # a confirmation costs about what one validation does at most
+        self.confirm_episodes = spec.planner.confirm_episodes or max(2, min(
+            4 * spec.planner.train_episodes, spec.gate.validation_episodes // (spec.planner.confirm_top + 2)))
+        self._confirmed_seeds = 0  # confirmation seeds used so far (each round reads fresh training seeds)
+        self._trained: set[str] = set()  # candidates with a training evaluation (a new one is search, not re-evaluation)
+        confirmation = (spec.planner.confirm_top + 2) * self.confirm_episodes if self.powered else 0
         self.prices = Pricing(spec.budget, self.usage, self.planner, self.task.step_limit, self.price_limit,
-                              self.validation_price(), spec.planner.train_episodes)
+                              self.validation_price(), spec.planner.train_episodes,
+                              reference=not self.powered or spec.planner.weakness_share > 0,
+                              confirmation_episodes=confirmation)
         self.refiners = self._build_refiners()
         names = list(self.refiners)
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
@@ -141,10 +157,11 @@ class _Run(RunServices):
         if stop is None and not fits(refiner):
             self.prices.fit(refiner, est_len, reserve)  # e.g. PPO cuts its job to the budget's rest
         cost = refiner.generation_cost()
+        stop = stop or refiner.idle_reason()
         if stop is None and not fits(refiner):  # on the first generation, nothing would happen at all: say so
-            stop = self.prices.no_room_message(cost.evaluations, est_len, self._longest, first=generation == 1,
+            stop = self.prices.no_room_message(self.prices.evaluations(cost), est_len, self._longest, first=generation == 1,
                                                training=cost.training_env_steps)
-        return arm, cost, reserve, stop or refiner.idle_reason()
+        return arm, cost, reserve, stop
 
     def see_training_returns(self, evaluations: Sequence[Evaluation]) -> None:
         """Widen the range of training returns seen (the betting gate's bound when no return range is set)."""
@@ -206,6 +223,129 @@ class _Run(RunServices):
             return None, "validation cut short by the env-step budget", None, inc_val
         return decision, decision.reason, cand_val, inc_val
 
+    def next_level(self) -> float:
+        """The significance level the run's next contested decision is tested at (alpha spending, fallback rule)."""
+        from ratchet.gate import fallback_level
+
+        return fallback_level(self.gate.alpha, self._n_contested + 1, self.gate.spending, self._carry)
+
+    def certify(self, generation: int, incumbent: Candidate, inc_val: Evaluation, next_cost: tuple[float, int],
+                est_len: float, final: bool = False
+                ) -> tuple[Any, str, Evaluation | None, Evaluation, Candidate | None]:
+        """``[planner] decide = "powered"``: certify the shortlist's best (:class:`~ratchet.shortlist.Shortlist`) when
+        a decision is likely to pass, and otherwise let the search go on.
+
+        Three steps, each cheaper than the next is dear: (1) the leader's expected gain (shrunken training mean
+        minus the incumbent's training mean) must give the gate ``[planner] power`` at the next decision's level on
+        the validation seeds (normal approximation, :func:`~ratchet.shortlist.gate_power`), and validation must fit
+        ``[gate] max_share``; (2) the ``confirm_top`` best are run with the incumbent on fresh training seeds, paired
+        (counted as re-evaluation); (3) the best confirmed goes to the gate when its confirmed gain still gives that
+        power. With ``final`` (the budget ends the search) only a positive confirmed gain is asked for.
+
+        Returns:
+            ``(decision, note, candidate validation, incumbent validation, gated candidate)``: the decision, the
+            candidate's validation and the candidate are None when no gate ran; ``note`` says why, in one line.
+        """
+        sl, want, n_val = self.shortlist, self.spec.planner.power, len(self.validation_seeds)
+        top = sl.candidates(self.spec.planner.confirm_top)
+        if not top:
+            return None, "no contender on the shortlist (none finished its training episodes without an error)", \
+                None, inc_val, None
+        level = self.next_level()
+        if not final:
+            gain = sl.expected_gain(top[0])
+            power = gate_power(gain, sl.spread(), n_val, level)
+            if power < want:
+                return None, (f"shortlist leader: expected gain {gain:+.2f}, power {power:.2f} < [planner] power "
+                              f"{want:g} at α {level:.3g} on {n_val} seeds; search goes on"), None, inc_val, None
+            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
+            hold = self.planner.validation_hold(self.usage, self.prices.validation_episodes, val_len, next_cost[0],
+                                                self.prices.episode_price(val_len), next_cost[1])
+            if hold is not None:
+                return None, hold, None, inc_val, None
+        cut = self.confirm(generation, [e for e in top if e.against != incumbent.id], incumbent, inc_val,
+                           self.confirm_episodes)
+        if final and not cut:  # successive halving: the better half again, on what the budget leaves after validation
+            survivors = sorted(top, key=lambda e: -sl.expected_gain(e))[:max(2, (len(top) + 1) // 2)]
+            length = max([e.length for e in survivors] + [inc_val.env_steps / max(1, inc_val.n)])
+            n_conf = self.confirmation_size(len(survivors) + 1, length)
+            if n_conf > 0:
+                cut = self.confirm(generation, survivors, incumbent, inc_val, n_conf)
+        if cut:
+            return None, "confirmation cut short by the env-step budget", None, inc_val, None
+        lead = max(top, key=sl.expected_gain)
+        gain = sl.expected_gain(lead)
+        power = gate_power(gain, lead.confirmed_sd if lead.confirmed_sd is not None else sl.spread(), n_val, level)
+        if gain <= 0 or (not final and power < want):
+            return None, (f"confirmed on fresh training seeds: best gain {gain:+.2f} "
+                          f"(power {power:.2f})" + ("" if final else "; search goes on")), None, inc_val, None
+        cap = self.final_validation(lead.length) if final else None
+        if cap is not None and cap < 2:
+            return None, "the env-step budget left cannot pay for the final validation", None, inc_val, None
+        decision, cand_val, inc_val = self.decide(generation, lead.candidate, incumbent, inc_val,
+                                                  label="final" if final else None, cap=cap)
+        if decision is None:
+            return None, "validation cut short by the env-step budget", None, inc_val, None
+        d = cand_val.returns - inc_val.returns[:cand_val.n] if not cand_val.n_errors else None
+        sl.decide(lead.candidate.id, decision.promoted, cand_val.mean,
+                  float(d.std(ddof=1)) if d is not None and len(d) > 1 else None)
+        return decision, decision.reason, cand_val, inc_val, lead.candidate
+
+    def confirm(self, generation: int, entries: Sequence[Any], incumbent: Candidate, inc_val: Evaluation, n: int) -> bool:
+        """Run ``entries``' candidates and the incumbent on ``n`` fresh training seeds of the confirmation range (counted
+        as re-evaluation) and record each entry's paired differences; True when the env-step cap cut it short."""
+        if not entries or n < 1:
+            return False
+        start = 2_000_000_000 + self._confirmed_seeds
+        self._confirmed_seeds += n
+        ev = self.evaluate([e.candidate for e in entries] + [incumbent], self.splits.seeds("train", start, n), "train",
+                           generation)
+        self.usage.reeval_env_steps += sum(x.env_steps for x in ev.values())
+        if any(_cut(x) for x in ev.values()):
+            return True
+        for e in entries:
+            self.shortlist.confirm(e, ev[e.candidate.id], ev[incumbent.id])
+            e.length = ev[e.candidate.id].env_steps / max(1, ev[e.candidate.id].n)
+        return False
+
+    def confirmation_size(self, runs: int, length: float) -> int:
+        """Seeds per candidate for the final confirmation of ``runs`` candidates (the incumbent among them): what the
+        env-step budget leaves once one validation is paid for, all episodes priced at ``length`` (env steps, the
+        longest mean length of the episodes it reads) with a 10 % margin for the validation (0 when nothing is
+        left). So the run ends with its budget spent on choosing well, not left over."""
+        budget = self.budget.spec.env_steps
+        if budget is None:
+            return self.confirm_episodes
+        left = budget - self.usage.env_steps - _VALIDATION_MARGIN * len(self.validation_seeds) * length
+        return max(0, min(MAX_CONFIRM, int(left // (runs * max(1.0, length)))))
+
+    def final_validation(self, length: float) -> int:
+        """Validation seeds the final decision can afford, its episodes priced at ``length`` (env steps) with a 10 %
+        margin: all of them unless the env-step budget left is short (chosen before the candidate's first validation
+        episode, so the gate's level holds)."""
+        budget = self.budget.spec.env_steps
+        n = len(self.validation_seeds)
+        if budget is None:
+            return n
+        return min(n, int((budget - self.usage.env_steps) // (_VALIDATION_MARGIN * max(1.0, length))))
+
+    def final_decision(self, generation: int, incumbent: Candidate, inc_val: Evaluation
+                       ) -> tuple[Candidate, Evaluation]:
+        """The budget ended the search: certify the shortlist's best confirmed candidate with the validation kept for
+        it (:meth:`certify` with ``final``); recorded as the gate decision labelled ``final``. Returns the incumbent
+        and its validation evaluation after it."""
+        if not self.shortlist.entries:
+            return incumbent, inc_val
+        decision, note, cand_val, inc_val, best = self.certify(generation, incumbent, inc_val, (0.0, 0), 1.0,
+                                                               final=True)
+        self.record(EventType.FINAL_DECISION, "final_decision",
+                    {"generation": generation, "gated": decision is not None, "note": note,
+                     "promoted": bool(decision is not None and decision.promoted),
+                     **({"candidate_id": best.id} if best is not None else {})})
+        if decision is not None and decision.promoted and best is not None and cand_val is not None:
+            return best, cand_val
+        return incumbent, inc_val
+
     def broken_start(self, inc_val: Evaluation) -> str | None:
         """Why the run must not search at all: every validation episode of the starting policy ended in an
         error (a model for another env, an unsupported algorithm, an act() that raises), quoting the first."""
@@ -222,6 +362,7 @@ class _Run(RunServices):
         incumbent = baseline
         n_first = self.gate.first_look(len(self.validation_seeds))  # a sequential gate extends it as decisions read
         inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
+        self.shortlist.fallback = inc_val.mean
         est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
         self._longest = est_len  # the longest mean episode length of any evaluation so far
         stale, generation, completed, stop = 0, 0, 0, self.broken_start(inc_val)
@@ -236,7 +377,8 @@ class _Run(RunServices):
             if stop is not None:
                 break
             refiner = self.refiners[arm]
-            n_candidates, training = cost.evaluations, cost.training_env_steps
+            n_candidates, training = self.prices.evaluations(cost), cost.training_env_steps
+            rerun = self.prices.reruns_incumbent(cost)  # the incumbent on the same seeds: a paired reference
             plan = self.planner.plan(generation)
             self._spare = self.prices.spare(n_candidates, est_len, reserve, training)  # for trace replays
             # refine (propose) — from the incumbent and its latest critique
@@ -254,34 +396,42 @@ class _Run(RunServices):
             contenders = proposals + ([recommended] if recommended is not None else [])
             self.record_candidates(contenders, generation)
             # execute
-            train = self.evaluate(contenders + [incumbent], plan.train_seeds, "train", generation)
+            train = self.evaluate(contenders + [incumbent] * rerun, plan.train_seeds, "train", generation)
             gen_evals = list(train.values())
-            self.usage.reeval_env_steps += sum(train[c].env_steps for c in {incumbent.id, getattr(recommended, "id", "")}
-                                               if c in train)
+            self.usage.reeval_env_steps += sum(e.env_steps for c, e in train.items() if c in self._trained)
+            self._trained.update(train)
             if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
                 stop = "env-step budget used (the last generation was cut short by the cap; it was not judged)"
                 break
             # the incumbent's evaluation on the same seeds comes last: a reference for paired comparisons
-            refiner.observe([train[c.id] for c in proposals] + [train[incumbent.id]])
+            refiner.observe([train[c.id] for c in proposals] + ([train[incumbent.id]] if rerun else []))
             self.see_training_returns(gen_evals)
             if not any(e.env_steps for e in gen_evals):
                 stop = ("every episode of the generation failed before its first env step; see why with "
                         f"`ratchet evaluate --run {self.run_dir}`")
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
-            self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])
+            if self.powered:  # decisions read the shortlist's best and the incumbent: their lengths price them
+                self.shortlist.observe(generation, contenders, train, incumbent, recommended)
+                self._longest = max(self.shortlist.longest(spec.planner.confirm_top), inc_val.env_steps / max(1, inc_val.n))
+            else:
+                self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])
             # critique
-            inc_train = train[incumbent.id]
-            critique = self.critic.critique(inc_train)
-            threshold = self.task.success_threshold
-            self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
-            best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
+            inc_train = train.get(incumbent.id)
+            if inc_train is not None:
+                critique = self.critic.critique(inc_train)
+                threshold = self.task.success_threshold
+                self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
+            best = gen_best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
             # gate
             reserve = self.prices.gate_reserve(self._longest)
             next_cost = (self.planner.generation_cost(n_candidates, est_len, self.prices.episode_price(est_len)) + reserve[0]
                          + training,
                          n_candidates * spec.planner.train_episodes + reserve[1])
-            decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val, next_cost,
-                                                               est_len)
+            if self.powered:  # the best seen so far, certified when a decision is likely to pass
+                decision, note, cand_val, inc_val, best = self.certify(generation, incumbent, inc_val, next_cost, est_len)
+            else:
+                decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val,
+                                                                   next_cost, est_len)
             promoted = decision is not None and decision.promoted
             refiner.verdict(best.id if best is not None else None, promoted, note)
             if promoted and best is not None and cand_val is not None:
@@ -289,11 +439,13 @@ class _Run(RunServices):
                 incumbent, inc_val = best, cand_val
             if self.allocator is not None:
                 self.allocator.record(arm, gain if promoted else 0.0)
-            stale = 0 if promoted else stale + 1
+            stale = 0 if promoted or (self.powered and self.shortlist.led_by(generation)) else stale + 1
             summary = {"generation": generation, "train_seeds": list(plan.train_seeds),
                        "weak_seeds": list(plan.weak_seeds), "weakness_pool": len(self.planner.pool),
-                       "best_train_mean": train[best.id].mean if best else None,
-                       "incumbent_train_mean": inc_train.mean, "incumbent_id": incumbent.id,
+                       "best_train_mean": train[gen_best.id].mean if gen_best else None,
+                       **({"gated_id": best.id} if decision is not None and best is not None else {}),
+                       "incumbent_train_mean": inc_train.mean if inc_train is not None else None,
+                       "incumbent_id": incumbent.id,
                        "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
                        "gate_note": note,
                        "promoted": promoted, "refiner": arm, "population": cost.proposals,
@@ -301,14 +453,17 @@ class _Run(RunServices):
                        **refiner.summary(),
                        "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                        "validation_env_steps": self.usage.validation_env_steps,
-                       "critique": critique.to_dict(), "endpoint_failures": len(self._failures),
+                       "critique": critique.to_dict() if critique is not None and inc_train is not None else None,
+                       "endpoint_failures": len(self._failures),
                        **({"refiner_stopped": stopped} if stopped else {})}
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
-            if promoted:  # the next generation edits the new incumbent: hand the refiner its own critique
+            if promoted and incumbent.id in train:  # the next generation edits the new incumbent: its own critique
                 critique = self.critic.critique(train[incumbent.id])
             self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners))
             completed = generation
 
+        if self.powered and not stop.startswith(("every episode", BROKEN_START)):
+            incumbent, inc_val = self.final_decision(completed, incumbent, inc_val)
         # final, report-only test evaluation (never used for selection)
         test = self.evaluate([incumbent, baseline], self.test_seeds, "test", completed)
         self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start

@@ -371,26 +371,42 @@ class Pricing:
             pricing (the mean length seen plus a 25 % margin).
         validation_episodes: Validation episodes one gate is priced at (:meth:`ratchet.gate.Gate.price`).
         train_episodes: Training episodes per candidate per generation.
+        reference: Whether the incumbent runs on every generation's training seeds whatever the refiner declares
+            (:attr:`~ratchet.refiners.GenerationCost.reference`): the run's own decisions need it.
+        confirmation_episodes: Training episodes a decision confirms its candidates on before validation
+            (``[planner] decide = "powered"``, :mod:`ratchet.shortlist`), kept with the gate's reserve.
     """
 
     def __init__(self, budget: Any, usage: Usage, planner: IncumbentPlanner, step_limit: int | None,
-                 price_limit: int | None, validation_episodes: int, train_episodes: int) -> None:
-        self.budget, self.usage, self.planner = budget, usage, planner
+                 price_limit: int | None, validation_episodes: int, train_episodes: int, reference: bool = True,
+                 confirmation_episodes: int = 0) -> None:
+        self.budget, self.usage, self.planner, self.reference = budget, usage, planner, reference
+        self.confirmation_episodes = confirmation_episodes
         self.step_limit, self.price_limit = step_limit, price_limit
         self.validation_episodes, self.train_episodes = validation_episodes, train_episodes
         self._margin = 1.25  # observed pricing: the mean episode length seen, plus this margin
+
+    def evaluations(self, cost: Any) -> int:
+        """Candidates a generation of ``cost`` (:class:`~ratchet.refiners.GenerationCost`) evaluates on its training
+        seeds: the incumbent among them when the refiner or the run needs it."""
+        return int(cost.evaluations_with(self.reruns_incumbent(cost)))
+
+    def reruns_incumbent(self, cost: Any) -> bool:
+        """Whether a generation of ``cost`` runs the incumbent on its training seeds too."""
+        return bool(self.reference or cost.reference)
 
     def fits(self, refiner: Refiner, est_len: float, reserve: tuple[float, int]) -> bool:
         """Whether ``refiner``'s next generation (its evaluations and training jobs, :meth:`Refiner.generation_cost`)
         and ``reserve`` (a kept gate, env steps and episodes) fit what is left of the budget."""
         cost = refiner.generation_cost()
-        return self.planner.can_afford_generation(self.usage, cost.evaluations, est_len, self.episode_price(est_len),
+        return self.planner.can_afford_generation(self.usage, self.evaluations(cost), est_len, self.episode_price(est_len),
                                                   (reserve[0] + cost.training_env_steps, reserve[1]))
 
     def gate_reserve(self, longest: float) -> tuple[float, int]:
-        """(env steps, episodes) a generation must leave for its gate: one validation, its episodes priced at
-        ``longest``, the longest mean episode length seen so far (a candidate worth gating tends to play long)."""
-        n = self.validation_episodes
+        """(env steps, episodes) a generation must leave for its gate: one validation (and its confirmation), its
+        episodes priced at ``longest``, the longest mean episode length seen so far (a candidate worth gating tends to
+        play long) or, with ``decide = "powered"``, of the episodes a decision reads."""
+        n = self.validation_episodes + self.confirmation_episodes
         return n * self.episode_price(longest), n
 
     def episode_price(self, est_len: float) -> float:
@@ -408,7 +424,7 @@ class Pricing:
         limit = self.budget.env_steps
         if limit is None:
             return False
-        n_candidates = refiner.generation_cost().evaluations
+        n_candidates = self.evaluations(refiner.generation_cost())
         rest = (limit - self.usage.env_steps - reserve[0]
                 - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
         return rest > 0 and bool(refiner.fit(int(rest)))

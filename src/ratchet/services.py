@@ -523,10 +523,12 @@ class RunServices:
         return out
 
     def decide(self, generation: int, best: Candidate, incumbent: Candidate, inc_val: Evaluation,
-               label: str | int | None = None) -> tuple[Any, Evaluation, Evaluation]:
+               label: str | int | None = None, cap: int | None = None) -> tuple[Any, Evaluation, Evaluation]:
         """Validate ``best`` and let the gate decide it against ``incumbent`` as the run's next decision
         (alpha spending counts it), recording ``gate_decided`` and, when it promotes, ``incumbent_changed``
-        (keys ``gate/LABEL/ID`` and ``incumbent/LABEL/ID``; ``label`` defaults to the generation).
+        (keys ``gate/LABEL/ID`` and ``incumbent/LABEL/ID``; ``label`` defaults to the generation). ``cap``: the most
+        validation seeds it reads (default all; chosen before any of the candidate's validation episodes is seen, so
+        the test's level holds).
 
         Returns:
             ``(decision, candidate validation, incumbent validation)``: the decision is None when the
@@ -534,7 +536,7 @@ class RunServices:
             the incumbent's validation to more seeds.
         """
         label = generation if label is None else label
-        decision, cand_val, inc_val = self.validate(generation, best, incumbent, inc_val)
+        decision, cand_val, inc_val = self.validate(generation, best, incumbent, inc_val, cap)
         if decision is None:
             return None, cand_val, inc_val
         self._n_contested += decision.contested
@@ -558,13 +560,14 @@ class RunServices:
         return decision, cand_val, inc_val
 
     def validate(self, generation: int, best: Candidate, incumbent: Candidate,
-                 inc_val: Evaluation) -> tuple[Any, Evaluation, Evaluation]:
+                 inc_val: Evaluation, cap: int | None = None) -> tuple[Any, Evaluation, Evaluation]:
         """Drive the gate's decision session (:meth:`~ratchet.gate.Gate.start`; a fixed-n test is one batch of
         every seed): run ``best`` on the next batch of validation seeds (the incumbent too, where its
         validation does not reach that far yet) until the gate decides. Returns the decision (None when the
         budget cut validation short), the candidate's validation evaluation on the seeds read, and the
         incumbent's (possibly extended) one."""
-        session = self.gate.start(self._n_contested + 1, len(self.validation_seeds), lower_bound=self.lower_bound(),
+        n = len(self.validation_seeds) if cap is None else max(1, min(cap, len(self.validation_seeds)))
+        session = self.gate.start(self._n_contested + 1, n, lower_bound=self.lower_bound(),
                                   candidate_id=best.id, incumbent_id=incumbent.id, carry=self._carry)
         parts: list[Evaluation] = []
         while (b := session.next_batch_size()) > 0:

@@ -284,6 +284,20 @@ class PlannerSpec(_Section):
     weakness_share: float = Field(0.0, ge=0, le=1, description="Share of each generation's training seeds drawn "
                                   "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.")
     pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.")
+    decide: Literal["powered", "every"] = Field(
+        "powered", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
+                               "shortlist and certifies one only when its expected gain makes the decision likely "
+                               "to pass (power), and once more when the budget ends the search; \"every\" gates "
+                               "each generation's best contender that beats the incumbent on its training seeds.")
+    power: float = Field(0.8, gt=0, lt=1, description="With decide = \"powered\": the chance of passing (normal "
+                                                         "approximation, at the next decision's level) a candidate "
+                                                         "needs before validation is spent on it before the end.")
+    confirm_top: int = Field(3, ge=1, le=100, description="With decide = \"powered\": the shortlist's best this many "
+                                                           "are confirmed on fresh training seeds before a decision.")
+    confirm_episodes: int | None = Field(None, ge=2, le=MAX_EPISODES, description=(
+        "Fresh training seeds per confirmed candidate (and the incumbent, paired); default 4 × train_episodes, "
+        "at most [gate] validation_episodes / (confirm_top + 2) (and at least 2). The final decision reads more: "
+        "what the budget leaves once its validation is paid for."))
 
 
 class BudgetSpec(_Section):

@@ -44,6 +44,10 @@ class GenerationCost:
         training_env_steps: Env steps of the training jobs :meth:`Refiner.propose` runs (charged in full).
         requests: Most requests to an outside service (an LLM endpoint; HTTP attempts, retries included).
         tokens: Most answer (completion) tokens those requests may use.
+        reference: Whether :meth:`Refiner.observe` needs the incumbent's evaluation on the same training seeds (the
+            last one it receives: a paired reference, as ``mutate`` and ``llm`` score their proposals). False lets a
+            run whose decisions do not need it either (``[planner] decide = "powered"``, no weakness pool) skip that
+            re-run; the loop still passes the incumbent's evaluation whenever it ran one.
     """
 
     proposals: int
@@ -51,12 +55,17 @@ class GenerationCost:
     training_env_steps: int = 0
     requests: int = 0
     tokens: int = 0
+    reference: bool = True
+
+    def evaluations_with(self, reference: bool) -> int:
+        """Candidates evaluated on the training seeds: the proposals, the recommendation when there is one, and the
+        incumbent (the paired reference) when ``reference``."""
+        return int(self.proposals) + int(reference) + int(self.recommends)
 
     @property
     def evaluations(self) -> int:
-        """Candidates evaluated on the training seeds: the proposals, the incumbent (the paired reference)
-        and the recommendation when there is one."""
-        return int(self.proposals) + 1 + int(self.recommends)
+        """:meth:`evaluations_with` the incumbent when the refiner asks for it (:attr:`reference`)."""
+        return self.evaluations_with(self.reference)
 
 
 class Refiner(ABC):

@@ -39,6 +39,9 @@ class CMAESSettings(BaseModel):
     restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
                                                                    "a doubled population on stagnation.")
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
+    follow: Literal["own", "incumbent"] = Field(
+        "own", description="On a promotion: \"own\" keeps the search on its own path (the distribution as it is); "
+                           "\"incumbent\" moves the distribution's mean to the promoted candidate.")
 
 
 class CMAESRefiner(Refiner):
@@ -56,9 +59,12 @@ class CMAESRefiner(Refiner):
     2008; pycma's ``CMA_diagonal``), since a full matrix costs O(n²) memory and O(n³) updates.
     Fitness is the negative mean training return; a candidate with any errored episode ranks last.
 
-    The search follows the incumbent: when the parent handed to :meth:`propose` changes (a promotion),
-    the distribution's mean moves to it, keeping step size and covariance. Without this the mean keeps
-    drifting with the population while the incumbent stays put, and most later samples lose to it.
+    On a promotion of one of its own candidates the search keeps its own path by default (``follow="own"``): the
+    promoted candidate is one the search already weighed, so moving the mean back to it would restart the walk
+    from an older point (with decisions made rarely, by :mod:`ratchet.shortlist`, it is usually several
+    generations old). With ``follow="incumbent"`` the distribution's mean moves to it, keeping step size and
+    covariance: the right choice when every generation is gated and the mean would otherwise drift away from an
+    incumbent that stays put.
 
     The search follows structural promotions too: when the parent's source is not the program this
     refiner searches (a ``mutate`` or ``llm`` refiner's candidate was promoted), it re-parses the parent's
@@ -78,6 +84,7 @@ class CMAESRefiner(Refiner):
         restarts: ``"none"`` or ``"ipop"``.
         stagnation: Generations without a better best training score before an IPOP restart.
         name: Name recorded as the candidates' refiner (default ``"cmaes"``).
+        follow: ``"own"`` or ``"incumbent"`` (see above).
     """
 
     name = "cmaes"
@@ -86,8 +93,9 @@ class CMAESRefiner(Refiner):
     FULL_COVARIANCE_MAX = 1000
 
     def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0,
-                 restarts: str = "none", stagnation: int = 10, name: str | None = None) -> None:
+                 restarts: str = "none", stagnation: int = 10, name: str | None = None, follow: str = "own") -> None:
         self.program = program
+        self.follow = follow
         self.sigma0 = sigma0
         self.popsize = popsize
         self.seed = seed
@@ -185,7 +193,7 @@ class CMAESRefiner(Refiner):
                 self.popsize = 2 * self.population_size
                 self._restart_due, self._best, self._stale = False, float("-inf"), 0
             self._start(parent)
-        elif parent.id != self._parent_id:  # a promotion: follow the new incumbent
+        elif parent.id != self._parent_id and self.follow == "incumbent":  # a promotion: follow the new incumbent
             x = np.clip(self.flatten(parent.params), 0.0, 1.0)
             self._es.mean = np.concatenate([x, self._es.mean[len(x):]])
         self._parent_id, self._parent = parent.id, parent
@@ -254,8 +262,10 @@ class CMAESRefiner(Refiner):
 
     def generation_cost(self) -> GenerationCost:
         """A population of samples plus the distribution mean (:meth:`recommend`); twice the population when an
-        IPOP restart is due (the next :meth:`propose` restarts with it)."""
-        return GenerationCost(proposals=self.population_size * (2 if self._restart_due else 1), recommends=True)
+        IPOP restart is due (the next :meth:`propose` restarts with it). CMA-ES ranks its samples by their own training
+        means, so it needs no paired reference (``reference=False``)."""
+        return GenerationCost(proposals=self.population_size * (2 if self._restart_due else 1), recommends=True,
+                              reference=False)
 
     def summary(self) -> dict[str, Any]:
         """``sigma`` (step size, normalised units; None before the first generation) and ``restarts`` (IPOP)."""
@@ -268,7 +278,7 @@ def _build(settings: CMAESSettings, name: str, ctx: Any) -> list[CMAESRefiner]:
     variants = s.sigma0_variants or [s.sigma0]
     names = [f"{name}-s{v:g}" for v in variants] if s.sigma0_variants else [name]
     return [CMAESRefiner(ctx.program, v, s.popsize, seed=ctx.seed + i, restarts=s.restarts, stagnation=s.stagnation,
-                         name=n) for i, (n, v) in enumerate(zip(names, variants))]
+                         name=n, follow=s.follow) for i, (n, v) in enumerate(zip(names, variants))]
 
 
 def _kinds() -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""The shortlist of decide = "powered": shrinkage, power, confirmation and the run that uses them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import events_of, make_spec_dir, read_events
+
+from ratchet.critic import Episode, Evaluation
+from ratchet.ledger import EventType
+from ratchet.ledger.projection import project
+from ratchet.loop import start_run
+from ratchet.planner import SeedSplits
+from ratchet.policy import Candidate
+from ratchet.shortlist import Shortlist, gate_power, shrink
+from ratchet.spec import load_spec
+
+
+def _eval(cid: str, returns, split: str = "train", seeds=None, length: int = 10) -> Evaluation:
+    seeds = seeds if seeds is not None else range(len(returns))
+    return Evaluation(cid, split, tuple(Episode(seed=int(s), episode_return=float(r), length=length, terminated=True,
+                                                truncated=False) for s, r in zip(seeds, returns)))
+
+
+def _cands(n: int) -> list[Candidate]:
+    return [Candidate.create("", {"x": float(i)}) for i in range(n)]
+
+
+def test_shrink_pulls_noisy_means_toward_their_average():
+    # spread of the means no larger than the noise: all shrunk to the average
+    m, b = shrink([1.0, 2.0, 3.0], within_var=100.0, n=5)
+    assert m == 2.0 and b == 0.0
+    # spread far above the noise: almost nothing shrunk
+    m, b = shrink([0.0, 100.0, 200.0], within_var=1.0, n=5)
+    assert m == 100.0 and b > 0.99
+    # too few to estimate a spread from
+    assert shrink([5.0, 7.0], 1.0, 5) == (6.0, 1.0)
+
+
+def test_gate_power_is_the_normal_approximation():
+    # gain of 2 sd at n = 4: z = 2*2 - z_{0.95}; Φ(4 - 1.645) ≈ 0.9907
+    assert gate_power(2.0, 1.0, 4, 0.05) == pytest.approx(0.9907, abs=1e-3)
+    assert gate_power(0.0, 1.0, 100, 0.05) == pytest.approx(0.05, abs=1e-9)
+    assert gate_power(1.0, 0.0, 10, 0.05) == 1.0 and gate_power(-1.0, 0.0, 10, 0.05) == 0.0
+    assert gate_power(1.0, 1.0, 1, 0.05) == 0.0  # no test on one seed
+
+
+def test_the_shortlist_keeps_the_best_ranks_by_expected_gain_and_confirms_paired():
+    inc = Candidate.create("", {"x": -1.0})
+    sl = Shortlist(size=3)
+    sl.fallback = 10.0
+    cands = _cands(5)
+    rng = np.random.default_rng(0)
+    train = {c.id: _eval(c.id, 10 + 5 * i + rng.normal(0, 1, 5)) for i, c in enumerate(cands)}
+    train[inc.id] = _eval(inc.id, [10.0] * 5)
+    sl.observe(1, cands, train, inc, recommended=cands[0])
+    assert sl.latest is not None and sl.latest.candidate is cands[0]
+    top = sl.top(3)
+    assert [e.candidate for e in top] == [cands[4], cands[3], cands[2]]
+    assert sl.baseline() == 10.0  # the incumbent's training returns (here equal to its validation mean)
+    assert cands[0].id in sl.entries  # the latest recommendation stays on, beside the best
+    assert [e.candidate for e in sl.candidates(2)] == [cands[4], cands[3], cands[0]]
+    # confirmation: paired differences on the same seeds; the gain replaces the expectation
+    lead = top[0]
+    before = sl.expected_gain(lead)
+    sl.confirm(lead, _eval(lead.candidate.id, [12.0, 14.0, 13.0], seeds=[7, 8, 9]),
+               _eval(inc.id, [10.0, 10.0, 10.0], seeds=[7, 8, 9]))
+    assert lead.confirmed_gain == pytest.approx(3.0) and lead.against == inc.id
+    assert sl.expected_gain(lead) == pytest.approx(3.0)
+    assert sl.calibration() == pytest.approx(min(1.0, 3.0 / before))
+    # an error on confirmation seeds: never certified
+    second = sl.top(3)[1]
+    sl.confirm(second, _eval(second.candidate.id, [50.0, 50.0]).__class__(
+        second.candidate.id, "train", (Episode(seed=1, episode_return=0.0, length=1, terminated=False,
+                                               truncated=False, error="boom"),)), _eval(inc.id, [1.0]))
+    assert sl.expected_gain(second) == -math.inf
+    # a promotion: the winner leaves, the baseline restarts from its validation mean, confirmations lapse
+    sl.decide(lead.candidate.id, True, validation_mean=30.0, diff_sd=4.0)
+    assert lead.candidate.id not in sl.entries and sl.baseline() == 30.0 and sl.diff_sd == 4.0
+    assert all(e.confirmed_gain is None for e in sl.entries.values())
+
+
+def test_a_powered_run_decides_rarely_spends_its_budget_and_resumes_the_same(tmp_path):
+    """decide = "powered" on CartPole: decisions only where powered and once at the end (recorded as
+    final_decision), confirmations on their own training seeds, the budget spent but for a sliver."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 20_000}, test={"episodes": 5},
+                                   gate={"validation_episodes": 20, "max_share": 0.5}, execution={"workers": 1}))
+    assert spec.planner.decide == "powered"
+    result = start_run(spec, tmp_path / "runs", "pw")
+    events = read_events(result.run_dir)
+    st = project(events)
+    gens = events_of(events, EventType.GENERATION_FINISHED)
+    final = events_of(events, EventType.FINAL_DECISION)
+    assert len(final) == 1 and len(st.gates) <= len(gens)
+    assert result.test.mean >= result.baseline_test.mean
+    breakdown = events_of(events, EventType.RUN_FINISHED)[0].payload["env_steps_breakdown"]
+    # the last confirmation's seeds come whole (each costs every candidate's episode): a small budget keeps a sliver
+    assert breakdown["unused"] <= 0.15 * 20_000, breakdown
+    confirmation = set(SeedSplits(0).seeds("train", 2_000_000_000, 2_000))
+    gen_seeds = {s for g in gens for s in g.payload["train_seeds"]}
+    read = {s for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] == "train"
+            for s in e.payload["seeds"]}
+    assert read - gen_seeds and read - gen_seeds <= confirmation
+    # CMA-ES declares no paired reference: the incumbent is not re-run on the generations' seeds
+    assert all(g.payload["incumbent_train_mean"] is None for g in gens)
