@@ -240,7 +240,12 @@ class _Run(RunServices):
         the validation seeds (normal approximation, :func:`~ratchet.shortlist.gate_power`), and validation must fit
         ``[gate] max_share``; (2) the ``confirm_top`` best are run with the incumbent on fresh training seeds, paired
         (counted as re-evaluation); (3) the best confirmed goes to the gate when its confirmed gain still gives that
-        power. With ``final`` (the budget ends the search) only a positive confirmed gain is asked for.
+        power. With ``final`` (the budget ends the search) only a positive confirmed gain is asked for, and the
+        better half of those confirmed runs again on every seed the budget leaves once the validation is paid for
+        (:meth:`confirmation_size`): successive halving (Z. Karnin, T. Koren and O. Somekh, "Almost optimal
+        exploration in multi-armed bandits", ICML 2013), so the choice of what to certify gets the budget's rest.
+        The gate's guarantee does not depend on how its candidate was chosen: confirmation reads training seeds
+        only.
 
         Returns:
             ``(decision, note, candidate validation, incumbent validation, gated candidate)``: the decision, the
