@@ -3,7 +3,8 @@
 Usage: python benchmarks/structural.py [--tasks NAME ...] [--configs NAME ...] [--seeds 0,1,2] [--budget-scale F]
 [--write]
 Each task starts from a program whose structure limits it (pendulum: the example's controller; acrobot: a
-one-gain program; bipedal: the generic affine policy). Configurations: ``cmaes`` alone, and ``mutate`` +
+one-gain program; bipedal: the generic affine policy; mountain_car: a position-only controller, the example
+examples/mountain_car_structure). Configurations: ``cmaes`` alone, and ``mutate`` +
 ``cmaes`` (the planner's Thompson allocator splits generations between them). ``benchmarks/llm.py`` adds an
 ``llm`` + ``cmaes`` configuration for anyone with an endpoint. Writes the table to benchmarks/RESULTS.md
 (section "Structural search") with --write.
@@ -24,6 +25,8 @@ TASKS: dict[str, tuple[str, Path, int, dict[str, Any]]] = {
     "pendulum": ("Pendulum-v1", ROOT / "examples/pendulum/policy.py", 300_000, {"task": {"success_threshold": -200}}),
     "acrobot": ("Acrobot-v1", ROOT / "benchmarks/structural/acrobot.py", 200_000, {}),
     "bipedal": ("BipedalWalker-v3", ROOT / "examples/linear_generic/policy.py", 1_000_000, {}),
+    # examples/mountain_car_structure: its ratchet.toml is this spec (mutate+cmaes)
+    "mountain_car": ("MountainCar-v0", ROOT / "examples/mountain_car_structure/policy.py", 200_000, {}),
 }
 
 CMAES = {"kind": "cmaes", "sigma0": 0.2}

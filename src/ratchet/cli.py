@@ -367,6 +367,9 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
                                              "answer: " + "; ".join(f"{r['reason']} (×{r['count']})"
                                                                     for r in data["endpoint_failure_reasons"]),
                                              1000))
+    if data.get("final_decision"):  # decide = "powered": what the budget's end decided
+        fd = data["final_decision"]
+        t.add_row("final decision", _safe(("promoted " if fd.get("promoted") else "") + str(fd.get("note", "")), 500))
     if data.get("env_steps_breakdown"):
         outside = " (person and correction: outside the budget)" if data["corrections"] else ""
         t.add_row(f"{_unit(st)} went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()

@@ -10,6 +10,7 @@ evaluation.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 import re
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ratchet.critic import Evaluation
 from ratchet.errors import EndpointError, LedgerError, RatchetError, WriterLeaseError
@@ -55,8 +58,15 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 #: Most seeds per candidate of the final confirmation (``_Run.confirmation_size``).
 MAX_CONFIRM = 1000
-#: The final validation is priced at its candidate's mean episode length times this (the hard cap never cuts it).
+#: The final validation of n episodes is priced at n × (its candidate's mean episode length) × this, plus three
+#: standard deviations of the sum of n lengths (:func:`_validation_price`), so the hard cap practically never cuts it.
 _VALIDATION_MARGIN = 1.1
+
+
+def _validation_price(n: int, length: float, length_sd: float) -> float:
+    """Env steps ``n`` validation episodes are priced at: ``n`` × ``length`` (mean episode length, env steps) ×
+    :data:`_VALIDATION_MARGIN` plus 3 ``length_sd`` √n."""
+    return _VALIDATION_MARGIN * n * length + 3.0 * length_sd * math.sqrt(n)
 
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
 BROKEN_START = "the starting policy failed all"
@@ -270,12 +280,14 @@ class _Run(RunServices):
                 return None, hold, None, inc_val, None
         cut = self.confirm(generation, [e for e in top if e.against != incumbent.id], incumbent, inc_val,
                            self.confirm_episodes)
-        if final and not cut:  # successive halving: the better half again, on what the budget leaves after validation
-            survivors = sorted(top, key=lambda e: -sl.expected_gain(e))[:max(2, (len(top) + 1) // 2)]
+        pool = list(top)
+        while final and not cut:  # successive halving: the better half again, on what the budget leaves after validation
+            survivors = sorted(pool, key=lambda e: -sl.expected_gain(e))[:max(2, (len(pool) + 1) // 2)]
             length = max([e.length for e in survivors] + [inc_val.env_steps / max(1, inc_val.n)])
-            n_conf = self.confirmation_size(len(survivors) + 1, length)
-            if n_conf > 0:
-                cut = self.confirm(generation, survivors, incumbent, inc_val, n_conf)
+            n_conf = self.confirmation_size(len(survivors) + 1, length, max(e.length_sd for e in survivors))
+            if n_conf < self.confirm_episodes:  # what is left would not change the choice much
+                break
+            cut, pool = self.confirm(generation, survivors, incumbent, inc_val, n_conf), survivors
         if cut:
             return None, "confirmation cut short by the env-step budget", None, inc_val, None
         lead = max(top, key=sl.expected_gain)
@@ -284,7 +296,7 @@ class _Run(RunServices):
         if gain <= 0 or (not final and power < want):
             return None, (f"confirmed on fresh training seeds: best gain {gain:+.2f} "
                           f"(power {power:.2f})" + ("" if final else "; search goes on")), None, inc_val, None
-        cap = self.final_validation(lead.length) if final else None
+        cap = self.final_validation(lead.length, lead.length_sd) if final else None
         if cap is not None and cap < 2:
             return None, "the env-step budget left cannot pay for the final validation", None, inc_val, None
         decision, cand_val, inc_val = self.decide(generation, lead.candidate, incumbent, inc_val,
@@ -310,29 +322,37 @@ class _Run(RunServices):
             return True
         for e in entries:
             self.shortlist.confirm(e, ev[e.candidate.id], ev[incumbent.id])
-            e.length = ev[e.candidate.id].env_steps / max(1, ev[e.candidate.id].n)
+            lengths = [ep.length for ep in ev[e.candidate.id].episodes]
+            e.length = float(np.mean(lengths))
+            e.length_sd = float(np.std(lengths)) if len(lengths) > 1 else e.length
         return False
 
-    def confirmation_size(self, runs: int, length: float) -> int:
+    def confirmation_size(self, runs: int, length: float, length_sd: float = 0.0) -> int:
         """Seeds per candidate for the final confirmation of ``runs`` candidates (the incumbent among them): what the
-        env-step budget leaves once one validation is paid for, all episodes priced at ``length`` (env steps, the
-        longest mean length of the episodes it reads) with a 10 % margin for the validation (0 when nothing is
-        left). So the run ends with its budget spent on choosing well, not left over."""
-        budget = self.budget.spec.env_steps
-        if budget is None:
-            return self.confirm_episodes
-        left = budget - self.usage.env_steps - _VALIDATION_MARGIN * len(self.validation_seeds) * length
-        return max(0, min(MAX_CONFIRM, int(left // (runs * max(1.0, length)))))
+        budget leaves once one validation is paid for — env steps with every episode priced at ``length`` (env steps,
+        the longest mean length of the episodes it reads) and a 10 % margin on the validation, and episodes — at most
+        :data:`MAX_CONFIRM` (0 when nothing is left). So the run ends with its budget spent on choosing well."""
+        b, u, n_val = self.budget.spec, self.usage, len(self.validation_seeds)
+        n = MAX_CONFIRM
+        if b.env_steps is not None:
+            left = b.env_steps - u.env_steps - _validation_price(n_val, length, length_sd)
+            n = min(n, int(left // (runs * max(1.0, length))))
+        if b.episodes is not None:
+            n = min(n, (b.episodes - u.episodes - n_val) // runs)
+        return max(0, n)
 
-    def final_validation(self, length: float) -> int:
-        """Validation seeds the final decision can afford, its episodes priced at ``length`` (env steps) with a 10 %
-        margin: all of them unless the env-step budget left is short (chosen before the candidate's first validation
-        episode, so the gate's level holds)."""
-        budget = self.budget.spec.env_steps
+    def final_validation(self, length: float, length_sd: float = 0.0) -> int:
+        """Validation seeds the final decision can afford: all of them unless the budget left is short (env steps: its
+        episodes priced at ``length`` with a 10 % margin; episodes). Chosen before the candidate's first validation
+        episode, so the gate's level holds."""
+        b, u = self.budget.spec, self.usage
         n = len(self.validation_seeds)
-        if budget is None:
-            return n
-        return min(n, int((budget - self.usage.env_steps) // (_VALIDATION_MARGIN * max(1.0, length))))
+        if b.episodes is not None:
+            n = min(n, b.episodes - u.episodes)
+        if b.env_steps is not None:
+            while n > 0 and _validation_price(n, length, length_sd) > b.env_steps - u.env_steps:
+                n -= 1
+        return n
 
     def final_decision(self, generation: int, incumbent: Candidate, inc_val: Evaluation
                        ) -> tuple[Candidate, Evaluation]:

@@ -87,6 +87,7 @@ class Entry:
     estimate: float
     n: int
     length: float = 0.0
+    length_sd: float = 0.0  # standard deviation of its episode lengths on its last confirmation (env steps)
     diffs: list[float] = field(default_factory=list)
     against: str = ""
     failed: bool = False  # an episode of its confirmation ended in an error: never certified

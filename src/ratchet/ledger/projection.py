@@ -78,6 +78,7 @@ class RunState:
     test_critique: dict[str, Any] | None = None
     writer: dict[str, Any] | None = None
     env_steps_breakdown: dict[str, Any] | None = None
+    final_decision: dict[str, Any] | None = None  # decide = "powered": the decision the budget's end brought
     corrections: list[dict[str, Any]] = field(default_factory=list)
     correction_env_steps: dict[str, int] = field(default_factory=lambda: {"person": 0, "validation": 0, "test": 0})
     llm_usage: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -148,6 +149,7 @@ class RunState:
                               "kind": inc.get("kind", "program"), "params": dict(inc.get("params", {})),
                               "artifacts": dict(inc.get("artifacts") or {})},
                 "promotions": len(self.promotions), "env_steps_breakdown": self.env_steps_breakdown,
+                "final_decision": self.final_decision,
                 "corrections": [dict(c) for c in self.corrections],
                 "code_changes": [{"generation": p["generation"], "from": p["from"], "to": p["to"],
                                   "diff": p["source_diff"], "structure_diff": p.get("structure_diff"),
@@ -312,6 +314,8 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                                                                    "attempts")})
         elif ev.type is EventType.GATE_DECIDED:
             st.gates.append(p)
+        elif ev.type is EventType.FINAL_DECISION:
+            st.final_decision = dict(p)
         elif ev.type is EventType.PROPOSAL_REJECTED:
             if not str(p.get("reason", "")).startswith("request failed:"):  # older ledgers: an endpoint failure
                 st.rejected_proposals.append(p)
