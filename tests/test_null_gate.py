@@ -47,7 +47,7 @@ def test_null_runs_rarely_promote_with_alpha_spending(tmp_path):
 
 
 def test_powered_null_runs_decide_at_the_end_and_rarely_promote(tmp_path):
-    """decide = "powered" (the default): few decisions, at least the final one where a candidate confirmed a
+    """decide = "powered": few decisions, at least the final one where a candidate confirmed a
     positive gain, and still rarely a promotion."""
     promoted, decisions = _runs_with_promotion(tmp_path, "harmonic", 6, decide="powered")
     assert decisions >= 3

@@ -150,13 +150,13 @@ def test_run_with_variants_records_each_allocation(tmp_path):
     assert [g["refiner"] for g in gens] == [p["arm"] for p in plans[:len(gens)]]
 
 
-def test_the_search_keeps_its_own_path_after_a_promotion_by_default():
+def test_the_search_can_keep_its_own_path_after_a_promotion():
     """follow = "own": a promotion changes the candidates' parent, not the distribution (the same samples as a
     search that saw no promotion)."""
     prog = load_policy(DATA / "cartpole_linear.py")
     runs = []
     for promote in (False, True):
-        r = CMAESRefiner(prog, sigma0=0.3, seed=1)
+        r = CMAESRefiner(prog, sigma0=0.3, seed=1, follow="own")
         pop = r.propose(prog.candidate(), None, np.random.default_rng(0))
         r.observe([evaluation(c.id, float(i)) for i, c in enumerate(pop)])
         mean = np.array(r._es.mean)
@@ -169,9 +169,9 @@ def test_the_search_keeps_its_own_path_after_a_promotion_by_default():
 
 
 def test_the_search_follows_the_incumbent_after_a_promotion():
-    """follow = "incumbent": a new parent (a promotion) moves the CMA-ES mean onto it; step size is kept."""
+    """follow = "incumbent" (default): a new parent (a promotion) moves the CMA-ES mean onto it; step size is kept."""
     prog = load_policy(DATA / "cartpole_linear.py")
-    r = CMAESRefiner(prog, sigma0=0.3, seed=1, follow="incumbent")
+    r = CMAESRefiner(prog, sigma0=0.3, seed=1)
     pop = r.propose(prog.candidate(), None, np.random.default_rng(0))
     r.observe([evaluation(c.id, float(i)) for i, c in enumerate(pop)])
     promoted = pop[2]

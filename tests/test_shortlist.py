@@ -86,8 +86,8 @@ def test_a_powered_run_decides_rarely_spends_its_budget_and_resumes_the_same(tmp
     """decide = "powered" on CartPole: decisions only where powered and once at the end (recorded as
     final_decision), confirmations on their own training seeds, the budget spent but for a sliver."""
     spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 20_000}, test={"episodes": 5},
-                                   gate={"validation_episodes": 20, "max_share": 0.5}, execution={"workers": 1}))
-    assert spec.planner.decide == "powered"
+                                   gate={"validation_episodes": 20, "max_share": 0.5}, execution={"workers": 1},
+                                   planner={"decide": "powered"}, refiner={"follow": "own"}))
     result = start_run(spec, tmp_path / "runs", "pw")
     events = read_events(result.run_dir)
     st = project(events)

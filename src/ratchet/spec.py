@@ -279,13 +279,14 @@ class PlannerSpec(_Section):
 
     train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).")
     gate_candidate: Literal["mean", "best"] = Field(
-        "best", description="Send the best contender on the training seeds (CMA-ES samples and mean) to the gate, or always the mean.")
+        "best", description="With decide = \"every\": send the best contender on the training seeds (CMA-ES samples and "
+                        "mean) to the gate, or always the mean.")
 
     weakness_share: float = Field(0.0, ge=0, le=1, description="Share of each generation's training seeds drawn "
                                   "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.")
     pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.")
     decide: Literal["powered", "every"] = Field(
-        "powered", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
+        "every", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
                                "shortlist and certifies one only when its expected gain makes the decision likely "
                                "to pass (power), and once more when the budget ends the search; \"every\" gates "
                                "each generation's best contender that beats the incumbent on its training seeds.")

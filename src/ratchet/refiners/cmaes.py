@@ -40,7 +40,7 @@ class CMAESSettings(BaseModel):
                                                                    "a doubled population on stagnation.")
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
     follow: Literal["own", "incumbent"] = Field(
-        "own", description="On a promotion: \"own\" keeps the search on its own path (the distribution as it is); "
+        "incumbent", description="On a promotion: \"own\" keeps the search on its own path (the distribution as it is); "
                            "\"incumbent\" moves the distribution's mean to the promoted candidate.")
 
 
@@ -59,12 +59,12 @@ class CMAESRefiner(Refiner):
     2008; pycma's ``CMA_diagonal``), since a full matrix costs O(n²) memory and O(n³) updates.
     Fitness is the negative mean training return; a candidate with any errored episode ranks last.
 
-    On a promotion of one of its own candidates the search keeps its own path by default (``follow="own"``): the
-    promoted candidate is one the search already weighed, so moving the mean back to it would restart the walk
-    from an older point (with decisions made rarely, by :mod:`ratchet.shortlist`, it is usually several
-    generations old). With ``follow="incumbent"`` the distribution's mean moves to it, keeping step size and
-    covariance: the right choice when every generation is gated and the mean would otherwise drift away from an
-    incumbent that stays put.
+    On a promotion the distribution's mean moves to the promoted candidate by default (``follow="incumbent"``),
+    keeping step size and covariance: when every generation is gated the mean would otherwise drift away from an
+    incumbent that stays put, and most later samples lose to it. With ``follow="own"`` the search keeps its own
+    path: the choice with ``[planner] decide = "powered"`` (:mod:`ratchet.shortlist`), where decisions are rare and
+    the promoted candidate is usually several generations old, so moving the mean back to it would restart the
+    walk from an older point.
 
     The search follows structural promotions too: when the parent's source is not the program this
     refiner searches (a ``mutate`` or ``llm`` refiner's candidate was promoted), it re-parses the parent's
@@ -93,7 +93,8 @@ class CMAESRefiner(Refiner):
     FULL_COVARIANCE_MAX = 1000
 
     def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0,
-                 restarts: str = "none", stagnation: int = 10, name: str | None = None, follow: str = "own") -> None:
+                 restarts: str = "none", stagnation: int = 10, name: str | None = None,
+                 follow: str = "incumbent") -> None:
         self.program = program
         self.follow = follow
         self.sigma0 = sigma0
