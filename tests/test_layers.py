@@ -17,7 +17,7 @@ LAYERS = [
     "correction_round",
     "loop",
     "services",
-    "planner", "spec",
+    "planner", "spec", "shortlist",
     "refiners",
     "data", "runs",
     "gate", "proposals",

@@ -96,8 +96,9 @@ def test_a_powered_run_decides_rarely_spends_its_budget_and_resumes_the_same(tmp
     assert len(final) == 1 and len(st.gates) <= len(gens)
     assert result.test.mean >= result.baseline_test.mean
     breakdown = events_of(events, EventType.RUN_FINISHED)[0].payload["env_steps_breakdown"]
-    # the last confirmation's seeds come whole (each costs every candidate's episode): a small budget keeps a sliver
-    assert breakdown["unused"] <= 0.15 * 20_000, breakdown
+    # a sliver stays: the last confirmation's seeds come whole (each costs every candidate's episode), and the
+    # final validation keeps a margin of 10 % plus 3 sd √n of its episode lengths (CartPole's vary widely)
+    assert breakdown["unused"] <= 0.2 * 20_000, breakdown
     confirmation = set(SeedSplits(0).seeds("train", 2_000_000_000, 2_000))
     gen_seeds = {s for g in gens for s in g.payload["train_seeds"]}
     read = {s for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] == "train"
