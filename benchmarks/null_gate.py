@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def null_runs(n_runs: int, budget: int, spending: str, executor: ProcessExecutor, runs_dir: Path,
-              test: str = "t", first_seed: int = 0) -> tuple[int, int, int]:
-    """Return (runs with a promotion, total gate decisions, total promotions)."""
+              test: str = "t", first_seed: int = 0, decide: str = "every") -> tuple[int, int, int]:
+    """Return (runs with a promotion, total gate decisions, total promotions); prints one line per run."""
     gate = {"test": test} if test == "t" else {"test": test, "validation_episodes": 100}
     base = load_spec(HERE / "null_task", overrides=[f"gate.{k}={v!r}".replace("'", '"') for k, v in gate.items()])
     promoted_runs = decisions = promotions = 0
@@ -37,12 +37,14 @@ def null_runs(n_runs: int, budget: int, spending: str, executor: ProcessExecutor
             "seed": seed,
             "budget": base.budget.model_copy(update={"env_steps": budget}),
             "gate": base.gate.model_copy(update={"spending": spending}),
+            "planner": base.planner.model_copy(update={"decide": decide}),
         })
         result = start_run(spec, runs_dir, f"null-{test}-{spending}-{seed}", executor=executor)
         st = project(open_ledger(result.run_dir).read())
         decisions += len(st.gates)
         promotions += len(st.promotions)
         promoted_runs += bool(st.promotions)
+        print(f"run seed {seed}: {len(st.gates)} decision(s), {len(st.promotions)} promotion(s)", flush=True)
     return promoted_runs, decisions, promotions
 
 
@@ -54,13 +56,15 @@ def main() -> None:
     ap.add_argument("--spendings", default="harmonic,none", help="comma-separated [gate] spending settings")
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first..first+runs-1 (to split the runs "
                                                                  "across processes; add up the rows)")
+    ap.add_argument("--decide", default="every", choices=("every", "powered"), help="[planner] decide")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     rows = []
     with ProcessExecutor(workers=2, episode_timeout_s=60) as ex, tempfile.TemporaryDirectory() as tmp:
         for test, spending in [(t, sp) for t in args.tests.split(",") for sp in args.spendings.split(",")]:
             t0 = time.perf_counter()
-            k, decisions, promotions = null_runs(args.runs, args.budget, spending, ex, Path(tmp), test, args.first_seed)
+            k, decisions, promotions = null_runs(args.runs, args.budget, spending, ex, Path(tmp), test, args.first_seed,
+                                                 args.decide)
             ci = binomtest(k, args.runs).proportion_ci(method="wilson")
             rows.append(f"| {test} | {spending} | {args.runs} | {decisions / args.runs:.1f} | {promotions} | "
                         f"{k} ({100 * k / args.runs:.1f} %) | {100 * ci.low:.1f}–{100 * ci.high:.1f} % | "
