@@ -15,7 +15,7 @@ from ratchet.critic import Evaluation
 _NORMAL = NormalDist()
 
 __all__ = ["Decision", "FixedSession", "Gate", "GateSession", "PairedTestGate", "SequentialGate", "betting_log_capital",
-           "fallback_level", "group_sequential_level", "make_gate", "spending_level"]
+           "fallback_level", "group_sequential_level", "make_gate", "spending_level", "worse_against"]
 
 
 @dataclass(frozen=True)
@@ -321,6 +321,44 @@ class PairedTestGate:
         else:
             p = stats.ttest_1samp(d, 0.0, alternative="greater").pvalue
         return float(p) if math.isfinite(p) else 1.0
+
+
+def worse_against(candidate: Evaluation, incumbent: Evaluation, level: float) -> str | None:
+    """Why ``candidate`` is refused for playing significantly worse than ``incumbent`` against some single opponent
+    of a game's validation episodes (each episode's ``diagnostics["opponent"]``), or None.
+
+    Per opponent, a one-sided paired t-test of "the candidate is worse" on the episodes against it, at
+    ``level / m`` for ``m`` opponents (Bonferroni): when the candidate is no worse against any, the chance of a
+    refusal is at most ``level``. The guard against strategy cycles (a candidate that beats the incumbent on
+    average by losing to one opponent the incumbent beat); it only ever refuses, so the gate's run-wide guarantee
+    holds as it is. Episodes without an opponent (other tasks) are not grouped: None.
+
+    Raises:
+        ValueError: the evaluations do not cover the same seeds, or ``level`` is not in (0, 1).
+    """
+    if candidate.seeds != incumbent.seeds:
+        raise ValueError("candidate and incumbent must be evaluated on the same validation seeds")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    groups: dict[str, list[float]] = {}
+    for c, i in zip(candidate.episodes, incumbent.episodes):
+        opponent = c.diagnostics.get("opponent")
+        if opponent is not None:
+            groups.setdefault(str(opponent), []).append(c.episode_return - i.episode_return)
+    each = level / max(1, len(groups))
+    worst: tuple[float, str, float, int] | None = None
+    for name, diffs in sorted(groups.items()):
+        d = np.asarray(diffs, dtype=np.float64)
+        if len(d) < 2 or d.mean() >= 0:
+            continue
+        p = 0.0 if np.all(d == d[0]) else float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue)
+        if p < each and (worst is None or p < worst[0]):
+            worst = (p, name, float(d.mean()), len(d))
+    if worst is None:
+        return None
+    p, name, mean, n = worst
+    return (f"worse against {name}: {mean:+.3f} on its {n} validation episodes (p = {p:.2g} < {each:.3g}, "
+            "[gate] worse_against_any)")
 
 
 # -- sequential gates -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["LOCKSTEP_EPISODES", "BatchAborted", "Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker", "check_action",
+__all__ = ["LOCKSTEP_EPISODES", "BatchAborted", "Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker", "check_action", "error_text",
            "run_episode", "run_lockstep"]
 
 
@@ -255,11 +255,11 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
         exc.length, exc.episode_return, exc.final_observation = steps, total, _obs_list(obs)
         raise
     except BaseException as exc:  # noqa: BLE001 - the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
-        return _errored(seed, total, steps, obs, _error_text(exc), task)
+        return _errored(seed, total, steps, obs, error_text(exc), task)
     return _ended(seed, total, steps, obs, reward, terminated, truncated, task)
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """An episode's error for what the policy (or, stepping its action, the env) raised."""
     if isinstance(exc, PolicyFailure):
         return f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
@@ -371,7 +371,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
         try:
             width = max(1, min(width, int(policy.start_batch(params, spaces))))
         except PolicyFailure as exc:
-            return [_errored(s, 0.0, 0, None, _error_text(exc), task) for s in seeds]
+            return [_errored(s, 0.0, 0, None, error_text(exc), task) for s in seeds]
         start_cost = (clock() - t0) / max(1, min(width, len(seeds)))
         queue: list[int] = []  # slots waiting for an action, in order
         new: dict[int, int] = {}  # slots whose episode the policy has not started yet -> seed
@@ -393,7 +393,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                 try:
                     run.obs, _ = env.reset(seed=seed)
                 except Exception as exc:  # noqa: BLE001 - as run_episode: the episode's error
-                    done[i] = _errored(seed, 0.0, 0, None, _error_text(exc), task)
+                    done[i] = _errored(seed, 0.0, 0, None, error_text(exc), task)
                     _retire(env)
                     continue
                 run.used = start_cost + clock() - t
@@ -419,7 +419,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             answered = clock() - t
             for r, answer in zip(runs, answers):
                 if isinstance(answer, PolicyFailure) and answer.start:  # as run_episode: before the env's reset
-                    done[r.index] = _errored(r.seed, 0.0, 0, None, _error_text(answer), task)
+                    done[r.index] = _errored(r.seed, 0.0, 0, None, error_text(answer), task)
                     _retire(running.pop(r.index).env)
                     ended.append(r.index)
                     continue
@@ -438,7 +438,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                 except RolloutAborted:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - as run_episode: the policy's failure is the episode's outcome
-                    done[r.index] = _errored(r.seed, r.total, r.steps, r.obs, _error_text(exc), task)
+                    done[r.index] = _errored(r.seed, r.total, r.steps, r.obs, error_text(exc), task)
                     _retire(running.pop(r.index).env)
                     ended.append(r.index)
                     continue

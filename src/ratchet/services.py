@@ -539,6 +539,16 @@ class RunServices:
         decision, cand_val, inc_val = self.validate(generation, best, incumbent, inc_val, cap)
         if decision is None:
             return None, cand_val, inc_val
+        guard = self.spec.gate.worse_against_any
+        if decision.promoted and guard is not None:
+            from dataclasses import replace
+
+            from ratchet.gate import worse_against
+
+            why = worse_against(cand_val, Evaluation(inc_val.candidate_id, "validation",
+                                                     inc_val.episodes[:cand_val.n]), guard)
+            if why is not None:
+                decision = replace(decision, promoted=False, reason=why)
         self._n_contested += decision.contested
         self._carry = decision.alpha if decision.promoted else 0.0
         inc_part = Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n])

@@ -58,9 +58,29 @@ class TaskSpec(_Section):
     :mod:`ratchet.tasks.evaluator`), scoring the policy's functions on problem instances.
     """
 
-    kind: Literal["gym", "evaluator"] = Field("gym", description="\"gym\": a Gymnasium environment (env_id); "
-                                              "\"evaluator\": a module that scores a policy on problem instances "
-                                              "(evaluator).")
+    kind: Literal["gym", "evaluator", "game"] = Field(
+        "gym", description="\"gym\": a Gymnasium environment (env_id); \"evaluator\": a module that scores a policy "
+                           "on problem instances (evaluator); \"game\": a PettingZoo or OpenSpiel game against a pool "
+                           "of opponents (game, opponents).")
+    game: str | None = Field(None, min_length=1, description="kind = \"game\": a PettingZoo AEC id "
+                             "(\"classic/connect_four-v3\") or \"openspiel:NAME\" (\"openspiel:kuhn_poker\").")
+    opponents: dict[str, Any] = Field(default_factory=dict, description="kind = \"game\": the opponent pool, name "
+                                      "-> policy file (relative to the spec's folder) or {path, params}.")
+    train_opponents: list[str] | None = Field(None, min_length=1, description="kind = \"game\": the opponents "
+                                              "training episodes meet; default all.")
+    validation_opponents: list[str] | None = Field(None, min_length=1, description="kind = \"game\": the opponents "
+                                                   "the gate's validation episodes meet; default all.")
+    test_opponents: list[str] | None = Field(None, min_length=1, description="kind = \"game\": the opponents test "
+                                             "episodes meet; default all.")
+    seats: list[int] | None = Field(None, min_length=1, description="kind = \"game\": the seats the candidate "
+                                    "plays (0-based), in turn; default every seat.")
+    illegal: Literal["fail", "replace"] = Field("fail", description="kind = \"game\": an illegal move loses the "
+                                                "episode as the candidate's failure, or is replaced by a random "
+                                                "legal move and counted.")
+    max_moves: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS, description="kind = \"game\": most moves "
+                                  "(both sides, env steps) per episode; default the game's bound or 1000.")
+    game_kwargs: dict[str, Any] = Field(default_factory=dict, description="kind = \"game\": arguments for "
+                                        "pettingzoo.make or pyspiel.load_game.")
     env_id: str | None = Field(None, description="kind = \"gym\": registered Gymnasium id, e.g. \"LunarLander-v3\".")
     evaluator: str | None = Field(None, min_length=1, description="kind = \"evaluator\": the evaluator module "
                                                                    "(.py, relative to the spec's folder).")
@@ -103,6 +123,27 @@ class TaskSpec(_Section):
 
     @model_validator(mode="after")
     def _one_kind(self) -> TaskSpec:
+        game_keys = [k for k in ("game", "train_opponents", "validation_opponents", "test_opponents", "seats",
+                                 "max_moves") if getattr(self, k) is not None]
+        game_keys += [k for k in ("opponents", "game_kwargs") if getattr(self, k)]
+        game_keys += ["illegal"] if self.illegal != "fail" else []
+        if self.kind == "game":
+            wrong = [k for k in ("env_id", "evaluator", "max_episode_steps", "description") if getattr(self, k) is not None]
+            wrong += [k for k in ("env_kwargs", "options") if getattr(self, k)]
+            wrong += ["action"] if self.action != "error" else []
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} do(es) not apply to game tasks; a game task takes game, "
+                                 "opponents, train/validation/test_opponents, seats, illegal, max_moves, game_kwargs, "
+                                 "name and success_threshold")
+            from ratchet.tasks import task_from_spec
+
+            try:
+                task_from_spec(self)
+            except TaskError as exc:
+                raise ValueError(str(exc)) from None
+            return self
+        if game_keys:
+            raise ValueError(f"{game_keys[0]} belongs to game tasks; add kind = \"game\" or remove it")
         if self.kind == "evaluator":
             if self.evaluator is None:
                 raise ValueError("kind = \"evaluator\" needs evaluator = \"evaluate.py\" (the module that scores a "
@@ -224,6 +265,11 @@ class GateSpec(_Section):
     max_new_failures: float | None = Field(
         None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
                                       "seeds the incumbent succeeds on, even if its mean is higher.")
+
+    worse_against_any: float | None = Field(
+        None, gt=0, lt=1, description="Game tasks: refuse a candidate significantly worse than the incumbent against "
+                                      "any single validation opponent (one-sided paired t-test per opponent at this "
+                                      "level over the number of opponents), even if it is better on average.")
 
     def build(self) -> Any:
         """The gate these settings describe (:func:`ratchet.gate.make_gate`): a fixed-n
@@ -640,12 +686,24 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
     task = data.get("task")
     if isinstance(task, dict) and isinstance(task.get("evaluator"), str) and task["evaluator"]:
         data = {**data, "task": {**task, "evaluator": str((Path(base_dir) / task["evaluator"]).resolve())}}
+    if isinstance(task, dict) and isinstance(task.get("opponents"), dict):
+        data = {**data, "task": {**data["task"], "opponents": {
+            name: _resolved_opponent(entry, base_dir) for name, entry in task["opponents"].items()}}}
     try:
         return RunSpec(**{**data, "base_dir": str(base_dir)})
     except ValidationError as exc:
         raise SpecError(_format_error(exc.errors()[0], where)) from None
     except TypeError as exc:
         raise SpecError(f"{where}: {exc}") from None
+
+
+def _resolved_opponent(entry: Any, base_dir: str | Path) -> Any:
+    """An opponent entry of ``[task.opponents]`` with its path resolved against the spec's folder."""
+    if isinstance(entry, str) and entry:
+        return str((Path(base_dir) / entry).resolve())
+    if isinstance(entry, dict) and isinstance(entry.get("path"), str) and entry["path"]:
+        return {**entry, "path": str((Path(base_dir) / entry["path"]).resolve())}
+    return entry
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

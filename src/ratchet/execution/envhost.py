@@ -34,7 +34,7 @@ from ratchet.execution.channel import BadMessage, Channel, ChannelTimeout, pin_t
 from ratchet.execution.protocol import BadReply, Opaque, decode_actions, decode_reply, encode_round
 from ratchet.rollout import BatchAborted, Episode, InvalidAction, RolloutAborted
 
-__all__ = ["RemotePolicy", "envhost_main"]
+__all__ = ["OpponentProcess", "RemotePolicy", "envhost_main"]
 
 _START_TIMEOUT_S = 120.0
 _RETIRE_TIMEOUT_S = 10.0
@@ -161,6 +161,39 @@ class RemotePolicy:
         self.chan.drain()
 
 
+class OpponentProcess:
+    """A game's opponents as the env host reaches them (:class:`ratchet.tasks.game.OpponentHandles`): a second
+    sandboxed policy process (a zygote of its own, :func:`ratchet.execution.worker.policy_main`) that serves one
+    opponent at a time; switching opponents retires the one loaded, as switching candidates does. The candidate's
+    process and this one share nothing but the referee, so a candidate cannot reach into its opponent.
+
+    Args:
+        chan: Channel to the opponent process.
+        ctl: Its zygote's retirement line (see :meth:`RemotePolicy.retire`).
+        deadline: The episode's timer (shared with the candidate: one episode, one time limit).
+    """
+
+    def __init__(self, chan: Channel, ctl: int | None, deadline: _Deadline) -> None:
+        self.chan, self.ctl, self.deadline = chan, ctl, deadline
+        self.sent: set[str] = set()
+        self.current: RemotePolicy | None = None
+
+    def get(self, key: str, source: str) -> RemotePolicy:
+        """The handle of the opponent whose source has SHA-256 ``key`` (its source travels the first time).
+
+        Raises:
+            RolloutAborted: retiring the previous opponent failed (``"stale"``) or its process is gone.
+        """
+        if self.current is not None and self.current.key == key:
+            return self.current
+        if self.current is not None:
+            self.current.retire()
+        self.current = RemotePolicy(self.chan, key, None if key in self.sent else source, ("act",), self.ctl,
+                                    self.deadline)
+        self.sent.add(key)
+        return self.current
+
+
 def _pickled(message: tuple) -> bytes:
     return b"P" + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -187,11 +220,12 @@ class _Deadline:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _serve(conn: Any, chan: Channel, ctl: int | None = None) -> None:
+def _serve(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channel, int] | None = None) -> None:
     from ratchet.execution.worker import _text, send_reply
     from ratchet.tasks import task_from_dict
 
     deadline = _Deadline()
+    opponents = None if rival is None else OpponentProcess(rival[0], rival[1], deadline)
     loaded: str | None = None  # the candidate (source key and parameters) the policy process serves
 
     known_sources: set[str] = set()
@@ -228,7 +262,10 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None) -> None:
                     policy.retire()
                 loaded = candidate
                 if kind == "job":
-                    replies = [(task.run_episode(policy, params, seeds[0], render_path), "ok")]
+                    extra = {"opponents": opponents} if task.opponent_sources() else {}
+                    if extra and opponents is None:
+                        raise RuntimeError("a game task on a worker without an opponent process")
+                    replies = [(task.run_episode(policy, params, seeds[0], render_path, **extra), "ok")]
                 else:
                     replies = _run_batch(task, policy, params, seeds, int(msg[10]), float(timeout_s))
                 if any(status != "ok" for _, status in replies):
@@ -295,10 +332,11 @@ def _aborted(exc: RolloutAborted, seed: int, steps: int, total: float, timeout_s
     return Episode.failed(seed, reason, steps, total, task=task)
 
 
-def envhost_main(conn: Any, chan: Channel, ctl: int | None = None) -> None:
-    """Wait for the policy process's handshake, tell the driver, then serve jobs until ``conn`` closes.
+def envhost_main(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channel, int] | None = None) -> None:
+    """Wait for the policy process's handshake (and the opponent process's, with ``rival``: its channel and
+    retirement line), tell the driver, then serve jobs until ``conn`` closes.
 
-    Exits with status 3 (its log says why) when the policy process does not start.
+    Exits with status 3 (its log says why) when a policy process does not start.
     """
     from ratchet.execution.worker import _exit_with_parent
 
@@ -308,17 +346,25 @@ def envhost_main(conn: Any, chan: Channel, ctl: int | None = None) -> None:
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     import gymnasium  # noqa: F401 - imported before "ready" so start-up never counts as episode time
 
-    try:
-        decode_reply(chan.recv(time.monotonic() + _START_TIMEOUT_S), "ready")
-    except (EOFError, OSError, ChannelTimeout, BadMessage, BadReply) as exc:
-        print(f"policy process did not start ({type(exc).__name__})", file=sys.stderr)
-        sys.exit(3)
+    for who, line in (("policy", chan), ("opponent", None if rival is None else rival[0])):
+        if line is None:
+            continue
+        try:
+            decode_reply(line.recv(time.monotonic() + _START_TIMEOUT_S), "ready")
+        except (EOFError, OSError, ChannelTimeout, BadMessage, BadReply) as exc:
+            print(f"{who} process did not start ({type(exc).__name__})", file=sys.stderr)
+            sys.exit(3)
     conn.send_bytes(b'"ready"')
-    _serve(conn, chan, ctl)
+    _serve(conn, chan, ctl, rival)
 
 
 if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
     sock_fd, read_fd, write_fd, ctl_fd = map(int, os.environ.pop("RATCHET_ENVHOST_FDS").split(","))
-    envhost_main(Connection(sock_fd), Channel(read_fd, write_fd, max_message=1 << 20), ctl_fd)
+    rival_fds = os.environ.pop("RATCHET_OPPONENT_FDS", None)
+    rival = None
+    if rival_fds:
+        o_read, o_write, o_ctl = map(int, rival_fds.split(","))
+        rival = (Channel(o_read, o_write, max_message=1 << 20), o_ctl)
+    envhost_main(Connection(sock_fd), Channel(read_fd, write_fd, max_message=1 << 20), ctl_fd, rival)

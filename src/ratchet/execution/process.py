@@ -17,7 +17,9 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, Self, cast
 
 from ratchet.errors import RatchetError, SandboxError
@@ -43,50 +45,51 @@ class _Worker:
     with their whole process groups (and cgroup).
     """
 
-    def __init__(self, sandbox: Sandbox, cpu: int | None = None) -> None:
+    def __init__(self, sandbox: Sandbox, cpu: int | None = None, opponents: bool = False) -> None:
         self.trusted, self.cpu = sandbox.trusted_rollouts, cpu
+        self.opponents = opponents and self.trusted  # untrusted rollouts load opponents in the one worker process
         self.workdir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-")
         sandbox.prepare_workdir(self.workdir)
         self.cgroup = sandbox.make_cgroup()
         self.log_path = os.path.join(self.workdir, "worker.log")
+        self.rival: _PolicyProcess | None = None
         parent_sock, child_sock = socket.socketpair()
         python = [sys.executable, "-m"]
-        if self.trusted:
-            self.hostdir: str | None = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-host-")  # 0700: not the policy's
-            to_policy_r, to_policy_w = os.pipe()
-            to_host_r, to_host_w = os.pipe()
-            ctl_r, ctl_w = os.pipe()  # the zygote's own line to the env host (see worker.policy_main)
-            policy_fds: tuple[int, ...] = (to_policy_r, to_host_w, ctl_w)
-            host_fds = (child_sock.fileno(), to_host_r, to_policy_w, ctl_r)
-            extra = {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w},{ctl_w}"}
-            if cpu is not None:  # the pair shares one CPU (see channel.pin_to_cpu)
-                extra["RATCHET_CPU"] = str(cpu)
-        else:
-            self.hostdir = None
-            policy_fds = (child_sock.fileno(),)
-            extra = {"RATCHET_WORKER_FD": str(child_sock.fileno())}
-        env = sandbox.environment(self.workdir, {**extra, "RATCHET_PARENT_PID": str(os.getpid())}, self.cgroup)
-        argv = sandbox.command([*python, "ratchet.execution.worker"], self.workdir, self.cgroup)
+        extra = {"RATCHET_CPU": str(cpu)} if cpu is not None and self.trusted else {}  # the pair shares one CPU
+        own: list[int] = []  # this side's copies of the pipes, closed once the processes have theirs
         try:
-            with open(self.log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
-                self.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, pass_fds=policy_fds,
-                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
             self.host = None
             if self.trusted:
-                assert self.hostdir is not None  # made above for a trusted worker
-                host_env = dict(os.environ, RATCHET_ENVHOST_FDS=",".join(map(str, host_fds)),
-                                RATCHET_PARENT_PID=str(os.getpid()), **{k: v for k, v in extra.items()
-                                                                         if k == "RATCHET_CPU"})
+                self.hostdir: str | None = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-host-")  # 0700
+                policy = _PolicyProcess.start(sandbox, self.workdir, self.cgroup, self.log_path, extra, own)
+                self.proc = policy.proc
+                host_env = dict(os.environ, RATCHET_ENVHOST_FDS=",".join(map(str, (child_sock.fileno(), *policy.host_fds))),
+                                RATCHET_PARENT_PID=str(os.getpid()), **extra)
+                host_fds = [child_sock.fileno(), *policy.host_fds]
+                if self.opponents:  # a second sandboxed zygote of its own (folder, cgroup) for the game's opponents
+                    rival_dir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-opponent-")
+                    sandbox.prepare_workdir(rival_dir)
+                    self.rival = _PolicyProcess.start(sandbox, rival_dir, sandbox.make_cgroup(),
+                                                      os.path.join(rival_dir, "worker.log"), extra, own)
+                    host_env["RATCHET_OPPONENT_FDS"] = ",".join(map(str, self.rival.host_fds))
+                    host_fds += self.rival.host_fds
                 with open(os.path.join(self.hostdir, "envhost.log"), "ab") as log:
                     self.host = subprocess.Popen([*python, "ratchet.execution.envhost"], env=host_env,
                                                  cwd=self.hostdir, pass_fds=host_fds, stdin=subprocess.DEVNULL,
                                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            else:
+                self.hostdir = None
+                env = sandbox.environment(self.workdir, {"RATCHET_WORKER_FD": str(child_sock.fileno()),
+                                                         "RATCHET_PARENT_PID": str(os.getpid())}, self.cgroup)
+                argv = sandbox.command([*python, "ratchet.execution.worker"], self.workdir, self.cgroup)
+                with open(self.log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
+                    self.proc = subprocess.Popen(argv, env=env, cwd=self.workdir, pass_fds=(child_sock.fileno(),),
+                                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True)
         finally:
             child_sock.close()
-            if self.trusted:
-                for fd in (to_policy_r, to_policy_w, to_host_r, to_host_w, ctl_r, ctl_w):
-                    os.close(fd)
+            for fd in own:
+                os.close(fd)
         self.conn = Connection(parent_sock.detach())
         self.ready = False
         self.known_sources: set[str] = set()
@@ -122,7 +125,10 @@ class _Worker:
         return self.ready
 
     def alive(self) -> bool:
-        return self.proc.poll() is None and (self.host is None or self.host.poll() is None)
+        return all(p.poll() is None for p in self._processes())
+
+    def _processes(self) -> list[subprocess.Popen]:
+        return [p for p in (self.proc, self.host, self.rival.proc if self.rival else None) if p is not None]
 
     def death(self) -> str:
         """Why the worker died: the exit status (signal name) of its policy process and the last line
@@ -149,26 +155,54 @@ class _Worker:
         return f"{who} died ({what}{': ' + tail if tail else ''})"
 
     def kill(self) -> None:
-        for proc in (self.proc, self.host):
-            if proc is None:
-                continue
+        for proc in self._processes():
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for proc in (self.proc, self.host):
-            if proc is None:
-                continue
+        for proc in self._processes():
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
         self.conn.close()
-        if self.cgroup is not None:
-            remove_cgroup(self.cgroup)
+        for cgroup in (self.cgroup, self.rival.cgroup if self.rival else None):
+            if cgroup is not None:
+                remove_cgroup(cgroup)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.rival is not None:
+            shutil.rmtree(self.rival.workdir, ignore_errors=True)
         if self.hostdir is not None:
             shutil.rmtree(self.hostdir, ignore_errors=True)
+
+
+@dataclass
+class _PolicyProcess:
+    """A sandboxed policy process (a zygote, :func:`ratchet.execution.worker.policy_main`) of a trusted worker, and
+    the env host's ends of its pipes (read, write, retirement line)."""
+
+    proc: subprocess.Popen
+    host_fds: list[int]
+    workdir: str
+    cgroup: Path | None
+
+    @classmethod
+    def start(cls, sandbox: Sandbox, workdir: str, cgroup: Path | None, log_path: str, extra: dict[str, str],
+              own: list[int]) -> _PolicyProcess:
+        """Start one in ``workdir`` (its output to ``log_path``); every pipe end made is appended to ``own``, for the
+        caller to close once the env host has its ends."""
+        to_policy_r, to_policy_w = os.pipe()
+        to_host_r, to_host_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()  # the zygote's own line to the env host (see worker.policy_main)
+        own += [to_policy_r, to_policy_w, to_host_r, to_host_w, ctl_r, ctl_w]
+        env = sandbox.environment(workdir, {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w},{ctl_w}", **extra,
+                                            "RATCHET_PARENT_PID": str(os.getpid())}, cgroup)
+        argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], workdir, cgroup)
+        with open(log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
+            proc = subprocess.Popen(argv, env=env, cwd=workdir, pass_fds=(to_policy_r, to_host_w, ctl_w),
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return cls(proc, [to_host_r, to_policy_w, ctl_r], workdir, cgroup)
 
 
 _MAX_REPLY_BYTES = 16 * 2**20
@@ -304,12 +338,13 @@ class ProcessExecutor:
         # deadline is then only a backstop for an env host that hangs
         self._deadline_s = self.episode_timeout_s + (_HOST_GRACE_S if self.sandbox.trusted_rollouts else 0.0)
         self._workers: list[_Worker] = []
+        self._opponents = False  # whether workers carry an opponent process (a game task's; see run)
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
         new: list[_Worker] = []
         for _ in range(n - len(self._workers)):  # boot in parallel
-            new.append(_Worker(self.sandbox, self._pick_cpu(new)))
+            new.append(_Worker(self.sandbox, self._pick_cpu(new), self._opponents))
         for w in new:
             try:
                 _check_started(w)
@@ -347,6 +382,11 @@ class ProcessExecutor:
         task_key = json.dumps(task_dict, sort_keys=True)
         if hide_from_policies(*task.private_paths()):  # workers started from now on cannot see them
             for w in list(self._workers):  # those running already could: replace them
+                w.kill()
+            self._workers = []
+        if bool(task.opponent_sources()) != self._opponents:  # a game's opponents need a process of their own
+            self._opponents = not self._opponents
+            for w in list(self._workers):
                 w.kill()
             self._workers = []
         pending: deque[int] = deque(range(len(jobs)))
@@ -595,7 +635,7 @@ class ProcessExecutor:
     def _start_worker(self, attempts: int = 5) -> _Worker:
         """A ready worker; a start that fails (e.g. the process was killed from outside) is retried."""
         for attempt in range(attempts):
-            w = _Worker(self.sandbox, self._pick_cpu())
+            w = _Worker(self.sandbox, self._pick_cpu(), self._opponents)
             try:
                 _check_started(w)
                 return w

@@ -24,9 +24,11 @@ EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "tru
                           "diagnostics"})
 #: The diagnostics keys :func:`~ratchet.rollout.run_episode` and ``Episode.failed`` write (all optional), and
 #: those of an evaluator task (:mod:`ratchet.tasks.evaluator`): its ``failure`` label and ``text``, named
-#: ``scores``, the policy ``calls`` made, and ``fault`` (``"task"``: the task's own code failed, not the policy).
+#: ``scores``, the policy ``calls`` made, and ``fault`` (``"task"``: the task's own code failed, not the policy);
+#: and those of a game (:mod:`ratchet.tasks.game`): the ``opponent``, the candidate's ``seat``, the ``outcome`` and
+#: the ``illegal_moves`` replaced.
 DIAGNOSTICS_KEYS = frozenset({"final_observation", "final_reward", "cause", "failure", "text", "scores", "calls",
-                              "fault"})
+                              "fault", "opponent", "seat", "outcome", "illegal_moves"})
 
 MAX_ERROR_CHARS = 500
 MAX_OBSERVATION_ENTRIES = 64
@@ -134,6 +136,20 @@ def _diagnostics(value: Any, error: str | None, terminated: bool) -> dict[str, A
         if isinstance(calls, bool) or not isinstance(calls, int) or not 0 <= calls < 2**53:
             raise BadReply("a reply whose calls is not a count")
         out["calls"] = calls
+    if "opponent" in value:
+        if not isinstance(value["opponent"], str) or len(value["opponent"]) > 40:
+            raise BadReply("a reply whose opponent is not a name of at most 40 characters")
+        out["opponent"] = clean(value["opponent"], 40)
+    if "outcome" in value:
+        if value["outcome"] not in ("win", "draw", "loss"):
+            raise BadReply("a reply whose outcome is not win, draw or loss")
+        out["outcome"] = value["outcome"]
+    for key, top in (("seat", 64), ("illegal_moves", 2**31)):
+        if key in value:
+            v = value[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < top:
+                raise BadReply(f"a reply whose {key} is not a count below {top}")
+            out[key] = v
     if "fault" in value:
         if value["fault"] != "task" or error is None:
             raise BadReply("a reply with a malformed fault")

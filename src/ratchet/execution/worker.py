@@ -501,7 +501,8 @@ def worker_main(conn: Any) -> None:
             elif missing:
                 ep = Episode.failed(seed, f"policy has no callable {missing}()", task=task)
             else:
-                ep = task.run_episode(LocalPolicy(module), materialize(params), seed, render_path)
+                extra = {"opponents": LocalOpponents(policies)} if task.opponent_sources() else {}
+                ep = task.run_episode(LocalPolicy(module), materialize(params), seed, render_path, **extra)
             _trim_log()
             if sandbox is not None:
                 strays = reap_strays()
@@ -549,6 +550,29 @@ class LocalPolicy:
         from ratchet.execution.protocol import decode_reply, encode_value
 
         return decode_reply(encode_value(getattr(self.module, name)(*args, self.params)), "value")
+
+
+class LocalOpponents:
+    """A game's opponents loaded in the process that runs the task (``[execution] trusted_rollouts = false``, where
+    policy and referee share one sandboxed process anyway): :class:`ratchet.tasks.game.OpponentHandles`."""
+
+    def __init__(self, policies: _Policies) -> None:
+        self.policies = policies
+
+    def get(self, key: str, source: str) -> LocalPolicy:
+        """The loaded opponent (a fresh module per episode, as a candidate's).
+
+        Raises:
+            PolicyFailure: its file fails to load or has no ``act``.
+        """
+        from ratchet.rollout import PolicyFailure
+
+        module = self.policies.load(key, source)
+        if isinstance(module, Exception):
+            raise PolicyFailure("policy failed to load", f"{type(module).__name__}: {_text(module, 300)}")
+        if missing_function(module, ("act",)):
+            raise PolicyFailure("policy has no callable act()")
+        return LocalPolicy(module)
 
 
 def close_quietly(env: Any) -> None:

@@ -5,7 +5,8 @@ task only through :class:`Task` and never names a kind. A kind is a class regist
 (``[task] kind`` in a spec, ``"kind"`` in :meth:`Task.to_dict`); :func:`task_from_spec` and
 :func:`task_from_dict` build one. Today: ``"gym"`` (:class:`~ratchet.tasks.gym.GymTask`, any registered
 Gymnasium environment) and ``"evaluator"`` (:class:`~ratchet.tasks.evaluator.EvaluatorTask`, a user's
-evaluator scoring the policy's functions on problem instances).
+evaluator scoring the policy's functions on problem instances) and ``"game"`` (:class:`~ratchet.tasks.game.GameTask`,
+a PettingZoo or OpenSpiel game against a pool of opponents).
 
 An episode of any task: a seed in; out a return (higher is better), a length in the task's cost unit (env
 steps for an environment), how it ended (terminated, truncated — kept apart, as Gymnasium does — or an
@@ -25,7 +26,8 @@ __all__ = ["TASK_KINDS", "PolicyHandle", "Task", "success_rule_of", "task_from_d
 
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
 TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask",
-                              "evaluator": "ratchet.tasks.evaluator:EvaluatorTask"}
+                              "evaluator": "ratchet.tasks.evaluator:EvaluatorTask",
+                              "game": "ratchet.tasks.game:GameTask"}
 
 
 class PolicyHandle(Protocol):
@@ -91,6 +93,11 @@ class Task(Protocol):
     def private_paths(self) -> Sequence[str]:
         """Folders of the trusted side that policy code must not read (an evaluator's folder: its data sets and
         reference solutions); executors hide them from sandboxed workers where the sandbox can."""
+
+    def opponent_sources(self) -> Mapping[str, str]:
+        """Policy code the task runs beside the candidate (a game's opponents), source by its SHA-256; empty for
+        none. Executors run it sandboxed, like the candidate, and pass ``opponents=`` (a
+        :class:`~ratchet.tasks.game.OpponentHandles`) to :meth:`run_episode` when it is not empty."""
 
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:

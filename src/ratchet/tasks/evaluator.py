@@ -336,6 +336,10 @@ class EvaluatorTask:
         unless it also holds the Python installation or the project (then left visible)."""
         return (str(Path(self.path).parent),)
 
+    def opponent_sources(self) -> dict[str, str]:
+        """``{}``: an evaluator scores one policy."""
+        return {}
+
     def spaces(self) -> tuple[Any, Any]:
         """``(None, None)``: an evaluator task has no observation or action space."""
         return None, None

@@ -91,6 +91,10 @@ class GymTask:
         """None: the environment is a library, and its files hold nothing a policy could use to forge a return."""
         return ()
 
+    def opponent_sources(self) -> dict[str, str]:
+        """``{}``: a single-agent environment has no opponents."""
+        return {}
+
     def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None) -> Any:
         """One episode in a fresh environment (made here, on the trusted side), recorded to ``render_path`` when
         given (frames or a trace, :func:`ratchet.tasks.recording.record_episode`).

@@ -1,0 +1,660 @@
+"""Game tasks: the candidate plays a seat of a game against an opponent drawn from a declared pool.
+
+``[task] kind = "game"`` with ``game`` naming a game of one of the ecosystem's standard interfaces:
+
+* PettingZoo's AEC API (``game = "classic/connect_four-v3"``, or the module name ``"connect_four_v3"``), through
+  ``pettingzoo.make("aec", ...)``;
+* OpenSpiel (``game = "openspiel:kuhn_poker"``, any ``pyspiel.load_game`` string such as
+  ``"openspiel:leduc_poker"``); chance nodes are sampled from the episode's seed.
+
+An **episode** is a triple (seed, opponent, seat), all three read from the seed (:meth:`GameTask.matchup`): the
+seed's split (``seed % 3``, as :class:`ratchet.planner.SeedSplits` makes them) picks the opponent pool
+(``train_opponents``, ``validation_opponents``, ``test_opponents``), the rest of the seed picks the opponent and
+the seat the candidate plays (``seats``: one seat, or every seat in turn). So the gate's paired test compares
+candidate and incumbent on the same triples, and each split draws its own opponents.
+
+The policy's ``act(observation, params)`` gets a dict: ``"observation"`` (the game's numeric observation of the
+player to move: PettingZoo's ``observation``, OpenSpiel's information-state tensor), ``"action_mask"`` (int8,
+shape ``(n_actions,)``, 1 where the action is legal), ``"seat"`` (int, 0-based) and, for OpenSpiel,
+``"info_state"`` (the information-state string: a key for tabular policies). It returns an action index. An
+illegal move ends the episode as the candidate's failure with the loss payoff (``illegal = "fail"``), or is
+replaced by a uniformly drawn legal move and counted (``illegal = "replace"``; ``diagnostics["illegal_moves"]``).
+
+**Opponents** are policy files (``[task.opponents]``: name → path, or ``{path, params}``), the same kind of file as
+a candidate, with the same ``act``. They are policy code: executors run them sandboxed, in a process of their
+own beside the candidate's (:class:`OpponentHandles`), never in the trusted referee. The game itself is the
+trusted side: it applies moves, checks legality and pays out. An opponent that raises, answers garbage or an
+illegal move is a fault of the task's setup (``diagnostics["fault"] == "task"``: the run stops naming it), never
+the candidate's outcome.
+
+An episode's return is the candidate's payoff (Connect Four: +1 win, 0 draw, −1 loss; poker: chips), its length the
+moves played by both sides (``env steps``), success a win (payoff > 0) unless ``success_threshold`` says otherwise;
+``diagnostics`` holds ``opponent``, ``seat``, ``outcome`` (``"win"``, ``"draw"``, ``"loss"``) and ``illegal_moves``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ratchet.errors import TaskError
+
+__all__ = ["GameTask", "Opponent", "OpponentHandles", "outcome_of"]
+
+_SPLITS = ("train", "validation", "test")
+MAX_OPPONENTS = 64
+DEFAULT_MAX_MOVES = 1000  # PettingZoo games declare no length; OpenSpiel games do (max_game_length)
+_VALUES: dict[str, dict[str, Any]] = {}  # an opponent's parameter values, by source and params (parsed once)
+
+
+class OpponentHandles(Protocol):
+    """How a game's episode reaches its opponents: executors supply one (sandboxed opponent processes for trusted
+    rollouts, :class:`ratchet.execution.envhost.OpponentProcess`; loaded modules otherwise)."""
+
+    def get(self, key: str, source: str) -> Any:
+        """A :class:`ratchet.tasks.PolicyHandle` for the opponent whose policy file has this source (``key``: its
+        SHA-256), ready for ``start``."""
+
+
+@dataclass(frozen=True)
+class Opponent:
+    """One opponent of the pool: a policy file and the parameter values it plays with.
+
+    Attributes:
+        name: What tables and messages call it (``"minimax4"``).
+        path: The file it was read from (for messages).
+        source: The policy file's text (stored with the task, so replay and resume play the same opponent).
+        params: Its parameter values: the file's ``PARAMETERS`` defaults, updated by the spec's ``params``.
+    """
+
+    name: str
+    path: str
+    source: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """SHA-256 of the source (the opponent process keeps sources by it)."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def values(self) -> dict[str, Any]:
+        """The parameter values as the policy receives them (NumPy arrays for array parameters)."""
+        import json
+
+        from ratchet.policy import materialize, parse_policy
+
+        cache_key = self.key + json.dumps(_jsonable(self.params), sort_keys=True)
+        if cache_key not in _VALUES:
+            values = dict(parse_policy(self.source, self.path).defaults)
+            unknown = sorted(set(self.params) - set(values))
+            if unknown:
+                raise TaskError(f"params names {unknown[0]!r}, which its PARAMETERS do not declare "
+                                f"({', '.join(values) or 'none'})")
+            values.update(self.params)
+            _VALUES[cache_key] = values
+        return materialize(_VALUES[cache_key])
+
+
+def outcome_of(payoff: float) -> str:
+    """``"win"`` (payoff > 0), ``"draw"`` (0) or ``"loss"``."""
+    return "win" if payoff > 0 else "draw" if payoff == 0 else "loss"
+
+
+# -- the two interfaces ----------------------------------------------------------------------------------
+
+class _PettingZoo:
+    """A PettingZoo AEC game, one episode."""
+
+    def __init__(self, game_id: str, kwargs: Mapping[str, Any]) -> None:
+        import warnings
+
+        import pettingzoo
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.env = pettingzoo.make("aec", _pettingzoo_id(game_id), **dict(kwargs))
+        self.agents = list(self.env.possible_agents)
+
+    def reset(self, seed: int, rng: np.random.Generator) -> None:
+        self.env.reset(seed=int(seed))
+        self.totals = dict.fromkeys(self.agents, 0.0)
+
+    def spaces(self) -> tuple[Any, Any]:
+        from gymnasium.spaces import Box, Dict, Discrete
+
+        agent = self.agents[0]
+        inner = self.env.observation_space(agent)
+        box = inner["observation"] if isinstance(inner, Dict) else inner
+        n = int(self.env.action_space(agent).n)
+        return Dict({"observation": box, "action_mask": Box(0, 1, (n,), np.int8)}), Discrete(n)
+
+    def to_move(self) -> int | None:
+        env = self.env
+        while env.agents:
+            agent = env.agent_selection
+            if env.terminations[agent] or env.truncations[agent]:
+                env.step(None)  # PettingZoo's way of letting a finished agent leave
+                continue
+            return self.agents.index(agent)
+        return None
+
+    def observe(self, seat: int) -> dict[str, Any]:
+        obs = self.env.observe(self.agents[seat])
+        if isinstance(obs, Mapping):
+            mask = np.asarray(obs.get("action_mask"), dtype=np.int8)
+            return {"observation": np.asarray(obs["observation"]), "action_mask": mask, "seat": seat}
+        n = int(self.env.action_space(self.agents[seat]).n)
+        return {"observation": np.asarray(obs), "action_mask": np.ones(n, np.int8), "seat": seat}
+
+    def step(self, action: int) -> None:
+        self.env.step(int(action))
+        for agent in self.agents:
+            self.totals[agent] += float(self.env.rewards.get(agent, 0.0))
+
+    def payoff(self, seat: int) -> float:
+        return self.totals[self.agents[seat]]
+
+    def ended(self) -> tuple[bool, bool]:
+        env = self.env
+        terminated = not env.agents or any(env.terminations.values())
+        truncated = not terminated and any(env.truncations.values())
+        return bool(terminated), bool(truncated)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _pettingzoo_id(game_id: str) -> str:
+    """The registry id of ``game_id``: ``"classic/connect_four-v3"`` as given, ``"connect_four_v3"`` (the module
+    name the PettingZoo docs use) mapped to it."""
+    import pettingzoo
+
+    if game_id in pettingzoo.aec_registry:
+        return game_id
+    stem, _, version = game_id.rpartition("_v")
+    matches = [k for k in pettingzoo.aec_registry if stem and version.isdigit() and k.endswith(f"/{stem}-v{version}")]
+    if len(matches) == 1:
+        return matches[0]
+    import difflib
+
+    close = difflib.get_close_matches(game_id, list(pettingzoo.aec_registry), n=3)
+    raise TaskError(f"unknown PettingZoo game {game_id!r}" + (f"; did you mean {', '.join(close)}?" if close else
+                    " (use an AEC registry id such as \"classic/connect_four-v3\")"))
+
+
+class _OpenSpiel:
+    """An OpenSpiel game, one episode; chance outcomes are drawn from the episode's generator."""
+
+    def __init__(self, name: str, kwargs: Mapping[str, Any]) -> None:
+        import pyspiel
+
+        try:
+            self.game = pyspiel.load_game(name, dict(kwargs)) if kwargs else pyspiel.load_game(name)
+        except Exception as exc:  # noqa: BLE001 - pyspiel raises its own errors for unknown games and parameters
+            raise TaskError(f"OpenSpiel cannot load game {name!r}: {' '.join(str(exc).split())[:200]}") from None
+        kind = self.game.get_type()
+        if kind.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
+            raise TaskError(f"OpenSpiel game {name!r} is not sequential (simultaneous-move games are not supported)")
+        self.info_tensor = bool(kind.provides_information_state_tensor)
+        if not self.info_tensor and not kind.provides_observation_tensor:
+            raise TaskError(f"OpenSpiel game {name!r} provides neither an information-state nor an observation "
+                            "tensor for a policy to read")
+        self.n_seats = int(self.game.num_players())
+        self.agents = list(range(self.n_seats))
+
+    def reset(self, seed: int, rng: np.random.Generator) -> None:
+        self.state, self.rng = self.game.new_initial_state(), rng
+        self._chance()
+
+    def _chance(self) -> None:
+        while self.state.is_chance_node():
+            outcomes, probs = zip(*self.state.chance_outcomes(), strict=True)
+            p = np.asarray(probs, dtype=np.float64)
+            self.state.apply_action(int(outcomes[int(self.rng.choice(len(outcomes), p=p / p.sum()))]))
+
+    def spaces(self) -> tuple[Any, Any]:
+        from gymnasium.spaces import Box, Dict, Discrete
+
+        shape = self.game.information_state_tensor_shape() if self.info_tensor else self.game.observation_tensor_shape()
+        n = int(self.game.num_distinct_actions())
+        return (Dict({"observation": Box(-np.inf, np.inf, tuple(shape), np.float32),
+                      "action_mask": Box(0, 1, (n,), np.int8)}), Discrete(n))
+
+    def to_move(self) -> int | None:
+        if self.state.is_terminal():
+            return None
+        return int(self.state.current_player())
+
+    def observe(self, seat: int) -> dict[str, Any]:
+        s = self.state
+        tensor = s.information_state_tensor(seat) if self.info_tensor else s.observation_tensor(seat)
+        out = {"observation": np.asarray(tensor, dtype=np.float32),
+               "action_mask": np.asarray(s.legal_actions_mask(seat), dtype=np.int8), "seat": seat}
+        if self.game.get_type().provides_information_state_string:
+            out["info_state"] = s.information_state_string(seat)
+        return out
+
+    def step(self, action: int) -> None:
+        self.state.apply_action(int(action))
+        self._chance()
+
+    def payoff(self, seat: int) -> float:
+        return float(self.state.returns()[seat])
+
+    def ended(self) -> tuple[bool, bool]:
+        return bool(self.state.is_terminal()), False
+
+    def close(self) -> None:
+        pass
+
+
+# -- the task --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GameTask:
+    """A game against a pool of opponents (see the module docstring).
+
+    Args:
+        game: ``"classic/connect_four-v3"`` (PettingZoo AEC) or ``"openspiel:kuhn_poker"`` (OpenSpiel).
+        opponents: The pool, each an :class:`Opponent`.
+        pools: Split (``"train"``, ``"validation"``, ``"test"``) → the names of the opponents its episodes meet.
+        seats: The seats the candidate plays (0-based); episodes cycle through them.
+        illegal: ``"fail"`` (an illegal move is the episode's failure) or ``"replace"`` (a legal move drawn
+            uniformly instead, counted).
+        max_moves: Most moves (both sides) per episode, env steps; default the game's own bound (OpenSpiel) or
+            1000. A game cut there is ``truncated``.
+        success_threshold: An episode succeeds when the payoff is ``>=`` this; None: when it is a win (> 0).
+        game_kwargs: Keyword arguments for the game (``pettingzoo.make`` / ``pyspiel.load_game`` parameters).
+        label: What people and prompts call the task; default the game's name.
+
+    Raises:
+        TaskError: the game cannot be made, a pool names an unknown opponent or is empty, a seat does not exist,
+            or ``illegal`` is neither ``"fail"`` nor ``"replace"`` (one line saying which).
+    """
+
+    kind: ClassVar[str] = "game"
+    action_mode: ClassVar[str] = "error"
+    cost_unit: ClassVar[str] = "env steps"
+
+    game: str
+    opponents: tuple[Opponent, ...]
+    pools: Mapping[str, tuple[str, ...]]
+    seats: tuple[int, ...] = ()
+    illegal: str = "fail"
+    max_moves: int | None = None
+    success_threshold: float | None = None
+    game_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.illegal not in ("fail", "replace"):
+            raise TaskError(f"[task] illegal must be \"fail\" or \"replace\", got {self.illegal!r}")
+        if not self.opponents:
+            raise TaskError("a game task needs opponents: add [task.opponents] with name = \"opponents/bot.py\"")
+        if len(self.opponents) > MAX_OPPONENTS:
+            raise TaskError(f"{len(self.opponents)} opponents; a pool may have at most {MAX_OPPONENTS}")
+        names = [o.name for o in self.opponents]
+        if len(set(names)) != len(names):
+            raise TaskError("two opponents share a name")
+        for split in _SPLITS:
+            pool = self.pools.get(split)
+            if not pool:
+                raise TaskError(f"[task] {split}_opponents is empty; name at least one of {', '.join(names)}")
+            unknown = [n for n in pool if n not in names]
+            if unknown:
+                raise TaskError(f"[task] {split}_opponents names {unknown[0]!r}, which is not in [task.opponents] "
+                                f"({', '.join(names)})")
+        adapter = self._adapter()
+        try:
+            n_seats = len(adapter.agents)
+            seats = tuple(self.seats) or tuple(range(n_seats))
+            bad = [s for s in seats if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < n_seats]
+            if bad or len(set(seats)) != len(seats):
+                raise TaskError(f"[task] seats must be distinct seats of {self.game} (0..{n_seats - 1}), got "
+                                f"{list(self.seats)}")
+            object.__setattr__(self, "seats", seats)
+            if self.max_moves is None:
+                bound = int(adapter.game.max_game_length()) if isinstance(adapter, _OpenSpiel) else DEFAULT_MAX_MOVES
+                object.__setattr__(self, "max_moves", bound)
+            object.__setattr__(self, "pools", {s: tuple(self.pools[s]) for s in _SPLITS})
+        finally:
+            adapter.close()
+        for opp in self.opponents:
+            try:
+                opp.values()
+            except Exception as exc:  # noqa: BLE001 - a malformed opponent file is a setup problem, in one line
+                raise TaskError(f"opponent {opp.name} ({opp.path}): {' '.join(str(exc).split())[:240]}") from None
+
+    def __hash__(self) -> int:
+        return hash((self.game, tuple(o.key for o in self.opponents)))
+
+    def _adapter(self) -> _PettingZoo | _OpenSpiel:
+        try:
+            if self.game.startswith("openspiel:"):
+                return _OpenSpiel(self.game.removeprefix("openspiel:"), self.game_kwargs)
+            return _PettingZoo(self.game, self.game_kwargs)
+        except ImportError as exc:
+            which = "open_spiel" if self.game.startswith("openspiel:") else "pettingzoo"
+            raise TaskError(f"game {self.game!r} needs {which} ({exc.name or exc} is missing): "
+                            "pip install \"policy-ratchet[games]\"") from None
+        except TaskError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the game library refusing its arguments: a setup problem
+            raise TaskError(f"cannot make game {self.game!r}: {type(exc).__name__}: "
+                            f"{' '.join(str(exc).split())[:200]}") from None
+
+    # -- who plays whom --------------------------------------------------------------------------------
+
+    def matchup(self, seed: int) -> tuple[Opponent, int]:
+        """The opponent and the candidate's seat of episode ``seed``: the pool of the seed's split
+        (``seed % 3``), then ``seed // 3`` picks the opponent and, in turn, the seat."""
+        from ratchet.tasks.evaluator import split_of
+
+        pool = self.pools[split_of(seed)]
+        k = int(seed) // 3
+        name = pool[k % len(pool)]
+        seat = self.seats[(k // len(pool)) % len(self.seats)]
+        return next(o for o in self.opponents if o.name == name), seat
+
+    def opponent_sources(self) -> dict[str, str]:
+        """Every opponent's source, by its SHA-256: policy code executors run sandboxed beside the candidate."""
+        return {o.key: o.source for o in self.opponents}
+
+    # -- the Task contract -----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """``[task] name``, else the game (``"classic/connect_four-v3"``)."""
+        return self.label or self.game
+
+    @property
+    def step_limit(self) -> int:
+        """Most moves per episode (both sides), env steps."""
+        assert self.max_moves is not None  # set in __post_init__
+        return int(self.max_moves)
+
+    @property
+    def functions(self) -> dict[str, int]:
+        """``{"act": 2}``: a player is an ``act(observation, params)``."""
+        return {"act": 2}
+
+    def seed_pools(self) -> Mapping[str, Sequence[int]] | None:
+        """None: any seed makes an episode."""
+        return None
+
+    def private_paths(self) -> tuple[str, ...]:
+        """None: the opponents' files travel as sources, and nothing of the game is secret."""
+        return ()
+
+    def spaces(self) -> tuple[Any, Any]:
+        """``(Dict(observation, action_mask), Discrete(n_actions))``, as one player sees the game."""
+        adapter = self._adapter()
+        try:
+            return adapter.spaces()
+        finally:
+            adapter.close()
+
+    def dims(self) -> dict[str, int]:
+        """``{"obs": observation size (flattened), "act": number of actions}``."""
+        obs, act = self.spaces()
+        return {"obs": int(np.prod(obs["observation"].shape)), "act": int(act.n)}
+
+    def make_env(self, render_mode: str | None = None) -> Any:
+        """Game tasks have no single-agent environment.
+
+        Raises:
+            TaskError: always (refiners that step an environment, such as ppo or dagger, do not apply).
+        """
+        raise TaskError(f"{self.name} is a game task: it has no single-agent environment to step (refiners and "
+                        "tools that need one, such as ppo, dagger or traces, do not apply)")
+
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool:
+        """``payoff >= success_threshold`` when set, else a win (payoff > 0)."""
+        if self.success_threshold is not None:
+            return bool(episode_return >= self.success_threshold)
+        return bool(episode_return > 0)
+
+    def success_rule(self) -> str:
+        """How success is decided."""
+        if self.success_threshold is not None:
+            return f"payoff ≥ {self.success_threshold:g} ([task] success_threshold)"
+        return "a win (payoff > 0)"
+
+    @property
+    def diagnose(self) -> Any:
+        """Failing episodes are grouped by outcome and opponent (``"loss vs minimax4"``); errors by their text."""
+        return _diagnose
+
+    def observation_names(self, size: int) -> list[str]:
+        """Generic names."""
+        return [f"x[{i}]" for i in range(size)]
+
+    def describe(self) -> str:
+        """The game, the seats and the opponents, for prompts."""
+        pools = "; ".join(f"{s}: {', '.join(self.pools[s])}" for s in _SPLITS)
+        return (f"Play {self.game} as seat(s) {', '.join(map(str, self.seats))} against opponents ({pools}). "
+                "act(observation, params) gets a dict with 'observation' (numeric array), 'action_mask' (1 = legal) "
+                "and 'seat', and returns the index of a legal action. The return is the payoff "
+                f"(win > 0); an illegal move {'loses the game' if self.illegal == 'fail' else 'is replaced'}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description, with every opponent's source (so replay and resume play the same ones)."""
+        return {"kind": "game", "game": self.game, "seats": list(self.seats), "illegal": self.illegal,
+                "max_moves": self.max_moves, "success_threshold": self.success_threshold,
+                "game_kwargs": dict(self.game_kwargs), "cost_unit": self.cost_unit,
+                "opponents": [{"name": o.name, "path": o.path, "source": o.source, "params": _jsonable(o.params)}
+                              for o in self.opponents],
+                **{f"{s}_opponents": list(self.pools[s]) for s in _SPLITS},
+                **({"name": self.label} if self.label else {})}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GameTask:
+        """Inverse of :meth:`to_dict` (the stored sources, never the files as they are now)."""
+        opponents = tuple(Opponent(o["name"], o["path"], o["source"], dict(o.get("params") or {}))
+                          for o in d["opponents"])
+        return cls(d["game"], opponents, {s: tuple(d[f"{s}_opponents"]) for s in _SPLITS},
+                   tuple(d.get("seats") or ()), d.get("illegal", "fail"), d.get("max_moves"),
+                   d.get("success_threshold"), dict(d.get("game_kwargs") or {}), d.get("name"))
+
+    @classmethod
+    def from_spec(cls, table: Any) -> GameTask:
+        """From a spec's ``[task]`` table (``opponents`` paths resolved against the spec's folder by
+        :func:`ratchet.spec.spec_from_dict`); the ledger's stored form is read as :meth:`from_dict`.
+
+        Raises:
+            TaskError: an opponent file is missing or unreadable, or as the constructor.
+        """
+        t = table if isinstance(table, Mapping) else table.model_dump()
+        if isinstance(t.get("opponents"), list):
+            return cls.from_dict(t)
+        if not t.get("game"):
+            raise TaskError("[task] kind = \"game\" needs game = \"classic/connect_four-v3\" (PettingZoo) or "
+                            "\"openspiel:kuhn_poker\" (OpenSpiel)")
+        table_opps = t.get("opponents") or {}
+        opponents = tuple(_read_opponent(name, entry) for name, entry in table_opps.items())
+        names = tuple(o.name for o in opponents)
+        pools = {s: tuple(t.get(f"{s}_opponents") or names) for s in _SPLITS}
+        return cls(t["game"], opponents, pools, tuple(t.get("seats") or ()), t.get("illegal") or "fail",
+                   t.get("max_moves"), t.get("success_threshold"), dict(t.get("game_kwargs") or {}), t.get("name"))
+
+    # -- one episode -----------------------------------------------------------------------------------
+
+    def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None,
+                    opponents: OpponentHandles | None = None) -> Any:
+        """Play episode ``seed``: the candidate in its seat, the matched opponent in every other seat (runs on
+        the trusted side: the env host, which applies moves and pays out).
+
+        Args:
+            policy: The candidate (:class:`ratchet.tasks.PolicyHandle`).
+            params: Its parameter values.
+            seed: The episode's seed: the opponent, the seat (:meth:`matchup`), the game's and the players'
+                randomness.
+            render_path: Ignored (nothing is rendered).
+            opponents: Where the opponents run (the executor's :class:`OpponentHandles`).
+
+        Returns:
+            The :class:`~ratchet.rollout.Episode`; the candidate's crash, garbage or illegal move is an errored
+            episode with the loss payoff; an opponent's is an errored episode with ``diagnostics["fault"] ==
+            "task"``.
+
+        Raises:
+            TaskError: no ``opponents`` were given (an executor that cannot run them).
+            RolloutAborted: the candidate's process died, timed out or sent garbage (its length and the loss
+                payoff attached), or the opponent's did (with :attr:`RolloutAborted.fault` set).
+        """
+        from ratchet.rollout import Episode, PolicyFailure, RolloutAborted, error_text
+
+        if opponents is None:
+            raise TaskError("this executor cannot run a game's opponents (use [execution] backend = \"process\")")
+        opp, seat = self.matchup(seed)
+        rng = np.random.default_rng([int(seed), 7])
+        game = self._adapter()
+        steps, illegal = 0, 0
+        info: dict[str, Any] = {"opponent": opp.name, "seat": seat}
+        try:
+            game.reset(seed, rng)
+            spaces = game.spaces()
+            worst = self._worst(game)
+            try:
+                policy.start(params, seed, spaces)
+            except PolicyFailure as exc:
+                return self._lost(seed, steps, worst, f"{exc.kind}: {exc.text[:300]}" if exc.text else exc.kind, info)
+            rival_params = opp.values()
+            try:
+                rival = opponents.get(opp.key, opp.source)
+                rival.start(rival_params, seed, spaces)
+            except RolloutAborted as exc:
+                exc.fault = f"opponent {opp.name} ({opp.path}): its process was lost ({exc.status})"
+                raise
+            except Exception as exc:  # noqa: BLE001 - the opponent failing to start is the setup's fault
+                return self._fault(seed, opp, error_text(exc), info)
+            while (mover := game.to_move()) is not None and steps < self.step_limit:
+                obs = game.observe(mover)
+                mine = mover == seat
+                try:
+                    action = policy.act(obs, params) if mine else rival.act(obs, rival_params)
+                    legal = _legal(action, obs["action_mask"])
+                except RolloutAborted as exc:
+                    if not mine:
+                        exc.fault = (f"opponent {opp.name} ({opp.path}) on seed {seed}: its process was lost "
+                                     f"({exc.status}{': ' + exc.detail if exc.detail else ''})")
+                    exc.length, exc.episode_return = steps, worst
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - what a player raised (in-process: anything) is its failure
+                    if not mine:
+                        return self._fault(seed, opp, f"move {steps}: {error_text(exc)}", info)
+                    return self._lost(seed, steps, worst, f"move {steps}: {error_text(exc)}", info)
+                if legal is None:
+                    what = f"move {steps}: illegal move {_show(action)} (legal: {np.flatnonzero(obs['action_mask']).tolist()})"
+                    if not mine:
+                        return self._fault(seed, opp, what, info)
+                    if self.illegal == "fail":
+                        return self._lost(seed, steps, worst, what, info)
+                    illegal += 1
+                    legal = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+                game.step(legal)
+                steps += 1
+            terminated, truncated = game.ended()
+            if not terminated:
+                truncated = True
+            payoff = game.payoff(seat)
+        finally:
+            game.close()
+        if not np.isfinite(payoff):
+            return self._fault(seed, opp, f"the game paid a non-finite payoff {payoff}", info)
+        return Episode(int(seed), float(payoff), steps, bool(terminated), bool(truncated and not terminated),
+                       self.is_success(payoff, terminated, truncated), None,
+                       {**info, "cause": "terminated" if terminated else "truncated", "outcome": outcome_of(payoff),
+                        "illegal_moves": illegal})
+
+    def _worst(self, game: _PettingZoo | _OpenSpiel) -> float:
+        """The loss payoff an errored episode of the candidate gets: OpenSpiel's ``min_utility``, else −1."""
+        return float(game.game.min_utility()) if isinstance(game, _OpenSpiel) else -1.0
+
+    def _lost(self, seed: int, steps: int, worst: float, error: str, info: Mapping[str, Any]) -> Any:
+        from ratchet.rollout import Episode
+
+        return Episode(int(seed), worst, steps, False, False, False, error[:500],
+                       {**info, "cause": "error", "outcome": "loss", "illegal_moves": 0})
+
+    def _fault(self, seed: int, opp: Opponent, error: str, info: Mapping[str, Any]) -> Any:
+        from ratchet.rollout import Episode
+
+        return Episode(int(seed), 0.0, 0, False, False, None,
+                       f"opponent {opp.name} ({Path(opp.path).name}) failed on seed {seed}: {error}"[:500],
+                       {**info, "cause": "error", "fault": "task"})
+
+
+def _legal(action: Any, mask: np.ndarray) -> int | None:
+    """``action`` as an int index when it is one and legal under ``mask``, else None."""
+    try:
+        a = np.asarray(action)
+    except Exception:  # noqa: BLE001 - an in-process player may return any object
+        return None
+    if a.size != 1 or a.dtype.kind not in "iuf":
+        return None
+    v = float(a.reshape(()))
+    if not np.isfinite(v) or v != int(v) or not 0 <= int(v) < len(mask) or not mask[int(v)]:
+        return None
+    return int(v)
+
+
+def _show(action: Any) -> str:
+    text = " ".join(str(action).split())
+    return text[:40]
+
+
+def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (np.asarray(v).tolist() if isinstance(v, (np.ndarray, list, tuple)) else v) for k, v in params.items()}
+
+
+def _read_opponent(name: Any, entry: Any) -> Opponent:
+    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum() or len(name) > 40:
+        raise TaskError(f"[task.opponents] key {str(name)[:40]!r} must be a short name (letters, digits, - and _)")
+    params: Mapping[str, Any] = {}
+    if isinstance(entry, Mapping):
+        unknown = set(entry) - {"path", "params"}
+        if unknown or "path" not in entry:
+            raise TaskError(f"[task.opponents] {name} must be a path or a table {{path = \"bot.py\", params = {{...}}}}")
+        path, params = entry["path"], entry.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise TaskError(f"[task.opponents] {name}.params must be a table of parameter values")
+    else:
+        path = entry
+    if not isinstance(path, str) or not path:
+        raise TaskError(f"[task.opponents] {name} must name a policy file")
+    p = Path(path)
+    if not p.is_file():
+        raise TaskError(f"opponent {name}: policy file not found: {p}")
+    try:
+        source = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskError(f"opponent {name}: cannot read {p}: {exc}") from None
+    return Opponent(name, str(p.resolve()), source, dict(params))
+
+
+def _diagnose(episode: Any) -> list[str]:
+    """``"loss vs minimax4"`` / ``"draw vs random"``, or the error's text."""
+    if episode.error:
+        return ["error: " + episode.error[:60]]
+    d = episode.diagnostics
+    return [f"{d.get('outcome', 'loss')} vs {d.get('opponent', '?')}"]
+
+
+def payoff_table(evaluations: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Mean payoff per opponent of each evaluation: ``{candidate_id: {opponent: mean payoff}}`` (episodes without
+    an opponent, from other tasks, are left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for ev in evaluations:
+        groups: dict[str, list[float]] = {}
+        for e in ev.episodes:
+            opp = e.diagnostics.get("opponent")
+            if opp is not None:
+                groups.setdefault(str(opp), []).append(float(e.episode_return))
+        out[ev.candidate_id] = {k: float(np.mean(v)) for k, v in sorted(groups.items())}
+    return out
