@@ -343,6 +343,11 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
     if rule and any(data[k] and data[k]["success_rate"] is not None for k in ("baseline_test", "test")):
         t.add_row("success", rule)
+    if data["test_by_opponent"]:  # a game: the payoff row against each test opponent, worst first
+        t.add_row("test by opponent", _safe("\n".join(
+            f"{o['opponent']}: {_num(o['start_mean'])} → {_num(o['final_mean'])} "
+            f"({o['wins']} W / {o['draws']} D / {o['losses']} L of {o['n']})" for o in data["test_by_opponent"]),
+            2000, multiline=True))
     from ratchet.ledger.projection import llm_usage_text
     from ratchet.proposals import describe_value_changes
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from ratchet.rollout import Episode
 
-__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "is_failure"]
+__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "by_opponent", "is_failure"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,9 @@ class Critique:
         traces: The last steps of some of its worst episodes, replayed on the trusted side
             (:class:`ratchet.trace.Trace`; empty unless a refiner asked for them, see
             :class:`~ratchet.refiners.registry.RefinerContext` ``critique``).
+        opponents: A game's payoff row (:func:`by_opponent`): per opponent met, the episodes, mean payoff,
+            wins / draws / losses and the compared policy's mean on the same episodes, worst first; empty for
+            tasks without opponents.
     """
 
     candidate_id: str
@@ -139,6 +142,7 @@ class Critique:
     failure_modes: list[FailureMode] = field(default_factory=list)
     new_failures: list[int] = field(default_factory=list)
     traces: tuple[Any, ...] = ()
+    opponents: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (stored in the ledger); ``traces`` only when there are some."""
@@ -148,7 +152,8 @@ class Critique:
                 "failure_modes": [m.to_dict() for m in self.failure_modes], "errors": self.errors,
                 "worst_seeds": [list(w) for w in self.worst_seeds],
                 "regressions": [list(r) for r in self.regressions], "new_failures": self.new_failures,
-                "text": self.text, **({"traces": [t.to_dict() for t in self.traces]} if self.traces else {})}
+                "text": self.text, **({"traces": [t.to_dict() for t in self.traces]} if self.traces else {}),
+                **({"opponents": self.opponents} if self.opponents else {})}
 
 
 def is_failure(ep: Episode) -> bool:
@@ -213,10 +218,11 @@ class Critic:
         mean_ci = self._mean_ci(evaluation.returns)
         success_ci = self._success_ci(evaluation)
         modes = self.failure_modes(evaluation)
+        opponents = by_opponent(evaluation, incumbent)
         text = _render(evaluation, stats, mean_ci, success_ci, modes, errors, worst,
-                       regressions if incumbent is not None else None, new_failures, self.success_rule)
+                       regressions if incumbent is not None else None, new_failures, self.success_rule, opponents)
         return Critique(evaluation.candidate_id, evaluation.split, stats, dict(errors), worst, regressions, text,
-                        mean_ci, success_ci, modes, new_failures)
+                        mean_ci, success_ci, modes, new_failures, opponents=opponents)
 
     def _mean_ci(self, returns: np.ndarray) -> tuple[float, float] | None:
         if len(returns) < 2:
@@ -319,10 +325,36 @@ NO_SUCCESS_HINT = ("the task defines no success (no reward threshold registered 
                    "evaluator); set [task] success_threshold to a return")
 
 
+def by_opponent(evaluation: Evaluation, compared: Evaluation | None = None) -> list[dict[str, Any]]:
+    """A game's payoff row: the evaluation's episodes grouped by ``diagnostics["opponent"]``, worst mean first.
+
+    Returns:
+        One dict per opponent: ``opponent``, ``n`` (episodes), ``mean`` (payoff), ``wins``, ``draws``, ``losses``
+        (by payoff sign; an errored episode is a loss), and ``compared_mean``, the mean of ``compared`` on the same
+        seeds (None without it). Empty when no episode names an opponent.
+    """
+    other = {e.seed: e.episode_return for e in compared.episodes} if compared is not None else {}
+    groups: dict[str, list[Episode]] = {}
+    for e in evaluation.episodes:
+        if e.diagnostics.get("opponent") is not None:
+            groups.setdefault(str(e.diagnostics["opponent"]), []).append(e)
+    rows = []
+    for name, eps in groups.items():
+        paired = [other[e.seed] for e in eps if e.seed in other]
+        r = np.array([e.episode_return for e in eps], dtype=np.float64)
+        rows.append({"opponent": name, "n": len(eps), "mean": float(r.mean()),
+                     "wins": int(sum(e.error is None and e.episode_return > 0 for e in eps)),
+                     "draws": int(sum(e.error is None and e.episode_return == 0 for e in eps)),
+                     "losses": int(sum(e.error is not None or e.episode_return < 0 for e in eps)),
+                     "compared_mean": float(np.mean(paired)) if paired and len(paired) == len(eps) else None})
+    return sorted(rows, key=lambda row: (row["mean"], row["opponent"]))
+
+
 def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float, float] | None,
             success_ci: tuple[float, float] | None, modes: list[FailureMode], errors: Counter,
             worst: list[tuple[int, float]], regressions: list[tuple[int, float, float]] | None,
-            new_failures: list[int], success_rule: str | None = None) -> str:
+            new_failures: list[int], success_rule: str | None = None,
+            opponents: Sequence[Mapping[str, Any]] = ()) -> str:
     ci = f" (95 % CI {mean_ci[0]:.2f} to {mean_ci[1]:.2f})" if mean_ci else ""
     lines = [f"### Candidate {evaluation.candidate_id} on {evaluation.split} ({stats['n']} episodes)",
              f"- mean return {stats['mean']:.2f}{ci}, std {stats['std']:.2f}"]
@@ -344,6 +376,11 @@ def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float,
             desc = f" — {m.description}" if m.description else ""
             lines.append(f"  - **{m.label}**: {m.count} episode{'s' if m.count != 1 else ''} ({100 * m.share:.1f} %), mean return "
                          f"{m.mean_return:.1f}, e.g. seeds {', '.join(map(str, m.example_seeds))}{desc}")
+    if opponents:
+        lines.append("- by opponent (worst first): " + "; ".join(
+            f"{o['opponent']} {o['mean']:+.2f} ({o['wins']} W / {o['draws']} D / {o['losses']} L of {o['n']}"
+            + (f"; compared {o['compared_mean']:+.2f}" if o["compared_mean"] is not None else "") + ")"
+            for o in opponents))
     if errors:
         lines.append("- errors: " + "; ".join(f"{n}× {r}" for r, n in errors.most_common(3)))
     if worst:

@@ -125,10 +125,13 @@ class RunState:
 
     @property
     def task_name(self) -> str:
-        """What the run's task is called: the env id, or an evaluator task's name (its file's stem)."""
+        """What the run's task is called: the env id, a game's name (or the game), or an evaluator task's name (its
+        file's stem)."""
         t = self.task or self.spec.get("task", {})
         if t.get("env_id"):
             return str(t["env_id"])
+        if t.get("game") and not t.get("name"):
+            return str(t["game"])
         name = t.get("name") or str(t.get("evaluator") or "?").rsplit("/", 1)[-1].removesuffix(".py")
         return str(name)
 
@@ -162,7 +165,17 @@ class RunState:
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
-                                       for m in (self.test_critique or {}).get("failure_modes", [])]}
+                                       for m in (self.test_critique or {}).get("failure_modes", [])],
+                "test_by_opponent": self.test_by_opponent()}
+
+    def test_by_opponent(self) -> list[dict[str, Any]]:
+        """A game's test payoffs per opponent (:func:`ratchet.critic.by_opponent`), the final incumbent's row beside
+        the starting policy's: ``opponent``, ``n``, ``start_mean``, ``final_mean``, ``wins``, ``draws``, ``losses``
+        (the final incumbent's), the final incumbent's worst opponent first. Empty for tasks without opponents."""
+        start = {o["opponent"]: o for o in (self.baseline_test_critique or {}).get("opponents", [])}
+        return [{"opponent": o["opponent"], "n": o["n"], "start_mean": start.get(o["opponent"], {}).get("mean"),
+                 "final_mean": o["mean"], "wins": o["wins"], "draws": o["draws"], "losses": o["losses"]}
+                for o in (self.test_critique or {}).get("opponents", [])]
 
 
 def _count(x: Any) -> float:

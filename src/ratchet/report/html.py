@@ -42,6 +42,20 @@ def _fmt(x, digits: int = 2) -> str:
     return _esc(x)
 
 
+def _payoff_table(state: RunState) -> str:
+    """A game's test payoffs per opponent, start beside final (:meth:`RunState.test_by_opponent`); "" otherwise."""
+    rows = state.test_by_opponent()
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td style='text-align:left'>{_esc(o['opponent'])}</td><td>{o['n']}</td>"
+                   f"<td>{_fmt(o['start_mean'])}</td><td>{_fmt(o['final_mean'])}</td>"
+                   f"<td>{o['wins']} / {o['draws']} / {o['losses']}</td></tr>" for o in rows)
+    return ("<h2>Test payoff by opponent</h2><p>Mean payoff of the starting policy and of the final incumbent against "
+            "each test opponent (worst first), and the final incumbent's wins / draws / losses.</p>"
+            "<table><tr><th>opponent</th><th>episodes</th><th>start</th><th>final</th><th>W / D / L</th></tr>"
+            f"{body}</table>")
+
+
 def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
     esc = _esc
     parts = []
@@ -168,6 +182,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
         parts.append("<h2>Test returns and success rate, before vs after</h2>" + _png(fig))
 
     parts.append(_failure_table(state, videos or {}))
+    parts.append(_payoff_table(state))
 
     # parameter changes
     if state.baseline_id and state.incumbent_id:

@@ -645,16 +645,3 @@ def _diagnose(episode: Any) -> list[str]:
     d = episode.diagnostics
     return [f"{d.get('outcome', 'loss')} vs {d.get('opponent', '?')}"]
 
-
-def payoff_table(evaluations: Sequence[Any]) -> dict[str, dict[str, float]]:
-    """Mean payoff per opponent of each evaluation: ``{candidate_id: {opponent: mean payoff}}`` (episodes without
-    an opponent, from other tasks, are left out)."""
-    out: dict[str, dict[str, float]] = {}
-    for ev in evaluations:
-        groups: dict[str, list[float]] = {}
-        for e in ev.episodes:
-            opp = e.diagnostics.get("opponent")
-            if opp is not None:
-                groups.setdefault(str(opp), []).append(float(e.episode_return))
-        out[ev.candidate_id] = {k: float(np.mean(v)) for k, v in sorted(groups.items())}
-    return out
