@@ -1,0 +1,334 @@
+"""Game tasks (:mod:`ratchet.tasks.game`): the candidate plays a seat of a PettingZoo or OpenSpiel game against an
+opponent drawn from a declared pool; each split draws its own opponents; the legal-action mask reaches the policy;
+an illegal move is the candidate's recorded failure (or replaced and counted); opponents are policy code, run in a
+sandboxed process of their own; the gate can refuse a candidate that is worse against any one opponent; the
+critique, ``show`` and the report carry the payoff table."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SimulatedKill, read_events
+from test_refiner_contract import Dying
+
+from ratchet.critic import Critic, Evaluation, by_opponent
+from ratchet.errors import SpecError, TaskError
+from ratchet.execution import Job
+from ratchet.execution.process import ProcessExecutor
+from ratchet.execution.sandbox import Sandbox
+from ratchet.execution.worker import LocalOpponents, LocalPolicy, _Policies
+from ratchet.gate import worse_against
+from ratchet.loop import resume_run, start_run
+from ratchet.policy import compile_policy, materialize, parse_policy
+from ratchet.rollout import Episode
+from ratchet.spec import load_spec
+from ratchet.tasks import task_from_dict
+from ratchet.tasks.evaluator import split_of
+from ratchet.tasks.game import GameTask, Opponent
+
+pytest.importorskip("pettingzoo")
+pytest.importorskip("pyspiel")
+
+RANDOM = '''
+import numpy as np
+PARAMETERS = {}
+def act(observation, params):
+    return int(np.random.choice(np.flatnonzero(observation["action_mask"])))
+'''
+
+#: plays column ``col`` while it is legal, else the first legal column
+COLUMN = '''
+import numpy as np
+PARAMETERS = {"col": {"default": 0.0, "low": 0.0, "high": 6.0}}
+def act(observation, params):
+    legal = np.flatnonzero(observation["action_mask"])
+    want = int(round(float(params["col"])))
+    return want if want in legal else int(legal[0])
+'''
+
+#: the candidate of the runs: blocks an opponent's vertical three when ``block`` > 0, else plays the legal column
+#: closest to ``pref``
+PREFER = '''
+import numpy as np
+PARAMETERS = {"pref": {"default": 3.0, "low": 0.0, "high": 6.0}, "block": {"default": -0.5, "low": -1.0, "high": 1.0}}
+def act(observation, params):
+    legal = np.flatnonzero(observation["action_mask"])
+    board = observation["observation"]
+    if params["block"] > 0:
+        for c in legal:
+            top = np.flatnonzero(board[:, c, 0] + board[:, c, 1])
+            if top.size >= 3 and board[top[0]:top[0] + 3, c, 1].all():
+                return int(c)
+    return int(legal[np.argmin(np.abs(legal - params["pref"]))])
+'''
+
+
+def _opp(name: str, source: str, **params: float) -> Opponent:
+    return Opponent(name, f"{name}.py", source, params)
+
+
+def _c4(*opponents: Opponent, pools: dict | None = None, **kw) -> GameTask:
+    names = tuple(o.name for o in opponents)
+    return GameTask("classic/connect_four-v3", opponents, pools or {s: names for s in ("train", "validation", "test")},
+                    max_moves=42, **kw)
+
+
+def _local(task: GameTask, source: str, params: dict, seed: int) -> Episode:
+    return task.run_episode(LocalPolicy(compile_policy(source)), materialize(params), seed, None,
+                            LocalOpponents(_Policies()))
+
+
+def test_an_episode_is_a_seed_opponent_and_seat_and_each_split_draws_its_own_opponents() -> None:
+    a, b, c = _opp("a", RANDOM), _opp("b", COLUMN, col=3.0), _opp("c", COLUMN, col=6.0)
+    task = _c4(a, b, c, pools={"train": ("a", "b"), "validation": ("c",), "test": ("a", "c")})
+    assert task.seats == (0, 1) and task.step_limit == 42
+    seen: dict[str, set] = {"train": set(), "validation": set(), "test": set()}
+    for seed in range(3000, 3090):
+        opp, seat = task.matchup(seed)
+        assert task.matchup(seed) == (opp, seat)  # a pure function of the seed: replay meets the same opponent
+        seen[split_of(seed)].add((opp.name, seat))
+    assert seen["train"] == {("a", 0), ("a", 1), ("b", 0), ("b", 1)}
+    assert seen["validation"] == {("c", 0), ("c", 1)} and {n for n, _ in seen["test"]} == {"a", "c"}
+    ep = _local(task, PREFER, {"pref": 3.0, "block": 0.5}, 3001)  # validation: against c, which drops everything in column 6
+    assert ep.diagnostics["opponent"] == "c" and ep.error is None and ep.terminated and not ep.truncated
+    assert ep.episode_return == 1.0 and ep.success and ep.diagnostics["outcome"] == "win"  # four in column 3
+    again = task_from_dict(json.loads(json.dumps(task.to_dict())))
+    assert again == task and _local(again, PREFER, {"pref": 3.0, "block": 0.5}, 3001) == ep
+
+
+def test_the_mask_reaches_the_policy_and_an_illegal_move_loses_or_is_replaced_and_counted() -> None:
+    full_column = '''
+import numpy as np
+PARAMETERS = {}
+def act(observation, params):
+    assert observation["action_mask"].dtype == np.int8 and observation["action_mask"].shape == (7,)
+    assert observation["observation"].shape == (6, 7, 2) and observation["seat"] in (0, 1)
+    return 0  # column 0 until it is full: the seventh move there is illegal
+'''
+    bot = _opp("bot", COLUMN, col=0.0)
+    strict = _c4(bot, seats=(0,))
+    ep = _local(strict, full_column, {}, 0)
+    assert ep.error is not None and "illegal move 0" in ep.error and ep.episode_return == -1.0
+    assert ep.success is False and ep.diagnostics["outcome"] == "loss"
+    lenient = _c4(bot, seats=(0,), illegal="replace")
+    ep = _local(lenient, full_column, {}, 0)
+    assert ep.error is None and ep.diagnostics["illegal_moves"] >= 1 and ep.terminated
+    with pytest.raises(TaskError, match="illegal"):
+        _c4(bot, illegal="forfeit")
+
+
+def test_openspiel_poker_samples_chance_from_the_seed_and_gives_the_info_state() -> None:
+    caller = '''
+import numpy as np
+PARAMETERS = {}
+def act(observation, params):
+    assert isinstance(observation["info_state"], str) and observation["observation"].dtype == np.float32
+    legal = np.flatnonzero(observation["action_mask"])
+    return int(legal[-1])  # bet / call whenever it can
+'''
+    task = GameTask("openspiel:kuhn_poker", (_opp("r", RANDOM),), {s: ("r",) for s in ("train", "validation", "test")})
+    assert task.step_limit == 3 and task.dims() == {"obs": 11, "act": 2}
+    eps = [_local(task, caller, {}, s) for s in range(200, 260)]
+    assert all(e.error is None and e.terminated for e in eps)
+    assert {e.episode_return for e in eps} <= {-2.0, -1.0, 1.0, 2.0} and len({e.episode_return for e in eps}) >= 3
+    assert [_local(task, caller, {}, s) for s in range(200, 260)] == eps  # cards dealt from the seed
+    assert {e.diagnostics["seat"] for e in eps} == {0, 1}
+
+
+TAMPER = '''
+import numpy as np
+PARAMETERS = {"pref": {"default": 3.0, "low": 0.0, "high": 6.0}}
+def act(observation, params):
+    np.random.choice = lambda a, *args, **kw: np.asarray(a).ravel()[0]  # would steer a random opponent in-process
+    import sys
+    for m in list(sys.modules.values()):  # and any policy module it can find
+        if getattr(m, "act", None) is not None and m.__dict__.get("PARAMETERS") == {}:
+            m.act = lambda o, p: 0
+    legal = np.flatnonzero(observation["action_mask"])
+    return int(legal[np.argmin(np.abs(legal - params["pref"]))])
+'''
+
+
+def test_opponents_run_sandboxed_in_a_process_of_their_own_that_the_candidate_cannot_reach() -> None:
+    task = _c4(_opp("r", RANDOM))
+    honest = parse_policy(PREFER).candidate({"pref": 3.0, "block": -0.5})
+    tamper = parse_policy(TAMPER).candidate({"pref": 3.0})
+    seeds = list(range(30, 42))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    try:
+        a = ex.run(task, [Job(honest, s) for s in seeds])
+        b = ex.run(task, [Job(tamper, s) for s in seeds])
+    finally:
+        ex.close()
+    assert all(e.error is None for e in a + b), [e.error for e in a + b]
+    # the same games move for move: the tampering reached nothing but the candidate's own process
+    assert [(e.episode_return, e.length) for e in a] == [(e.episode_return, e.length) for e in b]
+    # in one process (what trusted rollouts prevent) the same tampering does change the opponent's play
+    local = [_local(task, TAMPER, {"pref": 3.0}, s) for s in seeds]
+    assert [(e.episode_return, e.length) for e in local] != [(e.episode_return, e.length) for e in a]
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_failing_opponent_is_the_setups_fault_and_a_failing_candidate_loses(trusted: bool) -> None:
+    broken = _opp("broken", "PARAMETERS = {}\ndef act(observation, params):\n    raise RuntimeError('bot bug')\n")
+    task = _c4(broken, seats=(1,))  # the opponent moves first
+    good = parse_policy(PREFER).candidate({"pref": 3.0, "block": -0.5})
+    crash = parse_policy("PARAMETERS = {}\ndef act(observation, params):\n    return 1 / 0\n").candidate({})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30, sandbox=Sandbox(trusted_rollouts=trusted))
+    try:
+        (fault,) = ex.run(task, [Job(good, 5)])
+        (lost,) = ex.run(_c4(_opp("r", RANDOM), seats=(0,)), [Job(crash, 5)])
+    finally:
+        ex.close()
+    assert fault.diagnostics.get("fault") == "task" and "opponent broken" in fault.error and "bot bug" in fault.error
+    assert lost.diagnostics.get("fault") is None and "ZeroDivisionError" in lost.error
+    assert lost.episode_return == -1.0 and lost.success is False
+
+
+def _ep(seed: int, ret: float, opponent: str) -> Episode:
+    return Episode(seed, ret, 10, True, False, ret > 0, None, {"opponent": opponent, "seat": 0, "outcome": "win"})
+
+
+def test_the_cycling_guard_refuses_a_candidate_worse_against_one_opponent_and_the_payoff_row_shows_it() -> None:
+    # better on average (beats a and b where the incumbent drew) but loses to c, which the incumbent beat
+    seeds = list(range(60))
+    opp = ["a", "b", "c"]
+    inc = Evaluation("inc", "validation", tuple(_ep(s, 0.0 if opp[s % 3] != "c" else 1.0, opp[s % 3]) for s in seeds))
+    cand = Evaluation("cand", "validation", tuple(_ep(s, 1.0 if opp[s % 3] != "c" else -1.0 + (s % 2), opp[s % 3])
+                                                  for s in seeds))
+    assert cand.mean > inc.mean
+    why = worse_against(cand, inc, 0.05)
+    assert why is not None and why.startswith("worse against c:")
+    assert worse_against(inc, inc, 0.05) is None and worse_against(cand, cand, 0.05) is None
+    rows = by_opponent(cand, inc)
+    assert [r["opponent"] for r in rows] == ["c", "a", "b"]  # worst first
+    assert rows[0]["compared_mean"] == 1.0 and rows[0]["losses"] == 10 and rows[0]["draws"] == 10
+    text = Critic().critique(cand, inc).text
+    assert "by opponent (worst first): c -0.50" in text
+    with pytest.raises(ValueError, match="level"):
+        worse_against(cand, inc, 1.5)
+
+
+def _spec_dir(tmp_path: Path, **over) -> Path:
+    d = tmp_path / "spec"
+    (d / "bots").mkdir(parents=True, exist_ok=True)
+    (d / "bots" / "random.py").write_text(RANDOM)
+    (d / "bots" / "column.py").write_text(COLUMN)
+    (d / "policy.py").write_text(PREFER)
+    task = {"kind": "game", "game": "classic/connect_four-v3", "max_moves": 42,
+            "validation_opponents": ["edge", "centre"], "test_opponents": ["random", "edge", "centre"]}
+    text = f"""
+        seed = 1
+        [task]
+        {chr(10).join(f"{k} = {json.dumps(v)}" for k, v in {**task, **over}.items())}
+        [task.opponents]
+        random = "bots/random.py"
+        edge = {{ path = "bots/column.py", params = {{ col = 6.0 }} }}
+        centre = {{ path = "bots/column.py", params = {{ col = 3.0 }} }}
+        [policy]
+        path = "policy.py"
+        [[refiners]]
+        kind = "cmaes"
+        popsize = 4
+        sigma0 = 0.5
+        [planner]
+        train_episodes = 6
+        [gate]
+        validation_episodes = 24
+        max_share = 0.9
+        worse_against_any = 0.05
+        [budget]
+        episodes = 260
+        [test]
+        episodes = 24
+        [execution]
+        workers = 1
+        episode_timeout_s = 30
+    """
+    (d / "ratchet.toml").write_text(textwrap.dedent(text))
+    return d
+
+
+def test_a_game_run_promotes_resumes_after_a_kill_to_the_same_decisions_and_replays_a_game(tmp_path: Path) -> None:
+    spec = load_spec(_spec_dir(tmp_path))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    try:
+        result = start_run(spec, tmp_path / "a", run_id="g", executor=ex)
+    finally:
+        ex.close()
+    assert result.test.mean > result.baseline_test.mean + 0.3  # it learns to block: half its games were losses
+    events = read_events(tmp_path / "a" / "g")
+    assert any(e.type.value == "incumbent_changed" for e in events)
+    gates = [e.payload for e in events if e.type.value == "gate_decided"]
+    assert gates and all(g["critique"]["opponents"] for g in gates)  # the payoff row of every decision
+    val = [e.payload for e in events if e.type.value == "episodes_evaluated" and e.payload["split"] == "validation"]
+    assert {ep["diagnostics"]["opponent"] for v in val for ep in v["episodes"]} == {"edge", "centre"}
+
+    dying = Dying(die_after=90)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "b", run_id="g", executor=dying)
+    dying.close()
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    try:
+        resume_run("g", tmp_path / "b", executor=ex)
+    finally:
+        ex.close()
+
+    def decisions(run_dir):
+        return [(e.type.value, e.payload.get("candidate_id"), e.payload.get("promoted"))
+                for e in read_events(run_dir) if e.type.value in ("gate_decided", "incumbent_changed")]
+
+    assert decisions(tmp_path / "a" / "g") == decisions(tmp_path / "b" / "g")
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    test = next(e.payload for e in read_events(tmp_path / "b" / "g")
+                if e.type.value == "episodes_evaluated" and e.payload["split"] == "test")
+    seed = test["episodes"][0]["seed"]
+    res = CliRunner().invoke(app, ["replay", "g", "--runs-dir", str(tmp_path / "b"), "--seed", str(seed)])
+    assert res.exit_code == 0 and "match: identical return and length" in res.output, res.output
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["show", "g", "--runs-dir", str(tmp_path / "b")])
+    assert res.exit_code == 0 and "test by opponent" in res.output and "centre:" in res.output, res.output
+    res = CliRunner().invoke(app, ["report", "g", "--runs-dir", str(tmp_path / "b"), "--no-videos"])
+    assert res.exit_code == 0, res.output
+    assert "Test payoff by opponent" in (tmp_path / "b" / "g" / "report.html").read_text()
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"validation_opponents": ["nobody"]}, "names 'nobody', which is not in [task.opponents]"),
+    ({"seats": [2]}, "seats must be distinct seats"),
+    ({"game": "classic/connect_five-v3"}, "unknown PettingZoo game"),
+    ({"game": "openspiel:no_such_game"}, "OpenSpiel cannot load game"),
+    ({"env_id": "CartPole-v1"}, "env_id do(es) not apply to game tasks"),
+    ({"illegal": "forfeit"}, "illegal"),
+])
+def test_bad_game_specs_get_one_line(tmp_path: Path, over: dict, message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(_spec_dir(tmp_path, **over))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_opponent_file_that_is_missing_or_declares_no_act_is_named(tmp_path: Path) -> None:
+    d = _spec_dir(tmp_path)
+    (d / "bots" / "random.py").write_text("PARAMETERS = {}\ndef play(o, p):\n    return 0\n")
+    with pytest.raises(SpecError, match="opponent random .*act"):
+        load_spec(d)
+    (d / "bots" / "random.py").unlink()
+    with pytest.raises(SpecError, match="opponent random: policy file not found"):
+        load_spec(d)
+    with pytest.raises(SpecError, match="seats belongs to game tasks"):
+        from ratchet.spec import spec_from_dict
+
+        spec_from_dict({"task": {"env_id": "CartPole-v1", "seats": [0]}, "policy": {"path": "p.py"}})
+
+
+def test_game_tasks_refuse_refiners_that_need_an_environment() -> None:
+    task = _c4(_opp("r", RANDOM))
+    with pytest.raises(TaskError, match="game task: it has no single-agent environment"):
+        task.make_env()
+    assert np.prod(task.spaces()[0]["observation"].shape) == 84
