@@ -332,3 +332,46 @@ def test_game_tasks_refuse_refiners_that_need_an_environment() -> None:
     with pytest.raises(TaskError, match="game task: it has no single-agent environment"):
         task.make_env()
     assert np.prod(task.spaces()[0]["observation"].shape) == 84
+
+
+def test_meta_strategy_is_the_column_players_equilibrium_mixed_with_a_floor() -> None:
+    from ratchet.tasks.game import MIN_SHARE, meta_strategy
+
+    rps = np.array([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]])  # rock-paper-scissors: uniform
+    assert np.allclose(meta_strategy(rps), 1 / 3)
+    # the league beats column 0 and loses to column 1: the equilibrium plays column 1
+    sigma = meta_strategy(np.array([[1.0, -1.0, 0.5], [0.8, -0.5, 0.9]]))
+    assert sigma.argmax() == 1 and np.isclose(sigma.sum(), 1) and sigma.min() >= MIN_SHARE / 3 - 1e-12
+    with pytest.raises(ValueError, match="finite 2-D"):
+        meta_strategy(np.array([[np.nan]]))
+
+
+def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_its_games(tmp_path: Path) -> None:
+    spec = load_spec(_spec_dir(tmp_path, league=True))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    try:
+        start_run(spec, tmp_path / "a", run_id="l", executor=ex)
+    finally:
+        ex.close()
+    events = read_events(tmp_path / "a" / "l")
+    updates = [e.payload for e in events if e.type.value == "task_updated"]
+    promotions = [e.payload for e in events if e.type.value == "incumbent_changed"]
+    assert promotions and len(updates) == len(promotions)
+    first = updates[0]
+    assert first["task"]["train_opponents"][-1] == "league1" and first["columns"][-1] == "league1"
+    assert np.isclose(sum(first["meta_strategy"].values()), 1.0) and first["rows"][0] == promotions[0]["from"]
+    later = [e for e in events[events.index(next(e for e in events if e.type.value == "task_updated")):]
+             if e.type.value == "episodes_evaluated" and e.payload["split"] == "train"]
+    met = {ep["diagnostics"]["opponent"] for e in later for ep in e.payload["episodes"]}
+    assert "league1" in met  # the retired incumbent plays as an opponent, sandboxed like the others
+    league_game = next((e.payload["candidate_id"], ep["seed"]) for e in later for ep in e.payload["episodes"]
+                       if ep["diagnostics"]["opponent"] == "league1")
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    res = CliRunner().invoke(app, ["replay", "l", "--runs-dir", str(tmp_path / "a"), "--seed", str(league_game[1]),
+                                   "--candidate", league_game[0]])
+    assert res.exit_code == 0 and "match: identical return and length" in res.output, res.output
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["show", "l", "--runs-dir", str(tmp_path / "a")])
+    assert res.exit_code == 0 and "league payoffs" in res.output and "meta-strategy now" in res.output, res.output

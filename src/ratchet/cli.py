@@ -343,6 +343,15 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
     if rule and any(data[k] and data[k]["success_rate"] is not None for k in ("baseline_test", "test")):
         t.add_row("success", rule)
+    if data["league"]:  # a game's self-play league: who joined, and the meta-strategy training draws from
+        last = data["league"][-1]
+        t.add_row("league", _safe(f"{len(data['league'])} earlier incumbent(s) joined the training opponents; "
+                                  "meta-strategy now " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                                   (last.get("meta_strategy") or {}).items()), 1000))
+        if last.get("rows"):
+            header = "row \\ column: " + " ".join(last["columns"])
+            lines = [f"{r[:12]}: " + " ".join(f"{x:+.2f}" for x in row) for r, row in zip(last["rows"], last["table"])]
+            t.add_row("league payoffs", _safe("\n".join([header, *lines]), 3000, multiline=True))
     if data["test_by_opponent"]:  # a game: the payoff row against each test opponent, worst first
         t.add_row("test by opponent", _safe("\n".join(
             f"{o['opponent']}: {_num(o['start_mean'])} → {_num(o['final_mean'])} "
@@ -582,19 +591,19 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
     try:
         st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
-        recorded = None
+        recorded, where = None, 0
         seen: list[int] = []
-        for ev in st.evaluations:
+        for i, ev in enumerate(st.evaluations):
             if ev["candidate_id"] == cand.id:
                 for e in ev["episodes"]:
                     seen.append(e["seed"])
                     if e["seed"] == seed:
-                        recorded = e
+                        recorded, where = e, i
         if recorded is None:
             hint = ", ".join(map(str, seen[:5])) or "none"
             raise RunNotFoundError(f"candidate {cand.id} has no recorded episode with seed {seed}; recorded seeds "
                                    f"include {hint}")
-        task = _task_of(st)
+        task = _task_of(st, where)  # as it was then: a game's league may have grown since
         if video is not None:
             if task.spaces()[0] is None:
                 raise RatchetError(f"--video: {task.name} is an evaluator task, with no frames to record; its "
@@ -685,10 +694,12 @@ def _unit(state) -> str:
     return str((state.task or {}).get("cost_unit", "env steps"))
 
 
-def _task_of(state):
+def _task_of(state, evaluation: int | None = None):
+    """The run's task (as it ran evaluation number ``evaluation``, when given: :meth:`RunState.task_for`)."""
     from ratchet.tasks import task_from_dict, task_from_spec
 
-    return task_from_dict(state.task) if state.task else task_from_spec(state.spec["task"])
+    task = state.task if evaluation is None else state.task_for(evaluation)
+    return task_from_dict(task) if task else task_from_spec(state.spec["task"])
 
 
 def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> dict[str, bytes]:

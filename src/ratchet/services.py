@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ratchet.critic import Critic, Evaluation
+from ratchet.critic import Critic, Evaluation, by_opponent
 from ratchet.errors import LedgerError
 from ratchet.execution import BUDGET_SKIP, Executor, Job
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
@@ -98,6 +98,10 @@ class RunServices:
         self._spare: tuple[float, float] = (math.inf, math.inf)
         self._longest = 1.0  # the longest mean episode length of any evaluation so far (the loop sets it)
         self.event_tag: dict[str, Any] = {}  # merged into every payload recorded (a correction round's number)
+        # a game's payoffs: each candidate's training payoff sum and episodes per opponent, and the incumbents so far
+        # (the league's members: Task.after_promotion)
+        self._payoffs: dict[str, dict[str, list[float]]] = {}
+        self._incumbents: list[str] = [self.start.id]
 
     def artifact(self, name: str) -> bytes:
         """An artifact's bytes by digest (read from the ledger's store once per session)."""
@@ -431,6 +435,11 @@ class RunServices:
                             "evaluator it started with)")
         if split == "train":  # for the critique service: each candidate's latest training episodes
             self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
+            for cand_id in dict.fromkeys(c.id for c in candidates):  # a game's payoff per opponent (league table)
+                for row in by_opponent(out[cand_id]):
+                    acc = self._payoffs.setdefault(cand_id, {}).setdefault(row["opponent"], [0.0, 0])
+                    acc[0] += row["mean"] * row["n"]
+                    acc[1] += row["n"]
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
         # a candidate listed twice ran once
         for cand_id in dict.fromkeys(c.id for c in candidates):
@@ -567,7 +576,29 @@ class RunServices:
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
                          "env_steps": self.usage.env_steps, "params": dict(best.params), **structural})
+            self._after_promotion(generation, label, incumbent, best)
         return decision, cand_val, inc_val
+
+    def _after_promotion(self, generation: int, label: str | int, retired: Candidate, best: Candidate) -> None:
+        """Let the task grow with the promotion (:meth:`Task.after_promotion`: a game's league takes ``retired`` in);
+        a changed task is recorded (``task_updated``: its training pool, payoff table and meta-strategy) and runs
+        every evaluation from then on."""
+        self._incumbents.append(best.id)
+        payoffs = {cid: {opp: acc[0] / acc[1] for opp, acc in self._payoffs[cid].items() if acc[1]}
+                   for cid in self._incumbents if cid in self._payoffs}
+        updated = self.task.after_promotion(retired, payoffs)
+        if updated is self.task:
+            return
+        self.task = updated
+        league: dict[str, Any] = {}
+        table_of = getattr(updated, "payoff_table", None)
+        if callable(table_of):
+            rows, cols, table = table_of(payoffs)
+            league = {"rows": rows, "columns": cols, "table": table.round(4).tolist(),
+                      "meta_strategy": dict(getattr(updated, "weights", None) or {})}
+        self.record(EventType.TASK_UPDATED, f"task/{label}/{retired.id}",
+                    {"generation": generation, "retired": retired.id, "incumbent": best.id,
+                     "task": updated.to_dict(), **league})
 
     def validate(self, generation: int, best: Candidate, incumbent: Candidate,
                  inc_val: Evaluation, cap: int | None = None) -> tuple[Any, Evaluation, Evaluation]:

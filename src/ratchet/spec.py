@@ -81,6 +81,9 @@ class TaskSpec(_Section):
                                   "(both sides, env steps) per episode; default the game's bound or 1000.")
     game_kwargs: dict[str, Any] = Field(default_factory=dict, description="kind = \"game\": arguments for "
                                         "pettingzoo.make or pyspiel.load_game.")
+    league: bool = Field(False, description="kind = \"game\": self-play league: each incumbent a promotion replaces "
+                                            "joins the training opponents, drawn from the meta-strategy (the Nash "
+                                            "equilibrium of the league's payoff table).")
     env_id: str | None = Field(None, description="kind = \"gym\": registered Gymnasium id, e.g. \"LunarLander-v3\".")
     evaluator: str | None = Field(None, min_length=1, description="kind = \"evaluator\": the evaluator module "
                                                                    "(.py, relative to the spec's folder).")
@@ -127,6 +130,7 @@ class TaskSpec(_Section):
                                  "max_moves") if getattr(self, k) is not None]
         game_keys += [k for k in ("opponents", "game_kwargs") if getattr(self, k)]
         game_keys += ["illegal"] if self.illegal != "fail" else []
+        game_keys += ["league"] if self.league else []
         if self.kind == "game":
             wrong = [k for k in ("env_id", "evaluator", "max_episode_steps", "description") if getattr(self, k) is not None]
             wrong += [k for k in ("env_kwargs", "options") if getattr(self, k)]

@@ -67,6 +67,10 @@ class RunState:
     incumbent_validation_mean: float | None = None
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+    #: the task as promotions changed it (``task_updated``: a game's league), each with the number of evaluations
+    #: recorded before it took effect; ``league`` holds those events' payoff tables and meta-strategies
+    task_versions: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    league: list[dict[str, Any]] = field(default_factory=list)
     gates: list[dict[str, Any]] = field(default_factory=list)
     promotions: list[dict[str, Any]] = field(default_factory=list)
     rejected_proposals: list[dict[str, Any]] = field(default_factory=list)
@@ -166,7 +170,17 @@ class RunState:
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
                                        for m in (self.test_critique or {}).get("failure_modes", [])],
-                "test_by_opponent": self.test_by_opponent()}
+                "test_by_opponent": self.test_by_opponent(),
+                "league": [dict(x) for x in self.league]}
+
+    def task_for(self, evaluation: int) -> dict[str, Any] | None:
+        """The task (:meth:`Task.to_dict`) that ran evaluation number ``evaluation`` (an index into
+        :attr:`evaluations`): the run's task as last updated before it was recorded (None: not recorded)."""
+        task = self.task
+        for before, version in self.task_versions:
+            if before <= evaluation:
+                task = version
+        return task
 
     def test_by_opponent(self) -> list[dict[str, Any]]:
         """A game's test payoffs per opponent (:func:`ratchet.critic.by_opponent`), the final incumbent's row beside
@@ -327,6 +341,10 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                                                                    "attempts")})
         elif ev.type is EventType.GATE_DECIDED:
             st.gates.append(p)
+        elif ev.type is EventType.TASK_UPDATED:
+            st.task_versions.append((len(st.evaluations), p["task"]))
+            st.league.append({k: p.get(k) for k in ("generation", "retired", "incumbent", "rows", "columns", "table",
+                                                    "meta_strategy")})
         elif ev.type is EventType.FINAL_DECISION:
             st.final_decision = dict(p)
         elif ev.type is EventType.PROPOSAL_REJECTED:

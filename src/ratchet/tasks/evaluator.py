@@ -53,7 +53,7 @@ import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -335,6 +335,10 @@ class EvaluatorTask:
         """The evaluator's folder (its data sets, reference solutions): hidden from policy code under bubblewrap,
         unless it also holds the Python installation or the project (then left visible)."""
         return (str(Path(self.path).parent),)
+
+    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> Self:
+        """Itself: an evaluator does not change with the run."""
+        return self
 
     def opponent_sources(self) -> dict[str, str]:
         """``{}``: an evaluator scores one policy."""

@@ -44,7 +44,7 @@ import numpy as np
 
 from ratchet.errors import TaskError
 
-__all__ = ["GameTask", "Opponent", "OpponentHandles", "outcome_of"]
+__all__ = ["GameTask", "Opponent", "OpponentHandles", "meta_strategy", "outcome_of"]
 
 _SPLITS = ("train", "validation", "test")
 MAX_OPPONENTS = 64
@@ -76,6 +76,7 @@ class Opponent:
     path: str
     source: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    candidate_id: str | None = None  # a league member: the run's earlier incumbent it is
 
     @property
     def key(self) -> str:
@@ -98,6 +99,43 @@ class Opponent:
             values.update(self.params)
             _VALUES[cache_key] = values
         return materialize(_VALUES[cache_key])
+
+
+#: Every training opponent keeps at least this share of a uniform draw under the meta-strategy, so the league never
+#: stops meeting an opponent the equilibrium gives no weight to (it could regress against it unseen).
+MIN_SHARE = 0.25
+
+
+def meta_strategy(table: np.ndarray) -> np.ndarray:
+    """Weights over a payoff table's columns (the training opponents): the column player's Nash equilibrium strategy
+    of the zero-sum matrix game ``table`` (rows: the league's members, maximising their payoff), mixed with a
+    uniform draw so each column keeps :data:`MIN_SHARE` of its uniform weight. The mix of opponents the league's
+    best member does worst against: what PSRO (Lanctot et al., NeurIPS 2017) trains the next response on. Solved as
+    a linear program (``scipy.optimize.linprog``, HiGHS): minimise ``v`` subject to ``table @ σ <= v``, ``σ`` a
+    distribution.
+
+    Args:
+        table: float64, shape ``(rows, columns)``, payoffs of the row player.
+
+    Returns:
+        float64, shape ``(columns,)``, non-negative, summing to 1.
+
+    Raises:
+        ValueError: an empty or non-finite table.
+    """
+    from scipy.optimize import linprog
+
+    a = np.asarray(table, dtype=np.float64)
+    if a.ndim != 2 or a.size == 0 or not np.isfinite(a).all():
+        raise ValueError(f"a payoff table must be a finite 2-D array, got shape {a.shape}")
+    m, n = a.shape
+    # variables (σ_1..σ_n, v): minimise v; a @ σ - v <= 0; Σσ = 1; σ >= 0
+    res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.c_[a, -np.ones(m)], b_ub=np.zeros(m),
+                  A_eq=np.r_[np.ones(n), 0.0][None, :], b_eq=[1.0], bounds=[(0, None)] * n + [(None, None)],
+                  method="highs")
+    sigma = np.clip(res.x[:n], 0.0, None) if res.status == 0 else np.full(n, 1.0 / n)
+    sigma = sigma / sigma.sum()
+    return (1 - MIN_SHARE) * sigma + MIN_SHARE / n
 
 
 def outcome_of(payoff: float) -> str:
@@ -271,6 +309,9 @@ class GameTask:
         success_threshold: An episode succeeds when the payoff is ``>=`` this; None: when it is a win (> 0).
         game_kwargs: Keyword arguments for the game (``pettingzoo.make`` / ``pyspiel.load_game`` parameters).
         label: What people and prompts call the task; default the game's name.
+        league: Self-play league: each incumbent the run replaces joins the training pool
+            (:meth:`after_promotion`), and training opponents are drawn from the meta-strategy (``weights``).
+        weights: Training opponents' sampling weights (the league's meta-strategy), by name; None: uniform.
 
     Raises:
         TaskError: the game cannot be made, a pool names an unknown opponent or is empty, a seat does not exist,
@@ -290,6 +331,8 @@ class GameTask:
     success_threshold: float | None = None
     game_kwargs: Mapping[str, Any] = field(default_factory=dict)
     label: str | None = None
+    league: bool = False
+    weights: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.illegal not in ("fail", "replace"):
@@ -352,14 +395,73 @@ class GameTask:
 
     def matchup(self, seed: int) -> tuple[Opponent, int]:
         """The opponent and the candidate's seat of episode ``seed``: the pool of the seed's split
-        (``seed % 3``), then ``seed // 3`` picks the opponent and, in turn, the seat."""
+        (``seed % 3``), then ``seed // 3`` picks the opponent and, in turn, the seat. Training seeds of a league
+        draw the opponent from the meta-strategy (``weights``) instead, with a generator seeded by the seed."""
         from ratchet.tasks.evaluator import split_of
 
-        pool = self.pools[split_of(seed)]
+        split = split_of(seed)
+        pool = self.pools[split]
         k = int(seed) // 3
-        name = pool[k % len(pool)]
-        seat = self.seats[(k // len(pool)) % len(self.seats)]
+        if split == "train" and self.weights:
+            rng = np.random.default_rng([int(seed), 11])
+            p = np.array([self.weights.get(n, 0.0) for n in pool], dtype=np.float64)
+            name = pool[int(rng.choice(len(pool), p=p / p.sum()))]
+            seat = self.seats[int(rng.integers(len(self.seats)))]
+        else:
+            name = pool[k % len(pool)]
+            seat = self.seats[(k // len(pool)) % len(self.seats)]
         return next(o for o in self.opponents if o.name == name), seat
+
+    # -- the league ------------------------------------------------------------------------------------
+
+    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> GameTask:
+        """The task once ``retired`` (a :class:`~ratchet.policy.Candidate`, the incumbent just replaced) left the
+        incumbency: with ``league``, it joins the training pool as ``"league<k>"`` and the training opponents'
+        weights become the meta-strategy of :meth:`payoff_table` (:func:`meta_strategy`); otherwise (or for a
+        policy that is not a plain program, which an opponent process cannot run) the task is unchanged.
+
+        Args:
+            retired: The incumbent replaced.
+            payoffs: Each incumbent's mean training payoff per opponent name, by candidate id.
+        """
+        if not self.league or retired.kind != "program" or retired.artifacts:
+            return self
+        if any(o.candidate_id == retired.id for o in self.opponents):
+            return self
+        members = [o for o in self.opponents if o.candidate_id is not None]
+        if len(self.opponents) >= MAX_OPPONENTS:
+            return self
+        joined = Opponent(f"league{len(members) + 1}", f"<incumbent {retired.id}>", retired.source,
+                          _jsonable(retired.params), retired.id)
+        grown = GameTask(self.game, (*self.opponents, joined), {**self.pools, "train": (*self.pools["train"], joined.name)},
+                         self.seats, self.illegal, self.max_moves, self.success_threshold, self.game_kwargs, self.label,
+                         self.league, None)
+        rows, cols, table = grown.payoff_table(payoffs)
+        weights = dict(zip(cols, meta_strategy(table).tolist(), strict=True)) if rows else None
+        return GameTask(grown.game, grown.opponents, grown.pools, grown.seats, grown.illegal, grown.max_moves,
+                        grown.success_threshold, grown.game_kwargs, grown.label, grown.league, weights)
+
+    def payoff_table(self, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[str], np.ndarray]:
+        """The league's empirical payoff table: rows the league's members and the incumbents that have training
+        payoffs (by candidate id), columns the training pool, entries the row's mean payoff against the column.
+        An entry between two league members that was never played is the negated entry of the reverse pairing (a
+        two-player zero-sum game played from both seats), else 0.
+
+        Returns:
+            ``(row ids, column names, table)`` with ``table`` float64 of shape ``(rows, columns)``.
+        """
+        cols = list(self.pools["train"])
+        rows = [cid for cid in payoffs if payoffs[cid]]
+        member = {o.candidate_id: o.name for o in self.opponents if o.candidate_id is not None}
+        by_name = {name: cid for cid, name in member.items()}
+        table = np.zeros((len(rows), len(cols)), dtype=np.float64)
+        for i, cid in enumerate(rows):
+            for j, col in enumerate(cols):
+                if col in payoffs[cid]:
+                    table[i, j] = payoffs[cid][col]
+                elif col in by_name and member.get(cid) in payoffs.get(by_name[col], {}):
+                    table[i, j] = -payoffs[by_name[col]][member[cid]]
+        return rows, cols, table
 
     def opponent_sources(self) -> dict[str, str]:
         """Every opponent's source, by its SHA-256: policy code executors run sandboxed beside the candidate."""
@@ -447,19 +549,22 @@ class GameTask:
         return {"kind": "game", "game": self.game, "seats": list(self.seats), "illegal": self.illegal,
                 "max_moves": self.max_moves, "success_threshold": self.success_threshold,
                 "game_kwargs": dict(self.game_kwargs), "cost_unit": self.cost_unit,
-                "opponents": [{"name": o.name, "path": o.path, "source": o.source, "params": _jsonable(o.params)}
+                "opponents": [{"name": o.name, "path": o.path, "source": o.source, "params": _jsonable(o.params),
+                               **({"candidate_id": o.candidate_id} if o.candidate_id else {})}
                               for o in self.opponents],
                 **{f"{s}_opponents": list(self.pools[s]) for s in _SPLITS},
-                **({"name": self.label} if self.label else {})}
+                **({"name": self.label} if self.label else {}), **({"league": True} if self.league else {}),
+                **({"weights": dict(self.weights)} if self.weights else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GameTask:
         """Inverse of :meth:`to_dict` (the stored sources, never the files as they are now)."""
-        opponents = tuple(Opponent(o["name"], o["path"], o["source"], dict(o.get("params") or {}))
-                          for o in d["opponents"])
+        opponents = tuple(Opponent(o["name"], o["path"], o["source"], dict(o.get("params") or {}),
+                                   o.get("candidate_id")) for o in d["opponents"])
         return cls(d["game"], opponents, {s: tuple(d[f"{s}_opponents"]) for s in _SPLITS},
                    tuple(d.get("seats") or ()), d.get("illegal", "fail"), d.get("max_moves"),
-                   d.get("success_threshold"), dict(d.get("game_kwargs") or {}), d.get("name"))
+                   d.get("success_threshold"), dict(d.get("game_kwargs") or {}), d.get("name"),
+                   bool(d.get("league", False)), d.get("weights"))
 
     @classmethod
     def from_spec(cls, table: Any) -> GameTask:
@@ -480,7 +585,8 @@ class GameTask:
         names = tuple(o.name for o in opponents)
         pools = {s: tuple(t.get(f"{s}_opponents") or names) for s in _SPLITS}
         return cls(t["game"], opponents, pools, tuple(t.get("seats") or ()), t.get("illegal") or "fail",
-                   t.get("max_moves"), t.get("success_threshold"), dict(t.get("game_kwargs") or {}), t.get("name"))
+                   t.get("max_moves"), t.get("success_threshold"), dict(t.get("game_kwargs") or {}), t.get("name"),
+                   bool(t.get("league")))
 
     # -- one episode -----------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from ratchet.errors import TaskError
 from ratchet.policy import space_dims
@@ -90,6 +90,10 @@ class GymTask:
     def private_paths(self) -> Sequence[str]:
         """None: the environment is a library, and its files hold nothing a policy could use to forge a return."""
         return ()
+
+    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> Self:
+        """Itself: a Gymnasium environment does not change with the run."""
+        return self
 
     def opponent_sources(self) -> dict[str, str]:
         """``{}``: a single-agent environment has no opponents."""
