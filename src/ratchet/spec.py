@@ -81,6 +81,11 @@ class TaskSpec(_Section):
                                   "(both sides, env steps) per episode; default the game's bound or 1000.")
     game_kwargs: dict[str, Any] = Field(default_factory=dict, description="kind = \"game\": arguments for "
                                         "pettingzoo.make or pyspiel.load_game.")
+    objective: Literal["payoff", "exploitability"] = Field(
+        "payoff", description="kind = \"game\": \"payoff\": an episode is a game against an opponent; "
+                              "\"exploitability\" (OpenSpiel games small enough, e.g. Kuhn and Leduc poker): an "
+                              "episode is the exact exploitability of the policy's probabilities(), its return minus "
+                              "that, so the gate promotes only what lowers it.")
     league: bool = Field(False, description="kind = \"game\": self-play league: each incumbent a promotion replaces "
                                             "joins the training opponents, drawn from the meta-strategy (the Nash "
                                             "equilibrium of the league's payoff table).")
@@ -131,6 +136,7 @@ class TaskSpec(_Section):
         game_keys += [k for k in ("opponents", "game_kwargs") if getattr(self, k)]
         game_keys += ["illegal"] if self.illegal != "fail" else []
         game_keys += ["league"] if self.league else []
+        game_keys += ["objective"] if self.objective != "payoff" else []
         if self.kind == "game":
             wrong = [k for k in ("env_id", "evaluator", "max_episode_steps", "description") if getattr(self, k) is not None]
             wrong += [k for k in ("env_kwargs", "options") if getattr(self, k)]

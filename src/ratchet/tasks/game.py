@@ -269,13 +269,41 @@ class _OpenSpiel:
         return int(self.state.current_player())
 
     def observe(self, seat: int) -> dict[str, Any]:
-        s = self.state
+        return self.observation_of(self.state, seat)
+
+    def observation_of(self, s: Any, seat: int) -> dict[str, Any]:
+        """What ``seat`` sees of state ``s`` (the policy's observation dict)."""
         tensor = s.information_state_tensor(seat) if self.info_tensor else s.observation_tensor(seat)
         out = {"observation": np.asarray(tensor, dtype=np.float32),
                "action_mask": np.asarray(s.legal_actions_mask(seat), dtype=np.int8), "seat": seat}
         if self.game.get_type().provides_information_state_string:
             out["info_state"] = s.information_state_string(seat)
         return out
+
+    def exploitability(self, probabilities: Any) -> tuple[float, float, int]:
+        """Exact exploitability of the policy ``probabilities(observation) -> action probabilities`` played by every
+        seat: ``(exploitability, NashConv, information states asked)``, from OpenSpiel's best response
+        (``open_spiel.python.algorithms.exploitability``; exploitability = NashConv / players).
+
+        Raises:
+            _BadProbabilities: an answer that is not a distribution over the legal actions.
+        """
+        from open_spiel.python import policy as os_policy
+        from open_spiel.python.algorithms import exploitability
+
+        table = os_policy.TabularPolicy(self.game)
+        for i, state in enumerate(table.states):
+            obs = self.observation_of(state, state.current_player())
+            p = np.asarray(probabilities(obs), dtype=np.float64).ravel()
+            mask = obs["action_mask"].astype(bool)
+            if p.shape != mask.shape or not np.isfinite(p).all() or (p < 0).any() or p[~mask].sum() > 1e-9 \
+                    or abs(p.sum() - 1.0) > 1e-6:
+                raise _BadProbabilities(f"probabilities() at {obs.get('info_state', i)!r} returned "
+                                        f"{np.round(p, 4).tolist()[:8]}, not a distribution over the legal actions "
+                                        f"{np.flatnonzero(mask).tolist()}")
+            table.action_probability_array[i] = p / p.sum()
+        conv = float(exploitability.nash_conv(self.game, table))
+        return conv / self.n_seats, conv, len(table.states)
 
     def step(self, action: int) -> None:
         self.state.apply_action(int(action))
@@ -312,6 +340,10 @@ class GameTask:
         league: Self-play league: each incumbent the run replaces joins the training pool
             (:meth:`after_promotion`), and training opponents are drawn from the meta-strategy (``weights``).
         weights: Training opponents' sampling weights (the league's meta-strategy), by name; None: uniform.
+        objective: ``"payoff"`` (an episode is a game against an opponent) or ``"exploitability"`` (OpenSpiel games
+            small enough to solve, such as Kuhn and Leduc poker: an episode is the exact exploitability of the
+            policy's ``probabilities(observation, params)``, played by every seat; its return is minus that, so the
+            gate promotes only what lowers it; no opponents needed).
 
     Raises:
         TaskError: the game cannot be made, a pool names an unknown opponent or is empty, a seat does not exist,
@@ -320,7 +352,6 @@ class GameTask:
 
     kind: ClassVar[str] = "game"
     action_mode: ClassVar[str] = "error"
-    cost_unit: ClassVar[str] = "env steps"
 
     game: str
     opponents: tuple[Opponent, ...]
@@ -333,10 +364,16 @@ class GameTask:
     label: str | None = None
     league: bool = False
     weights: Mapping[str, float] | None = None
+    objective: str = "payoff"
 
     def __post_init__(self) -> None:
         if self.illegal not in ("fail", "replace"):
             raise TaskError(f"[task] illegal must be \"fail\" or \"replace\", got {self.illegal!r}")
+        if self.objective not in ("payoff", "exploitability"):
+            raise TaskError(f"[task] objective must be \"payoff\" or \"exploitability\", got {self.objective!r}")
+        if self.objective == "exploitability":
+            self._exact_only()
+            return
         if not self.opponents:
             raise TaskError("a game task needs opponents: add [task.opponents] with name = \"opponents/bot.py\"")
         if len(self.opponents) > MAX_OPPONENTS:
@@ -375,6 +412,24 @@ class GameTask:
 
     def __hash__(self) -> int:
         return hash((self.game, tuple(o.key for o in self.opponents)))
+
+    def _exact_only(self) -> None:
+        """Checks for ``objective = "exploitability"``: an OpenSpiel game, no opponents, seats, league or moves."""
+        if not self.game.startswith("openspiel:"):
+            raise TaskError("[task] objective = \"exploitability\" needs an OpenSpiel game (\"openspiel:kuhn_poker\"); "
+                            "an exact best response is computed there")
+        adapter = self._adapter()
+        assert isinstance(adapter, _OpenSpiel)  # checked above
+        if self.opponents or self.league or self.seats and tuple(self.seats) != tuple(adapter.agents):
+            raise TaskError("[task] objective = \"exploitability\" plays every seat against a best response: drop "
+                            "opponents, seats and league")
+        if not adapter.game.get_type().provides_information_state_string:
+            raise TaskError(f"{self.game} has no information states to tabulate a policy over")
+        object.__setattr__(self, "seats", tuple(adapter.agents))
+        object.__setattr__(self, "pools", {s: () for s in _SPLITS})
+        from open_spiel.python import policy as os_policy
+
+        object.__setattr__(self, "max_moves", len(os_policy.TabularPolicy(adapter.game).states))
 
     def _adapter(self) -> _PettingZoo | _OpenSpiel:
         try:
@@ -482,8 +537,14 @@ class GameTask:
 
     @property
     def functions(self) -> dict[str, int]:
-        """``{"act": 2}``: a player is an ``act(observation, params)``."""
-        return {"act": 2}
+        """``{"act": 2}``: a player is an ``act(observation, params)``; with ``objective = "exploitability"`` also
+        ``probabilities(observation, params)``, its action distribution."""
+        return {"act": 2, "probabilities": 2} if self.objective == "exploitability" else {"act": 2}
+
+    @property
+    def cost_unit(self) -> str:
+        """``"env steps"`` (moves); ``"information states"`` asked, for ``objective = "exploitability"``."""
+        return "information states" if self.objective == "exploitability" else "env steps"
 
     def seed_pools(self) -> Mapping[str, Sequence[int]] | None:
         """None: any seed makes an episode."""
@@ -515,17 +576,21 @@ class GameTask:
         raise TaskError(f"{self.name} is a game task: it has no single-agent environment to step (refiners and "
                         "tools that need one, such as ppo, dagger or traces, do not apply)")
 
-    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool:
-        """``payoff >= success_threshold`` when set, else a win (payoff > 0)."""
+    def is_success(self, episode_return: float, terminated: bool, truncated: bool) -> bool | None:
+        """``return >= success_threshold`` when set; else a win (payoff > 0), and no success defined for
+        ``objective = "exploitability"``."""
         if self.success_threshold is not None:
             return bool(episode_return >= self.success_threshold)
+        if self.objective == "exploitability":
+            return None
         return bool(episode_return > 0)
 
-    def success_rule(self) -> str:
+    def success_rule(self) -> str | None:
         """How success is decided."""
+        what = "minus exploitability" if self.objective == "exploitability" else "payoff"
         if self.success_threshold is not None:
-            return f"payoff ≥ {self.success_threshold:g} ([task] success_threshold)"
-        return "a win (payoff > 0)"
+            return f"{what} ≥ {self.success_threshold:g} ([task] success_threshold)"
+        return None if self.objective == "exploitability" else "a win (payoff > 0)"
 
     @property
     def diagnose(self) -> Any:
@@ -554,7 +619,8 @@ class GameTask:
                               for o in self.opponents],
                 **{f"{s}_opponents": list(self.pools[s]) for s in _SPLITS},
                 **({"name": self.label} if self.label else {}), **({"league": True} if self.league else {}),
-                **({"weights": dict(self.weights)} if self.weights else {})}
+                **({"weights": dict(self.weights)} if self.weights else {}),
+                **({"objective": self.objective} if self.objective != "payoff" else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GameTask:
@@ -564,7 +630,7 @@ class GameTask:
         return cls(d["game"], opponents, {s: tuple(d[f"{s}_opponents"]) for s in _SPLITS},
                    tuple(d.get("seats") or ()), d.get("illegal", "fail"), d.get("max_moves"),
                    d.get("success_threshold"), dict(d.get("game_kwargs") or {}), d.get("name"),
-                   bool(d.get("league", False)), d.get("weights"))
+                   bool(d.get("league", False)), d.get("weights"), d.get("objective", "payoff"))
 
     @classmethod
     def from_spec(cls, table: Any) -> GameTask:
@@ -586,7 +652,7 @@ class GameTask:
         pools = {s: tuple(t.get(f"{s}_opponents") or names) for s in _SPLITS}
         return cls(t["game"], opponents, pools, tuple(t.get("seats") or ()), t.get("illegal") or "fail",
                    t.get("max_moves"), t.get("success_threshold"), dict(t.get("game_kwargs") or {}), t.get("name"),
-                   bool(t.get("league")))
+                   bool(t.get("league")), objective=t.get("objective") or "payoff")
 
     # -- one episode -----------------------------------------------------------------------------------
 
@@ -615,6 +681,8 @@ class GameTask:
         """
         from ratchet.rollout import Episode, PolicyFailure, RolloutAborted, error_text
 
+        if self.objective == "exploitability":
+            return self._exact_episode(policy, params, seed)
         if opponents is None:
             raise TaskError("this executor cannot run a game's opponents (use [execution] backend = \"process\")")
         opp, seat = self.matchup(seed)
@@ -678,6 +746,31 @@ class GameTask:
                        {**info, "cause": "terminated" if terminated else "truncated", "outcome": outcome_of(payoff),
                         "illegal_moves": illegal})
 
+    def _exact_episode(self, policy: Any, params: Mapping[str, Any], seed: int) -> Any:
+        """One exact evaluation: minus the exploitability of the policy's ``probabilities`` (every seat)."""
+        from ratchet.rollout import Episode, RolloutAborted, error_text
+
+        game = self._adapter()
+        assert isinstance(game, _OpenSpiel)  # objective = "exploitability" needs OpenSpiel (checked at construction)
+        asked = [0]
+
+        def probabilities(obs: dict[str, Any]) -> Any:
+            asked[0] += 1
+            return policy.call("probabilities", (obs,))
+
+        try:
+            policy.start(params, seed, game.spaces())
+            value, conv, states = game.exploitability(probabilities)
+        except RolloutAborted as exc:
+            exc.length, exc.episode_return = asked[0], -float(game.game.max_utility() - game.game.min_utility())
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the policy's failure (raised, garbage) is its outcome
+            text = str(exc) if isinstance(exc, _BadProbabilities) else error_text(exc)
+            return Episode(int(seed), -float(game.game.max_utility() - game.game.min_utility()), asked[0], False,
+                           False, self.is_success(-np.inf, False, False), text[:500], {"cause": "error"})
+        return Episode(int(seed), -value, states, True, False, self.is_success(-value, True, False), None,
+                       {"cause": "terminated", "scores": {"exploitability": value, "nash_conv": conv}})
+
     def _worst(self, game: _PettingZoo | _OpenSpiel) -> float:
         """The loss payoff an errored episode of the candidate gets: OpenSpiel's ``min_utility``, else −1."""
         return float(game.game.min_utility()) if isinstance(game, _OpenSpiel) else -1.0
@@ -694,6 +787,10 @@ class GameTask:
         return Episode(int(seed), 0.0, 0, False, False, None,
                        f"opponent {opp.name} ({Path(opp.path).name}) failed on seed {seed}: {error}"[:500],
                        {**info, "cause": "error", "fault": "task"})
+
+
+class _BadProbabilities(Exception):
+    """A policy's ``probabilities()`` answer is not a distribution over the legal actions."""
 
 
 def _legal(action: Any, mask: np.ndarray) -> int | None:
