@@ -24,7 +24,7 @@ import numpy as np
 INFO_STATES = {states!r}
 ROW = {{s: i for i, s in enumerate(INFO_STATES)}}
 
-PARAMETERS = {{"logits": {{"shape": [{rows}, {cols}], "default": 0.0, "low": -8.0, "high": 8.0}}}}
+PARAMETERS = {{"logits": {{"shape": [{rows}, {cols}], "default": 0.0, "low": -20.0, "high": 20.0}}}}
 
 
 def probabilities(observation, params):

@@ -9,7 +9,7 @@ import numpy as np
 INFO_STATES = ['0', '0pb', '1', '1pb', '2', '2pb', '1p', '1b', '2p', '2b', '0p', '0b']
 ROW = {s: i for i, s in enumerate(INFO_STATES)}
 
-PARAMETERS = {"logits": {"shape": [12, 2], "default": 0.0, "low": -8.0, "high": 8.0}}
+PARAMETERS = {"logits": {"shape": [12, 2], "default": 0.0, "low": -20.0, "high": 20.0}}
 
 
 def probabilities(observation, params):

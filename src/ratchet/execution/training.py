@@ -55,6 +55,7 @@ TRAINERS: dict[str, str] = {
     "ppo": "ratchet.refiners.ppo:train",
     "residual": "ratchet.refiners.ppo:train",
     "dagger": "ratchet.refiners.dagger:train",
+    "cfr": "ratchet.refiners.cfr:train",
 }
 
 _MAX_HEADER_BYTES = 1 << 20

@@ -32,6 +32,7 @@ KIND_MODULES: dict[str, str] = {
     "dagger": "ratchet.refiners.dagger",
     "hg-dagger": "ratchet.refiners.dagger",
     "bc": "ratchet.refiners.dagger",
+    "cfr": "ratchet.refiners.cfr",
 }
 
 

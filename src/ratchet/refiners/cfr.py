@@ -1,0 +1,233 @@
+"""The ``cfr`` refiner: counterfactual regret minimisation (CFR / CFR+) of a tabular policy for an OpenSpiel game.
+
+Source: Zinkevich et al., "Regret Minimization in Games with Incomplete Information" (NeurIPS 2007) for CFR; Tammelin,
+"Solving Large Imperfect Information Games Using CFR+" (2014) for CFR+; the solvers are OpenSpiel's
+(``open_spiel.python.algorithms.cfr``).
+
+The policy is a program with an array parameter ``logits`` of shape (information states, actions) and the list
+``INFO_STATES`` in OpenSpiel's ``TabularPolicy`` order (``examples/kuhn_poker/make_policy.py`` writes one); its
+probabilities are the softmax of a state's row over the legal actions. Each generation runs one training job (in the
+sandbox, like every training job): ``iterations`` iterations of the solver, whose average policy becomes the
+candidate's ``logits`` (``log p``, clipped to the parameter's bounds). The solver's state (cumulative regrets and
+policy, the iteration count) is the job's artifact and the next job continues it, so the refiner runs *one
+uninterrupted line* of CFR while the gate certifies its checkpoints when they are better: a parent that is on the line
+(its start or one of its checkpoints) continues it; any other parent (a promotion from another refiner) starts a new
+line from that parent's policy (the first iterate is the parent's, which also enters the average).
+
+A job is charged ``iterations × information states`` to the budget (the task's unit with ``objective =
+"exploitability"``: information states).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratchet.critic import Critique
+from ratchet.errors import SpecError
+from ratchet.execution.training import InfoField, Role, TrainingAnswer, TrainingJob
+from ratchet.policy import Candidate
+from ratchet.refiners.base import GenerationCost, Refiner
+
+__all__ = ["CFRRefiner", "CFRSettings", "train"]
+
+
+class CFRSettings(BaseModel):
+    """Settings of a ``cfr`` refiner (a ``[[refiners]]`` table with ``kind = "cfr"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    iterations: int = Field(50, ge=1, le=1_000_000, description="Solver iterations per generation (one training "
+                                                                 "job; its average policy is the candidate).")
+    algorithm: Literal["cfr+", "cfr"] = Field("cfr+", description="CFR+ (regret matching+, linear averaging) or "
+                                                                   "vanilla CFR.")
+
+
+def _check_state(data: bytes) -> None:
+    """The solver state artifact is an ``.npz`` of float arrays and the iteration (read without pickles)."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        if set(z.files) != {"regret", "policy", "iteration"}:
+            raise ValueError(f"solver state holds {sorted(z.files)}")
+        if z["regret"].shape != z["policy"].shape or not np.isfinite(z["regret"]).all():
+            raise ValueError("solver state arrays are malformed")
+
+
+def _check_logits(data: bytes) -> None:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        if set(z.files) != {"logits"} or not np.isfinite(z["logits"]).all():
+            raise ValueError("the logits artifact is malformed")
+
+
+ANSWER = TrainingAnswer(
+    roles=(Role("state", max_bytes=1 << 28, check=_check_state), Role("logits", max_bytes=1 << 26, check=_check_logits)),
+    info=(InfoField("iteration", "int", low=1, high=10**9), InfoField("iterations", "int", low=1, high=10**6)))
+
+
+def _info_states(source: str) -> list[str] | None:
+    """The policy file's ``INFO_STATES`` literal (read without running the file), or None."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "INFO_STATES" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError):
+                return None
+            return [str(v) for v in value] if isinstance(value, list) else None
+    return None
+
+
+class CFRRefiner(Refiner):
+    """CFR / CFR+ as a refiner (see the module docstring).
+
+    Args:
+        settings: Its :class:`CFRSettings`.
+        name: Its arm name.
+        ctx: The :class:`~ratchet.refiners.registry.RefinerContext` (its task, program, ``train``).
+
+    Raises:
+        SpecError: the task is not an OpenSpiel game, or the program lacks ``logits`` of shape (information states,
+            actions) or an ``INFO_STATES`` list in OpenSpiel's order.
+    """
+
+    def __init__(self, settings: CFRSettings, name: str, ctx: Any) -> None:
+        self.settings, self.name, self.ctx = settings, name, ctx
+        game = getattr(ctx.task, "game", "")
+        if getattr(ctx.task, "kind", None) != "game" or not str(game).startswith("openspiel:"):
+            raise SpecError(f"[[refiners]] {name}: cfr solves OpenSpiel games ([task] kind = \"game\", game = "
+                            "\"openspiel:kuhn_poker\")")
+        import pyspiel
+        from open_spiel.python import policy as os_policy
+
+        self.game_name = str(game).removeprefix("openspiel:")
+        table = os_policy.TabularPolicy(pyspiel.load_game(self.game_name))
+        order = [s.information_state_string() for s in table.states]
+        param = next((p for p in ctx.program.parameters if p.name == "logits"), None)
+        if param is None or param.shape != table.action_probability_array.shape:
+            raise SpecError(f"[[refiners]] {name}: cfr needs a PARAMETERS array \"logits\" of shape "
+                            f"{list(table.action_probability_array.shape)} (information states × actions); "
+                            "examples/kuhn_poker/make_policy.py writes such a file")
+        if _info_states(ctx.program.source) != order:
+            raise SpecError(f"[[refiners]] {name}: the policy's INFO_STATES must list the game's {len(order)} "
+                            "information states in OpenSpiel's TabularPolicy order (as make_policy.py writes them)")
+        self.n_states = len(order)
+        self.low = float(np.min(param.low))
+        self.high = float(np.max(param.high))
+        self._line: set[str] = set()  # the candidates on the current line: its start and its checkpoints
+        self._state: str | None = None  # digest of the line's solver state
+        self._errors: list[str] = []
+
+    def generation_cost(self) -> GenerationCost:
+        """One candidate (the job's average policy) and its training job, charged ``iterations × information
+        states``; no paired reference (the task's value is exact)."""
+        return GenerationCost(proposals=1, training_env_steps=self.settings.iterations * self.n_states,
+                              reference=False)
+
+    def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
+        """Continue the line (or start one from ``parent``) for ``iterations`` iterations; the average policy as the
+        candidate (``parent`` with new ``logits``)."""
+        if parent.id not in self._line:  # a parent from elsewhere: a new line from its policy
+            self._line, self._state = {parent.id}, None
+        arts = {"state": self._state} if self._state is not None else {}
+        job_parent = Candidate.create(parent.source, dict(parent.params), kind="program", artifacts=arts,
+                                      parent_id=parent.id, refiner=self.name)
+        settings = {**self.settings.model_dump(mode="json"), "game": self.game_name, "low": self.low,
+                    "high": self.high}
+        cost = self.settings.iterations * self.n_states
+        result = self.ctx.train(TrainingJob("cfr", job_parent, settings, (), cost, answer=ANSWER))
+        if result.error or not result.outputs:
+            self._errors.append(result.error or "no output")
+            return []
+        out = result.outputs[0]
+        self._state = out.info["artifacts"]["state"]
+        with np.load(io.BytesIO(out.artifacts["logits"]), allow_pickle=False) as z:
+            logits = np.clip(z["logits"], self.low, self.high)
+        cand = Candidate.create(parent.source, {**dict(parent.params), "logits": logits.tolist()},
+                                parent_id=parent.id, refiner=self.name)
+        self._line.add(cand.id)
+        return [cand]
+
+    def idle_reason(self) -> str | None:
+        """Three failed jobs in a row stop the refiner (the last error is the reason)."""
+        if len(self._errors) >= 3:
+            return f"its last training jobs failed: {self._errors[-1][:200]}"
+        return None
+
+    def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
+        """A success resets the failure count."""
+        if candidate_id is not None:
+            self._errors.clear()
+
+    def summary(self) -> dict[str, Any]:
+        """``line``: checkpoints on the current line."""
+        return {"line": len(self._line) - 1}
+
+
+def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    z = np.where(mask, logits, -np.inf)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], seeds: Sequence[int],
+          env_steps: int) -> tuple[list[Any], int]:
+    """Trainer ``"cfr"`` (see :mod:`ratchet.execution.training`): ``settings["iterations"]`` solver iterations from
+    the state in ``parent["artifacts"]["state"]`` (a line's continuation) or from the parent's ``logits`` (a new
+    line: the first iterate is the parent's policy). Returns one output with artifacts ``state`` and ``logits`` (the
+    average policy's ``log p`` clipped to ``[low, high]``), and ``env_steps`` charged in full."""
+    import pyspiel
+    from open_spiel.python.algorithms import cfr
+
+    from ratchet.execution.training import TrainingOutput
+
+    game = pyspiel.load_game(settings["game"])
+    solver = cfr.CFRPlusSolver(game) if settings["algorithm"] == "cfr+" else cfr.CFRSolver(game)
+    current = solver._current_policy  # OpenSpiel keeps the solver's state in these attributes
+    nodes = solver._info_state_nodes
+    index = current.state_lookup
+    mask = current.legal_actions_mask.astype(bool)
+    if "state" in parent["artifacts"]:
+        with np.load(io.BytesIO(parent["artifacts"]["state"]), allow_pickle=False) as z:
+            regret, cumulative, solver._iteration = z["regret"], z["policy"], int(z["iteration"])
+        for key, node in nodes.items():
+            row = index[key]
+            for a in node.legal_actions:
+                node.cumulative_regret[a] = float(regret[row, a])
+                node.cumulative_policy[a] = float(cumulative[row, a])
+        cfr._update_current_policy(current, nodes)
+    else:
+        current.action_probability_array[:] = _masked_softmax(np.asarray(parent["params"]["logits"], dtype=float), mask)
+    for _ in range(int(settings["iterations"])):
+        solver.evaluate_and_update_policy()
+    regret = np.zeros(mask.shape)
+    cumulative = np.zeros(mask.shape)
+    for key, node in nodes.items():
+        row = index[key]
+        for a in node.legal_actions:
+            regret[row, a] = node.cumulative_regret[a]
+            cumulative[row, a] = node.cumulative_policy[a]
+    average = solver.average_policy().action_probability_array
+    logits = np.where(mask, np.log(np.clip(average, 1e-300, None)), 0.0)
+    logits = np.clip(logits - logits.max(axis=1, keepdims=True), float(settings["low"]), float(settings["high"]))
+    state, table = io.BytesIO(), io.BytesIO()
+    np.savez(state, regret=regret, policy=cumulative, iteration=np.asarray(solver._iteration))
+    np.savez(table, logits=logits)
+    info = {"iteration": int(solver._iteration), "iterations": int(settings["iterations"])}
+    return [TrainingOutput({"state": state.getvalue(), "logits": table.getvalue()}, info)], env_steps
+
+
+def _kinds() -> dict[str, Any]:
+    from ratchet.refiners.registry import RefinerKind
+
+    def build(settings: CFRSettings, name: str, ctx: Any) -> list[CFRRefiner]:
+        return [CFRRefiner(settings, name, ctx)]
+
+    return {"cfr": RefinerKind(CFRSettings, ("program",), build,
+                               hint="cfr solves a tabular program policy (logits per information state) of an "
+                                    "OpenSpiel game")}
+
+
+KINDS = _kinds()
