@@ -375,3 +375,94 @@ def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_
     assert res.exit_code == 0 and "match: identical return and length" in res.output, res.output
     res = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["show", "l", "--runs-dir", str(tmp_path / "a")])
     assert res.exit_code == 0 and "league payoffs" in res.output and "meta-strategy now" in res.output, res.output
+
+
+KUHN_POLICY = Path(__file__).parent.parent / "examples" / "kuhn_poker" / "policy.py"
+
+
+def _kuhn_task() -> GameTask:
+    return GameTask("openspiel:kuhn_poker", (), {}, objective="exploitability")
+
+
+def test_the_exploitability_objective_is_exact_and_a_bad_distribution_is_the_candidates_failure() -> None:
+    task = _kuhn_task()
+    assert task.functions == {"act": 2, "probabilities": 2} and task.cost_unit == "information states"
+    ep = _local(task, KUHN_POLICY.read_text(), {"logits": np.zeros((12, 2))}, 7)
+    assert ep.error is None and np.isclose(ep.episode_return, -0.458333, atol=1e-5) and ep.length == 12
+    assert np.isclose(ep.diagnostics["scores"]["nash_conv"], 2 * 0.458333, atol=1e-5)
+    bad = KUHN_POLICY.read_text().replace("return p / p.sum()", "return p")  # unnormalised
+    bad = bad.replace("p = np.exp(z - z[mask].max())", "p = 2 * np.exp(z - z[mask].max())")
+    ep = _local(task, bad, {"logits": np.zeros((12, 2))}, 7)
+    assert ep.error is not None and "not a distribution over the legal actions" in ep.error
+    assert ep.episode_return == -4.0  # the worst a value can be: max - min utility
+    with pytest.raises(TaskError, match="needs an OpenSpiel game"):
+        GameTask("classic/connect_four-v3", (), {}, objective="exploitability")
+
+
+def test_cfr_jobs_continue_one_solver_line_exactly() -> None:
+    from ratchet.refiners.cfr import train
+
+    parent = {"params": {"logits": np.zeros((12, 2)).tolist()}, "artifacts": {}}
+    settings = {"game": "kuhn_poker", "algorithm": "cfr+", "low": -20.0, "high": 20.0}
+    (whole,), _ = train(None, parent, {**settings, "iterations": 10}, (), 120)
+    (first,), _ = train(None, parent, {**settings, "iterations": 4}, (), 48)
+    (second,), _ = train(None, {**parent, "artifacts": {"state": first.artifacts["state"]}},
+                         {**settings, "iterations": 6}, (), 72)
+    import io
+
+    def logits(out) -> np.ndarray:
+        return np.load(io.BytesIO(out.artifacts["logits"]), allow_pickle=False)["logits"]
+
+    assert second.info["iteration"] == whole.info["iteration"] == 10
+    assert np.allclose(logits(second), logits(whole))  # two jobs of one line = one job of the whole line
+
+
+def _kuhn_spec(tmp_path: Path, refiner: str) -> Path:
+    d = tmp_path / "kuhn"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "policy.py").write_text(KUHN_POLICY.read_text())
+    (d / "ratchet.toml").write_text(textwrap.dedent(f"""
+        seed = 0
+        [task]
+        kind = "game"
+        game = "openspiel:kuhn_poker"
+        objective = "exploitability"
+        [policy]
+        path = "policy.py"
+        [[refiners]]
+        {refiner}
+        [planner]
+        train_episodes = 1
+        [gate]
+        validation_episodes = 2
+        max_share = 0.5
+        [budget]
+        env_steps = 1500
+        [test]
+        episodes = 2
+        [execution]
+        workers = 1
+    """))
+    return d
+
+
+def test_a_cfr_run_lowers_exploitability_at_every_promotion(tmp_path: Path) -> None:
+    spec = load_spec(_kuhn_spec(tmp_path, 'kind = "cfr"\niterations = 5'))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    try:
+        result = start_run(spec, tmp_path / "runs", run_id="k", executor=ex)
+    finally:
+        ex.close()
+    events = read_events(tmp_path / "runs" / "k")
+    values = [e.payload["validation_mean"] for e in events if e.type.value == "incumbent_changed"]
+    assert len(values) >= 3 and all(b > a for a, b in zip(values, values[1:]))  # minus exploitability only rises
+    assert -result.test.mean < 0.05 < -result.baseline_test.mean  # from 0.458 (uniform) to below 0.05
+    jobs = [e.payload for e in events if e.type.value == "training_finished"]
+    assert jobs and all(j["error"] is None for j in jobs) and jobs[-1]["outputs"][0]["info"]["iteration"] == 5 * len(jobs)
+
+
+def test_cfr_refuses_a_policy_it_cannot_tabulate(tmp_path: Path) -> None:
+    d = _kuhn_spec(tmp_path, 'kind = "cfr"')
+    (d / "policy.py").write_text(KUHN_POLICY.read_text().replace('"shape": [12, 2]', '"shape": [12, 3]'))
+    with pytest.raises(SpecError, match="cfr needs a PARAMETERS array \"logits\" of shape \\[12, 2\\]"):
+        start_run(load_spec(d), tmp_path / "runs", run_id="x")
