@@ -6,6 +6,7 @@ critique, ``show`` and the report carry the payoff table."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 from pathlib import Path
@@ -455,7 +456,7 @@ def test_a_cfr_run_lowers_exploitability_at_every_promotion(tmp_path: Path) -> N
         ex.close()
     events = read_events(tmp_path / "runs" / "k")
     values = [e.payload["validation_mean"] for e in events if e.type.value == "incumbent_changed"]
-    assert len(values) >= 3 and all(b > a for a, b in zip(values, values[1:]))  # minus exploitability only rises
+    assert len(values) >= 3 and all(b > a for a, b in itertools.pairwise(values))  # minus exploitability only rises
     assert -result.test.mean < 0.05 < -result.baseline_test.mean  # from 0.458 (uniform) to below 0.05
     jobs = [e.payload for e in events if e.type.value == "training_finished"]
     assert jobs and all(j["error"] is None for j in jobs) and jobs[-1]["outputs"][0]["info"]["iteration"] == 5 * len(jobs)

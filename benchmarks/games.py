@@ -1,0 +1,208 @@
+"""Games: exploitability of ratchet's incumbent after each promotion (Kuhn, Leduc poker) against CFR+ alone, and
+Connect Four win rates against each minimax depth as first and second player.
+
+Usage:
+    python benchmarks/games.py poker [--games kuhn_poker leduc_poker] [--iterations 10] [--seconds 120] [--write]
+    python benchmarks/games.py connect_four --run RUN_DIR [--games-per-cell 50] [--write]
+
+``poker``: a ratchet run of the ``cfr`` refiner (CFR+, ``--iterations`` solver iterations per generation, one
+uninterrupted solver line, every checkpoint through the gate) on ``objective = "exploitability"`` for
+``--seconds`` of run time, and beside it OpenSpiel's CFR+ alone (the same Python solver, and the C++
+``pyspiel.CFRPlusSolver``) for the same wall clock. Prints the incumbent's exploitability after each promotion with
+its generation, CFR iterations and seconds, and the solvers' exploitability at those seconds.
+
+``connect_four``: reads a finished ``examples/connect_four`` run (``ratchet run examples/connect_four``) and plays its
+final incumbent against random and minimax at depths 1-4 as first and as second player (``--games-per-cell``
+games each, seeds of the test split), and against every earlier incumbent (the league) from both seats. Prints the
+win / draw / loss table and the league check (no earlier incumbent may beat the final one).
+Writes the tables into benchmarks/RESULTS.md (section "Games") with ``--write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _poker_run(game: str, iterations: int, seconds: float, runs_dir: str) -> list[dict]:
+    """A ratchet cfr run on ``game``; the incumbent after each promotion: generation, CFR iterations, seconds into
+    the run, exploitability."""
+    from ratchet.loop import start_run
+    from ratchet.spec import spec_from_dict
+
+    folder = Path(tempfile.mkdtemp(prefix=f"ratchet-{game}-"))
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(ROOT / "examples/kuhn_poker/make_policy.py"), game, str(folder / "policy.py")],
+                   check=True)
+    spec = spec_from_dict({"name": f"games-{game}", "seed": 0,
+                           "task": {"kind": "game", "game": f"openspiel:{game}", "objective": "exploitability"},
+                           "policy": {"path": "policy.py"},
+                           "refiners": [{"kind": "cfr", "iterations": iterations}],
+                           "planner": {"train_episodes": 1}, "gate": {"validation_episodes": 2, "max_share": 0.5},
+                           "budget": {"wall_clock_s": seconds}, "test": {"episodes": 2},
+                           "execution": {"workers": 1, "episode_timeout_s": 600}}, folder)
+    run_id = f"{game}-{time.strftime('%H%M%S')}"
+    start_run(spec, runs_dir, run_id)
+    events = _events(Path(runs_dir) / run_id)
+    t0 = events[0].time
+    trained, at_generation = 0, {}
+    for e in events:
+        if e.type.value == "training_finished" and not e.payload["error"]:
+            trained = e.payload["outputs"][0]["info"]["iteration"]
+        if e.type.value == "generation_finished":
+            at_generation[e.payload["generation"]] = trained
+    start = next(e.payload for e in events if e.type.value == "episodes_evaluated" and e.payload["split"] == "validation")
+    rows = [{"generation": 0, "iterations": 0, "seconds": 0.0, "exploitability": -start["summary"]["mean"]}]
+    for e in events:
+        if e.type.value == "incumbent_changed":
+            g = e.payload["generation"]
+            rows.append({"generation": g, "iterations": at_generation.get(g, trained), "seconds": e.time - t0,
+                         "exploitability": -e.payload["validation_mean"]})
+    return rows
+
+
+def _events(run_dir: Path) -> list:
+    from ratchet.ledger import SQLiteLedger
+    from ratchet.loop import LEDGER_FILE
+
+    ledger = SQLiteLedger(run_dir / LEDGER_FILE, create=False)
+    try:
+        return ledger.read()
+    finally:
+        ledger.close()
+
+
+def _solver_curve(game_name: str, seconds: float, cpp: bool) -> list[tuple[float, int, float]]:
+    """CFR+ alone: (seconds, iterations, exploitability) at doubling iteration counts within ``seconds``."""
+    import pyspiel
+    from open_spiel.python.algorithms import cfr, exploitability
+
+    game = pyspiel.load_game(game_name)
+    solver = pyspiel.CFRPlusSolver(game) if cpp else cfr.CFRPlusSolver(game)
+    out, it, spent, mark = [], 0, 0.0, 1
+    while spent < seconds:
+        t = time.perf_counter()
+        solver.evaluate_and_update_policy()
+        spent += time.perf_counter() - t
+        it += 1
+        if it == mark:
+            value = (pyspiel.exploitability(game, solver.average_policy()) if cpp
+                     else exploitability.exploitability(game, solver.average_policy()))
+            out.append((spent, it, float(value)))
+            mark *= 2
+    return out
+
+
+def poker(args: argparse.Namespace) -> str:
+    parts = []
+    for game in args.games:
+        rows = _poker_run(game, args.iterations, args.seconds, args.runs_dir)
+        py = _solver_curve(game, args.seconds, cpp=False)
+        cc = _solver_curve(game, args.seconds, cpp=True)
+
+        def at(curve, s):
+            done = [x for x in curve if x[0] <= s]
+            return f"{done[-1][2]:.4g} ({done[-1][1]} it)" if done else "–"
+
+        lines = [(f"### {game}: ratchet cfr ({args.iterations} CFR+ iterations per generation), "
+                 f"{args.seconds:g} s of run time"),
+                 "", ("| promotion | generation | CFR+ iterations | run time (s) | exploitability | "
+                 "CFR+ alone (Python) at that time | CFR+ alone (C++) at that time |"), "|---|---|---|---|---|---|---|"]
+        for i, r in enumerate(rows):
+            lines.append(f"| {i} | {r['generation']} | {r['iterations']} | {r['seconds']:.1f} | "
+                         f"{r['exploitability']:.4g} | {at(py, r['seconds'])} | {at(cc, r['seconds'])} |")
+        rises = sum(b["exploitability"] > a["exploitability"] for a, b in itertools.pairwise(rows))
+        lines.append(f"\nRises from one promotion to the next: {rises}. Solver alone after {args.seconds:g} s: "
+                     f"Python {py[-1][2]:.4g} ({py[-1][1]} it), C++ {cc[-1][2]:.4g} ({cc[-1][1]} it).")
+        parts.append("\n".join(lines))
+        print(parts[-1], flush=True)
+    return "\n\n".join(parts)
+
+
+def connect_four(args: argparse.Namespace) -> str:
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.planner import SeedSplits
+    from ratchet.policy import Candidate
+    from ratchet.tasks import task_from_dict
+    from ratchet.tasks.game import GameTask, Opponent
+
+    run = Path(args.run)
+    events = _events(run)
+    started = next(e.payload for e in events if e.type.value == "run_started")
+    task = task_from_dict(started["task"])
+    assert isinstance(task, GameTask)
+    cands = {e.payload["candidate"]["id"]: e.payload["candidate"] for e in events
+             if e.type.value == "candidate_proposed"}
+    cands[started["start_candidate"]["id"]] = started["start_candidate"]
+    chain = [e.payload for e in events if e.type.value == "incumbent_changed"]
+    final_id = chain[-1]["to"] if chain else None
+    earlier = [c["from"] for c in chain]
+
+    def candidate(cid: str) -> Candidate:
+        return Candidate.from_dict(cands[cid])
+
+    final = candidate(final_id)
+    seeds = SeedSplits(int(started["spec"].get("seed", 0))).seeds("test", 10_000, args.games_per_cell)
+    bots = [o for o in task.opponents if o.candidate_id is None]
+    league = [Opponent(f"incumbent{i}", f"<{cid}>", candidate(cid).source, dict(candidate(cid).params), cid)
+              for i, cid in enumerate(earlier) if cid in cands]
+    table = []
+    ex = ProcessExecutor(episode_timeout_s=300)
+    try:
+        for opp in [*bots, *league]:
+            for seat in (0, 1):
+                single = GameTask(task.game, (opp,), {s: (opp.name,) for s in ("train", "validation", "test")},
+                                  (seat,), task.illegal, task.max_moves)
+                eps = ex.run(single, [Job(final, s) for s in seeds])
+                r = np.array([e.episode_return for e in eps])
+                table.append((opp.name, seat, int((r > 0).sum()), int((r == 0).sum()), int((r < 0).sum()),
+                              sum(e.error is not None for e in eps)))
+                print(table[-1], flush=True)
+    finally:
+        ex.close()
+    lines = [f"### Connect Four: the final incumbent {final_id} of `{run}` ({len(chain)} promotions)", "",
+             "| opponent | candidate plays | wins | draws | losses | errored |", "|---|---|---|---|---|---|"]
+    for name, seat, w, d, lo, err in table:
+        lines.append(f"| {name} | {'first' if seat == 0 else 'second'} | {w} | {d} | {lo} | {err} |")
+    beaten = [name for name, seat, w, d, lo, err in table if name.startswith("incumbent") and lo > w]
+    lines.append(f"\nEarlier incumbents that beat the final one (more losses than wins from a seat): "
+                 f"{', '.join(sorted(set(beaten))) or 'none'}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("poker")
+    p.add_argument("--games", nargs="*", default=["kuhn_poker", "leduc_poker"])
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
+    p.add_argument("--write", action="store_true")
+    c = sub.add_parser("connect_four")
+    c.add_argument("--run", required=True)
+    c.add_argument("--games-per-cell", type=int, default=50)
+    c.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    body = poker(args) if args.what == "poker" else connect_four(args)
+    if args.write:
+        import sys
+
+        from _common import machine, write_section
+
+        write_section(f"Games: {args.what}", f"Command: `python benchmarks/games.py {' '.join(sys.argv[1:])}`\n\n"
+                                             f"Machine: {machine()}\n\n{body}")
+
+
+if __name__ == "__main__":
+    main()
