@@ -132,7 +132,6 @@ def connect_four(args: argparse.Namespace) -> str:
     from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
     from ratchet.planner import SeedSplits
-    from ratchet.policy import Candidate
     from ratchet.tasks import task_from_dict
     from ratchet.tasks.game import GameTask, Opponent
 
@@ -141,21 +140,19 @@ def connect_four(args: argparse.Namespace) -> str:
     started = next(e.payload for e in events if e.type.value == "run_started")
     task = task_from_dict(started["task"])
     assert isinstance(task, GameTask)
-    cands = {e.payload["candidate"]["id"]: e.payload["candidate"] for e in events
-             if e.type.value == "candidate_proposed"}
-    cands[started["start_candidate"]["id"]] = started["start_candidate"]
-    chain = [e.payload for e in events if e.type.value == "incumbent_changed"]
-    final_id = chain[-1]["to"] if chain else None
-    earlier = [c["from"] for c in chain]
+    from ratchet.ledger.projection import project
 
-    def candidate(cid: str) -> Candidate:
-        return Candidate.from_dict(cands[cid])
+    state = project(events)
+    chain = [e.payload for e in events if e.type.value == "incumbent_changed"]
+    final_id = state.incumbent_id
+    earlier = [c["from"] for c in chain]
+    candidate = state.candidate
 
     final = candidate(final_id)
     seeds = SeedSplits(int(started["spec"].get("seed", 0))).seeds("test", 10_000, args.games_per_cell)
     bots = [o for o in task.opponents if o.candidate_id is None]
-    league = [Opponent(f"incumbent{i}", f"<{cid}>", candidate(cid).source, dict(candidate(cid).params), cid)
-              for i, cid in enumerate(earlier) if cid in cands]
+    league = [Opponent(f"incumbent{i}", f"<{cid}>", candidate(cid).source, _plain(candidate(cid).params), cid)
+              for i, cid in enumerate(earlier)]
     table = []
     ex = ProcessExecutor(episode_timeout_s=300)
     try:
@@ -178,6 +175,11 @@ def connect_four(args: argparse.Namespace) -> str:
     lines.append(f"\nEarlier incumbents that beat the final one (more losses than wins from a seat): "
                  f"{', '.join(sorted(set(beaten))) or 'none'}.")
     return "\n".join(lines)
+
+
+def _plain(params) -> dict:
+    """Parameter values as JSON-ready numbers and lists (an opponent's params)."""
+    return {k: np.asarray(v).tolist() for k, v in params.items()}
 
 
 def main() -> None:
