@@ -367,6 +367,17 @@ def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_
     assert "league1" in met  # the retired incumbent plays as an opponent, sandboxed like the others
     league_game = next((e.payload["candidate_id"], ep["seed"]) for e in later for ep in e.payload["episodes"]
                        if ep["diagnostics"]["opponent"] == "league1")
+    dying = Dying(die_after=len(events) // 3)  # killed midway, then resumed: the league grows the same way
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "b", run_id="l", executor=dying)
+    dying.close()
+    ex = ProcessExecutor(workers=1, episode_timeout_s=30)
+    try:
+        resume_run("l", tmp_path / "b", executor=ex)
+    finally:
+        ex.close()
+    assert [e.payload["meta_strategy"] for e in read_events(tmp_path / "b" / "l") if e.type.value == "task_updated"] \
+        == [u["meta_strategy"] for u in updates]
     from typer.testing import CliRunner
 
     from ratchet.cli import app
@@ -374,8 +385,13 @@ def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_
     res = CliRunner().invoke(app, ["replay", "l", "--runs-dir", str(tmp_path / "a"), "--seed", str(league_game[1]),
                                    "--candidate", league_game[0]])
     assert res.exit_code == 0 and "match: identical return and length" in res.output, res.output
+    res = CliRunner().invoke(app, ["replay", "l", "--runs-dir", str(tmp_path / "a"), "--seed", str(league_game[1]),
+                                   "--candidate", league_game[0], "--video", str(tmp_path / "x.gif")])
+    assert res.exit_code == 1 and "no frames to record" in res.output and not (tmp_path / "x.gif").exists()
     res = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["show", "l", "--runs-dir", str(tmp_path / "a")])
     assert res.exit_code == 0 and "league payoffs" in res.output and "meta-strategy now" in res.output, res.output
+    res = CliRunner().invoke(app, ["report", "l", "--runs-dir", str(tmp_path / "a"), "--no-videos"])
+    assert res.exit_code == 0 and "<h2>League</h2>" in (tmp_path / "a" / "l" / "report.html").read_text()
 
 
 KUHN_POLICY = Path(__file__).parent.parent / "examples" / "kuhn_poker" / "policy.py"

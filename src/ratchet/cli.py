@@ -605,9 +605,11 @@ def replay(run: str = typer.Argument(..., help="Run id or run directory."),
                                    f"include {hint}")
         task = _task_of(st, where)  # as it was then: a game's league may have grown since
         if video is not None:
-            if task.spaces()[0] is None:
-                raise RatchetError(f"--video: {task.name} is an evaluator task, with no frames to record; its "
-                                   "instances' diagnostics are in `ratchet critique` and the report")
+            try:
+                task.make_env(render_mode="rgb_array").close()
+            except TaskError:  # an evaluator's instances, a game's board: no environment to render
+                raise RatchetError(f"--video: {task.name} has no environment, so no frames to record; its episodes' "
+                                   "diagnostics are in `ratchet critique` and the report") from None
             if video.suffix.lower() not in (".gif", ".mp4"):
                 raise RatchetError(f"--video must end in .gif or .mp4, got {video.name}")
             _check_output(video, force, "--video")

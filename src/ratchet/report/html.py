@@ -50,10 +50,23 @@ def _payoff_table(state: RunState) -> str:
     body = "".join(f"<tr><td style='text-align:left'>{_esc(o['opponent'])}</td><td>{o['n']}</td>"
                    f"<td>{_fmt(o['start_mean'])}</td><td>{_fmt(o['final_mean'])}</td>"
                    f"<td>{o['wins']} / {o['draws']} / {o['losses']}</td></tr>" for o in rows)
-    return ("<h2>Test payoff by opponent</h2><p>Mean payoff of the starting policy and of the final incumbent against "
-            "each test opponent (worst first), and the final incumbent's wins / draws / losses.</p>"
-            "<table><tr><th>opponent</th><th>episodes</th><th>start</th><th>final</th><th>W / D / L</th></tr>"
-            f"{body}</table>")
+    out = ("<h2>Test payoff by opponent</h2><p>Mean payoff of the starting policy and of the final incumbent against "
+           "each test opponent (worst first), and the final incumbent's wins / draws / losses.</p>"
+           "<table><tr><th>opponent</th><th>episodes</th><th>start</th><th>final</th><th>W / D / L</th></tr>"
+           f"{body}</table>")
+    if state.league and state.league[-1].get("rows"):  # a self-play league: its last payoff table and meta-strategy
+        last = state.league[-1]
+        weights = last.get("meta_strategy") or {}
+        head = "".join(f"<th>{_esc(c)}</th>" for c in last["columns"])
+        table = "".join(f"<tr><td style='text-align:left'>{_esc(r)}</td>" + "".join(f"<td>{x:+.2f}</td>" for x in row)
+                       + "</tr>" for r, row in zip(last["rows"], last["table"]))
+        meta = "".join(f"<td>{weights.get(c, 0.0):.2f}</td>" for c in last["columns"])
+        out += (f"<h2>League</h2><p>{len(state.league)} earlier incumbent(s) joined the training opponents. The league's "
+                "payoff table at the last promotion (rows: incumbents, by candidate id; columns: training opponents; "
+                "mean training payoff), and the meta-strategy training opponents are drawn from.</p>"
+                f"<table><tr><th>incumbent</th>{head}</tr>{table}<tr><td style='text-align:left'><b>meta-strategy</b>"
+                f"</td>{meta}</tr></table>")
+    return out
 
 
 def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
