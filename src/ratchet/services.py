@@ -586,19 +586,13 @@ class RunServices:
         self._incumbents.append(best.id)
         payoffs = {cid: {opp: acc[0] / acc[1] for opp, acc in self._payoffs[cid].items() if acc[1]}
                    for cid in self._incumbents if cid in self._payoffs}
-        updated = self.task.after_promotion(retired, payoffs)
+        updated, notes = self.task.after_promotion(retired, payoffs)
         if updated is self.task:
             return
         self.task = updated
-        league: dict[str, Any] = {}
-        table_of = getattr(updated, "payoff_table", None)
-        if callable(table_of):
-            rows, cols, table = table_of(payoffs)
-            league = {"rows": rows, "columns": cols, "table": table.round(4).tolist(),
-                      "meta_strategy": dict(getattr(updated, "weights", None) or {})}
         self.record(EventType.TASK_UPDATED, f"task/{label}/{retired.id}",
                     {"generation": generation, "retired": retired.id, "incumbent": best.id,
-                     "task": updated.to_dict(), **league})
+                     "task": updated.to_dict(), **notes})
 
     def validate(self, generation: int, best: Candidate, incumbent: Candidate,
                  inc_val: Evaluation, cap: int | None = None) -> tuple[Any, Evaluation, Evaluation]:

@@ -113,7 +113,7 @@ class CFRRefiner(Refiner):
         if _info_states(ctx.program.source) != order:
             raise SpecError(f"[[refiners]] {name}: the policy's INFO_STATES must list the game's {len(order)} "
                             "information states in OpenSpiel's TabularPolicy order (as make_policy.py writes them)")
-        self.n_states = len(order)
+        self.n_states, self.n_actions = table.action_probability_array.shape
         self.low = float(np.min(param.low))
         self.high = float(np.max(param.high))
         self._line: set[str] = set()  # the candidates on the current line: its start and its checkpoints
@@ -144,7 +144,12 @@ class CFRRefiner(Refiner):
         out = result.outputs[0]
         self._state = out.info["artifacts"]["state"]
         with np.load(io.BytesIO(out.artifacts["logits"]), allow_pickle=False) as z:
-            logits = np.clip(z["logits"], self.low, self.high)
+            logits = np.asarray(z["logits"], dtype=np.float64)
+        if logits.shape != (self.n_states, self.n_actions):  # the sandboxed job's answer, checked before use
+            self._errors.append(f"the job answered logits of shape {list(logits.shape)}, expected "
+                                f"{[self.n_states, self.n_actions]}")
+            return []
+        logits = np.clip(logits, self.low, self.high)
         cand = Candidate.create(parent.source, {**dict(parent.params), "logits": logits.tolist()},
                                 parent_id=parent.id, refiner=self.name)
         self._line.add(cand.id)

@@ -99,11 +99,13 @@ class Task(Protocol):
         none. Executors run it sandboxed, like the candidate, and pass ``opponents=`` (a
         :class:`~ratchet.tasks.game.OpponentHandles`) to :meth:`run_episode` when it is not empty."""
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> Task:
+    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Task, dict[str, Any]]:
         """The task once ``retired`` (the incumbent :class:`~ratchet.policy.Candidate` a promotion replaced) left the
-        incumbency: itself, unless the task grows with the run (a game's self-play league adds it to the training
-        opponents). ``payoffs``: each incumbent's mean training return per opponent, by candidate id (empty for tasks
-        without opponents). The loop records a changed task (``task_updated``) and evaluates with it from then on."""
+        incumbency, and JSON-ready notes on the change: ``(self, {})`` unless the task grows with the run (a game's
+        self-play league adds it to the training opponents; its notes are the payoff table and meta-strategy).
+        ``payoffs``: each incumbent's mean training return per opponent, by candidate id (empty for tasks without
+        opponents). The loop records a changed task with its notes (``task_updated``) and evaluates with it from
+        then on."""
 
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:

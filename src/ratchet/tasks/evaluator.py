@@ -336,9 +336,9 @@ class EvaluatorTask:
         unless it also holds the Python installation or the project (then left visible)."""
         return (str(Path(self.path).parent),)
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> Self:
-        """Itself: an evaluator does not change with the run."""
-        return self
+    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Self, dict[str, Any]]:
+        """Itself, no notes: an evaluator does not change with the run."""
+        return self, {}
 
     def opponent_sources(self) -> dict[str, str]:
         """``{}``: an evaluator scores one policy."""

@@ -469,7 +469,8 @@ class GameTask:
 
     # -- the league ------------------------------------------------------------------------------------
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> GameTask:
+    def after_promotion(self, retired: Any,
+                        payoffs: Mapping[str, Mapping[str, float]]) -> tuple[GameTask, dict[str, Any]]:
         """The task once ``retired`` (a :class:`~ratchet.policy.Candidate`, the incumbent just replaced) left the
         incumbency: with ``league``, it joins the training pool as ``"league<k>"`` and the training opponents'
         weights become the meta-strategy of :meth:`payoff_table` (:func:`meta_strategy`); otherwise (or for a
@@ -478,14 +479,18 @@ class GameTask:
         Args:
             retired: The incumbent replaced.
             payoffs: Each incumbent's mean training payoff per opponent name, by candidate id.
+
+        Returns:
+            ``(task, notes)``: notes ``rows``, ``columns``, ``table`` (:meth:`payoff_table`) and ``meta_strategy`` of a
+            grown league; ``(self, {})`` when nothing changed.
         """
         if not self.league or retired.kind != "program" or retired.artifacts:
-            return self
+            return self, {}
         if any(o.candidate_id == retired.id for o in self.opponents):
-            return self
+            return self, {}
         members = [o for o in self.opponents if o.candidate_id is not None]
         if len(self.opponents) >= MAX_OPPONENTS:
-            return self
+            return self, {}
         joined = Opponent(f"league{len(members) + 1}", f"<incumbent {retired.id}>", retired.source,
                           _jsonable(retired.params), retired.id)
         grown = GameTask(self.game, (*self.opponents, joined), {**self.pools, "train": (*self.pools["train"], joined.name)},
@@ -493,8 +498,9 @@ class GameTask:
                          self.league, None)
         rows, cols, table = grown.payoff_table(payoffs)
         weights = dict(zip(cols, meta_strategy(table).tolist(), strict=True)) if rows else None
+        notes = {"rows": rows, "columns": cols, "table": table.round(4).tolist(), "meta_strategy": dict(weights or {})}
         return GameTask(grown.game, grown.opponents, grown.pools, grown.seats, grown.illegal, grown.max_moves,
-                        grown.success_threshold, grown.game_kwargs, grown.label, grown.league, weights)
+                        grown.success_threshold, grown.game_kwargs, grown.label, grown.league, weights), notes
 
     def payoff_table(self, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[str], np.ndarray]:
         """The league's empirical payoff table: rows the league's members and the incumbents that have training

@@ -91,9 +91,9 @@ class GymTask:
         """None: the environment is a library, and its files hold nothing a policy could use to forge a return."""
         return ()
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> Self:
-        """Itself: a Gymnasium environment does not change with the run."""
-        return self
+    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Self, dict[str, Any]]:
+        """Itself, no notes: a Gymnasium environment does not change with the run."""
+        return self, {}
 
     def opponent_sources(self) -> dict[str, str]:
         """``{}``: a single-agent environment has no opponents."""
