@@ -19,7 +19,7 @@ LAYERS = [
     "services",
     "planner", "spec", "shortlist",
     "refiners",
-    "data", "runs",
+    "data", "runs", "metrics",
     "gate", "proposals",
     "execution",
     "task",  # ratchet.task: the names older code imports, from tasks/

@@ -32,6 +32,7 @@ from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
+from ratchet.metrics import check_logging, metrics_tap
 from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits
 from ratchet.policy import (
     SOURCE_KINDS,
@@ -505,6 +506,12 @@ class _Run(RunServices):
 
 
 def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:
+    # [logging]: the run's progress function, chained behind a tap that writes the ledger's new generation events
+    # as scalars (ratchet.metrics); the loop itself knows no writer
+    metrics = metrics_tap(run.spec.logging.tensorboard, started_event(run.ledger).payload["run_id"], run.ledger,
+                          run.progress)
+    if metrics is not None:
+        run.progress = metrics
     try:
         return run.run()
     except (KeyboardInterrupt, WriterLeaseError):  # a lost lease: another process writes the run now
@@ -514,6 +521,8 @@ def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) ->
             run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
         raise
     finally:
+        if metrics is not None:
+            metrics.close()  # the events since the last generation (the test means) first; never raises
         lease.release()
         run.ledger.close()
         if close_executor:
@@ -537,7 +546,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             ``gated``, ``promoted``, ``gate_note`` (why no gate ran, or the gate's verdict, one line),
             ``usage`` (:class:`ratchet.planner.Usage`: env steps, episodes, validation env steps,
             seconds), ``budget`` (the spec's ``[budget]``) and more (see the ``generation_finished``
-            event). :class:`ratchet.progress.ProgressPrinter` prints it as ``ratchet run`` does.
+            event). :class:`ratchet.progress.ProgressPrinter` prints it as ``ratchet run`` does. With
+            ``[logging] tensorboard`` in the spec, each generation's scalars are written first
+            (:mod:`ratchet.metrics`), for a resumed run (:func:`resume_run`) too.
         storage: Where the ledger goes: None for ``ledger.sqlite`` in the run directory, or a database
             URL (``postgresql://USER@HOST/DB``, ``sqlite:///PATH``) shared by many runs; the run directory
             then holds a ``ledger.json`` pointer to it (without the password).
@@ -547,12 +558,14 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
 
     Raises:
         SpecError: the spec is invalid (checked again here: ``model_copy`` skips validation), e.g. its
-            budget cannot pay for the starting policy's first validation.
+            budget cannot pay for the starting policy's first validation, or its ``[logging] tensorboard``
+            folder cannot be written (or tensorboardX is not installed).
         PolicyError: the policy file is invalid.
         LedgerError: bad storage URL or unreachable database.
         RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
     """
     spec_from_dict(spec.to_dict(), spec.base_dir)
+    check_logging(spec.logging.tensorboard)
     task = task_from_spec(spec.task)
     spaces = task.spaces()  # the environment, made once with no policy code: setup problems fail here, in one line
     SeedSplits(spec.seed, task.seed_pools()).check_sizes(spec.gate.validation_episodes, spec.test.episodes,

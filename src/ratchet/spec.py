@@ -422,6 +422,17 @@ class ExecutionSpec(_Section):
                                    "policy).")
 
 
+class LoggingSpec(_Section):
+    """``[logging]``: where each generation's scalars go besides the ledger (see :mod:`ratchet.metrics`). The
+    ledger stays the record; these are outputs made from it."""
+
+    tensorboard: str | None = Field(
+        None, min_length=1, description="Folder for TensorBoard event files, relative to the spec file's folder; "
+                                        "each run writes to its own subfolder named by its run id (as "
+                                        "Stable-Baselines3's tensorboard_log), with the run's env steps as "
+                                        "global_step. Needs pip install \"policy-ratchet[logging]\".")
+
+
 #: Episode budgets up to this size get defaults sized to them (see ``RunSpec._size_to_a_small_budget``).
 SMALL_EPISODE_BUDGET = 1000
 
@@ -444,6 +455,7 @@ class RunSpec(_Section):
     budget: BudgetSpec = BudgetSpec()
     test: TestSpec = TestSpec()
     execution: ExecutionSpec = ExecutionSpec()
+    logging: LoggingSpec = LoggingSpec()
     base_dir: str = Field(".", exclude=True)
 
     @model_validator(mode="before")
@@ -696,6 +708,10 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
     task = data.get("task")
     if isinstance(task, dict) and isinstance(task.get("evaluator"), str) and task["evaluator"]:
         data = {**data, "task": {**task, "evaluator": str((Path(base_dir) / task["evaluator"]).resolve())}}
+    logging = data.get("logging")
+    if isinstance(logging, dict) and isinstance(logging.get("tensorboard"), str) and logging["tensorboard"]:
+        folder = (Path(base_dir) / Path(logging["tensorboard"]).expanduser()).resolve()
+        data = {**data, "logging": {**logging, "tensorboard": str(folder)}}
     if isinstance(task, dict) and isinstance(task.get("opponents"), dict):
         data = {**data, "task": {**data["task"], "opponents": {
             name: _resolved_opponent(entry, base_dir) for name, entry in task["opponents"].items()}}}
@@ -811,7 +827,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
-            unknown env id, or a missing policy file.
+            unknown env id, a missing policy file, or a ``[logging] tensorboard`` folder that cannot be
+            written (or tensorboardX not installed).
     """
     p = Path(path)
     if p.is_dir():
@@ -843,6 +860,10 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         path_set = [o for o in overrides if o.partition("=")[0].strip() == "policy.path"]
         where = f"--set {path_set[-1]!r}" if path_set else str(p)
         raise SpecError(f"{where}: [policy] path: file not found: {spec.policy_path}; point it at your {what}")
+    from ratchet.metrics import check_logging
+
+    set_here = [o for o in overrides if o.partition("=")[0].strip() == "logging.tensorboard"]
+    check_logging(spec.logging.tensorboard, f"--set {set_here[-1]!r}" if set_here else str(p))
     from ratchet.refiners.registry import arm_names, refiner_kind
 
     entries = spec.refiner_entries()
