@@ -786,18 +786,30 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
 
 @app.command()
 def export(run: str = typer.Argument(..., help="Run id or run directory."),
-           output: Path = typer.Option(..., "-o", "--output",
-                                       help="File to write: the policy .py (program), the model .zip (sb3); an mlp "
-                                            "writes STEM.py + STEM.npz, a residual STEM.py + STEM_correction.npz + "
-                                            "STEM_residual.py."),
+           output: Path | None = typer.Option(None, "-o", "--output",
+                                              help="File to write: the policy .py (program), the model .zip (sb3); an "
+                                                   "mlp writes STEM.py + STEM.npz, a residual STEM.py + "
+                                                   "STEM_correction.npz + STEM_residual.py."),
            candidate: str | None = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
            runs_dir: str = RUNS_DIR_OPT,
            force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
-           storage: str | None = STORAGE_OPT) -> None:
+           storage: str | None = STORAGE_OPT,
+           tensorboard: Path | None = typer.Option(
+               None, "--tensorboard", help="Write the run's scalars from its ledger (each generation, each gate "
+                                           "decision, the test means) as TensorBoard event files in DIR/RUN_ID, as "
+                                           "[logging] tensorboard does while a run goes; points already there are "
+                                           "skipped. With or without -o.")) -> None:
     """Write the refined policy back in the form it came in: a policy file whose defaults are the refined
-    values, an SB3 .zip, or a network's .npz with a standalone NumPy program (see ratchet.policies.export)."""
+    values, an SB3 .zip, or a network's .npz with a standalone NumPy program (see ratchet.policies.export).
+    With --tensorboard, write the run's scalars for TensorBoard (see ratchet.metrics)."""
     from ratchet.policies.export import export_candidate, export_paths
 
+    if output is None:
+        if tensorboard is None:
+            _fail(RatchetError("give -o FILE (the refined policy), --tensorboard DIR (the run's scalars), or both"))
+            return
+        _export_scalars(run, runs_dir, storage, tensorboard)
+        return
     try:
         st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
@@ -817,6 +829,34 @@ def export(run: str = typer.Argument(..., help="Run id or run directory."),
         return
     for path in paths:
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    if tensorboard is not None:
+        _export_scalars(run, runs_dir, storage, tensorboard)
+
+
+def _export_scalars(run: str, runs_dir: str, storage: str | None, folder: Path) -> None:
+    """``ratchet export --tensorboard``: the run's scalars into ``folder/RUN_ID`` (:func:`ratchet.metrics.write_run_scalars`)."""
+    from ratchet.loop import open_run
+    from ratchet.metrics import write_run_scalars
+    from ratchet.runs import started_event
+
+    try:
+        ledger, _ = open_run(run, runs_dir, storage=storage, readonly=True)
+        try:
+            events = ledger.read()
+            run_id = started_event(ledger).payload["run_id"]
+        finally:
+            ledger.close()
+        target = folder / run_id
+        try:
+            n = write_run_scalars(events, target)
+        except OSError as exc:
+            raise RatchetError(f"--tensorboard: cannot write {target}: {exc.strerror or exc}; give a folder you can "
+                               "write to") from None
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    what = f"{n} point{'s' if n != 1 else ''}" if n else "nothing new (every point is there already)"
+    out.print(f"wrote {what} to {target} (tensorboard --logdir {folder})", highlight=False, soft_wrap=True)
 
 
 _CORRECT_HELP = "\n\n".join((  # noqa: FLY002 - one paragraph per string: Typer keeps a docstring's line breaks
