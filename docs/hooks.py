@@ -13,10 +13,13 @@ import inspect
 import re
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 SPEC_MARKER = "<!-- generated: spec reference -->"
 CLI_MARKER = "<!-- generated: cli reference -->"
+LAYERS_MARKER = "<!-- generated: layers -->"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # --- spec reference ---------------------------------------------------------------------------------------------
@@ -193,6 +196,23 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
+# --- the layer stack -----------------------------------------------------------------------------------------
+
+def layers() -> str:
+    """The layer stack of ``tests/test_layers.py`` (its ``LAYERS`` list, top first), one line per layer as a code
+    block; parts the test's source lists on one line are peers and share a line here."""
+    import ast
+
+    source = (ROOT / "tests" / "test_layers.py").read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYERS" for t in node.targets):
+            rows: dict[int, list[str]] = {}
+            for elt in node.value.elts:  # type: ignore[attr-defined]
+                rows.setdefault(elt.lineno, []).append(elt.value)
+            return "```\n" + "\n".join(" / ".join(r) for r in rows.values()) + "\n```\n"
+    raise RuntimeError("tests/test_layers.py has no LAYERS list")
+
+
 # --- mkdocs hook ------------------------------------------------------------------------------------------------
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -201,4 +221,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(SPEC_MARKER, spec_reference())
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
+    if LAYERS_MARKER in markdown:
+        markdown = markdown.replace(LAYERS_MARKER, layers())
     return markdown
