@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ratchet"
 LAYERS = [
     "cli",
     "ratchet",  # the package's public API (__init__)
-    "report", "correct", "progress", "advice",
+    "dashboard", "report", "correct", "progress", "advice",
     "correction_round",
     "loop",
     "services",
@@ -29,7 +29,7 @@ LAYERS = [
     "rollout",
     "processes", "npz", "safefile", "text", "errors",
 ]
-_PACKAGES = {"execution", "ledger", "policies", "refiners", "report", "tasks"}
+_PACKAGES = {"dashboard", "execution", "ledger", "policies", "refiners", "report", "tasks"}
 
 
 def part_of(module: str) -> str:

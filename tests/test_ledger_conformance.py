@@ -120,6 +120,22 @@ def test_order_and_read_from_seq(store):
     led.close()
 
 
+def test_read_by_type_and_tail(store):
+    run = store.run_id("types")
+    led = store.open(run)
+    assert led.tail() is None and led.tail([EventType.RUN_FINISHED]) is None
+    for i in range(6):
+        kind = EventType.GENERATION_FINISHED if i % 2 else EventType.CANDIDATE_PROPOSED
+        led.append(kind, f"e/{i}", {"i": i})
+    gens = led.read(types=[EventType.GENERATION_FINISHED])
+    assert [e.payload["i"] for e in gens] == [1, 3, 5] and [e.seq for e in gens] == [2, 4, 6]
+    assert [e.seq for e in led.read(from_seq=3, types={EventType.CANDIDATE_PROPOSED})] == [5]
+    assert led.read(types=[]) == [] and len(led.read(types=None)) == 6
+    assert led.tail().seq == 6 and led.tail([EventType.CANDIDATE_PROPOSED]).payload == {"i": 4}
+    assert led.tail([EventType.RUN_FAILED]) is None
+    led.close()
+
+
 def test_persistence_across_reopen(store):
     run, led = store.with_events("reopen", 5)
     before = led.read()

@@ -135,6 +135,10 @@ def _print_result(run_dir: Path, state) -> None:
     for line in run_advice(state) if state.status == "finished" else []:  # as `ratchet show` and the report
         out.print(f"advice: {_safe(line, 1000)}", highlight=False, soft_wrap=True)
     out.print(f"run directory: {run_dir}", highlight=False, soft_wrap=True)
+    tensorboard = ((state.spec or {}).get("logging") or {}).get("tensorboard")  # [logging] tensorboard
+    if isinstance(tensorboard, str):
+        out.print(f"tensorboard: {Path(tensorboard) / state.run_id} (see it with `tensorboard --logdir "
+                  f"{tensorboard}`)", highlight=False, soft_wrap=True)
 
 
 def _success_rule(state) -> str | None:
@@ -291,6 +295,31 @@ def _print_runs(rows: list[tuple[str, ...]]) -> None:
 
 def _num(x: Any) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+@app.command()
+def dashboard(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT,
+              host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on. The default serves this "
+                                       "machine only; the URL's token is the page's only protection elsewhere."),
+              port: int = typer.Option(0, "--port", min=0, max=65535, help="Port to listen on (0: a free one).")) -> None:
+    """Serve a live, read-only web page over the runs' ledgers: every run, one run's curves and decisions, two runs
+    side by side. Prints the URL (with its token) and serves until Ctrl-C."""
+    try:
+        from ratchet.dashboard import DashboardServer
+    except ImportError as exc:
+        _fail(RatchetError(f"the dashboard needs starlette and uvicorn ({exc}): pip install starlette uvicorn"))
+        return
+    try:
+        server = DashboardServer(runs_dir, storage, host, port)
+    except RatchetError as exc:
+        _fail(exc)
+        return
+    except OSError as exc:
+        _fail(RatchetError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port"))
+        return
+    out.print(f"ratchet dashboard over {server.dashboard.source.where}: {server.url}", highlight=False, soft_wrap=True)
+    out.print("(read-only; Ctrl-C stops it)", highlight=False)
+    server.run()
 
 
 @app.command()

@@ -8,6 +8,7 @@ also keeps its runs' writer leases (:mod:`ratchet.ledger.lease`): one writer per
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.ledger.events import Event, EventType
@@ -41,8 +42,12 @@ class LedgerStore(Protocol):
     def get(self, key: str) -> Event | None:
         """The event with this key, or None."""
 
-    def read(self, from_seq: int = 0) -> list[Event]:
-        """Events after ``from_seq`` in order."""
+    def read(self, from_seq: int = 0, types: Collection[EventType] | None = None) -> list[Event]:
+        """Events after ``from_seq`` in order; with ``types``, only events of those types (a reader that needs a
+        few kinds, such as ``ratchet dashboard``, skips the rest in the store)."""
+
+    def tail(self, types: Collection[EventType] | None = None) -> Event | None:
+        """The newest event (of ``types``, when given), or None when there is none."""
 
     def put_artifact(self, data: bytes) -> str:
         """Store immutable bytes (idempotent); returns their SHA-256 hex digest (:mod:`ratchet.ledger.artifacts`)."""

@@ -383,14 +383,23 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                                   "correction test": st.correction_env_steps["test"]}
     if st.status != "finished" and events:
         st.wall_clock_s = active_seconds(events)
-        if st.status == "running" and lease is not None:
-            from ratchet.ledger.lease import writer_dead_here
-
-            st.writer = lease.to_json()
-            if lease.released or writer_dead_here(lease):
-                st.status = "interrupted"
-            elif lease.expired:
-                st.status = "stale"
-        elif st.status == "running" and not _pid_alive(pid, host):
-            st.status = "interrupted"
+        st.status, st.writer = live_status(st.status, pid, host, lease)
     return st
+
+
+def live_status(status: str, pid: int | None, host: str | None,
+                lease: LeaseInfo | None) -> tuple[str, dict[str, Any] | None]:
+    """``(status, writer)`` of a run whose events say ``status`` (``"running"`` until it finished or failed): a
+    running run's writer lease decides whether it still runs (lease live), is ``stale`` (expired) or
+    ``interrupted`` (released, or its holder's process is gone from this host); without a lease, the writer
+    ``pid`` on ``host`` (from ``run_started``/``run_resumed``) is checked when it is on this host. ``writer`` is
+    the lease (:meth:`~ratchet.ledger.lease.LeaseInfo.to_json`) or None."""
+    if status != "running":
+        return status, None
+    if lease is not None:
+        from ratchet.ledger.lease import writer_dead_here
+
+        if lease.released or writer_dead_here(lease):
+            return "interrupted", lease.to_json()
+        return ("stale" if lease.expired else "running"), lease.to_json()
+    return ("running" if _pid_alive(pid, host) else "interrupted"), None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,8 @@ from ratchet.ledger.events import Event, EventType
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseHolder, LeaseInfo
 
-__all__ = ["ARTIFACTS_TABLE", "LEASES_TABLE", "TABLE", "SQLAlchemyLedger", "database_url", "display_url", "list_runs"]
+__all__ = ["ARTIFACTS_TABLE", "LEASES_TABLE", "TABLE", "SQLAlchemyLedger", "database_url", "display_url", "list_runs",
+           "shared_engine"]
 
 #: Name of the table that holds every run's events.
 TABLE = "ratchet_events"
@@ -218,6 +219,8 @@ class SQLAlchemyLedger:
         run_id: The run whose events this ledger reads and appends (at most 200 characters).
         create: Create the events table if it is missing; with False the run must already have events.
         readonly: Refuse appends (and open the database read-only); the run must already have events.
+        engine: An engine made by :func:`shared_engine` for this URL, shared by many ledgers (a reader of many
+            runs, such as ``ratchet dashboard``, keeps one connection pool); :meth:`close` then leaves it open.
 
     Attributes:
         run_id: The run.
@@ -229,7 +232,8 @@ class SQLAlchemyLedger:
         RunNotFoundError: ``create=False`` or ``readonly`` and the run has no events in the database.
     """
 
-    def __init__(self, url: str, run_id: str, *, create: bool = True, readonly: bool = False) -> None:
+    def __init__(self, url: str, run_id: str, *, create: bool = True, readonly: bool = False,
+                 engine: Engine | None = None) -> None:
         self.url = database_url(url)
         self.run_id = run_id
         self.readonly = readonly
@@ -246,7 +250,8 @@ class SQLAlchemyLedger:
                 raise LedgerError(f"no ledger database at {db}")
             if create and not readonly:
                 Path(db).parent.mkdir(parents=True, exist_ok=True)
-        self._engine = _engine(self.url, readonly)
+        self._owns_engine = engine is None
+        self._engine = _engine(self.url, readonly) if engine is None else engine
         try:
             with self._engine.connect() as conn:
                 has_table = inspect(conn).has_table(TABLE)
@@ -258,10 +263,10 @@ class SQLAlchemyLedger:
                 exists = has_table and conn.execute(
                     select(_events.c.seq).where(_events.c.run_id == run_id).limit(1)).first() is not None
         except sa_exc.DBAPIError as exc:
-            self._engine.dispose()
+            self.close()
             raise LedgerError(_connect_error(shown, exc)) from None
         if (readonly or not create) and not exists:
-            self._engine.dispose()
+            self.close()
             raise RunNotFoundError(f"no run {run_id!r} in {shown}; `ratchet runs --storage URL` lists its runs")
 
     def append_many(self, events: Sequence[tuple[EventType, str, dict[str, Any]]]) -> list[tuple[Event, bool]]:
@@ -334,16 +339,29 @@ class SQLAlchemyLedger:
         rows = self._select(select(*_COLUMNS).where(_events.c.run_id == self.run_id, _events.c.key == key))
         return self._row(rows[0]) if rows else None
 
-    def read(self, from_seq: int = 0) -> list[Event]:
-        """This run's events with ``seq > from_seq``, in order (a gap-free prefix of the run even
-        while other processes append).
+    def read(self, from_seq: int = 0, types: Collection[EventType] | None = None) -> list[Event]:
+        """This run's events with ``seq > from_seq`` (of ``types``, when given), in order (a gap-free prefix of the
+        run even while other processes append).
 
         Raises:
             LedgerError: the database failed or a row is damaged (bad JSON, unknown event type).
         """
-        return [self._row(r) for r in self._select(
-            select(*_COLUMNS).where(_events.c.run_id == self.run_id, _events.c.seq > from_seq)
-            .order_by(_events.c.seq))]
+        stmt = select(*_COLUMNS).where(_events.c.run_id == self.run_id, _events.c.seq > from_seq)
+        if types is not None:
+            stmt = stmt.where(_events.c.type.in_(sorted({EventType(t).value for t in types})))
+        return [self._row(r) for r in self._select(stmt.order_by(_events.c.seq))]
+
+    def tail(self, types: Collection[EventType] | None = None) -> Event | None:
+        """This run's newest event (of ``types``, when given), or None.
+
+        Raises:
+            LedgerError: the database failed or the row is damaged.
+        """
+        stmt = select(*_COLUMNS).where(_events.c.run_id == self.run_id)
+        if types is not None:
+            stmt = stmt.where(_events.c.type.in_(sorted({EventType(t).value for t in types})))
+        rows = self._select(stmt.order_by(_events.c.seq.desc()).limit(1))
+        return self._row(rows[0]) if rows else None
 
     def _select(self, stmt) -> Sequence[Any]:
         try:
@@ -536,8 +554,19 @@ class SQLAlchemyLedger:
                                 "writing so that two writers never interleave one ledger)")
 
     def close(self) -> None:
-        """Close this ledger's database connections."""
-        self._engine.dispose()
+        """Close this ledger's database connections (a shared engine stays open: its maker disposes it)."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+
+def shared_engine(url: str, readonly: bool = True) -> Engine:
+    """One engine (connection pool) for ``url`` that many :class:`SQLAlchemyLedger` instances may share
+    (``engine=``); dispose it when done.
+
+    Raises:
+        LedgerError: bad URL, unknown database kind or its driver is not installed.
+    """
+    return _engine(database_url(url), readonly)
 
 
 def _create_table(engine: Engine) -> None:

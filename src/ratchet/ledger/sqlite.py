@@ -6,7 +6,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,14 @@ CREATE TABLE IF NOT EXISTS lease (
     released INTEGER NOT NULL DEFAULT 0
 )
 """
+
+
+def _type_filter(types: Collection[EventType] | None) -> tuple[str, list[str]]:
+    """An SQL condition (`` AND type IN (?, ...)``) and its arguments for :meth:`SQLiteLedger.read`'s ``types``."""
+    if types is None:
+        return "", []
+    names = sorted({EventType(t).value for t in types})
+    return (f" AND type IN ({', '.join('?' * len(names))})", names) if names else (" AND 0", [])
 
 
 class SQLiteLedger:
@@ -176,18 +184,33 @@ class SQLiteLedger:
             raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return None if row is None else self._row(row)
 
-    def read(self, from_seq: int = 0) -> list[Event]:
-        """All events with ``seq > from_seq``, in order.
+    def read(self, from_seq: int = 0, types: Collection[EventType] | None = None) -> list[Event]:
+        """All events with ``seq > from_seq`` (of ``types``, when given), in order.
 
         Raises:
             LedgerError: the file is damaged (unreadable rows, bad JSON, unknown event types).
         """
+        where, args = _type_filter(types)
         try:
-            rows = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE seq > ? ORDER BY seq",
-                                    (from_seq,)).fetchall()
+            rows = self._db.execute(f"SELECT seq, type, key, time, payload FROM events WHERE seq > ?{where} ORDER BY seq",
+                                    (from_seq, *args)).fetchall()
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return [self._row(r) for r in rows]
+
+    def tail(self, types: Collection[EventType] | None = None) -> Event | None:
+        """The newest event (of ``types``, when given), or None.
+
+        Raises:
+            LedgerError: the file is damaged.
+        """
+        where, args = _type_filter(types)
+        try:
+            row = self._db.execute(f"SELECT seq, type, key, time, payload FROM events WHERE seq > 0{where} "
+                                   "ORDER BY seq DESC LIMIT 1", tuple(args)).fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
+        return None if row is None else self._row(row)
 
     def _row(self, row: tuple) -> Event:
         try:
