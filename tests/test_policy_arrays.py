@@ -236,11 +236,11 @@ def test_shapes_may_name_the_task_sizes():
     assert parse_policy(out, dims={"obs": 3, "act": 1}).defaults["K"] == ((0.25, -0.5, 1.0),)
 
 
-def test_readme_array_snippet_is_valid():
+def test_docs_array_snippet_is_valid():
     import re
 
-    readme = (ROOT / "README.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if '"shape": [8, 2]' in b)
+    page = (ROOT / "docs/how-to/policies/program.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if '"shape": [8, 2]' in b)
     prog = parse_policy(block + "\ndef act(observation, params):\n    return 0\n", dims={"obs": 4, "act": 2})
     assert [p.shape for p in prog.parameters] == [(8, 2), (2,), (2, 4)]
 

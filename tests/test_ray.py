@@ -233,14 +233,14 @@ def test_missing_ray_is_one_line_with_the_install_command(monkeypatch):
         make_executor(backend="ray")
 
 
-def test_readme_ray_snippet_is_a_valid_spec():
+def test_docs_ray_snippet_is_a_valid_spec():
     import re
     import tomllib
 
     from ratchet.spec import spec_from_dict
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (snippet,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if 'backend = "ray"' in b]
+    page = (Path(__file__).resolve().parents[1] / "docs/how-to/ray.md").read_text(encoding="utf-8")
+    (snippet,) = [b for b in re.findall(r"```toml\n(.*?)```", page, re.DOTALL) if 'backend = "ray"' in b]
     table = tomllib.loads(re.sub(r"^# ", "", snippet, flags=re.MULTILINE))["execution"]  # with the commented options
     spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "execution": table})
     assert (spec.execution.backend, spec.execution.address, spec.execution.batch_episodes) == ("ray", "auto", 0)

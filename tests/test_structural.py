@@ -441,12 +441,12 @@ def test_llm_run_records_exchanges_and_resume_never_calls_again(tmp_path, standi
             assert SECRET.encode() not in f.read_bytes(), f
 
 
-def test_readme_structural_snippets_are_valid_refiner_tables():
+def test_docs_structural_snippets_are_valid_refiner_tables():
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL)
+    pages = "".join((root / "docs/how-to/refiners" / f).read_text(encoding="utf-8") for f in ("mutate.md", "llm.md"))
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", pages, re.DOTALL)
               if 'kind = "mutate"' in b or 'kind = "llm"' in b]
     assert len(blocks) == 2
     for block in blocks:

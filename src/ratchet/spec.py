@@ -78,7 +78,8 @@ class TaskSpec(_Section):
                                                 "episode as the candidate's failure, or is replaced by a random "
                                                 "legal move and counted.")
     max_moves: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS, description="kind = \"game\": most moves "
-                                  "(both sides, env steps) per episode; default the game's bound or 1000.")
+                                  "(both sides, env steps) per episode; default the game's bound or 1000.",
+                                  json_schema_extra={"unit": "moves (env steps)"})
     game_kwargs: dict[str, Any] = Field(default_factory=dict, description="kind = \"game\": arguments for "
                                         "pettingzoo.make or pyspiel.load_game.")
     objective: Literal["payoff", "exploitability"] = Field(
@@ -99,11 +100,13 @@ class TaskSpec(_Section):
                                     "evaluator, its module global OPTIONS (e.g. which instances to make).")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
     success_threshold: float | None = Field(None, description="Return (an evaluator's score) at or above which an "
-                                            "episode succeeds; default: the env's reward_threshold.")
+                                            "episode succeeds; default: the env's reward_threshold.",
+                                            json_schema_extra={"unit": "return units"})
     action: Literal["error", "clip"] = Field("error", description="Invalid actions: make the episode an error, or clip.")
     max_episode_steps: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS,
                                           description="Override the env's time limit (env steps per episode); "
-                                                      "required for an env registered without one.")
+                                                      "required for an env registered without one.",
+                                          json_schema_extra={"unit": "env steps"})
     description: str | None = Field(None, min_length=1, max_length=4000,
                                     description="The task's rewards and episode end in words, for the llm "
                                                 "refiner's prompts; default: the Rewards and Episode End sections "
@@ -201,13 +204,17 @@ class PolicySpec(_Section):
     ``normalize``) whose output layer starts at zero, so its correction is exactly zero at first.
     """
 
-    kind: Literal["program", "mlp", "sb3", "residual"] = "program"
+    kind: Literal["program", "mlp", "sb3", "residual"] = Field(
+        "program", description="What the run starts from: \"program\" a policy file (PARAMETERS + act); \"mlp\" a "
+                               "feed-forward network (fresh, or the weights .npz at path); \"sb3\" a Stable-Baselines3 "
+                               "model .zip; \"residual\" the program at path plus a learned correction network.")
     path: str = Field("policy.py", description="Policy file (program, residual base), model .zip (sb3) or "
                                                "weights .npz (mlp; without one a fresh network), relative to the "
                                                "spec file.")
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of an mlp policy "
                                                                            "or a residual correction.")
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: Literal["tanh", "relu"] = Field("tanh", description="Hidden-layer activation of an mlp policy or a "
+                                                                    "residual correction.")
     normalize: Literal["bounds", "none"] = Field("bounds", description="Observation normalisation of a network: "
                                                                      "finite observation bounds mapped to [-1, 1].")
     normalization: str | None = Field(None, description="sb3 only: the VecNormalize statistics (.pkl, written by "
@@ -237,9 +244,11 @@ class RefinerSpec(_Section, CMAESSettings):
     ``train_episodes`` and ``gate_candidate`` are the loop's, not CMA-ES's: they live in ``[planner]`` (written
     here, as older specs do, they move there with a note; read here, they give the planner's values)."""
 
-    kind: Literal["cmaes"] = "cmaes"
+    kind: Literal["cmaes"] = Field("cmaes", description="[refiner] configures CMA-ES only; other kinds go in "
+                                                        "[[refiners]] tables.")
     train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, exclude=True,
-                                description="Moved: [planner] train_episodes (this mirrors it).")
+                                description="Moved: [planner] train_episodes (this mirrors it).",
+                                json_schema_extra={"unit": "episodes"})
     gate_candidate: Literal["mean", "best"] = Field("best", exclude=True,
                                                     description="Moved: [planner] gate_candidate (this mirrors it).")
 
@@ -247,7 +256,8 @@ class RefinerSpec(_Section, CMAESSettings):
 class GateSpec(_Section):
     """``[gate]``: the promotion test on the fixed validation seeds."""
 
-    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided paired test.")
+    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided paired test.",
+                         json_schema_extra={"unit": "probability"})
     test: Literal["t", "wilcoxon", "betting", "group-t"] = Field(
         "t", description="Paired test on the validation seeds: the paired t-test (about the mean return), the "
                          "Wilcoxon signed-rank test (rank based, robust to heavy tails), or a sequential test that "
@@ -256,17 +266,23 @@ class GateSpec(_Section):
                          "(group-sequential t-test).")
     validation_episodes: int = Field(50, ge=2, le=MAX_EPISODES, description="Number of fixed validation seeds "
                                      "(episodes per candidate at each gate; for sequential tests the most a "
-                                     "decision may read).")
-    batch: int = Field(10, ge=2, le=10_000, description="Sequential tests: validation seeds read per look.")
+                                     "decision may read).",
+                                     json_schema_extra={"unit": "episodes"})
+    batch: int = Field(10, ge=2, le=10_000, description="Sequential tests: validation seeds read per look.",
+                       json_schema_extra={"unit": "episodes"})
     min_episodes: int = Field(20, ge=1, le=MAX_EPISODES, description="Sequential tests: seeds read before a "
-                                                                     "futility stop.")
+                                                                     "futility stop.",
+                              json_schema_extra={"unit": "episodes"})
     futility_t: float = Field(0.0, ge=-5, le=5, description="Sequential tests: reject once the running paired t "
                                                             "statistic is at most this (after min_episodes).")
     return_range: list[float] | None = Field(
         None, description="Betting test: (lowest, highest) episode return the task can give (return units); "
-                          "default: 1.5 times the range of the training returns seen so far.")
-    min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).")
-    max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.")
+                          "default: 1.5 times the range of the training returns seen so far.",
+                                             json_schema_extra={"unit": "return units"})
+    min_improvement: float = Field(0.0, ge=0, description="Minimum mean paired gain to promote (return units).",
+                                   json_schema_extra={"unit": "return units"})
+    max_share: float = Field(0.3, gt=0, le=1, description="Largest share of the env-step budget spent on validation.",
+                             json_schema_extra={"unit": "share of env steps"})
     spending: Literal["harmonic", "every", "none"] = Field(
         "harmonic", description="Alpha spending across a run's gate decisions: harmonic (α/(2k(k+1)) for the k-th "
                                 "contested decision) and every (α/(k(k+1)) for the k-th tested one) keep the chance "
@@ -274,12 +290,14 @@ class GateSpec(_Section):
                                 "next decision: the fallback rule); none tests every decision at alpha.")
     max_new_failures: float | None = Field(
         None, ge=0, le=1, description="Reject a candidate that newly fails more than this share of the validation "
-                                      "seeds the incumbent succeeds on, even if its mean is higher.")
+                                      "seeds the incumbent succeeds on, even if its mean is higher.",
+                                           json_schema_extra={"unit": "share of seeds"})
 
     worse_against_any: float | None = Field(
         None, gt=0, lt=1, description="Game tasks: refuse a candidate significantly worse than the incumbent against "
                                       "any single validation opponent (one-sided paired t-test per opponent at this "
-                                      "level over the number of opponents), even if it is better on average.")
+                                      "level over the number of opponents), even if it is better on average.",
+                                            json_schema_extra={"unit": "probability"})
 
     def build(self) -> Any:
         """The gate these settings describe (:func:`ratchet.gate.make_gate`): a fixed-n
@@ -333,14 +351,17 @@ class PlannerSpec(_Section):
     """``[planner]``: how each generation is planned — its training episodes, which contender goes to the
     gate, and where the training seeds come from."""
 
-    train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).")
+    train_episodes: int = Field(5, ge=1, le=MAX_EPISODES, description="Fresh training seeds per generation (episodes per candidate).",
+                                json_schema_extra={"unit": "episodes"})
     gate_candidate: Literal["mean", "best"] = Field(
         "best", description="With decide = \"every\": send the best contender on the training seeds (CMA-ES samples and "
                         "mean) to the gate, or always the mean.")
 
     weakness_share: float = Field(0.0, ge=0, le=1, description="Share of each generation's training seeds drawn "
-                                  "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.")
-    pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.")
+                                  "from seeds the incumbent failed on (weighted by how badly); 0 = fresh seeds only.",
+                                  json_schema_extra={"unit": "share of seeds"})
+    pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.",
+                           json_schema_extra={"unit": "seeds"})
     decide: Literal["powered", "every"] = Field(
         "every", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
                                "shortlist and certifies one only when its expected gain makes the decision likely "
@@ -348,25 +369,33 @@ class PlannerSpec(_Section):
                                "each generation's best contender that beats the incumbent on its training seeds.")
     power: float = Field(0.8, gt=0, lt=1, description="With decide = \"powered\": the chance of passing (normal "
                                                          "approximation, at the next decision's level) a candidate "
-                                                         "needs before validation is spent on it before the end.")
+                                                         "needs before validation is spent on it before the end.",
+                         json_schema_extra={"unit": "probability"})
     confirm_top: int = Field(3, ge=1, le=100, description="With decide = \"powered\": the shortlist's best this many "
-                                                           "are confirmed on fresh training seeds before a decision.")
+                                                           "are confirmed on fresh training seeds before a decision.",
+                             json_schema_extra={"unit": "candidates"})
     confirm_episodes: int | None = Field(None, ge=2, le=MAX_EPISODES, description=(
         "Fresh training seeds per confirmed candidate (and the incumbent, paired); default 4 × train_episodes, "
         "at most [gate] validation_episodes / (confirm_top + 2) (and at least 2). The final decision reads more: "
-        "what the budget leaves once its validation is paid for."))
+        "what the budget leaves once its validation is paid for."),
+                                         json_schema_extra={"unit": "episodes"})
 
 
 class BudgetSpec(_Section):
     """``[budget]``: the run stops at whichever limit comes first."""
 
     env_steps: int | None = Field(None, gt=0, le=10**12, description="Env steps for training and validation "
-                                  "episodes: every step taken to make a decision counts, whatever ended its episode.")
-    episodes: int | None = Field(None, gt=0, le=10**9, description="Training and validation episodes.")
-    wall_clock_s: float | None = Field(None, gt=0, le=10**8, description="Seconds of wall clock.")
-    target: float | None = Field(None, description="Stop once the incumbent's validation mean reaches this.")
+                                  "episodes: every step taken to make a decision counts, whatever ended its episode.",
+                                  json_schema_extra={"unit": "env steps"})
+    episodes: int | None = Field(None, gt=0, le=10**9, description="Training and validation episodes.",
+                                 json_schema_extra={"unit": "episodes"})
+    wall_clock_s: float | None = Field(None, gt=0, le=10**8, description="Seconds of wall clock.",
+                                       json_schema_extra={"unit": "seconds"})
+    target: float | None = Field(None, description="Stop once the incumbent's validation mean reaches this.",
+                                 json_schema_extra={"unit": "return units"})
     patience: int | None = Field(None, gt=0, le=1_000_000,
-                                 description="Stop after this many generations without a promotion.")
+                                 description="Stop after this many generations without a promotion.",
+                                 json_schema_extra={"unit": "generations"})
     pricing: Literal["observed", "worst-case"] = Field(
         "observed", description="How work is priced against the env-step budget: \"observed\" (the mean episode "
                                 "length seen plus 25 %, under the executor's hard cap) or \"worst-case\" (every "
@@ -382,7 +411,8 @@ class BudgetSpec(_Section):
 class TestSpec(_Section):
     """``[test]``: the final, report-only evaluation."""
 
-    episodes: int = Field(100, ge=1, le=MAX_EPISODES, description="Number of test seeds (never used for selection).")
+    episodes: int = Field(100, ge=1, le=MAX_EPISODES, description="Number of test seeds (never used for selection).",
+                          json_schema_extra={"unit": "episodes"})
 
 
 class ExecutionSpec(_Section):
@@ -391,29 +421,39 @@ class ExecutionSpec(_Section):
     backend: Literal["process", "ray"] = Field(
         "process", description='"process": a local pool of sandboxed workers; "ray": Ray tasks (pip install ".[ray]").')
     address: str | None = Field(None, description='Ray only: "auto", "ray://host:10001", or unset to start a local Ray.')
-    batch_episodes: int = Field(0, ge=0, le=MAX_EPISODES, description="Ray only: episodes per Ray task; 0 picks one from the batch.")
+    batch_episodes: int = Field(0, ge=0, le=MAX_EPISODES, description="Ray only: episodes per Ray task; 0 picks one from the batch.",
+                                json_schema_extra={"unit": "episodes"})
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
-                                              "per CPU core.")
-    episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).")
+                                              "per CPU core.",
+                         json_schema_extra={"unit": "processes"})
+    episode_timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="Per-episode wall-clock limit (seconds).",
+                                     json_schema_extra={"unit": "seconds"})
     lockstep_episodes: int = Field(LOCKSTEP_EPISODES, ge=1, le=4096, description="Episodes of one candidate each worker steps at once "
                                    "with trusted rollouts: one message to the policy process per round instead of one "
-                                   "per env step; returns are the same as one at a time (1).")
+                                   "per env step; returns are the same as one at a time (1).",
+                                   json_schema_extra={"unit": "episodes"})
     death_retries: int = Field(1, ge=0, le=10, description="Process backend: times an episode whose worker died (killed "
                                                           "from outside, out of memory, crashed) runs again on a fresh "
-                                                          "worker before the death is the episode's error.")
+                                                          "worker before the death is the episode's error.",
+                               json_schema_extra={"unit": "reruns"})
     training_timeout_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S,
-                                      description="Wall-clock (and CPU-time) limit of one training job (seconds).")
+                                      description="Wall-clock (and CPU-time) limit of one training job (seconds).",
+                                      json_schema_extra={"unit": "seconds"})
     sandbox: bool = Field(True, description="Run policy code under resource limits, a scrubbed environment, a fresh "
                                             "temporary directory and (where the OS allows) no network.")
     require_isolation: bool = Field(False, description="Refuse to run unless policy code gets its own network "
                                                        "namespace.")
     memory_limit_mb: int = Field(Sandbox.memory_limit_mb, ge=1024, le=2**30, description="Address-space limit per worker process (MiB); "
-                                                                     "a worker with Gymnasium loaded maps ≈ 0.5 GiB.")
+                                                                     "a worker with Gymnasium loaded maps ≈ 0.5 GiB.",
+                                 json_schema_extra={"unit": "MiB"})
     cpu_limit_s: int = Field(Sandbox.cpu_limit_s, ge=1, le=10**7, description="CPU-time limit per episode per worker process "
-                                                               "(seconds).")
-    max_open_files: int = Field(Sandbox.max_open_files, ge=32, le=2**20, description="Open-file limit per worker process.")
+                                                               "(seconds).",
+                             json_schema_extra={"unit": "seconds"})
+    max_open_files: int = Field(Sandbox.max_open_files, ge=32, le=2**20, description="Open-file limit per worker process.",
+                                json_schema_extra={"unit": "files"})
     max_processes: int = Field(Sandbox.max_processes, ge=8, le=2**16, description="Processes and threads a worker may hold at once, "
-                                                               "its own included.")
+                                                               "its own included.",
+                               json_schema_extra={"unit": "processes"})
     env_allowlist: list[str] = Field(default_factory=list, description="Extra environment variables passed to "
                                                                         "workers (beyond PATH, HOME, LANG, ...).")
     trusted_rollouts: bool = Field(Sandbox.trusted_rollouts, description="Step the environment in a trusted process "
@@ -447,8 +487,8 @@ class RunSpec(_Section):
     policy: PolicySpec = PolicySpec()
     refiner: RefinerSpec = RefinerSpec()
     refiners: list[dict[str, Any]] = Field(
-        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual, mutate, llm) with its "
-                                          "settings; the planner allocates generations among them. Empty: one "
+        default_factory=list, description="[[refiners]] tables: each a refiner kind (cmaes, ppo, residual, mutate, llm, dagger, "
+                                          "hg-dagger, bc, cfr, or one registered by a package) with its settings; the planner allocates generations among them. Empty: one "
                                           "cmaes from [refiner] (a program policy), ppo (mlp, sb3) or residual.")
     planner: PlannerSpec = PlannerSpec()
     gate: GateSpec = GateSpec()

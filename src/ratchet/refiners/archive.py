@@ -47,7 +47,8 @@ class ArchiveSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     archive: int = Field(8, ge=1, le=1000, description="Most programs in the archive of elites that parents are "
-                                                       "drawn from (one per behaviour cell).")
+                                                       "drawn from (one per behaviour cell).",
+                         json_schema_extra={"unit": "programs"})
     incumbent_share: float = Field(0.5, ge=0, le=1, description="Share of edited programs that start from the "
                                                                "incumbent; the rest start from an elite.")
     archive_temperature: float = Field(0.5, gt=0, le=100, description="Softmax temperature of drawing an elite, as a "

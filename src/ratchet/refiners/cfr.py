@@ -43,7 +43,8 @@ class CFRSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     iterations: int = Field(50, ge=1, le=1_000_000, description="Solver iterations per generation (one training "
-                                                                 "job; its average policy is the candidate).")
+                                                                 "job; its average policy is the candidate).",
+                            json_schema_extra={"unit": "solver iterations"})
     algorithm: Literal["cfr+", "cfr"] = Field("cfr+", description="CFR+ (regret matching+, linear averaging) or "
                                                                    "vanilla CFR.")
 

@@ -30,15 +30,19 @@ class CMAESSettings(BaseModel):
             raise ValueError(f"each variant must be a distinct step size in [{MIN_SIGMA0:g}, 1]")
         return v
 
-    sigma0: float = Field(0.2, ge=MIN_SIGMA0, le=1, description="Initial step size, as a fraction of each parameter's range.")
-    popsize: int | None = Field(None, ge=2, le=10_000, description="Candidates per generation; default pycma's 4 + 3 ln n.")
+    sigma0: float = Field(0.2, ge=MIN_SIGMA0, le=1, description="Initial step size, as a fraction of each parameter's range.",
+                          json_schema_extra={"unit": "fraction of each parameter's range"})
+    popsize: int | None = Field(None, ge=2, le=10_000, description="Candidates per generation; default pycma's 4 + 3 ln n.",
+                                json_schema_extra={"unit": "candidates"})
     sigma0_variants: list[float] = Field(
         default_factory=list, description="Several CMA-ES configurations sharing the budget, one per initial "
                                           "step size; the planner allocates generations among them by Thompson "
-                                          "sampling over the promotion gains each produced. Empty: one CMA-ES.")
+                                          "sampling over the promotion gains each produced. Empty: one CMA-ES.",
+                                         json_schema_extra={"unit": "fraction of each parameter's range"})
     restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
                                                                    "a doubled population on stagnation.")
-    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.")
+    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.",
+                            json_schema_extra={"unit": "generations"})
     follow: Literal["own", "incumbent"] = Field(
         "incumbent", description="On a promotion: \"own\" keeps the search on its own path (the distribution as it is); "
                            "\"incumbent\" moves the distribution's mean to the promoted candidate.")

@@ -68,25 +68,33 @@ class CorrectionSettings(BaseModel):
                                                                             "(the file's defaults otherwise).")
     initial_episodes: int = Field(5, ge=1, le=10_000, description="Expert episodes of round 0 (behaviour cloning "
                                                                    "before any correction), when the student has no "
-                                                                   "data set.")
+                                                                   "data set.",
+                                  json_schema_extra={"unit": "episodes"})
     demonstrations: str | None = Field(None, description="A data set to start from instead (round 0 clones it, no "
                                                          "expert episodes): a ratchet .npz, e.g. "
                                                          "ratchet.data.from_minari(...).to_bytes(), relative to "
                                                          "the spec.")
-    episodes: int = Field(5, ge=1, le=10_000, description="Episodes per round (training seeds).")
+    episodes: int = Field(5, ge=1, le=10_000, description="Episodes per round (training seeds).",
+                          json_schema_extra={"unit": "episodes"})
     rounds: int | None = Field(None, ge=1, le=100_000, description="Correction rounds after round 0; none: until "
-                                                                   "the budget ends.")
+                                                                   "the budget ends.",
+                               json_schema_extra={"unit": "rounds"})
     label_budget: int | None = Field(None, ge=1, le=10**8, description="Most expert-labelled steps per round: "
                                                                        "collection stops there (equal labels "
-                                                                       "for a fair comparison of kinds).")
+                                                                       "for a fair comparison of kinds).",
+                                     json_schema_extra={"unit": "labelled env steps"})
     handback_steps: int = Field(10, ge=1, le=100_000, description="hg-dagger: the expert hands back after the "
-                                                                  "takeover rule was false this many steps in a row.")
+                                                                  "takeover rule was false this many steps in a row.",
+                                json_schema_extra={"unit": "env steps"})
     disagreement: float = Field(0.1, gt=0, description="hg-dagger without a takeover function, Box actions: take "
                                                        "over when the student's action is farther than this "
                                                        "(Euclidean) from the expert's.")
-    updates: int = Field(2000, ge=1, le=10**7, description="Gradient steps of behaviour cloning per round.")
-    batch_size: int = Field(256, ge=1, le=1 << 20)
-    learning_rate: float = Field(1e-3, gt=0, le=1)
+    updates: int = Field(2000, ge=1, le=10**7, description="Gradient steps of behaviour cloning per round.",
+                         json_schema_extra={"unit": "gradient steps"})
+    batch_size: int = Field(256, ge=1, le=1 << 20, description="Labelled steps per minibatch of behaviour cloning "
+                                                              "(all of them when the data set holds fewer).",
+                            json_schema_extra={"unit": "labelled env steps"})
+    learning_rate: float = Field(1e-3, gt=0, le=1, description="Adam step size of behaviour cloning.")
     normalize_from_data: bool = Field(True, description="Round 0 sets the network's observation normalisation "
                                                         "to the mean and standard deviation of the demonstrations.")
 

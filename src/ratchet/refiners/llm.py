@@ -116,42 +116,58 @@ class LLMSettings(ArchiveSettings):
                                                                           "message, relative to the spec file.")
     trace_episodes: int = Field(2, ge=0, le=10, description="Worst training episodes of the edited program "
                                                             "replayed for the prompt's traces (0: none); the "
-                                                            "replays count in the env-step budget.")
+                                                            "replays count in the env-step budget.",
+                                json_schema_extra={"unit": "episodes"})
     trace_steps: int = Field(10, ge=1, le=50, description="Last env steps each trace shows (observation, action, "
-                                                          "reward).")
+                                                          "reward).",
+                             json_schema_extra={"unit": "env steps"})
 
     @model_validator(mode="after")
     def _one_system_prompt(self) -> LLMSettings:
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("give system_prompt or system_prompt_file, not both")
         return self
-    proposals: int = Field(2, ge=1, le=50, description="Requests (edited programs) per generation.")
-    variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.")
+    proposals: int = Field(2, ge=1, le=50, description="Requests (edited programs) per generation.",
+                           json_schema_extra={"unit": "requests"})
+    variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.",
+                          json_schema_extra={"unit": "candidates"})
     sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
                                                       "of each range).")
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature.")
-    max_tokens: int = Field(4096, ge=16, le=1_000_000, description="Most tokens of one answer.")
+    max_tokens: int = Field(4096, ge=16, le=1_000_000, description="Most tokens of one answer.",
+                            json_schema_extra={"unit": "tokens"})
     timeout_s: float = Field(120.0, gt=0, le=3600, description="Seconds one request may take in all: a deadline "
                                                                 "for its attempts, their waits and every byte of the "
-                                                                "reply (never past the run's [budget] wall_clock_s).")
+                                                                "reply (never past the run's [budget] wall_clock_s).",
+                             json_schema_extra={"unit": "seconds"})
     retries: int = Field(3, ge=0, le=20, description="Retries on 429, 5xx, timeouts and refused connections (within "
                                                      "timeout_s).")
-    backoff_s: float = Field(2.0, ge=0, le=600, description="First retry's wait; doubles each retry.")
-    history: int = Field(12, ge=0, le=1000, description="Most past edits (with their verdicts) in the prompt.")
+    backoff_s: float = Field(2.0, ge=0, le=600, description="First retry's wait; doubles each retry.",
+                             json_schema_extra={"unit": "seconds"})
+    history: int = Field(12, ge=0, le=1000, description="Most past edits (with their verdicts) in the prompt.",
+                         json_schema_extra={"unit": "edits"})
     max_prompt_chars: int = Field(40_000, ge=2_000, le=2_000_000,
                                   description="Prompt size limit (characters): oldest history, then the critique, "
-                                              "are cut to fit.")
-    budget_tokens: int | None = Field(None, gt=0, description="Most tokens (prompt + answer) of all requests.")
+                                              "are cut to fit.",
+                                  json_schema_extra={"unit": "characters"})
+    budget_tokens: int | None = Field(None, gt=0, description="Most tokens (prompt + answer) of all requests.",
+                                      json_schema_extra={"unit": "tokens"})
     budget_requests: int | None = Field(200, gt=0, description="Most HTTP requests, retries included (as the "
-                                                              "endpoint bills them).")
-    budget_cost: float | None = Field(None, gt=0, description="Most money, priced by price_prompt/price_completion.")
-    price_prompt: float = Field(0.0, ge=0, description="Price per million prompt tokens.")
-    price_completion: float = Field(0.0, ge=0, description="Price per million answer tokens.")
+                                                              "endpoint bills them).",
+                                        json_schema_extra={"unit": "requests (HTTP attempts)"})
+    budget_cost: float | None = Field(None, gt=0, description="Most money, priced by price_prompt/price_completion.",
+                                      json_schema_extra={"unit": "money (the unit of price_prompt)"})
+    price_prompt: float = Field(0.0, ge=0, description="Price per million prompt tokens.",
+                                json_schema_extra={"unit": "money per 1M tokens"})
+    price_completion: float = Field(0.0, ge=0, description="Price per million answer tokens.",
+                                    json_schema_extra={"unit": "money per 1M tokens"})
     max_response_bytes: int | None = Field(None, ge=1024, le=MAX_RESPONSE_BYTES,
                                            description="Largest reply (bytes) read from the endpoint; default "
-                                                       "65,536 + 32 per max_tokens. A longer reply is refused.")
+                                                       "65,536 + 32 per max_tokens. A longer reply is refused.",
+                                           json_schema_extra={"unit": "bytes"})
     max_failures: int = Field(3, ge=1, le=100, description="Consecutive failed requests after which the refiner "
-                                                           "stops (a refused key or unknown model stops it at once).")
+                                                           "stops (a refused key or unknown model stops it at once).",
+                              json_schema_extra={"unit": "requests"})
     check_endpoint: bool = Field(True, description="At the start of a new run, GET base_url/models: an unreachable "
                                                    "endpoint, a refused key or a model it does not list stop the "
                                                    "run before any episode; false skips it.")

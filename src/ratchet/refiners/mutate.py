@@ -94,10 +94,12 @@ class MutateSettings(ArchiveSettings):
 
     model_config = ConfigDict(extra="forbid")
 
-    programs: int = Field(3, ge=1, le=100, description="Mutated programs proposed per generation.")
+    programs: int = Field(3, ge=1, le=100, description="Mutated programs proposed per generation.",
+                          json_schema_extra={"unit": "programs"})
     variants: int = Field(3, ge=1, le=50, description="Parameter settings each mutated program is proposed with "
                                                       "(its defaults, then new parameters drawn across their bounds "
-                                                      "and the others perturbed).")
+                                                      "and the others perturbed).",
+                          json_schema_extra={"unit": "candidates"})
     operators: list[Operator] = Field(default_factory=lambda: list(OPERATORS),
                                       description="Mutation operators to draw from, uniformly.")
     term_bound: float = Field(1.0, gt=0, le=1e6, description="Bounds ±term_bound of a weight added by `term`.")

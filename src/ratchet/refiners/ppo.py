@@ -61,15 +61,21 @@ class PPOSettings(BaseModel):
     env_steps: int = Field(20_000, ge=1, le=10**9, description="Env steps of training per generation (one training "
                                                                "job), rounded up to whole rollouts of n_steps per checkpoint; "
                                                                "the last job an env-step budget affords may be cut "
-                                                               "to what is left.")
+                                                               "to what is left.",
+                           json_schema_extra={"unit": "env steps"})
     checkpoints: int = Field(2, ge=1, le=100, description="Candidates per generation: the policy after each "
-                                                          "1/checkpoints of the generation's training.")
+                                                          "1/checkpoints of the generation's training.",
+                             json_schema_extra={"unit": "candidates"})
     seeds: int = Field(16, ge=1, le=100_000, description="Fresh training seeds per job; training episodes reset "
-                                                         "through them in turn.")
-    n_steps: int = Field(1024, ge=2, le=1_000_000, description="Env steps per PPO rollout (one env).")
+                                                         "through them in turn.",
+                       json_schema_extra={"unit": "seeds"})
+    n_steps: int = Field(1024, ge=2, le=1_000_000, description="Env steps per PPO rollout (one env).",
+                         json_schema_extra={"unit": "env steps"})
     learning_rate: float | None = Field(None, gt=0, le=1, description="Adam step size (SB3 default 3e-4).")
-    batch_size: int | None = Field(None, ge=2, le=1_000_000, description="Minibatch size (SB3 default 64).")
-    n_epochs: int | None = Field(None, ge=1, le=1000, description="Passes over each rollout (SB3 default 10).")
+    batch_size: int | None = Field(None, ge=2, le=1_000_000, description="Minibatch size (SB3 default 64).",
+                                   json_schema_extra={"unit": "env steps"})
+    n_epochs: int | None = Field(None, ge=1, le=1000, description="Passes over each rollout (SB3 default 10).",
+                                 json_schema_extra={"unit": "passes"})
     gamma: float | None = Field(None, gt=0, le=1, description="Discount factor (SB3 default 0.99).")
     gae_lambda: float | None = Field(None, ge=0, le=1, description="GAE lambda (SB3 default 0.95).")
     clip_range: float | None = Field(None, gt=0, le=10, description="PPO clip range (SB3 default 0.2).")
