@@ -508,11 +508,12 @@ class _Run(RunServices):
 def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:
     # [logging]: the run's progress function, chained behind a tap that writes the ledger's new generation events
     # as scalars (ratchet.metrics); the loop itself knows no writer
-    metrics = metrics_tap(run.spec.logging.tensorboard, started_event(run.ledger).payload["run_id"], run.ledger,
-                          run.progress)
-    if metrics is not None:
-        run.progress = metrics
+    metrics = None
     try:
+        metrics = metrics_tap(run.spec.logging.tensorboard, started_event(run.ledger).payload["run_id"], run.ledger,
+                              run.progress)
+        if metrics is not None:
+            run.progress = metrics
         return run.run()
     except (KeyboardInterrupt, WriterLeaseError):  # a lost lease: another process writes the run now
         raise

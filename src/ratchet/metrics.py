@@ -231,13 +231,15 @@ class TensorBoardWriter:
     def _open(self) -> Any:
         from tensorboardX.proto.event_pb2 import Event as EventProto
 
-        now = time.time()
-        base = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}"
+        ns = time.time_ns()
+        # TensorBoard reads a folder's files in name order, taken as the order they were written in: seconds, then
+        # nanoseconds, so a resumed session's file sorts after the first one even within a second
+        base = f"events.out.tfevents.{ns // 10**9:010d}.{ns % 10**9:09d}.{socket.gethostname()}.{os.getpid()}"
         path, n = self.folder / f"{base}.ratchet", 1
-        while path.exists():  # two sessions in one second of one process: never overwrite a file
+        while path.exists():  # never overwrite a file
             path, n = self.folder / f"{base}.{n}.ratchet", n + 1
         rw = self._record_writer(str(path))
-        rw.write(EventProto(wall_time=now, file_version="brain.Event:2").SerializeToString())
+        rw.write(EventProto(wall_time=ns / 1e9, file_version="brain.Event:2").SerializeToString())
         return rw
 
     def write(self, point: Point) -> None:
