@@ -1,7 +1,7 @@
 """The structural-search table with an LLM editor: ``llm`` + ``cmaes`` beside ``cmaes`` and ``mutate`` + ``cmaes``.
 
 Usage: python benchmarks/llm.py --base-url URL --model NAME [--api-key-env VAR] [--tasks ...] [--seeds 0,1,2] [--write]
-Needs an OpenAI-compatible endpoint (see the README, "The LLM editor"); not measured on the machine that wrote
+Needs an OpenAI-compatible endpoint (see docs/how-to/refiners/llm.md); not measured on the machine that wrote
 ratchet, which has no model. Writes the section "Structural search with an LLM" of benchmarks/RESULTS.md.
 """
 

@@ -52,7 +52,9 @@ def _number(x: Any) -> str:
     if isinstance(x, int):
         return f"{x:,}" if abs(x) < 10**7 else (f"2^{x.bit_length()} − 1" if x == 2 ** (x.bit_length()) - 1
                                                  else f"{x:.0e}".replace("e+0", "e").replace("e+", "e"))
-    return f"{x:g}"
+    if float(x).is_integer() and abs(x) < 10**7:
+        return f"{int(x):,}"
+    return f"{x:g}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
 
 
 def _default(field: Any) -> str:
@@ -100,10 +102,15 @@ def _unit(field: Any) -> str:
     return str(extra.get("unit", ""))
 
 
+def _rst(text: str) -> str:
+    """reST inline markup of docstrings as Markdown: ``code`` and :role:`~target` as `code`."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text.replace("``", "`"))
+
+
 def _model_doc(model: type) -> str:
     """The first paragraph of a settings model's docstring (reST ``code`` as Markdown `code`)."""
     doc = inspect.cleandoc(model.__doc__ or "")
-    return doc.split("\n\n", 1)[0].replace("\n", " ").replace("``", "`")
+    return _rst(doc.split("\n\n", 1)[0].replace("\n", " "))
 
 
 def spec_sections() -> Iterator[tuple[str, str, type, list[tuple[str, Any]], list[str]]]:
@@ -150,7 +157,7 @@ def spec_reference() -> str:
         out.append("|---|---|---|---|---|---|")
         for key, field in fields:
             out.append(f"| `{key}` | {_type_name(field.annotation)} | {_default(field)} | {_cell(_range(field))} | "
-                       f"{_cell(_unit(field))} | {_cell(field.description or '')} |")
+                       f"{_cell(_unit(field))} | {_cell(_rst(field.description or ''))} |")
         out.append("")
     return "\n".join(out)
 

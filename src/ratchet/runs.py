@@ -33,7 +33,7 @@ def lock_run_dir(run_dir: Path) -> int:
     Raises:
         LedgerError: another process on this machine is writing this run.
     """
-    try:  # the ledger, report and policies of runs are not for policy code to read (see the README, Sandbox)
+    try:  # the ledger, report and policies of runs are not for policy code to read (see docs/concepts/trust.md)
         os.chmod(run_dir, 0o700)
     except OSError:
         pass
