@@ -260,3 +260,16 @@ def test_writer_skips_what_its_folder_holds(tmp_path):
     w.write(Point(20, 2.0, {"a": 4.0}))
     w.close()
     assert by_tag(scalars(tmp_path)) == {"a": {10: 1.0, 20: 4.0}, "b": {10: 2.0}, "c": {10: 3.0}}
+
+
+def test_a_resumed_run_without_tensorboardx_warns_and_goes_on(tb_run, tmp_path, monkeypatch, capsys):
+    """Resuming on a machine without the [logging] extra: the writer is off with the install line, the run goes on."""
+    import sys
+
+    _, _, events = tb_run
+    monkeypatch.setitem(sys.modules, "tensorboardX.record_writer", None)  # import fails as if not installed
+    tap = MetricsTap(_Ledger(events), [lambda: TensorBoardWriter(tmp_path / "tb")], None, names=["tensorboard"])
+    tap({})
+    tap.close()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert 'tensorboardX is not installed; pip install "policy-ratchet[logging]"' in line
