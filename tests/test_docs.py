@@ -174,3 +174,12 @@ def test_every_nav_page_exists_and_every_page_is_in_the_nav():
     nav = re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     assert sorted(nav) == pages
+
+
+def test_every_example_and_benchmark_script_is_on_its_page():
+    examples, benchmarks = _page("examples.md"), _page("benchmarks.md")
+    missing = [f"examples/{p.name}" for p in sorted((ROOT / "examples").iterdir())
+               if p.is_dir() and not p.name.startswith((".", "_"))
+               and f"`examples/{p.name}`" not in examples and f"| `{p.name}` |" not in examples]  # or a table row
+    missing += [f"benchmarks/{p.name}" for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}`" not in benchmarks]
+    assert not missing, f"name these on docs/examples.md or docs/benchmarks.md: {missing}"
