@@ -222,6 +222,16 @@ def layers() -> str:
 
 # --- mkdocs hook ------------------------------------------------------------------------------------------------
 
+_ROLE_FULL = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>~?([\w.]+)</code>")
+
+
+def on_page_content(html_text: str, page: Any, config: Any, files: Any) -> str:
+    """Docstrings cite code with reST roles (``:class:`~ratchet.policy.Candidate```), which the API page renders
+    as text; show them as code, the ``~`` form by its last name as Sphinx does."""
+    html_text = re.sub(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>~([\w.]+)</code>",
+                       lambda m: f"<code>{m.group(1).rsplit('.', 1)[-1]}</code>", html_text)
+    return _ROLE_FULL.sub(r"<code>\1</code>", html_text)
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Replace the marker lines of the reference pages with their generated content."""
     if SPEC_MARKER in markdown:
