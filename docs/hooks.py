@@ -222,7 +222,7 @@ def layers() -> str:
 
 # --- mkdocs hook ------------------------------------------------------------------------------------------------
 
-_ROLE_FULL = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>~?([\w.]+)</code>")
+_ROLE_FULL = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>~?([\w.()]+)</code>")
 
 
 def on_page_content(html_text: str, page: Any, config: Any, files: Any) -> str:
