@@ -31,8 +31,8 @@ __all__ = ["Dashboard", "DashboardServer", "create_app"]
 _MAX_GIF_BYTES = 64 * 2**20
 _MAX_PAGES = 32  # run pages kept folded in memory (the least recently viewed is dropped)
 _SECURITY_HEADERS = [
-    (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-                                 b"script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (b"content-security-policy", (b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+                                 b"script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")),
     (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"), (b"cache-control", b"no-store")]
 
@@ -199,6 +199,8 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
     def error(request: Request, exc: Exception) -> Response:
         code = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+        if code == 404 and detail == "Not Found":  # no route: say what there is
+            detail = "not found: the dashboard serves its page, static/… and api/runs[/RUN]"
         return PlainTextResponse(f"{detail}\n", status_code=code)
 
     routes = [

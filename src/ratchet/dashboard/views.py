@@ -36,8 +36,11 @@ _KEPT = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.GATE_
                    EventType.FINAL_DECISION, EventType.TASK_UPDATED, EventType.RUN_FINISHED, EventType.RUN_FAILED,
                    EventType.CORRECTION_RECORDED, EventType.CORRECTION_FINISHED, EventType.LLM_CALL,
                    EventType.PROPOSAL_REJECTED})
-#: Every event type a run page reads (episodes are never read: their summaries are in the generations).
+#: Every event type a run page reads (episodes are never read: their summaries are in the generations). Candidates
+#: are read only for runs whose refiners may change code (:data:`_NUMBERS_ONLY`: the lineage of programs).
 PAGE_TYPES = _KEPT | {EventType.GENERATION_FINISHED, EventType.CANDIDATE_PROPOSED, EventType.TRAINING_FINISHED}
+#: Refiner kinds that never change a program's code (their candidates differ in numbers or artifacts only).
+_NUMBERS_ONLY = frozenset({"cmaes", "ppo", "residual", "dagger", "hg-dagger", "bc", "cfr"})
 #: What a runs table row reads besides the newest events.
 _ROW_TYPES = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.RUN_FINISHED, EventType.RUN_FAILED,
                         EventType.INCUMBENT_CHANGED})
@@ -202,7 +205,8 @@ def run_row(ledger: LedgerStore, run_id: str) -> tuple[dict[str, Any], Liveness]
     writer = next(e.payload for e in reversed(events) if e.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED))
     ended = next((e.type for e in reversed(events) if e.type in (EventType.RUN_FINISHED, EventType.RUN_FAILED,
                                                                   EventType.RUN_RESUMED)), None)
-    liveness = Liveness({EventType.RUN_FINISHED: "finished", EventType.RUN_FAILED: "failed"}.get(ended, "running"),
+    ends = {EventType.RUN_FINISHED: "finished", EventType.RUN_FAILED: "failed"}
+    liveness = Liveness(ends.get(ended, "running") if ended is not None else "running",
                         writer.get("pid"), writer.get("host"))
     g = last_gen.payload if last_gen is not None else {}
     inc_val = st.incumbent_validation_mean if st.promotions else _num(g.get("incumbent_validation_mean"))
@@ -213,7 +217,7 @@ def run_row(ledger: LedgerStore, run_id: str) -> tuple[dict[str, Any], Liveness]
         start_val = start_val if st.promotions else inc_val
     budget = (st.spec.get("budget") or {}).get("env_steps")
     return _clean({
-        "run_id": st.run_id or run_id, "status": st.status, "status_text": st.status_text,
+        "run_id": run_id, "status": st.status, "status_text": st.status_text,
         "task": st.task_name, "policy_kind": (st.spec.get("policy") or {}).get("kind", "program"),
         "refiners": _refiners(st.spec), "start_validation": start_val, "incumbent_validation": inc_val,
         "start_test": (st.baseline_test or {}).get("mean"), "test": (st.test or {}).get("mean"),
@@ -244,6 +248,7 @@ class RunPage:
     training_env_steps: int = 0
     jobs: list[dict[str, Any]] = field(default_factory=list)
     job_totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    types: frozenset[EventType] = PAGE_TYPES
     lock: threading.Lock = field(default_factory=threading.Lock)
     _state: Any = None
 
@@ -259,7 +264,9 @@ class RunPage:
             changed = newest is not None and newest.seq != self.newest
             if changed and newest is not None:
                 self.newest, self.last_activity = newest.seq, newest.time
-                for ev in ledger.read(self.seq, PAGE_TYPES):
+                if not self.kept:  # the start: whether candidates matter (code changes) and the starting program
+                    self._start(ledger)
+                for ev in ledger.read(self.seq, self.types):
                     self._fold(ev)
                     self.seq = ev.seq
             if not self.kept:
@@ -267,13 +274,31 @@ class RunPage:
             self._state = project(self.kept, lease)  # small events only: a few per generation at most
             return changed
 
+    def _start(self, ledger: LedgerStore) -> None:
+        """Read the run's start: its ``run_started`` and starting candidate (for :meth:`_param_changes` and the
+        projection's baseline); candidates are read later only if a refiner may change code."""
+        first = ledger.read(0, [EventType.RUN_STARTED])[:1]
+        if not first:
+            return
+        self._fold(first[0])
+        self.seq = first[0].seq
+        spec = first[0].payload.get("spec") or {}
+        kinds = [str(r.get("kind")) for r in spec.get("refiners") or [] if isinstance(r, dict)] or \
+            [str((spec.get("refiner") or {}).get("kind", "cmaes"))]
+        if set(kinds) <= _NUMBERS_ONLY:
+            self.types = PAGE_TYPES - {EventType.CANDIDATE_PROPOSED}
+            start = first[0].payload.get("start_candidate") or {}
+            proposed = ledger.get(f"proposed/0/{start.get('id')}") if start.get("id") else None
+            if proposed is not None:
+                self._fold(proposed)
+
     def _fold(self, ev: Event) -> None:
         p = ev.payload
         if ev.type is EventType.GENERATION_FINISHED:
             row = {**p, "time": ev.time, "training_env_steps": self.training_env_steps}
-            for c in GEN_COLUMNS:
-                v = row.get(c)
-                self.gens[c].append(_num(v) if c not in ("refiner", "gate_note", "gated", "promoted") else v)
+            for col in GEN_COLUMNS:
+                v = row.get(col)
+                self.gens[col].append(_num(v) if col not in ("refiner", "gate_note", "gated", "promoted") else v)
         elif ev.type is EventType.CANDIDATE_PROPOSED:
             c = p.get("candidate") or {}
             if p.get("generation") == 0 and self.baseline is None:
@@ -317,7 +342,7 @@ class RunPage:
             gates = [{k: g.get(k) for k in _GATE_KEYS if k in g} for g in st.gates[max(0, gate_from):]]
             promoted = {p["to"] for p in st.promotions}
             return _clean({
-                "run_id": st.run_id, "seq": self.seq, "status": st.status, "status_text": st.status_text,
+                "run_id": self.run_id, "recorded_run_id": st.run_id, "seq": self.seq, "status": st.status, "status_text": st.status_text,
                 "task": st.task_name, "policy_kind": (st.spec.get("policy") or {}).get("kind", "program"),
                 "refiners": _refiners(st.spec), "spec": st.spec, "versions": st.versions, "execution": st.execution,
                 "cost_unit": data["cost_unit"], "budget": st.spec.get("budget") or {},

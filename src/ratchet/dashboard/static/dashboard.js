@@ -23,6 +23,9 @@
     }
     return el;
   }
+  function put(el, ...kids) { // replaceChildren without the "null" a missing part would print
+    el.replaceChildren(...kids.flat(Infinity).filter((k) => k !== null && k !== undefined && k !== false && k !== ""));
+  }
   const isNum = (x) => typeof x === "number" && Number.isFinite(x);
   const fmt = (x, d = 2) => (isNum(x) ? x.toFixed(d) : x === null || x === undefined ? "–" : String(x));
   const int = (x) => (isNum(x) ? Math.round(x).toLocaleString("en-US") : "–");
@@ -106,7 +109,7 @@
     } }, "compare two selected");
     const where = h("p", { class: "muted" });
     const holder = h("div", { id: "runs" });
-    main.replaceChildren(h("h1", {}, "Runs"), where, h("div", { class: "toolbar" }, filter, compare), holder);
+    put(main, h("h1", {}, "Runs"), where, h("div", { class: "toolbar" }, filter, compare), holder);
 
     function cell(r, key) {
       if (key === "run_id") return h("a", { href: "#/run/" + encodeURIComponent(r.run_id) }, r.run_id);
@@ -147,7 +150,7 @@
         RUN_COLS.map(([, key, left]) => h("td", { class: left ? "l" : null }, cell(r, key)))));
       const bad = data.unreadable.length ? h("p", { class: "warn" }, data.unreadable.length + " unreadable: ",
         data.unreadable.map((u) => u.run_id + " (" + u.error + ")").join("; ")) : null;
-      holder.replaceChildren(h("table", { id: "runs-table" }, head, body), bad,
+      put(holder, h("table", { id: "runs-table" }, head, body), bad,
         rows.length ? null : h("p", { class: "muted" }, data.runs.length ? "no run matches the filter" : "no runs yet"));
       compare.disabled = runsUI.selected.size !== 2;
     }
@@ -211,7 +214,7 @@
     const sec = {};
     for (const name of ["head", "result", "charts", "breakdown", "gates", "gens", "failures", "params", "code",
       "lineage", "games", "llm", "training", "corrections"]) sec[name] = h("section", { id: "sec-" + name });
-    main.replaceChildren(h("h1", {}, "Run ", h("span", { id: "run-id" }, id)), ...Object.values(sec));
+    put(main, h("h1", {}, "Run ", h("span", { id: "run-id" }, id)), ...Object.values(sec));
     const diffBox = h("div", { id: "program-diff" });
 
     function renderCharts() {
@@ -224,7 +227,7 @@
             ["total", "search and re-evaluation", "validation", "training jobs"]),
           alloc: chart("refiner allocation (generations, cumulative)", "generation", c.refiners),
         };
-        sec.charts.replaceChildren(h("h2", {}, "Curves"), h("div", { class: "charts" },
+        put(sec.charts, h("h2", {}, "Curves"), h("div", { class: "charts" },
           st.charts.returns.el, st.charts.steps.el, st.charts.alloc.el));
       }
       st.charts.returns.u.setData(c.returns);
@@ -242,7 +245,7 @@
     function render() {
       const d = st.data, g = st.gens, n = g.generation.length;
       const used = n ? g.env_steps[n - 1] : 0;
-      sec.head.replaceChildren(kv([
+      put(sec.head, kv([
         ["status", statusEl(d.status, d.status_text)],
         ["task", d.task], ["policy kind", d.policy_kind], ["refiners", (d.refiners || []).join(", ")],
         ["generations", h("span", { id: "n-gens" }, String(d.n_generations))],
@@ -255,16 +258,16 @@
           (d.final_decision.note || "") : null],
         ["compare", h("a", { href: "#/", title: "tick two runs in the runs table" }, "pick a second run")],
       ]));
-      sec.result.replaceChildren(d.test || d.baseline_test ? h("div", {}, h("h2", {}, "Test split (never used for selection)"),
+      put(sec.result, d.test || d.baseline_test ? h("div", {}, h("h2", {}, "Test split (never used for selection)"),
         table(["policy", "mean", "std", "success", "episodes"], [testRow("start", d.baseline_test),
           testRow("refined", d.test)], { left: [0], id: "test-table" })) : "");
       renderCharts();
       const bd = d.env_steps_breakdown;
-      sec.breakdown.replaceChildren(bd ? h("div", {}, h("h2", {}, "Where the " + (d.cost_unit || "env steps") + " went"),
+      put(sec.breakdown, bd ? h("div", {}, h("h2", {}, "Where the " + (d.cost_unit || "env steps") + " went"),
         kv(Object.entries(bd).map(([k, v]) => [k, int(v)]))) : "");
       // gate decisions, newest first
       const gates = st.gates.slice(-st.gatesShown).reverse();
-      sec.gates.replaceChildren(h("h2", {}, "Gate decisions (" + d.n_gates + ")"), d.n_gates ? table(
+      put(sec.gates, h("h2", {}, "Gate decisions (" + d.n_gates + ")"), d.n_gates ? table(
         ["gen", "candidate", "n", "mean diff", "p", "e", "level α", "test", "verdict"],
         gates.map((x) => h("tr", { class: x.promoted ? "promoted" : null }, h("td", {}, x.generation),
           h("td", { class: "l" }, short(x.candidate_id)), h("td", {}, int(x.n)), h("td", {}, fmt(x.mean_diff, 3)),
@@ -282,7 +285,7 @@
           h("td", {}, fmt(g.incumbent_validation_mean[i])), h("td", {}, int(g.env_steps[i])),
           h("td", { class: "note" }, (g.gated[i] ? "gated: " : "no gate: ") + (g.gate_note[i] || ""))));
       }
-      sec.gens.replaceChildren(h("h2", {}, "Generations, newest first"), table(["gen", "refiner", "best train",
+      put(sec.gens, h("h2", {}, "Generations, newest first"), table(["gen", "refiner", "best train",
         "incumbent val", d.cost_unit || "env steps", "gate"], rows, { id: "gens-table", left: [1, 5] }),
       n > st.gensShown ? h("button", { onclick: () => { st.gensShown += 500; render(); } }, "show 500 more") : null);
       // failure modes
@@ -295,17 +298,17 @@
         fm[tag].filter((m) => m.gif).map((m) => h("figure", {}, h("img", { src: m.gif, alt: m.label, loading: "lazy" }),
           h("figcaption", {}, tag + ": " + m.label)))) : null;
       const anyModes = (fm.before || []).length || (fm.after || []).length;
-      sec.failures.replaceChildren(anyModes ? h("div", {}, h("h2", {}, "Failure modes on the test split"),
+      put(sec.failures, anyModes ? h("div", {}, h("h2", {}, "Failure modes on the test split"),
         fmBlock("before", "start"), fmBlock("after", "refined")) : "");
       // parameter changes
-      sec.params.replaceChildren(d.promotions.length ? h("div", {}, h("h2", {}, "Promotions and parameter changes"),
+      put(sec.params, d.promotions.length ? h("div", {}, h("h2", {}, "Promotions and parameter changes"),
         table(["gen", "from → to", "validation", "changes"], d.promotions.map((p) => h("tr", {},
           h("td", {}, p.generation), h("td", { class: "l" }, short(p.from) + " → " + short(p.to)),
           h("td", {}, fmt(p.previous_validation_mean) + " → " + fmt(p.validation_mean)),
           h("td", { class: "note" }, p.changes.length ? p.changes.map((c) => c.name + ": " + (c.before ?? "–") + " → " +
             (c.after ?? "–")).join("\n") : p.code ? "code changed (below)" : "–"))), { id: "params-table", left: [1, 3] }))
         : "");
-      sec.code.replaceChildren((d.code_changes || []).length ? h("div", {}, h("h2", {}, "Code changes promoted"),
+      put(sec.code, (d.code_changes || []).length ? h("div", {}, h("h2", {}, "Code changes promoted"),
         d.code_changes.map((c) => h("div", {}, h("h3", {}, "generation " + c.generation + ": " + short(c.from) + " → " +
           short(c.to)), diffPre(c.structure_diff || c.diff)))) : "");
       // lineage of programs
@@ -321,14 +324,14 @@
           h("a", { onclick: () => showDiff(x.id) }, short(x.id)), " ", h("span", { class: "muted" },
             "gen " + x.generation + " · " + (x.refiner || "?")), x.promoted ? h("b", {}, " promoted") : null,
           depth < 60 ? tree(x.id, depth + 1) : null)));
-        sec.lineage.replaceChildren(h("h2", {}, "Lineage of programs (" + lin.total + " with changed code" +
+        put(sec.lineage, h("h2", {}, "Lineage of programs (" + lin.total + " with changed code" +
           (lin.total > lin.nodes.length ? "; newest " + lin.nodes.length + " shown" : "") + ")"),
         h("p", { class: "muted" }, "from the start " + short(lin.root) + "; click a program for its diff against its parent"),
         tree("", 0), diffBox);
-      } else sec.lineage.replaceChildren("");
+      } else put(sec.lineage, "");
       // games
       const opp = d.test_by_opponent || [];
-      sec.games.replaceChildren(opp.length ? h("div", {}, h("h2", {}, "Test payoff by opponent"),
+      put(sec.games, opp.length ? h("div", {}, h("h2", {}, "Test payoff by opponent"),
         table(["opponent", "start", "refined", "W / D / L", "games"], opp.map((o) => h("tr", {},
           h("td", { class: "l" }, o.opponent), h("td", {}, fmt(o.start_mean)), h("td", {}, fmt(o.final_mean)),
           h("td", {}, o.wins + " / " + o.draws + " / " + o.losses), h("td", {}, int(o.n)))), { left: [0] }),
@@ -337,13 +340,13 @@
             d.league[0].table[i].map((x) => h("td", {}, fmt(x))))), { left: [0] })) : null) : "");
       // LLM usage
       const llm = Object.entries(d.llm_usage || {});
-      sec.llm.replaceChildren(llm.length || d.rejected_proposals || d.endpoint_failures ? h("div", {},
+      put(sec.llm, llm.length || d.rejected_proposals || d.endpoint_failures ? h("div", {},
         h("h2", {}, "LLM usage"), llm.map(([name, u]) => h("div", {}, h("h3", {}, name + (u.model ? " (" + u.model + ")" : "")),
           h("pre", {}, u.text))), h("p", { class: "muted" }, d.rejected_proposals + " rejected proposal(s) · " +
           d.endpoint_failures + " endpoint failure(s)")) : "");
       // training jobs
       const tot = Object.entries((d.training || {}).totals || {});
-      sec.training.replaceChildren(tot.length ? h("div", {}, h("h2", {}, "Training jobs"),
+      put(sec.training, tot.length ? h("div", {}, h("h2", {}, "Training jobs"),
         table(["trainer", "jobs", d.cost_unit || "env steps", "seconds", "errors"], tot.map(([k, t]) => h("tr", {},
           h("td", { class: "l" }, k), h("td", {}, int(t.jobs)), h("td", {}, int(t.env_steps)), h("td", {}, fmt(t.seconds, 1)),
           h("td", {}, int(t.errors)))), { left: [0] }),
@@ -353,7 +356,7 @@
             h("td", {}, int(j.outputs)), h("td", { class: "note" }, j.error || "")))), { left: [0, 1, 5] }) : "");
       // correction rounds
       const cr = d.corrections || [];
-      sec.corrections.replaceChildren(cr.length ? h("div", {}, h("h2", {}, "Correction rounds"),
+      put(sec.corrections, cr.length ? h("div", {}, h("h2", {}, "Correction rounds"),
         table(["round", "who", "candidate", "episodes", "person steps", "env steps", "status", "verdict"],
           cr.map((c) => h("tr", {}, h("td", {}, c.round), h("td", { class: "l" }, c.who), h("td", { class: "l" }, short(c.candidate_id)),
             h("td", {}, int(c.episodes)), h("td", {}, int(c.person_steps)), h("td", {}, int(c.env_steps)),
@@ -364,10 +367,10 @@
     async function showDiff(cid) {
       try {
         const p = await getJSON("api/runs/" + encodeURIComponent(id) + "/programs/" + encodeURIComponent(cid));
-        diffBox.replaceChildren(h("h3", {}, short(p.id) + " against " + (p.parent_id ? short(p.parent_id) : "the start") +
+        put(diffBox, h("h3", {}, short(p.id) + " against " + (p.parent_id ? short(p.parent_id) : "the start") +
           " (" + (p.refiner || "?") + ", generation " + p.generation + ")"), diffPre(p.diff || "(no change)"));
       } catch (e) {
-        diffBox.replaceChildren(h("p", { class: "error" }, e.message));
+        put(diffBox, h("p", { class: "error" }, e.message));
       }
     }
 
@@ -385,7 +388,7 @@
         setLive(true, "live · " + d.status + " · updated " + new Date().toLocaleTimeString());
       } catch (e) {
         if (route !== token) return;
-        if (!st.data) main.replaceChildren(h("h1", {}, "Run " + id), h("p", { class: "error", id: "error" }, e.message),
+        if (!st.data) put(main, h("h1", {}, "Run " + id), h("p", { class: "error", id: "error" }, e.message),
           h("p", {}, h("a", { href: "#/" }, "back to the runs")));
         setLive(false, "not updating: " + e.message);
         wait = 5000;
@@ -398,7 +401,7 @@
   // ---------------------------------------------------------------- two runs side by side
   function compareView(a, b, token) {
     const box = h("div", {});
-    main.replaceChildren(h("h1", {}, "Compare ", a, " and ", b), box);
+    put(main, h("h1", {}, "Compare ", a, " and ", b), box);
     let c = null;
     function finalParams(d) {
       const out = {};
@@ -422,7 +425,7 @@
             da.cost_unit || "env steps", [a + " validation", a + " best train", b + " validation", b + " best train"], 900);
           const warn = da.task !== db.task ? h("p", { class: "warn" }, "different tasks: " + da.task + " and " + db.task) : null;
           const side = h("div", { class: "side", id: "side" });
-          box.replaceChildren(warn, c.el, side);
+          put(box, warn, c.el, side);
         }
         c.u.setData([xs, ...ys]);
         const col = (d) => {
@@ -440,11 +443,11 @@
               Object.entries(fp).map(([k, v]) => h("tr", {}, h("td", { class: "l" }, k), h("td", { class: "l" }, v ?? "–"))),
               { left: [0, 1] }) : h("p", { class: "muted" }, "none"));
         };
-        document.getElementById("side").replaceChildren(col(da), col(db));
+        put(document.getElementById("side"), col(da), col(db));
         setLive(true, "live · updated " + new Date().toLocaleTimeString());
       } catch (e) {
         if (route !== token) return;
-        if (!c) box.replaceChildren(h("p", { class: "error", id: "error" }, e.message));
+        if (!c) put(box, h("p", { class: "error", id: "error" }, e.message));
         setLive(false, "not updating: " + e.message);
       }
       schedule(token, poll, 3000);
