@@ -167,7 +167,11 @@ def test_layout_page_names_every_module():
         if f"{package}/" not in page:
             missing.append(f"{package}/")
     assert not missing, f"docs/reference/layout.md does not name {missing}"
-    assert "<!-- generated: layers -->" in page and "/ metrics" in _hooks().layers() or "metrics" in page
+    hooks = _hooks()
+    assert hooks.LAYERS_MARKER in page
+    stack = hooks.layers()
+    for package in ("cli", "loop", "refiners", "execution", "ledger", "errors"):
+        assert re.search(rf"(^|/ ){package}( /|$)", stack, re.MULTILINE), package
 
 
 def test_every_nav_page_exists_and_every_page_is_in_the_nav():
