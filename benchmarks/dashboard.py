@@ -37,9 +37,10 @@ def template_run(root: Path) -> Path:
     return root / "template" / "ledger.sqlite"
 
 
-def synthetic_run(template: Path, out: Path, generations: int) -> int:
+def synthetic_run(template: Path, out: Path, generations: int, structural: bool = False) -> int:
     """Write ``out`` (a run directory's ledger): the template's start, then ``generations`` generations copied from
-    its first one; returns the number of events written."""
+    its first one; returns the number of events written. ``structural``: the run's spec names a ``mutate`` refiner
+    (a refiner that may change code), so the page reads every candidate for the lineage of programs."""
     from ratchet.ledger import EventType, SQLiteLedger
 
     src = SQLiteLedger(template, readonly=True)
@@ -53,6 +54,10 @@ def synthetic_run(template: Path, out: Path, generations: int) -> int:
     finished = next(e for e in events if e.type is EventType.RUN_FINISHED)
     out.parent.mkdir(parents=True, exist_ok=True)
     led = SQLiteLedger(out)
+    if structural:
+        first = start[0].payload
+        start[0] = type(start[0])(start[0].seq, start[0].type, start[0].key, start[0].time,
+                                  {**first, "spec": {**first["spec"], "refiners": [{"kind": "mutate", "name": "mutate"}]}})
     led.append_many([(e.type, e.key, e.payload) for e in start])
     n, batch, steps = len(start), [], 0
     for g in range(1, generations + 1):
@@ -126,6 +131,7 @@ def main() -> None:
         long_dir, many_dir = tmp_path / "long", tmp_path / "many"
         t = time.perf_counter()
         n_events = synthetic_run(template, long_dir / "long-run" / "ledger.sqlite", args.generations)
+        synthetic_run(template, long_dir / "long-mutate" / "ledger.sqlite", args.generations, structural=True)
         size = (long_dir / "long-run" / "ledger.sqlite").stat().st_size
         print(f"long run: {args.generations:,} generations, {n_events:,} events, {size / 2**20:.0f} MiB "
               f"(made in {time.perf_counter() - t:.0f} s)")
@@ -146,6 +152,10 @@ def main() -> None:
                     (f"run page, {args.generations:,} generations", long_dir, "api/runs/long-run", "#/run/long-run",
                      (f"document.getElementById('n-gens') && document.getElementById('n-gens').textContent === "
                      f"'{args.generations}'")),
+                    ((f"run page, {args.generations:,} generations, a refiner that may change code (every candidate "
+                     "read)"), long_dir, "api/runs/long-mutate", "#/run/long-mutate",
+                     (f"document.getElementById('n-gens') && document.getElementById('n-gens').textContent === "
+                      f"'{args.generations}'")),
                     (f"runs table, {args.runs} runs", many_dir, "api/runs", "#/",
                      f"document.querySelectorAll('#runs-table tr[data-run]').length === {args.runs}")]:
                 server = DashboardServer(runs_dir)  # a fresh server: nothing cached

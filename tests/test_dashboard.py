@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from ratchet.cli import app
 from ratchet.dashboard import Dashboard, DashboardServer, RunPage, RunSource
+from ratchet.errors import RunNotFoundError
 from ratchet.ledger import EventType, SQLiteLedger
 from ratchet.ledger.projection import project
 
@@ -83,6 +84,7 @@ def test_runs_table_and_run_page_are_the_projection(served):
     assert [p["to"] for p in page["promotions"]] == [p["to"] for p in state.promotions]
     assert page["incumbent_id"] == state.incumbent_id and page["test"]["mean"] == pytest.approx(state.test["mean"])
     assert page["env_steps_breakdown"] == state.env_steps_breakdown
+    assert page["structural"] is False  # cmaes changes numbers only: no lineage of programs to read
     changed = {c["name"] for p in page["promotions"] for c in p["changes"]}
     assert changed and changed <= set(state.candidates[state.incumbent_id]["params"])
     # a poll asks only for what it lacks
@@ -174,15 +176,17 @@ def test_structural_runs_show_their_lineage_and_diffs(finished_run, tmp_path):
     led.close()
     dash = Dashboard(RunSource(tmp_path))
     try:
-        page = dash.page("mut")
-        lin = page.view()["lineage"]
+        assert dash.page("mut").view()["structural"] and not dash.page("mut").programs  # read apart, when asked
+        lin = dash.lineage("mut")
         assert lin["total"] == 2 and [n["id"] for n in lin["nodes"]] == ["c0ffee000001", "c0ffee000002"]
         assert lin["nodes"][1]["parent_id"] == "c0ffee000001" and not any(n["promoted"] for n in lin["nodes"])
-        d = page.diff("c0ffee000002")
+        assert dash.lineage("mut") == lin  # nothing read twice
+        d = dash.program("mut", "c0ffee000002")
         assert "-CHILD = 1" in d["diff"] and "+CHILD = 2" in d["diff"]  # against its parent, not the start
-        assert "+CHILD = 1" in page.diff("c0ffee000001")["diff"]
-        with pytest.raises(KeyError):
-            page.diff("nope")
+        assert "+CHILD = 1" in dash.program("mut", "c0ffee000001")["diff"]
+        with pytest.raises(RunNotFoundError):
+            dash.program("mut", "nope")
+
     finally:
         dash.close()
 

@@ -7,8 +7,8 @@ run id or query value gets 400, an unknown run 404. The app only reads: ledgers 
 
 Routes (below the token): ``/`` the page; ``/static/…`` its script, style and uPlot (bundled, no CDN);
 ``/api/runs`` the runs table; ``/api/runs/RUN?gen_from=N&gate_from=M`` a run's page (generations and gate
-decisions from those indexes on); ``/api/runs/RUN/programs/CANDIDATE`` a changed program's diff against its
-parent; ``/api/runs/RUN/gif/before|after/I`` a failure mode's example GIF (written by ``ratchet report``).
+decisions from those indexes on); ``/api/runs/RUN/lineage`` the lineage of programs (runs whose refiners may change
+code); ``/api/runs/RUN/programs/CANDIDATE`` a changed program's diff against its parent; ``/api/runs/RUN/gif/before|after/I`` a failure mode's example GIF (written by ``ratchet report``).
 """
 
 from __future__ import annotations
@@ -101,6 +101,30 @@ class Dashboard:
             page.refresh(ledger)
         return page
 
+    def lineage(self, run_id: str) -> dict[str, Any]:
+        """The run's lineage of programs (:meth:`RunPage.lineage`), its candidates read since the last call.
+
+        Raises:
+            RunNotFoundError: no such run. LedgerError: its ledger is damaged or unreachable.
+        """
+        page = self.page(run_id)
+        with self.source.open(run_id) as ledger:
+            return page.lineage(ledger)
+
+    def program(self, run_id: str, candidate_id: str) -> dict[str, Any]:
+        """A changed program's diff against its parent (:meth:`RunPage.diff`).
+
+        Raises:
+            RunNotFoundError: no such run or changed program. LedgerError: its ledger is damaged or unreachable.
+        """
+        page = self.page(run_id)
+        with self.source.open(run_id) as ledger:
+            page.lineage(ledger)
+        try:
+            return page.diff(candidate_id)
+        except KeyError:
+            raise RunNotFoundError(f"no changed program {candidate_id!r} in run {run_id!r}") from None
+
     def gif_url(self, run_id: str) -> Any:
         run_dir = self.source.run_dir(run_id)
 
@@ -180,15 +204,14 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         page = _call(dashboard.page, run_id)
         return JSONResponse(page.view(gen_from, gate_from, dashboard.gif_url(run_id)))
 
+    def lineage(request: Request) -> Response:
+        return JSONResponse(_call(dashboard.lineage, _run_id(request)))
+
     def program(request: Request) -> Response:
         run_id, cid = _run_id(request), request.path_params["candidate"]
         if not RUN_ID.fullmatch(cid):
             raise HTTPException(400, "malformed candidate id")
-        page = _call(dashboard.page, run_id)
-        try:
-            return JSONResponse(page.diff(cid))
-        except KeyError:
-            raise HTTPException(404, f"no changed program {cid!r} in run {run_id!r}") from None
+        return JSONResponse(_call(dashboard.program, run_id, cid))
 
     def gif(request: Request) -> Response:
         run_id, tag, i = _run_id(request), request.path_params["tag"], request.path_params["i"]
@@ -207,6 +230,7 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         Route("/", index),
         Route("/api/runs", runs),
         Route("/api/runs/{run_id}", run),
+        Route("/api/runs/{run_id}/lineage", lineage),
         Route("/api/runs/{run_id}/programs/{candidate}", program),
         Route("/api/runs/{run_id}/gif/{tag}/{i:int}", gif),
         Mount("/static", StaticFiles(directory=static), name="static"),

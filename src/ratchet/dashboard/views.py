@@ -37,8 +37,8 @@ _KEPT = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.GATE_
                    EventType.CORRECTION_RECORDED, EventType.CORRECTION_FINISHED, EventType.LLM_CALL,
                    EventType.PROPOSAL_REJECTED})
 #: Every event type a run page reads (episodes are never read: their summaries are in the generations). Candidates
-#: are read only for runs whose refiners may change code (:data:`_NUMBERS_ONLY`: the lineage of programs).
-PAGE_TYPES = _KEPT | {EventType.GENERATION_FINISHED, EventType.CANDIDATE_PROPOSED, EventType.TRAINING_FINISHED}
+#: are read apart, by :meth:`RunPage.lineage`, and only for runs whose refiners may change code.
+PAGE_TYPES = _KEPT | {EventType.GENERATION_FINISHED, EventType.TRAINING_FINISHED}
 #: Refiner kinds that never change a program's code (their candidates differ in numbers or artifacts only).
 _NUMBERS_ONLY = frozenset({"cmaes", "ppo", "residual", "dagger", "hg-dagger", "bc", "cfr"})
 #: What a runs table row reads besides the newest events.
@@ -248,7 +248,8 @@ class RunPage:
     training_env_steps: int = 0
     jobs: list[dict[str, Any]] = field(default_factory=list)
     job_totals: dict[str, dict[str, float]] = field(default_factory=dict)
-    types: frozenset[EventType] = PAGE_TYPES
+    structural: bool = False  # a refiner may change code: the page shows the lineage of programs
+    candidates_seq: int = 0  # the newest candidate_proposed event folded (RunPage.lineage)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _state: Any = None
 
@@ -266,7 +267,7 @@ class RunPage:
                 self.newest, self.last_activity = newest.seq, newest.time
                 if not self.kept:  # the start: whether candidates matter (code changes) and the starting program
                     self._start(ledger)
-                for ev in ledger.read(self.seq, self.types):
+                for ev in ledger.read(self.seq, PAGE_TYPES):
                     self._fold(ev)
                     self.seq = ev.seq
             if not self.kept:
@@ -276,7 +277,7 @@ class RunPage:
 
     def _start(self, ledger: LedgerStore) -> None:
         """Read the run's start: its ``run_started`` and starting candidate (for :meth:`_param_changes` and the
-        projection's baseline); candidates are read later only if a refiner may change code."""
+        projection's baseline), and whether a refiner may change code (:attr:`structural`)."""
         first = ledger.read(0, [EventType.RUN_STARTED])[:1]
         if not first:
             return
@@ -285,12 +286,30 @@ class RunPage:
         spec = first[0].payload.get("spec") or {}
         kinds = [str(r.get("kind")) for r in spec.get("refiners") or [] if isinstance(r, dict)] or \
             [str((spec.get("refiner") or {}).get("kind", "cmaes"))]
-        if set(kinds) <= _NUMBERS_ONLY:
-            self.types = PAGE_TYPES - {EventType.CANDIDATE_PROPOSED}
-            start = first[0].payload.get("start_candidate") or {}
-            proposed = ledger.get(f"proposed/0/{start.get('id')}") if start.get("id") else None
-            if proposed is not None:
-                self._fold(proposed)
+        self.structural = not set(kinds) <= _NUMBERS_ONLY
+        start = first[0].payload.get("start_candidate") or {}
+        proposed = ledger.get(f"proposed/0/{start.get('id')}") if start.get("id") else None
+        if proposed is None and start.get("id"):  # the starting candidate as run_started recorded it
+            proposed = Event(first[0].seq, EventType.CANDIDATE_PROPOSED, f"proposed/0/{start['id']}", first[0].time,
+                             {"generation": 0, "candidate": start})
+        if proposed is not None:
+            self._fold(proposed)
+
+    def lineage(self, ledger: LedgerStore) -> dict[str, Any]:
+        """The lineage of programs (:meth:`_lineage`), reading the candidates proposed since the last call (every
+        candidate, once: the costly part of a long run's page, so the page asks for it apart).
+
+        Raises:
+            LedgerError: the ledger is damaged or unreachable.
+        """
+        with self.lock:
+            for ev in ledger.read(self.candidates_seq, [EventType.CANDIDATE_PROPOSED]):
+                if ev.payload.get("generation") != 0:
+                    self._fold(ev)
+                self.candidates_seq = ev.seq
+            st = self._state
+            return _clean(self._lineage({p["to"] for p in st.promotions} if st else set(),
+                                        st.baseline_id if st else None))
 
     def _fold(self, ev: Event) -> None:
         p = ev.payload
@@ -301,9 +320,10 @@ class RunPage:
                 self.gens[col].append(_num(v) if col not in ("refiner", "gate_note", "gated", "promoted") else v)
         elif ev.type is EventType.CANDIDATE_PROPOSED:
             c = p.get("candidate") or {}
-            if p.get("generation") == 0 and self.baseline is None:
-                self.baseline = c
-                self.kept.append(ev)
+            if p.get("generation") == 0:
+                if self.baseline is None:
+                    self.baseline = c
+                    self.kept.append(ev)
             elif isinstance(c.get("source"), str) and isinstance(c.get("id"), str):  # a changed program
                 self.programs[c["id"]] = {"id": c["id"], "parent_id": c.get("parent_id"), "refiner": c.get("refiner"),
                                           "generation": p.get("generation"), "source": c["source"]}
@@ -340,7 +360,6 @@ class RunPage:
             n = len(self.gens["generation"])
             gen_from = max(0, min(gen_from, n))
             gates = [{k: g.get(k) for k in _GATE_KEYS if k in g} for g in st.gates[max(0, gate_from):]]
-            promoted = {p["to"] for p in st.promotions}
             return _clean({
                 "run_id": self.run_id, "recorded_run_id": st.run_id, "seq": self.seq, "status": st.status, "status_text": st.status_text,
                 "task": st.task_name, "policy_kind": (st.spec.get("policy") or {}).get("kind", "program"),
@@ -358,7 +377,7 @@ class RunPage:
                 "n_gates": len(st.gates), "gate_from": max(0, gate_from), "gates": gates,
                 "promotions": self._param_changes(st),
                 "code_changes": data["code_changes"],
-                "lineage": self._lineage(promoted, st.baseline_id),
+                "structural": self.structural,
                 "failure_modes": _failure_modes(st, gif),
                 "test_by_opponent": data["test_by_opponent"], "league": data["league"][-1:],
                 "llm_usage": {k: {**v, "text": llm_usage_text(v)} for k, v in st.llm_usage.items()},

@@ -311,24 +311,7 @@
       put(sec.code, (d.code_changes || []).length ? h("div", {}, h("h2", {}, "Code changes promoted"),
         d.code_changes.map((c) => h("div", {}, h("h3", {}, "generation " + c.generation + ": " + short(c.from) + " → " +
           short(c.to)), diffPre(c.structure_diff || c.diff)))) : "");
-      // lineage of programs
-      const lin = d.lineage || { nodes: [] };
-      if (lin.nodes.length) {
-        const kids = {};
-        const ids = new Set(lin.nodes.map((x) => x.id));
-        for (const x of lin.nodes) {
-          const parent = ids.has(x.parent_id) ? x.parent_id : "";
-          (kids[parent] = kids[parent] || []).push(x);
-        }
-        const tree = (parent, depth) => h("ul", { class: "tree" }, (kids[parent] || []).map((x) => h("li", {},
-          h("a", { onclick: () => showDiff(x.id) }, short(x.id)), " ", h("span", { class: "muted" },
-            "gen " + x.generation + " · " + (x.refiner || "?")), x.promoted ? h("b", {}, " promoted") : null,
-          depth < 60 ? tree(x.id, depth + 1) : null)));
-        put(sec.lineage, h("h2", {}, "Lineage of programs (" + lin.total + " with changed code" +
-          (lin.total > lin.nodes.length ? "; newest " + lin.nodes.length + " shown" : "") + ")"),
-        h("p", { class: "muted" }, "from the start " + short(lin.root) + "; click a program for its diff against its parent"),
-        tree("", 0), diffBox);
-      } else put(sec.lineage, "");
+      if (d.structural) loadLineage(); else put(sec.lineage);
       // games
       const opp = d.test_by_opponent || [];
       put(sec.games, opp.length ? h("div", {}, h("h2", {}, "Test payoff by opponent"),
@@ -362,6 +345,35 @@
             h("td", {}, int(c.episodes)), h("td", {}, int(c.person_steps)), h("td", {}, int(c.env_steps)),
             h("td", { class: "l" }, c.status), h("td", { class: "note" }, c.status === "finished"
               ? (c.promoted ? "promoted: " : "not promoted: ") + (c.reason || "") : "")))), { left: [1, 2, 6, 7] }) : "");
+    }
+
+    async function loadLineage() {
+      let lin;
+      try {
+        lin = await getJSON("api/runs/" + encodeURIComponent(id) + "/lineage");
+      } catch (e) {
+        put(sec.lineage, h("h2", {}, "Lineage of programs"), h("p", { class: "error" }, e.message));
+        return;
+      }
+      if (route !== token) return;
+      if (!lin.nodes.length) {
+        put(sec.lineage, h("h2", {}, "Lineage of programs"), h("p", { class: "muted" }, "no program with changed code yet"));
+        return;
+      }
+      const kids = {};
+      const ids = new Set(lin.nodes.map((x) => x.id));
+      for (const x of lin.nodes) {
+        const parent = ids.has(x.parent_id) ? x.parent_id : "";
+        (kids[parent] = kids[parent] || []).push(x);
+      }
+      const tree = (parent, depth) => h("ul", { class: "tree" }, (kids[parent] || []).map((x) => h("li", {},
+        h("a", { onclick: () => showDiff(x.id), "data-program": x.id }, short(x.id)), " ", h("span", { class: "muted" },
+          "gen " + x.generation + " · " + (x.refiner || "?")), x.promoted ? h("b", {}, " promoted") : null,
+        depth < 60 ? tree(x.id, depth + 1) : null)));
+      put(sec.lineage, h("h2", {}, "Lineage of programs (" + lin.total + " with changed code" +
+        (lin.total > lin.nodes.length ? "; newest " + lin.nodes.length + " shown" : "") + ")"),
+      h("p", { class: "muted" }, "from the start " + short(lin.root) + "; click a program for its diff against its parent"),
+      tree("", 0), diffBox);
     }
 
     async function showDiff(cid) {
