@@ -152,10 +152,10 @@ def main() -> None:
                     (f"run page, {args.generations:,} generations", long_dir, "api/runs/long-run", "#/run/long-run",
                      (f"document.getElementById('n-gens') && document.getElementById('n-gens').textContent === "
                      f"'{args.generations}'")),
-                    ((f"run page, {args.generations:,} generations, a refiner that may change code (every candidate "
-                     "read)"), long_dir, "api/runs/long-mutate", "#/run/long-mutate",
+                    ((f"run page, {args.generations:,} generations, a refiner that may change code (the page and its "
+                      "lineage of programs: every candidate read)"), long_dir, "api/runs/long-mutate/lineage", "#/run/long-mutate",
                      (f"document.getElementById('n-gens') && document.getElementById('n-gens').textContent === "
-                      f"'{args.generations}'")),
+                      f"'{args.generations}' && document.querySelector('#sec-lineage h2')")),
                     (f"runs table, {args.runs} runs", many_dir, "api/runs", "#/",
                      f"document.querySelectorAll('#runs-table tr[data-run]').length === {args.runs}")]:
                 server = DashboardServer(runs_dir)  # a fresh server: nothing cached
