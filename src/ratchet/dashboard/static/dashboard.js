@@ -180,7 +180,7 @@
 
   function chart(title, xLabel, labels, width) {
     const opts = {
-      title: undefined, width: width || 620, height: 240, scales: { x: { time: false } }, legend: { live: true },
+      title: undefined, width: width || 560, height: 240, scales: { x: { time: false } }, legend: { live: true },
       series: [{ label: xLabel }, ...labels.map((l, i) => ({ label: l, stroke: COLORS[i % COLORS.length], width: 1.5,
         spanGaps: true, points: { show: false } }))],
       axes: [{ label: xLabel, incrs: xLabel === "generation" ? [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
