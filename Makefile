@@ -33,11 +33,11 @@ test: install lint
 
 ## docs: serve the documentation site at http://127.0.0.1:8000 (rebuilds on every edit)
 docs: install
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 ## docs-build: build the site into site/ in strict mode: a broken link or a missing reference fails (CI runs it)
 docs-build: install
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 benchmarks: install
 	$(BIN)/python benchmarks/examples.py
