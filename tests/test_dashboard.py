@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from ratchet.cli import app
 from ratchet.dashboard import Dashboard, DashboardServer, RunPage, RunSource
-from ratchet.errors import RunNotFoundError
+from ratchet.errors import LedgerError, RunNotFoundError
 from ratchet.ledger import EventType, SQLiteLedger
 from ratchet.ledger.projection import project
 
@@ -301,3 +301,48 @@ def test_a_run_being_written_updates_in_a_headless_browser(finished_run, tmp_pat
         server.stop()
         led.close()
     assert (ARTIFACTS / "dashboard-run.png").stat().st_size > 10_000
+
+
+def test_a_damaged_event_is_an_error_every_time_and_a_replaced_run_is_read_afresh(finished_run, tmp_path):
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / "r", ignore=shutil.ignore_patterns(".lock", "workers"))
+    with sqlite3.connect(runs / "r" / "ledger.sqlite") as con:  # a list where a generation's summary should be
+        con.execute("UPDATE events SET payload = '[1, 2]' WHERE seq = (SELECT max(seq) FROM events "
+                    "WHERE type = 'generation_finished')")
+    con.close()
+    dash = Dashboard(RunSource(runs))
+    try:
+        for _ in range(2):  # never a partial page afterwards, as if the run had stopped there
+            with pytest.raises(LedgerError, match="damaged at event"):
+                dash.page("r")
+        shutil.rmtree(runs / "r")  # another run under the same id
+        shutil.copytree(run_dir, runs / "r", ignore=shutil.ignore_patterns(".lock", "workers"))
+        view = dash.page("r").view()
+        assert view["status"] == "finished" and view["n_generations"] == project(read_events(run_dir)).generations
+    finally:
+        dash.close()
+
+
+def test_pids_no_process_can_have_are_not_running():
+    from ratchet.processes import process_running
+
+    assert not any(process_running(p) for p in (2**80, -1, 0, "123", None, True))
+    assert process_running(os.getpid())
+
+
+def test_gifs_are_never_read_through_a_link(served, tmp_path):
+    server, runs = served
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "failure-after-1.gif").write_bytes(b"GIF89aSECRET")
+    shutil.rmtree(runs / "done" / "videos", ignore_errors=True)
+    (runs / "done" / "videos").symlink_to(secret)
+    status, body = _get(server.url + "api/runs/done/gif/after/1")
+    assert status == 404 and b"SECRET" not in body
+    assert all(m["gif"] is None for m in _json(server.url + "api/runs/done")["failure_modes"]["after"])
+    for bad in ("%C2%B2", "1" * 5000):
+        assert _get(server.url + f"api/runs/done?gen_from={bad}")[0] == 400
+        assert _get(server.url + f"api/runs/done/gif/after/{bad}")[0] == 400

@@ -315,9 +315,14 @@ def dashboard(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT,
         _fail(exc)
         return
     except OSError as exc:
-        _fail(RatchetError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port"))
+        _fail(RatchetError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host, or pick another "
+                           "--port"))
         return
     out.print(f"ratchet dashboard over {server.dashboard.source.where}: {server.url}", highlight=False, soft_wrap=True)
+    if server.exposed:
+        err.print(f"warning: --host {host} lets other machines reach the page over plain HTTP; the token in the URL is "
+                  "its only protection (prefer the default 127.0.0.1 and an SSH tunnel: ssh -L PORT:127.0.0.1:PORT)",
+                  highlight=False, soft_wrap=True)
     out.print("(read-only; Ctrl-C stops it)", highlight=False)
     server.run()
 

@@ -9,7 +9,10 @@ __all__ = ["process_running"]
 
 def process_running(pid: int) -> bool:
     """Whether process ``pid`` on this machine is running. A zombie (killed, not yet reaped) is not;
-    a process we may not signal (another user's) is."""
+    a process we may not signal (another user's) is. A pid that no process can have (not an int, ≤ 0, beyond
+    ``pid_t``: read from a damaged ledger or lease) is not running."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2**31:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

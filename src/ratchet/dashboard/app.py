@@ -13,12 +13,14 @@ code); ``/api/runs/RUN/programs/CANDIDATE`` a changed program's diff against its
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ __all__ = ["Dashboard", "DashboardServer", "create_app"]
 
 _MAX_GIF_BYTES = 64 * 2**20
 _MAX_PAGES = 32  # run pages kept folded in memory (the least recently viewed is dropped)
+_ROW_DEADLINE_S = 5.0  # a runs table row not read by then is listed as unreadable for now
 _SECURITY_HEADERS = [
     (b"content-security-policy", (b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
                                  b"script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")),
@@ -46,17 +49,35 @@ class Dashboard:
 
     def __init__(self, source: RunSource) -> None:
         self.source = source
-        self._rows: dict[str, tuple[int, dict[str, Any], Any]] = {}  # run -> (newest seq, row, liveness)
+        self._rows: dict[str, tuple[Any, dict[str, Any], Any]] = {}  # run -> ((newest seq, start time), row, liveness)
         self._pages: OrderedDict[str, RunPage] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ratchet-dashboard")
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ratchet-dashboard")
+        self._reading: dict[str, Future[dict[str, Any]]] = {}  # run -> its row being read
 
     def runs(self) -> dict[str, Any]:
-        """``{"where", "runs": [row, ...], "unreadable": [{"run_id", "error"}], "now"}`` (rows: :func:`run_row`)."""
+        """``{"where", "runs": [row, ...], "unreadable": [{"run_id", "error"}], "now"}`` (rows: :func:`run_row`).
+
+        Rows are read in parallel; one that takes longer than :data:`_ROW_DEADLINE_S` (a locked ledger, a database
+        that does not answer) is listed as unreadable for now and read on in the background, never twice at once.
+        """
         ids = self.source.run_ids()
-        results = list(self._pool.map(self._row, ids))
-        rows = [r for r in results if "error_reading" not in r]
-        bad = [{"run_id": r["run_id"], "error": r["error_reading"]} for r in results if "error_reading" in r]
+        futures = {}
+        with self._lock:
+            for run_id in ids:
+                fut = self._reading.get(run_id)
+                if fut is None or fut.done():
+                    fut = self._reading[run_id] = self._pool.submit(self._row, run_id)
+                futures[run_id] = fut
+        wait(futures.values(), timeout=_ROW_DEADLINE_S)
+        rows, bad = [], []
+        for run_id, fut in futures.items():
+            r = fut.result() if fut.done() else {"run_id": run_id, "error_reading": "still reading its ledger "
+                                                   f"after {_ROW_DEADLINE_S:.0f} s (locked, or its database is slow)"}
+            if "error_reading" in r:
+                bad.append({"run_id": run_id, "error": r["error_reading"]})
+            else:
+                rows.append(r)
         with self._lock:
             for gone in set(self._rows) - set(ids):
                 del self._rows[gone]
@@ -64,24 +85,26 @@ class Dashboard:
 
     def _row(self, run_id: str) -> dict[str, Any]:
         """A runs table row, re-read only when the run has new events (its status is recomputed each time: a
-        writer may die without writing anything)."""
-        try:
-            with self.source.open(run_id) as ledger:
-                newest = ledger.tail()
-                lease = ledger.read_lease()
-                with self._lock:
-                    cached = self._rows.get(run_id)
-                if cached is None or cached[0] != (newest.seq if newest else 0):
-                    row, liveness = run_row(ledger, run_id)
-                    cached = (row["seq"], row, liveness)
-                    with self._lock:
-                        self._rows[run_id] = cached
-        except Exception as exc:  # noqa: BLE001 - one damaged run must not hide the others
-            return {"run_id": run_id, "error_reading": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        writer may die without writing anything); ``{"run_id", "error_reading"}`` when it cannot be read."""
         from ratchet.ledger.projection import RunState
 
-        status = cached[2].status_now(lease)
-        text = RunState(status=status, writer=lease.to_json() if lease is not None else None).status_text
+        try:
+            with self.source.open(run_id) as ledger:
+                started = ledger.get("run_started")
+                newest = ledger.tail()
+                lease = ledger.read_lease()
+                key = (newest.seq if newest else 0, started.time if started else None)
+                with self._lock:
+                    cached = self._rows.get(run_id)
+                if cached is None or cached[0] != key:
+                    row, liveness = run_row(ledger, run_id)
+                    cached = (key, row, liveness)
+                    with self._lock:
+                        self._rows[run_id] = cached
+            status = cached[2].status_now(lease)
+            text = RunState(status=status, writer=lease.to_json() if lease is not None else None).status_text
+        except Exception as exc:  # noqa: BLE001 - one damaged run must not hide the others
+            return {"run_id": run_id, "error_reading": f"{type(exc).__name__}: {str(exc)[:200]}"}
         return {**cached[1], "status": status, "status_text": text}
 
     def page(self, run_id: str) -> RunPage:
@@ -126,34 +149,62 @@ class Dashboard:
             raise RunNotFoundError(f"no changed program {candidate_id!r} in run {run_id!r}") from None
 
     def gif_url(self, run_id: str) -> Any:
-        run_dir = self.source.run_dir(run_id)
+        """``(tag, i) -> URL`` of a failure mode's example GIF when :meth:`gif` would serve it, else None."""
+        videos = self._videos(run_id)
 
         def url(tag: str, i: int) -> str | None:
-            if run_dir is None or not (run_dir / "videos" / f"failure-{tag}-{i}.gif").is_file():
+            if videos is None or not _regular(videos / f"failure-{tag}-{i}.gif"):
                 return None
             return f"api/runs/{run_id}/gif/{tag}/{i}"
 
         return url
 
+    def _videos(self, run_id: str) -> Path | None:
+        """The run's ``videos`` folder when neither it nor the run directory is a link (GIFs are never read through
+        one), else None."""
+        run_dir = self.source.run_dir(run_id)
+        if run_dir is None or run_dir.is_symlink() or (run_dir / "videos").is_symlink():
+            return None
+        return run_dir / "videos"
+
     def gif(self, run_id: str, tag: str, i: int) -> bytes:
-        """A failure mode's example GIF, read as a regular file only (never a link's target).
+        """A failure mode's example GIF, read as a regular file only (never a link, nor through one).
 
         Raises:
             RunNotFoundError: no such run or GIF.
         """
         from ratchet.safefile import read_bytes
 
-        run_dir = self.source.run_dir(run_id)
-        if run_dir is None:
-            raise RunNotFoundError(f"no GIFs for run {run_id!r}")
+        videos = self._videos(run_id)
         try:
-            return read_bytes(run_dir / "videos" / f"failure-{tag}-{i}.gif", _MAX_GIF_BYTES)
+            if videos is None:
+                raise OSError
+            return read_bytes(videos / f"failure-{tag}-{i}.gif", _MAX_GIF_BYTES)
         except OSError:
             raise RunNotFoundError(f"no GIF failure-{tag}-{i} for run {run_id!r}") from None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self.source.close()
+
+
+def _own_names() -> set[str]:
+    """This machine's host name, fully qualified name and addresses (for ``Host`` headers when serving on every
+    interface)."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    try:
+        names |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return {n for n in names if n}
+
+
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _static_dir() -> Path:
@@ -180,17 +231,21 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
 
     def _int(request: Request, name: str) -> int:
         raw = request.query_params.get(name, "0")
-        if not raw.isdigit() or len(raw) > 9:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
             raise HTTPException(400, f"{name} must be a non-negative integer")
         return int(raw)
 
     def _call(fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, its errors as one-line answers (never a traceback on the terminal: a damaged run is
+        polled every few seconds)."""
         try:
             return fn(*args)
         except RunNotFoundError as exc:
             raise HTTPException(404, str(exc)) from None
         except (LedgerError, RatchetError) as exc:
             raise HTTPException(500, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a malformed ledger the views did not foresee: that run's answer
+            raise HTTPException(500, f"cannot show it: {type(exc).__name__}: {str(exc)[:200]}") from None
 
     def index(request: Request) -> Response:
         return FileResponse(static / "index.html", media_type="text/html; charset=utf-8")
@@ -202,7 +257,7 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         run_id = _run_id(request)
         gen_from, gate_from = _int(request, "gen_from"), _int(request, "gate_from")
         page = _call(dashboard.page, run_id)
-        return JSONResponse(page.view(gen_from, gate_from, dashboard.gif_url(run_id)))
+        return JSONResponse(_call(page.view, gen_from, gate_from, dashboard.gif_url(run_id)))
 
     def lineage(request: Request) -> Response:
         return JSONResponse(_call(dashboard.lineage, _run_id(request)))
@@ -217,7 +272,9 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         run_id, tag, i = _run_id(request), request.path_params["tag"], request.path_params["i"]
         if tag not in ("before", "after"):
             raise HTTPException(400, "the GIF's tag is before or after")
-        return Response(_call(dashboard.gif, run_id, tag, i), media_type="image/gif")
+        if not (i.isascii() and i.isdigit()) or len(i) > 4:
+            raise HTTPException(400, "the GIF's number is a failure mode's rank: 1, 2, …")
+        return Response(_call(dashboard.gif, run_id, tag, int(i)), media_type="image/gif")
 
     def error(request: Request, exc: Exception) -> Response:
         code = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -232,7 +289,7 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         Route("/api/runs/{run_id}", run),
         Route("/api/runs/{run_id}/lineage", lineage),
         Route("/api/runs/{run_id}/programs/{candidate}", program),
-        Route("/api/runs/{run_id}/gif/{tag}/{i:int}", gif),
+        Route("/api/runs/{run_id}/gif/{tag}/{i}", gif),
         Mount("/static", StaticFiles(directory=static), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: error, Exception: error})
@@ -273,14 +330,14 @@ class _Guard:
         if refusal is not None:
             await _plain(send, *refusal)
             return
-        if not slash:  # /TOKEN → /TOKEN/ (relative URLs on the page need the slash)
-            await self.redirect(f"/{prefix}/", status_code=307)(scope, receive, send)
-            return
-
         async def send_with_headers(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *_SECURITY_HEADERS]}
             await send(message)
+
+        if not slash:  # /TOKEN → /TOKEN/ (relative URLs on the page need the slash)
+            await self.redirect(f"/{prefix}/", status_code=307)(scope, receive, send_with_headers)
+            return
 
         await self.app({**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode()}, receive, send_with_headers)
 
@@ -325,9 +382,15 @@ class DashboardServer:
             self.dashboard.close()
             raise
         bound = self._sock.getsockname()[1]
-        url_host = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        wildcard = host in ("", "0.0.0.0", "::")
+        url_host = "127.0.0.1" if wildcard else host
         shown = f"[{url_host}]" if ":" in url_host else url_host
-        hosts = {f"127.0.0.1:{bound}", f"localhost:{bound}", f"{shown}:{bound}"}
+        names = {"127.0.0.1", "localhost", shown}
+        if wildcard:  # every interface: this machine's names and addresses, as another machine's browser sends them
+            names |= _own_names()
+        hosts = {f"{n}:{bound}" for n in names}
+        #: whether other machines can reach the page (plain HTTP: the URL's token is its only protection then)
+        self.exposed = not (wildcard is False and host in ("127.0.0.1", "localhost", "::1"))
         self.token = secrets.token_urlsafe(18)
         self.port = bound
         self.url = f"http://{shown}:{bound}/{self.token}/"

@@ -16,11 +16,11 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ratchet.errors import RatchetError, RunNotFoundError
+from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
 from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.ledger.projection import live_status, llm_usage_text, project
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, storage_url
@@ -72,6 +72,11 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def _policy_kind(spec: dict[str, Any]) -> str:
+    policy = spec.get("policy")
+    return str(policy.get("kind", "program")) if isinstance(policy, dict) else "program"
+
+
 def _refiners(spec: dict[str, Any]) -> list[str]:
     """The refiner kinds of a run's spec (``[[refiners]]`` tables, else the single ``[refiner]``)."""
     many = spec.get("refiners") or []
@@ -85,6 +90,21 @@ def _task_name(spec: dict[str, Any], task: dict[str, Any] | None) -> str:
     from ratchet.ledger.projection import RunState
 
     return RunState(spec=spec, task=task).task_name
+
+
+def _holds_a_run(d: Path) -> bool:
+    """Whether a folder is a run directory (a ledger file or a pointer); one we may not look into (another user's
+    run: run directories are 0700) counts, so the table lists it as unreadable instead of failing."""
+    try:
+        return (d / LEDGER_FILE).is_file() or (d / POINTER_FILE).is_file()
+    except OSError:
+        return d.is_dir()
+
+
+def _int(x: Any) -> int:
+    """A recorded count read defensively: the int itself, else 0."""
+    v = _num(x)
+    return int(v) if v is not None else 0
 
 
 class RunSource:
@@ -123,8 +143,7 @@ class RunSource:
             return [r for r, _ in list_runs(self.url)]
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir()
-                      if RUN_ID.fullmatch(p.name) and ((p / LEDGER_FILE).is_file() or (p / POINTER_FILE).is_file()))
+        return sorted(p.name for p in self.root.iterdir() if RUN_ID.fullmatch(p.name) and _holds_a_run(p))
 
     def run_dir(self, run_id: str) -> Path | None:
         """The run's directory (GIFs, report), or None for a run kept only in a database."""
@@ -218,12 +237,12 @@ def run_row(ledger: LedgerStore, run_id: str) -> tuple[dict[str, Any], Liveness]
     budget = (st.spec.get("budget") or {}).get("env_steps")
     return _clean({
         "run_id": run_id, "status": st.status, "status_text": st.status_text,
-        "task": st.task_name, "policy_kind": (st.spec.get("policy") or {}).get("kind", "program"),
+        "task": str(st.task_name), "policy_kind": _policy_kind(st.spec),
         "refiners": _refiners(st.spec), "start_validation": start_val, "incumbent_validation": inc_val,
-        "start_test": (st.baseline_test or {}).get("mean"), "test": (st.test or {}).get("mean"),
-        "env_steps": int(fin.get("env_steps", 0)) if fin else int(g.get("env_steps", 0) or 0),
-        "budget_env_steps": budget, "cost_unit": (st.task or {}).get("cost_unit", "env steps"),
-        "generations": int(fin.get("generations", 0)) if fin else int(g.get("generation", 0) or 0),
+        "start_test": _num((st.baseline_test or {}).get("mean")), "test": _num((st.test or {}).get("mean")),
+        "env_steps": _int((fin or g).get("env_steps")), "budget_env_steps": _num(budget),
+        "cost_unit": str((st.task or {}).get("cost_unit", "env steps")),
+        "generations": _int(fin.get("generations")) if fin else _int(g.get("generation")),
         "promotions": len(st.promotions), "last_activity": newest.time if newest else None,
         "seq": newest.seq if newest else 0, "error": st.error}), liveness
 
@@ -250,38 +269,68 @@ class RunPage:
     job_totals: dict[str, dict[str, float]] = field(default_factory=dict)
     structural: bool = False  # a refiner may change code: the page shows the lineage of programs
     candidates_seq: int = 0  # the newest candidate_proposed event folded (RunPage.lineage)
+    identity: tuple[int, float] | None = None  # the folded ledger's run_started (seq, time)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _state: Any = None
 
     def refresh(self, ledger: LedgerStore) -> bool:
-        """Fold what was appended since the last call; returns whether anything was.
+        """Fold what was appended since the last call; returns whether anything was. A ledger that is no longer the
+        one folded (another run now has this id: a different ``run_started``, or fewer events) is folded afresh.
 
         Raises:
-            LedgerError: the ledger is damaged or unreachable.
+            RunNotFoundError: no ``run_started`` event.
+            LedgerError: the ledger is damaged or unreachable, or an event is malformed (every call says so again
+                until it is mended; nothing after it is shown as if the run went on).
         """
         with self.lock:
+            started = ledger.get("run_started")
             newest = ledger.tail()
             lease = ledger.read_lease()
+            identity = (started.seq, started.time) if started is not None else None
+            if self.identity is not None and (identity != self.identity or newest is None or newest.seq < self.newest):
+                self._reset()
+            self.identity = identity
             changed = newest is not None and newest.seq != self.newest
             if changed and newest is not None:
-                self.newest, self.last_activity = newest.seq, newest.time
-                if not self.kept:  # the start: whether candidates matter (code changes) and the starting program
-                    self._start(ledger)
+                if not self.kept and started is not None:  # the start: the starting program, code changes or not
+                    try:
+                        self._start(ledger, started)
+                    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                        self._reset()
+                        raise LedgerError(f"the ledger of run {self.run_id!r} is damaged at its run_started event: "
+                                          f"{type(exc).__name__}: {str(exc)[:100]}") from None
                 for ev in ledger.read(self.seq, PAGE_TYPES):
-                    self._fold(ev)
+                    self._fold_checked(ev)
                     self.seq = ev.seq
+                self.newest, self.last_activity = newest.seq, newest.time  # only once everything before it folded
             if not self.kept:
                 raise RunNotFoundError(f"run {self.run_id!r} has no run_started event")
-            self._state = project(self.kept, lease)  # small events only: a few per generation at most
+            try:
+                self._state = project(self.kept, lease)  # small events only: a few per generation at most
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LedgerError(f"the ledger of run {self.run_id!r} is damaged: an event lacks or garbles "
+                                  f"{str(exc)[:100]}") from None
             return changed
 
-    def _start(self, ledger: LedgerStore) -> None:
-        """Read the run's start: its ``run_started`` and starting candidate (for :meth:`_param_changes` and the
+    def _reset(self) -> None:
+        """Forget everything folded (the run id now names another ledger)."""
+        fresh = RunPage(self.run_id)
+        for f in fields(self):
+            if f.name != "lock":
+                setattr(self, f.name, getattr(fresh, f.name))
+
+    def _fold_checked(self, ev: Event) -> None:
+        try:
+            self._fold(ev)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerError(f"the ledger of run {self.run_id!r} is damaged at event {ev.seq} ({ev.type.value}): "
+                              f"{type(exc).__name__}: {str(exc)[:100]}") from None
+
+    def _start(self, ledger: LedgerStore, started: Event) -> None:
+        """Fold the run's start: its ``run_started`` and starting candidate (for :meth:`_param_changes` and the
         projection's baseline), and whether a refiner may change code (:attr:`structural`)."""
-        first = ledger.read(0, [EventType.RUN_STARTED])[:1]
-        if not first:
-            return
-        self._fold(first[0])
+        first = [started]
+        self._fold_checked(first[0])
         self.seq = first[0].seq
         spec = first[0].payload.get("spec") or {}
         kinds = [str(r.get("kind")) for r in spec.get("refiners") or [] if isinstance(r, dict)] or \
@@ -293,7 +342,7 @@ class RunPage:
             proposed = Event(first[0].seq, EventType.CANDIDATE_PROPOSED, f"proposed/0/{start['id']}", first[0].time,
                              {"generation": 0, "candidate": start})
         if proposed is not None:
-            self._fold(proposed)
+            self._fold_checked(proposed)
 
     def lineage(self, ledger: LedgerStore) -> dict[str, Any]:
         """The lineage of programs (:meth:`_lineage`), reading the candidates proposed since the last call (every
@@ -305,7 +354,7 @@ class RunPage:
         with self.lock:
             for ev in ledger.read(self.candidates_seq, [EventType.CANDIDATE_PROPOSED]):
                 if ev.payload.get("generation") != 0:
-                    self._fold(ev)
+                    self._fold_checked(ev)
                 self.candidates_seq = ev.seq
             st = self._state
             return _clean(self._lineage({p["to"] for p in st.promotions} if st else set(),
@@ -362,7 +411,7 @@ class RunPage:
             gates = [{k: g.get(k) for k in _GATE_KEYS if k in g} for g in st.gates[max(0, gate_from):]]
             return _clean({
                 "run_id": self.run_id, "recorded_run_id": st.run_id, "seq": self.seq, "status": st.status, "status_text": st.status_text,
-                "task": st.task_name, "policy_kind": (st.spec.get("policy") or {}).get("kind", "program"),
+                "task": str(st.task_name), "policy_kind": _policy_kind(st.spec),
                 "refiners": _refiners(st.spec), "spec": st.spec, "versions": st.versions, "execution": st.execution,
                 "cost_unit": data["cost_unit"], "budget": st.spec.get("budget") or {},
                 "stop_reason": st.stop_reason, "error": st.error, "writer": st.writer,
@@ -410,7 +459,7 @@ class RunPage:
         shown = [p for p in progs if p["id"] in promoted]
         shown += [p for p in progs[-_MAX_LINEAGE:] if p["id"] not in promoted]
         nodes = [{k: p[k] for k in ("id", "parent_id", "refiner", "generation")} | {"promoted": p["id"] in promoted}
-                 for p in sorted(shown, key=lambda p: (p["generation"] or 0))]
+                 for p in sorted(shown, key=lambda p: _num(p["generation"]) or 0)]
         return {"root": baseline_id, "nodes": nodes, "total": len(progs)}
 
     def diff(self, candidate_id: str) -> dict[str, Any]:
@@ -423,7 +472,7 @@ class RunPage:
             prog = self.programs[candidate_id]
             parent = self.programs.get(prog.get("parent_id") or "")
             start = self._state.policy_source if self._state is not None else ""
-            old = parent["source"] if parent else start
+            old = parent["source"] if parent else str(start or "")
             lines = difflib.unified_diff(old.splitlines(), prog["source"].splitlines(),
                                          f"{(prog.get('parent_id') or 'start')}", candidate_id, lineterm="", n=3)
             return {"id": candidate_id, "parent_id": prog.get("parent_id"), "refiner": prog.get("refiner"),
@@ -444,7 +493,12 @@ def _failure_modes(st: Any, gif: Callable[[str, int], str | None] | None) -> dic
     for tag, crit in (("before", st.baseline_test_critique), ("after", st.test_critique)):
         modes = []
         for i, m in enumerate((crit or {}).get("failure_modes", [])):
-            modes.append({k: m.get(k) for k in ("label", "count", "share", "mean_return", "example_seeds",
-                                                "description")} | {"gif": gif(tag, i + 1) if gif else None})
+            if not isinstance(m, dict):
+                continue
+            seeds = m.get("example_seeds")
+            modes.append({"label": str(m.get("label", "?")), "count": _num(m.get("count")), "share": _num(m.get("share")),
+                          "mean_return": _num(m.get("mean_return")), "description": str(m.get("description") or ""),
+                          "example_seeds": [str(x) for x in seeds] if isinstance(seeds, list) else [],
+                          "gif": gif(tag, i + 1) if gif else None})
         out[tag] = modes
     return out

@@ -83,7 +83,9 @@
   function router() {
     clearTimeout(timer);
     route = {};
-    const parts = (location.hash || "#/").slice(2).split("/").map(decodeURIComponent);
+    const parts = (location.hash || "#/").slice(2).split("/").map((x) => {
+      try { return decodeURIComponent(x); } catch (e) { return x; } // a malformed %-escape: taken as written
+    });
     if (parts[0] === "run" && parts[1]) runView(parts[1], route);
     else if (parts[0] === "compare" && parts[1] && parts[2]) compareView(parts[1], parts[2], route);
     else runsView(route);
@@ -129,11 +131,12 @@
       if (q) rows = rows.filter((r) => [r.run_id, r.status, r.task, r.policy_kind, (r.refiners || []).join(" ")]
         .join(" ").toLowerCase().includes(q));
       const k = runsUI.sort, sign = runsUI.desc ? -1 : 1;
+      const key = (v) => (v === null || v === undefined ? null : isNum(v) ? v : Array.isArray(v) ? v.join(",") : String(v));
       rows.sort((a, b) => {
-        let x = a[k], y = b[k];
-        if (Array.isArray(x)) { x = x.join(","); y = (y || []).join(","); }
-        if (x === null || x === undefined) return 1;
-        if (y === null || y === undefined) return -1;
+        const x = key(a[k]), y = key(b[k]);
+        if (x === null) return y === null ? 0 : 1;
+        if (y === null) return -1;
+        if (typeof x !== typeof y) return (typeof x === "number" ? -1 : 1) * sign;
         return (x < y ? -1 : x > y ? 1 : 0) * sign;
       });
       const head = h("tr", {}, h("th", {}, ""), RUN_COLS.map(([label, key, left]) => h("th", {
