@@ -138,7 +138,7 @@ def _print_result(run_dir: Path, state) -> None:
     tensorboard = ((state.spec or {}).get("logging") or {}).get("tensorboard")  # [logging] tensorboard
     if isinstance(tensorboard, str):
         out.print(f"tensorboard: {Path(tensorboard) / state.run_id} (see it with `tensorboard --logdir "
-                  f"{tensorboard}`)", highlight=False, soft_wrap=True)
+                  f"{tensorboard}`; the viewer: pip install tensorboard)", highlight=False, soft_wrap=True)
 
 
 def _success_rule(state) -> str | None:
@@ -298,7 +298,11 @@ def _num(x: Any) -> str:
 
 
 @app.command()
-def dashboard(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT,
+def dashboard(runs_dir: str = RUNS_DIR_OPT,
+              storage: str | None = typer.Option(
+                  None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
+                  help="List the runs kept in this database (postgresql://USER@HOST[:PORT]/DB or sqlite:///PATH) "
+                       "instead of the run directories in --runs-dir."),
               host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on. The default serves this "
                                        "machine only; the URL's token is the page's only protection elsewhere."),
               port: int = typer.Option(0, "--port", min=0, max=65535, help="Port to listen on (0: a free one).")) -> None:
@@ -319,6 +323,9 @@ def dashboard(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT,
                            "--port"))
         return
     out.print(f"ratchet dashboard over {server.dashboard.source.where}: {server.url}", highlight=False, soft_wrap=True)
+    if storage is None and not Path(runs_dir).is_dir():
+        err.print(f"warning: no folder {runs_dir} (yet): the page lists runs there once `ratchet run --runs-dir "
+                  f"{runs_dir}` makes them; a typo? ", highlight=False, soft_wrap=True)
     if server.exposed:
         err.print(f"warning: --host {host} lets other machines reach the page over plain HTTP; the token in the URL is "
                   "its only protection (prefer the default 127.0.0.1 and an SSH tunnel: ssh -L PORT:127.0.0.1:PORT)",

@@ -181,17 +181,21 @@
     st.data = d;
   }
 
-  function chart(title, xLabel, labels, width) {
+  // series: labels, or {label, color, dash, step} (step: a value that holds until it changes, e.g. the incumbent's)
+  function chart(title, xLabel, series, yLabel, width) {
+    const specs = series.map((s, i) => (typeof s === "string" ? { label: s } : s)).map((s, i) => ({
+      label: s.label, stroke: s.color || COLORS[i % COLORS.length], width: 1.5, spanGaps: true, dash: s.dash,
+      points: { show: false }, paths: s.step ? uPlot.paths.stepped({ align: 1 }) : undefined,
+    }));
     const opts = {
-      title: undefined, width: width || 560, height: 240, scales: { x: { time: false } }, legend: { live: true },
-      series: [{ label: xLabel }, ...labels.map((l, i) => ({ label: l, stroke: COLORS[i % COLORS.length], width: 1.5,
-        spanGaps: true, points: { show: false } }))],
+      title: undefined, width: width || 560, height: 240, scales: { x: { time: false } }, legend: { live: false },
+      series: [{ label: xLabel }, ...specs],
       axes: [{ label: xLabel, incrs: xLabel === "generation" ? [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
-        10000, 20000, 50000] : undefined }, { size: 70 }],
+        10000, 20000, 50000] : undefined }, { size: 70, label: yLabel }],
     };
     const el = h("div", { class: "chart" }, h("h3", {}, title));
-    const u = new uPlot(opts, [[], ...labels.map(() => [])], el);
-    return { el, u, labels };
+    const u = new uPlot(opts, [[], ...specs.map(() => [])], el);
+    return { el, u, labels: specs.map((s) => s.label) };
   }
 
   function curves(g) {
@@ -222,20 +226,26 @@
 
     function renderCharts() {
       const c = curves(st.gens);
-      if (!st.charts || st.charts.alloc.labels.join() !== c.refiners.join()) {
+      const unit = st.data.cost_unit || "env steps";
+      const training = c.steps[4].some((v) => v);  // training jobs' steps: only refiners that train have them
+      const key = c.refiners.join() + "|" + training;
+      if (!st.charts || st.charts.key !== key) {
         st.charts = {
-          returns: chart("returns per generation", "generation", ["incumbent validation mean", "best training mean",
-            "incumbent training mean"]),
-          steps: chart("budget as it grows (" + (st.data.cost_unit || "env steps") + ", cumulative)", "generation",
-            ["total", "search and re-evaluation", "validation", "training jobs"]),
-          alloc: chart("refiner allocation (generations, cumulative)", "generation", c.refiners),
+          key,
+          returns: chart("returns per generation", "generation", [
+            { label: "incumbent validation mean", step: true }, "best training mean", "incumbent training mean"],
+          "mean return"),
+          steps: chart("budget as it grows (cumulative)", "generation", ["total", "search and re-evaluation",
+            "validation", ...(training ? ["training jobs"] : [])], unit),
+          alloc: c.refiners.length > 1 ? chart("refiner allocation (cumulative)", "generation", c.refiners,
+            "generations") : null,
         };
         put(sec.charts, h("h2", {}, "Curves"), h("div", { class: "charts" },
-          st.charts.returns.el, st.charts.steps.el, st.charts.alloc.el));
+          st.charts.returns.el, st.charts.steps.el, st.charts.alloc ? st.charts.alloc.el : null));
       }
       st.charts.returns.u.setData(c.returns);
-      st.charts.steps.u.setData(c.steps);
-      st.charts.alloc.u.setData(c.alloc);
+      st.charts.steps.u.setData(training ? c.steps : c.steps.slice(0, 4));
+      if (st.charts.alloc) st.charts.alloc.u.setData(c.alloc);
     }
 
     function testRow(label, s) {
@@ -256,6 +266,8 @@
         ["budget", budgetBar(used, (d.budget || {}).env_steps, d.cost_unit)],
         ["incumbent", short(d.incumbent_id) + " (validation mean " + fmt(d.incumbent_validation_mean) + ")"],
         ["stop reason", d.stop_reason], ["error", d.error ? h("span", { class: "error" }, d.error) : null],
+        ["next", d.status === "interrupted" || d.status === "stale" || d.status === "failed"
+          ? h("code", {}, "ratchet resume " + id) : null],
         ["started", when(d.started_at)], ["last activity", ago(d.last_activity)],
         ["final decision", d.final_decision ? (d.final_decision.promoted ? "promoted · " : "") +
           (d.final_decision.note || "") : null],
@@ -267,7 +279,11 @@
       renderCharts();
       const bd = d.env_steps_breakdown;
       put(sec.breakdown, bd ? h("div", {}, h("h2", {}, "Where the " + (d.cost_unit || "env steps") + " went"),
-        kv(Object.entries(bd).map(([k, v]) => [k, int(v)]))) : "");
+        kv(Object.entries(bd).map(([k, v]) => [k, int(v)])), h("p", { class: "muted" }, "search: candidates' first " +
+        "training episodes; re-evaluation: training episodes of candidates already evaluated (the incumbent's " +
+        "re-runs, confirmations); validation: the gate's episodes; training: refiners' training jobs; unused: left " +
+        "in the budget")) : null,
+      h("details", {}, h("summary", {}, "the run's spec"), h("pre", {}, JSON.stringify(d.spec, null, 2))));
       // gate decisions, newest first
       const gates = st.gates.slice(-st.gatesShown).reverse();
       put(sec.gates, h("h2", {}, "Gate decisions (" + d.n_gates + ")"), d.n_gates ? table(
@@ -301,8 +317,11 @@
         fm[tag].filter((m) => m.gif).map((m) => h("figure", {}, h("img", { src: m.gif, alt: m.label, loading: "lazy" }),
           h("figcaption", {}, tag + ": " + m.label)))) : null;
       const anyModes = (fm.before || []).length || (fm.after || []).length;
+      const none = (tag, title) => (fm[tag] || []).length ? null : h("p", { class: "muted" }, title +
+        ": no failing test episodes");
       put(sec.failures, anyModes ? h("div", {}, h("h2", {}, "Failure modes on the test split"),
-        fmBlock("before", "start"), fmBlock("after", "refined")) : "");
+        fmBlock("before", "start") || none("before", "start"), fmBlock("after", "refined") || none("after", "refined"))
+        : "");
       // parameter changes
       put(sec.params, d.promotions.length ? h("div", {}, h("h2", {}, "Promotions and parameter changes"),
         table(["gen", "from → to", "validation", "changes"], d.promotions.map((p) => h("tr", {},
@@ -436,8 +455,11 @@
           return [xs.map((x) => (byX.has(x) ? byX.get(x) : null)), xs.map((x) => (byXt.has(x) ? byXt.get(x) : null))];
         });
         if (!c) {
-          c = chart("incumbent validation mean and best training mean vs " + (da.cost_unit || "env steps"),
-            da.cost_unit || "env steps", [a + " validation", a + " best train", b + " validation", b + " best train"], 900);
+          c = chart("incumbent validation mean (solid) and best training mean (dashed) vs " + (da.cost_unit || "env steps"),
+            da.cost_unit || "env steps", [{ label: a + " validation", color: COLORS[0], step: true },
+              { label: a + " best train", color: COLORS[0], dash: [6, 4] },
+              { label: b + " validation", color: COLORS[1], step: true },
+              { label: b + " best train", color: COLORS[1], dash: [6, 4] }], "mean return", 900);
           const warn = da.task !== db.task ? h("p", { class: "warn" }, "different tasks: " + da.task + " and " + db.task) : null;
           const side = h("div", { class: "side", id: "side" });
           put(box, warn, c.el, side);
@@ -448,7 +470,8 @@
           return h("div", {}, h("h2", {}, h("a", { href: "#/run/" + encodeURIComponent(d.run_id) }, d.run_id)),
             kv([["status", statusEl(d.status, d.status_text)], ["task", d.task], ["policy kind", d.policy_kind],
               ["refiners", (d.refiners || []).join(", ")], ["generations", String(d.n_generations)],
-              ["promotions", String(d.promotions.length)], ["incumbent validation", fmt(d.incumbent_validation_mean)]]),
+              ["promotions", String(d.promotions.length)], ["incumbent validation", fmt(d.incumbent_validation_mean)],
+              ["stop reason", d.stop_reason]]),
             h("h3", {}, "test"), table(["policy", "mean", "std", "success", "episodes"],
               [["start", d.baseline_test], ["refined", d.test]].filter(([, s]) => s).map(([l, s]) => h("tr", {},
                 h("td", { class: "l" }, l), h("td", {}, fmt(s.mean)), h("td", {}, fmt(s.std)),
