@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=500)
     ap.add_argument("--runs-generations", type=int, default=50, help="generations of each run in the runs folder")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh servers per measurement (the table: medians)")
     ap.add_argument("--write", action="store_true", help="write the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
 
@@ -158,36 +160,41 @@ def main() -> None:
                       f"'{args.generations}' && document.querySelector('#sec-lineage h2')")),
                     (f"runs table, {args.runs} runs", many_dir, "api/runs", "#/",
                      f"document.querySelectorAll('#runs-table tr[data-run]').length === {args.runs}")]:
-                server = DashboardServer(runs_dir)  # a fresh server: nothing cached
-                server.start()
-                try:
-                    cold, nbytes = fetch(server.url + api)
-                    warm, _ = fetch(server.url + api)
-                finally:
-                    server.stop()
-                server = DashboardServer(runs_dir)
-                server.start()
-                try:
-                    page_cold = page_time(b, server.url + frag, ready)
-                    page_warm = page_time(b, server.url + frag, ready)
-                finally:
-                    server.stop()
-                rows.append((what, cold, warm, nbytes, page_cold, page_warm))
+                runs_ = []
+                for _ in range(args.repeats):  # a fresh server each time: nothing cached
+                    server = DashboardServer(runs_dir)
+                    server.start()
+                    try:
+                        cold, nbytes = fetch(server.url + api)
+                        warm, _ = fetch(server.url + api)
+                    finally:
+                        server.stop()
+                    server = DashboardServer(runs_dir)
+                    server.start()
+                    try:
+                        page_cold = page_time(b, server.url + frag, ready)
+                        page_warm = page_time(b, server.url + frag, ready)
+                    finally:
+                        server.stop()
+                    runs_.append((cold, warm, page_cold, page_warm))
+                cold, warm, page_cold, page_warm = (statistics.median(x) for x in zip(*runs_))
+                spread = (min(r[2] for r in runs_), max(r[2] for r in runs_))
+                rows.append((what, cold, warm, nbytes, page_cold, page_warm, spread))
                 print(f"{what}: JSON cold {cold:.2f} s, warm {warm:.2f} s ({nbytes / 2**20:.1f} MiB); "
-                      f"page in Chromium cold {page_cold:.2f} s, warm {page_warm:.2f} s")
+                      f"page in Chromium cold {page_cold:.2f} s ({spread[0]:.2f}–{spread[1]:.2f}), warm {page_warm:.2f} s")
         finally:
             b.quit()
 
-    table = [("| what | JSON, fresh server (s) | JSON, next poll (s) | JSON size | page in Chromium, fresh server (s) | "
-             "page again (s) | goal | met |"), "|---|---|---|---|---|---|---|---|"]
-    for what, cold, warm, nbytes, page_cold, page_warm in rows:
-        table.append(f"| {what} | {cold:.2f} | {warm:.2f} | {nbytes / 2**20:.1f} MiB | {page_cold:.2f} | "
-                     f"{page_warm:.2f} | ≤ 2 s | {'yes' if page_cold <= 2 else 'no'} |")
+    table = [("| what | JSON, fresh server (s) | JSON, next poll (s) | JSON size | page in Chromium, fresh server (s; "
+              "min–max) | page again (s) | goal | met |"), "|---|---|---|---|---|---|---|---|"]
+    for what, cold, warm, nbytes, page_cold, page_warm, (lo, hi) in rows:
+        table.append(f"| {what} | {cold:.2f} | {warm:.2f} | {nbytes / 2**20:.1f} MiB | {page_cold:.2f} ({lo:.2f}–{hi:.2f}) "
+                     f"| {page_warm:.2f} | ≤ 2 s | {'yes' if page_cold <= 2 else 'no'} |")
     print("\n".join(table))
     if args.write:
         write_section("Dashboard: a long run and a large runs folder", "\n".join([
-            (f"Command: `python benchmarks/dashboard.py --generations {args.generations} --runs {args.runs} --write` "
-            f"(synthetic ledgers copied from a real CartPole run's events: {n_events:,} events, {size / 2**20:.0f} MiB "
+            (f"Command: `python benchmarks/dashboard.py --generations {args.generations} --runs {args.runs} "
+             f"--repeats {args.repeats} --write` (medians of {args.repeats} fresh servers; synthetic ledgers copied from a real CartPole run's events: {n_events:,} events, {size / 2**20:.0f} MiB "
             f"for the long run; each of the {args.runs} runs has {args.runs_generations} generations, {per_run:,} "
             "events). \"Page\": headless Chromium from navigation until the page shows the run's generation count or "
             "every row; \"fresh server\": nothing cached."),

@@ -49,7 +49,7 @@ class Dashboard:
 
     def __init__(self, source: RunSource) -> None:
         self.source = source
-        self._rows: dict[str, tuple[Any, dict[str, Any], Any]] = {}  # run -> ((newest seq, start time), row, liveness)
+        self._rows: dict[str, tuple[Any, dict[str, Any], Any]] = {}  # run -> ((newest seq, its time), row, liveness)
         self._pages: OrderedDict[str, RunPage] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ratchet-dashboard")
@@ -90,10 +90,9 @@ class Dashboard:
 
         try:
             with self.source.open(run_id) as ledger:
-                started = ledger.get("run_started")
                 newest = ledger.tail()
                 lease = ledger.read_lease()
-                key = (newest.seq if newest else 0, started.time if started else None)
+                key = (newest.seq, newest.time) if newest else (0, None)  # another run under this id: another time
                 with self._lock:
                     cached = self._rows.get(run_id)
                 if cached is None or cached[0] != key:
