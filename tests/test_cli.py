@@ -818,7 +818,7 @@ def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner):
 @pytest.mark.parametrize("args, fragment", [
     (["run", "examples/cartpole", "--seed", "-1"], "Invalid value for '--seed'"),
     (["evaluate", "examples/cartpole/policy.py", "--env", "CartPole-v1", "--episodes", "0"], "'--episodes'"),
-    (["show"], "Missing argument 'run'"),
+    (["show"], "Missing argument 'RUN'"),
     (["bogus"], "No such command 'bogus'"),
 ])
 def test_usage_errors_are_one_line_too(args, fragment):

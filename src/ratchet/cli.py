@@ -49,7 +49,7 @@ out = Console(markup=False)
 err = Console(stderr=True, markup=False)
 _state: dict[str, Any] = {"debug": False}
 
-RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", help="Folder holding run directories.")
+RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", metavar="DIR", help="Folder holding run directories.")
 STORAGE_OPT = typer.Option(
     None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
     help="Keep ledgers in a database shared by many runs: postgresql://USER@HOST[:PORT]/DB (password from "
@@ -149,7 +149,7 @@ def _success_rule(state) -> str | None:
 
 
 @app.command()
-def run(spec: Path = typer.Argument(..., help="A ratchet.toml file, or a folder that holds one."),
+def run(spec: Path = typer.Argument(..., metavar="SPEC", help="A ratchet.toml file, or a folder that holds one."),
         runs_dir: str = RUNS_DIR_OPT,
         run_id: str | None = typer.Option(None, "--run-id", help="Name of the run directory (default: generated)."),
         report: bool = typer.Option(True, "--report/--no-report", help="Write report.html in the run directory."),
@@ -218,7 +218,7 @@ def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
 
 
 @app.command()
-def resume(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
+def resume(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
            report: bool = typer.Option(True, "--report/--no-report", help="Write report.html when done."),
            storage: str | None = STORAGE_OPT) -> None:
     """Continue an interrupted run (even after kill -9) without redoing recorded evaluations."""
@@ -303,9 +303,9 @@ def dashboard(runs_dir: str = RUNS_DIR_OPT,
                   None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
                   help="List the runs kept in this database (postgresql://USER@HOST[:PORT]/DB or sqlite:///PATH) "
                        "instead of the run directories in --runs-dir."),
-              host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on. The default serves this "
+              host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="Interface to listen on. The default serves this "
                                        "machine only; the URL's token is the page's only protection elsewhere."),
-              port: int = typer.Option(0, "--port", min=0, max=65535, help="Port to listen on (0: a free one).")) -> None:
+              port: int = typer.Option(0, "--port", min=0, max=65535, metavar="PORT", help="Port to listen on (0: a free one).")) -> None:
     """Serve a live, read-only web page over the runs' ledgers: every run, one run's curves and decisions, two runs
     side by side. Prints the URL (with its token) and serves until Ctrl-C."""
     try:
@@ -335,7 +335,7 @@ def dashboard(runs_dir: str = RUNS_DIR_OPT,
 
 
 @app.command()
-def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
+def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
          as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
          storage: str | None = STORAGE_OPT) -> None:
     """Show a run's status, budget used, incumbent and test results."""
@@ -456,7 +456,7 @@ def show(run: str = typer.Argument(..., help="Run id or run directory."), runs_d
 
 
 @app.command()
-def report(run: str = typer.Argument(..., help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
+def report(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
            output: Path | None = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
            videos: bool = typer.Option(True, "--videos/--no-videos",
                                        help="Render one GIF per top failure mode (re-runs those episodes)."),
@@ -480,7 +480,7 @@ def report(run: str = typer.Argument(..., help="Run id or run directory."), runs
 
 
 @app.command()
-def evaluate(policy: Path | None = typer.Argument(None, help="Policy .py file (PARAMETERS + act); or give --run."),
+def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help="Policy .py file (PARAMETERS + act); or give --run."),
              env: str | None = typer.Option(None, "--env", help="Gymnasium env id, e.g. LunarLander-v3 "
                                                                    "(or take the task from --spec)."),
              spec_path: Path | None = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
@@ -619,7 +619,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 @app.command()
-def replay(run: str = typer.Argument(..., help="Run id or run directory."),
+def replay(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
            seed: int = typer.Option(..., "--seed", help="Seed of a recorded episode."),
            candidate: str | None = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
            video: Path | None = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
@@ -761,7 +761,7 @@ def _artifacts_of(run: str, runs_dir: str, storage: str | None, candidates) -> d
 
 
 @app.command("llm-log")
-def llm_log(run: str = typer.Argument(..., help="Run id or run directory."),
+def llm_log(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
             last: int | None = typer.Option(None, "--last", min=1, help="Only the last N requests."),
             runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Print the prompts a run's LLM refiners sent and the answers they got, oldest first, each with its
@@ -788,7 +788,7 @@ def llm_log(run: str = typer.Argument(..., help="Run id or run directory."),
 
 
 @app.command()
-def critique(run: str = typer.Argument(..., help="Run id or run directory."),
+def critique(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
              candidate: str | None = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
              split: str = typer.Option("validation", "--split", help="validation, test or train (its latest evaluation)."),
              runs_dir: str = RUNS_DIR_OPT,
@@ -826,7 +826,7 @@ def critique(run: str = typer.Argument(..., help="Run id or run directory."),
 
 
 @app.command()
-def export(run: str = typer.Argument(..., help="Run id or run directory."),
+def export(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
            output: Path | None = typer.Option(None, "-o", "--output",
                                               help="File to write: the policy .py (program), the model .zip (sb3); an "
                                                    "mlp writes STEM.py + STEM.npz, a residual STEM.py + "
@@ -919,7 +919,7 @@ _CORRECT_HELP = "\n\n".join((  # noqa: FLY002 - one paragraph per string: Typer 
 
 
 @app.command(help=_CORRECT_HELP)
-def correct(run: str = typer.Argument(..., help="Run id or run directory (a finished run whose incumbent is an mlp "
+def correct(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory (a finished run whose incumbent is an mlp "
                                                 "policy)."),
             episodes: int | None = typer.Option(None, "--episodes", min=1, max=1000,
                                                    help="Episodes to play (default 5)."),
