@@ -8,7 +8,8 @@ run id or query value gets 400, an unknown run 404. The app only reads: ledgers 
 Routes (below the token): ``/`` the page; ``/static/…`` its script, style and uPlot (bundled, no CDN);
 ``/api/runs`` the runs table; ``/api/runs/RUN?gen_from=N&gate_from=M`` a run's page (generations and gate
 decisions from those indexes on); ``/api/runs/RUN/lineage`` the lineage of programs (runs whose refiners may change
-code); ``/api/runs/RUN/programs/CANDIDATE`` a changed program's diff against its parent; ``/api/runs/RUN/gif/before|after/I`` a failure mode's example GIF (written by ``ratchet report``).
+code); ``/api/runs/RUN/programs/CANDIDATE`` a changed program's diff against its parent;
+``/api/runs/RUN/gif/before|after/I`` a failure mode's example GIF (written by ``ratchet report``).
 """
 
 from __future__ import annotations
@@ -119,8 +120,14 @@ class Dashboard:
             self._pages.move_to_end(run_id)
             while len(self._pages) > _MAX_PAGES:
                 self._pages.popitem(last=False)
-        with self.source.open(run_id) as ledger:
-            page.refresh(ledger)
+        try:
+            with self.source.open(run_id) as ledger:
+                page.refresh(ledger)
+        except RunNotFoundError:
+            with self._lock:  # no such run (any more): keep no page for it
+                if self._pages.get(run_id) is page:
+                    del self._pages[run_id]
+            raise
         return page
 
     def lineage(self, run_id: str) -> dict[str, Any]:
