@@ -309,13 +309,18 @@
       n > st.gensShown ? h("button", { onclick: () => { st.gensShown += 500; render(); } }, "show 500 more") : null);
       // failure modes
       const fm = d.failure_modes || {};
-      const fmBlock = (tag, title) => (fm[tag] || []).length ? h("div", {}, h("h3", {}, title),
-        table(["failure mode", "episodes", "share", "mean return", "example seeds", "what sets it apart"],
-          fm[tag].map((m) => h("tr", {}, h("td", { class: "l" }, m.label), h("td", {}, int(m.count)), h("td", {}, pct(m.share)),
-            h("td", {}, fmt(m.mean_return, 1)), h("td", { class: "l" }, (m.example_seeds || []).join(", ")),
-            h("td", { class: "note" }, m.description || ""))), { left: [0, 4, 5] }),
-        fm[tag].filter((m) => m.gif).map((m) => h("figure", {}, h("img", { src: m.gif, alt: m.label, loading: "lazy" }),
-          h("figcaption", {}, tag + ": " + m.label)))) : null;
+      const fmBlock = (tag, title) => {
+        const modes = fm[tag] || [];
+        if (!modes.length) return null;
+        const why = modes.some((m) => m.description);  // what sets a mode apart, when the diagnosers found it
+        return h("div", {}, h("h3", {}, title),
+          table(["failure mode", "episodes", "share", "mean return", "example seeds", ...(why ? ["what sets it apart"] : [])],
+            modes.map((m) => h("tr", {}, h("td", { class: "l" }, m.label), h("td", {}, int(m.count)), h("td", {}, pct(m.share)),
+              h("td", {}, fmt(m.mean_return, 1)), h("td", { class: "l" }, (m.example_seeds || []).join(", ")),
+              why ? h("td", { class: "note" }, m.description || "") : null)), { left: [0, 4, 5] }),
+          modes.filter((m) => m.gif).map((m) => h("figure", {}, h("img", { src: m.gif, alt: m.label, loading: "lazy" }),
+            h("figcaption", {}, tag + ": " + m.label))));
+      };
       const anyModes = (fm.before || []).length || (fm.after || []).length;
       const none = (tag, title) => (fm[tag] || []).length ? null : h("p", { class: "muted" }, title +
         ": no failing test episodes");
