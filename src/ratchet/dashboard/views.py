@@ -39,8 +39,7 @@ _KEPT = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.GATE_
 #: Every event type a run page reads (episodes are never read: their summaries are in the generations). Candidates
 #: are read apart, by :meth:`RunPage.lineage`, and only for runs whose refiners may change code.
 PAGE_TYPES = _KEPT | {EventType.GENERATION_FINISHED, EventType.TRAINING_FINISHED}
-#: Refiner kinds that never change a program's code (their candidates differ in numbers or artifacts only).
-_NUMBERS_ONLY = frozenset({"cmaes", "ppo", "residual", "dagger", "hg-dagger", "bc", "cfr"})
+
 #: What a runs table row reads besides the newest events.
 _ROW_TYPES = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.RUN_FINISHED, EventType.RUN_FAILED,
                         EventType.INCUMBENT_CHANGED})
@@ -99,6 +98,17 @@ def _holds_a_run(d: Path) -> bool:
         return (d / LEDGER_FILE).is_file() or (d / POINTER_FILE).is_file()
     except OSError:
         return d.is_dir()
+
+
+def _changes_code(kind: str) -> bool:
+    """Whether refiner kind ``kind`` declares that it may change code (:attr:`RefinerKind.changes_code`); a kind
+    not installed here may."""
+    from ratchet.refiners.registry import refiner_kind
+
+    try:
+        return refiner_kind(kind).changes_code
+    except (KeyError, ImportError):
+        return True
 
 
 def _int(x: Any) -> int:
@@ -335,7 +345,7 @@ class RunPage:
         spec = first[0].payload.get("spec") or {}
         kinds = [str(r.get("kind")) for r in spec.get("refiners") or [] if isinstance(r, dict)] or \
             [str((spec.get("refiner") or {}).get("kind", "cmaes"))]
-        self.structural = not set(kinds) <= _NUMBERS_ONLY
+        self.structural = any(_changes_code(k) for k in kinds)
         start = first[0].payload.get("start_candidate") or {}
         proposed = ledger.get(f"proposed/0/{start.get('id')}") if start.get("id") else None
         if proposed is None and start.get("id"):  # the starting candidate as run_started recorded it

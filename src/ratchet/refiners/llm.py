@@ -1138,7 +1138,7 @@ def _kinds() -> dict[str, Any]:
 
     return {"llm": RefinerKind(LLMSettings, ("program",), _build,
                                hint="llm edits a program policy's source", files=_files,
-                               check=_check)}
+                               check=_check, changes_code=True)}
 
 
 KINDS = _kinds()

@@ -602,7 +602,7 @@ def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
     return {"mutate": RefinerKind(MutateSettings, ("program",), _build,
-                                  hint="mutate rewrites a program policy's source")}
+                                  hint="mutate rewrites a program policy's source", changes_code=True)}
 
 
 KINDS = _kinds()

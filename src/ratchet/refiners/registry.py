@@ -109,6 +109,9 @@ class RefinerKind:
     #: when a new run starts, before any episode (not on resume); raises a
     #: :class:`~ratchet.errors.RatchetError` with one line saying what to fix.
     check: Callable[[Any, str], None] | None = None
+    #: Whether the kind's candidates may carry source that differs from their parent's (``mutate``, ``llm``): a
+    #: run with such a kind has a lineage of programs (``ratchet dashboard`` reads its candidates to draw it).
+    changes_code: bool = False
 
 
 def register_kind(kind: str, module: str) -> None:
