@@ -303,9 +303,11 @@ def dashboard(runs_dir: str = RUNS_DIR_OPT,
                   None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
                   help="List the runs kept in this database (postgresql://USER@HOST[:PORT]/DB or sqlite:///PATH) "
                        "instead of the run directories in --runs-dir."),
-              host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="Interface to listen on. The default serves this "
-                                       "machine only; the URL's token is the page's only protection elsewhere."),
-              port: int = typer.Option(0, "--port", min=0, max=65535, metavar="PORT", help="Port to listen on (0: a free one).")) -> None:
+              host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
+                                       help="Interface to listen on. The default serves this machine only; the URL's "
+                                            "token is the page's only protection elsewhere."),
+              port: int = typer.Option(0, "--port", min=0, max=65535, metavar="PORT",
+                                       help="Port to listen on (0: a free one).")) -> None:
     """Serve a live, read-only web page over the runs' ledgers: every run, one run's curves and decisions, two runs
     side by side. Prints the URL (with its token) and serves until Ctrl-C."""
     try:
