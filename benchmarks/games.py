@@ -2,14 +2,16 @@
 Connect Four win rates against each minimax depth as first and second player.
 
 Usage:
-    python benchmarks/games.py poker [--games kuhn_poker leduc_poker] [--iterations 10] [--seconds 120] [--write]
+    python benchmarks/games.py poker [--games kuhn_poker leduc_poker] [--iterations 10] [--algorithm cfr+]
+        [--checkpoint average] [--seconds 120] [--write]
     python benchmarks/games.py connect_four --run RUN_DIR [--games-per-cell 50] [--write]
 
-``poker``: a ratchet run of the ``cfr`` refiner (CFR+, ``--iterations`` solver iterations per generation, one
-uninterrupted solver line, every checkpoint through the gate) on ``objective = "exploitability"`` for
-``--seconds`` of run time, and beside it OpenSpiel's CFR+ alone (the same Python solver, and the C++
-``pyspiel.CFRPlusSolver``) for the same wall clock. Prints the incumbent's exploitability after each promotion with
-its generation, CFR iterations and seconds, and the solvers' exploitability at those seconds.
+``poker``: a ratchet run of the ``cfr`` refiner (``--algorithm``, ``--iterations`` solver iterations per generation,
+``--checkpoint`` proposed, one uninterrupted solver line, every checkpoint through the gate) on ``objective =
+"exploitability"`` for ``--seconds`` of run time, and beside it OpenSpiel's CFR+ alone (its Python solver, and the
+C++ ``pyspiel.CFRPlusSolver``) for the same wall clock (solver time only: its exploitability measurements are not
+counted). Prints the incumbent's exploitability after each promotion with its generation, solver iterations and
+seconds, and the solvers' exploitability at those seconds.
 
 ``connect_four``: reads a finished ``examples/connect_four`` run (``ratchet run examples/connect_four``) and plays its
 final incumbent against random and minimax at depths 1-4 as first and as second player (``--games-per-cell``
@@ -31,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _poker_run(game: str, iterations: int, seconds: float, runs_dir: str) -> list[dict]:
+def _poker_run(game: str, refiner: dict, seconds: float, runs_dir: str) -> list[dict]:
     """A ratchet cfr run on ``game``; the incumbent after each promotion: generation, CFR iterations, seconds into
     the run, exploitability."""
     from ratchet.loop import start_run
@@ -46,7 +48,7 @@ def _poker_run(game: str, iterations: int, seconds: float, runs_dir: str) -> lis
     spec = spec_from_dict({"name": f"games-{game}", "seed": 0,
                            "task": {"kind": "game", "game": f"openspiel:{game}", "objective": "exploitability"},
                            "policy": {"path": "policy.py"},
-                           "refiners": [{"kind": "cfr", "iterations": iterations}],
+                           "refiners": [{"kind": "cfr", **refiner}],
                            "planner": {"train_episodes": 1}, "gate": {"validation_episodes": 2, "max_share": 0.5},
                            "budget": {"wall_clock_s": seconds}, "test": {"episodes": 2},
                            "execution": {"workers": 1, "episode_timeout_s": 600}}, folder)
@@ -105,7 +107,8 @@ def _solver_curve(game_name: str, seconds: float, cpp: bool) -> list[tuple[float
 def poker(args: argparse.Namespace) -> str:
     parts = []
     for game in args.games:
-        rows = _poker_run(game, args.iterations, args.seconds, args.runs_dir)
+        refiner = {"iterations": args.iterations, "algorithm": args.algorithm, "checkpoint": args.checkpoint}
+        rows = _poker_run(game, refiner, args.seconds, args.runs_dir)
         py = _solver_curve(game, args.seconds, cpp=False)
         cc = _solver_curve(game, args.seconds, cpp=True)
 
@@ -113,9 +116,9 @@ def poker(args: argparse.Namespace) -> str:
             done = [x for x in curve if x[0] <= s]
             return f"{done[-1][2]:.4g} ({done[-1][1]} it)" if done else "–"
 
-        lines = [(f"### {game}: ratchet cfr ({args.iterations} CFR+ iterations per generation), "
-                 f"{args.seconds:g} s of run time"),
-                 "", ("| promotion | generation | CFR+ iterations | run time (s) | exploitability | "
+        lines = [(f"### {game}: ratchet cfr ({args.iterations} {args.algorithm} iterations per generation, "
+                  f"checkpoint: {args.checkpoint}), {args.seconds:g} s of run time"),
+                 "", (f"| promotion | generation | {args.algorithm} iterations | run time (s) | exploitability | "
                  "CFR+ alone (Python) at that time | CFR+ alone (C++) at that time |"), "|---|---|---|---|---|---|---|"]
         for i, r in enumerate(rows):
             lines.append(f"| {i} | {r['generation']} | {r['iterations']} | {r['seconds']:.1f} | "
@@ -188,6 +191,8 @@ def main() -> None:
     p = sub.add_parser("poker")
     p.add_argument("--games", nargs="*", default=["kuhn_poker", "leduc_poker"])
     p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--algorithm", default="cfr+", choices=["cfr+", "cfr", "dcfr", "pcfr+"])
+    p.add_argument("--checkpoint", default="average", choices=["average", "current", "lower"])
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--write", action="store_true")

@@ -1,18 +1,23 @@
-"""The ``cfr`` refiner: counterfactual regret minimisation (CFR / CFR+) of a tabular policy for an OpenSpiel game.
+"""The ``cfr`` refiner: counterfactual regret minimisation (CFR, CFR+, Discounted CFR, Predictive CFR+) of a tabular
+policy for an OpenSpiel game.
 
-Source: Zinkevich et al., "Regret Minimization in Games with Incomplete Information" (NeurIPS 2007) for CFR; Tammelin,
-"Solving Large Imperfect Information Games Using CFR+" (2014) for CFR+; the solvers are OpenSpiel's
-(``open_spiel.python.algorithms.cfr``).
+Sources: Zinkevich et al., "Regret Minimization in Games with Incomplete Information" (NeurIPS 2007) for CFR;
+Tammelin, "Solving Large Imperfect Information Games Using CFR+" (2014) for CFR+; Brown & Sandholm, "Solving
+Imperfect-Information Games via Discounted Regret Minimization" (AAAI 2019) for DCFR; Farina, Kroer & Sandholm,
+"Faster Game Solving via Predictive Blackwell Approachability" (AAAI 2021) for PCFR+. The solver is ratchet's own,
+vectorised over the game tree (:mod:`ratchet.refiners.cfr_solver`); it gives OpenSpiel's CFR, CFR+ and DCFR
+iterates to float rounding.
 
 The policy is a program with an array parameter ``logits`` of shape (information states, actions) and the list
 ``INFO_STATES`` in OpenSpiel's ``TabularPolicy`` order (``examples/kuhn_poker/make_policy.py`` writes one); its
 probabilities are the softmax of a state's row over the legal actions. Each generation runs one training job (in the
-sandbox, like every training job): ``iterations`` iterations of the solver, whose average policy becomes the
-candidate's ``logits`` (``log p``, clipped to the parameter's bounds). The solver's state (cumulative regrets and
-policy, the iteration count) is the job's artifact and the next job continues it, so the refiner runs *one
-uninterrupted line* of CFR while the gate certifies its checkpoints when they are better: a parent that is on the line
-(its start or one of its checkpoints) continues it; any other parent (a promotion from another refiner) starts a new
-line from that parent's policy (the first iterate is the parent's, which also enters the average).
+sandbox, like every training job): ``iterations`` iterations of the solver, whose average policy (or current
+iterate, or the less exploitable of the two: ``checkpoint``) becomes the candidate's ``logits`` (``log p``, clipped to
+the parameter's bounds). The solver's state (cumulative regrets and policy, the current iterate, the iteration
+count) is the job's artifact and the next job continues it, so the refiner runs *one uninterrupted line* of the
+solver while the gate certifies its checkpoints when they are better: a parent that is on the line (its start or one
+of its checkpoints) continues it; any other parent (a promotion from another refiner) starts a new line from that
+parent's policy (the first iterate is the parent's, which also enters the average).
 
 A job is charged ``iterations × information states`` to the budget (the task's unit with ``objective =
 "exploitability"``: information states).
@@ -43,18 +48,23 @@ class CFRSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     iterations: int = Field(50, ge=1, le=1_000_000, description="Solver iterations per generation (one training "
-                                                                 "job; its average policy is the candidate).",
+                                                                 "job; one checkpoint of the line is its candidate).",
                             json_schema_extra={"unit": "solver iterations"})
-    algorithm: Literal["cfr+", "cfr"] = Field("cfr+", description="CFR+ (regret matching+, linear averaging) or "
-                                                                   "vanilla CFR.")
+    algorithm: Literal["cfr+", "cfr", "dcfr", "pcfr+"] = Field(
+        "cfr+", description="CFR+ (regret matching+, linear averaging), vanilla CFR, Discounted CFR (α = 1.5, β = 0, "
+                            "γ = 2) or Predictive CFR+ (quadratic averaging).")
+    checkpoint: Literal["average", "current", "lower"] = Field(
+        "average", description="The checkpoint each job proposes: the average policy, the current iterate, or "
+                               "whichever of the two the job measures as less exploitable.")
 
 
 def _check_state(data: bytes) -> None:
     """The solver state artifact is an ``.npz`` of float arrays and the iteration (read without pickles)."""
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        if set(z.files) != {"regret", "policy", "iteration"}:
+        if set(z.files) != {"regret", "policy", "current", "iteration"}:
             raise ValueError(f"solver state holds {sorted(z.files)}")
-        if z["regret"].shape != z["policy"].shape or not np.isfinite(z["regret"]).all():
+        arrays = [z[k] for k in ("regret", "policy", "current")]
+        if any(a.shape != arrays[0].shape or not np.isfinite(a).all() for a in arrays):
             raise ValueError("solver state arrays are malformed")
 
 
@@ -66,7 +76,9 @@ def _check_logits(data: bytes) -> None:
 
 ANSWER = TrainingAnswer(
     roles=(Role("state", max_bytes=1 << 28, check=_check_state), Role("logits", max_bytes=1 << 26, check=_check_logits)),
-    info=(InfoField("iteration", "int", low=1, high=10**9), InfoField("iterations", "int", low=1, high=10**6)))
+    info=(InfoField("iteration", "int", low=1, high=10**9), InfoField("iterations", "int", low=1, high=10**6),
+          InfoField("proposed", "str", choices=("average", "current")),
+          InfoField("exploitability", "float", low=0.0, high=1e9)))
 
 
 def _info_states(source: str) -> list[str] | None:
@@ -178,51 +190,63 @@ def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=1, keepdims=True)
 
 
+def _as_logits(policy: np.ndarray, mask: np.ndarray, low: float, high: float) -> np.ndarray:
+    """float (S, A): ``log p`` of ``policy`` less each row's largest, clipped to ``[low, high]`` (0 where illegal)."""
+    with np.errstate(divide="ignore"):
+        logits = np.where(mask, np.log(policy), -np.inf)
+    logits = logits - logits.max(axis=1, keepdims=True)
+    return np.clip(np.where(mask, logits, 0.0), low, high)
+
+
+def _load_state(data: bytes, tree: Any) -> Any:
+    """A line's :class:`~ratchet.refiners.cfr_solver.CFRState` from its artifact (one written before ``current``
+    was kept: the current iterate is regret matching of the regrets, as OpenSpiel's solver had it)."""
+    from ratchet.refiners.cfr_solver import CFRState, regret_matching
+
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        regret = np.array(z["regret"], dtype=np.float64)
+        current = np.array(z["current"], dtype=np.float64) if "current" in z.files \
+            else regret_matching(regret, tree.mask)
+        state = CFRState(regret, np.array(z["policy"], dtype=np.float64), current, int(z["iteration"]))
+    if state.regret.shape != tree.shape or state.current.shape != tree.shape:
+        raise ValueError(f"the solver state has shape {list(state.regret.shape)}, the game {list(tree.shape)}")
+    return state
+
+
 def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], seeds: Sequence[int],
           env_steps: int) -> tuple[list[Any], int]:
-    """Trainer ``"cfr"`` (see :mod:`ratchet.execution.training`): ``settings["iterations"]`` solver iterations from
-    the state in ``parent["artifacts"]["state"]`` (a line's continuation) or from the parent's ``logits`` (a new
-    line: the first iterate is the parent's policy). Returns one output with artifacts ``state`` and ``logits`` (the
-    average policy's ``log p`` clipped to ``[low, high]``), and ``env_steps`` charged in full."""
+    """Trainer ``"cfr"`` (see :mod:`ratchet.execution.training`): ``settings["iterations"]`` iterations of
+    ``settings["algorithm"]`` (:func:`ratchet.refiners.cfr_solver.iterate`) from the state in
+    ``parent["artifacts"]["state"]`` (a line's continuation) or from the parent's ``logits`` (a new line: the first
+    iterate is the parent's policy). Returns one output with artifacts ``state`` and ``logits`` (the proposed
+    policy's ``log p`` clipped to ``[low, high]``: the average policy, the current iterate, or whichever of the two
+    is less exploitable, per ``settings["checkpoint"]``) and info ``exploitability`` (the job's own exact measurement of
+    what it proposes; untrusted, the task measures it again), and ``env_steps`` charged in full."""
     import pyspiel
-    from open_spiel.python.algorithms import cfr
 
     from ratchet.execution.training import TrainingOutput
+    from ratchet.refiners.cfr_solver import CFRState, GameTree, average_policy, exploitability, iterate
 
-    game = pyspiel.load_game(settings["game"])
-    solver = cfr.CFRPlusSolver(game) if settings["algorithm"] == "cfr+" else cfr.CFRSolver(game)
-    current = solver._current_policy  # OpenSpiel keeps the solver's state in these attributes
-    nodes = solver._info_state_nodes
-    index = current.state_lookup
-    mask = current.legal_actions_mask.astype(bool)
+    tree = GameTree.from_game(pyspiel.load_game(settings["game"]))
     if "state" in parent["artifacts"]:
-        with np.load(io.BytesIO(parent["artifacts"]["state"]), allow_pickle=False) as z:
-            regret, cumulative, solver._iteration = z["regret"], z["policy"], int(z["iteration"])
-        for key, node in nodes.items():
-            row = index[key]
-            for a in node.legal_actions:
-                node.cumulative_regret[a] = float(regret[row, a])
-                node.cumulative_policy[a] = float(cumulative[row, a])
-        cfr._update_current_policy(current, nodes)
+        state = _load_state(parent["artifacts"]["state"], tree)
     else:
-        current.action_probability_array[:] = _masked_softmax(np.asarray(parent["params"]["logits"], dtype=float), mask)
-    for _ in range(int(settings["iterations"])):
-        solver.evaluate_and_update_policy()
-    regret = np.zeros(mask.shape)
-    cumulative = np.zeros(mask.shape)
-    for key, node in nodes.items():
-        row = index[key]
-        for a in node.legal_actions:
-            regret[row, a] = node.cumulative_regret[a]
-            cumulative[row, a] = node.cumulative_policy[a]
-    average = solver.average_policy().action_probability_array
-    logits = np.where(mask, np.log(np.clip(average, 1e-300, None)), 0.0)
-    logits = np.clip(logits - logits.max(axis=1, keepdims=True), float(settings["low"]), float(settings["high"]))
-    state, table = io.BytesIO(), io.BytesIO()
-    np.savez(state, regret=regret, policy=cumulative, iteration=np.asarray(solver._iteration))
+        logits = np.asarray(parent["params"]["logits"], dtype=np.float64)
+        state = CFRState.start(tree, _masked_softmax(logits, tree.mask))
+    iterate(tree, state, settings["algorithm"], int(settings["iterations"]))
+    wanted = settings.get("checkpoint", "average")
+    options = {k: _as_logits(p, tree.mask, float(settings["low"]), float(settings["high"]))
+               for k, p in (("average", average_policy(tree, state)), ("current", state.current)) if wanted in (k, "lower")}
+    measured = {k: exploitability(tree, _masked_softmax(v, tree.mask)) for k, v in options.items()}
+    chosen = min(measured, key=lambda k: measured[k])
+    logits = options[chosen]
+    out, table = io.BytesIO(), io.BytesIO()
+    np.savez(out, regret=state.regret, policy=state.average, current=state.current,
+             iteration=np.asarray(state.iteration))
     np.savez(table, logits=logits)
-    info = {"iteration": int(solver._iteration), "iterations": int(settings["iterations"])}
-    return [TrainingOutput({"state": state.getvalue(), "logits": table.getvalue()}, info)], env_steps
+    info = {"iteration": int(state.iteration), "iterations": int(settings["iterations"]), "proposed": chosen,
+            "exploitability": max(0.0, float(measured[chosen]))}
+    return [TrainingOutput({"state": out.getvalue(), "logits": table.getvalue()}, info)], env_steps
 
 
 def _kinds() -> dict[str, Any]:
