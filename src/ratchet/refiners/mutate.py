@@ -8,16 +8,28 @@ helpers) and are spliced back into the source text, so comments and layout elsew
 promotion's diff is readable:
 
 - ``constant``: a numeric constant becomes a new tunable parameter (default: the constant; bounds:
-  same sign, up to twice its size; ``[-1, 1]`` for zero);
+  same sign, up to twice its size; ``[-1, 1]`` for zero); not an action returned as is, nor, for a
+  Discrete action space, one returned by a conditional expression (``return 2 if ... else 0``);
 - ``term``: an arithmetic expression ``e`` becomes ``(e + p * observation[i])`` with a new parameter
-  ``p`` in ``[-term_bound, term_bound]`` (default 0);
+  ``p`` in ``[-b, b]`` (default 0), ``b`` = ``term_bound`` over element ``i``'s scale (half the width of
+  the range it was seen to take, see below; ``term_bound`` before any is seen:
+  :meth:`_Space.weight_bound`), so a weight can make an element matter whatever its units;
 - ``guard``: a guarded rule ``if observation[i] > p: return a`` (or ``<``) at the top of ``act``, with a
-  new threshold ``p`` in the observation's bounds and ``a`` a discrete action or, for a Box action, new
-  parameters in the action's bounds;
+  new threshold ``p`` where element ``i`` lives — the range it was seen to take, widened by half its
+  width each side, within the observation's bounds (the observation's bounds before any episode is seen:
+  :meth:`_Space.threshold_bounds`), since a threshold outside the values an element takes never changes
+  what the program does — and ``a`` a discrete action or, for a Box action, new parameters in the
+  action's bounds;
 
-  both guided by the critique: the element ``i`` is drawn with half its probability on the features the
-  parent's failure modes are described by (failing episodes end with them unusually high or low;
-  :func:`feature_focus`), and a guard on such a feature points that way;
+  the range an element was seen to take is that of the final observations of the incumbent's episodes
+  cut by the time limit so far (:meth:`_Space.see`: states they were passing through, not the edge where
+  a terminated episode failed or succeeded);
+
+  both guided by the critique and by what the program reads: the element ``i`` is drawn with half its
+  probability on the features the parent's failure modes are described by (failing episodes end with them
+  unusually high or low; :func:`feature_focus`), and a guard on such a feature points that way; where
+  ``act`` never reads some elements (:func:`unread_elements`), half of the probability goes to those —
+  information a program ignores is the structure it most plainly lacks;
 - ``swap``: a comparison flipped (``>`` ↔ ``<``), or the branches of an ``if``/``else`` swapped;
 - ``delete``: one statement deleted (``pass`` where it was the only one of its block);
 - ``crossover``: one function replaced by its version in a second program drawn from the archive,
@@ -36,6 +48,9 @@ the run's one result: the gate always compares a contender with it.
 
 The parent's tuned values are written into its source as the defaults before it is mutated
 (:func:`~ratchet.refiners.structural.baked_source`), so a mutant starts from the parent's numbers.
+A mutation that gives a program proposed before (a small program has few distinct rewrites) proposes it
+again with new draws of its numbers, not its defaults again: a few settings do not exhaust a rewrite, and
+on a flat landscape, where every candidate ties with the incumbent, those draws are what finds the step up.
 
 Tuning the new numbers. A mutation that adds a parameter usually adds it at a neutral value (a zero
 weight, a guard that never fires): proposed only at its defaults, a mutant behaves like its parent and
@@ -66,7 +81,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
-from ratchet.policy import Candidate
+from ratchet.policy import Candidate, PolicyProgram
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import (
@@ -123,13 +138,18 @@ class _Space:
     """What mutations need to know of the task's spaces (made once, in the driver; no policy code runs).
 
     ``focus`` (set per generation from the critique, see :func:`feature_focus`) weights which observation
-    element ``term`` and ``guard`` use, and ``direction`` which way a guard on it points."""
+    element ``term`` and ``guard`` use, and ``direction`` which way a guard on it points. ``seen_low`` and
+    ``seen_high`` (float64, shape ``(obs_dim,)``, observation units; None until an episode is seen) are the
+    range each element took in the final observations of the truncated episodes observed so far
+    (:meth:`see`): a guard's threshold is drawn there."""
 
     def __init__(self, observation_space: Any, action_space: Any) -> None:
         from gymnasium import spaces
 
         self.focus: np.ndarray | None = None
         self.direction: dict[int, bool] = {}
+        self.seen_low: np.ndarray | None = None
+        self.seen_high: np.ndarray | None = None
 
         o, a = observation_space, action_space
         self.obs_dim = int(o.shape[0]) if isinstance(o, spaces.Box) and len(o.shape) == 1 else 0
@@ -138,6 +158,56 @@ class _Space:
         self.discrete = (int(a.start), int(a.n)) if isinstance(a, spaces.Discrete) else None
         self.box = ((np.asarray(a.low, dtype=np.float64), np.asarray(a.high, dtype=np.float64))
                     if isinstance(a, spaces.Box) and len(a.shape) == 1 and a.shape[0] <= 8 else None)
+
+    def see(self, evaluations: Sequence[Evaluation]) -> None:
+        """Widen ``seen_low``/``seen_high`` by the final observations (``diagnostics["final_observation"]``)
+        of the episodes the time limit cut (``truncated``): such an episode ends in a state it was passing
+        through, while one that terminated (or errored) ends where it failed or succeeded, at the edge of
+        what it visited. Entries of another length or non-finite ones are skipped."""
+        rows = [ep.diagnostics.get("final_observation") for ev in evaluations for ep in ev.episodes if ep.truncated]
+        vals = [np.asarray(r, dtype=np.float64) for r in rows if isinstance(r, (list, tuple)) and len(r) == self.obs_dim]
+        vals = [v for v in vals if np.all(np.isfinite(v))]
+        if not self.obs_dim or not vals:
+            return
+        x = np.stack(vals)
+        lo, hi = x.min(axis=0), x.max(axis=0)
+        self.seen_low = lo if self.seen_low is None else np.minimum(self.seen_low, lo)
+        self.seen_high = hi if self.seen_high is None else np.maximum(self.seen_high, hi)
+
+    def weight_bound(self, i: int, term_bound: float) -> float:
+        """Bound ``b`` of a new weight ``p`` in ``[-b, b]`` on element ``i``: ``term_bound`` over the element's
+        scale (half the width of the range it was seen to take, :meth:`see`), two significant digits, so
+        ``p * observation[i]`` can move an expression by up to about ``term_bound`` whatever the element's
+        units: a velocity of ±0.07 gets weights up to ~±15, an angle of ±3 up to ~±0.3. ``term_bound`` itself
+        before any episode was seen or where the element never varied."""
+        if self.seen_low is None or self.seen_high is None:
+            return term_bound
+        half = (float(self.seen_high[i]) - float(self.seen_low[i])) / 2
+        if not half > 0:
+            return term_bound
+        b = term_bound / half
+        return float(f"{b:.2g}")
+
+    def threshold_bounds(self, i: int, feature_bound: float) -> tuple[float, float]:
+        """Bounds of a new threshold on element ``i``: the range it was seen to take (:meth:`see`), widened by
+        half its width on each side and kept within the observation's bounds; the observation's bounds
+        (``±feature_bound`` where they are infinite or wider than 2,000) before any episode was seen or where
+        the element never varied. A threshold outside the values an element takes never changes what the
+        program does, so drawing it where the element lives is what makes a new guard matter."""
+        lo, hi = float(self.obs_low[i]), float(self.obs_high[i])
+        if not (np.isfinite(lo) and np.isfinite(hi)) or hi - lo > 2e3:
+            lo, hi = -feature_bound, feature_bound
+        if self.seen_low is None or self.seen_high is None:
+            return lo, hi
+        a, b = float(self.seen_low[i]), float(self.seen_high[i])
+        if not b > a:
+            return lo, hi
+        margin = (b - a) / 2
+        step = 10.0 ** (math.floor(math.log10(b - a)) - 1)  # rounded outwards to two significant digits of the width
+        digits = max(0, -math.floor(math.log10(step)))
+        a = max(lo, round(math.floor((a - margin) / step) * step, digits))
+        b = min(hi, round(math.ceil((b + margin) / step) * step, digits))
+        return (a, b) if b > a else (lo, hi)
 
 
 def feature_focus(critique: Critique | None, names: Sequence[str]) -> tuple[np.ndarray | None, dict[int, bool]]:
@@ -164,10 +234,45 @@ def feature_focus(critique: Critique | None, names: Sequence[str]) -> tuple[np.n
     return 0.5 / len(names) + 0.5 * w / w.sum(), direction
 
 
-def _feature(rng: np.random.Generator, space: _Space) -> int:
-    if space.focus is not None and len(space.focus) == space.obs_dim:
-        return int(rng.choice(space.obs_dim, p=space.focus))
+def _feature(rng: np.random.Generator, space: _Space, unread: Sequence[int] = ()) -> int:
+    """An observation element for ``term`` or ``guard``: uniform, or :func:`feature_focus`'s weights; where the
+    program never reads some elements (``unread``, see :func:`unread_elements`), half of the probability goes
+    to them: the information a program ignores is the structure it most plainly lacks."""
+    p = space.focus if space.focus is not None and len(space.focus) == space.obs_dim else None
+    if unread:
+        u = np.zeros(space.obs_dim)
+        u[list(unread)] = 1.0 / len(unread)
+        p = 0.5 * (np.full(space.obs_dim, 1.0 / space.obs_dim) if p is None else p) + 0.5 * u
+    if p is not None:
+        return int(rng.choice(space.obs_dim, p=p))
     return int(rng.integers(space.obs_dim))
+
+
+def unread_elements(tree: ast.Module, obs_dim: int) -> list[int]:
+    """Observation elements that ``act`` never reads, ascending.
+
+    An element is read where ``act`` indexes its observation argument with a constant (``observation[1]``,
+    ``observation[-1]``). Where ``act`` uses the observation any other way (passes it on, slices it, unpacks it,
+    indexes it with a variable), every element may be read and none is returned.
+    """
+    act = _act(tree)
+    obs = _obs_name(act)
+    if obs is None or not obs_dim:
+        return []
+    parents = _parents(act)
+    read: set[int] = set()
+    for node in ast.walk(act):
+        if not (isinstance(node, ast.Name) and node.id == obs):
+            continue
+        up = parents.get(id(node))
+        index = up.slice if isinstance(up, ast.Subscript) and up.value is node else None
+        if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub) and isinstance(index.operand, ast.Constant):
+            index = ast.Constant(-index.operand.value) if isinstance(index.operand.value, int) else None
+        if not (isinstance(index, ast.Constant) and isinstance(index.value, int) and not isinstance(index.value, bool)
+                and -obs_dim <= index.value < obs_dim):
+            return []
+        read.add(index.value % obs_dim)
+    return [i for i in range(obs_dim) if i not in read]
 
 
 def _functions(tree: ast.Module) -> list[ast.FunctionDef]:
@@ -201,6 +306,15 @@ def _in_index(node: ast.AST, parents: Mapping[int, ast.AST]) -> bool:
             return True
         cur = up
     return False
+
+
+def _returned(node: ast.AST, parents: Mapping[int, ast.AST]) -> bool:
+    """Whether ``node`` is what a ``return`` returns, directly or as a branch of conditional expressions."""
+    cur = node
+    up = parents.get(id(cur))
+    while isinstance(up, ast.IfExp) and cur is not up.test:
+        cur, up = up, parents.get(id(up))
+    return isinstance(up, ast.Return)
 
 
 def _span(node: ast.expr | ast.stmt) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -242,6 +356,8 @@ def _op_constant(source: str, tree: ast.Module, rng: np.random.Generator, space:
             if isinstance(up, ast.Return) or (isinstance(up, ast.Compare) and any(
                     isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)) for op in up.ops)):
                 continue  # an action returned as is, or a discrete comparison: not a tunable number
+            if space.discrete is not None and _returned(target, parents):
+                continue  # a discrete action, returned by a conditional expression: a label, not a number
             if isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id in ("range", "int", "round"):
                 continue
             sites.append((target, value))
@@ -277,13 +393,14 @@ def _op_term(source: str, tree: ast.Module, rng: np.random.Generator, space: _Sp
     if not sites or obs is None:
         return None
     node = sites[int(rng.integers(len(sites)))]
-    i = _feature(rng, space)
+    i = _feature(rng, space, unread_elements(tree, space.obs_dim))
     name = fresh_name("w", _declared(source))
     text = ast.get_source_segment(source, node)
     if text is None:
         return None
     new = f'({text} + params["{name}"] * {obs}[{i}])'
-    return add_parameters(source, {name: (0.0, -s.term_bound, s.term_bound)}, [(*_span(node), new)]), [name]
+    b = space.weight_bound(i, s.term_bound)
+    return add_parameters(source, {name: (0.0, -b, b)}, [(*_span(node), new)]), [name]
 
 
 def _op_guard(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space,
@@ -295,10 +412,8 @@ def _op_guard(source: str, tree: ast.Module, rng: np.random.Generator, space: _S
     body = _body_statements(act)
     if obs is None or not body or (space.discrete is None and space.box is None):
         return None
-    i = _feature(rng, space)
-    lo, hi = float(space.obs_low[i]), float(space.obs_high[i])
-    if not (np.isfinite(lo) and np.isfinite(hi)) or hi - lo > 2e3:
-        lo, hi = -s.feature_bound, s.feature_bound
+    i = _feature(rng, space, unread_elements(tree, space.obs_dim))
+    lo, hi = space.threshold_bounds(i, s.feature_bound)
     greater = bool(rng.integers(2))
     greater = space.direction.get(i, greater)  # toward where the failing episodes end
     taken = _declared(source)
@@ -471,7 +586,8 @@ class MutationRefiner(Refiner):
         self.observation_names = list(observation_names)
         self.step_limit = step_limit
         self.archive = self.settings.new_archive()
-        self._tried: set[str] = set()  # digests of sources already proposed or rejected
+        self._tried: set[str] = set()  # digests of parents' sources and of mutants already proposed or rejected
+        self._programs: dict[str, PolicyProgram] = {}  # digest -> checked program, of the mutants that passed their checks
         self._rejections: list[Rejection] = []
         # candidate id -> (operator, program key, candidate) of the last propose
         self._proposed: dict[str, tuple[str, str, Candidate]] = {}
@@ -546,19 +662,25 @@ class MutationRefiner(Refiner):
                 continue
             new, fresh = result
             key = digest(new)
-            if key in self._tried:
+            again = key in self._programs
+            if again:  # drawn before: it comes again with new numbers (a few draws do not exhaust a rewrite)
+                program = self._programs[key]
+            elif key in self._tried:  # the parent itself, or a program that failed its checks
                 continue
-            self._tried.add(key)
-            try:
-                program = check_source(new, dims=self.dims, functions=self.functions)
-            except PolicyError as exc:
-                self._rejections.append(Rejection(self.name, origin.id, str(exc), new, {"operator": op}))
-                continue
+            else:
+                self._tried.add(key)
+                try:
+                    program = check_source(new, dims=self.dims, functions=self.functions)
+                except PolicyError as exc:
+                    self._rejections.append(Rejection(self.name, origin.id, str(exc), new, {"operator": op}))
+                    continue
+                self._programs[key] = program
             made += 1
             # at its defaults a constant made a parameter, a zero-weight term or a guard that never fires
-            # behaves as its parent: that setting would spend episodes learning nothing
-            neutral = op in ("constant", "term", "guard")
-            variants = param_variants(program, rng, s.variants + neutral, fresh, s.sigma)[int(neutral):]
+            # behaves as its parent: that setting would spend episodes learning nothing; a program drawn
+            # again was tried at its defaults already
+            skip = int(again or op in ("constant", "term", "guard"))
+            variants = param_variants(program, rng, s.variants + skip, fresh, s.sigma)[skip:]
             for values in variants:
                 add(Candidate.create(new, values, parent_id=origin.id, refiner=f"{self.name}-{op}"), op, key)
         return out
@@ -574,6 +696,10 @@ class MutationRefiner(Refiner):
         mutant's best setting beat the incumbent (see :meth:`_operator`)."""
         if self._incumbent is None:
             return
+        # where the incumbent's observation elements live (a guard added to it acts there); the proposals' when
+        # the loop did not run the incumbent
+        own = [e for e in evaluations if e.candidate_id == self._incumbent.id]
+        self.space.see(own or evaluations)
         gains = offer_generation(self.archive, self._incumbent, [c for _, _, c in self._proposed.values()],
                                  evaluations, self._generation, self.step_limit)
         best: dict[tuple[str, str], float] = {}
