@@ -117,9 +117,12 @@ class MutateSettings(ArchiveSettings):
                           json_schema_extra={"unit": "candidates"})
     operators: list[Operator] = Field(default_factory=lambda: list(OPERATORS),
                                       description="Mutation operators to draw from, uniformly.")
-    term_bound: float = Field(1.0, gt=0, le=1e6, description="Bounds ±term_bound of a weight added by `term`.")
+    term_bound: float = Field(1.0, gt=0, le=1e6, description="Bounds ±term_bound of a weight added by `term`, over "
+                                                             "half the width of the range its observation element "
+                                                             "was seen to take (as is before any was seen).")
     feature_bound: float = Field(3.0, gt=0, le=1e6, description="Threshold bounds ±feature_bound of a `guard` on an "
-                                                                "observation element whose space is unbounded.")
+                                                                "observation element whose space is unbounded, "
+                                                                "before the range it takes was seen.")
     sigma: float = Field(0.15, gt=0, le=1, description="Perturbation of the other parameters in the variants "
                                                        "(fraction of each parameter's range).")
     tune_share: float = Field(0.5, ge=0, le=1, description="Share of the programs drawn from the archive that are "
