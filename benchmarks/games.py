@@ -2,8 +2,8 @@
 Connect Four win rates against each minimax depth as first and second player.
 
 Usage:
-    python benchmarks/games.py poker [--games kuhn_poker leduc_poker] [--iterations 10] [--algorithm cfr+]
-        [--checkpoint average] [--seconds 120] [--write]
+    python benchmarks/games.py poker [--games kuhn_poker leduc_poker] [--iterations 1000] [--algorithm pcfr+]
+        [--checkpoint lower] [--seconds 120] [--write]
     python benchmarks/games.py connect_four --run RUN_DIR [--games-per-cell 50] [--write]
 
 ``poker``: a ratchet run of the ``cfr`` refiner (``--algorithm``, ``--iterations`` solver iterations per generation,
@@ -83,25 +83,32 @@ def _events(run_dir: Path) -> list:
         ledger.close()
 
 
-def _solver_curve(game_name: str, seconds: float, cpp: bool) -> list[tuple[float, int, float]]:
-    """CFR+ alone: (seconds, iterations, exploitability) at doubling iteration counts within ``seconds``."""
+def _solver_curve(game_name: str, seconds: float, cpp: bool, times: list[float]) -> list[tuple[float, int, float]]:
+    """CFR+ alone: (seconds, iterations, exploitability) at doubling iteration counts within ``seconds`` of solver
+    time, and at each of ``times``: there, the average policy after the iteration that crosses that time (credited
+    to it: the solver gets the benefit of the doubt)."""
     import pyspiel
     from open_spiel.python.algorithms import cfr, exploitability
 
     game = pyspiel.load_game(game_name)
     solver = pyspiel.CFRPlusSolver(game) if cpp else cfr.CFRPlusSolver(game)
+    pending = sorted(t for t in times if 0 < t)
     out, it, spent, mark = [], 0, 0.0, 1
-    while spent < seconds:
+    while spent < seconds or pending:
         t = time.perf_counter()
         solver.evaluate_and_update_policy()
         spent += time.perf_counter() - t
         it += 1
-        if it == mark:
-            value = (pyspiel.exploitability(game, solver.average_policy()) if cpp
-                     else exploitability.exploitability(game, solver.average_policy()))
-            out.append((spent, it, float(value)))
-            mark *= 2
-    return out
+        crossed = [x for x in pending if x <= spent]
+        pending = [x for x in pending if x > spent]
+        if it == mark or crossed:
+            value = float(pyspiel.exploitability(game, solver.average_policy()) if cpp
+                          else exploitability.exploitability(game, solver.average_policy()))
+            out += [(x, it, value) for x in crossed]
+            if it == mark:
+                out.append((spent, it, value))
+                mark *= 2
+    return sorted(out)
 
 
 def poker(args: argparse.Namespace) -> str:
@@ -109,12 +116,17 @@ def poker(args: argparse.Namespace) -> str:
     for game in args.games:
         refiner = {"iterations": args.iterations, "algorithm": args.algorithm, "checkpoint": args.checkpoint}
         rows = _poker_run(game, refiner, args.seconds, args.runs_dir)
-        py = _solver_curve(game, args.seconds, cpp=False)
-        cc = _solver_curve(game, args.seconds, cpp=True)
+        times = [r["seconds"] for r in rows] + [args.seconds]
+        py = _solver_curve(game, args.seconds, False, times)
+        cc = _solver_curve(game, args.seconds, True, times)
+
+        def point(curve, s):
+            done = [x for x in curve if x[0] <= s]
+            return done[-1] if done else None
 
         def at(curve, s):
-            done = [x for x in curve if x[0] <= s]
-            return f"{done[-1][2]:.4g} ({done[-1][1]} it)" if done else "–"
+            p = point(curve, s)
+            return f"{p[2]:.4g} ({p[1]} it)" if p else "–"
 
         lines = [(f"### {game}: ratchet cfr ({args.iterations} {args.algorithm} iterations per generation, "
                   f"checkpoint: {args.checkpoint}), {args.seconds:g} s of run time"),
@@ -124,8 +136,10 @@ def poker(args: argparse.Namespace) -> str:
             lines.append(f"| {i} | {r['generation']} | {r['iterations']} | {r['seconds']:.1f} | "
                          f"{r['exploitability']:.4g} | {at(py, r['seconds'])} | {at(cc, r['seconds'])} |")
         rises = sum(b["exploitability"] > a["exploitability"] for a, b in itertools.pairwise(rows))
-        lines.append(f"\nRises from one promotion to the next: {rises}. Solver alone after {args.seconds:g} s: "
-                     f"Python {py[-1][2]:.4g} ({py[-1][1]} it), C++ {cc[-1][2]:.4g} ({cc[-1][1]} it).")
+        beaten = [r["exploitability"] <= p[2] for r in rows[1:] if (p := point(cc, r["seconds"]))]
+        lines.append(f"\nRises from one promotion to the next: {rises}. Promotions at or below C++ CFR+ at that time: "
+                     f"{sum(beaten)} of {len(beaten)}. Solver alone after {args.seconds:g} s: "
+                     f"Python {at(py, args.seconds)}, C++ {at(cc, args.seconds)}.")
         parts.append("\n".join(lines))
         print(parts[-1], flush=True)
     return "\n\n".join(parts)
@@ -190,9 +204,9 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     p = sub.add_parser("poker")
     p.add_argument("--games", nargs="*", default=["kuhn_poker", "leduc_poker"])
-    p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--algorithm", default="cfr+", choices=["cfr+", "cfr", "dcfr", "pcfr+"])
-    p.add_argument("--checkpoint", default="average", choices=["average", "current", "lower"])
+    p.add_argument("--iterations", type=int, default=1000)
+    p.add_argument("--algorithm", default="pcfr+", choices=["pcfr+", "cfr+", "dcfr", "cfr"])
+    p.add_argument("--checkpoint", default="lower", choices=["lower", "average", "current"])
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--write", action="store_true")

@@ -47,15 +47,16 @@ class CFRSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    iterations: int = Field(50, ge=1, le=1_000_000, description="Solver iterations per generation (one training "
+    iterations: int = Field(1000, ge=1, le=1_000_000, description="Solver iterations per generation (one training "
                                                                  "job; one checkpoint of the line is its candidate).",
                             json_schema_extra={"unit": "solver iterations"})
-    algorithm: Literal["cfr+", "cfr", "dcfr", "pcfr+"] = Field(
-        "cfr+", description="CFR+ (regret matching+, linear averaging), vanilla CFR, Discounted CFR (α = 1.5, β = 0, "
-                            "γ = 2) or Predictive CFR+ (quadratic averaging).")
-    checkpoint: Literal["average", "current", "lower"] = Field(
-        "average", description="The checkpoint each job proposes: the average policy, the current iterate, or "
-                               "whichever of the two the job measures as less exploitable.")
+    algorithm: Literal["pcfr+", "cfr+", "dcfr", "cfr"] = Field(
+        "pcfr+", description="Predictive CFR+ (quadratic averaging; the fastest on Leduc poker, benchmarks/RESULTS.md), "
+                             "CFR+ (regret matching+, linear averaging), Discounted CFR (α = 1.5, β = 0, γ = 2) or "
+                             "vanilla CFR.")
+    checkpoint: Literal["lower", "average", "current"] = Field(
+        "lower", description="The checkpoint each job proposes: whichever of the average policy and the current "
+                             "iterate the job measures as less exploitable, or always the one named.")
 
 
 def _check_state(data: bytes) -> None:
