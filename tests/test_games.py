@@ -347,7 +347,7 @@ def test_meta_strategy_is_the_column_players_equilibrium_mixed_with_a_floor() ->
         meta_strategy(np.array([[np.nan]]))
 
 
-def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_its_games(tmp_path: Path) -> None:
+def test_a_league_adds_each_incumbent_to_the_training_pool_and_replays_its_games(tmp_path: Path) -> None:
     spec = load_spec(_spec_dir(tmp_path, league=True))
     ex = ProcessExecutor(workers=1, episode_timeout_s=30)
     try:
@@ -357,14 +357,22 @@ def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_
     events = read_events(tmp_path / "a" / "l")
     updates = [e.payload for e in events if e.type.value == "task_updated"]
     promotions = [e.payload for e in events if e.type.value == "incumbent_changed"]
-    assert promotions and len(updates) == len(promotions)
-    first = updates[0]
-    assert first["task"]["train_opponents"][-1] == "league1" and first["columns"][-1] == "league1"
+    assert promotions and len(updates) == len(promotions) + 1  # the start policy joins when the run starts
+    start, first = updates[0], updates[1]
+    assert start["incumbent"] == promotions[0]["from"] and start["task"]["train_opponents"][-1] == "league1"
+    assert first["task"]["train_opponents"][-2:] == ["league1", "league2"] and first["columns"][-1] == "league2"
     assert np.isclose(sum(first["meta_strategy"].values()), 1.0) and first["rows"][0] == promotions[0]["from"]
+    # before each promotion the candidate played every member (2 games a seat) and did not lose to it on average
+    evaluated = [e.payload for e in events if e.type.value == "episodes_evaluated"]
+    for promo in promotions:
+        league_games = [ep for p in evaluated if p["candidate_id"] == promo["to"] and p["split"] == "validation"
+                        for ep in p["episodes"] if ep["diagnostics"]["opponent"].startswith("league")]
+        assert len(league_games) == 4 and {ep["diagnostics"]["seat"] for ep in league_games} == {0, 1}
+        assert np.mean([ep["episode_return"] for ep in league_games]) >= 0
     later = [e for e in events[events.index(next(e for e in events if e.type.value == "task_updated")):]
              if e.type.value == "episodes_evaluated" and e.payload["split"] == "train"]
     met = {ep["diagnostics"]["opponent"] for e in later for ep in e.payload["episodes"]}
-    assert "league1" in met  # the retired incumbent plays as an opponent, sandboxed like the others
+    assert "league1" in met  # an incumbent plays as an opponent, sandboxed like the others
     league_game = next((e.payload["candidate_id"], ep["seed"]) for e in later for ep in e.payload["episodes"]
                        if ep["diagnostics"]["opponent"] == "league1")
     dying = Dying(die_after=len(events) // 3)  # killed midway, then resumed: the league grows the same way
@@ -392,6 +400,39 @@ def test_a_league_adds_each_replaced_incumbent_to_the_training_pool_and_replays_
     assert res.exit_code == 0 and "league payoffs" in res.output and "meta-strategy now" in res.output, res.output
     res = CliRunner().invoke(app, ["report", "l", "--runs-dir", str(tmp_path / "a"), "--no-videos"])
     assert res.exit_code == 0 and "<h2>League</h2>" in (tmp_path / "a" / "l" / "report.html").read_text()
+
+
+def test_a_candidate_that_loses_to_a_league_member_on_average_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from ratchet.policy import Candidate
+    from ratchet.services import RunServices
+    from ratchet.tasks.game import RIVAL_SEEDS
+
+    task = _c4(_opp("random", RANDOM), league=True)
+    assert task.rival_seeds() == {}  # no member yet
+    start = Candidate.create(PREFER, {"pref": 3.0, "block": -0.5})
+    task, _ = task.after_promotion(start, {})
+    rivals = task.rival_seeds()
+    assert list(rivals) == ["league1"] and len(rivals["league1"]) == 4
+    assert all(s >= RIVAL_SEEDS and split_of(s) == "validation" for s in rivals["league1"])
+    assert [task.matchup(s)[1] for s in rivals["league1"]] == [0, 1, 0, 1]
+    assert {task.matchup(s)[0].name for s in rivals["league1"]} == {"league1"}
+    with pytest.raises(TaskError, match="league member 2"):
+        task.matchup(RIVAL_SEEDS + 3 * (1 << 16) + 1)
+
+    def fake(returns: list[float]) -> SimpleNamespace:
+        def evaluate(cands, seeds, split, generation):
+            eps = tuple(Episode(s, r, 10, True, False, r > 0) for s, r in zip(seeds, returns, strict=True))
+            return {cands[0].id: Evaluation(cands[0].id, split, eps)}
+        return SimpleNamespace(task=task, evaluate=evaluate)
+
+    cand = SimpleNamespace(id="c")
+    assert RunServices._loses_to_a_rival(fake([1.0, -1.0, 0.0, 0.0]), 1, cand) is None  # even: not a loss
+    why = RunServices._loses_to_a_rival(fake([1.0, -1.0, -1.0, 0.0]), 1, cand)
+    assert why is not None and why.startswith("loses to league1") and "-0.250" in why
+    with pytest.raises(TaskError, match="league_games applies to a league"):
+        _c4(_opp("random", RANDOM), league_games=4)
 
 
 KUHN_POLICY = Path(__file__).parent.parent / "examples" / "kuhn_poker" / "policy.py"

@@ -388,7 +388,8 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row("success", rule)
     if data["league"]:  # a game's self-play league: who joined, and the meta-strategy training draws from
         last = data["league"][-1]
-        t.add_row("league", _safe(f"{len(data['league'])} earlier incumbent(s) joined the training opponents; "
+        t.add_row("league", _safe(f"{len(data['league'])} incumbent(s) (the start and each promoted) joined the "
+                                  "training opponents; "
                                   "meta-strategy now " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                                    (last.get("meta_strategy") or {}).items()), 1000))
         if last.get("rows"):

@@ -549,13 +549,14 @@ class RunServices:
         if decision is None:
             return None, cand_val, inc_val
         guard = self.spec.gate.worse_against_any
-        if decision.promoted and guard is not None:
+        if decision.promoted:  # the refusals that guard against strategy cycles (games); they never promote
             from dataclasses import replace
 
             from ratchet.gate import worse_against
 
-            why = worse_against(cand_val, Evaluation(inc_val.candidate_id, "validation",
-                                                     inc_val.episodes[:cand_val.n]), guard)
+            why = None if guard is None else worse_against(
+                cand_val, Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n]), guard)
+            why = why or self._loses_to_a_rival(generation, best)
             if why is not None:
                 decision = replace(decision, promoted=False, reason=why)
         self._n_contested += decision.contested
@@ -576,22 +577,41 @@ class RunServices:
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
                          "env_steps": self.usage.env_steps, "params": dict(best.params), **structural})
-            self._after_promotion(generation, label, incumbent, best)
+            self.join_league(best, generation, label, incumbent)
         return decision, cand_val, inc_val
 
-    def _after_promotion(self, generation: int, label: str | int, retired: Candidate, best: Candidate) -> None:
-        """Let the task grow with the promotion (:meth:`Task.after_promotion`: a game's league takes ``retired`` in);
-        a changed task is recorded (``task_updated``: its training pool, payoff table and meta-strategy) and runs
-        every evaluation from then on."""
-        self._incumbents.append(best.id)
+    def _loses_to_a_rival(self, generation: int, best: Candidate) -> str | None:
+        """Why ``best``, which the gate would promote, is refused for losing to a rival (:meth:`Task.rival_seeds`: a
+        game league's members, the run's incumbents so far) on average over its games against it, or None. The
+        games are charged as validation; a budget that cuts them short refuses too."""
+        rivals = {name: list(seeds) for name, seeds in self.task.rival_seeds().items() if seeds}
+        if not rivals:
+            return None
+        ev = self.evaluate([best], [s for seeds in rivals.values() for s in seeds], "validation", generation)[best.id]
+        if _cut(ev):
+            return "league games cut short by the env-step budget"
+        returns = {e.seed: e.episode_return for e in ev.episodes}
+        mean, name = min((float(np.mean([returns[s] for s in seeds])), name) for name, seeds in rivals.items())
+        if mean >= 0:
+            return None
+        return (f"loses to {name} (an incumbent of this run): {mean:+.3f} on average over its {len(rivals[name])} "
+                "league games ([task] league_games)")
+
+    def join_league(self, incumbent: Candidate, generation: int = 0, label: str | int = "start",
+                    retired: Candidate | None = None) -> None:
+        """Let the task grow with the incumbent (:meth:`Task.after_promotion`: a game's league takes it in; called
+        when the run starts and after each promotion); a changed task is recorded (``task_updated``: its training
+        pool, payoff table and meta-strategy) and runs every evaluation from then on."""
+        if incumbent.id not in self._incumbents:
+            self._incumbents.append(incumbent.id)
         payoffs = {cid: {opp: acc[0] / acc[1] for opp, acc in self._payoffs[cid].items() if acc[1]}
                    for cid in self._incumbents if cid in self._payoffs}
-        updated, notes = self.task.after_promotion(retired, payoffs)
+        updated, notes = self.task.after_promotion(incumbent, payoffs)
         if updated is self.task:
             return
         self.task = updated
-        self.record(EventType.TASK_UPDATED, f"task/{label}/{retired.id}",
-                    {"generation": generation, "retired": retired.id, "incumbent": best.id,
+        self.record(EventType.TASK_UPDATED, f"task/{label}/{incumbent.id}",
+                    {"generation": generation, "retired": retired.id if retired else None, "incumbent": incumbent.id,
                      "task": updated.to_dict(), **notes})
 
     def validate(self, generation: int, best: Candidate, incumbent: Candidate,

@@ -87,9 +87,14 @@ class TaskSpec(_Section):
                               "\"exploitability\" (OpenSpiel games small enough, e.g. Kuhn and Leduc poker): an "
                               "episode is the exact exploitability of the policy's probabilities(), its return minus "
                               "that, so the gate promotes only what lowers it.")
-    league: bool = Field(False, description="kind = \"game\": self-play league: each incumbent a promotion replaces "
-                                            "joins the training opponents, drawn from the meta-strategy (the Nash "
-                                            "equilibrium of the league's payoff table).")
+    league: bool = Field(False, description="kind = \"game\": self-play league: the start policy and each incumbent a "
+                                            "promotion puts in place join the training opponents, drawn from the "
+                                            "meta-strategy (the Nash equilibrium of the league's payoff table).")
+    league_games: int | None = Field(None, ge=0, json_schema_extra={"unit": "episodes"},
+                                     description="kind = \"game\" with league: games a candidate the gate would "
+                                                 "promote plays against each league member (every incumbent so "
+                                                 "far), seats in turn; it is refused if it loses to any on average. "
+                                                 "Default 2 per seat; 0: no check.")
     env_id: str | None = Field(None, description="kind = \"gym\": registered Gymnasium id, e.g. \"LunarLander-v3\".")
     evaluator: str | None = Field(None, min_length=1, description="kind = \"evaluator\": the evaluator module "
                                                                    "(.py, relative to the spec's folder).")
@@ -139,6 +144,7 @@ class TaskSpec(_Section):
         game_keys += [k for k in ("opponents", "game_kwargs") if getattr(self, k)]
         game_keys += ["illegal"] if self.illegal != "fail" else []
         game_keys += ["league"] if self.league else []
+        game_keys += ["league_games"] if self.league_games is not None else []
         game_keys += ["objective"] if self.objective != "payoff" else []
         if self.kind == "game":
             wrong = [k for k in ("env_id", "evaluator", "max_episode_steps", "description") if getattr(self, k) is not None]

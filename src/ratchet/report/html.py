@@ -61,7 +61,8 @@ def _payoff_table(state: RunState) -> str:
         table = "".join(f"<tr><td style='text-align:left'>{_esc(r)}</td>" + "".join(f"<td>{x:+.2f}</td>" for x in row)
                        + "</tr>" for r, row in zip(last["rows"], last["table"]))
         meta = "".join(f"<td>{weights.get(c, 0.0):.2f}</td>" for c in last["columns"])
-        out += (f"<h2>League</h2><p>{len(state.league)} earlier incumbent(s) joined the training opponents. The league's "
+        out += (f"<h2>League</h2><p>{len(state.league)} incumbent(s) (the start and each promoted) joined the "
+                "training opponents. The league's "
                 "payoff table at the last promotion (rows: incumbents, by candidate id; columns: training opponents; "
                 "mean training payoff), and the meta-strategy training opponents are drawn from.</p>"
                 f"<table><tr><th>incumbent</th>{head}</tr>{table}<tr><td style='text-align:left'><b>meta-strategy</b>"

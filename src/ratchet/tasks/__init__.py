@@ -99,13 +99,19 @@ class Task(Protocol):
         none. Executors run it sandboxed, like the candidate, and pass ``opponents=`` (a
         :class:`~ratchet.tasks.game.OpponentHandles`) to :meth:`run_episode` when it is not empty."""
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Task, dict[str, Any]]:
-        """The task once ``retired`` (the incumbent :class:`~ratchet.policy.Candidate` a promotion replaced) left the
-        incumbency, and JSON-ready notes on the change: ``(self, {})`` unless the task grows with the run (a game's
-        self-play league adds it to the training opponents; its notes are the payoff table and meta-strategy).
-        ``payoffs``: each incumbent's mean training return per opponent, by candidate id (empty for tasks without
-        opponents). The loop records a changed task with its notes (``task_updated``) and evaluates with it from
-        then on."""
+    def after_promotion(self, incumbent: Any,
+                        payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Task, dict[str, Any]]:
+        """The task once ``incumbent`` (a :class:`~ratchet.policy.Candidate`: the start policy when the run starts,
+        then each one a promotion puts in place) holds the incumbency, and JSON-ready notes on the change:
+        ``(self, {})`` unless the task grows with the run (a game's self-play league adds it to the training
+        opponents; its notes are the payoff table and meta-strategy). ``payoffs``: each incumbent's mean training
+        return per opponent, by candidate id (empty for tasks without opponents). The loop records a changed task
+        with its notes (``task_updated``) and evaluates with it from then on."""
+
+    def rival_seeds(self) -> Mapping[str, Sequence[int]]:
+        """Seeds of the games a candidate the gate would promote must not lose, by rival (a game league's members:
+        the run's incumbents so far). The loop runs them (charged as validation) and refuses the candidate when its
+        mean return against any rival is below 0 (zero-sum payoffs: it loses to that rival). Empty: no such check."""
 
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:

@@ -336,7 +336,11 @@ class EvaluatorTask:
         unless it also holds the Python installation or the project (then left visible)."""
         return (str(Path(self.path).parent),)
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Self, dict[str, Any]]:
+    def rival_seeds(self) -> dict[str, list[int]]:
+        """``{}``: an evaluator scores a policy alone."""
+        return {}
+
+    def after_promotion(self, incumbent: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Self, dict[str, Any]]:
         """Itself, no notes: an evaluator does not change with the run."""
         return self, {}
 

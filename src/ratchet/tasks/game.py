@@ -30,6 +30,12 @@ the candidate's outcome.
 An episode's return is the candidate's payoff (Connect Four: +1 win, 0 draw, −1 loss; poker: chips), its length the
 moves played by both sides (``env steps``), success a win (payoff > 0) unless ``success_threshold`` says otherwise;
 ``diagnostics`` holds ``opponent``, ``seat``, ``outcome`` (``"win"``, ``"draw"``, ``"loss"``) and ``illegal_moves``.
+
+A **self-play league** (``league = true``): the start policy and each incumbent a promotion puts in place join the
+training pool (``league1``, ``league2``...), whose opponents are drawn from the meta-strategy of the league's payoff
+table. Before a promotion the candidate also plays ``league_games`` games against every member, on seeds of their
+own (:meth:`GameTask.rival_seeds`), and is refused if it loses to any of them on average: the final incumbent has
+not lost to any incumbent before it (the guard against strategy cycles the league itself could run into).
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ __all__ = ["GameTask", "Opponent", "OpponentHandles", "meta_strategy", "outcome_
 
 _SPLITS = ("train", "validation", "test")
 MAX_OPPONENTS = 64
+#: League games (:meth:`GameTask.rival_seeds`) use seeds from here up, validation seeds (``seed % 3 == 1``) apart
+#: from the spec's: member ``i``'s game ``g`` is ``RIVAL_SEEDS + 3 * (i * RIVAL_SPAN + g) + 1``.
+RIVAL_SEEDS = 3 << 40
+RIVAL_SPAN = 1 << 16
 DEFAULT_MAX_MOVES = 1000  # PettingZoo games declare no length; OpenSpiel games do (max_game_length)
 _VALUES: dict[str, dict[str, Any]] = {}  # an opponent's parameter values, by source and params (parsed once)
 
@@ -337,13 +347,15 @@ class GameTask:
         success_threshold: An episode succeeds when the payoff is ``>=`` this; None: when it is a win (> 0).
         game_kwargs: Keyword arguments for the game (``pettingzoo.make`` / ``pyspiel.load_game`` parameters).
         label: What people and prompts call the task; default the game's name.
-        league: Self-play league: each incumbent the run replaces joins the training pool
-            (:meth:`after_promotion`), and training opponents are drawn from the meta-strategy (``weights``).
+        league: Self-play league: the start policy and each incumbent a promotion puts in place join the training
+            pool (:meth:`after_promotion`), and training opponents are drawn from the meta-strategy (``weights``).
         weights: Training opponents' sampling weights (the league's meta-strategy), by name; None: uniform.
         objective: ``"payoff"`` (an episode is a game against an opponent) or ``"exploitability"`` (OpenSpiel games
             small enough to solve, such as Kuhn and Leduc poker: an episode is the exact exploitability of the
             policy's ``probabilities(observation, params)``, played by every seat; its return is minus that, so the
             gate promotes only what lowers it; no opponents needed).
+        league_games: With ``league``: games (episodes) a candidate the gate would promote plays against each league
+            member before it is promoted, seats in turn (:meth:`rival_seeds`); None: 2 per seat; 0: no such check.
 
     Raises:
         TaskError: the game cannot be made, a pool names an unknown opponent or is empty, a seat does not exist,
@@ -365,12 +377,19 @@ class GameTask:
     league: bool = False
     weights: Mapping[str, float] | None = None
     objective: str = "payoff"
+    league_games: int | None = None
 
     def __post_init__(self) -> None:
         if self.illegal not in ("fail", "replace"):
             raise TaskError(f"[task] illegal must be \"fail\" or \"replace\", got {self.illegal!r}")
         if self.objective not in ("payoff", "exploitability"):
             raise TaskError(f"[task] objective must be \"payoff\" or \"exploitability\", got {self.objective!r}")
+        if self.league_games is not None and (isinstance(self.league_games, bool) or not isinstance(self.league_games, int)
+                                              or not 0 <= self.league_games < RIVAL_SPAN):
+            raise TaskError(f"[task] league_games must be a whole number from 0 to {RIVAL_SPAN - 1}, got "
+                            f"{self.league_games!r}")
+        if self.league_games is not None and not self.league:
+            raise TaskError("[task] league_games applies to a league: add league = true or remove it")
         if self.objective == "exploitability":
             self._exact_only()
             return
@@ -454,6 +473,12 @@ class GameTask:
         draw the opponent from the meta-strategy (``weights``) instead, with a generator seeded by the seed."""
         from ratchet.tasks.evaluator import split_of
 
+        if int(seed) >= RIVAL_SEEDS:  # a league game (rival_seeds)
+            member, game = divmod((int(seed) - RIVAL_SEEDS) // 3, RIVAL_SPAN)
+            members = self.members()
+            if member >= len(members):
+                raise TaskError(f"seed {seed} is a game against league member {member + 1}, which this task has not")
+            return members[member], self.seats[game % len(self.seats)]
         split = split_of(seed)
         pool = self.pools[split]
         k = int(seed) // 3
@@ -469,38 +494,52 @@ class GameTask:
 
     # -- the league ------------------------------------------------------------------------------------
 
-    def after_promotion(self, retired: Any,
+    def members(self) -> list[Opponent]:
+        """The league's members (the run's incumbents so far, oldest first)."""
+        return [o for o in self.opponents if o.candidate_id is not None]
+
+    def after_promotion(self, incumbent: Any,
                         payoffs: Mapping[str, Mapping[str, float]]) -> tuple[GameTask, dict[str, Any]]:
-        """The task once ``retired`` (a :class:`~ratchet.policy.Candidate`, the incumbent just replaced) left the
-        incumbency: with ``league``, it joins the training pool as ``"league<k>"`` and the training opponents'
-        weights become the meta-strategy of :meth:`payoff_table` (:func:`meta_strategy`); otherwise (or for a
-        policy that is not a plain program, which an opponent process cannot run) the task is unchanged.
+        """The task once ``incumbent`` (a :class:`~ratchet.policy.Candidate`: the start policy, or the one a
+        promotion just put in place) holds the incumbency: with ``league``, it joins the training pool as
+        ``"league<k>"`` and the training opponents' weights become the meta-strategy of :meth:`payoff_table`
+        (:func:`meta_strategy`; uniform while no incumbent has training payoffs); otherwise (or for a policy that is
+        not a plain program, which an opponent process cannot run) the task is unchanged.
 
         Args:
-            retired: The incumbent replaced.
+            incumbent: The incumbent now.
             payoffs: Each incumbent's mean training payoff per opponent name, by candidate id.
 
         Returns:
             ``(task, notes)``: notes ``rows``, ``columns``, ``table`` (:meth:`payoff_table`) and ``meta_strategy`` of a
             grown league; ``(self, {})`` when nothing changed.
         """
-        if not self.league or retired.kind != "program" or retired.artifacts:
+        from dataclasses import replace
+
+        if not self.league or incumbent.kind != "program" or incumbent.artifacts:
             return self, {}
-        if any(o.candidate_id == retired.id for o in self.opponents):
+        if any(o.candidate_id == incumbent.id for o in self.opponents):
             return self, {}
-        members = [o for o in self.opponents if o.candidate_id is not None]
         if len(self.opponents) >= MAX_OPPONENTS:
             return self, {}
-        joined = Opponent(f"league{len(members) + 1}", f"<incumbent {retired.id}>", retired.source,
-                          _jsonable(retired.params), retired.id)
-        grown = GameTask(self.game, (*self.opponents, joined), {**self.pools, "train": (*self.pools["train"], joined.name)},
-                         self.seats, self.illegal, self.max_moves, self.success_threshold, self.game_kwargs, self.label,
-                         self.league, None)
+        joined = Opponent(f"league{len(self.members()) + 1}", f"<incumbent {incumbent.id}>", incumbent.source,
+                          _jsonable(incumbent.params), incumbent.id)
+        grown = replace(self, opponents=(*self.opponents, joined),
+                        pools={**self.pools, "train": (*self.pools["train"], joined.name)}, weights=None)
         rows, cols, table = grown.payoff_table(payoffs)
         weights = dict(zip(cols, meta_strategy(table).tolist(), strict=True)) if rows else None
         notes = {"rows": rows, "columns": cols, "table": table.round(4).tolist(), "meta_strategy": dict(weights or {})}
-        return GameTask(grown.game, grown.opponents, grown.pools, grown.seats, grown.illegal, grown.max_moves,
-                        grown.success_threshold, grown.game_kwargs, grown.label, grown.league, weights), notes
+        return replace(grown, weights=weights), notes
+
+    def rival_seeds(self) -> dict[str, list[int]]:
+        """The league games a candidate plays before a promotion, by member name: ``league_games`` seeds per member
+        (2 per seat by default), seats in turn (:meth:`matchup` reads them). The loop refuses a candidate whose mean
+        payoff against any member is below 0 (it loses to an incumbent of the run). Empty without a league."""
+        if not self.league:
+            return {}
+        n = 2 * len(self.seats) if self.league_games is None else self.league_games
+        return {m.name: [RIVAL_SEEDS + 3 * (i * RIVAL_SPAN + g) + 1 for g in range(n)]
+                for i, m in enumerate(self.members())}
 
     def payoff_table(self, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[str], np.ndarray]:
         """The league's empirical payoff table: rows the league's members and the incumbents that have training
@@ -626,7 +665,8 @@ class GameTask:
                 **{f"{s}_opponents": list(self.pools[s]) for s in _SPLITS},
                 **({"name": self.label} if self.label else {}), **({"league": True} if self.league else {}),
                 **({"weights": dict(self.weights)} if self.weights else {}),
-                **({"objective": self.objective} if self.objective != "payoff" else {})}
+                **({"objective": self.objective} if self.objective != "payoff" else {}),
+                **({"league_games": self.league_games} if self.league_games is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GameTask:
@@ -636,7 +676,7 @@ class GameTask:
         return cls(d["game"], opponents, {s: tuple(d[f"{s}_opponents"]) for s in _SPLITS},
                    tuple(d.get("seats") or ()), d.get("illegal", "fail"), d.get("max_moves"),
                    d.get("success_threshold"), dict(d.get("game_kwargs") or {}), d.get("name"),
-                   bool(d.get("league", False)), d.get("weights"), d.get("objective", "payoff"))
+                   bool(d.get("league", False)), d.get("weights"), d.get("objective", "payoff"), d.get("league_games"))
 
     @classmethod
     def from_spec(cls, table: Any) -> GameTask:
@@ -658,7 +698,7 @@ class GameTask:
         pools = {s: tuple(t.get(f"{s}_opponents") or names) for s in _SPLITS}
         return cls(t["game"], opponents, pools, tuple(t.get("seats") or ()), t.get("illegal") or "fail",
                    t.get("max_moves"), t.get("success_threshold"), dict(t.get("game_kwargs") or {}), t.get("name"),
-                   bool(t.get("league")), objective=t.get("objective") or "payoff")
+                   bool(t.get("league")), objective=t.get("objective") or "payoff", league_games=t.get("league_games"))
 
     # -- one episode -----------------------------------------------------------------------------------
 

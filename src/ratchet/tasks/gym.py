@@ -91,7 +91,11 @@ class GymTask:
         """None: the environment is a library, and its files hold nothing a policy could use to forge a return."""
         return ()
 
-    def after_promotion(self, retired: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Self, dict[str, Any]]:
+    def rival_seeds(self) -> dict[str, list[int]]:
+        """``{}``: a Gymnasium environment has no rivals."""
+        return {}
+
+    def after_promotion(self, incumbent: Any, payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Self, dict[str, Any]]:
         """Itself, no notes: a Gymnasium environment does not change with the run."""
         return self, {}
 
