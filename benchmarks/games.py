@@ -16,7 +16,8 @@ seconds, and the solvers' exploitability at those seconds.
 ``connect_four``: reads a finished ``examples/connect_four`` run (``ratchet run examples/connect_four``) and plays its
 final incumbent against random and minimax at depths 1-4 as first and as second player (``--games-per-cell``
 games each, seeds of the test split), and against every earlier incumbent (the league) from both seats. Prints the
-win / draw / loss table and the league check (no earlier incumbent may beat the final one).
+win / draw / loss table and the league check: no earlier incumbent may beat the final one (win more of their games,
+both seats together, than it loses); those that win more than they lose from one seat are listed too.
 Writes the tables into benchmarks/RESULTS.md (section "Games") with ``--write``.
 """
 
@@ -188,9 +189,15 @@ def connect_four(args: argparse.Namespace) -> str:
              "| opponent | candidate plays | wins | draws | losses | errored |", "|---|---|---|---|---|---|"]
     for name, seat, w, d, lo, err in table:
         lines.append(f"| {name} | {'first' if seat == 0 else 'second'} | {w} | {d} | {lo} | {err} |")
-    beaten = [name for name, seat, w, d, lo, err in table if name.startswith("incumbent") and lo > w]
-    lines.append(f"\nEarlier incumbents that beat the final one (more losses than wins from a seat): "
-                 f"{', '.join(sorted(set(beaten))) or 'none'}.")
+    net: dict[str, int] = {}
+    for name, seat, w, d, lo, err in table:
+        if name.startswith("incumbent"):
+            net[name] = net.get(name, 0) + w - lo
+    beaten = sorted(name for name, v in net.items() if v < 0)
+    by_seat = sorted({name for name, seat, w, d, lo, err in table if name.startswith("incumbent") and lo > w})
+    lines.append(f"\nEarlier incumbents that beat the final one (the final loses more games than it wins over both "
+                 f"seats): {', '.join(beaten) or 'none'}. Those that win more games than they lose from one seat: "
+                 f"{', '.join(by_seat) or 'none'}.")
     return "\n".join(lines)
 
 

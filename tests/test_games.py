@@ -365,8 +365,8 @@ def test_a_league_adds_each_incumbent_to_the_training_pool_and_replays_its_games
     # before each promotion the candidate played every member (2 games a seat) and did not lose to it on average
     evaluated = [e.payload for e in events if e.type.value == "episodes_evaluated"]
     for promo in promotions:
-        league_games = [ep for p in evaluated if p["candidate_id"] == promo["to"] and p["split"] == "validation"
-                        for ep in p["episodes"] if ep["diagnostics"]["opponent"].startswith("league")]
+        league_games = [ep for p in evaluated if p["candidate_id"] == promo["to"] and p["split"] == "league"
+                        for ep in p["episodes"]]
         assert len(league_games) == 4 and {ep["diagnostics"]["seat"] for ep in league_games} == {0, 1}
         assert np.mean([ep["episode_return"] for ep in league_games]) >= 0
     later = [e for e in events[events.index(next(e for e in events if e.type.value == "task_updated")):]

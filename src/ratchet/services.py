@@ -447,7 +447,7 @@ class RunServices:
             if split != "test":
                 self.usage.env_steps += ev.env_steps
                 self.usage.episodes += ev.n
-                if split == "validation":
+                if split in ("validation", "league"):  # a game league's games before a promotion certify too
                     self.usage.validation_env_steps += ev.env_steps
         return out
 
@@ -583,11 +583,12 @@ class RunServices:
     def _loses_to_a_rival(self, generation: int, best: Candidate) -> str | None:
         """Why ``best``, which the gate would promote, is refused for losing to a rival (:meth:`Task.rival_seeds`: a
         game league's members, the run's incumbents so far) on average over its games against it, or None. The
-        games are charged as validation; a budget that cuts them short refuses too."""
+        games are recorded as split ``"league"`` and charged as validation; a budget that cuts them short refuses
+        too."""
         rivals = {name: list(seeds) for name, seeds in self.task.rival_seeds().items() if seeds}
         if not rivals:
             return None
-        ev = self.evaluate([best], [s for seeds in rivals.values() for s in seeds], "validation", generation)[best.id]
+        ev = self.evaluate([best], [s for seeds in rivals.values() for s in seeds], "league", generation)[best.id]
         if _cut(ev):
             return "league games cut short by the env-step budget"
         returns = {e.seed: e.episode_return for e in ev.episodes}

@@ -324,8 +324,9 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
             elif p["split"] != "test":
                 st.env_steps += p["summary"]["env_steps"]
                 st.episodes += p["summary"]["n"]
-                if p["split"] == "validation":
+                if p["split"] in ("validation", "league"):  # "league": a game league's games before a promotion
                     st.validation_env_steps += p["summary"]["env_steps"]
+                if p["split"] == "validation":
                     if p["candidate_id"] == st.incumbent_id and st.incumbent_validation_mean is None:
                         st.incumbent_validation_mean = p["summary"]["mean"]
         elif ev.type is EventType.TRAINING_FINISHED and "correction_round" not in p:
