@@ -326,9 +326,9 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                 st.episodes += p["summary"]["n"]
                 if p["split"] in ("validation", "league"):  # "league": a game league's games before a promotion
                     st.validation_env_steps += p["summary"]["env_steps"]
-                if p["split"] == "validation":
-                    if p["candidate_id"] == st.incumbent_id and st.incumbent_validation_mean is None:
-                        st.incumbent_validation_mean = p["summary"]["mean"]
+                if p["split"] == "validation" and p["candidate_id"] == st.incumbent_id \
+                        and st.incumbent_validation_mean is None:
+                    st.incumbent_validation_mean = p["summary"]["mean"]
         elif ev.type is EventType.TRAINING_FINISHED and "correction_round" not in p:
             st.env_steps += int(p["env_steps"])
             st.training_env_steps += int(p["env_steps"])
