@@ -110,8 +110,9 @@ class Task(Protocol):
 
     def rival_seeds(self) -> Mapping[str, Sequence[int]]:
         """Seeds of the games a candidate the gate would promote must not lose, by rival (a game league's members:
-        the run's incumbents so far). The loop runs them (recorded as split ``"league"``, charged as validation) and refuses the candidate when its
-        mean return against any rival is below 0 (zero-sum payoffs: it loses to that rival). Empty: no such check."""
+        the run's incumbents so far). The loop runs them (recorded as split ``"league"``, charged as validation)
+        and refuses the candidate when its mean return against any rival is below 0 (zero-sum payoffs: it loses to
+        that rival). Empty: no such check."""
 
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:
