@@ -147,13 +147,17 @@ def poker(args: argparse.Namespace) -> str:
 
 
 def connect_four(args: argparse.Namespace) -> str:
+    """Every ``--run``'s table, one after the other."""
+    return "\n\n".join(_connect_four_run(Path(run), args.games_per_cell) for run in args.run)
+
+
+def _connect_four_run(run: Path, games_per_cell: int) -> str:
     from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
     from ratchet.planner import SeedSplits
     from ratchet.tasks import task_from_dict
     from ratchet.tasks.game import GameTask, Opponent
 
-    run = Path(args.run)
     events = _events(run)
     started = next(e.payload for e in events if e.type.value == "run_started")
     task = task_from_dict(started["task"])
@@ -167,9 +171,10 @@ def connect_four(args: argparse.Namespace) -> str:
     candidate = state.candidate
 
     final = candidate(final_id)
-    seeds = SeedSplits(int(started["spec"].get("seed", 0))).seeds("test", 10_000, args.games_per_cell)
+    seeds = SeedSplits(int(started["spec"].get("seed", 0))).seeds("test", 10_000, games_per_cell)
     bots = [o for o in task.opponents if o.candidate_id is None]
-    league = [Opponent(f"incumbent{i}", f"<{cid}>", candidate(cid).source, _plain(candidate(cid).params), cid)
+    # named as the run's league names them (league1: the start policy)
+    league = [Opponent(f"league{i + 1}", f"<{cid}>", candidate(cid).source, _plain(candidate(cid).params), cid)
               for i, cid in enumerate(earlier)]
     table = []
     ex = ProcessExecutor(episode_timeout_s=300)
@@ -182,19 +187,22 @@ def connect_four(args: argparse.Namespace) -> str:
                 r = np.array([e.episode_return for e in eps])
                 table.append((opp.name, seat, int((r > 0).sum()), int((r == 0).sum()), int((r < 0).sum()),
                               sum(e.error is not None for e in eps)))
-                print(table[-1], flush=True)
+                print(f"{run.name}: against {opp.name} as {'first' if seat == 0 else 'second'} player: "
+                      f"{table[-1][2]} W / {table[-1][3]} D / {table[-1][4]} L ({table[-1][5]} errored)", flush=True)
     finally:
         ex.close()
-    lines = [f"### Connect Four: the final incumbent {final_id} of `{run}` ({len(chain)} promotions)", "",
+    title = (f"### Connect Four: the final incumbent {final_id} of `{run}` (run seed {started['spec'].get('seed', 0)}, "
+             f"{len(chain)} promotion(s); league1 is the start policy)")
+    lines = [title, "",
              "| opponent | candidate plays | wins | draws | losses | errored |", "|---|---|---|---|---|---|"]
     for name, seat, w, d, lo, err in table:
         lines.append(f"| {name} | {'first' if seat == 0 else 'second'} | {w} | {d} | {lo} | {err} |")
     net: dict[str, int] = {}
     for name, seat, w, d, lo, err in table:
-        if name.startswith("incumbent"):
+        if name.startswith("league"):
             net[name] = net.get(name, 0) + w - lo
     beaten = sorted(name for name, v in net.items() if v < 0)
-    by_seat = sorted({name for name, seat, w, d, lo, err in table if name.startswith("incumbent") and lo > w})
+    by_seat = sorted({name for name, seat, w, d, lo, err in table if name.startswith("league") and lo > w})
     lines.append(f"\nEarlier incumbents that beat the final one (the final loses more games than it wins over both "
                  f"seats): {', '.join(beaten) or 'none'}. Those that win more games than they lose from one seat: "
                  f"{', '.join(by_seat) or 'none'}.")
@@ -207,7 +215,7 @@ def _plain(params) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = ap.add_subparsers(dest="what", required=True)
     p = sub.add_parser("poker")
     p.add_argument("--games", nargs="*", default=["kuhn_poker", "leduc_poker"])
@@ -218,7 +226,7 @@ def main() -> None:
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--write", action="store_true")
     c = sub.add_parser("connect_four")
-    c.add_argument("--run", required=True)
+    c.add_argument("--run", required=True, nargs="+", help="finished examples/connect_four run directories")
     c.add_argument("--games-per-cell", type=int, default=50)
     c.add_argument("--write", action="store_true")
     args = ap.parse_args()

@@ -388,13 +388,16 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row("success", rule)
     if data["league"]:  # a game's self-play league: who joined, and the meta-strategy training draws from
         last = data["league"][-1]
-        t.add_row("league", _safe(f"{len(data['league'])} incumbent(s) (the start and each promoted) joined the "
-                                  "training opponents; "
-                                  "meta-strategy now " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                                   (last.get("meta_strategy") or {}).items()), 1000))
+        member = {x.get("incumbent"): f"league{i + 1}" for i, x in enumerate(data["league"])}
+        who = ", ".join(f"{name} {str(cid)[:12]}{' (start)' if i == 0 else ''}"
+                        for i, (cid, name) in enumerate(member.items()))
+        meta = ", ".join(f"{k} {v:.2f}" for k, v in (last.get("meta_strategy") or {}).items())
+        t.add_row("league", _safe(f"{who} (the start and each promoted incumbent) joined the training opponents; "
+                                  f"meta-strategy now {meta or 'uniform (no payoff table before a promotion)'}", 1000))
         if last.get("rows"):
             header = "row \\ column: " + " ".join(last["columns"])
-            lines = [f"{r[:12]}: " + " ".join(f"{x:+.2f}" for x in row) for r, row in zip(last["rows"], last["table"])]
+            lines = [f"{member.get(r, str(r)[:12])}: " + " ".join(f"{x:+.2f}" for x in row)
+                     for r, row in zip(last["rows"], last["table"])]
             t.add_row("league payoffs", _safe("\n".join([header, *lines]), 3000, multiline=True))
     if data["test_by_opponent"]:  # a game: the payoff row against each test opponent, worst first
         t.add_row("test by opponent", _safe("\n".join(
@@ -793,7 +796,7 @@ def llm_log(run: str = typer.Argument(..., metavar="RUN", help="Run id or run di
 @app.command()
 def critique(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
              candidate: str | None = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
-             split: str = typer.Option("validation", "--split", help="validation, test or train (its latest evaluation)."),
+             split: str = typer.Option("validation", "--split", help="validation, test, train or league (its latest evaluation)."),
              runs_dir: str = RUNS_DIR_OPT,
              as_json: bool = typer.Option(False, "--json", help="Print the structured critique as JSON."),
              storage: str | None = STORAGE_OPT) -> None:
@@ -803,8 +806,9 @@ def critique(run: str = typer.Argument(..., metavar="RUN", help="Run id or run d
     from ratchet.critic import Critic
 
     try:
-        if split not in ("validation", "test", "train"):
-            raise RatchetError(f"--split must be validation, test or train, got {split!r}")
+        if split not in ("validation", "test", "train", "league"):
+            raise RatchetError(f"--split must be validation, test, train or league (a game league's games before a "
+                               f"promotion), got {split!r}")
         st, _ = _load_state(run, runs_dir, storage)
         cand = _candidate_of(st, candidate)
         ev = st.evaluation(cand.id, split)

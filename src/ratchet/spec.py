@@ -73,7 +73,7 @@ class TaskSpec(_Section):
     test_opponents: list[str] | None = Field(None, min_length=1, description="kind = \"game\": the opponents test "
                                              "episodes meet; default all.")
     seats: list[int] | None = Field(None, min_length=1, description="kind = \"game\": the seats the candidate "
-                                    "plays (0-based), in turn; default every seat.")
+                                    "plays (0-based); each episode's seed picks one; default every seat.")
     illegal: Literal["fail", "replace"] = Field("fail", description="kind = \"game\": an illegal move loses the "
                                                 "episode as the candidate's failure, or is replaced by a random "
                                                 "legal move and counted.")
