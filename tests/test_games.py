@@ -433,6 +433,25 @@ def test_a_candidate_that_loses_to_a_league_member_on_average_is_refused() -> No
     assert why is not None and why.startswith("loses to league1") and "-0.250" in why
     with pytest.raises(TaskError, match="league_games applies to a league"):
         _c4(_opp("random", RANDOM), league_games=4)
+    # a league game the candidate crashed or timed out in is lost, whatever payoff the executor wrote
+    crashed = [Episode(s, 0.0, 3, False, False, None, "skipped: worker died") for s in rivals["league1"]]
+    why = RunServices._loses_to_a_rival(SimpleNamespace(task=task, evaluate=lambda c, s, sp, g: {
+        "c": Evaluation("c", sp, tuple(crashed))}), 1, cand)
+    assert why is not None and why.startswith("failed 4 of its 4 league games")
+
+
+def test_a_league_member_that_fails_forfeits_the_game_instead_of_stopping_the_run() -> None:
+    from ratchet.policy import Candidate
+    from ratchet.tasks.game import RIVAL_SEEDS
+
+    flawed = PREFER.replace("def act(", "def act_(") + "\ndef act(obs, params):\n    raise ValueError('member bug')\n"
+    task, _ = _c4(_opp("random", RANDOM), league=True).after_promotion(Candidate.create(flawed, {"pref": 3.0,
+                                                                                                 "block": -0.5}), {})
+    seed = RIVAL_SEEDS + 3 * 0 + 1 + 3  # league1's second game: the candidate plays second, the member moves first
+    assert task.matchup(seed)[1] == 1
+    ep = _local(task, PREFER, {"pref": 3.0, "block": -0.5}, seed)
+    assert ep.error is None and ep.episode_return == 1.0 and ep.diagnostics.get("fault") is None
+    assert "member bug" in ep.diagnostics["forfeit"] and ep.diagnostics["outcome"] == "win"
 
 
 KUHN_POLICY = Path(__file__).parent.parent / "examples" / "kuhn_poker" / "policy.py"

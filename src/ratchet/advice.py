@@ -92,7 +92,10 @@ def run_advice(state: Any) -> list[str]:
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
                        f"the search is not finding better candidates: {step}more [planner] train_episodes for less "
                        "noisy ranking" + (", or wider parameter bounds" if step else ""))
-        rejected = [g for g in state.gates if not g.get("promoted")]
+        # refused for want of evidence: not those a guard refused after the test passed (a game's cycle guards)
+        rejected = [g for g in state.gates if not g.get("promoted") and not (
+            isinstance(g.get("p_value"), (int, float)) and isinstance(g.get("alpha"), (int, float))
+            and g["p_value"] < g["alpha"])]
         gains = [g["mean_diff"] for g in rejected if isinstance(g.get("mean_diff"), (int, float))
                  and g["mean_diff"] == g["mean_diff"] and g["mean_diff"] > 0]
         # gates that lacked power want more validation seeds, so fewer is never also advised

@@ -744,10 +744,14 @@ def _unit(state) -> str:
 
 
 def _task_of(state, evaluation: int | None = None):
-    """The run's task (as it ran evaluation number ``evaluation``, when given: :meth:`RunState.task_for`)."""
+    """The run's task as it ran evaluation number ``evaluation`` (:meth:`RunState.task_for`), or as it is now (a game's
+    league grows with the run)."""
     from ratchet.tasks import task_from_dict, task_from_spec
 
-    task = state.task if evaluation is None else state.task_for(evaluation)
+    if evaluation is None:
+        task = state.task_versions[-1][1] if state.task_versions else state.task
+    else:
+        task = state.task_for(evaluation)
     return task_from_dict(task) if task else task_from_spec(state.spec["task"])
 
 

@@ -38,6 +38,10 @@ def eval_key(split: str, candidate_id: str, seeds: Sequence[int]) -> str:
 
 
 
+#: :meth:`RunServices._loses_to_a_rival`'s answer when the env-step budget cut the league games short
+_LEAGUE_CUT = "league games cut short by the env-step budget"
+
+
 def _cut(evaluation: Evaluation) -> bool:
     """Whether the executor's env-step cap left some of the evaluation's episodes unrun."""
     return any(ep.error == BUDGET_SKIP for ep in evaluation.episodes)
@@ -557,6 +561,8 @@ class RunServices:
             why = None if guard is None else worse_against(
                 cand_val, Evaluation(inc_val.candidate_id, "validation", inc_val.episodes[:cand_val.n]), guard)
             why = why or self._loses_to_a_rival(generation, best)
+            if why is _LEAGUE_CUT:  # as a validation the budget cut short: no decision
+                return None, cand_val, inc_val
             if why is not None:
                 decision = replace(decision, promoted=False, reason=why)
         self._n_contested += decision.contested
@@ -590,7 +596,11 @@ class RunServices:
             return None
         ev = self.evaluate([best], [s for seeds in rivals.values() for s in seeds], "league", generation)[best.id]
         if _cut(ev):
-            return "league games cut short by the env-step budget"
+            return _LEAGUE_CUT
+        failed = [e for e in ev.episodes if e.error is not None]
+        if failed:  # a game it crashed, hung or cheated in is lost, whatever payoff the executor wrote down
+            return (f"failed {len(failed)} of its {ev.n} league games ([task] league_games): "
+                    f"{' '.join(str(failed[0].error).split())[:200]}")
         returns = {e.seed: e.episode_return for e in ev.episodes}
         mean, name = min((float(np.mean([returns[s] for s in seeds])), name) for name, seeds in rivals.items())
         if mean >= 0:

@@ -100,6 +100,8 @@ class Opponent:
         from ratchet.policy import materialize, parse_policy
 
         cache_key = self.key + json.dumps(_jsonable(self.params), sort_keys=True)
+        if cache_key not in _VALUES and self.candidate_id is not None:  # a run's incumbent: its values are whole
+            _VALUES[cache_key] = dict(self.params)
         if cache_key not in _VALUES:
             values = dict(parse_policy(self.source, self.path).defaults)
             unknown = sorted(set(self.params) - set(values))
@@ -752,7 +754,7 @@ class GameTask:
                 exc.fault = f"opponent {opp.name} ({opp.path}): its process was lost ({exc.status})"
                 raise
             except Exception as exc:  # noqa: BLE001 - the opponent failing to start is the setup's fault
-                return self._fault(seed, opp, error_text(exc), info)
+                return self._fault(seed, opp, error_text(exc), info, game, steps)
             while (mover := game.to_move()) is not None and steps < self.step_limit:
                 obs = game.observe(mover)
                 mine = mover == seat
@@ -767,12 +769,12 @@ class GameTask:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - what a player raised (in-process: anything) is its failure
                     if not mine:
-                        return self._fault(seed, opp, f"move {steps}: {error_text(exc)}", info)
+                        return self._fault(seed, opp, f"move {steps}: {error_text(exc)}", info, game, steps)
                     return self._lost(seed, steps, worst, f"move {steps}: {error_text(exc)}", info)
                 if legal is None:
                     what = f"move {steps}: illegal move {_show(action)} (legal: {np.flatnonzero(obs['action_mask']).tolist()})"
                     if not mine:
-                        return self._fault(seed, opp, what, info)
+                        return self._fault(seed, opp, what, info, game, steps)
                     if self.illegal == "fail":
                         return self._lost(seed, steps, worst, what, info)
                     illegal += 1
@@ -827,9 +829,18 @@ class GameTask:
         return Episode(int(seed), worst, steps, False, False, False, error[:500],
                        {**info, "cause": "error", "outcome": "loss", "illegal_moves": 0})
 
-    def _fault(self, seed: int, opp: Opponent, error: str, info: Mapping[str, Any]) -> Any:
+    def _fault(self, seed: int, opp: Opponent, error: str, info: Mapping[str, Any],
+               game: _PettingZoo | _OpenSpiel | None = None, steps: int = 0) -> Any:
+        """An opponent's failure: a declared opponent's is the setup's fault (the run stops); a league member's (a
+        run's incumbent, policy code like any candidate) forfeits the game, which the candidate wins (the best
+        payoff, ``diagnostics["forfeit"]`` saying why)."""
         from ratchet.rollout import Episode
 
+        if opp.candidate_id is not None and game is not None:
+            best = float(game.game.max_utility()) if isinstance(game, _OpenSpiel) else 1.0
+            return Episode(int(seed), best, steps, True, False, self.is_success(best, True, False), None,
+                           {**info, "cause": "terminated", "outcome": outcome_of(best), "illegal_moves": 0,
+                            "forfeit": f"opponent {opp.name} failed: {error}"[:300]})
         return Episode(int(seed), 0.0, 0, False, False, None,
                        f"opponent {opp.name} ({Path(opp.path).name}) failed on seed {seed}: {error}"[:500],
                        {**info, "cause": "error", "fault": "task"})
