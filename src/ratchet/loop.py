@@ -386,7 +386,7 @@ class _Run(RunServices):
         baseline = self.start
         self.record_candidate(baseline, 0)
         incumbent = baseline
-        self.join_league(baseline)  # a game's self-play league starts with the start policy
+        self.task_after_incumbent(baseline)  # e.g. a game's self-play league starts with the start policy
         n_first = self.gate.first_look(len(self.validation_seeds))  # a sequential gate extends it as decisions read
         inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
         self.shortlist.fallback = inc_val.mean

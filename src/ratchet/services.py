@@ -583,14 +583,14 @@ class RunServices:
                         {"generation": generation, "from": incumbent.id, "to": best.id,
                          "validation_mean": cand_val.mean, "previous_validation_mean": inc_part.mean,
                          "env_steps": self.usage.env_steps, "params": dict(best.params), **structural})
-            self.join_league(best, generation, label, incumbent)
+            self.task_after_incumbent(best, generation, label, incumbent)
         return decision, cand_val, inc_val
 
     def _loses_to_a_rival(self, generation: int, best: Candidate) -> str | None:
         """Why ``best``, which the gate would promote, is refused for losing to a rival (:meth:`Task.rival_seeds`: a
         game league's members, the run's incumbents so far) on average over its games against it, or None. The
-        games are recorded as split ``"league"`` and charged as validation; a budget that cuts them short refuses
-        too."""
+        games are recorded as split ``"league"`` and charged as validation; :data:`_LEAGUE_CUT` when the env-step
+        budget cut them short (the decision is then not taken, as for a validation cut short)."""
         rivals = {name: list(seeds) for name, seeds in self.task.rival_seeds().items() if seeds}
         if not rivals:
             return None
@@ -608,8 +608,8 @@ class RunServices:
         return (f"loses to {name} (an incumbent of this run): {mean:+.3f} on average over its {len(rivals[name])} "
                 "league games ([task] league_games)")
 
-    def join_league(self, incumbent: Candidate, generation: int = 0, label: str | int = "start",
-                    retired: Candidate | None = None) -> None:
+    def task_after_incumbent(self, incumbent: Candidate, generation: int = 0, label: str | int = "start",
+                             retired: Candidate | None = None) -> None:
         """Let the task grow with the incumbent (:meth:`Task.after_promotion`: a game's league takes it in; called
         when the run starts and after each promotion); a changed task is recorded (``task_updated``: its training
         pool, payoff table and meta-strategy) and runs every evaluation from then on."""

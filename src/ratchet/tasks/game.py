@@ -823,6 +823,10 @@ class GameTask:
         """The loss payoff an errored episode of the candidate gets: OpenSpiel's ``min_utility``, else −1."""
         return float(game.game.min_utility()) if isinstance(game, _OpenSpiel) else -1.0
 
+    def _best(self, game: _PettingZoo | _OpenSpiel) -> float:
+        """The win payoff a game a league member forfeits pays: OpenSpiel's ``max_utility``, else +1."""
+        return float(game.game.max_utility()) if isinstance(game, _OpenSpiel) else 1.0
+
     def _lost(self, seed: int, steps: int, worst: float, error: str, info: Mapping[str, Any]) -> Any:
         from ratchet.rollout import Episode
 
@@ -837,7 +841,7 @@ class GameTask:
         from ratchet.rollout import Episode
 
         if opp.candidate_id is not None and game is not None:
-            best = float(game.game.max_utility()) if isinstance(game, _OpenSpiel) else 1.0
+            best = self._best(game)
             return Episode(int(seed), best, steps, True, False, self.is_success(best, True, False), None,
                            {**info, "cause": "terminated", "outcome": outcome_of(best), "illegal_moves": 0,
                             "forfeit": f"opponent {opp.name} failed: {error}"[:300]})
