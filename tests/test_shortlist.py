@@ -106,3 +106,33 @@ def test_a_powered_run_decides_rarely_spends_its_budget_and_resumes_the_same(tmp
     assert read - gen_seeds and read - gen_seeds <= confirmation
     # CMA-ES declares no paired reference: the incumbent is not re-run on the generations' seeds
     assert all(g.payload["incumbent_train_mean"] is None for g in gens)
+
+
+def test_decide_every_with_final_gates_the_shortlist_once_more_with_the_budget_left(tmp_path):
+    """[planner] final = true with decide = "every": the generations' gates as usual, and once the budget ends the
+    search a final_decision over the candidates no gate decided, paid with the env steps the kept validation
+    leaves; the same run without it leaves them unspent."""
+    runs = {}
+    for final in (True, False):
+        spec = load_spec(make_spec_dir(tmp_path / f"s{final}", budget={"env_steps": 20_000}, test={"episodes": 5},
+                                       gate={"validation_episodes": 20, "max_share": 0.5}, execution={"workers": 1},
+                                       planner={"decide": "every", "final": final}))
+        result = start_run(spec, tmp_path / "runs", f"f{final}")
+        runs[final] = read_events(result.run_dir)
+        assert result.test.mean >= result.baseline_test.mean
+    with_final, without = runs[True], runs[False]
+    assert len(events_of(with_final, EventType.FINAL_DECISION)) == 1 and not events_of(without, EventType.FINAL_DECISION)
+    gens = [e.payload for e in events_of(with_final, EventType.GENERATION_FINISHED)]
+    assert gens == [e.payload for e in events_of(without, EventType.GENERATION_FINISHED)]  # the same search
+    gated = {g["gated_id"] for g in gens if g.get("gated_id")}
+    final = events_of(with_final, EventType.FINAL_DECISION)[0].payload
+    assert final.get("candidate_id") not in gated  # a decided candidate leaves the shortlist
+    used = [events_of(ev, EventType.RUN_FINISHED)[0].payload["env_steps"] for ev in (with_final, without)]
+    assert used[0] > used[1]
+
+
+def test_refiner_settings_in_the_legacy_table_all_reach_cmaes(tmp_path):
+    """Every CMA-ES setting written in [refiner] reaches the refiner (``follow`` was once dropped silently)."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", refiner={"follow": "own", "restarts": "ipop", "stagnation": 4}))
+    (entry,) = spec.refiner_entries()
+    assert entry["follow"] == "own" and entry["restarts"] == "ipop" and entry["stagnation"] == 4

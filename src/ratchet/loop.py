@@ -69,6 +69,14 @@ def _validation_price(n: int, length: float, length_sd: float) -> float:
     :data:`_VALIDATION_MARGIN` plus 3 ``length_sd`` √n."""
     return _VALIDATION_MARGIN * n * length + 3.0 * length_sd * math.sqrt(n)
 
+def _diff_sd(cand_val: Evaluation, inc_val: Evaluation) -> float | None:
+    """Standard deviation of a decision's paired validation differences (return units); None after an error or
+    with fewer than 2 pairs."""
+    if cand_val.n_errors or cand_val.n < 2:
+        return None
+    return float((cand_val.returns - inc_val.returns[:cand_val.n]).std(ddof=1))
+
+
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
 BROKEN_START = "the starting policy failed all"
 
@@ -304,9 +312,7 @@ class _Run(RunServices):
                                                   label="final" if final else None, cap=cap)
         if decision is None:
             return None, "validation cut short by the env-step budget", None, inc_val, None
-        d = cand_val.returns - inc_val.returns[:cand_val.n] if not cand_val.n_errors else None
-        sl.decide(lead.candidate.id, decision.promoted, cand_val.mean,
-                  float(d.std(ddof=1)) if d is not None and len(d) > 1 else None)
+        sl.decide(lead.candidate.id, decision.promoted, cand_val.mean, _diff_sd(cand_val, inc_val))
         return decision, decision.reason, cand_val, inc_val, lead.candidate
 
     def confirm(self, generation: int, entries: Sequence[Any], incumbent: Candidate, inc_val: Evaluation, n: int) -> bool:
@@ -437,8 +443,8 @@ class _Run(RunServices):
                 stop = ("every episode of the generation failed before its first env step; see why with "
                         f"`ratchet evaluate --run {self.run_dir}`")
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
+            self.shortlist.observe(generation, contenders, train, incumbent, recommended)  # the final decision's pool
             if self.powered:  # decisions read the shortlist's best and the incumbent: their lengths price them
-                self.shortlist.observe(generation, contenders, train, incumbent, recommended)
                 self._longest = max(self.shortlist.longest(spec.planner.confirm_top), inc_val.env_steps / max(1, inc_val.n))
             else:
                 self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])
@@ -459,6 +465,8 @@ class _Run(RunServices):
             else:
                 decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val,
                                                                    next_cost, est_len)
+                if decision is not None and best is not None and cand_val is not None:
+                    self.shortlist.decide(best.id, decision.promoted, cand_val.mean, _diff_sd(cand_val, inc_val))
             promoted = decision is not None and decision.promoted
             refiner.verdict(best.id if best is not None else None, promoted, note)
             if promoted and best is not None and cand_val is not None:
@@ -489,7 +497,7 @@ class _Run(RunServices):
             self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners))
             completed = generation
 
-        if self.powered and not stop.startswith(("every episode", BROKEN_START)):
+        if (self.powered or spec.planner.final) and not stop.startswith(("every episode", BROKEN_START)):
             incumbent, inc_val = self.final_decision(completed, incumbent, inc_val)
         # final, report-only test evaluation (never used for selection)
         test = self.evaluate([incumbent, baseline], self.test_seeds, "test", completed)

@@ -373,6 +373,11 @@ class PlannerSpec(_Section):
                                "shortlist and certifies one only when its expected gain makes the decision likely "
                                "to pass (power), and once more when the budget ends the search; \"every\" gates "
                                "each generation's best contender that beats the incumbent on its training seeds.")
+    final: bool = Field(False, description="With decide = \"every\": when the budget ends the search, confirm the "
+                        "best candidates no gate has decided (the shortlist) on fresh training seeds with what the "
+                        "budget leaves, and gate the best once more (decide = \"powered\" always does). It spends the "
+                        "env steps the last kept validation leaves; on lunar_lander and mountain_car_continuous it "
+                        "changed no test mean (benchmarks/RESULTS.md).")
     power: float = Field(0.8, gt=0, lt=1, description="With decide = \"powered\": the chance of passing (normal "
                                                          "approximation, at the next decision's level) a candidate "
                                                          "needs before validation is spent on it before the end.",
@@ -644,8 +649,7 @@ class RunSpec(_Section):
             return [dict(e) for e in self.refiners]
         if self.policy.kind == "program":
             r = self.refiner
-            return [{"kind": "cmaes", "sigma0": r.sigma0, "popsize": r.popsize, "sigma0_variants": list(r.sigma0_variants),
-                     "restarts": r.restarts, "stagnation": r.stagnation}]
+            return [{"kind": "cmaes", **r.model_dump(mode="json", include=set(CMAESSettings.model_fields))}]
         from ratchet.refiners.registry import refiner_kind
 
         kind = "residual" if self.policy.kind == "residual" else "ppo"
