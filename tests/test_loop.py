@@ -86,7 +86,8 @@ def test_seed_splits_disjoint_in_the_ledger(finished_run):
         assert [ep["seed"] for ep in p["episodes"]] == p["seeds"]
         by_split[p["split"]].update(p["seeds"])
         if p["split"] == "validation":
-            assert p["seeds"] == started["seeds"]["validation"]  # one fixed validation seed list
+            # one fixed validation seed list (the final decision may read the first seeds the budget affords)
+            assert p["seeds"] == started["seeds"]["validation"][:len(p["seeds"])]
         if p["split"] == "test":
             assert p["seeds"] == started["seeds"]["test"]
     assert len(by_split["validation"]) == 10 and len(by_split["test"]) == 20

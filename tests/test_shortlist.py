@@ -109,9 +109,9 @@ def test_a_powered_run_decides_rarely_spends_its_budget_and_resumes_the_same(tmp
 
 
 def test_decide_every_with_final_gates_the_shortlist_once_more_with_the_budget_left(tmp_path):
-    """[planner] final = true with decide = "every": the generations' gates as usual, and once the budget ends the
-    search a final_decision over the candidates no gate decided, paid with the env steps the kept validation
-    leaves; the same run without it leaves them unspent."""
+    """[planner] final = true (the default) with decide = "every": the generations' gates as usual, and once the
+    budget ends the search a final_decision over the candidates no gate decided, paid with the env steps the kept
+    validation leaves; the same run with final = false leaves them unspent."""
     runs = {}
     for final in (True, False):
         spec = load_spec(make_spec_dir(tmp_path / f"s{final}", budget={"env_steps": 20_000}, test={"episodes": 5},
@@ -123,7 +123,8 @@ def test_decide_every_with_final_gates_the_shortlist_once_more_with_the_budget_l
     with_final, without = runs[True], runs[False]
     assert len(events_of(with_final, EventType.FINAL_DECISION)) == 1 and not events_of(without, EventType.FINAL_DECISION)
     gens = [e.payload for e in events_of(with_final, EventType.GENERATION_FINISHED)]
-    assert gens == [e.payload for e in events_of(without, EventType.GENERATION_FINISHED)]  # the same search
+    # the kept validation priced at the shortlist's lengths, not the longest seen: at least as many generations
+    assert len(gens) >= len(events_of(without, EventType.GENERATION_FINISHED))
     gated = {g["gated_id"] for g in gens if g.get("gated_id")}
     final = events_of(with_final, EventType.FINAL_DECISION)[0].payload
     assert final.get("candidate_id") not in gated  # a decided candidate leaves the shortlist

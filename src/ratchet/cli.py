@@ -428,7 +428,7 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
                                              "answer: " + "; ".join(f"{r['reason']} (×{r['count']})"
                                                                     for r in data["endpoint_failure_reasons"]),
                                              1000))
-    if data.get("final_decision"):  # decide = "powered": what the budget's end decided
+    if data.get("final_decision"):  # what the budget's end decided (powered, or [planner] final)
         fd = data["final_decision"]
         t.add_row("final decision", _safe(("promoted " if fd.get("promoted") else "") + str(fd.get("note", "")), 500))
     if data.get("env_steps_breakdown"):

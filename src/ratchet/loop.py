@@ -363,8 +363,9 @@ class _Run(RunServices):
 
     def final_decision(self, generation: int, incumbent: Candidate, inc_val: Evaluation
                        ) -> tuple[Candidate, Evaluation]:
-        """The budget ended the search: certify the shortlist's best confirmed candidate with the validation kept for
-        it (:meth:`certify` with ``final``); recorded as the gate decision labelled ``final``. Returns the incumbent
+        """The budget ended the search (``decide = "powered"``, or ``"every"`` with ``[planner] final``): certify the
+        shortlist's best confirmed candidate with the validation kept for it (:meth:`certify` with ``final``);
+        recorded as the gate decision labelled ``final``. Returns the incumbent
         and its validation evaluation after it."""
         if not self.shortlist.entries:
             return incumbent, inc_val
@@ -444,7 +445,7 @@ class _Run(RunServices):
                         f"`ratchet evaluate --run {self.run_dir}`")
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
             self.shortlist.observe(generation, contenders, train, incumbent, recommended)  # the final decision's pool
-            if self.powered:  # decisions read the shortlist's best and the incumbent: their lengths price them
+            if self.powered or spec.planner.final:  # decisions read the shortlist's best and the incumbent: their lengths price them
                 self._longest = max(self.shortlist.longest(spec.planner.confirm_top), inc_val.env_steps / max(1, inc_val.n))
             else:
                 self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])

@@ -373,17 +373,19 @@ class PlannerSpec(_Section):
                                "shortlist and certifies one only when its expected gain makes the decision likely "
                                "to pass (power), and once more when the budget ends the search; \"every\" gates "
                                "each generation's best contender that beats the incumbent on its training seeds.")
-    final: bool = Field(False, description="With decide = \"every\": when the budget ends the search, confirm the "
+    final: bool = Field(True, description="With decide = \"every\": when the budget ends the search, confirm the "
                         "best candidates no gate has decided (the shortlist) on fresh training seeds with what the "
-                        "budget leaves, and gate the best once more (decide = \"powered\" always does). It spends the "
-                        "env steps the last kept validation leaves; on lunar_lander and mountain_car_continuous it "
-                        "changed no test mean (benchmarks/RESULTS.md).")
+                        "budget leaves, and gate the best once more (decide = \"powered\" always does); the validation "
+                        "kept for the next gate is then priced at the shortlist's and the incumbent's episode lengths "
+                        "(not the longest seen), since a candidate left ungated still gets the final decision. "
+                        "false: stop when the next generation and a validation at the longest lengths seen no longer fit.")
     power: float = Field(0.8, gt=0, lt=1, description="With decide = \"powered\": the chance of passing (normal "
                                                          "approximation, at the next decision's level) a candidate "
                                                          "needs before validation is spent on it before the end.",
                          json_schema_extra={"unit": "probability"})
-    confirm_top: int = Field(3, ge=1, le=100, description="With decide = \"powered\": the shortlist's best this many "
-                                                           "are confirmed on fresh training seeds before a decision.",
+    confirm_top: int = Field(3, ge=1, le=100, description="With decide = \"powered\" and for the final decision: the "
+                                                           "shortlist's best this many are confirmed on fresh "
+                                                           "training seeds before a decision.",
                              json_schema_extra={"unit": "candidates"})
     confirm_episodes: int | None = Field(None, ge=2, le=MAX_EPISODES, description=(
         "Fresh training seeds per confirmed candidate (and the incumbent, paired); default 4 × train_episodes, "

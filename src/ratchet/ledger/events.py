@@ -25,7 +25,7 @@ class EventType(str, Enum):
     GENERATION_FINISHED = "generation_finished"  # planner/refiner summary of one step
     GATE_DECIDED = "gate_decided"          # paired test of a candidate vs the incumbent on validation
     INCUMBENT_CHANGED = "incumbent_changed"
-    FINAL_DECISION = "final_decision"      # decide = "powered": the budget ended the search; gated or why not
+    FINAL_DECISION = "final_decision"      # the budget ended the search (powered, or [planner] final): gated or why not
     TASK_UPDATED = "task_updated"          # a promotion changed the task: a game's league grew (pool, payoffs, meta-strategy)
     RUN_FINISHED = "run_finished"          # stop reason, final test evaluation done
     RUN_FAILED = "run_failed"              # an unexpected error ended the run

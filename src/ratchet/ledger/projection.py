@@ -82,7 +82,7 @@ class RunState:
     test_critique: dict[str, Any] | None = None
     writer: dict[str, Any] | None = None
     env_steps_breakdown: dict[str, Any] | None = None
-    final_decision: dict[str, Any] | None = None  # decide = "powered": the decision the budget's end brought
+    final_decision: dict[str, Any] | None = None  # the decision the budget's end brought (powered, or [planner] final)
     corrections: list[dict[str, Any]] = field(default_factory=list)
     correction_env_steps: dict[str, int] = field(default_factory=lambda: {"person": 0, "validation": 0, "test": 0})
     llm_usage: dict[str, dict[str, Any]] = field(default_factory=dict)
