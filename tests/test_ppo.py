@@ -22,6 +22,7 @@ import pytest
 from conftest import DATA, comparable, count_events, events_of, read_events
 
 from ratchet.errors import PolicyError
+from ratchet.execution import BUDGET_SKIP
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
 
@@ -336,7 +337,8 @@ def test_an_sb3_zip_is_refined_and_only_workers_unpickle_it(tmp_path, monkeypatc
     assert [c["kind"] for c in proposed] == ["sb3"] * n
     assert len({c["artifacts"]["model"] for c in proposed}) == n
     evaluated = events_of(events, EventType.EPISODES_EVALUATED)
-    assert all(ep["error"] is None for e in evaluated for ep in e.payload["episodes"])  # workers loaded every zip
+    # workers loaded every zip (a final validation the env-step cap cut short skips its last episodes: no decision)
+    assert all(ep["error"] in (None, BUDGET_SKIP) for e in evaluated for ep in e.payload["episodes"])
     assert result.test is not None
     # a checkpoint is a zip SB3 writes and reads (checked as an archive here, without unpickling)
     from ratchet.ledger import SQLiteLedger

@@ -498,7 +498,10 @@ class _Run(RunServices):
             self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners))
             completed = generation
 
-        if (self.powered or spec.planner.final) and not stop.startswith(("every episode", BROKEN_START)):
+        # [planner] final: only when the env-step or episode budget ended the search (not the clock, a target,
+        # patience or an idle refiner: each of those says the run should end now)
+        by_budget = stop.startswith(("budget:", "env-step budget used", "episode budget used"))
+        if (self.powered and not stop.startswith(("every episode", BROKEN_START))) or (spec.planner.final and by_budget):
             incumbent, inc_val = self.final_decision(completed, incumbent, inc_val)
         # final, report-only test evaluation (never used for selection)
         test = self.evaluate([incumbent, baseline], self.test_seeds, "test", completed)
