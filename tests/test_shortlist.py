@@ -137,3 +137,14 @@ def test_refiner_settings_in_the_legacy_table_all_reach_cmaes(tmp_path):
     spec = load_spec(make_spec_dir(tmp_path / "s", refiner={"follow": "own", "restarts": "ipop", "stagnation": 4}))
     (entry,) = spec.refiner_entries()
     assert entry["follow"] == "own" and entry["restarts"] == "ipop" and entry["stagnation"] == 4
+
+
+def test_a_run_recorded_before_the_final_decision_resumes_without_it(tmp_path):
+    """A ledger's spec written before ``[planner] final`` existed is read with ``final = false`` (its loop), a new
+    one as recorded."""
+    from ratchet.loop import recorded_spec
+
+    data = load_spec(make_spec_dir(tmp_path / "s")).to_dict()
+    assert recorded_spec(data).planner.final is True
+    del data["planner"]["final"]
+    assert recorded_spec(data).planner.final is False

@@ -9,6 +9,7 @@ evaluation.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -779,8 +780,20 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
 
 
 def spec_of(ledger: LedgerStore) -> RunSpec:
-    """The run's spec as its ``run_started`` event recorded it (not the file, which may have changed since)."""
-    return spec_from_dict(started_event(ledger).payload["spec"], where="ledger spec")
+    """The run's spec as its ``run_started`` event recorded it (not the file, which may have changed since). A run
+    recorded before ``[planner] final`` existed keeps the loop it was started with (``final = false``), so resuming
+    it recomputes the same events."""
+    return recorded_spec(started_event(ledger).payload["spec"])
+
+
+def recorded_spec(data: dict[str, Any]) -> RunSpec:
+    """A spec as a ledger recorded it (:meth:`RunSpec.to_dict`, every setting written out), read with the defaults of
+    the code that recorded it where they have changed since: without ``[planner] final`` it was ``false``."""
+    data = copy.deepcopy(data)
+    planner = data.setdefault("planner", {})
+    if isinstance(planner, dict):
+        planner.setdefault("final", False)
+    return spec_from_dict(data, where="ledger spec")
 
 
 def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executor: Executor | None = None,
