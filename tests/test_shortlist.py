@@ -132,6 +132,27 @@ def test_decide_every_with_final_gates_the_shortlist_once_more_with_the_budget_l
     assert used[0] > used[1]
 
 
+def test_decide_end_searches_the_whole_budget_and_decides_once(tmp_path):
+    """decide = "end" on CartPole: no gate during the search, one final_decision over the shortlist when the budget
+    ends it (the only gate decision, at the first level of alpha spending)."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 20_000}, test={"episodes": 5},
+                                   gate={"validation_episodes": 20, "max_share": 0.5}, execution={"workers": 1},
+                                   planner={"decide": "end"}))
+    result = start_run(spec, tmp_path / "runs", "end")
+    events = read_events(result.run_dir)
+    gens = [e.payload for e in events_of(events, EventType.GENERATION_FINISHED)]
+    assert len(gens) > 3 and not any(g["gated"] for g in gens)
+    assert all("budget ends" in g["gate_note"] for g in gens)
+    (final,) = events_of(events, EventType.FINAL_DECISION)
+    decisions = events_of(events, EventType.GATE_DECIDED)
+    assert len(decisions) == int(final.payload["gated"]) and all(d.key.startswith("gate/final/") for d in decisions)
+    if decisions:  # the run's only contested decision: tested at alpha / 4 (harmonic spending, k = 1)
+        assert decisions[0].payload["alpha"] == pytest.approx(0.05 / 4)
+    assert result.test.mean >= result.baseline_test.mean
+    breakdown = events_of(events, EventType.RUN_FINISHED)[0].payload["env_steps_breakdown"]
+    assert breakdown["search"] > max(breakdown["validation"], breakdown["re-evaluation"]), breakdown
+
+
 def test_refiner_settings_in_the_legacy_table_all_reach_cmaes(tmp_path):
     """Every CMA-ES setting written in [refiner] reaches the refiner (``follow`` was once dropped silently)."""
     spec = load_spec(make_spec_dir(tmp_path / "s", refiner={"follow": "own", "restarts": "ipop", "stagnation": 4}))

@@ -127,7 +127,8 @@ class _Run(RunServices):
                                         spec.planner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
         self.planner.unit = self.task.cost_unit
-        self.powered = spec.planner.decide == "powered"
+        self.powered = spec.planner.decide in ("powered", "end")  # the shortlist decides (with a final decision)
+        self.end_only = spec.planner.decide == "end"  # ... and only once, when the budget ends the search
         self.shortlist = Shortlist()
         # a confirmation costs about what one validation does at most
         self.confirm_episodes = spec.planner.confirm_episodes or max(2, min(
@@ -462,7 +463,9 @@ class _Run(RunServices):
             next_cost = (self.planner.generation_cost(n_candidates, est_len, self.prices.episode_price(est_len)) + reserve[0]
                          + training,
                          n_candidates * spec.planner.train_episodes + reserve[1])
-            if self.powered:  # the best seen so far, certified when a decision is likely to pass
+            if self.end_only:  # the search spends the budget; the shortlist's best is decided once, at the end
+                decision, note, cand_val, best = None, "decide = \"end\": the gate decides when the budget ends", None, None
+            elif self.powered:  # the best seen so far, certified when a decision is likely to pass
                 decision, note, cand_val, inc_val, best = self.certify(generation, incumbent, inc_val, next_cost, est_len)
             else:
                 decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val,

@@ -368,10 +368,12 @@ class PlannerSpec(_Section):
                                   json_schema_extra={"unit": "share of seeds"})
     pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.",
                            json_schema_extra={"unit": "seeds"})
-    decide: Literal["powered", "every"] = Field(
+    decide: Literal["powered", "every", "end"] = Field(
         "every", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
                                "shortlist and certifies one only when its expected gain makes the decision likely "
-                               "to pass (power), and once more when the budget ends the search; \"every\" gates "
+                               "to pass (power), and once more when the budget ends the search; \"end\" keeps the "
+                               "shortlist and decides once, when the budget ends the search (the search spends the "
+                               "budget as a plain optimisation loop would, then one certified pick); \"every\" gates "
                                "each generation's best contender that beats the incumbent on its training seeds.")
     final: bool = Field(True, description="With decide = \"every\": when the budget ends the search, confirm the "
                         "best candidates no gate has decided (the shortlist) on fresh training seeds with what the "
