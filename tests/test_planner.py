@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -73,6 +75,17 @@ def test_stop_reason_wall_clock_can_be_ignored_during_replay():
     b = budget(wall_clock_s=10.0)
     assert b.stop_reason(Usage(wall_clock_s=10.0), 0.0, 0) == "wall-clock budget used"
     assert b.stop_reason(Usage(wall_clock_s=10.0), 0.0, 0, check_clock=False) is None
+
+
+def test_each_stop_carries_its_kind_whatever_its_wording():
+    from ratchet.planner import StopKind
+
+    b = budget(env_steps=1000, episodes=50, target=5.0, patience=3, wall_clock_s=10.0)
+    kinds = [b.stop_reason(Usage(), 5.0, 0).kind, b.stop_reason(Usage(), 0.0, 3).kind,
+             b.stop_reason(Usage(env_steps=1000), 0.0, 0).kind, b.stop_reason(Usage(episodes=50), 0.0, 0).kind,
+             b.stop_reason(Usage(wall_clock_s=10.0), 0.0, 0).kind]
+    assert kinds == [StopKind.TARGET, StopKind.PATIENCE, StopKind.BUDGET, StopKind.BUDGET, StopKind.CLOCK]
+    assert json.dumps(b.stop_reason(Usage(env_steps=1000), 0.0, 0)) == '"env-step budget used"'  # recorded as text
 
 
 def test_target_checked_before_budget():

@@ -149,8 +149,22 @@ def test_decide_end_searches_the_whole_budget_and_decides_once(tmp_path):
     if decisions:  # the run's only contested decision: tested at alpha / 4 (harmonic spending, k = 1)
         assert decisions[0].payload["alpha"] == pytest.approx(0.05 / 4)
     assert result.test.mean >= result.baseline_test.mean
-    breakdown = events_of(events, EventType.RUN_FINISHED)[0].payload["env_steps_breakdown"]
+    finished = events_of(events, EventType.RUN_FINISHED)[0].payload
+    assert finished["stop_kind"] == "budget"
+    breakdown = finished["env_steps_breakdown"]
     assert breakdown["search"] > max(breakdown["validation"], breakdown["re-evaluation"]), breakdown
+
+
+def test_the_final_decision_follows_what_stopped_the_run_not_its_wording(tmp_path):
+    """decide = "every" with final: a patience stop says the run should end now, so no final decision runs; the
+    stop's kind is recorded beside its text."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 200_000, "patience": 2}, test={"episodes": 5},
+                                   gate={"validation_episodes": 20}, execution={"workers": 1}))
+    result = start_run(spec, tmp_path / "runs", "pat")
+    events = read_events(result.run_dir)
+    finished = events_of(events, EventType.RUN_FINISHED)[0].payload
+    assert finished["stop_kind"] == "patience" and finished["stop_reason"].startswith("patience")
+    assert not events_of(events, EventType.FINAL_DECISION)
 
 
 def test_refiner_settings_in_the_legacy_table_all_reach_cmaes(tmp_path):

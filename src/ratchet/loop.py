@@ -34,7 +34,7 @@ from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
 from ratchet.metrics import check_logging, metrics_tap
-from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits
+from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits, Stop, StopKind
 from ratchet.policy import (
     SOURCE_KINDS,
     SPACE_KINDS,
@@ -159,8 +159,8 @@ class _Run(RunServices):
                 out[ref.name] = ref
         return out
 
-    def choose_and_price(self, generation: int, est_len: float, stop: str | None
-                         ) -> tuple[str, GenerationCost, tuple[float, int], str | None]:
+    def choose_and_price(self, generation: int, est_len: float, stop: Stop | None
+                         ) -> tuple[str, GenerationCost, tuple[float, int], Stop | None]:
         """Which refiner takes this generation (:meth:`choose_refiner`), what its generation costs (cut to the
         budget's rest where it can be, :meth:`~ratchet.planner.Pricing.fit`) and the gate it must leave room for;
         with why the run stops here instead (``stop`` already set, no room left, or the refiner is idle).
@@ -178,7 +178,8 @@ class _Run(RunServices):
         if stop is None and not fits(refiner):
             self.prices.fit(refiner, est_len, reserve)  # e.g. PPO cuts its job to the budget's rest
         cost = refiner.generation_cost()
-        stop = stop or refiner.idle_reason()
+        idle = refiner.idle_reason()
+        stop = stop or (Stop(StopKind.IDLE, idle) if idle is not None else None)
         if stop is None and not fits(refiner):  # on the first generation, nothing would happen at all: say so
             stop = self.prices.no_room_message(self.prices.evaluations(cost), est_len, self._longest, first=generation == 1,
                                                training=cost.training_env_steps)
@@ -381,14 +382,14 @@ class _Run(RunServices):
             return best, cand_val
         return incumbent, inc_val
 
-    def broken_start(self, inc_val: Evaluation) -> str | None:
+    def broken_start(self, inc_val: Evaluation) -> Stop | None:
         """Why the run must not search at all: every validation episode of the starting policy ended in an
         error (a model for another env, an unsupported algorithm, an act() that raises), quoting the first."""
         if not inc_val.n or inc_val.n_errors < inc_val.n:
             return None
         first = next(e.error for e in inc_val.episodes if e.error is not None).strip().splitlines()[-1][:300]
-        return (f"{BROKEN_START} {inc_val.n} of its validation episodes, so nothing was searched: "
-                f"{first}; see the episodes with `ratchet evaluate --run {self.run_dir}`")
+        return Stop(StopKind.BROKEN, f"{BROKEN_START} {inc_val.n} of its validation episodes, so nothing was "
+                    f"searched: {first}; see the episodes with `ratchet evaluate --run {self.run_dir}`")
 
     def run(self) -> RunResult:
         spec = self.spec
@@ -437,14 +438,15 @@ class _Run(RunServices):
             self.usage.reeval_env_steps += sum(e.env_steps for c, e in train.items() if c in self._trained)
             self._trained.update(train)
             if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
-                stop = "env-step budget used (the last generation was cut short by the cap; it was not judged)"
+                stop = Stop(StopKind.BUDGET,
+                            "env-step budget used (the last generation was cut short by the cap; it was not judged)")
                 break
             # the incumbent's evaluation on the same seeds comes last: a reference for paired comparisons
             refiner.observe([train[c.id] for c in proposals] + ([train[incumbent.id]] if rerun else []))
             self.see_training_returns(gen_evals)
             if not any(e.env_steps for e in gen_evals):
-                stop = ("every episode of the generation failed before its first env step; see why with "
-                        f"`ratchet evaluate --run {self.run_dir}`")
+                stop = Stop(StopKind.BROKEN, "every episode of the generation failed before its first env step; see "
+                            f"why with `ratchet evaluate --run {self.run_dir}`")
             est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
             self.shortlist.observe(generation, contenders, train, incumbent, recommended)  # the final decision's pool
             if self.powered or spec.planner.final:  # decisions read the shortlist's best and the incumbent: their lengths price them
@@ -504,14 +506,13 @@ class _Run(RunServices):
 
         # [planner] final: only when the env-step or episode budget ended the search (not the clock, a target,
         # patience or an idle refiner: each of those says the run should end now)
-        by_budget = stop.startswith(("budget:", "env-step budget used", "episode budget used"))
-        if (self.powered and not stop.startswith(("every episode", BROKEN_START))) or (spec.planner.final and by_budget):
+        if (self.powered and stop.kind is not StopKind.BROKEN) or (spec.planner.final and stop.kind is StopKind.BUDGET):
             incumbent, inc_val = self.final_decision(completed, incumbent, inc_val)
         # final, report-only test evaluation (never used for selection)
         test = self.evaluate([incumbent, baseline], self.test_seeds, "test", completed)
         self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
         self.record(EventType.RUN_FINISHED, "run_finished",
-                    {"stop_reason": stop, "generations": completed, "incumbent_id": incumbent.id,
+                    {"stop_reason": str(stop), "stop_kind": stop.kind.value, "generations": completed, "incumbent_id": incumbent.id,
                      "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
                      "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
                      "test_critique": self.critic.critique(test[incumbent.id], test[baseline.id]).to_dict(),
@@ -519,7 +520,7 @@ class _Run(RunServices):
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                      "wall_clock_s": self.usage.wall_clock_s,
                      "env_steps_breakdown": self.usage.breakdown(spec.budget.env_steps)})
-        return RunResult(self.run_dir, stop, incumbent, test[baseline.id], test[incumbent.id])
+        return RunResult(self.run_dir, str(stop), incumbent, test[baseline.id], test[incumbent.id])
 
 
 def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:

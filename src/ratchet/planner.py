@@ -6,7 +6,8 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Self
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ratchet.policy import Candidate
 from ratchet.refiners.base import Refiner
 from ratchet.spec import BudgetSpec
 
-__all__ = ["Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Usage", "WeaknessPool"]
+__all__ = ["Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Stop", "StopKind", "Usage", "WeaknessPool"]
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 
@@ -119,6 +120,29 @@ class Usage:
         return out
 
 
+class StopKind(str, Enum):
+    """What ended a run's search (recorded as ``stop_kind`` in ``run_finished``)."""
+
+    BUDGET = "budget"      # the env-step or episode budget: nothing more fits
+    CLOCK = "clock"        # [budget] wall_clock_s
+    TARGET = "target"      # [budget] target reached
+    PATIENCE = "patience"  # [budget] patience: generations without a promotion
+    IDLE = "idle"          # the refiner has nothing more to propose (e.g. its rounds are done, its training failed)
+    BROKEN = "broken"      # the starting policy, or a whole generation, failed before any env step
+
+
+class Stop(str):
+    """Why a run stops: the one line it records and prints (a ``str``), with its :class:`StopKind` as ``kind``, so
+    what follows a stop (the final decision) depends on what stopped the run, never on its wording."""
+
+    kind: StopKind
+
+    def __new__(cls, kind: StopKind, text: str) -> Self:
+        out = super().__new__(cls, text)
+        out.kind = kind
+        return out
+
+
 class Budget:
     """Stop rules: env steps, episodes, wall clock, target score, patience — whichever comes first."""
 
@@ -133,19 +157,20 @@ class Budget:
         return not (s.episodes is not None and usage.episodes + episodes > s.episodes)
 
     def stop_reason(self, usage: Usage, incumbent_validation_mean: float, stale_generations: int,
-                    *, check_clock: bool = True) -> str | None:
-        """Why the run must stop now, or None to go on."""
+                    *, check_clock: bool = True) -> Stop | None:
+        """Why the run must stop now (:class:`Stop`: a line of text with its kind), or None to go on."""
         s = self.spec
         if s.target is not None and incumbent_validation_mean >= s.target:
-            return f"target reached (incumbent validation mean {incumbent_validation_mean:.2f} ≥ {s.target:g})"
+            return Stop(StopKind.TARGET,
+                        f"target reached (incumbent validation mean {incumbent_validation_mean:.2f} ≥ {s.target:g})")
         if s.patience is not None and stale_generations >= s.patience:
-            return f"patience: {stale_generations} generations without a promotion"
+            return Stop(StopKind.PATIENCE, f"patience: {stale_generations} generations without a promotion")
         if s.env_steps is not None and usage.env_steps >= s.env_steps:
-            return "env-step budget used"
+            return Stop(StopKind.BUDGET, "env-step budget used")
         if s.episodes is not None and usage.episodes >= s.episodes:
-            return "episode budget used"
+            return Stop(StopKind.BUDGET, "episode budget used")
         if check_clock and s.wall_clock_s is not None and usage.wall_clock_s >= s.wall_clock_s:
-            return "wall-clock budget used"
+            return Stop(StopKind.CLOCK, "wall-clock budget used")
         return None
 
 
@@ -429,7 +454,7 @@ class Pricing:
                 - self.planner.generation_cost(n_candidates, est_len, self.episode_price(est_len)))
         return rest > 0 and bool(refiner.fit(int(rest)))
 
-    def no_room_message(self, n_candidates: int, est_len: float, longest: float, first: bool, training: int = 0) -> str:
+    def no_room_message(self, n_candidates: int, est_len: float, longest: float, first: bool, training: int = 0) -> Stop:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
         budget that binds (``training``: env steps of the refiner's training jobs in a generation; ``longest``: the
         longest mean episode length seen, which prices the gate)."""
@@ -438,22 +463,24 @@ class Pricing:
         b, u = self.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
         if b.episodes is not None and u.episodes + episodes + self.gate_reserve(longest)[1] > b.episodes:
-            return (f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
-                    f"{self.train_episodes} training episodes, and {self.gate_reserve(longest)[1]} for its "
-                    f"gate; {spent} used {u.episodes} of "
-                    f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
-                                                             "[planner] train_episodes" if first else ""))
+            return Stop(StopKind.BUDGET,
+                        f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
+                        f"{self.train_episodes} training episodes, and {self.gate_reserve(longest)[1]} for its "
+                        f"gate; {spent} used {u.episodes} of "
+                        f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
+                                                                 "[planner] train_episodes" if first else ""))
         price = self.episode_price(est_len)
         cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve(longest)[0] + training
         unit = self.planner.unit
         per = (f"{price:,.0f} steps" + (" (the time limit)" if price == self.step_limit else "") if unit == "env steps"
                else f"{price:,.0f} {unit}" + (" (the most an instance costs)" if price == self.step_limit else ""))
         trained = f", {training:,} of the refiner's training" if training else ""
-        return (f"budget: no room for {what} (up to {cost:,.0f} {unit}: {n_candidates} candidates × "
-                f"{self.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
-                f"{spent} used {u.env_steps:,} of "
-                f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
-                                                            "[planner] train_episodes" if first else ""))
+        return Stop(StopKind.BUDGET,
+                    f"budget: no room for {what} (up to {cost:,.0f} {unit}: {n_candidates} candidates × "
+                    f"{self.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
+                    f"{spent} used {u.env_steps:,} of "
+                    f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
+                                                                "[planner] train_episodes" if first else ""))
 
     def spare(self, n_candidates: int, est_len: float, reserve: tuple[float, int],
                      training: int) -> tuple[float, float]:

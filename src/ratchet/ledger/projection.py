@@ -61,6 +61,7 @@ class RunState:
     wall_clock_s: float = 0.0
     started_at: float = 0.0
     stop_reason: str | None = None
+    stop_kind: str | None = None  # ratchet.planner.StopKind's value (None in ledgers written before it was recorded)
     error: str | None = None
     baseline_id: str | None = None
     incumbent_id: str | None = None
@@ -147,7 +148,7 @@ class RunState:
                 "env_steps": self.env_steps,
                 "episodes": self.episodes, "validation_env_steps": self.validation_env_steps,
                 "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
-                "stop_reason": self.stop_reason, "error": self.error,
+                "stop_reason": self.stop_reason, "stop_kind": self.stop_kind, "error": self.error,
                 "env_id": self.spec.get("task", {}).get("env_id"), "task": self.task_name,
                 "cost_unit": (self.task or {}).get("cost_unit", "env steps"), "execution": self.execution,
                 "budget": self.spec.get("budget"),
@@ -358,7 +359,7 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
             st.generation_log.append(p)
             st.generations = max(st.generations, p["generation"])
         elif ev.type is EventType.RUN_FINISHED:
-            st.status, st.stop_reason = "finished", p["stop_reason"]
+            st.status, st.stop_reason, st.stop_kind = "finished", p["stop_reason"], p.get("stop_kind")
             st.baseline_test, st.test = p["baseline_test"], p["test"]
             st.baseline_test_critique, st.test_critique = p.get("baseline_test_critique"), p.get("test_critique")
             st.wall_clock_s = p.get("wall_clock_s", ev.time - st.started_at)
