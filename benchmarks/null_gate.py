@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--spendings", default="harmonic,none", help="comma-separated [gate] spending settings")
     ap.add_argument("--first-seed", type=int, default=0, help="run seeds first..first+runs-1 (to split the runs "
                                                                  "across processes; add up the rows)")
-    ap.add_argument("--decide", default="every", choices=("every", "powered"), help="[planner] decide")
+    ap.add_argument("--decide", default="every", choices=("every", "powered", "end"), help="[planner] decide")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     rows = []

@@ -155,6 +155,18 @@ def test_decide_end_searches_the_whole_budget_and_decides_once(tmp_path):
     assert breakdown["search"] > max(breakdown["validation"], breakdown["re-evaluation"]), breakdown
 
 
+def test_a_run_bounded_by_its_wall_clock_alone_ends_its_final_decision(tmp_path):
+    """decide = "end" with only [budget] wall_clock_s: the final decision confirms once (no env steps or episodes left
+    to spend on successive halving, which used to loop for ever) and the run finishes."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"wall_clock_s": 2.0}, test={"episodes": 5},
+                                   gate={"validation_episodes": 20}, execution={"workers": 1},
+                                   planner={"decide": "end"}))
+    result = start_run(spec, tmp_path / "runs", "clock")
+    events = read_events(result.run_dir)
+    assert events_of(events, EventType.RUN_FINISHED)[0].payload["stop_kind"] == "clock"
+    assert len(events_of(events, EventType.FINAL_DECISION)) == 1
+
+
 def test_the_final_decision_follows_what_stopped_the_run_not_its_wording(tmp_path):
     """decide = "every" with final: a patience stop says the run should end now, so no final decision runs; the
     stop's kind is recorded beside its text."""

@@ -341,8 +341,11 @@ class _Run(RunServices):
         """Seeds per candidate for the final confirmation of ``runs`` candidates (the incumbent among them): what the
         budget leaves once one validation is paid for — env steps with every episode priced at ``length`` (env steps,
         the longest mean length of the episodes it reads) and a 10 % margin on the validation, and episodes — at most
-        :data:`MAX_CONFIRM` (0 when nothing is left). So the run ends with its budget spent on choosing well."""
+        :data:`MAX_CONFIRM` (0 when nothing is left, and with no env-step or episode budget: a run bounded by its wall
+        clock alone gets one round of confirmation). So the run ends with its budget spent on choosing well."""
         b, u, n_val = self.budget.spec, self.usage, len(self.validation_seeds)
+        if b.env_steps is None and b.episodes is None:
+            return 0
         n = MAX_CONFIRM
         if b.env_steps is not None:
             left = b.env_steps - u.env_steps - _validation_price(n_val, length, length_sd)
