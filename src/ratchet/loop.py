@@ -302,7 +302,7 @@ class _Run(RunServices):
             cut, pool = self.confirm(generation, survivors, incumbent, inc_val, n_conf), survivors
         if cut:
             return None, "confirmation cut short by the env-step budget", None, inc_val, None
-        lead = max(top, key=sl.expected_gain)
+        lead = max(pool, key=sl.expected_gain)  # the last round's survivors: one left out earlier keeps a noisier estimate
         gain = sl.expected_gain(lead)
         power = gate_power(gain, lead.confirmed_sd if lead.confirmed_sd is not None else sl.spread(), n_val, level)
         if gain <= 0 or (not final and power < want):
