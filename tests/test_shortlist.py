@@ -179,6 +179,43 @@ def test_the_final_decision_follows_what_stopped_the_run_not_its_wording(tmp_pat
     assert not events_of(events, EventType.FINAL_DECISION)
 
 
+def test_the_final_pick_is_among_the_last_round_of_successive_halving(tmp_path):
+    """A candidate halving left out keeps its first, noisier (and here luckier) confirmed gain: the final decision
+    gates the best of the last round's survivors, not the best estimate overall."""
+    from ratchet.loop import rebuild_run
+    from ratchet.runs import open_ledger
+    from ratchet.shortlist import Entry
+
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 3_000}, test={"episodes": 2},
+                                   gate={"validation_episodes": 4}, execution={"workers": 1}, planner={"final": False}))
+    result = start_run(spec, tmp_path / "runs", "sh")
+    run, _ = rebuild_run(open_ledger(result.run_dir), result.run_dir, None)
+    try:
+        a, b, c = (Entry(cand, 1, 0.0, 5) for cand in _cands(3))
+        run.shortlist = Shortlist(entries={e.candidate.id: e for e in (a, b, c)})
+        ids = [e.candidate.id for e in (a, b, c)]
+        rounds = iter([dict(zip(ids, (60.0, 50.0, 45.0))), dict(zip(ids[:2], (0.0, 30.0)))])  # round 2: a and b
+
+        def confirm(generation, entries, incumbent, inc_val, n):
+            gains = next(rounds)
+            assert {e.candidate.id for e in entries} == set(gains)
+            for e in entries:
+                e.diffs.extend([gains[e.candidate.id]] * n)
+            return False
+
+        sizes = iter([20, 0])
+        gated = []
+        run.confirm = confirm
+        run.confirmation_size = lambda runs, length, length_sd=0.0: next(sizes)
+        run.final_validation = lambda length, length_sd=0.0: 4
+        run.decide = lambda generation, cand, incumbent, inc_val, **kw: (gated.append(cand.id), (None, None, inc_val))[1]
+        inc = run.start
+        run.certify(1, inc, _eval(inc.id, [0.0] * 4, "validation"), (0.0, 0), 1.0, final=True)
+        assert gated == [b.candidate.id]  # b: 40 over both rounds; c's 45 rests on one round
+    finally:
+        run.executor.close()
+
+
 def test_refiner_settings_in_the_legacy_table_all_reach_cmaes(tmp_path):
     """Every CMA-ES setting written in [refiner] reaches the refiner (``follow`` was once dropped silently)."""
     spec = load_spec(make_spec_dir(tmp_path / "s", refiner={"follow": "own", "restarts": "ipop", "stagnation": 4}))
