@@ -55,7 +55,9 @@ def test_run_prints_results_and_writes_report(cli_run):
     assert f"run directory: {run_dir}" in res.stdout
     assert re.search(r"gen +1 \|", res.stderr)  # one progress line per generation when not on a terminal
     assert (run_dir / "report.html").is_file()
-    assert project(read_events(run_dir)).status == "finished"
+    st = project(read_events(run_dir))
+    assert st.status == "finished"
+    assert st.final_decision and "final decision: " in res.stdout  # what the search's end decided, in one line
 
 
 def test_run_without_report(tmp_path, runner):

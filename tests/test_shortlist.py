@@ -142,7 +142,7 @@ def test_decide_end_searches_the_whole_budget_and_decides_once(tmp_path):
     events = read_events(result.run_dir)
     gens = [e.payload for e in events_of(events, EventType.GENERATION_FINISHED)]
     assert len(gens) > 3 and not any(g["gated"] for g in gens)
-    assert all("budget ends" in g["gate_note"] for g in gens)
+    assert all("search ends" in g["gate_note"] for g in gens)
     (final,) = events_of(events, EventType.FINAL_DECISION)
     decisions = events_of(events, EventType.GATE_DECIDED)
     assert len(decisions) == int(final.payload["gated"]) and all(d.key.startswith("gate/final/") for d in decisions)

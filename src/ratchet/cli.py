@@ -106,6 +106,10 @@ def _project(ledger, run: str):
 
 def _print_result(run_dir: Path, state) -> None:
     out.print(f"run {state.run_id} stopped: {_safe(state.stop_reason, 2000)}", highlight=False, soft_wrap=True)
+    if state.final_decision:  # what the search's end decided (decide = "powered" / "end", or [planner] final)
+        fd = state.final_decision
+        out.print("final decision: " + _safe(("promoted " if fd.get("promoted") else "") + str(fd.get("note", "")), 500),
+                  highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("policy")
     t.add_column("test mean", justify="right")

@@ -469,7 +469,7 @@ class _Run(RunServices):
                          + training,
                          n_candidates * spec.planner.train_episodes + reserve[1])
             if self.end_only:  # the search spends the budget; the shortlist's best is decided once, at the end
-                decision, note, cand_val, best = None, "decide = \"end\": the gate decides when the budget ends", None, None
+                decision, note, cand_val, best = None, "decide = \"end\": the gate decides when the search ends", None, None
             elif self.powered:  # the best seen so far, certified when a decision is likely to pass
                 decision, note, cand_val, inc_val, best = self.certify(generation, incumbent, inc_val, next_cost, est_len)
             else:
