@@ -4,7 +4,9 @@ With ``[planner] decide = "powered"`` the loop does not send each generation's b
 clean candidate's training result here, ranks them by a *shrunken* training mean (the best of many candidates on a
 few seeds is the luckiest as much as the best), and certifies only when a decision is likely to pass, or when the
 budget ends the search. Before validation spends held-out episodes, the top few are *confirmed* on fresh training
-seeds, paired with the incumbent: an unbiased estimate of their gain, which picks the one to gate.
+seeds, paired with the incumbent: an unbiased estimate of their gain, which picks the one to gate. With
+``decide = "end"`` it is certified only once, when the search ends; with ``decide = "every"`` and ``[planner]
+final`` it holds what no gate decided, for that same final decision.
 """
 
 from __future__ import annotations
