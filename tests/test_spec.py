@@ -310,3 +310,12 @@ def test_loop_settings_live_in_planner_and_old_specs_keep_working_with_a_note(tm
     with pytest.raises(SpecError, match="keep only \\[planner\\] train_episodes"):
         spec_from_dict({"task": {"env_id": "CartPole-v1"}, "refiner": {"train_episodes": 4},
                         "planner": {"train_episodes": 5}})
+
+
+# decide = "end" promotes nothing until the budget ends the search: a target or a patience would stop the run
+# before its one decision, silently (a patience stop decides nothing)
+@pytest.mark.parametrize("key, value", [("target", "400"), ("patience", "3")])
+def test_decide_end_refuses_a_target_or_a_patience(tmp_path, key, value):
+    spec_error(tmp_path, MINIMAL + f'[planner]\ndecide = "end"\n[budget]\n{key} = {value}\n',
+               f"[budget] {key} cannot be used with [planner] decide = \"end\"", f"remove [budget] {key}")
+    assert load_spec(write(tmp_path, MINIMAL + f"[budget]\n{key} = {value}\n"))  # decide = "every" reads both

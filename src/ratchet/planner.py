@@ -434,6 +434,12 @@ class Pricing:
         n = self.validation_episodes + self.confirmation_episodes
         return n * self.episode_price(longest), n
 
+    def _kept(self) -> str:
+        """What the reserve of :meth:`gate_reserve` pays for, in words."""
+        if self.confirmation_episodes:
+            return "a validation and a round of confirmation kept for the decision"
+        return "a validation kept for its gate"
+
     def episode_price(self, est_len: float) -> float:
         """Env steps one episode is priced at: the time limit with worst-case pricing; with observed pricing
         the mean length seen (``est_len``, env steps) plus a 25 % margin, never above the time limit."""
@@ -477,7 +483,7 @@ class Pricing:
         trained = f", {training:,} of the refiner's training" if training else ""
         return Stop(StopKind.BUDGET,
                     f"budget: no room for {what} (up to {cost:,.0f} {unit}: {n_candidates} candidates × "
-                    f"{self.train_episodes} training episodes × {per}{trained}, and a validation kept for its gate; "
+                    f"{self.train_episodes} training episodes × {per}{trained}, and {self._kept()}; "
                     f"{spent} used {u.env_steps:,} of "
                     f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
                                                                 "[planner] train_episodes" if first else ""))

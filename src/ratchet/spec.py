@@ -552,6 +552,19 @@ class RunSpec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _end_decides_at_the_budget(self) -> RunSpec:
+        """``decide = "end"`` promotes nothing until the budget ends the search: a target the incumbent's
+        validation mean must reach, or a patience counted in generations without a promotion, would stop the
+        run early and decide nothing."""
+        if self.planner.decide == "end":
+            for key in ("target", "patience"):
+                if getattr(self.budget, key) is not None:
+                    raise ValueError(f"[budget] {key} cannot be used with [planner] decide = \"end\" (nothing is "
+                                     "promoted before the budget ends the search, so it would stop the run before "
+                                     f"its one decision); remove [budget] {key} or use decide = \"every\"")
+        return self
+
+    @model_validator(mode="after")
     def _first_validation_fits(self) -> RunSpec:
         """The starting policy's validation runs before any budget decision, so the budget must pay for it."""
         from ratchet.tasks import task_from_spec
