@@ -261,7 +261,7 @@ def scratch(args: argparse.Namespace) -> str:
     from ratchet.planner import SeedSplits
     from ratchet.spec import spec_from_dict
 
-    data = tomllib.loads((WINDY / "ratchet.toml").read_text())
+    data = tomllib.loads((WINDY / "residual.toml").read_text())
     env_id, env_kwargs = data["task"]["env_id"], dict(data["task"]["env_kwargs"])
     data["test"] = {"episodes": args.test_episodes}  # 200, the windy run's
     test_seeds = SeedSplits(data["seed"]).seeds("test", 0, args.test_episodes)
@@ -286,7 +286,7 @@ def scratch(args: argparse.Namespace) -> str:
         data.update({"name": "lunar_lander_windy_cmaes", "policy": {"kind": "program", "path": "policy.py"},
                      "refiners": [{"kind": "cmaes"}]})
         data["budget"] = {"env_steps": args.cmaes_budget}
-        spec = spec_from_dict(data, WINDY.resolve(), str(WINDY / "ratchet.toml"))
+        spec = spec_from_dict(data, WINDY.resolve(), str(WINDY / "residual.toml"))
         gens: list[bool] = []
         with tempfile.TemporaryDirectory() as runs:
             t0 = time.perf_counter()
