@@ -236,3 +236,27 @@ def test_a_run_recorded_before_the_final_decision_resumes_without_it(tmp_path):
     assert recorded_spec(data).planner.final is True
     del data["planner"]["final"]
     assert recorded_spec(data).planner.final is False
+
+
+def test_the_final_validation_is_priced_for_the_executors_cap():
+    """The executor starts an episode only while the time limit still fits under the hard cap: short episodes under a
+    long time limit need that room for the last one, beyond the 10 % margin; long ones are priced as before."""
+    from ratchet.loop import _validation_price
+
+    assert _validation_price(30, 25.0, 0.0, 500) == pytest.approx(29 * 25 + 500)  # CartPole-like: the cap binds
+    assert _validation_price(150, 300.0, 0.0, 1000) == pytest.approx(1.1 * 150 * 300)  # LunarLander-like: the margin
+    assert _validation_price(30, 25.0, 0.0, None) == pytest.approx(1.1 * 30 * 25)  # no time limit: no cap
+
+
+# regression: with short episodes (CartPole at 25-45 steps, a 500-step time limit) the confirmation spent the room
+# the cap needs, the executor skipped the last validation episodes and the run's one decision was thrown away
+# ("validation cut short by the env-step budget" on run seeds 4 and 6)
+@pytest.mark.parametrize("seed", [4, 6])
+def test_decide_end_is_not_cut_short_by_the_cap(tmp_path, seed):
+    spec = load_spec(make_spec_dir(tmp_path / "s", policy="cartpole_weak_hint.py", seed=seed,
+                                   refiner={"sigma0": 0.5, "popsize": 6, "train_episodes": 2}, planner={"decide": "end"},
+                                   gate={"validation_episodes": 30, "max_share": 0.5}, budget={"env_steps": 20_000},
+                                   test={"episodes": 5}))
+    result = start_run(spec, tmp_path / "runs", "cap")
+    (final,) = events_of(read_events(result.run_dir), EventType.FINAL_DECISION)
+    assert "cut short" not in final.payload["note"], final.payload

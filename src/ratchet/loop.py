@@ -65,10 +65,15 @@ MAX_CONFIRM = 1000
 _VALIDATION_MARGIN = 1.1
 
 
-def _validation_price(n: int, length: float, length_sd: float) -> float:
+def _validation_price(n: int, length: float, length_sd: float, step_limit: int | None) -> float:
     """Env steps ``n`` validation episodes are priced at: ``n`` × ``length`` (mean episode length, env steps) ×
-    :data:`_VALIDATION_MARGIN` plus 3 ``length_sd`` √n."""
-    return _VALIDATION_MARGIN * n * length + 3.0 * length_sd * math.sqrt(n)
+    :data:`_VALIDATION_MARGIN` plus 3 ``length_sd`` √n; and at least what the executor's hard cap needs to start the
+    last of them, which it does only while the task's time limit ``step_limit`` still fits: ``n`` − 1 episodes'
+    lengths, their 3 ``length_sd`` √n, and ``step_limit`` (short episodes under a long time limit, e.g. CartPole's).
+    """
+    spread = 3.0 * length_sd * math.sqrt(n)
+    price = _VALIDATION_MARGIN * n * length + spread
+    return max(price, (n - 1) * length + spread + step_limit) if step_limit and n > 0 else price
 
 def _diff_sd(cand_val: Evaluation, inc_val: Evaluation) -> float | None:
     """Standard deviation of a decision's paired validation differences (return units); None after an error or
@@ -348,7 +353,7 @@ class _Run(RunServices):
             return 0
         n = MAX_CONFIRM
         if b.env_steps is not None:
-            left = b.env_steps - u.env_steps - _validation_price(n_val, length, length_sd)
+            left = b.env_steps - u.env_steps - _validation_price(n_val, length, length_sd, self.task.step_limit)
             n = min(n, int(left // (runs * max(1.0, length))))
         if b.episodes is not None:
             n = min(n, (b.episodes - u.episodes - n_val) // runs)
@@ -363,7 +368,7 @@ class _Run(RunServices):
         if b.episodes is not None:
             n = min(n, b.episodes - u.episodes)
         if b.env_steps is not None:
-            while n > 0 and _validation_price(n, length, length_sd) > b.env_steps - u.env_steps:
+            while n > 0 and _validation_price(n, length, length_sd, self.task.step_limit) > b.env_steps - u.env_steps:
                 n -= 1
         return n
 
