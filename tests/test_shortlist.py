@@ -260,3 +260,16 @@ def test_decide_end_is_not_cut_short_by_the_cap(tmp_path, seed):
     result = start_run(spec, tmp_path / "runs", "cap")
     (final,) = events_of(read_events(result.run_dir), EventType.FINAL_DECISION)
     assert "cut short" not in final.payload["note"], final.payload
+
+
+# regression: the final decision's first round of confirmation ran whatever [budget] episodes had left (the
+# executor has no hard cap on episodes): a run with episodes = 76 played 98
+@pytest.mark.parametrize("episodes", [76, 90])
+def test_the_final_decision_never_runs_past_an_episode_budget(tmp_path, episodes):
+    spec = load_spec(make_spec_dir(tmp_path / "s", seed=1, refiner={"sigma0": 0.5, "popsize": 6, "train_episodes": 2},
+                                   gate={"validation_episodes": 30, "max_share": 0.5},
+                                   budget={"episodes": episodes}, test={"episodes": 5}))
+    result = start_run(spec, tmp_path / "runs", "ep")
+    events = read_events(result.run_dir)
+    assert len(events_of(events, EventType.FINAL_DECISION)) == 1
+    assert events_of(events, EventType.RUN_FINISHED)[0].payload["episodes"] <= episodes

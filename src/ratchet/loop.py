@@ -295,8 +295,11 @@ class _Run(RunServices):
                                                 self.prices.episode_price(val_len), next_cost[1])
             if hold is not None:
                 return None, hold, None, inc_val, None
-        cut = self.confirm(generation, [e for e in top if e.against != incumbent.id], incumbent, inc_val,
-                           self.confirm_episodes)
+        entries = [e for e in top if e.against != incumbent.id]
+        n_first = min(self.confirm_episodes, self._episode_room(len(entries) + 1)) if final else self.confirm_episodes
+        if n_first < 1:  # an episode budget has no hard cap in the executor: never run past it
+            return None, "the episode budget left cannot pay for a confirmation", None, inc_val, None
+        cut = self.confirm(generation, entries, incumbent, inc_val, n_first)
         pool = list(top)
         while final and not cut:  # successive halving: the better half again, on what the budget leaves after validation
             survivors = sorted(pool, key=lambda e: -sl.expected_gain(e))[:max(2, (len(pool) + 1) // 2)]
@@ -355,9 +358,15 @@ class _Run(RunServices):
         if b.env_steps is not None:
             left = b.env_steps - u.env_steps - _validation_price(n_val, length, length_sd, self.task.step_limit)
             n = min(n, int(left // (runs * max(1.0, length))))
-        if b.episodes is not None:
-            n = min(n, (b.episodes - u.episodes - n_val) // runs)
-        return max(0, n)
+        return max(0, min(n, self._episode_room(runs)))
+
+    def _episode_room(self, runs: int) -> int:
+        """Seeds per candidate that ``runs`` candidates can each play with what ``[budget] episodes`` leaves once one
+        validation is paid for (unbounded without an episode budget; may be negative)."""
+        b, u = self.budget.spec, self.usage
+        if b.episodes is None:
+            return MAX_CONFIRM
+        return (b.episodes - u.episodes - len(self.validation_seeds)) // runs
 
     def final_validation(self, length: float, length_sd: float = 0.0) -> int:
         """Validation seeds the final decision can afford: all of them unless the budget left is short (env steps: its
