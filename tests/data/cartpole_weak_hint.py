@@ -2,6 +2,7 @@
 episodes (about 10-50 env steps under a 500-step time limit) and a small, real gain to find."""
 
 import math
+
 PARAMETERS = {
     "a": {"default": 0.0, "low": -1.0, "high": 1.0},
     "b": {"default": 0.0, "low": -1.0, "high": 1.0},
