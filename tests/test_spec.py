@@ -319,3 +319,13 @@ def test_decide_end_refuses_a_target_or_a_patience(tmp_path, key, value):
     spec_error(tmp_path, MINIMAL + f'[planner]\ndecide = "end"\n[budget]\n{key} = {value}\n',
                f"[budget] {key} cannot be used with [planner] decide = \"end\"", f"remove [budget] {key}")
     assert load_spec(write(tmp_path, MINIMAL + f"[budget]\n{key} = {value}\n"))  # decide = "every" reads both
+
+
+# decide = "end" (and "powered") keeps a round of confirmation with its validation: an episode budget that cannot
+# pay for it stopped before its first generation with a run directory and exit 0
+def test_an_episode_budget_counts_the_confirmation_kept_by_decide_end(tmp_path):
+    sized = "[refiner]\npopsize = 6\n[gate]\nvalidation_episodes = 30\n[budget]\nepisodes = 100\n"
+    # 30 first validation + 8 × 2 a generation + 30 its gate + 5 × 6 a round of confirmation = 106
+    spec_error(tmp_path, MINIMAL + '[planner]\ndecide = "end"\ntrain_episodes = 2\n' + sized,
+               "[budget] episodes = 100 cannot pay for a single generation", "+ 30 for a round of confirmation = 106")
+    assert load_spec(write(tmp_path, MINIMAL + "[planner]\ntrain_episodes = 2\n" + sized))  # "every" keeps none

@@ -135,12 +135,10 @@ class _Run(RunServices):
         self.powered = spec.planner.decide in ("powered", "end")  # the shortlist decides (with a final decision)
         self.end_only = spec.planner.decide == "end"  # ... and only once, when the budget ends the search
         self.shortlist = Shortlist()
-        # a confirmation costs about what one validation does at most
-        self.confirm_episodes = spec.planner.confirm_episodes or max(2, min(
-            4 * spec.planner.train_episodes, spec.gate.validation_episodes // (spec.planner.confirm_top + 2)))
+        self.confirm_episodes = spec.planner.confirm_seeds(spec.gate.validation_episodes)
         self._confirmed_seeds = 0  # confirmation seeds used so far (each round reads fresh training seeds)
         self._trained: set[str] = set()  # candidates with a training evaluation (a new one is search, not re-evaluation)
-        confirmation = (spec.planner.confirm_top + 2) * self.confirm_episodes if self.powered else 0
+        confirmation = spec.planner.confirmation_reserve(spec.gate.validation_episodes)
         self.prices = Pricing(spec.budget, self.usage, self.planner, self.task.step_limit, self.price_limit,
                               self.validation_price(), spec.planner.train_episodes,
                               reference=not self.powered or spec.planner.weakness_share > 0,

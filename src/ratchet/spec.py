@@ -395,6 +395,18 @@ class PlannerSpec(_Section):
         "what the budget leaves once its validation is paid for."),
                                          json_schema_extra={"unit": "episodes"})
 
+    def confirm_seeds(self, validation_episodes: int) -> int:
+        """Fresh training seeds per confirmed candidate in a round of confirmation (episodes): ``confirm_episodes``,
+        or 4 × ``train_episodes`` capped so a round costs about one validation of ``validation_episodes``."""
+        return self.confirm_episodes or max(2, min(4 * self.train_episodes, validation_episodes // (self.confirm_top + 2)))
+
+    def confirmation_reserve(self, validation_episodes: int) -> int:
+        """Episodes of the round of confirmation the search keeps in reserve with its validation (``decide =
+        "powered"`` and ``"end"``; 0 for ``"every"``): ``confirm_top`` + 2 candidates × :meth:`confirm_seeds`."""
+        if self.decide == "every":
+            return 0
+        return (self.confirm_top + 2) * self.confirm_seeds(validation_episodes)
+
 
 class BudgetSpec(_Section):
     """``[budget]``: the run stops at whichever limit comes first."""
@@ -599,12 +611,14 @@ class RunSpec(_Section):
         first, gate = built.first_look(g.validation_episodes), built.price(g.validation_episodes)
         policies = min((e.get("popsize") or 4) + 2 if e["kind"] == "cmaes" else 2 for e in self.refiner_entries())
         train = self.planner.train_episodes
-        need = first + policies * train + gate
+        confirm = self.planner.confirmation_reserve(g.validation_episodes)
+        need = first + policies * train + gate + confirm
         if b.episodes < need:
+            kept = f" + {confirm:,} for a round of confirmation" if confirm else ""
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for a single generation: {first:,} for "
                              f"the starting policy's first validation + {policies * train:,} for a generation "
-                             f"({policies} candidates × {train} training episodes) + {gate:,} for its gate = {need:,}; "
-                             f"raise [budget] episodes to at least {need:,}, or lower [refiner] popsize / "
+                             f"({policies} candidates × {train} training episodes) + {gate:,} for its gate{kept} = "
+                             f"{need:,}; raise [budget] episodes to at least {need:,}, or lower [refiner] popsize / "
                              "[planner] train_episodes or [gate] validation_episodes")
         return self
 
