@@ -7,14 +7,18 @@ TORCH  ?= 2.13.0
 
 .PHONY: demo test lint install dev benchmarks docs docs-build clean
 
-$(BIN)/ratchet: pyproject.toml
+# a stamp written only once every install step has succeeded: an install cut short (Ctrl-C, a network error) is
+# redone by the next make, never taken for a finished one because .venv/bin/ratchet already exists
+STAMP  := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==$(TORCH)  # before anything that depends on torch (a CPU build, not 5 GB of CUDA)
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $@
 
-install: $(BIN)/ratchet
+install: $(STAMP)
 
 dev: install
 
