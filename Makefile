@@ -31,7 +31,7 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks examples scripts docs
 	$(BIN)/mypy
 
-## test: lint, then run the test suite (offline, about 9½ minutes on 2 cores)
+## test: lint, then run the test suite (offline, about 12 minutes on 2 cores)
 test: install lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two processes: most tests wait on worker start-up, not CPU
 
