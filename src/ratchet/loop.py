@@ -75,6 +75,7 @@ def _validation_price(n: int, length: float, length_sd: float, step_limit: int |
     price = _VALIDATION_MARGIN * n * length + spread
     return max(price, (n - 1) * length + spread + step_limit) if step_limit and n > 0 else price
 
+
 def _diff_sd(cand_val: Evaluation, inc_val: Evaluation) -> float | None:
     """Standard deviation of a decision's paired validation differences (return units); None after an error or
     with fewer than 2 pairs."""

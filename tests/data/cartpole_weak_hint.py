@@ -7,6 +7,8 @@ PARAMETERS = {
     "a": {"default": 0.0, "low": -1.0, "high": 1.0},
     "b": {"default": 0.0, "low": -1.0, "high": 1.0},
 }
+
+
 def act(observation, params):
     x = math.sin(observation[0] * 12345.678 + observation[3] * 9876.5 + params["b"] * 333.3) * 43758.5453
     u = x - math.floor(x)
