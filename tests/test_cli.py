@@ -976,3 +976,31 @@ def test_run_ends_with_the_advice_show_gives_when_it_promoted_little(little_run)
     assert advice and any("max_share" in line for line in advice)
     assert [ln.removeprefix("advice: ") for ln in res.stdout.splitlines() if ln.startswith("advice: ")] == advice
     assert res.stdout.splitlines()[-1] == f"run directory: {run_dir}"
+
+
+def test_ctrl_c_after_the_run_finished_does_not_ask_for_a_resume(monkeypatch, capsys, tmp_path):
+    """Ctrl-C while the finished run's report is written: the run is done, so `ratchet resume` would only say
+    "already finished"; the message points at `show` and `report` instead."""
+    import types
+
+    import typer
+
+    from ratchet import cli
+
+    def interrupted(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_finish", interrupted)
+    with pytest.raises(typer.Exit) as exc:
+        cli._with_progress(lambda progress: types.SimpleNamespace(run_dir=tmp_path / "r1"), str(tmp_path / "r1"),
+                           True, None)
+    assert exc.value.exit_code == 130
+    text = capsys.readouterr().err
+    assert "ratchet resume" not in text and f"ratchet report {tmp_path / 'r1'}" in text
+
+    def stopped(progress):
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit):
+        cli._with_progress(stopped, str(tmp_path / "r2"), True, None)
+    assert f"ratchet resume {tmp_path / 'r2'}" in capsys.readouterr().err

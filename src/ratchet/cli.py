@@ -187,13 +187,19 @@ def _with_progress(drive, resume_target: str, report: bool, storage: str | None)
     from ratchet.progress import ProgressPrinter
 
     progress = ProgressPrinter(err)
+    finished = None  # the run directory once the run has finished (Ctrl-C while its report is written)
     try:
         result = drive(progress)
         progress.stop()
+        finished = result.run_dir
         _finish(result.run_dir, report, storage)
     except KeyboardInterrupt:
         progress.stop()
-        err.print(f"interrupted; continue with `ratchet resume {resume_target}`", highlight=False, soft_wrap=True)
+        if finished is not None:
+            err.print(f"interrupted after the run finished; see it with `ratchet show {finished}` and write its "
+                      f"report with `ratchet report {finished}`", highlight=False, soft_wrap=True)
+        else:
+            err.print(f"interrupted; continue with `ratchet resume {resume_target}`", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     except RatchetError as exc:
         progress.stop()
