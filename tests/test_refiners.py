@@ -130,6 +130,32 @@ def test_ipop_restart_doubles_the_population_after_stagnation():
     assert ref.population_size == 8 and ref.n_restarts == 1
 
 
+def test_local_restart_returns_to_the_incumbent_when_no_sample_beats_it():
+    """restarts = "local": after `stagnation` generations in which every sample lost to the incumbent on the same
+    training seeds, the search restarts at the incumbent with the same population and a fresh sample stream; a
+    generation in which a sample wins resets the count."""
+    prog = parse_policy('PARAMETERS = {"a": (0.0, -1.0, 1.0), "b": (0.0, -1.0, 1.0)}\ndef act(o, p):\n    return 0\n')
+    ref = CMAESRefiner(prog, 0.2, popsize=4, seed=1, restarts="local", stagnation=2)
+    assert ref.generation_cost().reference  # it reads the incumbent's evaluation on the generation's seeds
+    parent = prog.candidate()
+
+    def generation(sample_mean: float) -> list:
+        cands = ref.propose(parent, None, np.random.default_rng(0))
+        ref.observe([evaluation(c.id, sample_mean) for c in cands] + [evaluation(parent.id, 1.0)])
+        return cands
+
+    first = generation(0.5)
+    generation(2.0)  # a sample beat the incumbent: the count starts again
+    generation(0.5)
+    assert ref.n_restarts == 0
+    generation(0.5)  # two generations in a row lost to the incumbent
+    assert ref.generation_cost().proposals == 4  # the same population (IPOP would double it)
+    again = generation(0.5)
+    assert ref.n_restarts == 1 and ref.population_size == 4
+    assert np.allclose(ref._es.x0, ref.flatten(parent.params))  # started again at the incumbent
+    assert [c.params for c in again] != [c.params for c in first]  # a new sample stream
+
+
 def test_run_with_variants_records_each_allocation(tmp_path):
     from conftest import make_spec_dir, read_events
 

@@ -39,9 +39,14 @@ class CMAESSettings(BaseModel):
                                           "step size; the planner allocates generations among them by Thompson "
                                           "sampling over the promotion gains each produced. Empty: one CMA-ES.",
                                          json_schema_extra={"unit": "fraction of each parameter's range"})
-    restarts: Literal["none", "ipop"] = Field("none", description="IPOP-CMA-ES: restart from the incumbent with "
-                                                                   "a doubled population on stagnation.")
-    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without a better best training score before a restart.",
+    restarts: Literal["none", "ipop", "local"] = Field(
+        "none", description="\"ipop\" (IPOP-CMA-ES): restart from the incumbent with a doubled population after "
+                            "`stagnation` generations without a better best training score; \"local\": restart from "
+                            "the incumbent with the same population after `stagnation` generations in which no sample "
+                            "beat the incumbent on the generation's training seeds (the search has left the "
+                            "incumbent's basin and found nothing better).")
+    stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without progress before a restart "
+                                                                "(see `restarts`).",
                             json_schema_extra={"unit": "generations"})
     follow: Literal["own", "incumbent"] = Field(
         "incumbent", description="On a promotion: \"own\" keeps the search on its own path (the distribution as it is); "
@@ -78,15 +83,21 @@ class CMAESRefiner(Refiner):
     With ``restarts="ipop"`` the search restarts from the current incumbent with a doubled
     population when its best training score has not improved for ``stagnation`` generations (or its
     step size collapsed): IPOP-CMA-ES (A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With
-    Increasing Population Size", CEC 2005).
+    Increasing Population Size", CEC 2005). With ``restarts="local"`` it restarts from the incumbent with the
+    initial step size and the same population (a fresh sample stream) when no sample has beaten the incumbent on
+    the generation's own training seeds for ``stagnation`` generations: the search left the incumbent's basin for
+    a worse one (on BipedalWalker, a walker that stands still scores about 0 where the start's falls score about
+    -100 and its walks 250, so a search whose first samples all fall can settle on standing still). The
+    incumbent then runs on every generation's training seeds (``reference=True``).
 
     Args:
         program: The policy whose ``PARAMETERS`` are searched.
         sigma0: Initial step size in normalised units (fraction of each parameter's range), in (0, 1].
         popsize: Candidates per generation; None uses pycma's default ``4 + floor(3 ln n)``.
         seed: Seed for pycma's sampler (the run's seed makes the whole run reproducible).
-        restarts: ``"none"`` or ``"ipop"``.
-        stagnation: Generations without a better best training score before an IPOP restart.
+        restarts: ``"none"``, ``"ipop"`` or ``"local"`` (see above).
+        stagnation: Generations without progress before a restart: without a better best training score
+            (``"ipop"``), without a sample that beat the incumbent on the same training seeds (``"local"``).
         name: Name recorded as the candidates' refiner (default ``"cmaes"``).
         follow: ``"own"`` or ``"incumbent"`` (see above).
     """
@@ -193,9 +204,10 @@ class CMAESRefiner(Refiner):
         if not self.program.parameters:
             return []
         if self._es is None or self._restart_due:
-            if self._restart_due:  # IPOP-CMA-ES: restart from the incumbent with a doubled population
+            if self._restart_due:  # restart from the incumbent: IPOP-CMA-ES doubles the population
                 self.n_restarts += 1
-                self.popsize = 2 * self.population_size
+                if self.restarts == "ipop":
+                    self.popsize = 2 * self.population_size
                 self._restart_due, self._best, self._stale = False, float("-inf"), 0
             self._start(parent)
         elif parent.id != self._parent_id and self.follow == "incumbent":  # a promotion: follow the new incumbent
@@ -237,12 +249,15 @@ class CMAESRefiner(Refiner):
         xs = [self._asked[cid] for cid in self._order]
         self._es.tell(xs, [worst if f is None else f for f in fits])
         self._asked = {}
-        if self.restarts == "ipop" and finite:
+        if self.restarts != "none" and finite:
             gen_best = -min(finite)
-            if gen_best > self._best:
-                self._best, self._stale = gen_best, 0
-            else:
-                self._stale += 1
+            if self.restarts == "ipop":
+                progress = gen_best > self._best
+                self._best = max(self._best, gen_best)
+            else:  # "local": did any sample beat the incumbent on the same seeds?
+                inc = by_id.get(self._parent_id) if self._parent_id is not None else None
+                progress = inc is None or inc.n_errors > 0 or not np.isfinite(inc.mean) or gen_best > inc.mean
+            self._stale = 0 if progress else self._stale + 1
             if self._stale >= self.stagnation or self._es.sigma < 1e-4:
                 self._restart_due = True
 
@@ -268,12 +283,14 @@ class CMAESRefiner(Refiner):
     def generation_cost(self) -> GenerationCost:
         """A population of samples plus the distribution mean (:meth:`recommend`); twice the population when an
         IPOP restart is due (the next :meth:`propose` restarts with it). CMA-ES ranks its samples by their own training
-        means, so it needs no paired reference (``reference=False``)."""
-        return GenerationCost(proposals=self.population_size * (2 if self._restart_due else 1), recommends=True,
-                              reference=False)
+        means, so it needs no paired reference (``reference=False``) unless ``restarts="local"`` compares them
+        with the incumbent."""
+        ipop_due = self._restart_due and self.restarts == "ipop"
+        return GenerationCost(proposals=self.population_size * (2 if ipop_due else 1), recommends=True,
+                              reference=self.restarts == "local")
 
     def summary(self) -> dict[str, Any]:
-        """``sigma`` (step size, normalised units; None before the first generation) and ``restarts`` (IPOP)."""
+        """``sigma`` (step size, normalised units; None before the first generation) and ``restarts`` (how many)."""
         return {"sigma": self.sigma, "restarts": self.n_restarts}
 
 
