@@ -156,6 +156,35 @@ def test_local_restart_returns_to_the_incumbent_when_no_sample_beats_it():
     assert [c.params for c in again] != [c.params for c in first]  # a new sample stream
 
 
+def test_rescue_restarts_only_while_the_incumbent_is_the_start():
+    """restarts = "rescue": the local rule while nothing has been promoted; after the first promotion the search is
+    never restarted (however long no sample beats the incumbent) and stops asking for the incumbent's reference runs."""
+    prog = parse_policy('PARAMETERS = {"a": (0.0, -1.0, 1.0), "b": (0.0, -1.0, 1.0)}\ndef act(o, p):\n    return 0\n')
+    ref = CMAESRefiner(prog, 0.2, popsize=4, seed=1, restarts="rescue", stagnation=2)
+    start = prog.candidate()
+
+    def generation(parent, sample_mean: float) -> list:
+        cands = ref.propose(parent, None, np.random.default_rng(0))
+        ref.observe([evaluation(c.id, sample_mean) for c in cands] + [evaluation(parent.id, 1.0)])
+        return cands
+
+    generation(start, 0.5)
+    generation(start, 0.5)  # two generations lost to the start: restart due, as with "local"
+    generation(start, 0.5)
+    assert ref.n_restarts == 1 and np.allclose(ref._es.x0, ref.flatten(start.params))
+    promoted = generation(start, 2.0)[0]
+    assert ref.generation_cost().reference
+    for _ in range(5):  # the incumbent is no longer the start: no restart, no reference runs
+        generation(promoted, 0.5)
+    assert ref.n_restarts == 1 and not ref.generation_cost().reference
+
+    due = CMAESRefiner(prog, 0.2, popsize=4, seed=1, restarts="rescue", stagnation=1)
+    first = due.propose(start, None, np.random.default_rng(0))
+    due.observe([evaluation(c.id, 0.5) for c in first] + [evaluation(start.id, 1.0)])  # a restart is due ...
+    due.propose(first[0], None, np.random.default_rng(0))  # ... but a promotion came first: none
+    assert due.n_restarts == 0
+
+
 def test_run_with_variants_records_each_allocation(tmp_path):
     from conftest import make_spec_dir, read_events
 

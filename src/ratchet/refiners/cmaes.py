@@ -39,12 +39,14 @@ class CMAESSettings(BaseModel):
                                           "step size; the planner allocates generations among them by Thompson "
                                           "sampling over the promotion gains each produced. Empty: one CMA-ES.",
                                          json_schema_extra={"unit": "fraction of each parameter's range"})
-    restarts: Literal["none", "ipop", "local"] = Field(
+    restarts: Literal["none", "ipop", "local", "rescue"] = Field(
         "none", description="\"ipop\" (IPOP-CMA-ES): restart from the incumbent with a doubled population after "
                             "`stagnation` generations without a better best training score; \"local\": restart from "
                             "the incumbent with the same population after `stagnation` generations in which no sample "
                             "beat the incumbent on the generation's training seeds (the search has left the "
-                            "incumbent's basin and found nothing better).")
+                            "incumbent's basin and found nothing better); \"rescue\": as \"local\", but only while "
+                            "nothing has been promoted (the incumbent is still the start), so a search that once "
+                            "beat the start is never cut short.")
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without progress before a restart "
                                                                 "(see `restarts`).",
                             json_schema_extra={"unit": "generations"})
@@ -88,16 +90,21 @@ class CMAESRefiner(Refiner):
     the generation's own training seeds for ``stagnation`` generations: the search left the incumbent's basin for
     a worse one (on BipedalWalker, a walker that stands still scores about 0 where the start's falls score about
     -100 and its walks 250, so a search whose first samples all fall can settle on standing still). The
-    incumbent then runs on every generation's training seeds (``reference=True``).
+    incumbent then runs on every generation's training seeds (``reference=True``). ``restarts="rescue"`` is
+    ``"local"`` for as long as the incumbent is the start (the first parent) and no restart after the first
+    promotion: it rescues a search that never found the start's basin without restarting one that is slowly
+    refining a tuned incumbent (where no sample beats the incumbent for many generations in a row as a matter of
+    course); its reference runs stop with the first promotion.
 
     Args:
         program: The policy whose ``PARAMETERS`` are searched.
         sigma0: Initial step size in normalised units (fraction of each parameter's range), in (0, 1].
         popsize: Candidates per generation; None uses pycma's default ``4 + floor(3 ln n)``.
         seed: Seed for pycma's sampler (the run's seed makes the whole run reproducible).
-        restarts: ``"none"``, ``"ipop"`` or ``"local"`` (see above).
+        restarts: ``"none"``, ``"ipop"``, ``"local"`` or ``"rescue"`` (see above).
         stagnation: Generations without progress before a restart: without a better best training score
-            (``"ipop"``), without a sample that beat the incumbent on the same training seeds (``"local"``).
+            (``"ipop"``), without a sample that beat the incumbent on the same training seeds (``"local"``,
+            ``"rescue"``).
         name: Name recorded as the candidates' refiner (default ``"cmaes"``).
         follow: ``"own"`` or ``"incumbent"`` (see above).
     """
@@ -128,6 +135,7 @@ class CMAESRefiner(Refiner):
         self._es: Any = None  # a cma.CMAEvolutionStrategy once started (pycma is untyped)
         self._asked: dict[str, np.ndarray] = {}
         self._parent_id: str | None = None
+        self._start_id: str | None = None  # the first parent: "rescue" restarts only while it is the incumbent
         self._parent: Candidate | None = None
         self._order: list[str] = []
 
@@ -203,6 +211,8 @@ class CMAESRefiner(Refiner):
             self._follow_structure(parent)
         if not self.program.parameters:
             return []
+        if self._restart_due and self.restarts == "rescue" and self._start_id not in (None, parent.id):
+            self._restart_due = False  # a promotion came first: the search found a basin after all
         if self._es is None or self._restart_due:
             if self._restart_due:  # restart from the incumbent: IPOP-CMA-ES doubles the population
                 self.n_restarts += 1
@@ -214,6 +224,8 @@ class CMAESRefiner(Refiner):
             x = np.clip(self.flatten(parent.params), 0.0, 1.0)
             self._es.mean = np.concatenate([x, self._es.mean[len(x):]])
         self._parent_id, self._parent = parent.id, parent
+        if self._start_id is None:
+            self._start_id = parent.id
         xs = self._es.ask()
         self._asked = {}
         out = []
@@ -249,17 +261,23 @@ class CMAESRefiner(Refiner):
         xs = [self._asked[cid] for cid in self._order]
         self._es.tell(xs, [worst if f is None else f for f in fits])
         self._asked = {}
-        if self.restarts != "none" and finite:
+        if self.restarts != "none" and finite and self._rescuing:  # "rescue" after a promotion: never restart
             gen_best = -min(finite)
             if self.restarts == "ipop":
                 progress = gen_best > self._best
                 self._best = max(self._best, gen_best)
-            else:  # "local": did any sample beat the incumbent on the same seeds?
+            else:  # "local" (and "rescue" before a promotion): did any sample beat the incumbent on the same seeds?
                 inc = by_id.get(self._parent_id) if self._parent_id is not None else None
                 progress = inc is None or inc.n_errors > 0 or not np.isfinite(inc.mean) or gen_best > inc.mean
             self._stale = 0 if progress else self._stale + 1
             if self._stale >= self.stagnation or self._es.sigma < 1e-4:
                 self._restart_due = True
+
+    @property
+    def _rescuing(self) -> bool:
+        """Whether restarts may still happen: always unless ``restarts="rescue"``, which restarts only while the
+        incumbent is still the start (the first parent)."""
+        return self.restarts != "rescue" or self._parent_id == self._start_id
 
     def recommend(self) -> Candidate | None:
         """The CMA-ES distribution mean (pycma's ``xfavorite``), a lower-noise estimate than the best sample."""
@@ -287,7 +305,7 @@ class CMAESRefiner(Refiner):
         with the incumbent."""
         ipop_due = self._restart_due and self.restarts == "ipop"
         return GenerationCost(proposals=self.population_size * (2 if ipop_due else 1), recommends=True,
-                              reference=self.restarts == "local")
+                              reference=self.restarts in ("local", "rescue") and self._rescuing)
 
     def summary(self) -> dict[str, Any]:
         """``sigma`` (step size, normalised units; None before the first generation) and ``restarts`` (how many)."""
