@@ -156,6 +156,23 @@ def test_local_restart_returns_to_the_incumbent_when_no_sample_beats_it():
     assert [c.params for c in again] != [c.params for c in first]  # a new sample stream
 
 
+def test_a_mean_that_beats_the_incumbent_is_progress_for_local_restarts():
+    """restarts = "local": the distribution's mean (recommend, evaluated beside the samples) beating the incumbent
+    counts as progress even when every sample lost (a search near a good basin with a wide step size), so it is not
+    restarted; with a mean that also loses, it is."""
+    prog = parse_policy('PARAMETERS = {"a": (0.0, -1.0, 1.0), "b": (0.0, -1.0, 1.0)}\ndef act(o, p):\n    return 0\n')
+    for mean_return, restarted in ((2.0, False), (0.5, True)):
+        ref = CMAESRefiner(prog, 0.2, popsize=4, seed=1, restarts="local", stagnation=2)
+        parent = prog.candidate()
+        for _ in range(3):
+            mean = ref.recommend()
+            cands = ref.propose(parent, None, np.random.default_rng(0))
+            evs = [evaluation(c.id, 0.5) for c in cands] + ([evaluation(mean.id, mean_return)] if mean else [])
+            ref.observe(evs + [evaluation(parent.id, 1.0)])
+        ref.propose(parent, None, np.random.default_rng(0))
+        assert (ref.n_restarts == 1) is restarted
+
+
 def test_rescue_restarts_only_while_the_incumbent_is_the_start():
     """restarts = "rescue": the local rule while nothing has been promoted; after the first promotion the search is
     never restarted (however long no sample beats the incumbent) and stops asking for the incumbent's reference runs."""

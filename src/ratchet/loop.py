@@ -457,8 +457,9 @@ class _Run(RunServices):
                 stop = Stop(StopKind.BUDGET,
                             "env-step budget used (the last generation was cut short by the cap; it was not judged)")
                 break
-            # the incumbent's evaluation on the same seeds comes last: a reference for paired comparisons
-            refiner.observe([train[c.id] for c in proposals] + ([train[incumbent.id]] if rerun else []))
+            # its own recommendation's evaluation after the proposals'; the incumbent's on the same seeds comes last:
+            # a reference for paired comparisons
+            refiner.observe([train[c.id] for c in contenders] + ([train[incumbent.id]] if rerun else []))
             self.see_training_returns(gen_evals)
             if not any(e.env_steps for e in gen_evals):
                 stop = Stop(StopKind.BROKEN, "every episode of the generation failed before its first env step; see "

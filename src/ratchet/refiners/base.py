@@ -12,7 +12,7 @@ One generation, as the loop drives it::
     refiner.recommend()              # its best guess so far (evaluated beside the proposals), or None
     refiner.propose(parent, critique, rng)  # new candidates (possibly after training jobs)
     refiner.take_rejections()        # what it screened out itself, recorded as proposal_rejected
-    refiner.observe(evaluations)     # training evaluations of its proposals, then the parent's
+    refiner.observe(evaluations)     # training evaluations of its proposals (and recommendation), then the parent's
     refiner.verdict(candidate_id, promoted, note)  # what the gate said of the generation's contender
     refiner.summary()                # numbers for the progress line, the ledger and ``show``
 """
@@ -97,8 +97,9 @@ class Refiner(ABC):
         return []
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Training evaluations of the candidates of the last :meth:`propose`, then the parent's on the same
-        seeds (a reference for paired comparisons). Default: nothing learnt."""
+        """Training evaluations of the candidates of the last :meth:`propose`, then of :meth:`recommend`'s candidate
+        when it was evaluated beside them, then the parent's on the same seeds (a reference for paired comparisons;
+        present when the incumbent ran, always with ``generation_cost().reference``). Default: nothing learnt."""
 
     def recommend(self) -> Candidate | None:
         """The refiner's current best guess (CMA-ES's distribution mean), evaluated beside the proposals when

@@ -42,8 +42,8 @@ class CMAESSettings(BaseModel):
     restarts: Literal["none", "ipop", "local", "rescue"] = Field(
         "none", description="\"ipop\" (IPOP-CMA-ES): restart from the incumbent with a doubled population after "
                             "`stagnation` generations without a better best training score; \"local\": restart from "
-                            "the incumbent with the same population after `stagnation` generations in which no sample "
-                            "beat the incumbent on the generation's training seeds (the search has left the "
+                            "the incumbent with the same population after `stagnation` generations in which neither a "
+                            "sample nor the distribution's mean beat the incumbent on the generation's training seeds (the search has left the "
                             "incumbent's basin and found nothing better); \"rescue\": as \"local\", but only while "
                             "nothing has been promoted (the incumbent is still the start), so a search that once "
                             "beat the start is never cut short.")
@@ -86,15 +86,15 @@ class CMAESRefiner(Refiner):
     population when its best training score has not improved for ``stagnation`` generations (or its
     step size collapsed): IPOP-CMA-ES (A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With
     Increasing Population Size", CEC 2005). With ``restarts="local"`` it restarts from the incumbent with the
-    initial step size and the same population (a fresh sample stream) when no sample has beaten the incumbent on
-    the generation's own training seeds for ``stagnation`` generations: the search left the incumbent's basin for
-    a worse one (on BipedalWalker, a walker that stands still scores about 0 where the start's falls score about
+    initial step size and the same population (a fresh sample stream) when neither a sample nor the distribution's
+    mean (:meth:`recommend`, evaluated beside them) has beaten the incumbent on the generation's own training seeds
+    for ``stagnation`` generations: the search left the incumbent's basin for a worse one (on BipedalWalker, a walker that stands still scores about 0 where the start's falls score about
     -100 and its walks 250, so a search whose first samples all fall can settle on standing still). The
     incumbent then runs on every generation's training seeds (``reference=True``). ``restarts="rescue"`` is
     ``"local"`` for as long as the incumbent is the start (the first parent) and no restart after the first
     promotion: it rescues a search that never found the start's basin without restarting one that is slowly
-    refining a tuned incumbent (where no sample beats the incumbent for many generations in a row as a matter of
-    course); its reference runs stop with the first promotion.
+    refining a tuned incumbent (where its samples lose to the incumbent for many generations in a row as a matter
+    of course); its reference runs stop with the first promotion.
 
     Args:
         program: The policy whose ``PARAMETERS`` are searched.
@@ -103,7 +103,7 @@ class CMAESRefiner(Refiner):
         seed: Seed for pycma's sampler (the run's seed makes the whole run reproducible).
         restarts: ``"none"``, ``"ipop"``, ``"local"`` or ``"rescue"`` (see above).
         stagnation: Generations without progress before a restart: without a better best training score
-            (``"ipop"``), without a sample that beat the incumbent on the same training seeds (``"local"``,
+            (``"ipop"``), without a sample or mean that beat the incumbent on the same training seeds (``"local"``,
             ``"rescue"``).
         name: Name recorded as the candidates' refiner (default ``"cmaes"``).
         follow: ``"own"`` or ``"incumbent"`` (see above).
@@ -136,6 +136,7 @@ class CMAESRefiner(Refiner):
         self._asked: dict[str, np.ndarray] = {}
         self._parent_id: str | None = None
         self._start_id: str | None = None  # the first parent: "rescue" restarts only while it is the incumbent
+        self._recommended_id: str | None = None  # the distribution mean evaluated with the current population
         self._parent: Candidate | None = None
         self._order: list[str] = []
 
@@ -266,12 +267,16 @@ class CMAESRefiner(Refiner):
             if self.restarts == "ipop":
                 progress = gen_best > self._best
                 self._best = max(self._best, gen_best)
-            else:  # "local" (and "rescue" before a promotion): did any sample beat the incumbent on the same seeds?
+            else:  # "local" (and "rescue" before a promotion): did any sample, or the mean, beat the incumbent?
                 inc = by_id.get(self._parent_id) if self._parent_id is not None else None
+                mean = by_id.get(self._recommended_id) if self._recommended_id is not None else None
+                if mean is not None and not mean.n_errors and np.isfinite(mean.mean):
+                    gen_best = max(gen_best, mean.mean)
                 progress = inc is None or inc.n_errors > 0 or not np.isfinite(inc.mean) or gen_best > inc.mean
             self._stale = 0 if progress else self._stale + 1
             if self._stale >= self.stagnation or self._es.sigma < 1e-4:
                 self._restart_due = True
+        self._recommended_id = None
 
     @property
     def _rescuing(self) -> bool:
@@ -283,7 +288,9 @@ class CMAESRefiner(Refiner):
         """The CMA-ES distribution mean (pycma's ``xfavorite``), a lower-noise estimate than the best sample."""
         if self._es is None:
             return None
-        return self._candidate(np.asarray(self._es.result.xfavorite), self.name + "-mean")
+        cand = self._candidate(np.asarray(self._es.result.xfavorite), self.name + "-mean")
+        self._recommended_id = cand.id  # its evaluation, beside the next population's, tells observe it is in a basin
+        return cand
 
     @property
     def population_size(self) -> int:
