@@ -857,6 +857,21 @@ def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_bef
     assert project(events).status == "finished"
 
 
+def test_an_env_step_budget_that_buys_no_generation_exits_1_and_says_which_budget_to_raise(runner, tmp_path):
+    """Episode lengths are known only once the start has run, so such a budget is found after its validation: the
+    run is recorded (finished, the start tested), the stop reason names the budget to raise, and `ratchet run`
+    exits 1 for scripts, as for other bad input."""
+    from conftest import make_spec_dir
+
+    spec_dir = make_spec_dir(tmp_path / "s", budget={"env_steps": 1500, "pricing": "worst-case"},
+                             test={"episodes": 3}, gate={"validation_episodes": 3}, execution={"workers": 1})
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "tiny", "--no-report")
+    assert res.exit_code == 1, res.output
+    assert "no room for a single generation" in res.output and "raise [budget] env_steps" in res.output
+    events = read_events(tmp_path / "runs" / "tiny")
+    assert not events_of(events, EventType.GENERATION_FINISHED) and project(events).status == "finished"
+
+
 @pytest.mark.parametrize("damage", ["nan", "text"])
 def test_an_mlp_npz_with_non_finite_weights_or_not_an_npz_is_refused_in_one_line(runner, tmp_path, damage):
     import io

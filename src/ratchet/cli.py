@@ -222,8 +222,9 @@ def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
         out.print(f"report: {path}", highlight=False, soft_wrap=True)
     _print_result(run_dir, state)
     from ratchet.loop import BROKEN_START
+    from ratchet.planner import NO_GENERATION
 
-    if str(state.stop_reason or "").startswith(BROKEN_START):  # bad input: say so to scripts too
+    if str(state.stop_reason or "").startswith((BROKEN_START, NO_GENERATION)):  # bad input: say so to scripts too
         raise typer.Exit(1)
 
 

@@ -16,7 +16,7 @@ from ratchet.policy import Candidate
 from ratchet.refiners.base import Refiner
 from ratchet.spec import BudgetSpec
 
-__all__ = ["Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Stop", "StopKind", "Usage", "WeaknessPool"]
+__all__ = ["NO_GENERATION", "Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Stop", "StopKind", "Usage", "WeaknessPool"]
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 
@@ -383,6 +383,11 @@ class IncumbentPlanner:
                 f"{self.max_share:g}; it waits until search has spent more")
 
 
+#: How the stop reason of a run whose budget could not buy one generation begins (the CLI exits 1: nothing was
+#: refined, and the reason says which budget to raise).
+NO_GENERATION = "budget: no room for a single generation"
+
+
 class Pricing:
     """What work costs against the run's budget before it runs, in env steps and episodes: one episode, a
     generation (its training evaluations and training jobs) and the gate it must leave room for.
@@ -464,7 +469,7 @@ class Pricing:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
         budget that binds (``training``: env steps of the refiner's training jobs in a generation; ``longest``: the
         longest mean episode length seen, which prices the gate)."""
-        what = "a single generation" if first else "another generation"
+        what = NO_GENERATION.removeprefix("budget: no room for ") if first else "another generation"
         episodes = n_candidates * self.train_episodes
         b, u = self.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
