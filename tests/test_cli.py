@@ -639,13 +639,18 @@ def test_evaluate_bounds_its_numbers(runner, args, fragment):
 
 # regression (was a bug): Rich read "[budget]" and "[refiner]" in a stop reason as markup and dropped them
 # ("raise  env_steps or lower  popsize")
-def test_stop_reasons_print_their_brackets(tmp_path, runner):
-    # (a budget of episodes too small for a generation is refused before the run now: this one is in env steps)
+def test_an_env_step_budget_that_buys_no_generation_exits_1_and_says_which_budget_to_raise(tmp_path, runner):
+    """A budget of episodes too small for a generation is refused before the run; one in env steps is found only
+    once the start's validation has run (episode lengths): the run is recorded (finished, the start tested), the
+    stop reason prints its brackets and names the budget to raise, and `ratchet run` exits 1 for scripts."""
     spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nenv_steps = 1500\npricing = "
                                    "\"worst-case\"\n[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
     res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output
+    assert "no room for a single generation" in res.stdout
     assert "raise [budget] env_steps or lower [refiner] popsize" in res.stdout
+    events = read_events(tmp_path / "runs" / "small")
+    assert not events_of(events, EventType.GENERATION_FINISHED) and project(events).status == "finished"
     show = invoke(runner, "show", tmp_path / "runs" / "small")
     assert "[budget] env_steps" in show.stdout
 
@@ -855,21 +860,6 @@ def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_bef
     events = read_events(tmp_path / "runs" / "b")
     assert not events_of(events, EventType.GENERATION_FINISHED)
     assert project(events).status == "finished"
-
-
-def test_an_env_step_budget_that_buys_no_generation_exits_1_and_says_which_budget_to_raise(runner, tmp_path):
-    """Episode lengths are known only once the start has run, so such a budget is found after its validation: the
-    run is recorded (finished, the start tested), the stop reason names the budget to raise, and `ratchet run`
-    exits 1 for scripts, as for other bad input."""
-    from conftest import make_spec_dir
-
-    spec_dir = make_spec_dir(tmp_path / "s", budget={"env_steps": 1500, "pricing": "worst-case"},
-                             test={"episodes": 3}, gate={"validation_episodes": 3}, execution={"workers": 1})
-    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "tiny", "--no-report")
-    assert res.exit_code == 1, res.output
-    assert "no room for a single generation" in res.output and "raise [budget] env_steps" in res.output
-    events = read_events(tmp_path / "runs" / "tiny")
-    assert not events_of(events, EventType.GENERATION_FINISHED) and project(events).status == "finished"
 
 
 @pytest.mark.parametrize("damage", ["nan", "text"])
