@@ -140,3 +140,7 @@ def test_without_a_diagnoser_time_outs_are_apart_from_ends_below_the_threshold()
     assert modes == {"time-out": 4, "ended below the success threshold": 3}
     assert "- endings: 6 terminated, 4 time-outs (truncated), 0 errored" in crit.text
     assert "failure modes (errored or unsuccessful episodes)" in crit.text
+    last_step = Episode(30, -90.0, 200, True, True, False, diagnostics={"final_observation": [0.5, 0.0]})
+    both = Critic().critique(Evaluation("c", "test", (*eps, last_step)))
+    assert "- endings: 7 terminated, 5 time-outs (truncated; 1 of them also terminated, on the last step), " \
+           "0 errored" in both.text  # the counts add up to more than the episodes: say why

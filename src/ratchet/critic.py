@@ -367,8 +367,10 @@ def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float,
                      "episodes the task labels as failed) count as failures")
     eps = evaluation.episodes
     if eps:  # how episodes ended, apart from success: fewer time-outs can come with a lower success rate
+        both = sum(e.terminated and e.truncated for e in eps)  # Gymnasium sets both when it ends on the last step
         lines.append(f"- endings: {sum(e.terminated for e in eps)} terminated, {sum(e.truncated for e in eps)} "
-                     f"time-outs (truncated), {sum(e.error is not None for e in eps)} errored")
+                     f"time-outs (truncated{f'; {both} of them also terminated, on the last step' if both else ''}), "
+                     f"{sum(e.error is not None for e in eps)} errored")
     if modes:
         lines.append("- failure modes (errored or unsuccessful episodes):" if stats["success_rate"] is not None
                      else "- failure modes:")
