@@ -32,6 +32,9 @@ def test_names_the_causes_in_numbers():
     assert "2 generation(s) skipped the gate because validation would exceed [gate] max_share = 0.3" in text
     assert "2 gated candidate(s) were rejected, 2 of them with a positive mean gain (+20.5 to +24)" in text
     assert "validation_episodes (now 8)" in text
+    assert '[refiner] restarts = "rescue" starts CMA-ES again at the start' in text  # nothing was promoted
+    once = "\n".join(run_advice(_state(notes, gates, promotions=[{}])))
+    assert "did not beat the incumbent" in once and "rescue" not in once  # a search that beat the start once
 
 
 def test_quiet_when_the_run_promoted_often():

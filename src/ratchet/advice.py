@@ -89,9 +89,14 @@ def run_advice(state: Any) -> list[str]:
             where = "[[refiners]] sigma0" if tables else "[refiner] sigma0"
             step = (f"try a smaller {where} (now {sigma0:g}) for local steps, "
                     if tables or not spec.get("refiners") else "")
+            table = "[[refiners]]" if tables else "[refiner]"
+            rescue = (f"; nothing was promoted: {table} restarts = \"rescue\" starts CMA-ES again at the start when "
+                      f"neither its samples nor its mean beat it for {table} stagnation generations"
+                      if step and not state.promotions and (tables[0] if tables else refiner).get("restarts", "none")
+                      in ("none", "ipop") else "")
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
                        f"the search is not finding better candidates: {step}more [planner] train_episodes for less "
-                       "noisy ranking" + (", or wider parameter bounds" if step else ""))
+                       "noisy ranking" + (", or wider parameter bounds" if step else "") + rescue)
         # refused for want of evidence: not those a guard refused after the test passed (a game's cycle guards)
         rejected = [g for g in state.gates if not g.get("promoted") and not (
             isinstance(g.get("p_value"), (int, float)) and isinstance(g.get("alpha"), (int, float))
