@@ -201,6 +201,15 @@ def main() -> None:
         budgets[k] = int(v)
     seeds = [int(x) for x in args.seeds.split(",")]
     comps = args.competitors.split(",")
+    unknown = [c for c in comps if c not in COMPETITORS]
+    if unknown:
+        ap.error(f"--competitors: unknown {', '.join(unknown)}; choose from {', '.join(COMPETITORS)}")
+    if any(c.startswith("optuna") for c in comps) and not args.table_only:
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            ap.error("the optuna competitors need Optuna and cmaes: .venv/bin/pip install -e '.[bench]' "
+                     "(or leave them out of --competitors)")
     results, done = [], {}
     if args.results and Path(args.results).exists():
         for line in Path(args.results).read_text().splitlines():
