@@ -16,7 +16,8 @@ from ratchet.policy import Candidate
 from ratchet.refiners.base import Refiner
 from ratchet.spec import BudgetSpec
 
-__all__ = ["NO_GENERATION", "Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Stop", "StopKind", "Usage", "WeaknessPool"]
+__all__ = ["NO_GENERATION", "Budget", "IncumbentPlanner", "Plan", "Pricing", "SeedSplits", "Stop", "StopKind", "Usage",
+           "WeaknessPool"]
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 

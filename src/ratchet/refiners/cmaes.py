@@ -43,8 +43,9 @@ class CMAESSettings(BaseModel):
         "none", description="\"ipop\" (IPOP-CMA-ES): restart from the incumbent with a doubled population after "
                             "`stagnation` generations without a better best training score; \"local\": restart from "
                             "the incumbent with the same population after `stagnation` generations in which neither a "
-                            "sample nor the distribution's mean beat the incumbent on the generation's training seeds (the search has left the "
-                            "incumbent's basin and found nothing better); \"rescue\": as \"local\", but only while "
+                            "sample nor the distribution's mean beat the incumbent on the generation's training seeds "
+                            "(the search has left the incumbent's basin and found nothing better); \"rescue\": as "
+                            "\"local\", but only while "
                             "nothing has been promoted (the incumbent is still the start), so a search that once "
                             "beat the start is never cut short.")
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without progress before a restart "
@@ -88,8 +89,9 @@ class CMAESRefiner(Refiner):
     Increasing Population Size", CEC 2005). With ``restarts="local"`` it restarts from the incumbent with the
     initial step size and the same population (a fresh sample stream) when neither a sample nor the distribution's
     mean (:meth:`recommend`, evaluated beside them) has beaten the incumbent on the generation's own training seeds
-    for ``stagnation`` generations: the search left the incumbent's basin for a worse one (on BipedalWalker, a walker that stands still scores about 0 where the start's falls score about
-    -100 and its walks 250, so a search whose first samples all fall can settle on standing still). The
+    for ``stagnation`` generations: the search left the incumbent's basin for a worse one (on BipedalWalker, a
+    walker that stands still scores about 0 where the start's falls score about -100 and its walks 250, so a search
+    whose first samples all fall can settle on standing still). The
     incumbent then runs on every generation's training seeds (``reference=True``). ``restarts="rescue"`` is
     ``"local"`` for as long as the incumbent is the start (the first parent) and no restart after the first
     promotion: it rescues a search that never found the start's basin without restarting one that is slowly
@@ -309,7 +311,7 @@ class CMAESRefiner(Refiner):
         """A population of samples plus the distribution mean (:meth:`recommend`); twice the population when an
         IPOP restart is due (the next :meth:`propose` restarts with it). CMA-ES ranks its samples by their own training
         means, so it needs no paired reference (``reference=False``) unless ``restarts="local"`` compares them
-        with the incumbent."""
+        with the incumbent (``"rescue"``: until the first promotion)."""
         ipop_due = self._restart_due and self.restarts == "ipop"
         return GenerationCost(proposals=self.population_size * (2 if ipop_due else 1), recommends=True,
                               reference=self.restarts in ("local", "rescue") and self._rescuing)
