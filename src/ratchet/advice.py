@@ -85,15 +85,12 @@ def run_advice(state: Any) -> list[str]:
         head = f"{len(state.promotions)} promotion(s) in {n} generation(s)"
         if screened >= max(1, n // 2):
             tables = [t for t in spec.get("refiners") or [] if t.get("kind") == "cmaes"]
-            sigma0 = (tables[0] if tables else refiner).get("sigma0", 0.2)
-            where = "[[refiners]] sigma0" if tables else "[refiner] sigma0"
-            step = (f"try a smaller {where} (now {sigma0:g}) for local steps, "
+            cmaes, table = (tables[0], "[[refiners]]") if tables else (refiner, "[refiner]")
+            step = (f"try a smaller {table} sigma0 (now {cmaes.get('sigma0', 0.2):g}) for local steps, "
                     if tables or not spec.get("refiners") else "")
-            table = "[[refiners]]" if tables else "[refiner]"
             rescue = (f"; nothing was promoted: {table} restarts = \"rescue\" starts CMA-ES again at the start when "
                       f"neither its samples nor its mean beat it for {table} stagnation generations"
-                      if step and not state.promotions and (tables[0] if tables else refiner).get("restarts", "none")
-                      in ("none", "ipop") else "")
+                      if step and not state.promotions and cmaes.get("restarts", "none") in ("none", "ipop") else "")
             out.append(f"{head}: in {screened} the best contender did not beat the incumbent on the training seeds; "
                        f"the search is not finding better candidates: {step}more [planner] train_episodes for less "
                        "noisy ranking" + (", or wider parameter bounds" if step else "") + rescue)

@@ -386,7 +386,8 @@ class IncumbentPlanner:
 
 #: How the stop reason of a run whose budget could not buy one generation begins (the CLI exits 1: nothing was
 #: refined, and the reason says which budget to raise).
-NO_GENERATION = "budget: no room for a single generation"
+_FIRST = "a single generation"
+NO_GENERATION = f"budget: no room for {_FIRST}"
 
 
 class Pricing:
@@ -470,7 +471,7 @@ class Pricing:
         """Why no further generation (``first``: not even one) fits the budget, in numbers, naming the
         budget that binds (``training``: env steps of the refiner's training jobs in a generation; ``longest``: the
         longest mean episode length seen, which prices the gate)."""
-        what = NO_GENERATION.removeprefix("budget: no room for ") if first else "another generation"
+        what = _FIRST if first else "another generation"
         episodes = n_candidates * self.train_episodes
         b, u = self.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")

@@ -45,9 +45,8 @@ class CMAESSettings(BaseModel):
                             "the incumbent with the same population after `stagnation` generations in which neither a "
                             "sample nor the distribution's mean beat the incumbent on the generation's training seeds "
                             "(the search has left the incumbent's basin and found nothing better); \"rescue\": as "
-                            "\"local\", but only while "
-                            "nothing has been promoted (the incumbent is still the start), so a search that once "
-                            "beat the start is never cut short.")
+                            "\"local\", but only while nothing has been promoted (the incumbent is still the start), "
+                            "so a search that once beat the start is never cut short.")
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without progress before a restart "
                                                                 "(see `restarts`).",
                             json_schema_extra={"unit": "generations"})
@@ -91,10 +90,9 @@ class CMAESRefiner(Refiner):
     mean (:meth:`recommend`, evaluated beside them) has beaten the incumbent on the generation's own training seeds
     for ``stagnation`` generations: the search left the incumbent's basin for a worse one (on BipedalWalker, a
     walker that stands still scores about 0 where the start's falls score about -100 and its walks 250, so a search
-    whose first samples all fall can settle on standing still). The
-    incumbent then runs on every generation's training seeds (``reference=True``). ``restarts="rescue"`` is
-    ``"local"`` for as long as the incumbent is the start (the first parent) and no restart after the first
-    promotion: it rescues a search that never found the start's basin without restarting one that is slowly
+    whose first samples all fall can settle on standing still). The incumbent then runs on every generation's
+    training seeds (``reference=True``). ``restarts="rescue"`` is ``"local"`` for as long as the incumbent is the
+    start (the first parent) and no restart after the first promotion: it rescues a search that never found the start's basin without restarting one that is slowly
     refining a tuned incumbent (where its samples lose to the incumbent for many generations in a row as a matter
     of course); its reference runs stop with the first promotion.
 
@@ -214,7 +212,7 @@ class CMAESRefiner(Refiner):
             self._follow_structure(parent)
         if not self.program.parameters:
             return []
-        if self._restart_due and self.restarts == "rescue" and self._start_id not in (None, parent.id):
+        if self._restart_due and self.restarts == "rescue" and parent.id != self._start_id:
             self._restart_due = False  # a promotion came first: the search found a basin after all
         if self._es is None or self._restart_due:
             if self._restart_due:  # restart from the incumbent: IPOP-CMA-ES doubles the population
