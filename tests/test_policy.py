@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import math
 import re
+from pathlib import Path
 
 import pytest
 from conftest import DATA, data_source
@@ -326,3 +327,23 @@ def test_spec_file_given_as_policy(tmp_path):
     f.write_text("[task]\nenv_id = 'CartPole-v1'\n")
     with pytest.raises(PolicyError, match="not a policy"):
         load_policy(f)
+
+
+def test_the_windy_lander_policy_with_its_defaults_is_gymnasiums_heuristic():
+    """examples/lunar_lander_windy starts from Gymnasium's own heuristic: with every PARAMETERS default, act() gives
+    the heuristic's action exactly, in flight and after a leg touches down, so the run's start is that controller."""
+    import gymnasium as gym
+    import numpy as np
+    from gymnasium.envs.box2d.lunar_lander import heuristic
+
+    prog = load_policy(Path(__file__).resolve().parents[1] / "examples" / "lunar_lander_windy" / "policy.py")
+    policy = compile_policy(prog.source)
+    env = gym.make("LunarLander-v3", continuous=True, enable_wind=True, wind_power=20.0, turbulence_power=2.0)
+    rng = np.random.default_rng(0)
+    observations = [rng.uniform(-1.5, 1.5, size=8) for _ in range(200)]
+    for o in observations[:100]:  # legs: none, one, the other, both
+        o[6], o[7] = float(rng.integers(2)), float(rng.integers(2))
+    for o in observations[100:]:
+        o[6] = o[7] = 0.0
+    for o in observations:
+        np.testing.assert_array_equal(policy.act(o, dict(prog.defaults)), heuristic(env, o))
