@@ -144,3 +144,5 @@ def test_without_a_diagnoser_time_outs_are_apart_from_ends_below_the_threshold()
     both = Critic().critique(Evaluation("c", "test", (*eps, last_step)))
     assert "- endings: 7 terminated, 5 time-outs (truncated; 1 of them also terminated, on the last step), " \
            "0 errored" in both.text  # the counts add up to more than the episodes: say why
+    modes = {m.label: m.count for m in both.failure_modes}  # it ended by the env's rule on its last step: no time-out
+    assert modes == {"time-out": 4, "ended below the success threshold": 4}

@@ -119,3 +119,16 @@ def test_mountain_car_labels_say_whether_the_goal_was_reached():
     assert mountain_car(ep(1, -130, obs=[0.52, 0.01])) == ["reached the goal, return below the success threshold"]
     assert mountain_car(ep(2, -200, term=False, trunc=True, obs=[-0.5, 0.0])) == ["time-out before reaching the goal"]
     assert mountain_car(ep(3, 0, error="policy raised ValueError: x")) == ["error"]
+
+
+def test_an_episode_that_ends_on_the_time_limits_last_step_is_named_by_how_the_task_ended():
+    """Gymnasium sets terminated and truncated together when the task ends on the limit's last step: the task's
+    own ending names it (a crash, the goal, the end of the course), never a time-out."""
+    from ratchet.diagnosers import mountain_car
+
+    last = {"term": True, "trunc": True}
+    assert lunar_lander(ep(1, -150, **last, obs=[0.1, 0, 0, 0, 0, 0, 0, 0], final=-100)) == ["crashed"]
+    assert cartpole(ep(2, 499, **last, obs=[0.1, 0, 0.25, 0])) == ["pole fell"]
+    assert bipedal_walker(ep(3, 150, **last, obs=[0, 0, 0.001] + [0] * 21, final=0.3)) == ["reached the end, low score"]
+    assert mountain_car(ep(4, -999, **last, obs=[0.52, 0.01])) == ["reached the goal, return below the success threshold"]
+    assert Episode(5, 0.0, 10, True, True).timed_out is False and Episode(6, 0.0, 10, False, True).timed_out

@@ -43,7 +43,7 @@ def lunar_lander(ep: Episode) -> list[str]:
         return ["error"]
     obs = _obs(ep)
     x = obs[0] if obs else 0.0
-    if ep.truncated:
+    if ep.timed_out:
         return ["hovered until time-out"]
     final = ep.diagnostics.get("final_reward")
     if final is None and ep.terminated and len(obs) >= 8:  # ledgers written before final_reward was recorded
@@ -60,7 +60,7 @@ def cartpole(ep: Episode) -> list[str]:
     """CartPole: the episode ends when ``|x| > 2.4`` (cart left the track) or ``|θ| > 12°`` (pole fell)."""
     if ep.error:
         return ["error"]
-    if ep.truncated:
+    if ep.timed_out:
         return ["time-out"]
     obs = _obs(ep)
     if obs and abs(obs[0]) > 2.4:
@@ -76,9 +76,9 @@ def bipedal_walker(ep: Episode) -> list[str]:
     if ep.terminated and ep.diagnostics.get("final_reward") == -100:
         return ["fell"]
     obs = _obs(ep)
-    if ep.truncated and obs and abs(obs[2]) < 0.02:
+    if ep.timed_out and obs and abs(obs[2]) < 0.02:
         return ["stalled"]
-    if ep.truncated:
+    if ep.timed_out:
         return ["time-out"]
     return ["reached the end, low score"]
 
@@ -93,7 +93,7 @@ def mountain_car(ep: Episode) -> list[str]:
     """
     if ep.error:
         return ["error"]
-    if ep.truncated:
+    if ep.timed_out:
         return ["time-out before reaching the goal"]
     return ["reached the goal, return below the success threshold"]
 

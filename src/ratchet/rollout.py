@@ -43,6 +43,12 @@ class Episode:
     error: str | None = None
     diagnostics: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
+    @property
+    def timed_out(self) -> bool:
+        """The time limit ended it and the task did not: ``truncated`` and not ``terminated``. Gymnasium sets both
+        when the task ends on the limit's last step (a crash, a fall, the goal): that ending is the task's own."""
+        return self.truncated and not self.terminated
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {"seed": self.seed, "episode_return": self.episode_return, "length": self.length,

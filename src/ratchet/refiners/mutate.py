@@ -164,10 +164,10 @@ class _Space:
 
     def see(self, evaluations: Sequence[Evaluation]) -> None:
         """Widen ``seen_low``/``seen_high`` by the final observations (``diagnostics["final_observation"]``)
-        of the episodes the time limit cut (``truncated``): such an episode ends in a state it was passing
-        through, while one that terminated (or errored) ends where it failed or succeeded, at the edge of
-        what it visited. Entries of another length or non-finite ones are skipped."""
-        rows = [ep.diagnostics.get("final_observation") for ev in evaluations for ep in ev.episodes if ep.truncated]
+        of the episodes the time limit cut (:attr:`~ratchet.rollout.Episode.timed_out`): such an episode ends in a
+        state it was passing through, while one that terminated (or errored) ends where it failed or succeeded, at
+        the edge of what it visited. Entries of another length or non-finite ones are skipped."""
+        rows = [ep.diagnostics.get("final_observation") for ev in evaluations for ep in ev.episodes if ep.timed_out]
         vals = [np.asarray(r, dtype=np.float64) for r in rows if isinstance(r, (list, tuple)) and len(r) == self.obs_dim]
         vals = [v for v in vals if np.all(np.isfinite(v))]
         if not self.obs_dim or not vals:
