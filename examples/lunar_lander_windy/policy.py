@@ -5,9 +5,13 @@ Foundation; originally by Oleg Klimov for OpenAI Gym), continuous-action branch.
 tilt back toward the pad (proportional to horizontal offset and speed, clipped to ±0.4 rad), holds a
 hover height proportional to the horizontal offset, and turns the two PD demands into the main and
 side engine throttles; once a leg touches the ground it only damps the vertical speed. It was written
-for calm air: wind and turbulence push it off the pad and into the ground.
+for calm air: wind and turbulence push it off the pad and into the ground, and tip it over once a leg
+is down (the heuristic stops steering its tilt at touch-down).
 
-With the defaults below the policy is exactly Gymnasium's heuristic. ratchet's ``residual`` refiner
+The heuristic's gains and its tilt limit are parameters, and so is the gain its touch-down branch
+sets to zero: ``contact_angle_gain`` (0 in the heuristic) keeps steering the tilt
+toward upright after a leg touches down. With the defaults below the policy is exactly Gymnasium's
+heuristic (``tests/test_policy.py`` checks it action for action). ratchet's ``residual`` refiner
 keeps it as it is and learns a correction network added to its action.
 """
 import numpy as np
@@ -27,6 +31,8 @@ PARAMETERS = {
     "hover_d": {"default": 0.5, "low": 0.0, "high": 1.5},
     # after leg contact: hover_todo = -vy * contact_vy_gain
     "contact_vy_gain": {"default": 0.5, "low": 0.0, "high": 1.5},
+    # after leg contact: angle_todo = contact_angle_gain * (-angle * angle_p - angular_speed * angle_d)
+    "contact_angle_gain": {"default": 0.0, "low": 0.0, "high": 1.5},
 }
 
 
@@ -39,6 +45,6 @@ def act(observation, params):
     angle_todo = (angle_targ - s[4]) * params["angle_p"] - s[5] * params["angle_d"]
     hover_todo = (hover_targ - s[1]) * params["hover_p"] - s[3] * params["hover_d"]
     if s[6] or s[7]:  # legs have contact
-        angle_todo = 0.0
+        angle_todo = params["contact_angle_gain"] * (-s[4] * params["angle_p"] - s[5] * params["angle_d"])
         hover_todo = -s[3] * params["contact_vy_gain"]
     return np.clip(np.array([hover_todo * 20 - 1, -angle_todo * 20]), -1, +1)
