@@ -313,8 +313,9 @@ class _Run(RunServices):
         gain = sl.expected_gain(lead)
         power = gate_power(gain, lead.confirmed_sd if lead.confirmed_sd is not None else sl.spread(), n_val, level)
         if gain <= 0 or (not final and power < want):
-            return None, (f"confirmed on fresh training seeds: best gain {gain:+.2f} "
-                          f"(power {power:.2f})" + ("" if final else "; search goes on")), None, inc_val, None
+            why = "no gain to certify" if gain <= 0 else "too little power to certify it"
+            return None, (f"not gated, {why}: the best candidate's gain over the incumbent on fresh training seeds "
+                          f"{gain:+.2f} (power {power:.2f})" + ("" if final else "; search goes on")), None, inc_val, None
         cap = self.final_validation(lead.length, lead.length_sd) if final else None
         if cap is not None and cap < 2:
             return None, "the env-step budget left cannot pay for the final validation", None, inc_val, None
