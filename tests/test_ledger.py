@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import sqlite3
@@ -77,6 +78,26 @@ def test_appends_are_durable_without_close(tmp_path):
     led = SQLiteLedger(path, create=False)
     assert [e.payload["i"] for e in led.read()] == [0, 1, 2]
     led.close()
+
+
+def test_reopening_a_ledger_with_a_damaged_write_ahead_log_leaves_its_files_as_they_were(tmp_path):
+    # a run killed before its first checkpoint keeps every event in ledger.sqlite-wal; a damaged log must not be
+    # dropped by a resume that cannot read it (SQLite deletes a log that fails its checksums when it closes)
+    path = tmp_path / "ledger.sqlite"
+    code = ("import os; from ratchet.ledger import SQLiteLedger, EventType; "
+            f"led = SQLiteLedger({str(path)!r}); "
+            "[led.append(EventType.GENERATION_FINISHED, f'generation/{i}', {'i': i}) for i in range(3)]; "
+            "os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    wal = tmp_path / "ledger.sqlite-wal"
+    data = bytearray(wal.read_bytes())
+    data[40] ^= 0xFF  # the log header's checksum no longer matches
+    wal.write_bytes(bytes(data))
+    with pytest.raises(LedgerError, match="not a readable ratchet ledger") as info:
+        SQLiteLedger(path, create=False)
+    del info
+    gc.collect()  # any connection the failed open left behind is closed by now
+    assert wal.read_bytes() == bytes(data)
 
 
 def test_create_false_on_missing_file(tmp_path):

@@ -61,6 +61,15 @@ def _type_filter(types: Collection[EventType] | None) -> tuple[str, list[str]]:
     return (f" AND type IN ({', '.join('?' * len(names))})", names) if names else (" AND 0", [])
 
 
+def _restore_wal(path: Path, saved: bytes | None) -> None:
+    """Write ``path``'s write-ahead log back as ``saved`` (its bytes before a connection that could not read the
+    ledger): SQLite drops a log whose checksums fail when its last connection closes, and that log may hold every
+    event of a run killed before its first checkpoint. Nothing to do without a log before or when it is unchanged."""
+    wal = Path(f"{path}-wal")
+    if saved is not None and (not wal.is_file() or wal.read_bytes() != saved):
+        wal.write_bytes(saved)
+
+
 class SQLiteLedger:
     """Append-only event log in a SQLite file.
 
@@ -96,9 +105,16 @@ class SQLiteLedger:
             else:
                 if create:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
+                wal = Path(f"{self.path}-wal")
+                saved = wal.read_bytes() if not create and wal.is_file() else None
                 self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
                 if not create:  # an existing ledger must already be one: never write a schema into another file
-                    self._db.execute("SELECT seq, type, key, time, payload FROM events LIMIT 1").fetchall()
+                    try:
+                        self._db.execute("SELECT seq, type, key, time, payload FROM events LIMIT 1").fetchall()
+                    except sqlite3.Error:  # unreadable: leave its files as they were
+                        self._db.close()
+                        _restore_wal(self.path, saved)
+                        raise
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(_SCHEMA)
