@@ -45,6 +45,8 @@ def test_gate_power_is_the_normal_approximation():
     assert gate_power(0.0, 1.0, 100, 0.05) == pytest.approx(0.05, abs=1e-9)
     assert gate_power(1.0, 0.0, 10, 0.05) == 1.0 and gate_power(-1.0, 0.0, 10, 0.05) == 0.0
     assert gate_power(1.0, 1.0, 1, 0.05) == 0.0  # no test on one seed
+    # a level so small that 1 - level rounds to 1.0 (gate.alpha = 1e-17 is a valid setting): a tiny power, no error
+    assert 0.0 < gate_power(2.0, 1.0, 4, 1e-17) < gate_power(2.0, 1.0, 4, 0.05)
 
 
 def test_the_shortlist_keeps_the_best_ranks_by_expected_gain_and_confirms_paired():

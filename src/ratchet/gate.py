@@ -408,7 +408,7 @@ def group_sequential_level(alpha: float, n: int, n_prev: int, cap: int) -> float
     Source: K. K. G. Lan and D. L. DeMets, "Discrete sequential boundaries for clinical trials", Biometrika 70(3),
     1983; P. C. O'Brien and T. R. Fleming, "A multiple testing procedure for clinical trials", Biometrics 35, 1979.
     """
-    z = _NORMAL.inv_cdf(1 - alpha / 2)
+    z = -_NORMAL.inv_cdf(alpha / 2)  # z_{1-α/2}, exact for the tiniest alpha too
 
     def spent(t: float) -> float:
         return 0.0 if t <= 0 else 2 - 2 * _NORMAL.cdf(z / math.sqrt(min(t, 1.0)))

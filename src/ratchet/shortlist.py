@@ -68,7 +68,7 @@ def gate_power(gain: float, sd: float, n: int, level: float) -> float:
         return 0.0
     if sd <= 0:
         return 1.0 if gain > 0 else 0.0
-    return _NORMAL.cdf(gain * math.sqrt(n) / sd - _NORMAL.inv_cdf(1.0 - level))
+    return _NORMAL.cdf(gain * math.sqrt(n) / sd + _NORMAL.inv_cdf(level))  # z_{1-level} = -z_{level}, also at 1e-17
 
 
 @dataclass
