@@ -60,7 +60,7 @@ def test_two_cmaes_tables_share_a_run(tmp_path):
         "def act(o, p):\n    return int(o[2] + p['k'] * o[3] > 0)\n")
     spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 120},
                            "gate": {"validation_episodes": 8}, "test": {"episodes": 4},
-                           "refiner": {"train_episodes": 2, "popsize": 4},
+                           "refiner": {"train_episodes": 2},
                            "refiners": [{"kind": "cmaes", "name": "narrow", "sigma0": 0.05, "popsize": 4},
                                         {"kind": "cmaes", "name": "wide", "sigma0": 0.8, "popsize": 4}],
                            "execution": {"workers": 1}}, tmp_path)

@@ -329,3 +329,28 @@ def test_an_episode_budget_counts_the_confirmation_kept_by_decide_end(tmp_path):
     spec_error(tmp_path, MINIMAL + '[planner]\ndecide = "end"\ntrain_episodes = 2\n' + sized,
                "[budget] episodes = 100 cannot pay for a single generation", "+ 30 for a round of confirmation = 106")
     assert load_spec(write(tmp_path, MINIMAL + "[planner]\ntrain_episodes = 2\n" + sized))  # "every" keeps none
+
+
+def test_refiner_settings_beside_refiners_tables_are_refused_naming_the_key_to_set(tmp_path):
+    """With [[refiners]] tables the run's refiners are those tables: a [refiner] setting would be silently ignored,
+    so the file, or the --set that brings one in, is refused in one line naming refiners.N.<key>."""
+    d = make_spec_dir(tmp_path / "s")  # its [refiner] table holds train_episodes only: the planner's, allowed
+    with open(d / "ratchet.toml", "a", encoding="utf-8") as f:
+        f.write('\n[[refiners]]\nkind = "cmaes"\nsigma0 = 0.3\n')
+    assert load_spec(d, ["refiner.train_episodes=3"]).planner.train_episodes == 3
+    with pytest.raises(SpecError, match=r"^--set 'refiner.popsize=4': \[refiner\] popsize has no effect: .*"
+                                        r"refiners\.0\.popsize"):
+        load_spec(d, ["refiner.train_episodes=3", "refiner.popsize=4"])
+    text = (d / "ratchet.toml").read_text(encoding="utf-8")
+    (d / "ratchet.toml").write_text(text.replace("[refiner]\n", "[refiner]\nsigma0 = 0.5\n"), encoding="utf-8")
+    with pytest.raises(SpecError, match=r"ratchet\.toml: \[refiner\] sigma0 has no effect"):
+        load_spec(d)
+    assert load_spec(make_spec_dir(tmp_path / "plain"), ["refiner.popsize=4"]).refiner.popsize == 4
+
+
+def test_spending_every_with_a_fixed_sample_test_says_which_tests_take_it(tmp_path):
+    d = make_spec_dir(tmp_path / "s")
+    with pytest.raises(SpecError, match=r"^--set 'gate.spending=every': \[gate\] spending = \"every\" is for the "
+                                        r"sequential tests \(test = \"betting\" or \"group-t\"\)"):
+        load_spec(d, ["gate.spending=every"])
+    assert load_spec(d, ["gate.spending=every", "gate.test=betting"]).gate.spending == "every"

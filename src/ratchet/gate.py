@@ -243,6 +243,9 @@ class PairedTestGate:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if test not in ("t", "wilcoxon"):
             raise ValueError(f"test must be \"t\" or \"wilcoxon\", got {test!r}")
+        if spending == "every":
+            raise ValueError(f"[gate] spending = \"every\" is for the sequential tests (test = \"betting\" or "
+                             f"\"group-t\"); with test = {test!r} use \"harmonic\" (run-wide) or \"none\"")
         if spending not in ("harmonic", "none"):
             raise ValueError(f"spending must be \"harmonic\" or \"none\", got {spending!r}")
         if max_new_failures is not None and not 0.0 <= max_new_failures <= 1.0:

@@ -441,6 +441,12 @@ class Pricing:
         n = self.validation_episodes + self.confirmation_episodes
         return n * self.episode_price(longest), n
 
+    def _levers(self) -> str:
+        """The settings that size a generation and its kept decision, in words (the end of a no-room message)."""
+        kept = "[gate] validation_episodes" + (", [planner] confirm_top / confirm_episodes" if self.confirmation_episodes
+                                               else "")
+        return f"[refiner] popsize (refiners.N.popsize with [[refiners]]) / [planner] train_episodes / {kept}"
+
     def _kept(self) -> str:
         """What the reserve of :meth:`gate_reserve` pays for, in words."""
         if self.confirmation_episodes:
@@ -480,8 +486,8 @@ class Pricing:
                         f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
                         f"{self.train_episodes} training episodes, and {self.gate_reserve(longest)[1]} for its "
                         f"gate; {spent} used {u.episodes} of "
-                        f"[budget] episodes = {b.episodes})" + ("; raise [budget] episodes or lower [refiner] popsize / "
-                                                                 "[planner] train_episodes" if first else ""))
+                        f"[budget] episodes = {b.episodes})" + (f"; raise [budget] episodes or lower {self._levers()}"
+                                                                 if first else ""))
         price = self.episode_price(est_len)
         cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve(longest)[0] + training
         unit = self.planner.unit
@@ -492,8 +498,8 @@ class Pricing:
                     f"budget: no room for {what} (up to {cost:,.0f} {unit}: {n_candidates} candidates × "
                     f"{self.train_episodes} training episodes × {per}{trained}, and {self._kept()}; "
                     f"{spent} used {u.env_steps:,} of "
-                    f"[budget] env_steps = {b.env_steps:,})" + ("; raise [budget] env_steps or lower [refiner] popsize / "
-                                                                "[planner] train_episodes" if first else ""))
+                    f"[budget] env_steps = {b.env_steps:,})" + (f"; raise [budget] env_steps or lower {self._levers()}"
+                                                                if first else ""))
 
     def spare(self, n_candidates: int, est_len: float, reserve: tuple[float, int],
                      training: int) -> tuple[float, float]:

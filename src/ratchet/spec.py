@@ -700,6 +700,20 @@ class RunSpec(_Section):
 _MOVED_TO_PLANNER = ("train_episodes", "gate_candidate")
 
 
+def _refiner_beside_refiners(data: dict[str, Any]) -> str | None:
+    """Why a spec file's ``[refiner]`` settings would be ignored, or None: the run's refiners are its ``[[refiners]]``
+    tables when it has any (``train_episodes`` and ``gate_candidate``, the planner's, are allowed). Checked on the
+    file and its ``--set`` overrides only: a validated spec's own dump carries every ``[refiner]`` field."""
+    refiner, tables = data.get("refiner"), data.get("refiners")
+    if not isinstance(refiner, dict) or not isinstance(tables, list) or not tables:
+        return None
+    ignored = [k for k in refiner if k not in _MOVED_TO_PLANNER]
+    if not ignored:
+        return None
+    return (f"[refiner] {ignored[0]} has no effect: this spec's refiners are its [[refiners]] tables; set it in one "
+            f"of them (--set refiners.0.{ignored[0]}=…) and drop it from [refiner]")
+
+
 def _move_loop_settings(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with ``[refiner] train_episodes``/``gate_candidate`` copied to ``[planner]`` (see
     :func:`moved_settings`); :meth:`RunSpec._mirror_loop_settings` makes ``[refiner]`` read the planner's values.
@@ -926,6 +940,12 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     except (UnicodeDecodeError, OSError) as exc:
         raise SpecError(f"{p}: cannot read the spec as UTF-8 text ({type(exc).__name__}); give a ratchet.toml file") from None
     file_data, data = data, apply_overrides(data, overrides)
+    ignored = _refiner_beside_refiners(data)
+    if ignored:
+        brought = [o for o in overrides if o.partition("=")[0].strip().startswith("refiner.")
+                   and o.partition("=")[0].strip().removeprefix("refiner.") not in _MOVED_TO_PLANNER]
+        where = str(p) if _refiner_beside_refiners(file_data) or not brought else f"--set {brought[0]!r}"
+        raise SpecError(f"{where}: {ignored}")
     if notes is not None:
         notes += moved_settings(data)
     if seed is not None:
