@@ -806,6 +806,8 @@ def test_evaluate_on_explicit_seeds_with_a_specs_task(tmp_path, runner):
     assert res.exit_code == 0 and "over 2 episodes" in res.stdout and "60 env steps" in res.stdout  # capped at 30
     assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1",
                                  "--seeds", "1,x"), "'x' is not a whole number")
+    assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1",
+                                 "--seeds", str(tmp_path / "missing.txt")), "missing.txt: no such file")
     assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py"), "--env ID or", "--spec")
 
 

@@ -619,6 +619,8 @@ def _parse_seeds(text: str) -> list[int]:
         except (OSError, UnicodeDecodeError) as exc:
             raise RatchetError(f"--seeds {text}: cannot read the file ({type(exc).__name__})") from None
         source = "\n".join(line.split("#", 1)[0] for line in source.splitlines())  # '#' starts a comment
+    elif not any(ch.isdigit() for ch in text[:1]) and ("/" in text or "\\" in text or text.endswith((".txt", ".csv"))):
+        raise RatchetError(f"--seeds {text}: no such file; give seeds like 1,2,3 or a file of them")
     parts = [p for p in source.replace(",", " ").split() if p]
     try:
         out = [int(p) for p in parts]
