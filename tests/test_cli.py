@@ -186,6 +186,28 @@ def test_replay_matches_the_ledger(finished_run, runner):
         assert f"return {ep['episode_return']!r}" in res.stdout and f"ledger {ep['episode_return']!r}" in res.stdout
 
 
+def test_replaying_an_episode_that_errored_as_recorded_is_a_match(tmp_path, runner):
+    """An episode the ledger recorded as errored, replayed to the same error, return and length, reproduces it."""
+    import shutil
+
+    from ratchet.loop import open_ledger
+
+    d = tmp_path / "rz"
+    d.mkdir()
+    shutil.copy(DATA / "policy_raises.py", d / "policy.py")
+    (d / "ratchet.toml").write_text('name = "rz"\n[task]\nenv_id = "CartPole-v1"\n[policy]\npath = "policy.py"\n'
+                                    "[budget]\nenv_steps = 5000\n[gate]\nvalidation_episodes = 4\n[test]\n"
+                                    "episodes = 4\n[execution]\nworkers = 1\n", encoding="utf-8")
+    invoke(runner, "run", d, "--runs-dir", tmp_path / "runs", "--run-id", "rz", "--no-report")
+    run_dir = tmp_path / "runs" / "rz"
+    ledger = open_ledger(run_dir, readonly=True)
+    seed = next(e for e in ledger.read() if e.payload.get("split") == "test").payload["episodes"][0]["seed"]
+    ledger.close()
+    res = invoke(runner, "replay", run_dir, "--seed", seed)
+    assert res.exit_code == 0, res.output
+    assert "match: identical return and length, and the recorded error again: policy raised" in res.stdout
+
+
 def test_plain_lines_do_not_wrap_when_piped(finished_run):
     """Piped stdout (not a terminal, so Rich's 80 columns): a long result line stays one line."""
     import os

@@ -84,7 +84,10 @@ def test_missing_file(tmp_path):
 
 
 def test_directory_is_not_a_policy_file(tmp_path):
-    with pytest.raises(PolicyError, match="not found"):
+    with pytest.raises(PolicyError, match="not found: .* is a folder; give the .py file"):
+        load_policy(tmp_path)
+    (tmp_path / "policy.py").write_text("PARAMETERS = {}\ndef act(o, p):\n    return 0\n")
+    with pytest.raises(PolicyError, match=r"is a folder; .*\(e\.g\. .*policy\.py\)"):
         load_policy(tmp_path)
 
 

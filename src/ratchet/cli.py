@@ -694,12 +694,15 @@ def replay(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
         out.print(f"candidate {cand.id} seed {seed}: return {ep.episode_return!r} ({ep.length} {task.cost_unit}, "
                   f"terminated={ep.terminated}, truncated={ep.truncated}); ledger {recorded['episode_return']!r}",
                   soft_wrap=True)
-        if ep.error:
+        same = ep.episode_return == recorded["episode_return"] and ep.length == recorded["length"]
+        if ep.error and not (recorded.get("error") and same):  # an error the ledger recorded too is a reproduction
             raise ReplayMismatchError(f"replay failed: {ep.error}")
-        if ep.episode_return != recorded["episode_return"] or ep.length != recorded["length"]:
+        if not same:
             raise ReplayMismatchError(f"replay differs from the ledger: return {ep.episode_return!r} vs "
                                       f"{recorded['episode_return']!r}; check package versions against `ratchet show`")
-        out.print(Text.assemble(("match", "green"), ": identical return and length"))
+        out.print(Text.assemble(("match", "green"), ": identical return and length"
+                                + (f", and the recorded error again: {' '.join(str(ep.error).split())[:200]}"
+                                   if ep.error else "")))
         if video is not None:
             out.print(f"video: {video}", highlight=False, soft_wrap=True)
     except RatchetError as exc:
