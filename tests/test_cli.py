@@ -675,6 +675,9 @@ def test_an_env_step_budget_that_buys_no_generation_exits_1_and_says_which_budge
     assert not events_of(events, EventType.GENERATION_FINISHED) and project(events).status == "finished"
     show = invoke(runner, "show", tmp_path / "runs" / "small")
     assert "[budget] env_steps" in show.stdout
+    clock = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "clock", "--no-report",
+                   "--set", "budget.env_steps=100000", "--set", "budget.wall_clock_s=0.001")
+    assert clock.exit_code == 1 and "wall-clock budget used" in clock.stdout  # a wall clock that bought none, too
 
 
 # regression (was a bug): at 80 columns `ratchet runs` squeezed every column but the run id to nothing
