@@ -168,9 +168,9 @@ class Critic:
     Failing episodes are grouped by ``diagnose(episode)[0]`` when a diagnoser is given (see
     :mod:`ratchet.diagnosers`). Otherwise errored episodes are grouped by error text, and the other
     failing episodes by how they ended (a time-out, :attr:`~ratchet.rollout.Episode.timed_out`; or an end below
-    the success threshold, also on the time limit's last step: a goal reached too slowly is not a crash); each of those groups is clustered on its final observation with
-    k-means (scikit-learn; k in 2..4 chosen by silhouette score, one group when no clustering scores
-    above 0.25); each cluster is described by the two features whose cluster mean stands furthest, in
+    the success threshold, also on the time limit's last step: a goal reached too slowly is not a crash); each of
+    those groups is clustered on its final observation with k-means (scikit-learn; k in 2..4 chosen by silhouette
+    score, one group when no clustering scores above 0.25); each cluster is described by the two features whose cluster mean stands furthest, in
     standard deviations, from the evaluation's mean.
 
     Args:

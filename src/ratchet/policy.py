@@ -432,7 +432,8 @@ def load_policy(path: str | Path, *, dims: Mapping[str, int] | None = None,
     p = Path(path)
     if p.is_dir():
         inside = " (e.g. " + str(p / "policy.py") + ")" if (p / "policy.py").is_file() else ""
-        raise PolicyError(f"policy file not found: {p} is a folder; give the .py file defining PARAMETERS and act{inside}")
+        raise PolicyError(f"policy file not found: {p} is a folder; give the .py file defining PARAMETERS and "
+                          f"act{inside}")
     if not p.is_file():
         raise PolicyError(f"policy file not found: {p} (give the path to a .py file defining PARAMETERS and act)")
     if p.suffix in (".toml", ".json", ".yaml", ".yml"):
