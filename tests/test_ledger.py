@@ -67,14 +67,20 @@ def test_persistence_across_reopen(tmp_path):
     reopened.close()
 
 
-def test_appends_are_durable_without_close(tmp_path):
-    # a process that appends and dies without closing loses nothing it had recorded
-    path = tmp_path / "ledger.sqlite"
-    code = ("import os, sys; from ratchet.ledger import SQLiteLedger, EventType; "
+def _append_three_and_die(path):
+    """A process that appends three events to the ledger at ``path`` and exits without closing it (no checkpoint:
+    the events are in ``path``-wal)."""
+    code = ("import os; from ratchet.ledger import SQLiteLedger, EventType; "
             f"led = SQLiteLedger({str(path)!r}); "
             "[led.append(EventType.GENERATION_FINISHED, f'generation/{i}', {'i': i}) for i in range(3)]; "
             "os._exit(0)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_appends_are_durable_without_close(tmp_path):
+    # a process that appends and dies without closing loses nothing it had recorded
+    path = tmp_path / "ledger.sqlite"
+    _append_three_and_die(path)
     led = SQLiteLedger(path, create=False)
     assert [e.payload["i"] for e in led.read()] == [0, 1, 2]
     led.close()
@@ -84,11 +90,7 @@ def test_reopening_a_ledger_with_a_damaged_write_ahead_log_leaves_its_files_as_t
     # a run killed before its first checkpoint keeps every event in ledger.sqlite-wal; a damaged log must not be
     # dropped by a resume that cannot read it (SQLite deletes a log that fails its checksums when it closes)
     path = tmp_path / "ledger.sqlite"
-    code = ("import os; from ratchet.ledger import SQLiteLedger, EventType; "
-            f"led = SQLiteLedger({str(path)!r}); "
-            "[led.append(EventType.GENERATION_FINISHED, f'generation/{i}', {'i': i}) for i in range(3)]; "
-            "os._exit(0)")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    _append_three_and_die(path)
     wal = tmp_path / "ledger.sqlite-wal"
     data = bytearray(wal.read_bytes())
     data[40] ^= 0xFF  # the log header's checksum no longer matches
