@@ -896,6 +896,9 @@ def _blame_overrides(data: dict[str, Any], overrides: Sequence[str], seed: int |
         d = apply_overrides(data, items)
         if seed is not None:
             d["seed"] = seed
+        ignored = _refiner_beside_refiners(d)  # load_spec checks it first, before validation
+        if ignored:
+            return f"{where}: {ignored}"
         try:
             spec_from_dict(d, base_dir, where)
         except SpecError as exc:
@@ -942,10 +945,9 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     file_data, data = data, apply_overrides(data, overrides)
     ignored = _refiner_beside_refiners(data)
     if ignored:
-        brought = [o for o in overrides if o.partition("=")[0].strip().startswith("refiner.")
-                   and o.partition("=")[0].strip().removeprefix("refiner.") not in _MOVED_TO_PLANNER]
-        where = str(p) if _refiner_beside_refiners(file_data) or not brought else f"--set {brought[0]!r}"
-        raise SpecError(f"{where}: {ignored}")
+        message = f"{p}: {ignored}"
+        raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), message)
+                        if overrides else message)
     if notes is not None:
         notes += moved_settings(data)
     if seed is not None:

@@ -92,9 +92,10 @@ class CMAESRefiner(Refiner):
     walker that stands still scores about 0 where the start's falls score about -100 and its walks 250, so a search
     whose first samples all fall can settle on standing still). The incumbent then runs on every generation's
     training seeds (``reference=True``). ``restarts="rescue"`` is ``"local"`` for as long as the incumbent is the
-    start (the first parent) and no restart after the first promotion: it rescues a search that never found the start's basin without restarting one that is slowly
-    refining a tuned incumbent (where its samples lose to the incumbent for many generations in a row as a matter
-    of course); its reference runs stop with the first promotion.
+    start (the first parent) and no restart after the first promotion: it rescues a search that never found the
+    start's basin without restarting one that is slowly refining a tuned incumbent (where its samples lose to the
+    incumbent for many generations in a row as a matter of course); its reference runs stop with the first
+    promotion.
 
     Args:
         program: The policy whose ``PARAMETERS`` are searched.
