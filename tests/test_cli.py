@@ -854,6 +854,10 @@ def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner):
     (["evaluate", "examples/cartpole/policy.py", "--env", "CartPole-v1", "--episodes", "0"], "'--episodes'"),
     (["show"], "Missing argument 'RUN'"),
     (["bogus"], "No such command 'bogus'"),
+    # pathlib drops a trailing separator: these wrote a file named "newdir" (the run is not even opened)
+    (["export", "some-run", "-o", "newdir/"], "newdir/ names a folder; give a file name in it"),
+    (["report", "some-run", "-o", "newdir/"], "newdir/ names a folder"),
+    (["replay", "some-run", "--video", "clips/"], "clips/ names a folder"),
 ])
 def test_usage_errors_are_one_line_too(args, fragment):
     """Checks Typer makes itself (ranges, missing arguments, unknown commands) end like every other bad input:

@@ -49,6 +49,18 @@ out = Console(markup=False)
 err = Console(stderr=True, markup=False)
 _state: dict[str, Any] = {"debug": False}
 
+def _file_name(raw: str) -> Path:
+    """An output file option's value (``-o``, ``--video``): a name ending in a path separator names a folder, which
+    pathlib would silently turn into a file of that name.
+
+    Raises:
+        typer.BadParameter: ``raw`` ends with ``/`` (or ``\\``).
+    """
+    if raw.endswith(("/", "\\")):
+        raise typer.BadParameter(f"{raw} names a folder; give a file name in it")
+    return Path(raw)
+
+
 RUNS_DIR_OPT = typer.Option("runs", "--runs-dir", metavar="DIR", help="Folder holding run directories.")
 STORAGE_OPT = typer.Option(
     None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
@@ -475,7 +487,8 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
 
 @app.command()
 def report(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."), runs_dir: str = RUNS_DIR_OPT,
-           output: Path | None = typer.Option(None, "-o", "--output", help="Output file (default RUN/report.html)."),
+           output: Path | None = typer.Option(None, "-o", "--output", parser=_file_name, metavar="FILE",
+                                              help="Output file (default RUN/report.html)."),
            videos: bool = typer.Option(True, "--videos/--no-videos",
                                        help="Render one GIF per top failure mode (re-runs those episodes)."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
@@ -642,7 +655,8 @@ def _parse_seeds(text: str) -> list[int]:
 def replay(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
            seed: int = typer.Option(..., "--seed", help="Seed of a recorded episode."),
            candidate: str | None = typer.Option(None, "--candidate", help="Candidate id (or prefix); default the incumbent."),
-           video: Path | None = typer.Option(None, "--video", help="Also render the episode to a .gif or .mp4."),
+           video: Path | None = typer.Option(None, "--video", parser=_file_name, metavar="FILE",
+                                              help="Also render the episode to a .gif or .mp4."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --video file."),
            runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Re-run one recorded episode and check its return against the ledger, bit for bit."""
@@ -855,7 +869,7 @@ def critique(run: str = typer.Argument(..., metavar="RUN", help="Run id or run d
 
 @app.command()
 def export(run: str = typer.Argument(..., metavar="RUN", help="Run id or run directory."),
-           output: Path | None = typer.Option(None, "-o", "--output",
+           output: Path | None = typer.Option(None, "-o", "--output", parser=_file_name, metavar="FILE",
                                               help="File to write: the policy .py (program), the model .zip (sb3); an "
                                                    "mlp writes STEM.py + STEM.npz, a residual STEM.py + "
                                                    "STEM_correction.npz + STEM_residual.py."),
@@ -951,7 +965,7 @@ def correct(run: str = typer.Argument(..., metavar="RUN", help="Run id or run di
                                                 "policy)."),
             episodes: int | None = typer.Option(None, "--episodes", min=1, max=1000,
                                                    help="Episodes to play (default 5)."),
-            output: Path | None = typer.Option(None, "-o", "--output",
+            output: Path | None = typer.Option(None, "-o", "--output", parser=_file_name, metavar="FILE",
                                                   help="Also write the person's data set to this .npz file (the "
                                                        "ledger keeps it in any case); checked before anything is "
                                                        "played, written after the round is recorded."),
