@@ -60,17 +60,36 @@ def test_run_prints_results_and_writes_report(cli_run):
     assert st.final_decision and "final decision: " in res.stdout  # what the search's end decided, in one line
 
 
+def _tiny_spec(directory):
+    """A spec whose start already meets its target (any return): the run evaluates it and stops (about a second)."""
+    directory.mkdir(parents=True)
+    shutil.copy(DATA / "cartpole_linear.py", directory / "policy.py")
+    (directory / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n[gate]\nvalidation_episodes = 3\n'
+                                            '[budget]\ntarget = 0\n[test]\nepisodes = 3\n[execution]\nworkers = 1\n')
+    return directory
+
+
 def test_run_without_report(tmp_path, runner):
-    spec_dir = tmp_path / "s"
-    spec_dir.mkdir()
-    shutil.copy(DATA / "policy_no_params.py", spec_dir / "policy.py")
-    (spec_dir / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n[gate]\nvalidation_episodes = 3\n'
-                                           '[test]\nepisodes = 3\n[execution]\nworkers = 1\n')
+    spec_dir = _tiny_spec(tmp_path / "s")
     res = invoke(runner, "run", spec_dir / "ratchet.toml", "--runs-dir", tmp_path / "runs", "--run-id", "nr",
                  "--no-report")
     assert res.exit_code == 0, res.output
     assert not (tmp_path / "runs" / "nr" / "report.html").exists()
     assert (tmp_path / "runs" / "nr" / "ledger.sqlite").is_file()
+
+
+def test_a_run_with_nothing_to_refine_says_how_to_fix_it_and_exits_1(tmp_path, runner):
+    """A policy without PARAMETERS and the default cmaes refiner: the start is evaluated and recorded, the run
+    stops before any generation, and the stop names the fix (regression: exit 0, "policy declares no
+    parameters")."""
+    spec_dir = _tiny_spec(tmp_path / "s")
+    shutil.copy(DATA / "policy_no_params.py", spec_dir / "policy.py")
+    toml = spec_dir / "ratchet.toml"
+    toml.write_text(toml.read_text(encoding="utf-8").replace("target = 0", "env_steps = 5000"), encoding="utf-8")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "np", "--no-report")
+    assert res.exit_code == 1, res.output
+    assert "no parameters for cmaes to search; declare them in its PARAMETERS" in " ".join(res.stdout.split())
+    assert project(read_events(tmp_path / "runs" / "np")).status == "finished"
 
 
 # -- show / runs / report ------------------------------------------------------------------------
@@ -493,13 +512,6 @@ def test_env_setup_problems_fail_up_front(runner, tmp_path):
 
 # -- --storage: ledgers in a database ------------------------------------------------------------
 
-def _tiny_spec(directory):
-    """A spec whose policy declares no parameters: the run evaluates it and stops (about a second)."""
-    directory.mkdir(parents=True)
-    shutil.copy(DATA / "policy_no_params.py", directory / "policy.py")
-    (directory / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n[gate]\nvalidation_episodes = 3\n'
-                                            '[test]\nepisodes = 3\n[execution]\nworkers = 1\n')
-    return directory
 
 
 def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from ratchet.ledger.projection import project
 from ratchet.loop import eval_key, resume_run, start_run
 from ratchet.planner import SeedSplits
 from ratchet.policy import load_policy
+from ratchet.refiners.cmaes import NO_PARAMETERS
 from ratchet.rollout import Episode
 from ratchet.spec import load_spec
 
@@ -165,7 +166,7 @@ def test_policy_without_parameters_stops_at_once(tmp_path):
     spec = load_spec(make_spec_dir(tmp_path / "s", "policy_no_params.py", test={"episodes": 5},
                                    gate={"validation_episodes": 5}, execution={"workers": 1}))
     result = start_run(spec, tmp_path / "runs", "np")
-    assert result.stop_reason == "policy declares no parameters"
+    assert result.stop_reason == NO_PARAMETERS
     assert result.incumbent.id == result.test.candidate_id == result.baseline_test.candidate_id
     events = read_events(tmp_path / "runs" / "np")
     assert not events_of(events, EventType.GENERATION_FINISHED)

@@ -236,7 +236,8 @@ def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
     from ratchet.loop import BROKEN_START
     from ratchet.planner import NO_GENERATION
 
-    no_generation = state.stop_kind == "clock" and not state.generations  # [budget] wall_clock_s bought none
+    # [budget] wall_clock_s bought no generation, or no refiner could propose anything (e.g. no parameters)
+    no_generation = state.stop_kind in ("clock", "idle") and not state.generations
     if no_generation or str(state.stop_reason or "").startswith((BROKEN_START, NO_GENERATION)):  # bad input: say so
         raise typer.Exit(1)
 

@@ -12,7 +12,11 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate, PolicyProgram
 from ratchet.refiners.base import GenerationCost, Refiner
 
-__all__ = ["MIN_SIGMA0", "CMAESRefiner", "CMAESSettings"]
+__all__ = ["MIN_SIGMA0", "NO_PARAMETERS", "CMAESRefiner", "CMAESSettings"]
+
+#: Why a ``cmaes`` refiner has nothing to search (its :meth:`CMAESRefiner.idle_reason`), with the fix.
+NO_PARAMETERS = ("the policy declares no parameters for cmaes to search; declare them in its PARAMETERS "
+                 "(name -> {\"default\", \"low\", \"high\"}) or use a refiner that edits the code (mutate, llm)")
 
 #: Smallest initial step size accepted (fraction of a parameter's range).
 MIN_SIGMA0 = 1e-6
@@ -201,7 +205,7 @@ class CMAESRefiner(Refiner):
 
     def idle_reason(self) -> str | None:
         """Why this refiner cannot propose anything (None when it can)."""
-        return None if self.program.parameters else "policy declares no parameters"
+        return None if self.program.parameters else NO_PARAMETERS
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Ask pycma for one population (``popsize`` candidates) around the current distribution.
