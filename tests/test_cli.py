@@ -435,6 +435,8 @@ def test_critique_prints_failure_modes_and_intervals(finished_run, runner):
     assert res.exit_code == 0, res.output
     assert "95 % CI" in res.stdout and "failure modes" in res.stdout and "pole fell" in res.stdout
     assert "compared seed by seed with the incumbent" in res.stdout
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    assert lines[0].lstrip().startswith("Candidate ") and "compared seed by seed" in lines[-1]  # the header first
 
 
 def test_critique_json_is_structured(finished_run, runner):

@@ -862,10 +862,11 @@ def critique(run: str = typer.Argument(..., metavar="RUN", help="Run id or run d
     if as_json:
         sys.stdout.write(json.dumps(crit.to_dict(), indent=2) + "\n")
         return
-    if ref_ev is not None:
-        out.print(f"(compared seed by seed with {'the incumbent' if reference == st.incumbent_id else 'the starting policy'} "
-                  f"{reference})", highlight=False, soft_wrap=True)
     out.print(Markdown(clean(crit.text, None, multiline=True)))
+    if ref_ev is not None:  # under the critique it qualifies (its regressions), not above its header
+        out.print(f"(regressions: compared seed by seed with "
+                  f"{'the incumbent' if reference == st.incumbent_id else 'the starting policy'} {reference})",
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()
