@@ -850,7 +850,7 @@ def test_evaluate_on_explicit_seeds_with_a_specs_task(tmp_path, runner):
     assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py"), "--env ID or", "--spec")
 
 
-def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner):
+def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner, monkeypatch):
     res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "1,2",
                  "--episodes", "5")
     assert_one_line_error(res, "leave out --episodes and --seed")
@@ -861,6 +861,14 @@ def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner):
     res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", str(seeds),
                  "--workers", "1")
     assert res.exit_code == 0 and "over 2 episodes" in res.stdout, res.output
+    # told apart from a list by what the text can be, not by how a file name usually looks
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1",
+                                 "--seeds", "heldout"), "--seeds heldout: no such file")
+    (tmp_path / "7seeds").write_text("5 6 7\n", encoding="utf-8")
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "7seeds",
+                 "--workers", "1")
+    assert res.exit_code == 0 and "over 3 episodes" in res.stdout, res.output
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -628,14 +628,17 @@ def _parse_seeds(text: str) -> list[int]:
     path = Path(text)
     if path.is_dir():
         raise RatchetError(f"--seeds {text} is a folder; give seeds like 1,2,3 or a file of them")
-    if not any(ch.isdigit() for ch in text[:1]) and path.is_file():
+    # a file that exists, or a name that cannot be a list (no comma or space, not starting like a number)
+    listed = all(ch.isdigit() or ch in ",+-" or ch.isspace() for ch in text)
+    looks_listed = text[:1].isdigit() or text[:1] in "+-" or any(ch == "," or ch.isspace() for ch in text)
+    if not listed and (path.is_file() or not looks_listed):
         try:
             source = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RatchetError(f"--seeds {text}: no such file; give seeds like 1,2,3 or a file of them") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise RatchetError(f"--seeds {text}: cannot read the file ({type(exc).__name__})") from None
         source = "\n".join(line.split("#", 1)[0] for line in source.splitlines())  # '#' starts a comment
-    elif not any(ch.isdigit() for ch in text[:1]) and ("/" in text or "\\" in text or text.endswith((".txt", ".csv"))):
-        raise RatchetError(f"--seeds {text}: no such file; give seeds like 1,2,3 or a file of them")
     parts = [p for p in source.replace(",", " ").split() if p]
     try:
         out = [int(p) for p in parts]
