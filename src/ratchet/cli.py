@@ -161,7 +161,7 @@ def _success_rule(state) -> str | None:
     """What success means in a run, with the threshold's source; None where it has none."""
     from ratchet.tasks import success_rule_of
 
-    return success_rule_of(state.task or state.spec.get("task"))
+    return success_rule_of(state.task, state.spec.get("task"))
 
 
 @app.command()

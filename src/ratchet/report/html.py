@@ -106,7 +106,7 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
         return ""
     from ratchet.tasks import success_rule_of
 
-    rule = success_rule_of(state.task or state.spec.get("task"))
+    rule = success_rule_of(state.task, state.spec.get("task"))
     what = f"<p>Episodes that errored or missed success ({esc(rule)}), by how they ended.</p>" if rule else ""
     return "<h2>Failure modes on the test split, before vs after</h2>" + what + "".join(parts)
 
@@ -147,7 +147,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     if summary:
         from ratchet.tasks import success_rule_of
 
-        rule = success_rule_of(state.task or state.spec.get("task"))
+        rule = success_rule_of(state.task, state.spec.get("task"))
         parts.append("<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean return</th>"
                      "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(summary) + "</table>"
                      + (f"<p>success: {esc(rule)}</p>" if rule else ""))

@@ -184,12 +184,12 @@ def task_from_spec(table: Any) -> Task:
     return task
 
 
-def success_rule_of(task: Any) -> str | None:
-    """:meth:`Task.success_rule` of a task as a run recorded it (:meth:`Task.to_dict`) or of a spec's ``[task]``
-    table, or None: it defines no success, or it cannot be rebuilt here (a display never fails on it)."""
+def success_rule_of(recorded: Mapping[str, Any] | None, spec_table: Any = None) -> str | None:
+    """:meth:`Task.success_rule` of a task as a run recorded it (:meth:`Task.to_dict`), else of a spec's ``[task]``
+    table (a run recorded before its task was), or None: it defines no success, or it cannot be rebuilt here (a
+    display never fails on it)."""
     try:
-        built = task_from_dict(task) if isinstance(task, Mapping) and task.get("source") is not None \
-            else task_from_spec(task)
+        built = task_from_dict(recorded) if recorded else task_from_spec(spec_table)
         return built.success_rule()
     except (TaskError, KeyError, TypeError, AttributeError, ValueError):
         return None

@@ -28,6 +28,9 @@ class GymTask:
             here, so :attr:`step_limit` is always the limit episodes really have.
         description: What an episode's rewards and ending are, in words (``[task] description``), for
             :meth:`describe`; None takes them from the environment's documentation.
+        threshold_registered: Whether ``success_threshold`` is the env's registered ``reward_threshold`` (True) or
+            the user's (False), for :meth:`success_rule`; None (the default) decides from ``success_threshold``:
+            True when it is None and filled in from the registry, else False.
 
     Raises:
         TaskError: the id is not registered (the message lists close matches), ``env_kwargs`` and
@@ -43,13 +46,17 @@ class GymTask:
     action_mode: str = "error"
     max_episode_steps: int | None = None
     description: str | None = None
+    threshold_registered: bool | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.action_mode not in ("error", "clip"):
             raise TaskError(f"action_mode must be \"error\" or \"clip\", got {self.action_mode!r}")
         spec = gym_spec(self.env_id)
-        if self.success_threshold is None and spec.reward_threshold is not None:
+        registered = self.success_threshold is None and spec.reward_threshold is not None
+        if registered:
             object.__setattr__(self, "success_threshold", float(spec.reward_threshold))
+        if self.threshold_registered is None:
+            object.__setattr__(self, "threshold_registered", registered)
         kwargs = dict(self.env_kwargs)
         if "max_episode_steps" in kwargs:
             limit = kwargs.pop("max_episode_steps")
@@ -209,9 +216,7 @@ class GymTask:
         None when there is no threshold."""
         if self.success_threshold is None:
             return None
-        registered = gym_spec(self.env_id).reward_threshold
-        source = (f"{self.env_id}'s registered reward_threshold" if registered is not None
-                  and float(registered) == self.success_threshold else "[task] success_threshold")
+        source = f"{self.env_id}'s registered reward_threshold" if self.threshold_registered else "[task] success_threshold"
         return f"return ≥ {self.success_threshold:g} ({source})"
 
     @property
@@ -258,7 +263,7 @@ class GymTask:
         """JSON-ready description (``description`` only when set)."""
         return {"kind": "gym", "env_id": self.env_id, "env_kwargs": dict(self.env_kwargs),
                 "success_threshold": self.success_threshold, "action_mode": self.action_mode,
-                "max_episode_steps": self.max_episode_steps,
+                "max_episode_steps": self.max_episode_steps, "threshold_registered": self.threshold_registered,
                 **({"description": self.description} if self.description else {})}
 
     @classmethod
@@ -271,9 +276,14 @@ class GymTask:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GymTask:
-        """Inverse of :meth:`to_dict`."""
-        return cls(d["env_id"], d.get("env_kwargs", {}), d.get("success_threshold"),
-                   d.get("action_mode", "error"), d.get("max_episode_steps"), d.get("description"))
+        """Inverse of :meth:`to_dict`. A task recorded before ``threshold_registered`` was kept counts its threshold as
+        registered when it equals the env's registered ``reward_threshold``."""
+        threshold, registered = d.get("success_threshold"), d.get("threshold_registered")
+        if registered is None and threshold is not None:
+            reward_threshold = gym_spec(d["env_id"]).reward_threshold
+            registered = reward_threshold is not None and float(reward_threshold) == float(threshold)
+        return cls(d["env_id"], d.get("env_kwargs", {}), threshold, d.get("action_mode", "error"),
+                   d.get("max_episode_steps"), d.get("description"), registered)
 
 
 class _Started:
