@@ -304,6 +304,21 @@ def test_export_handles_non_ascii_before_the_literal():
     assert out.endswith(ACT) and "# ° ok" in out
 
 
+@pytest.mark.parametrize("odd", ["\x0c", "\u2028", "\x1c", "\x85"])
+def test_export_counts_lines_as_python_does(odd):
+    """A form feed (an Emacs page break), U+2028 and the like end a line for ``str.splitlines`` but not for Python:
+    each edit landed one line early (regression: ``a`` got ``b``'s value, ``b`` kept its own, and a comment above
+    them was rewritten, silently)."""
+    src = (f'"""y = a*x{odd} + b."""\n\x0c\n# {odd} a comment\nPARAMETERS = {{\n'
+           '    # "c": {"default": 0.0, "low": -2.0, "high": 2.0},\n'
+           '    "a": {"default": 0.0, "low": -2.0, "high": 2.0},\n    "b": {"default": 0.5, "low": -2.0, "high": 2.0},\n}\n\n\n'
+           'def act(observation, params):\n    return params["a"] * observation + params["b"]\n')
+    out = export_source(src, {"a": 1.4952492638929509, "b": -0.35133483863922454})
+    assert {p.name: p.default_value for p in parse_policy(out).parameters} == {"a": 1.4952492638929509,
+                                                                               "b": -0.35133483863922454}
+    assert '# "c": {"default": 0.0, "low": -2.0, "high": 2.0},' in out and odd in out
+
+
 def test_export_rejects_unknown_parameter_and_out_of_bounds():
     src = data_source("cartpole_linear.py")
     with pytest.raises(PolicyError, match="unknown parameter"):

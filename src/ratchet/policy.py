@@ -670,6 +670,13 @@ def _within_bounds(param: Parameter, value: Any) -> Any:
     return value
 
 
+def source_lines(source: str) -> list[str]:
+    """``source``'s lines as Python numbers them (ast's ``lineno``), line ends kept: split at ``\\n``, ``\\r\\n`` and
+    ``\\r`` only, where ``str.splitlines`` also splits at a form feed, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028 and U+2029
+    (which Python reads inside a line)."""
+    return [line.decode("utf-8") for line in source.encode("utf-8").splitlines(keepends=True)]
+
+
 def export_source(source: str, params: Mapping[str, Any], *, header: str | None = None) -> str:
     """Rewrite ``source`` so each parameter's ``default`` is the given value.
 
@@ -687,7 +694,7 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     tree = ast.parse(source)
     node = _find_parameters_node(tree)
     assert node is not None  # parse_policy checked
-    lines = source.splitlines(keepends=True)
+    lines = source_lines(source)
     edits: list[tuple[int, int, int, int, str]] = []  # (line, col, end_line, end_col, text)
     declared = set()
     if isinstance(node, ast.Dict):
@@ -730,7 +737,14 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     out = data.decode("utf-8")
     if header:
         out = "".join(f"# {h}\n" for h in header.splitlines()) + out
-    parse_policy(out, dims=_infer_dims(out, params), functions=None)
+    written = {p.name: p.default_value for p in parse_policy(out, dims=_infer_dims(out, params), functions=None).parameters}
+    import numpy as np
+
+    for name, value in params.items():  # read back: each default is the value given (as bounded above)
+        if not np.array_equal(np.asarray(written.get(name, np.nan), dtype=np.float64),
+                              np.asarray(_within_bounds(by_name[name], _value(value)), dtype=np.float64)):
+            raise PolicyError(f"export: parameter {name!r} did not read back as the value written; the policy's "
+                              "PARAMETERS could not be rewritten in place (please report this file)")
     return out
 
 

@@ -81,7 +81,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
-from ratchet.policy import Candidate, PolicyProgram
+from ratchet.policy import Candidate, PolicyProgram, source_lines
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import (
@@ -487,7 +487,7 @@ def _op_delete(source: str, tree: ast.Module, rng: np.random.Generator, space: _
     if not sites:
         return None
     stmt, block = sites[int(rng.integers(len(sites)))]
-    lines = source.splitlines(keepends=True)
+    lines = source_lines(source)
     assert stmt.end_lineno is not None and stmt.end_col_offset is not None  # ast.parse sets positions
     whole = (not lines[stmt.lineno - 1][:stmt.col_offset].strip()
              and not lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode().strip().lstrip(";").strip())
@@ -523,7 +523,7 @@ def _op_crossover(source: str, tree: ast.Module, rng: np.random.Generator, space
              and not any(isinstance(s_, ast.FunctionDef) and s_.name == n for s_ in tree.body)
              if (seg := ast.get_source_segment(other, theirs[n])) is not None]
     if extra:
-        end = len(source.splitlines()) + 1
+        end = len(source_lines(source)) + 1
         edits.append(((end, 0), (end, 0), ("\n" if source.endswith("\n") else "\n\n") + "\n\n".join(extra) + "\n"))
     # parameters it reads that this program does not declare come along with their declarations
     used = {n.slice.value for g in [f] + [theirs[n] for n in names if n in theirs] for n in ast.walk(g)
