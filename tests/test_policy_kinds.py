@@ -356,6 +356,34 @@ def test_mlp_box_export_acts_like_ratchet(tmp_path):
 
 # -- sb3: the model's bytes as stored -----------------------------------------------------------------
 
+def _damaged_zip(at: int, value: int) -> bytes:
+    """A two-member zip ("data", "policy.pth") with one byte of its central directory entry set (or OR-ed)."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("data", "{}")
+        z.writestr("policy.pth", b"x")
+    b = bytearray(buf.getvalue())
+    i = b.find(b"PK\x01\x02")
+    b[i + at] = value if at != 9 else b[i + at] | value
+    if at == 9:
+        b[i + 46] = 0xFF  # the name's first byte, not UTF-8, while the flag says UTF-8
+    return bytes(b)
+
+
+@pytest.mark.parametrize("at, value, why", [(6, 160, "NotImplementedError"), (9, 0x08, "UnicodeDecodeError")])
+def test_a_damaged_sb3_zip_is_one_line(tmp_path, at, value, why):
+    """A central directory that claims a zip version or a name encoding zipfile cannot read (regression: its
+    NotImplementedError / UnicodeDecodeError came out as a traceback)."""
+    (tmp_path / "model.zip").write_bytes(_damaged_zip(at, value))
+    with pytest.raises(PolicyError) as info:
+        start_candidate(PolicySpec(kind="sb3", path="model.zip"), tmp_path, _spaces(CARTPOLE), 0, None)
+    msg = str(info.value)
+    assert "\n" not in msg and "model.zip: not a zip archive" in msg and why in msg and "model.save()" in msg
+
+
 def test_sb3_export_writes_the_stored_zip(tmp_path):
     data = b"PK\x03\x04 not unpickled by the driver"
     cand = Candidate.create("", {}, kind="sb3", artifacts={"model": digest(data)})

@@ -41,7 +41,9 @@ def _data(data: bytes) -> dict[str, Any]:
             return json.loads(z.read("data"))
     except NpzError as exc:
         raise PolicyError(f"not a Stable-Baselines3 model archive: {exc}") from None
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+    except PolicyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: a missing member, bad JSON, an unknown method, ...
         raise PolicyError(f"not a Stable-Baselines3 model archive (its 'data' member: {type(exc).__name__})") from None
 
 

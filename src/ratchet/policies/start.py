@@ -3,13 +3,12 @@ unpickles anything)."""
 
 from __future__ import annotations
 
-import io
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from ratchet.errors import PolicyError
 from ratchet.ledger.artifacts import digest
+from ratchet.npz import NpzError, check_zip
 from ratchet.policy import Candidate, PolicyProgram
 
 __all__ = ["MAX_MODEL_BYTES", "read_mlp_weights", "read_sb3_zip", "read_vecnormalize", "start_candidate"]
@@ -38,10 +37,9 @@ def read_sb3_zip(path: str | Path) -> bytes:
     p = Path(path)
     data = _read_capped(p, "the model", "[policy] path names a Stable-Baselines3 .zip (model.save(...))")
     try:
-        names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
-    except zipfile.BadZipFile:
-        raise PolicyError(f"{p} is not a zip archive; [policy] kind = \"sb3\" needs a file written by "
-                          "Stable-Baselines3's model.save()") from None
+        names = set(check_zip(data))  # any damage (a bad header, an unknown method or version) is an NpzError
+    except NpzError as exc:
+        raise PolicyError(f"{p}: {exc}; [policy] kind = \"sb3\" needs a file written by Stable-Baselines3's model.save()") from None
     if not {"data", "policy.pth"} <= names:
         raise PolicyError(f"{p} is a zip archive but not a Stable-Baselines3 model (no 'data' and 'policy.pth')")
     return data
