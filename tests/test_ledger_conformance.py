@@ -288,7 +288,8 @@ def test_concurrent_writers_and_a_reader(store, tmp_path):
 @pytest.mark.parametrize("url, message", [
     ("sqlite://", "in-memory"), ("sqlite:///", "in-memory"), ("sqlite:///:memory:", "in-memory"),
     ("postgresql://u@h/db?password=TOPSECRET", "PGPASSWORD"), ("postgresql://u@h/db?sslpassword=TOPSECRET", "PGPASSWORD"),
-    ("postgresql://u:TOP@SECRET@h/db", "%40")])
+    ("postgresql://u:TOP@SECRET@h/db", "%40"), ("sqlite:////tmp/db%00x", "NUL character"),
+    ("postgresql://u:TOPSECRET@h/db\0", "NUL character")])
 def test_storage_urls_that_would_lose_the_ledger_or_leak_a_password_are_refused(url, message):
     from ratchet.errors import LedgerError
     from ratchet.ledger.sql import database_url

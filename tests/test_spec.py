@@ -267,7 +267,10 @@ def test_set_changes_a_refiners_table_by_its_index(tmp_path):
 def test_errors_from_set_name_the_set_not_the_file(tmp_path):
     p = write(tmp_path, '[task]\nenv_id = "CartPole-v1"\n[[refiners]]\nkind = "cmaes"\n')
     for item, fragment in [("refiners.0.bogus=1", "bogus"), ("refiners.0.popsize=-1", "popsize"),
-                           ("gate.bogus=1", "unknown key [gate] bogus"), ("policy.path=nope.py", "file not found")]:
+                           ("gate.bogus=1", "unknown key [gate] bogus"), ("policy.path=nope.py", "file not found"),
+                           # a NUL in a path: "ValueError: embedded null byte" from resolve(), as a traceback
+                           ('policy.path="a\\u0000b.py"', "policy.path contains a NUL character"),
+                           ('logging.tensorboard="t\\u0000b"', "logging.tensorboard contains a NUL character")]:
         with pytest.raises(SpecError) as info:
             load_spec(p, ["gate.alpha=0.1", item])
         msg = str(info.value)
@@ -276,6 +279,10 @@ def test_errors_from_set_name_the_set_not_the_file(tmp_path):
     bad = write(tmp_path / "bad", '[task]\nenv_id = "CartPole-v1"\nbogus = 1\n')
     with pytest.raises(SpecError, match=r"ratchet\.toml: unknown key \[task\] bogus"):  # the file's own mistake
         load_spec(bad, ["gate.alpha=0.1"])
+    (tmp_path / "nul").mkdir()
+    nul = write(tmp_path / "nul", '[task]\nenv_id = "CartPole-v1"\n[policy]\npath = "policy\\u0000.py"\n')
+    with pytest.raises(SpecError, match=r"ratchet\.toml: policy\.path contains a NUL character \(\\0\); remove it"):
+        load_spec(nul)
 
 
 def test_a_training_refiner_whose_one_rollout_exceeds_the_whole_budget_is_refused(tmp_path):

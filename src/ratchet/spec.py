@@ -714,6 +714,21 @@ def _refiner_beside_refiners(data: dict[str, Any]) -> str | None:
             f"of them (--set refiners.0.{ignored[0]}=…) and drop it from [refiner]")
 
 
+def _nul_in(data: Any, key: str = "") -> str | None:
+    """Why a spec's text holds a NUL character, naming its setting (``policy.path``, ``refiners.0.demonstrations``),
+    or None. No path, URL or name can hold one (the operating system refuses it), so it is refused where it is read."""
+    if isinstance(data, str):
+        return f"{key or 'a setting'} contains a NUL character (\\0); remove it" if "\0" in data else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for k, v in items:
+        if isinstance(k, str) and "\0" in k:
+            return f"a setting's name contains a NUL character (\\0): {k!r}; remove it"
+        why = _nul_in(v, f"{key}.{k}" if key else str(k))
+        if why is not None:
+            return why
+    return None
+
+
 def _move_loop_settings(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with ``[refiner] train_episodes``/``gate_candidate`` copied to ``[planner]`` (see
     :func:`moved_settings`); :meth:`RunSpec._mirror_loop_settings` makes ``[refiner]`` read the planner's values.
@@ -800,6 +815,9 @@ def spec_from_dict(data: dict[str, Any], base_dir: str | Path = ".", where: str 
         raise SpecError(f"{where}: expected a table of settings")
     if "base_dir" in data:
         raise SpecError(f"{where}: unknown key base_dir; paths are relative to the spec file's folder")
+    nul = _nul_in(data)
+    if nul is not None:  # before any path is resolved: the operating system refuses it there
+        raise SpecError(f"{where}: {nul}")
     task = data.get("task")
     if isinstance(task, dict) and isinstance(task.get("evaluator"), str) and task["evaluator"]:
         data = {**data, "task": {**task, "evaluator": str((Path(base_dir) / task["evaluator"]).resolve())}}

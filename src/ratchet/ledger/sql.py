@@ -120,6 +120,8 @@ def database_url(storage: str) -> URL:
     Raises:
         LedgerError: ``storage`` is not a database URL.
     """
+    if "\0" in storage or "%00" in storage:  # a NUL (also %-encoded) names no file or host anywhere
+        raise LedgerError(f"storage {_mask(storage)!r} contains a NUL character; remove it")
     netloc = storage.split("://", 1)[-1].split("/", 1)[0]
     if netloc.count("@") > 1:
         raise LedgerError(f"storage {_mask(storage)!r} has more than one '@' before the host; write an '@' in the "
