@@ -113,6 +113,18 @@ def test_quoted_code_with_fences_cannot_break_the_prompt_layout():
     assert fenced("x ``` y", "diff").startswith("````diff\n") and fenced("plain").startswith("```\n")
 
 
+def test_the_system_prompts_allow_the_imports_the_checks_allow():
+    """Regression: the prompts said "numpy, math and the standard library", and a proposal importing os (the standard
+    library) was then refused by the checks, a request spent for nothing."""
+    from ratchet.proposals import ALLOWED_IMPORTS
+    from ratchet.refiners.llm import EVALUATOR_SYSTEM_PROMPT, SYSTEM_PROMPT
+
+    for prompt in (SYSTEM_PROMPT, EVALUATOR_SYSTEM_PROMPT):
+        line = next(ln for ln in prompt.splitlines() if ln.startswith("Only these modules may be imported: "))
+        named = set(line.removeprefix("Only these modules may be imported: ").split(" (")[0].split(", "))
+        assert named == ALLOWED_IMPORTS - {"__future__"} and "standard library" not in prompt
+
+
 def test_the_system_prompt_is_settable_and_hints_stay():
     msgs = build_prompt(facts(), POLICY, None, [], hints="Mind the angle.", system_prompt="You are terse.")
     assert msgs[0] == {"role": "system", "content": "You are terse."} and "Mind the angle." in msgs[1]["content"]

@@ -62,7 +62,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import EndpointError, PolicyError, RatchetError
 from ratchet.policy import Candidate
-from ratchet.proposals import MAX_SOURCE_CHARS
+from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
@@ -334,11 +334,16 @@ the lines that replace them
 >>>>>>> REPLACE
 or, for a rewrite, the whole new file in one ```python block. Explain your idea in one or two sentences first."""
 
+#: The imports a proposal may make, in the prompts' words: the same list its checks allow (:data:`ALLOWED_IMPORTS`).
+_IMPORTS = ("Only these modules may be imported: " + ", ".join(sorted(ALLOWED_IMPORTS - {"__future__"}))
+            + " (no os, sys, subprocess or other access to files, processes or the network).")
+
 SYSTEM_PROMPT = """\
 You improve control policies for reinforcement-learning environments by editing their Python code.
 A policy file defines PARAMETERS, a literal dict name -> {"default": x, "low": a, "high": b} of tunable
 numbers, and act(observation, params) -> action, where params maps each name to its value; an optional
-reset(params, seed) runs before each episode. Only numpy, math and the standard library may be imported.
+reset(params, seed) runs before each episode.
+""" + _IMPORTS + """
 Every edit is tested on fresh seeds and kept only if it is significantly better on held-out seeds.
 Put new tunable numbers in PARAMETERS with sensible bounds: an optimiser tunes them after your edit.
 
@@ -349,10 +354,10 @@ EVALUATOR_SYSTEM_PROMPT = """\
 You improve heuristic programs by editing their Python code. An evaluator scores the program on problem
 instances (higher is better) by calling the functions the task names, each with params as its last
 argument. A program file defines PARAMETERS, a literal dict name -> {"default": x, "low": a, "high": b} of
-tunable numbers (params maps each name to its value), and those functions. Only numpy, math and the
-standard library may be imported. Every edit is tested on fresh instances and kept only if it is
-significantly better on held-out instances. Put new tunable numbers in PARAMETERS with sensible bounds: an
-optimiser tunes them after your edit.
+tunable numbers (params maps each name to its value), and those functions.
+""" + _IMPORTS + """
+Every edit is tested on fresh instances and kept only if it is significantly better on held-out instances.
+Put new tunable numbers in PARAMETERS with sensible bounds: an optimiser tunes them after your edit.
 
 """ + ANSWER_FORMAT
 
