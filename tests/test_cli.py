@@ -193,6 +193,20 @@ def test_evaluate_reports_policy_errors_in_the_table(runner):
     assert_one_line_error(res, "every episode failed")  # and a policy that never works is a failed command
 
 
+def test_an_action_outside_the_box_names_both_ways_to_clip_it(runner, tmp_path):
+    """Pendulum's torque is in [-2, 2]; 2.5 ends every episode as an error whose message says how to clip it, and
+    `evaluate --env` has a flag for that."""
+    policy = tmp_path / "push.py"
+    policy.write_text('PARAMETERS = {"k": {"default": 2.5, "low": 0.0, "high": 3.0}}\n\n\n'
+                      'def act(observation, params):\n    return [params["k"]]\n', encoding="utf-8")
+    line = assert_one_line_error(invoke(runner, "evaluate", policy, "--env", "Pendulum-v1", "-n", "1", "--workers", "1"),
+                                 "outside bounds")
+    assert '[task] action = "clip"' in line and "pass --clip" in line
+    res = invoke(runner, "evaluate", policy, "--env", "Pendulum-v1", "-n", "1", "--workers", "1", "--clip")
+    assert res.exit_code == 0 and "errors 0" in res.stdout, res.output
+    assert_one_line_error(invoke(runner, "evaluate", policy, "--spec", tmp_path, "--clip"), "--clip goes with --env")
+
+
 # -- replay --------------------------------------------------------------------------------------
 
 def test_replay_matches_the_ledger(finished_run, runner):

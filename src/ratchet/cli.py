@@ -517,6 +517,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
                                                                    "(or take the task from --spec)."),
              spec_path: Path | None = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
                                                       "id, env_kwargs, max_episode_steps, action mode."),
+             clip: bool = typer.Option(False, "--clip", help="With --env: clip actions into a Box action space "
+                                                              "(as [task] action = \"clip\"); default an action "
+                                                              "outside it ends the episode as an error."),
              seeds: str | None = typer.Option(None, "--seeds", help="Explicit seeds: '1,2,3', or a file of seeds "
                                                  "(commas or whitespace; '#' starts a comment); instead of "
                                                  "--seed/--episodes."),
@@ -559,12 +562,14 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
         if env is not None and spec_path is not None or (run is None and env is None and spec_path is None):
             raise RatchetError("give the environment with --env ID or a spec's [task] with --spec ratchet.toml "
                                "(one of the two)")
+        if clip and env is None:
+            raise RatchetError("--clip goes with --env; with --spec set [task] action = \"clip\" in the spec")
         if spec_path is not None:
             from ratchet.spec import load_spec
 
             task = task_from_spec(load_spec(spec_path).task)
         elif env is not None:
-            task = GymTask(env)
+            task = GymTask(env, action_mode="clip" if clip else "error")
         blobs: dict[str, bytes] = {}
         if run is not None:
             st, _ = _load_state(run, runs_dir, storage)
@@ -613,7 +618,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
     if s["n_errors"] == s["n"]:
-        _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy and evaluate again"))
+        clipped = env is not None and " outside bounds " in str(eps[0].error)  # --clip is the --env way to say it
+        _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy"
+                           + (" or pass --clip" if clipped else "") + " and evaluate again"))
 
 
 def _parse_seeds(text: str) -> list[int]:

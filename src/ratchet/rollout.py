@@ -193,7 +193,8 @@ def action_checker(space: Any, mode: str) -> Any:
             if (arr < low).any() or (arr > high).any():
                 if mode != "clip":
                     raise InvalidAction(f"action {np.round(arr, 4).tolist()} outside bounds "
-                                        f"[{low.tolist()}, {high.tolist()}]")
+                                        f"[{low.tolist()}, {high.tolist()}] (clip it in the policy, or set [task] "
+                                        "action = \"clip\" to clip every action into the space)")
                 arr = np.clip(arr, low, high)
             return arr.astype(dtype)
 
