@@ -183,7 +183,7 @@ def test_evaluate_prints_table_and_mean(runner, pool, cartpole_task):
     ev = Evaluation(cand.id, "x", tuple(pool.run(cartpole_task, [Job(cand, s) for s in range(10, 15)])))
     for s in range(10, 15):
         assert re.search(rf"│\s+{s} │", res.stdout), res.stdout
-    assert f"mean {ev.mean:.2f} ± {ev.std:.2f} over 5 episodes" in res.stdout
+    assert f"mean {ev.mean:.2f} ± {ev.std:.2f} (std) over 5 episodes" in res.stdout
     assert "errors 0" in res.stdout and f"{ev.env_steps:,} env steps" in res.stdout
 
 

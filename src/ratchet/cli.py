@@ -602,19 +602,24 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
         _fail(exc)
         return
     ev = Evaluation(cand.id, "evaluate", tuple(eps))
-    t = Table(title=f"{label} on {task.name}")
-    for col in ("seed", "return", "length", "terminated", "truncated", "success", "error"):
-        t.add_column(col, justify="right" if col in ("seed", "return", "length") else "left")
+    title = f"{label} on {task.name}"
+    t = Table(title=title, min_width=min(len(title), out.width))  # a narrow table would wrap its title
+    scored = task.kind == "evaluator"  # one call per instance: a score and its cost, no env endings to show
+    cols = (("instance", "score", "cost", "success", "error") if scored
+            else ("seed", "return", "length", "terminated", "truncated", "success", "error"))
+    for col in cols:
+        t.add_column(col, justify="right" if col in cols[:3] else "left")
     for e in eps[:50]:
-        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), str(e.terminated), str(e.truncated),
-                  str(e.success), _safe(e.error or ""))
+        success = "–" if e.success is None else str(e.success)  # as run and show write "no success defined"
+        endings = () if scored else (str(e.terminated), str(e.truncated))
+        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), *endings, success, _safe(e.error or ""))
     if len(eps) > 50:
-        t.add_row("…", "", "", "", "", "", f"{len(eps) - 50} more")
+        t.add_row("…", *[""] * (len(cols) - 2), f"{len(eps) - 50} more")
     out.print(t)
     s = ev.summary()
     sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
-    out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} over {s['n']} episodes{sr} · errors {s['n_errors']} · "
-              f"{s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
+    out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} (std) over {s['n']} {'instances' if scored else 'episodes'}{sr} · "
+              f"errors {s['n_errors']} · {s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
     if s["n_errors"] == s["n"]:
