@@ -328,6 +328,16 @@ def test_an_opponent_file_that_is_missing_or_declares_no_act_is_named(tmp_path: 
         spec_from_dict({"task": {"env_id": "CartPole-v1", "seats": [0]}, "policy": {"path": "p.py"}})
 
 
+def test_opponent_names_a_league_would_reuse_are_refused_up_front() -> None:
+    """Regression: a user's opponent named league2 passed the checks, and the run failed when the league's second
+    member joined under that name ("two opponents share a name"), on every resume too."""
+    with pytest.raises(TaskError, match=r"\[task.opponents\] league2: names league1, league2, … are kept"):
+        _c4(_opp("r", RANDOM), _opp("league2", RANDOM), league=True)
+    assert _c4(_opp("r", RANDOM), _opp("league2", RANDOM)).opponents[1].name == "league2"  # no league: any name
+    with pytest.raises(TaskError, match="two opponents are named 'r'; give each"):
+        _c4(_opp("r", RANDOM), _opp("r", RANDOM))
+
+
 def test_game_tasks_refuse_refiners_that_need_an_environment() -> None:
     task = _c4(_opp("r", RANDOM))
     with pytest.raises(TaskError, match="game task: it has no single-agent environment"):

@@ -401,7 +401,13 @@ class GameTask:
             raise TaskError(f"{len(self.opponents)} opponents; a pool may have at most {MAX_OPPONENTS}")
         names = [o.name for o in self.opponents]
         if len(set(names)) != len(names):
-            raise TaskError("two opponents share a name")
+            twice = next(n for n in names if names.count(n) > 1)
+            raise TaskError(f"two opponents are named {twice!r}; give each opponent its own name")
+        reserved = next((o.name for o in self.opponents if self.league and o.candidate_id is None
+                         and o.name.startswith("league") and o.name[6:].isdigit()), None)
+        if reserved is not None:  # after_promotion names the k-th league member league<k>
+            raise TaskError(f"[task.opponents] {reserved}: names league1, league2, … are kept for the league's "
+                            "members (promoted incumbents join under them); rename this opponent")
         for split in _SPLITS:
             pool = self.pools.get(split)
             if not pool:
