@@ -436,7 +436,7 @@ class RunServices:
 
             raise TaskError(f"{faults[0].error} — the task's fault, not the candidate's; if it was passing (a file, "
                             "a service), `ratchet resume` retries; else fix it and start a new run (a run keeps the "
-                            "evaluator it started with)")
+                            "task it started with: its evaluator or opponents)")
         if split == "train":  # for the critique service: each candidate's latest training episodes
             self._latest_train.update({c.id: (c, out[c.id]) for c in candidates if c.id in out})
             for cand_id in dict.fromkeys(c.id for c in candidates):  # a game's payoff per opponent (league table)
