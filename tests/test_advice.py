@@ -37,6 +37,20 @@ def test_names_the_causes_in_numbers():
     assert "did not beat the incumbent" in once and "rescue" not in once  # a search that beat the start once
 
 
+def test_the_share_is_said_in_what_the_budget_counts():
+    """An evaluator task's budget counts instances, not env steps (regression: "of the env steps" everywhere)."""
+    from pathlib import Path
+
+    from ratchet.tasks.evaluator import EvaluatorTask
+
+    notes = ["validation would take 40 % of instances, over [gate] max_share = 0.3; it waits"] * 2
+    state = _state(notes)
+    assert "max_share = 0.3 of the env steps;" in "\n".join(run_advice(state))
+    evaluator = Path(__file__).resolve().parents[1] / "examples" / "blocksworld" / "evaluate.py"
+    state.task = EvaluatorTask.from_file(evaluator).to_dict()
+    assert "max_share = 0.3 of the instances;" in "\n".join(run_advice(state))
+
+
 def test_quiet_when_the_run_promoted_often():
     notes = [None] * 10
     assert run_advice(_state(notes, promotions=[{}] * 5)) == []
