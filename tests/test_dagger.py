@@ -10,7 +10,7 @@ import pytest
 from conftest import SimulatedKill, read_events
 
 from ratchet.data import DataError, Dataset, from_minari, run_dataset, to_minari
-from ratchet.errors import SpecError
+from ratchet.errors import RatchetError, SpecError
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger.artifacts import digest
 from ratchet.policies.mlp import init_weights, load_weights
@@ -324,6 +324,27 @@ def test_demonstrations_without_an_expert_clone_round_0_then_go_idle(round0):
         assert refiner.rounds[0]["dataset"]["steps"] == len(demos) and refiner.rounds[0]["env_steps"] == 0
         assert "no expert" in refiner.idle_reason()
         assert refiner.propose(student0, None, None) == []
+
+
+def test_demonstrations_that_cannot_teach_the_task_are_refused_before_the_run_begins(round0, tmp_path):
+    """Labels out of CartPole's two actions, observations of another width, an empty set: one line naming the file
+    and what is wrong, and no run directory left (regression: the run started, used its budget on failing training
+    jobs and exited 0; labels of -1 trained on action 1 without a word)."""
+    from dataclasses import replace
+
+    from ratchet.loop import start_run
+
+    demos = Dataset.from_bytes(round0["dataset"])
+    cases = {"neg.npz": (replace(demos, label=demos.label * 0 - 1), "label -1 is out of range for CartPole-v1's 2"),
+             "wide.npz": (replace(demos, obs=np.zeros((len(demos), 8))), "observations of 8 numbers, but CartPole"),
+             "empty.npz": (Dataset.empty(4, "discrete"), "no steps")}
+    for i, (name, (data, fragment)) in enumerate(cases.items()):
+        (tmp_path / str(i)).mkdir()
+        d = _spec_dir(tmp_path / str(i), kind="bc", demonstrations=name)
+        (d / name).write_bytes(data.to_bytes())
+        with pytest.raises(RatchetError, match=rf"\[\[refiners\]\] bc: demonstrations {name}: {fragment}"):
+            start_run(load_spec(d), tmp_path / "runs", f"r{i}")
+        assert not (tmp_path / "runs" / f"r{i}").exists()
 
 
 def test_spec_needs_an_expert_or_demonstrations():

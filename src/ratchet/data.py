@@ -133,6 +133,45 @@ class Dataset:
             raise DataError("not a ratchet data set: columns of different lengths")
         return ds
 
+    def check_spaces(self, observation_space: Any, action_space: Any, task_name: str) -> None:
+        """Check that the data set can teach a policy for these spaces, before any training job reads it.
+
+        Args:
+            observation_space: The task's observation space (its flattened size must be the data's ``obs`` width).
+            action_space: The task's action space: ``Discrete(n)`` wants whole labels in ``[0, n)``, a ``Box`` finite
+                label rows of its flattened size.
+            task_name: How messages name the task.
+
+        Raises:
+            DataError: no steps, ``meta`` not a table, non-finite observations, or observations or labels that do not
+                fit the spaces; one line naming what is wrong.
+        """
+        n = len(self)
+        if not n:
+            raise DataError("no steps: an empty data set teaches nothing")
+        if not isinstance(self.meta, Mapping):
+            raise DataError(f"its meta is a {type(self.meta).__name__}, not a table")
+        obs_dim = int(np.prod(getattr(observation_space, "shape", None) or (0,)))
+        if self.obs.ndim != 2 or self.obs.shape[1] != obs_dim or not np.issubdtype(self.obs.dtype, np.number):
+            got = self.obs.shape[1] if self.obs.ndim == 2 else f"shape {self.obs.shape[1:]}"
+            raise DataError(f"observations of {got} numbers, but {task_name}'s have {obs_dim}")
+        if not np.isfinite(self.obs).all():
+            raise DataError("some observations are NaN or infinite")
+        if hasattr(action_space, "n"):  # Discrete
+            k = int(action_space.n)
+            if not np.issubdtype(self.label.dtype, np.integer) or self.label.ndim != 1:
+                raise DataError(f"labels are {self.label.dtype} of shape {self.label.shape[1:]}, but {task_name}'s "
+                                f"actions are whole numbers in [0, {k})")
+            if n and (int(self.label.min()) < 0 or int(self.label.max()) >= k):
+                bad = int(self.label.min()) if int(self.label.min()) < 0 else int(self.label.max())
+                raise DataError(f"label {bad} is out of range for {task_name}'s {k} actions [0, {k})")
+            return
+        act_dim = int(np.prod(getattr(action_space, "shape", None) or (0,)))
+        if (self.label.ndim != 2 or self.label.shape[1] != act_dim or not np.issubdtype(self.label.dtype, np.floating)
+                or not np.isfinite(self.label).all()):
+            raise DataError(f"labels must be finite rows of {act_dim} numbers for {task_name}'s actions, got "
+                            f"{self.label.dtype} of shape {self.label.shape[1:]}")
+
     # -- combining -------------------------------------------------------------------------------
     def concat(self, other: Dataset) -> Dataset:
         """``self`` then ``other`` (DAgger's aggregation); ``other``'s episode indices are shifted past ours.

@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -630,6 +631,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         # an executor that cannot start (Ray unreachable, isolation required but missing) fails here,
         # before any run directory exists
         executor = executor or _executor_for(spec)
+        made = not run_dir.exists()  # else an empty folder the user named: emptied again, not removed, on failure
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             # atomic: of two runs racing for one id, one gets it; 0700: policy code (nobody) cannot read it
@@ -652,9 +654,18 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             os.close(lock_fd)
         raise
     ledger = ledger or open_store(None, run_dir, run_id)
-    for data in start_blobs.values():  # before any event names them
-        ledger.put_artifact(data)
-    run = _Run(run_dir, spec, program, ledger, executor, progress, start=start, task=task)
+    try:
+        for data in start_blobs.values():  # before any event names them
+            ledger.put_artifact(data)
+        run = _Run(run_dir, spec, program, ledger, executor, progress, start=start, task=task)
+    except BaseException:  # e.g. a refiner refused its input files: no run began, so no run directory is left
+        ledger.close()
+        if own_executor:
+            executor.close()
+        os.close(lock_fd)
+        for path in [run_dir] if made else list(run_dir.iterdir()):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        raise
     try:
         lease: WriterLease | None = WriterLease.acquire(ledger, run_id)
     except WriterLeaseError:  # another process took this run id between our checks and now

@@ -614,8 +614,10 @@ def _build(mode: str) -> Any:
             from ratchet.data import DataError, Dataset
 
             demos = read(settings.demonstrations)
+            observation_space, action_space = ctx.task.spaces()
             try:
-                Dataset.from_bytes(demos)  # NumPy arrays only (allow_pickle=False): safe to open here
+                # NumPy arrays only (allow_pickle=False): safe to open here
+                Dataset.from_bytes(demos).check_spaces(observation_space, action_space, ctx.task.name)
             except DataError as exc:
                 raise PolicyError(f"[[refiners]] {name}: demonstrations {settings.demonstrations}: {exc}") from None
             refiner.demonstrations = digest(demos)
