@@ -246,6 +246,9 @@ def test_data_set_instances_keep_their_splits_and_held_out_sizes_are_checked(tmp
     task = EvaluatorTask.from_file(_write(tmp_path / "ds", data_set))
     pools = task.seed_pools()
     assert pools == {s: tuple(range(c, 30, 3)) for c, s in enumerate(("train", "validation", "test"))}
+    huge = data_set.replace("INSTANCES = 30", "INSTANCES = 10**7")  # every run would shuffle ten million numbers
+    with pytest.raises(TaskError, match=r"INSTANCES = 10,000,000: at most 1,000,000 .* leave out INSTANCES"):
+        EvaluatorTask.from_file(_write(tmp_path / "huge", huge))
     splits = SeedSplits(7, pools)
     assert sorted(splits.seeds("validation", 0, 10)) == list(range(1, 30, 3))
     assert len(set(splits.seeds("train", 0, 25))) == 10  # training draws repeat once the pool is used

@@ -37,8 +37,8 @@ fault: the run stops with one line naming the instance.
 
 Seeds keep ratchet's three splits. A generated seed carries its split (``seed % 3``: 0 train, 1 validation,
 2 test; :func:`split_of`), so an evaluator may, for instance, make held-out problems larger. With
-``INSTANCES = n`` the seeds are instance numbers ``0..n-1``, instance ``i`` in split ``i % 3`` unless
-``SPLITS`` says otherwise; each split draws only its own instances (:meth:`EvaluatorTask.seed_pools`).
+``INSTANCES = n`` (at most :data:`MAX_INSTANCES`) the seeds are instance numbers ``0..n-1``, instance ``i`` in
+split ``i % 3`` unless ``SPLITS`` says otherwise; each split draws only its own instances (:meth:`EvaluatorTask.seed_pools`).
 
 The evaluator's source is stored with the task (in the ledger), so a replay or a resume runs the same code;
 a changed file starts a new run. Files the evaluator reads itself are the user's to keep unchanged.
@@ -168,13 +168,22 @@ def _declared(module: types.ModuleType, where: str) -> _Declared:
                      success.strip() if success else None, _pools(get("INSTANCES"), get("SPLITS"), where))
 
 
+#: Most instances a data set may declare (``INSTANCES``): every split's instance numbers are shuffled by the run
+#: seed when a run starts (about 1.5 s per million on one core, in the driver and in each worker).
+MAX_INSTANCES = 10**6
+
+
 def _pools(count: Any, splits: Any, where: str) -> dict[str, tuple[int, ...]] | None:
     if count is None:
         if splits is not None:
             raise TaskError(f"{where}: SPLITS needs INSTANCES (how many instances the data set has)")
         return None
-    if isinstance(count, bool) or not isinstance(count, int) or not 3 <= count <= 10**8:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 3:
         raise TaskError(f"{where}: INSTANCES must be the number of instances of the data set (an int ≥ 3)")
+    if count > MAX_INSTANCES:
+        raise TaskError(f"{where}: INSTANCES = {count:,}: at most {MAX_INSTANCES:,} (each run shuffles every "
+                        "instance number); draw a sample of the data set in make_instance(seed) and leave out "
+                        "INSTANCES, or declare a subset")
     if splits is None:
         return {s: tuple(range(code, count, 3)) for code, s in enumerate(_SPLITS)}
     if not isinstance(splits, Mapping) or set(splits) != set(_SPLITS):
