@@ -229,6 +229,29 @@ def llm_run(tmp_path_factory, pool):
         server.stop()
 
 
+def test_a_generation_whose_proposals_were_all_refused_says_so_and_runs_nothing(tmp_path, pool):
+    """Every answer imports os, which the checks refuse: the generation says so (regression: "no contender finished
+    its training episodes without an error") and does not re-run the incumbent with nothing to compare it with."""
+    refused = "Use the OS.\n<<<<<<< SEARCH\nPARAMETERS = {\n=======\nimport os\nPARAMETERS = {\n>>>>>>> REPLACE\n"
+    server = StandIn([], default=refused)
+    try:
+        shutil.copy(DATA / "cartpole_linear.py", tmp_path / "policy.py")
+        d = base_spec_dict()
+        d.update(refiners=[{"kind": "llm", "base_url": server.url, "model": "stand-in", "proposals": 2,
+                            "budget_requests": 4, "retries": 0}],
+                 test={"episodes": 3}, refiner={"train_episodes": 3}, gate={"validation_episodes": 5},
+                 budget={"env_steps": 20_000})
+        result = start_run(spec_from_dict(d, tmp_path), tmp_path / "runs", "r", executor=pool)
+    finally:
+        server.stop()
+    events = read_events(result.run_dir)
+    gens = events_of(events, EventType.GENERATION_FINISHED)
+    assert gens and all(g.payload["gate_note"].startswith("no contender: all 2 proposal(s) were refused")
+                        for g in gens), [g.payload["gate_note"] for g in gens]
+    assert not [e for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload.get("split") == "train"]
+    assert len(events_of(events, EventType.PROPOSAL_REJECTED)) == 2 * len(gens)
+
+
 def test_every_request_edits_a_program_with_its_own_critique_and_traces(llm_run):
     result, server = llm_run
     events = read_events(result.run_dir)

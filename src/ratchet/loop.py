@@ -234,6 +234,9 @@ class _Run(RunServices):
             if self._failures:  # the refiner's outside service failed: say so, not "failed episodes"
                 return None, (f"the LLM endpoint failed {len(self._failures)} request(s) this generation "
                               f"(last: {self._failures[-1][:200]})"), None, inc_val
+            if not train and self._refused:  # nothing ran: every proposal failed its checks
+                return None, (f"no contender: all {self._refused} proposal(s) were refused before any episode ran "
+                              "(`ratchet show` counts them; an LLM's answers and why: `ratchet llm-log`)"), None, inc_val
             return None, "no contender finished its training episodes without an error", None, inc_val
         inc_train = train[incumbent.id]
         note = self.planner.screen(train[best.id], inc_train, inc_val.mean)
@@ -447,8 +450,11 @@ class _Run(RunServices):
                 if not self.others_available(arm, est_len, reserve):
                     raise
                 proposed, stopped = list(exc.proposals), str(exc)
-            proposals = self.screen_proposals(arm, incumbent, proposed, generation, refiner.take_rejections())
+            screened = refiner.take_rejections()
+            proposals = self.screen_proposals(arm, incumbent, proposed, generation, screened)
+            self._refused = len(screened) + len(proposed) - len(proposals)  # refused before any episode ran
             contenders = proposals + ([recommended] if recommended is not None else [])
+            rerun = rerun and bool(contenders)  # no contender: nothing to compare the incumbent with
             self.record_candidates(contenders, generation)
             # execute
             train = self.evaluate(contenders + [incumbent] * rerun, plan.train_seeds, "train", generation)
@@ -463,10 +469,11 @@ class _Run(RunServices):
             # a reference for paired comparisons
             refiner.observe([train[c.id] for c in contenders] + ([train[incumbent.id]] if rerun else []))
             self.see_training_returns(gen_evals)
-            if not any(e.env_steps for e in gen_evals):
+            if gen_evals and not any(e.env_steps for e in gen_evals):
                 stop = Stop(StopKind.BROKEN, "every episode of the generation failed before its first env step; see "
                             f"why with `ratchet evaluate --run {self.run_dir}`")
-            est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
+            if gen_evals:  # else the last generation's lengths still price the next
+                est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
             self.shortlist.observe(generation, contenders, train, incumbent, recommended)  # the final decision's pool
             if self.powered or spec.planner.final:  # decisions read the shortlist's best and the incumbent: their lengths price them
                 self._longest = max(self.shortlist.longest(spec.planner.confirm_top), inc_val.env_steps / max(1, inc_val.n))

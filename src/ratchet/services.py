@@ -93,6 +93,7 @@ class RunServices:
         self._replaying = False
         self._session_start = time.monotonic()
         self._failures: list[str] = []  # this generation's failed requests to outside services (exchange)
+        self._refused = 0  # this generation's proposals refused before any episode (their checks, the refiner's own)
         self._last_work_seq: int | None = None  # see stopped_at
         self._session_seq = 0
         # the critique service (RefinerContext.critique): each candidate's latest training evaluation, the
