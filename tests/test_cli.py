@@ -190,7 +190,8 @@ def test_evaluate_prints_table_and_mean(runner, pool, cartpole_task):
 def test_evaluate_reports_policy_errors_in_the_table(runner):
     res = invoke(runner, "evaluate", DATA / "policy_raises.py", "--env", "CartPole-v1", "-n", "2", "--workers", "1")
     assert "errors 2" in res.stdout and "ZeroDivisionError" in res.stdout  # the table shows every episode
-    assert_one_line_error(res, "every episode failed")  # and a policy that never works is a failed command
+    line = assert_one_line_error(res, "every episode failed")  # and a policy that never works is a failed command
+    assert "ZeroDivisionError: policy bug on purpose (policy line 13)" in line  # where in policy_raises.py
 
 
 def test_an_action_outside_the_box_names_both_ways_to_clip_it(runner, tmp_path):

@@ -4,6 +4,7 @@ fail on their own."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -95,8 +96,10 @@ def act(obs, params):
     assert together == alone
     errors = [e["error"] for e in alone]
     assert errors[0] is None and errors[5] is None
-    assert "invalid action: step 6" in errors[1] and "policy raised RuntimeError: boom at 11" == errors[2]
-    assert errors[3] == "policy raised ValueError: no start for seed 3" and alone[3]["diagnostics"]["final_observation"] is None
+    assert "invalid action: step 6" in errors[1]
+    assert re.fullmatch(r"policy raised RuntimeError: boom at 11 \(policy line \d+\)", errors[2])  # where it raised
+    assert re.fullmatch(r"policy raised ValueError: no start for seed 3 \(policy line \d+\)", errors[3])
+    assert alone[3]["diagnostics"]["final_observation"] is None
     assert "non-finite" in errors[4] and alone[4]["length"] == 3
 
 
@@ -286,7 +289,8 @@ def act_batch(observations, params):
     with ProcessExecutor(workers=1, episode_timeout_s=60, lockstep=4) as ex:
         eps = ex.run(task, [Job(_program(source), s) for s in range(8)])
     ok, failed = [e for e in eps if e.error is None], [e for e in eps if e.error]
-    assert ok and failed and all(e.error == "policy raised ValueError: tired" and e.length > 0 for e in failed)
+    assert ok and failed and all(re.fullmatch(r"policy raised ValueError: tired \(policy line \d+\)", e.error or "")
+                                   and e.length > 0 for e in failed)
     assert sum(e.length for e in eps) == 1499  # every observation answered before the failing round was a step
 
 

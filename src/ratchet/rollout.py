@@ -270,12 +270,14 @@ def error_text(exc: BaseException) -> str:
     """An episode's error for what the policy (or, stepping its action, the env) raised."""
     if isinstance(exc, PolicyFailure):
         return f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
+    from ratchet.policy import policy_line
+
     kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
     try:
         text = str(exc)[:400]
     except Exception:  # noqa: BLE001 - a policy's exception may fail in __str__ too
         text = "<unprintable exception>"
-    return f"{kind}: {text}"
+    return f"{kind}: {text}{policy_line(exc)}"
 
 
 def _text_of(exc: BaseException) -> str:

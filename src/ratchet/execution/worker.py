@@ -607,10 +607,14 @@ def _trim_log() -> None:
 
 
 def _text(exc: BaseException, limit: int = 300) -> str:
+    """``exc``'s message (at most ``limit`` characters) and where in the policy it was raised (:func:`policy_line`)."""
+    from ratchet.policy import policy_line
+
     try:
-        return str(exc)[:limit]
+        text = str(exc)[:limit]
     except Exception:  # noqa: BLE001 - a policy's exception may fail in __str__ too
-        return "<unprintable>"
+        text = "<unprintable>"
+    return text + policy_line(exc)
 
 
 def _task_or_none(task_dict: Any) -> Any:
