@@ -305,6 +305,7 @@ def test_flags_and_output_are_checked_before_anything_is_played(finished, tmp_pa
                        (["--force"], "give -o/--output too"),
                        (["-o", str(tmp_path / "nowhere" / "p.npz")], "no folder"),
                        (["-o", str(tmp_path)], "is a folder"),
+                       (["-o", str(tmp_path / "p.txt")], "a data set is written as .npz; give p.npz"),
                        (["-o", str(run_dir / "ledger.sqlite"), "--force"], "it is a run ledger"),
                        (["--storage", "foo://x"], "not a database URL")):
         r = runner.invoke(app, ["correct", str(run_dir), *args])

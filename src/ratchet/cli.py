@@ -1134,8 +1134,8 @@ def correct(run: str = typer.Argument(..., metavar="RUN", help="Run id or run di
 
 
 def _check_output_path(path: Path, force: bool) -> None:
-    """``--output`` checked before the person plays: a file name in an existing, writable folder, not a ledger,
-    and (without ``--force``) not an existing file.
+    """``--output`` checked before the person plays: an ``.npz`` file name in an existing, writable folder, not a
+    ledger, and (without ``--force``) not an existing file.
 
     Raises:
         RatchetError: any of these fails.
@@ -1143,6 +1143,8 @@ def _check_output_path(path: Path, force: bool) -> None:
     import os
 
     _check_output(path, force, "--output")
+    if path.suffix.lower() != ".npz":  # what np.load and a [[refiners]] demonstrations setting read
+        raise RatchetError(f"--output {path}: a data set is written as .npz; give {path.with_suffix('.npz').name}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise RatchetError(f"--output {path}: no folder {folder}; create it first")
