@@ -428,6 +428,17 @@ def test_start_run_refuses_bad_run_ids(tmp_path, run_id):
     assert not (tmp_path / "runs").exists()
 
 
+def test_start_run_refuses_a_runs_dir_that_is_a_run(tmp_path):
+    """Regression: --runs-dir runs/<a run> made the new run inside the old one's directory, without a word."""
+    spec = load_spec(make_spec_dir(tmp_path / "s", execution={"workers": 1}))
+    inside = tmp_path / "runs" / "old"
+    inside.mkdir(parents=True)
+    (inside / "ledger.sqlite").write_bytes(b"")
+    with pytest.raises(RatchetError, match=r"is a run's own directory; give the folder that holds runs \(.*runs\)"):
+        start_run(spec, inside, "new")
+    assert sorted(p.name for p in inside.iterdir()) == ["ledger.sqlite"]
+
+
 class _ScriptedExecutor:
     """Returns made-up episodes of 40 env steps without running anything: every third one errored (a timeout
     that reports its length), every other one truncated."""

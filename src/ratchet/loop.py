@@ -621,6 +621,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RatchetError(f"--runs-dir {runs_dir} is a file; give a folder for run directories")
+    if (Path(runs_dir) / LEDGER_FILE).exists() or (Path(runs_dir) / POINTER_FILE).exists():
+        raise RatchetError(f"--runs-dir {runs_dir} is a run's own directory; give the folder that holds runs "
+                           f"({Path(runs_dir).parent})")
     run_dir = Path(runs_dir) / run_id
     if (run_dir / LEDGER_FILE).exists() or (run_dir / POINTER_FILE).exists():
         raise RatchetError(f"run {run_id} already exists in {runs_dir}; pick another --run-id "
