@@ -748,18 +748,6 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     return out
 
 
-def policy_line(exc: BaseException) -> str:
-    """Where in a policy's code ``exc`` was raised, for its episode's error: ``" (policy line N)"`` for the innermost
-    frame of code :func:`compile_policy` compiled as ``"<policy>"``, else ``""`` (raised elsewhere, e.g. in NumPy
-    called from no policy line)."""
-    tb, line = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<policy>":
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return f" (policy line {line})" if line is not None else ""
-
-
 def compile_policy(source: str | types.CodeType, filename: str = "<policy>") -> types.ModuleType:
     """Execute policy source (or its compiled code object) in a fresh module. Only workers call this.
 

@@ -266,12 +266,22 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
     return _ended(seed, total, steps, obs, reward, terminated, truncated, task)
 
 
+def policy_line(exc: BaseException) -> str:
+    """Where in a policy's code ``exc`` was raised, for its episode's error: ``" (policy line N)"`` for the innermost
+    frame of code :func:`ratchet.policy.compile_policy` compiled as ``"<policy>"``, else ``""`` (raised elsewhere,
+    e.g. in NumPy called from no policy line)."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<policy>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" (policy line {line})" if line is not None else ""
+
+
 def error_text(exc: BaseException) -> str:
     """An episode's error for what the policy (or, stepping its action, the env) raised."""
     if isinstance(exc, PolicyFailure):
         return f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
-    from ratchet.policy import policy_line
-
     kind = "invalid action" if isinstance(exc, InvalidAction) else f"policy raised {type(exc).__name__}"
     try:
         text = str(exc)[:400]

@@ -608,7 +608,7 @@ def _trim_log() -> None:
 
 def _text(exc: BaseException, limit: int = 300) -> str:
     """``exc``'s message (at most ``limit`` characters) and where in the policy it was raised (:func:`policy_line`)."""
-    from ratchet.policy import policy_line
+    from ratchet.rollout import policy_line
 
     try:
         text = str(exc)[:limit]
