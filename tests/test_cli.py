@@ -925,6 +925,9 @@ def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_bef
     assert res.exit_code == 1, res.output
     assert "failed all 4 of its validation episodes" in res.output and "boom: this policy cannot act" in res.output
     assert "ratchet evaluate --run" in res.output
+    start = next(ln for ln in res.stdout.splitlines() if "│ start" in ln)  # every test episode errored:
+    assert start.split("│")[2].strip() == "–" and "0.00" not in start  # no return to show, not a score of 0.00
+    assert "(an errored episode's return counts what it earned before the error)" in res.stdout
     events = read_events(tmp_path / "runs" / "b")
     assert not events_of(events, EventType.GENERATION_FINISHED)
     assert project(events).status == "finished"

@@ -134,9 +134,13 @@ def _print_result(run_dir: Path, state) -> None:
         t.add_column("errored", justify="right")
     for label, s in tests:
         sr = "–" if s["success_rate"] is None else f"{100 * s['success_rate']:.1f} %"
-        row = [label, f"{s['mean']:.2f}", f"{s['std']:.2f}", sr, str(s["n"])]
+        every = bool(s["n"]) and s.get("n_errors", 0) == s["n"]  # no return to show: 0.00 would read as a score
+        row = [label, "–" if every else f"{s['mean']:.2f}", "–" if every else f"{s['std']:.2f}", sr, str(s["n"])]
         t.add_row(*(row + [str(s.get("n_errors", 0))] if show_errors else row))
     out.print(t)
+    if show_errors:
+        out.print("(an errored episode's return counts what it earned before the error)", highlight=False,
+                  soft_wrap=True)
     rule = _success_rule(state)
     if rule and any(s["success_rate"] is not None for _, s in tests):
         out.print(f"success: {rule}", highlight=False, soft_wrap=True)
