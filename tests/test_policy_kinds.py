@@ -165,7 +165,8 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage, request):
     assert shown["incumbent"]["kind"] == "residual" and set(shown["incumbent"]["artifacts"]) == {"correction"}
     assert "correction: mlp 4-8-2 (tanh, discrete)" in cli("show", "r").stdout
     assert "failure modes" in cli("critique", "r", "--split", "test").stdout
-    assert "over 2 episodes" in cli("evaluate", "--run", "r", "-n", "2", "--workers", "1").stdout
+    evaluated = " ".join(cli("evaluate", "--run", "r", "-n", "2", "--workers", "1").stdout.split())
+    assert "over 2 episodes" in evaluated and "(seeds 0..1 from --seed/--episodes, not the run's test seeds" in evaluated
 
     out = tmp_path / "export" / "policy.py"
     out.parent.mkdir()

@@ -626,6 +626,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
               f"errors {s['n_errors']} · {s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
+    if run is not None and seeds is None:  # the seeds above are this command's, which a user may take for the run's
+        out.print(f"(seeds {seed_list[0]}..{seed_list[-1]} from --seed/--episodes, not the run's test seeds: `ratchet "
+                  "show` gives the run's test mean)", highlight=False, soft_wrap=True)
     if s["n_errors"] == s["n"]:
         clipped = env is not None and " outside bounds " in str(eps[0].error)  # --clip is the --env way to say it
         _fail(RatchetError(f"every episode failed (first: {eps[0].error}); fix the policy"
