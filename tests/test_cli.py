@@ -200,8 +200,8 @@ def test_an_action_outside_the_box_names_both_ways_to_clip_it(runner, tmp_path):
     policy = tmp_path / "push.py"
     policy.write_text('PARAMETERS = {"k": {"default": 2.5, "low": 0.0, "high": 3.0}}\n\n\n'
                       'def act(observation, params):\n    return [params["k"]]\n', encoding="utf-8")
-    line = assert_one_line_error(invoke(runner, "evaluate", policy, "--env", "Pendulum-v1", "-n", "1", "--workers", "1"),
-                                 "outside bounds")
+    res = invoke(runner, "evaluate", policy, "--env", "Pendulum-v1", "-n", "1", "--workers", "1")
+    line = assert_one_line_error(res, "outside bounds")
     assert '[task] action = "clip"' in line and "pass --clip" in line
     res = invoke(runner, "evaluate", policy, "--env", "Pendulum-v1", "-n", "1", "--workers", "1", "--clip")
     assert res.exit_code == 0 and "errors 0" in res.stdout, res.output

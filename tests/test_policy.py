@@ -311,7 +311,8 @@ def test_export_counts_lines_as_python_does(odd):
     them was rewritten, silently)."""
     src = (f'"""y = a*x{odd} + b."""\n\x0c\n# {odd} a comment\nPARAMETERS = {{\n'
            '    # "c": {"default": 0.0, "low": -2.0, "high": 2.0},\n'
-           '    "a": {"default": 0.0, "low": -2.0, "high": 2.0},\n    "b": {"default": 0.5, "low": -2.0, "high": 2.0},\n}\n\n\n'
+           '    "a": {"default": 0.0, "low": -2.0, "high": 2.0},\n'
+           '    "b": {"default": 0.5, "low": -2.0, "high": 2.0},\n}\n\n\n'
            'def act(observation, params):\n    return params["a"] * observation + params["b"]\n')
     out = export_source(src, {"a": 1.4952492638929509, "b": -0.35133483863922454})
     assert {p.name: p.default_value for p in parse_policy(out).parameters} == {"a": 1.4952492638929509,

@@ -166,7 +166,8 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage, request):
     assert "correction: mlp 4-8-2 (tanh, discrete)" in cli("show", "r").stdout
     assert "failure modes" in cli("critique", "r", "--split", "test").stdout
     evaluated = " ".join(cli("evaluate", "--run", "r", "-n", "2", "--workers", "1").stdout.split())
-    assert "over 2 episodes" in evaluated and "(seeds 0..1 from --seed/--episodes, not the run's test seeds" in evaluated
+    assert "over 2 episodes" in evaluated
+    assert "(seeds 0..1 from --seed/--episodes, not the run's test seeds" in evaluated
 
     out = tmp_path / "export" / "policy.py"
     out.parent.mkdir()

@@ -622,8 +622,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     out.print(t)
     s = ev.summary()
     sr = "" if s["success_rate"] is None else f" · success {100 * s['success_rate']:.1f} %"
-    out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} (std) over {s['n']} {'instances' if scored else 'episodes'}{sr} · "
-              f"errors {s['n_errors']} · {s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
+    over = f"{s['n']} {'instances' if scored else 'episodes'}"
+    out.print(f"mean {s['mean']:.2f} ± {s['std']:.2f} (std) over {over}{sr} · errors {s['n_errors']} · "
+              f"{s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
     if run is not None and seeds is None:  # the seeds above are this command's, which a user may take for the run's

@@ -235,8 +235,9 @@ class _Run(RunServices):
                 return None, (f"the LLM endpoint failed {len(self._failures)} request(s) this generation "
                               f"(last: {self._failures[-1][:200]})"), None, inc_val
             if not train and self._refused:  # nothing ran: every proposal failed its checks
-                return None, (f"no contender: all {self._refused} proposal(s) were refused before any episode ran "
-                              "(`ratchet show` counts them; an LLM's answers and why: `ratchet llm-log`)"), None, inc_val
+                refused = (f"no contender: all {self._refused} proposal(s) were refused before any episode ran "
+                           "(`ratchet show` counts them; an LLM's answers and why: `ratchet llm-log`)")
+                return None, refused, None, inc_val
             return None, "no contender finished its training episodes without an error", None, inc_val
         inc_train = train[incumbent.id]
         note = self.planner.screen(train[best.id], inc_train, inc_val.mean)

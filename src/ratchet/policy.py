@@ -688,6 +688,8 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
         PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter or an
             array value does not have its parameter's shape.
     """
+    import numpy as np
+
     program = parse_policy(source, dims=_infer_dims(source, params), functions=None)
     shapes = {p.name: p.shape for p in program.parameters}
     by_name = {p.name: p for p in program.parameters}
@@ -737,9 +739,8 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     out = data.decode("utf-8")
     if header:
         out = "".join(f"# {h}\n" for h in header.splitlines()) + out
-    written = {p.name: p.default_value for p in parse_policy(out, dims=_infer_dims(out, params), functions=None).parameters}
-    import numpy as np
-
+    reread = parse_policy(out, dims=_infer_dims(out, params), functions=None)
+    written = {p.name: p.default_value for p in reread.parameters}
     for name, value in params.items():  # read back: each default is the value given (as bounded above)
         if not np.array_equal(np.asarray(written.get(name, np.nan), dtype=np.float64),
                               np.asarray(_within_bounds(by_name[name], _value(value)), dtype=np.float64)):

@@ -39,7 +39,8 @@ def read_sb3_zip(path: str | Path) -> bytes:
     try:
         names = set(check_zip(data))  # any damage (a bad header, an unknown method or version) is an NpzError
     except NpzError as exc:
-        raise PolicyError(f"{p}: {exc}; [policy] kind = \"sb3\" needs a file written by Stable-Baselines3's model.save()") from None
+        raise PolicyError(f"{p}: {exc}; [policy] kind = \"sb3\" needs a file written by Stable-Baselines3's "
+                          "model.save()") from None
     if not {"data", "policy.pth"} <= names:
         raise PolicyError(f"{p} is a zip archive but not a Stable-Baselines3 model (no 'data' and 'policy.pth')")
     return data

@@ -38,7 +38,8 @@ fault: the run stops with one line naming the instance.
 Seeds keep ratchet's three splits. A generated seed carries its split (``seed % 3``: 0 train, 1 validation,
 2 test; :func:`split_of`), so an evaluator may, for instance, make held-out problems larger. With
 ``INSTANCES = n`` (at most :data:`MAX_INSTANCES`) the seeds are instance numbers ``0..n-1``, instance ``i`` in
-split ``i % 3`` unless ``SPLITS`` says otherwise; each split draws only its own instances (:meth:`EvaluatorTask.seed_pools`).
+split ``i % 3`` unless ``SPLITS`` says otherwise; each split draws only its own instances
+(:meth:`EvaluatorTask.seed_pools`).
 
 The evaluator's source is stored with the task (in the ledger), so a replay or a resume runs the same code;
 a changed file starts a new run. Files the evaluator reads itself are the user's to keep unchanged.

@@ -216,7 +216,8 @@ class GymTask:
         None when there is no threshold."""
         if self.success_threshold is None:
             return None
-        source = f"{self.env_id}'s registered reward_threshold" if self.threshold_registered else "[task] success_threshold"
+        source = (f"{self.env_id}'s registered reward_threshold" if self.threshold_registered
+                  else "[task] success_threshold")
         return f"return ≥ {self.success_threshold:g} ({source})"
 
     @property
