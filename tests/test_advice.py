@@ -18,7 +18,8 @@ def _state(notes, gates=(), promotions=(), params=None, stop_reason="env-step bu
         generation_log=[{"generation": i + 1, "gated": note is None, "gate_note": note} for i, note in enumerate(notes)],
         spec={"gate": {"validation_episodes": 8, "max_share": 0.3}, "refiner": {"sigma0": 0.2}},
         promotions=list(promotions), gates=list(gates), policy_source=source, baseline_id="base",
-        incumbent_id="inc" if params is not None else "base", candidates=cands, stop_reason=stop_reason)
+        incumbent_id="inc" if params is not None else "base", candidates=cands, stop_reason=stop_reason,
+        cost_unit="env steps")
 
 
 def test_names_the_causes_in_numbers():
@@ -41,13 +42,14 @@ def test_the_share_is_said_in_what_the_budget_counts():
     """An evaluator task's budget counts instances, not env steps (regression: "of the env steps" everywhere)."""
     from pathlib import Path
 
+    from ratchet.ledger.projection import RunState
     from ratchet.tasks.evaluator import EvaluatorTask
 
     notes = ["validation would take 40 % of instances, over [gate] max_share = 0.3; it waits"] * 2
     state = _state(notes)
     assert "max_share = 0.3 of the env steps;" in "\n".join(run_advice(state))
     evaluator = Path(__file__).resolve().parents[1] / "examples" / "blocksworld" / "evaluate.py"
-    state.task = EvaluatorTask.from_file(evaluator).to_dict()
+    state.cost_unit = RunState(task=EvaluatorTask.from_file(evaluator).to_dict()).cost_unit  # as the run recorded it
     assert "max_share = 0.3 of the instances;" in "\n".join(run_advice(state))
 
 

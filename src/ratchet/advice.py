@@ -64,19 +64,6 @@ def _array_at_bounds(p: Any, value: Any, tolerance: float) -> list[str]:
              "the search wanted to go further; widen their range in PARAMETERS")]
 
 
-def _cost_unit(state: Any) -> str:
-    """What the run's budget counts (the task's ``cost_unit``: env steps, or an evaluator's instances), as recorded;
-    ``"env steps"`` when the task cannot be rebuilt here."""
-    from ratchet.errors import RatchetError
-    from ratchet.tasks import task_from_dict
-
-    try:
-        task = getattr(state, "task", None)
-        return str(task_from_dict(task).cost_unit) if task else "env steps"
-    except (RatchetError, KeyError, TypeError, ValueError):
-        return "env steps"
-
-
 def run_advice(state: Any) -> list[str]:
     """Likely causes, in numbers, when a run promoted nothing or little (and did not reach its ``[budget]
     target``), and what to change (validation episodes, sigma0, bounds, budget), plus parameters left at a
@@ -117,7 +104,7 @@ def run_advice(state: Any) -> list[str]:
         fewer = "" if gains else f" or lower [gate] validation_episodes (now {gate.get('validation_episodes')})"
         if share:
             out.append(f"{head}: {share} generation(s) skipped the gate because validation would exceed [gate] "
-                       f"max_share = {gate.get('max_share', 0.3):g} of the {_cost_unit(state)}; raise max_share"
+                       f"max_share = {gate.get('max_share', 0.3):g} of the {state.cost_unit}; raise max_share"
                        + (fewer or " or the budget"))
         if budget:
             out.append(f"{head}: in {budget} generation(s) the budget could not pay for a validation; raise the "

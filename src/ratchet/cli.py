@@ -144,7 +144,7 @@ def _print_result(run_dir: Path, state) -> None:
     rule = _success_rule(state)
     if rule and any(s["success_rate"] is not None for _, s in tests):
         out.print(f"success: {rule}", highlight=False, soft_wrap=True)
-    out.print(f"{_unit(state)} {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s run time · "
+    out.print(f"{state.cost_unit} {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s run time · "
               f"promotions {len(state.promotions)}", soft_wrap=True)
     started = _state.get("started")
     took = f"; this command took {time.monotonic() - started:.1f} s" if started is not None else ""
@@ -462,7 +462,7 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row("final decision", _safe(("promoted " if fd.get("promoted") else "") + str(fd.get("note", "")), 500))
     if data.get("env_steps_breakdown"):
         outside = " (person and correction: outside the budget)" if data["corrections"] else ""
-        t.add_row(f"{_unit(st)} went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
+        t.add_row(f"{st.cost_unit} went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()
                                                  if v is not None) + outside)
     for c in data["corrections"]:  # a person's rounds after the run finished (ratchet correct)
         if c["status"] == "finished":
@@ -791,11 +791,6 @@ def _candidate_of(state, candidate: str | None):
     except KeyError:
         raise RunNotFoundError(f"no unique candidate {cid!r} in run {state.run_id}; `ratchet show {state.run_id} --json` "
                                "gives the incumbent and baseline ids") from None
-
-
-def _unit(state) -> str:
-    """What a run's env-step counts count: ``"env steps"``, or an evaluator task's cost unit (``"items"``)."""
-    return str((state.task or {}).get("cost_unit", "env steps"))
 
 
 def _task_of(state, evaluation: int | None = None):

@@ -251,7 +251,7 @@ def run_row(ledger: LedgerStore, run_id: str) -> tuple[dict[str, Any], Liveness]
         "refiners": _refiners(st.spec), "start_validation": start_val, "incumbent_validation": inc_val,
         "start_test": _num((st.baseline_test or {}).get("mean")), "test": _num((st.test or {}).get("mean")),
         "env_steps": _int((fin or g).get("env_steps")), "budget_env_steps": _num(budget),
-        "cost_unit": str((st.task or {}).get("cost_unit", "env steps")),
+        "cost_unit": st.cost_unit,
         "generations": _int(fin.get("generations")) if fin else _int(g.get("generation")),
         "promotions": len(st.promotions), "last_activity": newest.time if newest else None,
         "seq": newest.seq if newest else 0, "error": st.error}), liveness

@@ -140,6 +140,12 @@ class RunState:
         name = t.get("name") or str(t.get("evaluator") or "?").rsplit("/", 1)[-1].removesuffix(".py")
         return str(name)
 
+    @property
+    def cost_unit(self) -> str:
+        """What the run's env-step counts count, as its task recorded it: ``"env steps"``, or an evaluator task's
+        cost unit (``"instances"``, ``"items"``)."""
+        return str((self.task or {}).get("cost_unit", "env steps"))
+
     def to_json(self) -> dict[str, Any]:
         """The summary printed by ``ratchet show --json``. The incumbent's ``kind`` is its policy kind and
         ``artifacts`` its artifacts' digests by role (empty for a plain program)."""
@@ -150,7 +156,7 @@ class RunState:
                 "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
                 "stop_reason": self.stop_reason, "stop_kind": self.stop_kind, "error": self.error,
                 "env_id": self.spec.get("task", {}).get("env_id"), "task": self.task_name,
-                "cost_unit": (self.task or {}).get("cost_unit", "env steps"), "execution": self.execution,
+                "cost_unit": self.cost_unit, "execution": self.execution,
                 "budget": self.spec.get("budget"),
                 "baseline": {"candidate_id": self.baseline_id},
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
