@@ -326,3 +326,26 @@ def act(obs, params):
 """
     alone, together = _both(CARTPOLE, [Job(_program(source), s) for s in range(6)])
     assert together == alone
+
+
+def test_a_start_failure_claimed_mid_episode_keeps_the_steps_taken():
+    """Policy code can make its process answer any round with a failure "at the start" of an episode; once the env
+    host has stepped that episode the claim is ignored: the episode keeps the env steps taken and the return earned
+    before the error (so the env-step count and cap hold), as the same failure one at a time does."""
+    source = """
+from ratchet.execution.protocol import SlotFailure
+PARAMETERS = {}
+STATE = {}
+def reset(params, seed):
+    STATE["t"] = 0
+def act(obs, params):
+    STATE["t"] += 1
+    if STATE["t"] == 40:
+        return SlotFailure("policy failed to load", "not me", start=True)
+    return int(obs[2] + obs[3] > 0)
+"""
+    task = GymTask("CartPole-v1", max_episode_steps=300)
+    with ProcessExecutor(workers=1, episode_timeout_s=60, lockstep=4) as ex:
+        eps = ex.run(task, [Job(_program(source), s) for s in range(4)])
+    assert [(e.length, e.episode_return) for e in eps] == [(39, 39.0)] * 4, [(e.length, e.error) for e in eps]
+    assert all(e.error == "policy failed to load: not me" for e in eps)

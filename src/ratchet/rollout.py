@@ -87,7 +87,9 @@ class PolicyFailure(Exception):
     Attributes:
         kind: The error's prefix, e.g. ``"policy raised ValueError"``.
         text: Its message (untrusted text).
-        start: It failed starting the episode (loading, ``reset``), before the environment's first observation.
+        start: It failed starting the episode (loading, ``reset``), before the environment's first observation. The
+            policy process says so, so it is only a claim: :func:`run_lockstep` believes it only for an episode that
+            has not taken an env step yet; after one, the failure counts the steps and return the env host counted.
     """
 
     def __init__(self, kind: str, text: str = "", start: bool = False) -> None:
@@ -437,7 +439,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             ended = []
             answered = clock() - t
             for r, answer in zip(runs, answers):
-                if isinstance(answer, PolicyFailure) and answer.start:  # as run_episode: before the env's reset
+                if isinstance(answer, PolicyFailure) and answer.start and r.steps == 0:  # as run_episode: at reset
                     done[r.index] = _errored(r.seed, 0.0, 0, None, error_text(answer), task)
                     _retire(running.pop(r.index).env)
                     ended.append(r.index)
