@@ -349,3 +349,107 @@ def act(obs, params):
         eps = ex.run(task, [Job(_program(source), s) for s in range(4)])
     assert [(e.length, e.episode_return) for e in eps] == [(39, 39.0)] * 4, [(e.length, e.error) for e in eps]
     assert all(e.error == "policy failed to load: not me" for e in eps)
+
+
+def test_a_policy_reaching_the_global_generators_by_no_name_gets_its_own_episode_draws():
+    """Isolation in a batch rests on what the policy does, not on the names in its code: a program that reaches
+    NumPy's and Python's process-wide generators through names built at run time (the scan of names sees none)
+    still gets, in a batch, the draws its episodes get alone."""
+    source = """
+PARAMETERS = {}
+NP = getattr(__import__("numpy"), "".join(["ran", "dom"]))
+PY = __import__("".join(["ran", "dom"]))
+def act(obs, params):
+    if abs(obs[2]) < 0.02:
+        return int(NP.rand() < 0.5)
+    if abs(obs[3]) < 0.05:
+        return int(getattr(PY, "".join(["ran", "dom"]))() < 0.5)
+    return int(obs[2] + obs[3] > 0)
+"""
+    from ratchet.policy import uses_global_random
+
+    assert not uses_global_random(compile(source, "<policy>", "exec"))
+    alone, together = _both(CARTPOLE, [Job(_program(source), s) for s in range(6)])
+    assert together == alone
+    assert len({e["length"] for e in alone}) > 1
+
+
+def test_a_write_to_builtins_reaches_no_other_episode():
+    """Each episode's module resolves its bare names in a builtins namespace of its own, as it was before any policy
+    code ran: a name one episode writes there (through ``__builtins__`` or the ``builtins`` module) is not seen by
+    another episode of the batch, nor by a later episode one at a time."""
+    source = """
+import builtins
+PARAMETERS = {}
+LEAKED = []
+def act(obs, params):
+    if not LEAKED:
+        try:
+            LEAKED.append(MARK)
+        except NameError:
+            LEAKED.append(None)
+    builtins.MARK = 1
+    __builtins__["MARK"] = 1
+    return 0 if LEAKED[0] is not None else int(obs[2] + obs[3] > 0)
+"""
+    alone, together = _both(CARTPOLE, [Job(_program(source), s) for s in range(6)])
+    assert together == alone
+    assert all(e["length"] > 30 and e["error"] is None for e in alone), [e["length"] for e in alone]
+
+
+def test_a_batch_answers_one_at_a_time_when_policy_code_changes_the_generators_beside_another_episode():
+    """The policy process watches what policy code does to the process-wide generators, not what its code names:
+    a draw while another episode runs (in ``act`` or in ``reset``) turns the round's answer into ONE_AT_A_TIME
+    (the env host decodes it as a "solo" abort); a draw by the only running episode, and a policy that never draws,
+    are answered as usual."""
+    from ratchet.execution.protocol import ONE_AT_A_TIME, decode_actions
+    from ratchet.execution.worker import _Batch, _Policies
+    from ratchet.rollout import RolloutAborted
+
+    draws = 'PARAMETERS = {}\nR = getattr(__import__("numpy"), "".join(["ran", "dom"]))\n' \
+            'def act(obs, params):\n    return int(R.rand() < 0.5)\n'
+    drawing_reset = 'PARAMETERS = {}\nimport importlib\nR = importlib.import_module("".join(["ran", "dom"]))\n' \
+                    'def reset(params, seed):\n    R.getrandbits(8)\ndef act(obs, params):\n    return 0\n'
+    task = GymTask("CartPole-v1")
+    obs = np.zeros((2, 4), dtype=np.float32)
+
+    def batch(source):
+        policies = _Policies()
+        policies.sources["k"] = source
+        return _Batch(policies, "k", {}, task.spaces(), ("act",), None)
+
+    b = batch(draws)
+    assert b.width > 1  # the scan of names sees nothing
+    assert b.act([(0, 1)], [], [0], obs[:1]) != ONE_AT_A_TIME  # alone in the batch: its draws are its own
+    assert b.act([(1, 2)], [], [0, 1], obs) == ONE_AT_A_TIME
+    assert batch(drawing_reset).act([(0, 1), (1, 2)], [], [0, 1], obs) == ONE_AT_A_TIME
+    honest = batch(LINEAR)
+    for _ in range(3):
+        assert honest.act([(i, i) for i in range(2)] if _ == 0 else [], [], [0, 1], obs) != ONE_AT_A_TIME
+    with pytest.raises(RolloutAborted) as info:
+        decode_actions(ONE_AT_A_TIME, 2)
+    assert info.value.status == "solo"
+
+
+def test_reading_the_global_generators_sees_every_change():
+    import random
+
+    from ratchet.execution.worker import _generators
+
+    g = _generators()
+    before = g.read()
+    assert g.read() == before
+    for change in (lambda: np.random.rand(), lambda: random.random(), lambda: random.seed(5),
+                   lambda: np.random.seed(5), lambda: np.random.set_state(np.random.get_state()[:1] + (
+                       np.roll(np.random.get_state()[1], 1),) + np.random.get_state()[2:])):
+        change()
+        after = g.read()
+        assert after != before
+        before = after
+    saved = np.random.get_bit_generator()
+    try:
+        np.random.set_bit_generator(np.random.MT19937(0))
+        assert g.read() != g.read()
+    finally:
+        np.random.set_bit_generator(saved)
+    assert g.read() == g.read()

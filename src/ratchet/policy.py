@@ -32,6 +32,7 @@ The parent process never executes policy code: this module reads the file with :
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import json
 import math
@@ -749,14 +750,24 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     return out
 
 
+#: The builtins as they were when this module was imported (in a worker: before any policy code ran).
+_BUILTINS = dict(builtins.__dict__)
+
+
 def compile_policy(source: str | types.CodeType, filename: str = "<policy>") -> types.ModuleType:
     """Execute policy source (or its compiled code object) in a fresh module. Only workers call this.
+
+    The module resolves its bare names in a builtins namespace of its own, a copy of the builtins as they were
+    before any policy code ran in the process: a name one instance writes there (``__builtins__["x"] = ...``, or
+    ``builtins.x = ...``, which changes the process's ``builtins`` module) is seen by no other instance, so the
+    episodes of a lockstep batch, each with an instance of its own, cannot reach each other through it.
 
     Raises:
         Exception: whatever the policy's top-level code raises (SyntaxError for bad source).
     """
     module = types.ModuleType("ratchet_policy")
     module.__file__ = filename
+    module.__builtins__ = dict(_BUILTINS)  # type: ignore[attr-defined]
     code = source if isinstance(source, types.CodeType) else compile(source, filename, "exec")
     exec(code, module.__dict__)  # noqa: S102 - running policy code is the worker's job
     return module

@@ -115,7 +115,7 @@ class RolloutAborted(Exception):
 
     Attributes:
         status: ``"died"``, ``"timeout"``, ``"interfered"``, or ``"solo"`` (a lockstep round outlasted the time
-            left: run the episodes again one at a time).
+            left, or the policy process answered that its episodes must run one at a time: run them again so).
         detail: A short description (for ``"interfered"``: what was sent).
     """
 
@@ -376,8 +376,14 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
     Raises:
         BatchAborted: the policy process died, timed out or sent garbage; it carries the finished episodes and
             how far the others got. Its cause's status is ``"solo"`` when a round of several answers outlasted the
-            time left: the unfinished episodes are then to be run again one at a time, where a policy that is merely
-            slow gets each episode's own timeout (and one that hangs times out as it would alone).
+            time left, or the policy process answered that its episodes must run one at a time
+            (:data:`ratchet.execution.protocol.ONE_AT_A_TIME`: policy code changed the global random generators
+            with several running): the unfinished episodes are then to be run again one at a time, where a policy
+            that is merely slow gets each episode's own timeout (and one that hangs times out as it would alone)
+            and each draws from generators seeded for it alone.
+
+    A failure the policy process claims for an episode's start (:attr:`PolicyFailure.start`) is believed only before
+    the episode's first env step; after it, the episode keeps the env steps and return counted here.
     """
     import time
 

@@ -14,7 +14,8 @@ episode with the steps it took. Replies to the driver are the executor's usual J
 ``[job_id, episode_dict, status]`` with ``status`` one of ``"ok"``, ``"died"``, ``"timeout"``,
 ``"interfered"``, ``"stale"``, ``"solo"`` (the last five: the policy process must be replaced; ``"stale"``: the
 candidate before this job's did not let go of it, so the job itself never ran and runs again on a fresh pair;
-``"solo"``: a lockstep round outlasted the time left, so the episode runs again one at a time).
+``"solo"``: a lockstep round outlasted the time left, or the policy process answered that its episodes must run one
+at a time, so the episode runs again one at a time).
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ratchet.rollout import Opaque, PolicyFailure
+from ratchet.rollout import Opaque, PolicyFailure, RolloutAborted
 
-__all__ = ["BadReply", "Opaque", "PolicyFailure", "SlotFailure", "decode_actions", "decode_reply", "decode_round",
-           "encode_action", "encode_actions", "encode_error", "encode_round", "encode_value"]
+__all__ = ["ONE_AT_A_TIME", "BadReply", "Opaque", "PolicyFailure", "SlotFailure", "decode_actions", "decode_reply",
+           "decode_round", "encode_action", "encode_actions", "encode_error", "encode_round", "encode_value"]
 
 _I64 = struct.Struct("!q")
 _F64 = struct.Struct("!d")
@@ -242,7 +242,8 @@ def _decode_array(body: bytes) -> np.ndarray:
 # announced, else ``p`` + a pickled list). New slots start an episode (fresh policy state, seeded, ``reset``) before
 # the round's actions; done slots' episodes have ended (the policy drops their state).
 # Policy → env host: ``A`` + an ``a`` array of n rows (one action each), or ``l`` + n length-prefixed items, each
-# an action as :func:`encode_action` writes it or an ``E`` (that episode's failure); or ``E`` for all n.
+# an action as :func:`encode_action` writes it or an ``E`` (that episode's failure); or ``E`` for all n; or ``U``
+# (:data:`ONE_AT_A_TIME`): run the batch's unfinished episodes again one at a time.
 
 _ROUND_HEAD = struct.Struct("<I")
 _NEW_SLOT = struct.Struct("<Iq")
@@ -292,6 +293,12 @@ def decode_round(data: bytes, raw: tuple[np.dtype, tuple[int, ...]] | None
     return [(int(s), int(seed)) for s, seed in new], done, slots, obs
 
 
+#: Policy → env host, a round's answer: the batch's unfinished episodes must run again one at a time (policy code
+#: changed the process-wide random generators while two or more of them were running, so its actions would not be
+#: those of the episodes alone; :class:`ratchet.execution.worker._Batch`).
+ONE_AT_A_TIME = b"U"
+
+
 class SlotFailure:
     """Policy side: one episode's failure within a round (``encode_actions`` writes it as ``E``); ``start``: it
     failed starting (loading or ``reset``)."""
@@ -336,8 +343,11 @@ def decode_actions(msg: bytes, n: int) -> list[Any]:
 
     Raises:
         PolicyFailure: the policy failed for the whole round (``E``).
+        RolloutAborted: ``"solo"``: the policy process answered :data:`ONE_AT_A_TIME`.
         BadReply: anything else that is not such an answer.
     """
+    if msg == ONE_AT_A_TIME:
+        raise RolloutAborted("solo", "policy code changed the global random generators with episodes side by side")
     if msg[:1] == b"E":
         decode_reply(msg, "action")  # raises PolicyFailure (or BadReply for a malformed one)
     if msg[:1] != b"A" or len(msg) < 2:

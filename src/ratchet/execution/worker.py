@@ -93,6 +93,62 @@ class _Policies:
             return exc
 
 
+class _Generators:
+    """Reads the state of the process-wide random generators that policy code can draw from without naming them
+    (Python's ``random``, NumPy's global ``np.random``), in about a microsecond: two readings
+    differ when anything drew from either, seeded it or set its state in between (:class:`_Batch` compares them).
+
+    NumPy's Mersenne Twister words and position are read through its bit generator's ctypes interface; Python's
+    from its generator object's fields where CPython lays them out (checked once: a draw changes what is read and
+    restoring the state restores it), else through ``random.getstate()`` (about 10 µs). Made once per process
+    (:func:`_generators`), in the zygote before any policy code runs.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+        import random
+
+        import numpy as np
+
+        self.string_at = ctypes.string_at
+        self.bitgen_now = np.random.get_bit_generator  # type: ignore[attr-defined]
+        self.bitgen = self.bitgen_now()
+        self.numpy = (self.bitgen.ctypes.state_address, self.bitgen.state["state"]["key"].nbytes + 4)  # key, position
+        python = random.random.__self__  # type: ignore[attr-defined]  # the generator random.random() draws from
+        self.python = python.getstate
+        if sys.implementation.name == "cpython":
+            import _random
+
+            start, size = id(python) + object.__basicsize__, _random.Random.__basicsize__ - object.__basicsize__
+
+            def fields() -> bytes:
+                return ctypes.string_at(start, size)
+
+            saved, before = python.getstate(), fields()
+            python.random()
+            changed = fields() != before
+            python.setstate(saved)
+            if changed and fields() == before:
+                self.python = fields
+
+    def read(self) -> tuple[Any, Any]:
+        """The generators' state now: compare two readings with ``==`` (once policy code has given NumPy's global
+        generator another bit generator, no two readings are equal)."""
+        if self.bitgen_now() is not self.bitgen:
+            return object(), None
+        return self.string_at(*self.numpy), self.python()
+
+
+_GENERATORS: list[_Generators] = []
+
+
+def _generators() -> _Generators:
+    """This process's :class:`_Generators` (made on first use)."""
+    if not _GENERATORS:
+        _GENERATORS.append(_Generators())
+    return _GENERATORS[0]
+
+
 class _Batch:
     """A forked child's side of one lockstep batch (:mod:`ratchet.execution.protocol`): the policy state of each
     of the batch's episodes (its *slots*) and the round that maps their observations to actions.
@@ -103,12 +159,21 @@ class _Batch:
       one call (``mlp`` and ``sb3`` kinds; a program that defines it). It must not keep per-episode state or draw
       from the global random generators, or its episodes depend on which others ran beside them.
     * ``start_slot``/``act_slots`` (the ``residual`` kind): the policy keeps per-episode state itself.
-    * otherwise each episode gets an instance of its own (a freshly executed module, seeded and ``reset`` as
-      :func:`ratchet.rollout.run_episode` does) and ``act`` is called per observation. A program that may draw from
-      the global random generators (:func:`ratchet.policy.uses_global_random`) is served one episode at a time
-      (width 1), so its draws are its own episode's; any other runs ``width`` episodes side by side.
+    * otherwise each episode gets an instance of its own (a freshly executed module with a builtins namespace of its
+      own, seeded and ``reset`` as :func:`ratchet.rollout.run_episode` does) and ``act`` is called per observation.
+      A program whose code names the global random generators (:func:`ratchet.policy.uses_global_random`) is served
+      one episode at a time (width 1) from the start; any other runs ``width`` episodes side by side.
 
-    Either way an episode's actions are the ones it would get alone (the lockstep tests check it, every example).
+    What the episodes of a batch share is the process. The process-wide random generators (Python's ``random``,
+    NumPy's ``np.random``) hold one episode's state at a time: each episode's start seeds them with its seed, and
+    whatever policy code reaches them by (a name, a name built at run time, a library) it changes their state. So
+    while two or more episodes are running, every start and every round is checked (:class:`_Generators`): policy
+    code that changed the generators gets the round answered :data:`~ratchet.execution.protocol.ONE_AT_A_TIME`, and
+    the env host runs the batch's unfinished episodes again one at a time, where each draws from its own seeded
+    state. Either way an episode's actions are the ones it would get alone (the lockstep tests check it, every
+    example). Not isolated: objects policy code reaches and changes on purpose (an attribute it sets on an imported
+    module, the ``builtins`` module itself, a file): a program that does so can make its episodes depend on each
+    other, in a batch as one at a time in the same process; its env steps and returns are still the env host's.
     """
 
     def __init__(self, policies: _Policies, key: str, params: Any, spaces: tuple[Any, Any], functions: Any,
@@ -122,6 +187,10 @@ class _Batch:
         self.mode, self.width = "episodes", _MAX_WIDTH
         self.instances: dict[int, Any] = {}
         self.params: dict[int, Any] = {}
+        self.running: set[int] = set()  # slots whose episode has started and not ended
+        self.generators = _generators()
+        self.state: tuple[Any, Any] | None = None  # the generators' state last read, while nothing changed it since
+        self.diverged = False  # policy code changed the generators while two or more episodes were running
         self.shared = module
         if isinstance(module, Exception):
             self.error = ("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
@@ -143,14 +212,11 @@ class _Batch:
             bind_spaces(module, *spaces)
 
     def start(self, slot: int, seed: int) -> Any:
-        """Start the episode in ``slot`` on ``seed``: None, or its :class:`~ratchet.execution.protocol.SlotFailure`."""
-        import copy
+        """Start the episode in ``slot`` on ``seed``: None, or its :class:`~ratchet.execution.protocol.SlotFailure`.
+        Sets ``diverged`` when the policy's start changed the global random generators while another episode ran."""
         import random
 
         import numpy as np
-
-        from ratchet.execution.protocol import SlotFailure
-        from ratchet.policy import bind_spaces, materialize
 
         if self.sandbox is not None:
             from ratchet.execution.sandbox import rearm_cpu_limit
@@ -158,6 +224,22 @@ class _Batch:
             rearm_cpu_limit(int(self.sandbox["cpu_limit_s"]))  # each episode gets the CPU-time limit afresh
         random.seed(seed)  # as run_episode, before the policy's reset
         np.random.seed(seed % 2**32)
+        self.state = None
+        seeded = self.generators.read() if self.running else None  # another episode runs: its draws are checked
+        why = self._start_policy(slot, seed)
+        if seeded is not None and self.generators.read() != seeded:
+            self.diverged = True
+        if why is None:
+            self.running.add(slot)
+        return why
+
+    def _start_policy(self, slot: int, seed: int) -> Any:
+        """The policy's part of :meth:`start` (the generators are seeded): load, bind and ``reset``."""
+        import copy
+
+        from ratchet.execution.protocol import SlotFailure
+        from ratchet.policy import bind_spaces, materialize
+
         if self.mode == "shared":
             return None
         if self.mode == "slots":
@@ -185,12 +267,14 @@ class _Batch:
 
     def act(self, new: list[tuple[int, int]], done: list[int], slots: list[int], observations: Any) -> bytes:
         """The encoded answer to a round: drop the ``done`` slots' state, start ``new`` slots, then one action per
-        observation."""
-        from ratchet.execution.protocol import SlotFailure, encode_actions, encode_error
+        observation; or :data:`~ratchet.execution.protocol.ONE_AT_A_TIME` when policy code changed the global random
+        generators while two or more episodes were running (the actions would not be those of the episodes alone)."""
+        from ratchet.execution.protocol import ONE_AT_A_TIME
 
         for slot in done:  # at most a width's worth of episodes hold state at once
             self.instances.pop(slot, None)
             self.params.pop(slot, None)
+            self.running.discard(slot)
             if self.mode == "slots":
                 self.shared.end_slot(slot)
         failed = {}
@@ -198,6 +282,19 @@ class _Batch:
             why = self.start(slot, seed)
             if why is not None:
                 failed[slot] = why
+        watch = len(self.running) > 1
+        before = (self.state or self.generators.read()) if watch else None
+        reply = self._actions(failed, slots, observations)
+        self.state = self.generators.read() if watch else None
+        if self.diverged or self.state != before:
+            self.diverged = True
+            return ONE_AT_A_TIME
+        return reply
+
+    def _actions(self, failed: dict[int, Any], slots: list[int], observations: Any) -> bytes:
+        """The encoded actions of a round's ``slots`` (``failed``: the slots whose start failed, and why)."""
+        from ratchet.execution.protocol import SlotFailure, encode_actions, encode_error
+
         n = len(slots)
         if self.mode == "shared" or self.mode == "slots":
             if failed and len(failed) == n:
@@ -270,6 +367,8 @@ def policy_main(chan: Any, ctl: int | None = None) -> None:
     import ratchet.execution.sandbox
     import ratchet.policy  # noqa: F401
     from ratchet.execution.channel import pin_to_cpu
+
+    _generators()  # read from here on by every candidate's lockstep batches; made before any policy code runs
 
     sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
     pin_to_cpu()
