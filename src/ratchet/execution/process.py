@@ -392,7 +392,7 @@ class ProcessExecutor:
             self._workers = []
         pending: deque[int] = deque(range(len(jobs)))
         failed_candidates: dict[str, str] = {}
-        # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may last two
+        # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may use both
         deadline_s = self._deadline_s + (self.episode_timeout_s if task.opponent_sources() else 0.0)
         self._ensure_workers(min(self.n_workers, len(jobs)))
         workers = list(self._workers)
