@@ -190,6 +190,65 @@ def test_a_failing_opponent_is_the_setups_fault_and_a_failing_candidate_loses(tr
     assert lost.episode_return == -1.0 and lost.success is False
 
 
+#: plays the first legal column, sleeping ``first`` seconds on its first move and ``each`` on every move
+SLEEPER = '''
+import time
+import numpy as np
+PARAMETERS = {}
+moves = [0]
+def act(observation, params):
+    time.sleep(%(first)s if moves[0] == 0 else %(each)s)
+    moves[0] += 1
+    return int(np.flatnonzero(observation["action_mask"])[0])
+'''
+
+
+def _sleeper(first: float = 0.0, each: float = 0.0) -> str:
+    return SLEEPER % {"first": first, "each": each}
+
+
+def test_each_player_is_charged_only_its_own_time_on_a_clock_of_its_own() -> None:
+    """Regression (issue 41): one deadline per game blamed whoever was moving when it fired. A candidate that slept
+    most of the game's time on its first move got a declared opponent blamed ("its process was lost (timeout) — the
+    task's fault", the run stopped, and resume failed the same way)."""
+    def job(source: str, seed: int) -> Job:
+        return Job(parse_policy(source).candidate({}), seed)
+
+    patient = _c4(_opp("patient", _sleeper(first=1.8)), seats=(0,))  # its first move: 1.8 s of its 3 s
+    slowbot = _c4(_opp("slowbot", _sleeper(each=1.0)), seats=(0,))  # 1 s a move: past its 3 s by its fourth move
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        (both,) = ex.run(patient, [job(_sleeper(first=1.8), 3)])  # 3.6 s in all: each within its own clock
+        (forfeit,) = ex.run(slowbot, [job(_sleeper(each=0.1), 3)])
+        (late,) = ex.run(_c4(_opp("quick", _sleeper()), seats=(0,)), [job(_sleeper(first=60), 3)])
+    finally:
+        ex.close()
+    assert both.error is None and both.terminated and "fault" not in both.diagnostics, both
+    assert "forfeit" not in both.diagnostics and both.length > 2
+    # the opponent that used up its own clock forfeits: the candidate wins, nothing stops the run
+    assert forfeit.error is None and forfeit.diagnostics.get("fault") is None and forfeit.episode_return == 1.0
+    assert forfeit.success and forfeit.diagnostics["outcome"] == "win" and 4 <= forfeit.length <= 8
+    assert "opponent slowbot failed: move" in forfeit.diagnostics["forfeit"]
+    assert "ran out of its clock (3 s of its own start and moves)" in forfeit.diagnostics["forfeit"]
+    # a candidate that used up its own clock loses, as its failure, never the opponent's
+    assert late.diagnostics.get("fault") is None and "forfeit" not in late.diagnostics
+    assert late.error is not None and "timeout after 3 s of its own clock" in late.error, late.error
+    assert late.episode_return == -1.0 and late.success is False
+
+
+def test_in_process_the_clocks_are_read_after_each_turn() -> None:
+    task = _c4(_opp("slowbot", _sleeper(each=0.3)), seats=(0,))
+    ep = task.run_episode(LocalPolicy(compile_policy(_sleeper())), {}, 3, None,
+                          LocalOpponents(_Policies(), clock_s=0.5))
+    assert ep.error is None and ep.episode_return == 1.0 and "ran out of its clock" in ep.diagnostics["forfeit"]
+    task = _c4(_opp("quick", _sleeper()), seats=(0,))
+    ep = task.run_episode(LocalPolicy(compile_policy(_sleeper(each=0.3))), {}, 3, None,
+                          LocalOpponents(_Policies(), clock_s=0.5))
+    assert ep.error is not None and "timeout after 0.5 s of its own clock" in ep.error and ep.episode_return == -1.0
+    assert ep.diagnostics.get("fault") is None and "forfeit" not in ep.diagnostics
+    assert _local(task, _sleeper(each=0.3), {}, 3).error is None  # no clocks given: none kept
+
+
 def _ep(seed: int, ret: float, opponent: str) -> Episode:
     return Episode(seed, ret, 10, True, False, ret > 0, None, {"opponent": opponent, "seat": 0, "outcome": "win"})
 
@@ -462,6 +521,39 @@ def test_a_league_member_that_fails_forfeits_the_game_instead_of_stopping_the_ru
     ep = _local(task, PREFER, {"pref": 3.0, "block": -0.5}, seed)
     assert ep.error is None and ep.episode_return == 1.0 and ep.diagnostics.get("fault") is None
     assert "member bug" in ep.diagnostics["forfeit"] and ep.diagnostics["outcome"] == "win"
+
+
+@pytest.mark.parametrize(("failure", "why"), [("raise ValueError('member bug')", "member bug"),
+                                              ("os._exit(3)", "its process was lost (died)"),
+                                              ("time.sleep(600)", "ran out of its clock (3 s of its own")])
+def test_a_league_member_that_raises_dies_or_hangs_in_its_process_forfeits(failure: str, why: str) -> None:
+    """Regression (issue 41): a league member whose process died stopped the run as the task's fault (one that hung
+    too), and one that raised was recorded as the candidate's interference (its forfeit was not a reply the driver
+    accepted)."""
+    from ratchet.policy import Candidate
+
+    member = f'''
+import os
+import time
+import numpy as np
+PARAMETERS = {{}}
+def act(observation, params):
+    if observation["seat"] == 1:  # the time bomb: when it plays the second seat
+        {failure}
+    return int(np.flatnonzero(observation["action_mask"])[0])
+'''
+    task, _ = _c4(_opp("random", RANDOM), league=True).after_promotion(Candidate.create(member, {}), {})
+    seeds = task.rival_seeds()["league1"][:2]  # the candidate plays seat 0, then seat 1
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        forfeit, played = ex.run(task, [Job(parse_policy(COLUMN).candidate({"col": 3.0}), s) for s in seeds])
+    finally:
+        ex.close()
+    assert forfeit.error is None and forfeit.diagnostics.get("fault") is None, forfeit
+    assert forfeit.episode_return == 1.0 and forfeit.diagnostics["outcome"] == "win" and forfeit.terminated
+    assert forfeit.diagnostics["forfeit"].startswith("opponent league1 failed: move 1: ")
+    assert why in forfeit.diagnostics["forfeit"], forfeit.diagnostics
+    assert played.error is None and "forfeit" not in played.diagnostics  # a fresh pair for the next game
 
 
 KUHN_POLICY = Path(__file__).parent.parent / "examples" / "kuhn_poker" / "policy.py"

@@ -126,6 +126,9 @@ class RolloutAborted(Exception):
         self.final_observation: list[float] | None = None
         #: Set by a task when the time ran out in its own code, not the policy's: why, in one line.
         self.fault: str | None = None
+        #: Set by a task when the episode is decided all the same (a game's opponent whose process was lost forfeits
+        #: it): the episode to record; the process is replaced as after any loss.
+        self.episode: Episode | None = None
 
 
 class InvalidAction(ValueError):

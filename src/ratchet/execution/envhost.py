@@ -26,6 +26,8 @@ import pickle
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -168,16 +170,33 @@ class OpponentProcess:
     opponent at a time; switching opponents retires the one loaded, as switching candidates does. The candidate's
     process and this one share nothing but the referee, so a candidate cannot reach into its opponent.
 
+    Each player of a game keeps a clock of its own (:mod:`ratchet.tasks.game`, "Clocks"): the game runs each turn in
+    :meth:`limit`, which arms the one timer the env host has with what is left on that player's clock.
+
     Args:
         chan: Channel to the opponent process.
         ctl: Its zygote's retirement line (see :meth:`RemotePolicy.retire`).
-        deadline: The episode's timer (shared with the candidate: one episode, one time limit).
+        deadline: The env host's timer (shared with the candidate: one turn at a time is timed).
+
+    Attributes:
+        clock_s: Each player's clock in one game, seconds (the job's ``episode_timeout_s``; set per job).
     """
 
     def __init__(self, chan: Channel, ctl: int | None, deadline: _Deadline) -> None:
         self.chan, self.ctl, self.deadline = chan, ctl, deadline
         self.sent: set[str] = set()
         self.current: RemotePolicy | None = None
+        self.clock_s: float | None = None
+
+    @contextmanager
+    def limit(self, seconds: float) -> Iterator[None]:
+        """A player's turn: :class:`RolloutAborted` (``"timeout"``) is raised inside it past ``seconds``; no timer
+        runs after it (the referee's own work is on no player's clock)."""
+        self.deadline.arm(seconds)
+        try:
+            yield
+        finally:
+            self.deadline.disarm()
 
     def get(self, key: str, source: str) -> RemotePolicy:
         """The handle of the opponent whose source has SHA-256 ``key`` (its source travels the first time).
@@ -266,6 +285,8 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channe
                     extra = {"opponents": opponents} if task.opponent_sources() else {}
                     if extra and opponents is None:
                         raise RuntimeError("a game task on a worker without an opponent process")
+                    if opponents is not None:
+                        opponents.clock_s = float(timeout_s)  # a game: each player's clock (the timer runs per turn)
                     replies = [(task.run_episode(policy, params, seeds[0], render_path, **extra), "ok")]
                 else:
                     replies = _run_batch(task, policy, params, seeds, int(msg[10]), float(timeout_s))
@@ -324,10 +345,14 @@ def _run_batch(task: Any, policy: RemotePolicy, params: Any, seeds: list[int], w
 
 
 def _aborted(exc: RolloutAborted, seed: int, steps: int, total: float, timeout_s: float, task: Any) -> Episode:
-    """The failed episode of a policy process that was lost (died, timed out, interfered) or of a task fault."""
+    """The failed episode of a policy process that was lost (died, timed out, interfered) or of a task fault; or the
+    episode the task decided all the same (:attr:`RolloutAborted.episode`: a game's opponent forfeited it)."""
+    if exc.episode is not None:
+        return exc.episode
     if exc.fault:  # the task's own code ran out the time: its fault, not the candidate's
         return Episode(seed, 0.0, 0, False, False, None, exc.fault[:500], {"cause": "error", "fault": "task"})
-    reason = {"died": "policy process died", "timeout": f"timeout after {timeout_s:g} s",
+    reason = {"died": "policy process died",
+              "timeout": f"timeout after {timeout_s:g} s" + (f" {exc.detail}" if exc.detail else ""),
               "interfered": f"policy process sent {exc.detail}",
               "solo": f"rerun one at a time: {exc.detail}"}.get(exc.status, exc.status)
     return Episode.failed(seed, reason, steps, total, task=task)

@@ -306,7 +306,8 @@ class ProcessExecutor:
 
     Args:
         workers: Number of worker processes; 0 means ``os.cpu_count()``.
-        episode_timeout_s: Per-episode wall-clock limit in seconds.
+        episode_timeout_s: Per-episode wall-clock limit in seconds; in a game, each player's own clock (the env
+            host times each turn: :mod:`ratchet.tasks.game`, "Clocks"), so a game's episode may last twice as long.
         sandbox: How workers are confined (:class:`~ratchet.execution.sandbox.Sandbox`); default on.
         death_retries: Times an episode whose worker died (killed from outside, crashed) is run again
             on a fresh worker before it counts as the candidate's failure. Deterministic crashes
@@ -391,6 +392,8 @@ class ProcessExecutor:
             self._workers = []
         pending: deque[int] = deque(range(len(jobs)))
         failed_candidates: dict[str, str] = {}
+        # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may use both
+        deadline_s = self._deadline_s + (self.episode_timeout_s if task.opponent_sources() else 0.0)
         self._ensure_workers(min(self.n_workers, len(jobs)))
         workers = list(self._workers)
         for w in workers:
@@ -458,7 +461,7 @@ class ProcessExecutor:
                 replace(w)
                 pending.extendleft(reversed(w.again))  # the running message's jobs to rerun go first, in order
             elif w.batches:
-                w.deadline = time.monotonic() + self._deadline_s * w.batches[0]
+                w.deadline = time.monotonic() + deadline_s * w.batches[0]
 
         def take(w: _Worker) -> list[int]:
             """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
@@ -532,7 +535,7 @@ class ProcessExecutor:
                 w.known_sources.add(key)
                 w.known_tasks.add(task_key)
                 if not w.jobs:
-                    w.deadline = time.monotonic() + self._deadline_s * len(batch)
+                    w.deadline = time.monotonic() + deadline_s * len(batch)
                 w.jobs.extend(batch)
                 w.batches.append(len(batch))
                 return True
@@ -563,9 +566,9 @@ class ProcessExecutor:
                 w.again.append(head)
                 answered(w)
                 return
-            if status != "ok" and ep.diagnostics.get("fault"):  # the task's code ran out the time, not the policy
-                w.doomed = True
-                finish(head, ep)
+            if status != "ok" and (ep.diagnostics.get("fault") or ep.diagnostics.get("forfeit")):
+                w.doomed = True  # the task's fault, or a game its opponent forfeited when its process was lost:
+                finish(head, ep)  # the episode stands as the env host decided it, on a fresh pair from here
             elif status != "ok" and jobs[head].candidate.id in failed_candidates:  # a batch's other episodes
                 w.doomed = True
                 finish(head, Episode.failed(jobs[head].seed, f"skipped: {failed_candidates[jobs[head].candidate.id]}",

@@ -25,10 +25,10 @@ EPISODE_KEYS = frozenset({"seed", "episode_return", "length", "terminated", "tru
 #: The diagnostics keys :func:`~ratchet.rollout.run_episode` and ``Episode.failed`` write (all optional), and
 #: those of an evaluator task (:mod:`ratchet.tasks.evaluator`): its ``failure`` label and ``text``, named
 #: ``scores``, the policy ``calls`` made, and ``fault`` (``"task"``: the task's own code failed, not the policy);
-#: and those of a game (:mod:`ratchet.tasks.game`): the ``opponent``, the candidate's ``seat``, the ``outcome`` and
-#: the ``illegal_moves`` replaced.
+#: and those of a game (:mod:`ratchet.tasks.game`): the ``opponent``, the candidate's ``seat``, the ``outcome``, the
+#: ``illegal_moves`` replaced and, when the opponent forfeited the game, why (``forfeit``).
 DIAGNOSTICS_KEYS = frozenset({"final_observation", "final_reward", "cause", "failure", "text", "scores", "calls",
-                              "fault", "opponent", "seat", "outcome", "illegal_moves"})
+                              "fault", "opponent", "seat", "outcome", "illegal_moves", "forfeit"})
 
 MAX_ERROR_CHARS = 500
 MAX_OBSERVATION_ENTRIES = 64
@@ -121,7 +121,7 @@ def _diagnostics(value: Any, error: str | None, terminated: bool) -> dict[str, A
         out["final_observation"] = obs
     if "final_reward" in value:
         out["final_reward"] = _number(value["final_reward"], "final_reward")
-    for key, limit in (("failure", 80), ("text", MAX_ERROR_CHARS)):
+    for key, limit in (("failure", 80), ("text", MAX_ERROR_CHARS), ("forfeit", 300)):
         if key in value:
             if not isinstance(value[key], str) or len(value[key]) > limit:
                 raise BadReply(f"a reply whose {key} is not text of at most {limit} characters")

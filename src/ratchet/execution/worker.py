@@ -583,7 +583,7 @@ def worker_main(conn: Any) -> None:
             return
         if msg is None:
             return
-        _, job_id, task_key, task_dict, key, source, params, seed, render_path, _timeout = msg
+        _, job_id, task_key, task_dict, key, source, params, seed, render_path, timeout = msg
         if task_dict is not None:
             task_dicts[task_key] = task_dict
         task_dict = task_dicts[task_key]
@@ -600,7 +600,7 @@ def worker_main(conn: Any) -> None:
             elif missing:
                 ep = Episode.failed(seed, f"policy has no callable {missing}()", task=task)
             else:
-                extra = {"opponents": LocalOpponents(policies)} if task.opponent_sources() else {}
+                extra = {"opponents": LocalOpponents(policies, float(timeout))} if task.opponent_sources() else {}
                 ep = task.run_episode(LocalPolicy(module), materialize(params), seed, render_path, **extra)
             _trim_log()
             if sandbox is not None:
@@ -653,10 +653,22 @@ class LocalPolicy:
 
 class LocalOpponents:
     """A game's opponents loaded in the process that runs the task (``[execution] trusted_rollouts = false``, where
-    policy and referee share one sandboxed process anyway): :class:`ratchet.tasks.game.OpponentHandles`."""
+    policy and referee share one sandboxed process anyway): :class:`ratchet.tasks.game.OpponentHandles`.
 
-    def __init__(self, policies: _Policies) -> None:
-        self.policies = policies
+    Args:
+        policies: Where the opponents' modules are loaded.
+        clock_s: Each player's clock in one game, seconds (None: none). Nothing here can interrupt a player: the game
+            reads the clocks after each turn, and the driver kills a worker that outlasts both clocks.
+    """
+
+    def __init__(self, policies: _Policies, clock_s: float | None = None) -> None:
+        self.policies, self.clock_s = policies, clock_s
+
+    def limit(self, seconds: float) -> Any:
+        """A player's turn: nothing interrupts it here (see the class)."""
+        import contextlib
+
+        return contextlib.nullcontext()
 
     def get(self, key: str, source: str) -> LocalPolicy:
         """The loaded opponent (a fresh module per episode, as a candidate's).

@@ -97,7 +97,8 @@ class Task(Protocol):
     def opponent_sources(self) -> Mapping[str, str]:
         """Policy code the task runs beside the candidate (a game's opponents), source by its SHA-256; empty for
         none. Executors run it sandboxed, like the candidate, and pass ``opponents=`` (a
-        :class:`~ratchet.tasks.game.OpponentHandles`) to :meth:`run_episode` when it is not empty."""
+        :class:`~ratchet.tasks.game.OpponentHandles`, which also keeps the players' clocks) to :meth:`run_episode`
+        when it is not empty; such an episode may then last one ``episode_timeout_s`` per player (two)."""
 
     def after_promotion(self, incumbent: Any,
                         payoffs: Mapping[str, Mapping[str, float]]) -> tuple[Task, dict[str, Any]]:

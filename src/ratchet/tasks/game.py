@@ -23,9 +23,16 @@ replaced by a uniformly drawn legal move and counted (``illegal = "replace"``; `
 **Opponents** are policy files (``[task.opponents]``: name → path, or ``{path, params}``), the same kind of file as
 a candidate, with the same ``act``. They are policy code: executors run them sandboxed, in a process of their
 own beside the candidate's (:class:`OpponentHandles`), never in the trusted referee. The game itself is the
-trusted side: it applies moves, checks legality and pays out. An opponent that raises, answers garbage or an
-illegal move is a fault of the task's setup (``diagnostics["fault"] == "task"``: the run stops naming it), never
-the candidate's outcome.
+trusted side: it applies moves, checks legality and pays out. A declared opponent that raises, answers garbage or
+an illegal move, or whose process dies, is a fault of the task's setup (``diagnostics["fault"] == "task"``: the run
+stops naming it), never the candidate's outcome.
+
+**Clocks.** Each player keeps a clock of its own, as in chess: the candidate and the opponent (all the seats it
+plays) may each use up to ``[execution] episode_timeout_s`` seconds of wall clock in one game, counting its start
+(loading its file, ``reset``) and its moves; the time the other player and the referee take is on neither's clock,
+so one game may last up to twice ``episode_timeout_s``. A candidate that runs out of its clock loses the game as
+its failure (``"timeout ..."``); an opponent that runs out of its clock forfeits it: the candidate wins (the best
+payoff, ``diagnostics["forfeit"]`` saying why), and the run goes on.
 
 An episode's return is the candidate's payoff (Connect Four: +1 win, 0 draw, −1 loss; poker: chips), its length the
 moves played by both sides (``env steps``), success a win (payoff > 0) unless ``success_threshold`` says otherwise;
@@ -35,13 +42,17 @@ A **self-play league** (``league = true``): the start policy and each incumbent 
 training pool (``league1``, ``league2``...), whose opponents are drawn from the meta-strategy of the league's payoff
 table. Before a promotion the candidate also plays ``league_games`` games against every member, on seeds of their
 own (:meth:`GameTask.rival_seeds`), and is refused if it loses to any of them on average: the final incumbent has
-not lost to any incumbent before it (the guard against strategy cycles the league itself could run into).
+not lost to any incumbent before it (the guard against strategy cycles the league itself could run into). A league
+member is a former candidate, policy code like any: whatever it does (raises, answers garbage or an illegal move,
+its process dies, hangs or runs out of its clock) forfeits the game, and never stops the run.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -66,9 +77,19 @@ class OpponentHandles(Protocol):
     """How a game's episode reaches its opponents: executors supply one (sandboxed opponent processes for trusted
     rollouts, :class:`ratchet.execution.envhost.OpponentProcess`; loaded modules otherwise)."""
 
+    @property
+    def clock_s(self) -> float | None:
+        """Each player's clock in one game, seconds of wall clock (``[execution] episode_timeout_s``); None: no
+        clocks (nothing here bounds the players' time)."""
+
     def get(self, key: str, source: str) -> Any:
         """A :class:`ratchet.tasks.PolicyHandle` for the opponent whose policy file has this source (``key``: its
         SHA-256), ready for ``start``."""
+
+    def limit(self, seconds: float) -> AbstractContextManager[Any]:
+        """One player's turn with ``seconds`` left on its clock: past them, ``RolloutAborted("timeout")`` is raised
+        inside the block (the env host's timer). Where a player cannot be interrupted (in-process) the block runs to
+        its end, and the game reads the clock after it."""
 
 
 @dataclass(frozen=True)
@@ -713,7 +734,8 @@ class GameTask:
     def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None,
                     opponents: OpponentHandles | None = None) -> Any:
         """Play episode ``seed``: the candidate in its seat, the matched opponent in every other seat (runs on
-        the trusted side: the env host, which applies moves and pays out).
+        the trusted side: the env host, which applies moves and pays out), each player on its own clock of
+        ``opponents.clock_s`` seconds (see "Clocks" above).
 
         Args:
             policy: The candidate (:class:`ratchet.tasks.PolicyHandle`).
@@ -721,17 +743,21 @@ class GameTask:
             seed: The episode's seed: the opponent, the seat (:meth:`matchup`), the game's and the players'
                 randomness.
             render_path: Ignored (nothing is rendered).
-            opponents: Where the opponents run (the executor's :class:`OpponentHandles`).
+            opponents: Where the opponents run, and the players' clocks (the executor's :class:`OpponentHandles`).
 
         Returns:
-            The :class:`~ratchet.rollout.Episode`; the candidate's crash, garbage or illegal move is an errored
-            episode with the loss payoff; an opponent's is an errored episode with ``diagnostics["fault"] ==
-            "task"``.
+            The :class:`~ratchet.rollout.Episode`; the candidate's crash, garbage, illegal move or clock run out (seen
+            after its move) is an errored episode with the loss payoff; a declared opponent's crash, garbage or
+            illegal move an errored episode with ``diagnostics["fault"] == "task"``; an opponent whose clock ran out,
+            and a league member that failed in any way, forfeit: a won episode with ``diagnostics["forfeit"]``.
 
         Raises:
             TaskError: no ``opponents`` were given (an executor that cannot run them).
-            RolloutAborted: the candidate's process died, timed out or sent garbage (its length and the loss
-                payoff attached), or the opponent's did (with :attr:`RolloutAborted.fault` set).
+            RolloutAborted: the candidate's process died, ran out of its clock or sent garbage (its length and the
+                loss payoff attached), or the opponent's did: a declared opponent's process that died or sent garbage
+                with :attr:`RolloutAborted.fault` set; an opponent that ran out of its clock, or a league member's
+                lost process, with :attr:`RolloutAborted.episode` set to the forfeit (the process is replaced all the
+                same).
         """
         from ratchet.rollout import Episode, PolicyFailure, RolloutAborted, error_text
 
@@ -744,39 +770,49 @@ class GameTask:
         game = self._adapter()
         steps, illegal = 0, 0
         info: dict[str, Any] = {"opponent": opp.name, "seat": seat}
+        clocks = _Clocks(opponents)
         try:
             game.reset(seed, rng)
             spaces = game.spaces()
             worst = self._worst(game)
             try:
-                policy.start(params, seed, spaces)
+                clocks.run(True, policy.start, params, seed, spaces)
             except PolicyFailure as exc:
                 return self._lost(seed, steps, worst, f"{exc.kind}: {exc.text[:300]}" if exc.text else exc.kind, info)
+            except RolloutAborted as exc:
+                raise clocks.charged(exc, steps, worst) from None
+            if clocks.out(True):
+                return self._lost(seed, steps, worst, f"start: {clocks.ran_out(True)}", info)
             rival_params = opp.values()
             try:
-                rival = opponents.get(opp.key, opp.source)
-                rival.start(rival_params, seed, spaces)
+                rival = clocks.run(False, _started, opponents, opp, rival_params, seed, spaces)
             except RolloutAborted as exc:
-                exc.fault = f"opponent {opp.name} ({opp.path}): its process was lost ({exc.status})"
-                raise
+                raise self._rival_lost(exc, seed, opp, info, game, steps, clocks, "start") from None
             except Exception as exc:  # noqa: BLE001 - the opponent failing to start is the setup's fault
                 return self._fault(seed, opp, error_text(exc), info, game, steps)
+            if clocks.out(False):
+                return self._forfeit(seed, opp, f"failed: start: {clocks.ran_out(False)}", info, game, steps)
             while (mover := game.to_move()) is not None and steps < self.step_limit:
                 obs = game.observe(mover)
                 mine = mover == seat
                 try:
-                    action = policy.act(obs, params) if mine else rival.act(obs, rival_params)
+                    if mine:
+                        action = clocks.run(True, policy.act, obs, params)
+                    else:
+                        action = clocks.run(False, rival.act, obs, rival_params)
                     legal = _legal(action, obs["action_mask"])
                 except RolloutAborted as exc:
                     if not mine:
-                        exc.fault = (f"opponent {opp.name} ({opp.path}) on seed {seed}: its process was lost "
-                                     f"({exc.status}{': ' + exc.detail if exc.detail else ''})")
-                    exc.length, exc.episode_return = steps, worst
-                    raise
+                        raise self._rival_lost(exc, seed, opp, info, game, steps, clocks, f"move {steps}") from None
+                    raise clocks.charged(exc, steps, worst) from None
                 except BaseException as exc:  # noqa: BLE001 - what a player raised (in-process: anything) is its failure
                     if not mine:
                         return self._fault(seed, opp, f"move {steps}: {error_text(exc)}", info, game, steps)
                     return self._lost(seed, steps, worst, f"move {steps}: {error_text(exc)}", info)
+                if clocks.out(mine):
+                    if not mine:
+                        return self._forfeit(seed, opp, f"failed: move {steps}: {clocks.ran_out(False)}", info, game, steps)
+                    return self._lost(seed, steps, worst, f"move {steps}: {clocks.ran_out(True)}", info)
                 if legal is None:
                     what = f"move {steps}: illegal move {_show(action)} (legal: {np.flatnonzero(obs['action_mask']).tolist()})"
                     if not mine:
@@ -842,18 +878,90 @@ class GameTask:
     def _fault(self, seed: int, opp: Opponent, error: str, info: Mapping[str, Any],
                game: _PettingZoo | _OpenSpiel | None = None, steps: int = 0) -> Any:
         """An opponent's failure: a declared opponent's is the setup's fault (the run stops); a league member's (a
-        run's incumbent, policy code like any candidate) forfeits the game, which the candidate wins (the best
-        payoff, ``diagnostics["forfeit"]`` saying why)."""
+        run's incumbent, policy code like any candidate) forfeits the game (:meth:`_forfeit`)."""
         from ratchet.rollout import Episode
 
         if opp.candidate_id is not None and game is not None:
-            best = self._best(game)
-            return Episode(int(seed), best, steps, True, False, self.is_success(best, True, False), None,
-                           {**info, "cause": "terminated", "outcome": outcome_of(best), "illegal_moves": 0,
-                            "forfeit": f"opponent {opp.name} failed: {error}"[:300]})
+            return self._forfeit(seed, opp, f"failed: {error}", info, game, steps)
         return Episode(int(seed), 0.0, 0, False, False, None,
                        f"opponent {opp.name} ({Path(opp.path).name}) failed on seed {seed}: {error}"[:500],
                        {**info, "cause": "error", "fault": "task"})
+
+    def _forfeit(self, seed: int, opp: Opponent, why: str, info: Mapping[str, Any], game: _PettingZoo | _OpenSpiel,
+                 steps: int) -> Any:
+        """The game ``opp`` forfeits after ``steps`` moves: the candidate wins it (the best payoff, terminated,
+        ``diagnostics["forfeit"]``: ``"opponent NAME " + why``, at most 300 characters)."""
+        from ratchet.rollout import Episode
+
+        best = self._best(game)
+        return Episode(int(seed), best, steps, True, False, self.is_success(best, True, False), None,
+                       {**info, "cause": "terminated", "outcome": outcome_of(best), "illegal_moves": 0,
+                        "forfeit": f"opponent {opp.name} {why}"[:300]})
+
+    def _rival_lost(self, exc: Any, seed: int, opp: Opponent, info: Mapping[str, Any],
+                    game: _PettingZoo | _OpenSpiel, steps: int, clocks: _Clocks, when: str) -> Any:
+        """``exc`` (a :class:`~ratchet.rollout.RolloutAborted` from the opponent's process), saying whose it is: an
+        opponent that ran out of its own clock, and a league member whose process was lost in any way, forfeit
+        (:attr:`~ratchet.rollout.RolloutAborted.episode`); a declared opponent whose process died or sent garbage
+        is the setup's fault (:attr:`~ratchet.rollout.RolloutAborted.fault`). ``when``: ``"start"`` or ``"move 3"``."""
+        if exc.status == "timeout":
+            what = clocks.ran_out(False)
+        else:
+            what = f"its process was lost ({exc.status}{': ' + exc.detail if exc.detail else ''})"
+        if exc.status == "timeout" or opp.candidate_id is not None:
+            exc.episode = self._forfeit(seed, opp, f"failed: {when}: {what}", info, game, steps)
+        else:
+            exc.fault = f"opponent {opp.name} ({opp.path}) on seed {seed}: {when}: {what}"
+        return exc
+
+
+def _started(opponents: OpponentHandles, opp: Opponent, params: Mapping[str, Any], seed: int,
+             spaces: tuple[Any, Any]) -> Any:
+    """``opp``'s handle, started for episode ``seed``."""
+    handle = opponents.get(opp.key, opp.source)
+    handle.start(params, seed, spaces)
+    return handle
+
+
+class _Clocks:
+    """The two clocks of one game (see "Clocks" above): seconds left to the candidate (``True``) and to its opponent
+    (``False``), all None when the executor keeps no clocks (:attr:`OpponentHandles.clock_s`)."""
+
+    def __init__(self, handles: OpponentHandles) -> None:
+        self.handles, self.clock_s = handles, handles.clock_s
+        self.left: dict[bool, float | None] = {True: self.clock_s, False: self.clock_s}
+
+    def run(self, mine: bool, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``: a turn of the candidate (``mine``) or its opponent, on that player's clock."""
+        left = self.left[mine]
+        if left is None:
+            return call(*args)
+        began = time.monotonic()
+        try:
+            with self.handles.limit(left):
+                return call(*args)
+        finally:
+            self.left[mine] = left - (time.monotonic() - began)
+
+    def out(self, mine: bool) -> bool:
+        """Whether that player's clock has run out (read after its turn)."""
+        left = self.left[mine]
+        return left is not None and left <= 0
+
+    def ran_out(self, mine: bool) -> str:
+        """Why that player's turn ended, in words: ``"timeout after 60 s of its own clock (its start and moves)"``
+        for the candidate, ``"ran out of its clock (60 s of its own start and moves)"`` for the opponent."""
+        clock = "" if self.clock_s is None else f"{self.clock_s:g} s "
+        if mine:
+            return f"timeout after {clock}of its own clock (its start and moves)"
+        return f"ran out of its clock ({clock}of its own start and moves)"
+
+    def charged(self, exc: Any, steps: int, worst: float) -> Any:
+        """``exc`` (the candidate's lost process) with what the game reached: ``steps`` and the loss payoff."""
+        exc.length, exc.episode_return = steps, worst
+        if exc.status == "timeout" and self.clock_s is not None:
+            exc.detail = "of its own clock (its start and moves)"
+        return exc
 
 
 class _BadProbabilities(Exception):
