@@ -436,6 +436,137 @@ def test_a_slow_evaluator_is_cut_at_the_instance_timeout_and_blamed_not_the_cand
         start_run(spec, tmp_path / "runs", run_id="slow")
 
 
+#: Candidates whose start is slow: loading the module, or its reset(), takes a minute.
+SLOW_STARTS = {"module": "import time\ntime.sleep(60)\n",
+               "reset": "import time\ndef reset(params, seed):\n    time.sleep(60)\n"}
+
+
+def test_time_is_charged_to_whoever_used_it_and_a_slow_start_is_the_candidates_failure(tmp_path: Path) -> None:
+    # each side has the instance's limit: a candidate's slow module load or reset is its own timeout (never the
+    # evaluator's fault, which would stop the run for good), and an instance where both sides take most of the limit
+    # is scored
+    import time
+
+    slowish = EVALUATOR.replace("    errors = []", "    import time\n    time.sleep(1.8)\n    errors = []")
+    task = EvaluatorTask.from_file(_write(tmp_path / "slowish", slowish))
+    slow_starts = [Candidate.create("PARAMETERS = {}\n" + code + "def guess(h, pair, params):\n    return 2.0\n", {})
+                   for code in SLOW_STARTS.values()]
+    thinks = Candidate.create("PARAMETERS = {}\nimport time\ndef guess(h, pair, params):\n    time.sleep(0.6)\n"
+                              "    return 2.0\n", {})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        t0 = time.monotonic()
+        eps = ex.run(task, [Job(c, s) for c in slow_starts for s in (0, 3)] + [Job(thinks, 0)])
+        took = time.monotonic() - t0
+    finally:
+        ex.close()
+    assert took < 40
+    for e in eps[:4]:  # the candidate's failure (its second instance skipped), not the task's
+        assert e.error and "timeout after 3 s" in e.error and not e.diagnostics.get("fault"), e.error
+    assert eps[4].error is None and eps[4].episode_return == 0.0  # 1.8 s of its own and 1.8 s of answers: scored
+
+
+#: A candidate that keeps the seed it is started with and answers with it: different instances would tell apart.
+SEED_RECORDER = '''PARAMETERS = {}
+import random
+SEEN = [-1]
+
+def reset(params, seed):
+    SEEN[0] = seed
+
+def guess(h, pair, params):
+    return float(SEEN[0] % 1000) + random.random()
+'''
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_candidate_gets_no_instance_seed_to_make_the_instance_from(tmp_path: Path, trusted: bool) -> None:
+    from ratchet.execution.sandbox import Sandbox
+
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20, sandbox=Sandbox(trusted_rollouts=trusted))
+    try:
+        eps = ex.run(task, [Job(Candidate.create(SEED_RECORDER, {}), s) for s in (0, 3, 7)])
+    finally:
+        ex.close()
+    assert all(e.error is None for e in eps), [e.error for e in eps]
+    assert len({e.episode_return for e in eps}) == 1  # the same seed (and random draws) on every instance
+
+
+#: How an evaluator's own process dies on instance 1 (make_instance runs there), and whether that is certainly its
+#: own doing (a crash, an exit) or may have come from outside (SIGKILL: the OOM killer, a user).
+CRASHES = {"segfault": ("os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV"),
+           "exits": ("os._exit(3)", "exit code 3"), "killed": ("os.kill(os.getpid(), signal.SIGKILL)", None)}
+
+
+@pytest.mark.parametrize("how", list(CRASHES))
+def test_an_evaluator_that_kills_its_own_process_is_the_tasks_fault_naming_it(tmp_path: Path, how: str) -> None:
+    from ratchet.execution.sandbox import isolation
+
+    if isolation() != "bwrap":  # elsewhere policy code could signal the env host itself: a death stays uncertain
+        pytest.skip("telling the evaluator's death from the candidate's needs bubblewrap")
+    code, said = CRASHES[how]
+    crashes = EVALUATOR.replace("def make_instance(seed):\n", "def make_instance(seed):\n    import os, signal\n"
+                                f"    if seed % 3 == 1:\n        {code}\n")
+    task = EvaluatorTask.from_file(_write(tmp_path / "crash", crashes))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        eps = ex.run(task, [Job(Candidate.create(POLICY, {"b": 2.0, "w": 0.0}), s) for s in (0, 1, 3)])
+    finally:
+        ex.close()
+    if said is None:  # uncertain: the candidate's failure, as any death
+        assert "died" in eps[1].error and not eps[1].diagnostics.get("fault")
+        return
+    assert eps[1].diagnostics.get("fault") == "task" and eps[1].error == (
+        f"evaluator {task.path} on instance 1: the process running it died ({said})")
+    assert [e.error for e in (eps[0], eps[2])] == [None, None]  # the candidate's other instances are scored
+    spec = load_spec(_spec_dir(tmp_path / "run", crashes))
+    with pytest.raises(TaskError, match=r"evaluate\.py on instance \d+: the process running it died .* the task's "
+                                        r"fault, not the candidate's") as info:
+        start_run(spec, tmp_path / "runs", run_id="crash")
+    assert "\n" not in str(info.value)
+
+
+def test_an_env_host_that_dies_while_the_candidate_is_asked_is_the_candidates_failure(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    from ratchet.execution.envhost import PHASE_FILE
+    from ratchet.execution.sandbox import isolation
+
+    if isolation() != "bwrap":
+        pytest.skip("needs bubblewrap (elsewhere every env host death is the candidate's)")
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    waits = Candidate.create("PARAMETERS = {}\nimport time\ndef guess(h, pair, params):\n    time.sleep(30)\n"
+                             "    return 2.0\n", {})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=60, death_retries=0)
+    killed = []
+
+    def crash_it_while_the_candidate_is_asked() -> None:  # the same signal as a crash, from outside, in phase P
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not killed:
+            for w in list(ex._workers):
+                try:
+                    phase = (Path(w.hostdir) / PHASE_FILE).read_bytes()[:1]
+                except OSError:
+                    continue
+                if phase == b"P":
+                    os.kill(w.host.pid, signal.SIGSEGV)
+                    killed.append(w)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=crash_it_while_the_candidate_is_asked, daemon=True)
+    thread.start()
+    try:
+        (ep,) = ex.run(task, [Job(waits, 0)])
+    finally:
+        thread.join()
+        ex.close()
+    assert killed and "died" in ep.error and not ep.diagnostics.get("fault"), ep.error
+
+
 def test_the_cli_refuses_what_an_evaluator_task_cannot_do_in_one_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
