@@ -322,11 +322,15 @@ def test_ratchet_evaluate_and_the_report_work_on_an_evaluator_run(tmp_path: Path
     from ratchet.cli import app
 
     d = _spec_dir(tmp_path)
-    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"])
+    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"],
+                             env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "12 hints" in res.output and "on evaluate" in res.output
     header = next(ln for ln in res.output.splitlines() if "instance" in ln and "score" in ln)  # not gym's columns
     assert "cost" in header and "terminated" not in header and "over 4 instances" in res.output
+    # the evaluator's failure labels: a column, and a count per label (the start policy guesses about 0: far off)
+    assert "failure" in header and sum("far off" in ln for ln in res.output.splitlines()) == 5
+    assert "failures: far off 4" in res.output
     res = CliRunner().invoke(app, ["run", str(d), "--runs-dir", str(tmp_path / "runs"), "--run-id", "c",
                                    "--set", "budget.episodes=60"])
     assert res.exit_code == 0, res.output
