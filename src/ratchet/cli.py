@@ -621,8 +621,8 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     for e in eps[:50]:
         success = "–" if e.success is None else str(e.success)  # as run and show write "no success defined"
         endings = () if scored else (str(e.terminated), str(e.truncated))
-        label = (_safe(str(e.diagnostics.get("failure") or "")),) if labels else ()
-        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), *endings, success, *label,
+        failure = (_safe(str(e.diagnostics.get("failure") or "")),) if labels else ()
+        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), *endings, success, *failure,
                   _safe(e.error or ""))
     if len(eps) > 50:
         t.add_row("…", *[""] * (len(cols) - 2), f"{len(eps) - 50} more")
@@ -635,7 +635,7 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
     if labels:
-        out.print("failures: " + ", ".join(f"{_safe(label)} {n}" for label, n in labels.most_common(10))
+        out.print("failures: " + ", ".join(f"{_safe(name)} {n}" for name, n in labels.most_common(10))
                   + (f", {len(labels) - 10} more labels" if len(labels) > 10 else ""), highlight=False, soft_wrap=True)
     if run is not None and seeds is None:  # the seeds above are this command's, which a user may take for the run's
         out.print(f"(seeds {seed_list[0]}..{seed_list[-1]} from --seed/--episodes, not the run's test seeds: `ratchet "
