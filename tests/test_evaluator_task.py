@@ -407,6 +407,35 @@ def test_mutate_and_cmaes_together_refine_an_evaluator_tasks_program(tmp_path: P
     assert result.test.mean > result.baseline_test.mean
 
 
+@pytest.mark.parametrize("name", ["or_style.toml", "weibull.toml"])
+def test_the_bin_packing_examples_mutate_table_uncommented_refines_priority(tmp_path: Path, name: str) -> None:
+    # the examples' comment says mutate works on evaluator tasks: their commented table, uncommented, loads and its
+    # refiner proposes checked rewrites of priority() (no act() needed)
+    import shutil
+
+    import numpy as np
+
+    from ratchet.proposals import check_source
+    from ratchet.refiners.mutate import MutateSettings, MutationRefiner, _Space
+    from ratchet.tasks import task_from_spec
+
+    example = Path(__file__).parent.parent / "examples" / "bin_packing"
+    text = (example / name).read_text(encoding="utf-8")
+    assert '# kind = "mutate"' in text and "works on evaluator tasks" in text
+    for f in ("evaluate.py", "policy.py"):
+        shutil.copy(example / f, tmp_path / f)
+    (tmp_path / name).write_text(text.replace("# [[refiners]]", "[[refiners]]").replace('# kind = "mutate"',
+                                                                                       'kind = "mutate"'))
+    spec = load_spec(tmp_path / name)
+    assert [r["kind"] for r in spec.refiners] == ["cmaes", "mutate"]
+    task = task_from_spec(spec.task)
+    start = Candidate.create((example / "policy.py").read_text(encoding="utf-8"), {})
+    refiner = MutationRefiner(_Space(None, None), MutateSettings(**{k: v for k, v in spec.refiners[1].items() if k != "kind"}),
+                              functions=task.functions)
+    proposed = refiner.propose(start, None, np.random.default_rng(0))
+    assert proposed and all(check_source(c.source, functions=task.functions) for c in proposed)
+
+
 def test_task_options_reach_the_evaluator_as_OPTIONS_and_are_stored_with_the_task(tmp_path: Path) -> None:
     source = EVALUATOR.replace('"target": 2.0}', '"target": float(OPTIONS.get("target", 2.0))}')
     d = _spec_dir(tmp_path, source, task={"kind": "evaluator", "evaluator": "evaluate.py", "options": {"target": -1.0}})
