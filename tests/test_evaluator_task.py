@@ -499,6 +499,37 @@ def test_time_is_charged_to_whoever_used_it_and_a_slow_start_is_the_candidates_f
     assert eps[4].error is None and eps[4].episode_return == 0.0  # 1.8 s of its own and 1.8 s of answers: scored
 
 
+#: A candidate that leaves four processes spinning on the CPU it shares with the evaluator's process (each in a session
+#: of its own, so the scheduler weighs each as much as the evaluator), to run the evaluator's clock out for it.
+SPINNER = '''PARAMETERS = {}
+import os
+
+def guess(h, pair, params):
+    if not os.environ.get("SPUN"):
+        os.environ["SPUN"] = "1"
+        for _ in range(4):
+            if os.fork() == 0:
+                os.setsid()
+                while True:
+                    pass
+    return 2.0
+'''
+
+
+def test_a_candidate_cannot_run_the_evaluators_clock_out_by_taking_its_cpu(tmp_path: Path) -> None:
+    # the evaluator's own code needs 1 s of CPU after the candidate's first answer; the candidate's processes leave it
+    # a fifth of the CPU (5 s of wall clock, past the 3 s limit): the time it waited for the CPU is not its own
+    busy = EVALUATOR.replace("    mean = float(np.mean(errors))", "    import time\n    t0 = time.thread_time()\n"
+                             "    while time.thread_time() - t0 < 1.0:\n        pass\n    mean = float(np.mean(errors))")
+    task = EvaluatorTask.from_file(_write(tmp_path / "busy", busy))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        (ep,) = ex.run(task, [Job(Candidate.create(SPINNER, {}), 0)])
+    finally:
+        ex.close()
+    assert ep.error and not ep.diagnostics.get("fault"), ep.error  # the candidate's failure (it left processes)
+
+
 #: A candidate that keeps the seed it is started with and answers with it: different instances would tell apart.
 SEED_RECORDER = '''PARAMETERS = {}
 import random

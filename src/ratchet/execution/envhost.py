@@ -213,6 +213,15 @@ def _pickled(message: tuple) -> bytes:
 
 _POLICY, _TASK = "policy", "task"
 
+
+def _run_delay() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux schedstat), or 0.0 where unknown."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
 #: The env host's phase file (in its own folder, which policy code cannot write under bubblewrap): byte 0 is ``T``
 #: while the task's own code runs on a clock of its own (:meth:`_Deadline.kept_apart`), ``P`` while the policy is
 #: asked, ``-`` otherwise; then what the task's code is, in a line (``evaluator ... on instance 17``). The driver
@@ -250,7 +259,10 @@ class _Deadline:
     (:meth:`kept_apart`, as an evaluator does): then time is charged to whoever uses it, like a chess clock. The
     policy's clock runs while it is asked (:meth:`RemotePolicy._ask`: its start, module load and ``reset``
     included), the task's clock the rest of the time; each has the episode's limit. The policy's running out is
-    its failure; the task's running out is the task's fault (the exception's ``fault`` says so).
+    its failure; the task's running out is the task's fault (the exception's ``fault`` says so). Time the task's
+    code spent waiting for a CPU (busy machine, or threads a policy left running on the CPU the pair shares) is
+    given back to its clock, so a policy cannot run the task's clock out for it; the driver's backstop (twice the
+    limit) still bounds the episode, and is the policy's failure.
     """
 
     def __init__(self, phase: _Phase | None = None) -> None:
@@ -261,19 +273,30 @@ class _Deadline:
         self.running = _TASK
         self.since = 0.0
         self.expired: RolloutAborted | None = None  # raised once; raised again if the code it interrupted caught it
+        self.delay_at_split = 0.0  # _run_delay() when the clocks split
+        self.credited = 0.0  # seconds of waiting for a CPU added back to the task's clock since
         self.phase = phase
         signal.signal(signal.SIGALRM, self._fire)
 
     def _fire(self, signum: int, frame: Any) -> None:
-        if self.armed:
-            self.armed = False
-            exc = RolloutAborted("timeout")
-            if self.apart:
-                used = self.limit - self.left[_TASK] + (time.monotonic() - self.since if self.running == _TASK else 0)
-                if used >= self.limit - 1e-3:  # the task's clock ran out (not a policy's signal handled late)
-                    exc.fault = f"the task's own code ran {used:.1f} s, the time an episode may take"
-                self.expired = exc
-            raise exc
+        if not self.armed:
+            return
+        exc = RolloutAborted("timeout")
+        if self.apart:
+            used = self.limit - self.left[_TASK] + (time.monotonic() - self.since if self.running == _TASK else 0)
+            if used >= self.limit - 1e-3:  # the task's clock ran out (not a policy's signal handled late)
+                # time this process waited for a CPU (other processes, or threads a policy left spinning on the CPU
+                # it shares) is not the task's own: credited, and the task's clock runs on
+                waited = _run_delay() - self.delay_at_split - self.credited
+                if waited > 0.01:
+                    self.credited += waited
+                    self.left[_TASK] += waited
+                    signal.setitimer(signal.ITIMER_REAL, waited)
+                    return
+                exc.fault = f"the task's own code ran {used:.1f} s, the time an episode may take"
+            self.expired = exc
+        self.armed = False
+        raise exc
 
     def arm(self, seconds: float) -> None:
         self.armed, self.limit, self.apart, self.expired = True, float(seconds), False, None
@@ -320,6 +343,7 @@ class _Deadline:
         remaining = signal.getitimer(signal.ITIMER_REAL)[0]  # what the policy has left of the episode's limit
         self.left = {_POLICY: remaining, _TASK: self.limit}
         self.running, self.since, self.apart = _TASK, now, True
+        self.delay_at_split, self.credited = _run_delay(), 0.0
         if self.phase is not None:
             self.phase.set(b"T", what)
         signal.setitimer(signal.ITIMER_REAL, max(self.limit, 1e-3))
