@@ -322,11 +322,15 @@ def test_ratchet_evaluate_and_the_report_work_on_an_evaluator_run(tmp_path: Path
     from ratchet.cli import app
 
     d = _spec_dir(tmp_path)
-    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"])
+    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"],
+                             env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "12 hints" in res.output and "on evaluate" in res.output
     header = next(ln for ln in res.output.splitlines() if "instance" in ln and "score" in ln)  # not gym's columns
     assert "cost" in header and "terminated" not in header and "over 4 instances" in res.output
+    # the evaluator's failure labels: a column, and a count per label (the start policy guesses about 0: far off)
+    assert "failure" in header and sum("far off" in ln for ln in res.output.splitlines()) == 5
+    assert "failures: far off 4" in res.output
     res = CliRunner().invoke(app, ["run", str(d), "--runs-dir", str(tmp_path / "runs"), "--run-id", "c",
                                    "--set", "budget.episodes=60"])
     assert res.exit_code == 0, res.output
@@ -403,6 +407,35 @@ def test_mutate_and_cmaes_together_refine_an_evaluator_tasks_program(tmp_path: P
     assert result.test.mean > result.baseline_test.mean
 
 
+@pytest.mark.parametrize("name", ["or_style.toml", "weibull.toml"])
+def test_the_bin_packing_examples_mutate_table_uncommented_refines_priority(tmp_path: Path, name: str) -> None:
+    # the examples' comment says mutate works on evaluator tasks: their commented table, uncommented, loads and its
+    # refiner proposes checked rewrites of priority() (no act() needed)
+    import shutil
+
+    import numpy as np
+
+    from ratchet.proposals import check_source
+    from ratchet.refiners.mutate import MutateSettings, MutationRefiner, _Space
+    from ratchet.tasks import task_from_spec
+
+    example = Path(__file__).parent.parent / "examples" / "bin_packing"
+    text = (example / name).read_text(encoding="utf-8")
+    assert '# kind = "mutate"' in text and "works on evaluator tasks" in text
+    for f in ("evaluate.py", "policy.py"):
+        shutil.copy(example / f, tmp_path / f)
+    (tmp_path / name).write_text(text.replace("# [[refiners]]", "[[refiners]]").replace('# kind = "mutate"',
+                                                                                       'kind = "mutate"'))
+    spec = load_spec(tmp_path / name)
+    assert [r["kind"] for r in spec.refiners] == ["cmaes", "mutate"]
+    task = task_from_spec(spec.task)
+    start = Candidate.create((example / "policy.py").read_text(encoding="utf-8"), {})
+    refiner = MutationRefiner(_Space(None, None), MutateSettings(**{k: v for k, v in spec.refiners[1].items() if k != "kind"}),
+                              functions=task.functions)
+    proposed = refiner.propose(start, None, np.random.default_rng(0))
+    assert proposed and all(check_source(c.source, functions=task.functions) for c in proposed)
+
+
 def test_task_options_reach_the_evaluator_as_OPTIONS_and_are_stored_with_the_task(tmp_path: Path) -> None:
     source = EVALUATOR.replace('"target": 2.0}', '"target": float(OPTIONS.get("target", 2.0))}')
     d = _spec_dir(tmp_path, source, task={"kind": "evaluator", "evaluator": "evaluate.py", "options": {"target": -1.0}})
@@ -434,6 +467,168 @@ def test_a_slow_evaluator_is_cut_at_the_instance_timeout_and_blamed_not_the_cand
     spec = load_spec(_spec_dir(tmp_path, slow, execution={"workers": 1, "episode_timeout_s": 1}))
     with pytest.raises(TaskError, match="evaluator's own code ran .* raise \\[execution\\] episode_timeout_s"):
         start_run(spec, tmp_path / "runs", run_id="slow")
+
+
+#: Candidates whose start is slow: loading the module, or its reset(), takes a minute.
+SLOW_STARTS = {"module": "import time\ntime.sleep(60)\n",
+               "reset": "import time\ndef reset(params, seed):\n    time.sleep(60)\n"}
+
+
+def test_time_is_charged_to_whoever_used_it_and_a_slow_start_is_the_candidates_failure(tmp_path: Path) -> None:
+    # each side has the instance's limit: a candidate's slow module load or reset is its own timeout (never the
+    # evaluator's fault, which would stop the run for good), and an instance where both sides take most of the limit
+    # is scored
+    import time
+
+    slowish = EVALUATOR.replace("    errors = []", "    import time\n    time.sleep(1.8)\n    errors = []")
+    task = EvaluatorTask.from_file(_write(tmp_path / "slowish", slowish))
+    slow_starts = [Candidate.create("PARAMETERS = {}\n" + code + "def guess(h, pair, params):\n    return 2.0\n", {})
+                   for code in SLOW_STARTS.values()]
+    thinks = Candidate.create("PARAMETERS = {}\nimport time\ndef guess(h, pair, params):\n    time.sleep(0.6)\n"
+                              "    return 2.0\n", {})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        t0 = time.monotonic()
+        eps = ex.run(task, [Job(c, s) for c in slow_starts for s in (0, 3)] + [Job(thinks, 0)])
+        took = time.monotonic() - t0
+    finally:
+        ex.close()
+    assert took < 40
+    for e in eps[:4]:  # the candidate's failure (its second instance skipped), not the task's
+        assert e.error and "timeout after 3 s" in e.error and not e.diagnostics.get("fault"), e.error
+    assert eps[4].error is None and eps[4].episode_return == 0.0  # 1.8 s of its own and 1.8 s of answers: scored
+
+
+#: A candidate that leaves four processes spinning on the CPU it shares with the evaluator's process (each in a session
+#: of its own, so the scheduler weighs each as much as the evaluator), to run the evaluator's clock out for it.
+SPINNER = '''PARAMETERS = {}
+import os
+
+def guess(h, pair, params):
+    if not os.environ.get("SPUN"):
+        os.environ["SPUN"] = "1"
+        for _ in range(4):
+            if os.fork() == 0:
+                os.setsid()
+                while True:
+                    pass
+    return 2.0
+'''
+
+
+def test_a_candidate_cannot_run_the_evaluators_clock_out_by_taking_its_cpu(tmp_path: Path) -> None:
+    # the evaluator's own code needs 1 s of CPU after the candidate's first answer; the candidate's processes leave it
+    # a fifth of the CPU (5 s of wall clock, past the 3 s limit): the time it waited for the CPU is not its own
+    busy = EVALUATOR.replace("    mean = float(np.mean(errors))", "    import time\n    t0 = time.thread_time()\n"
+                             "    while time.thread_time() - t0 < 1.0:\n        pass\n    mean = float(np.mean(errors))")
+    task = EvaluatorTask.from_file(_write(tmp_path / "busy", busy))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    try:
+        (ep,) = ex.run(task, [Job(Candidate.create(SPINNER, {}), 0)])
+    finally:
+        ex.close()
+    assert ep.error and not ep.diagnostics.get("fault"), ep.error  # the candidate's failure (it left processes)
+
+
+#: A candidate that keeps the seed it is started with and answers with it: different instances would tell apart.
+SEED_RECORDER = '''PARAMETERS = {}
+import random
+SEEN = [-1]
+
+def reset(params, seed):
+    SEEN[0] = seed
+
+def guess(h, pair, params):
+    return float(SEEN[0] % 1000) + random.random()
+'''
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_candidate_gets_no_instance_seed_to_make_the_instance_from(tmp_path: Path, trusted: bool) -> None:
+    from ratchet.execution.sandbox import Sandbox
+
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20, sandbox=Sandbox(trusted_rollouts=trusted))
+    try:
+        eps = ex.run(task, [Job(Candidate.create(SEED_RECORDER, {}), s) for s in (0, 3, 7)])
+    finally:
+        ex.close()
+    assert all(e.error is None for e in eps), [e.error for e in eps]
+    assert len({e.episode_return for e in eps}) == 1  # the same seed (and random draws) on every instance
+
+
+#: How an evaluator's own process dies on instance 1 (make_instance runs there), and whether that is certainly its
+#: own doing (a crash, an exit) or may have come from outside (SIGKILL: the OOM killer, a user).
+CRASHES = {"segfault": ("os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV"),
+           "exits": ("os._exit(3)", "exit code 3"), "killed": ("os.kill(os.getpid(), signal.SIGKILL)", None)}
+
+
+@pytest.mark.parametrize("how", list(CRASHES))
+def test_an_evaluator_that_kills_its_own_process_is_the_tasks_fault_naming_it(tmp_path: Path, how: str) -> None:
+    from ratchet.execution.sandbox import isolation
+
+    if isolation() != "bwrap":  # elsewhere policy code could signal the env host itself: a death stays uncertain
+        pytest.skip("telling the evaluator's death from the candidate's needs bubblewrap")
+    code, said = CRASHES[how]
+    crashes = EVALUATOR.replace("def make_instance(seed):\n", "def make_instance(seed):\n    import os, signal\n"
+                                f"    if seed % 3 == 1:\n        {code}\n")
+    task = EvaluatorTask.from_file(_write(tmp_path / "crash", crashes))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        eps = ex.run(task, [Job(Candidate.create(POLICY, {"b": 2.0, "w": 0.0}), s) for s in (0, 1, 3)])
+    finally:
+        ex.close()
+    if said is None:  # uncertain: the candidate's failure, as any death
+        assert "died" in eps[1].error and not eps[1].diagnostics.get("fault")
+        return
+    assert eps[1].diagnostics.get("fault") == "task" and eps[1].error == (
+        f"evaluator {task.path} on instance 1: the process running it died ({said})")
+    assert [e.error for e in (eps[0], eps[2])] == [None, None]  # the candidate's other instances are scored
+    spec = load_spec(_spec_dir(tmp_path / "run", crashes))
+    with pytest.raises(TaskError, match=r"evaluate\.py on instance \d+: the process running it died .* the task's "
+                                        r"fault, not the candidate's") as info:
+        start_run(spec, tmp_path / "runs", run_id="crash")
+    assert "\n" not in str(info.value)
+
+
+def test_an_env_host_that_dies_while_the_candidate_is_asked_is_the_candidates_failure(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    from ratchet.execution.envhost import PHASE_FILE
+    from ratchet.execution.sandbox import isolation
+
+    if isolation() != "bwrap":
+        pytest.skip("needs bubblewrap (elsewhere every env host death is the candidate's)")
+    task = EvaluatorTask.from_file(_spec_dir(tmp_path) / "evaluate.py")
+    waits = Candidate.create("PARAMETERS = {}\nimport time\ndef guess(h, pair, params):\n    time.sleep(30)\n"
+                             "    return 2.0\n", {})
+    ex = ProcessExecutor(workers=1, episode_timeout_s=60, death_retries=0)
+    killed = []
+
+    def crash_it_while_the_candidate_is_asked() -> None:  # the same signal as a crash, from outside, in phase P
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not killed:
+            for w in list(ex._workers):
+                try:
+                    phase = (Path(w.hostdir) / PHASE_FILE).read_bytes()[:1]
+                except OSError:
+                    continue
+                if phase == b"P":
+                    os.kill(w.host.pid, signal.SIGSEGV)
+                    killed.append(w)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=crash_it_while_the_candidate_is_asked, daemon=True)
+    thread.start()
+    try:
+        (ep,) = ex.run(task, [Job(waits, 0)])
+    finally:
+        thread.join()
+        ex.close()
+    assert killed and "died" in ep.error and not ep.diagnostics.get("fault"), ep.error
 
 
 def test_the_cli_refuses_what_an_evaluator_task_cannot_do_in_one_line(tmp_path: Path) -> None:

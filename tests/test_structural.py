@@ -85,6 +85,16 @@ def evaluation(cid: str, mean: float) -> Evaluation:
     ("PARAMETERS = {}\ndef act(o, p):\n    x = 1\n", "never returns an action"),
     ("PARAMETERS = {}\ndef act(o, p):\n    return eval('0')\n", "call to eval()"),
     ("PARAMETERS = {}\ndef act(o, p):\n    return ().__class__\n", "attribute '__class__'"),
+    # a local read where no path has assigned it yet (a deleted line, an assignment moved below): UnboundLocalError
+    ("PARAMETERS = {}\ndef act(o, p):\n    z = z + o[0]\n    return 1 if z > 0 else 0\n",
+     "act() reads 'z' before any assignment of it"),
+    ("PARAMETERS = {}\ndef act(o, p):\n    if o[0] > 0:\n        return 1\n    z += o[1]\n    return 0\n",
+     "act() reads 'z' before any assignment"),
+    ("PARAMETERS = {}\ndef act(o, p):\n    while t < 3:\n        t = t + o[0]\n    return 0\n",
+     "act() reads 't' before any assignment"),
+    # a name only another function's own variable has: NameError
+    ("PARAMETERS = {}\ndef helper(o):\n    gap = o[0]\n    return gap\ndef act(o, p):\n    return 1 if gap > 0 else 0\n",
+     "act() reads 'gap', which the module never assigns"),
 ])
 def test_check_source_rejects_with_a_reason(source, reason):
     with pytest.raises(PolicyError, match=re.escape(reason)):
@@ -103,6 +113,48 @@ def test_check_source_accepts_valid_policies():
         task = task_from_spec(load_spec(specs[0]).task) if specs else None
         if not uses_task_dims(source):  # shapes relative to the task need its dims
             check_source(source, functions=task.functions if task is not None else None)
+
+
+#: Valid programs the assigned-before-read checks must accept: a name assigned on some path, in an earlier loop
+#: iteration, in a try, by a walrus, as a module global from reset, in an enclosing function, a comprehension's own.
+VALID_FLOWS = [
+    "def act(o, p):\n    if o[0] > 0:\n        y = 1\n    else:\n        y = 0\n    return y\n",
+    "def act(o, p):\n    if o[0] > 0:\n        y = 1\n    return y if o[0] > 0 else 0\n",
+    "def act(o, p):\n    for i in range(3):\n        if i:\n            y = prev\n        prev = i\n    return 0\n",
+    "def act(o, p):\n    while True:\n        if o[0] > 0:\n            return z\n        z = 1\n",
+    "def act(o, p):\n    try:\n        y = o[0]\n    except IndexError:\n        return 0\n    return 1 if y > 0 else 0\n",
+    "def act(o, p):\n    if (y := o[0]) > 0:\n        return 1 if y else 0\n    return 0\n",
+    "STATE = None\ndef reset(p, seed):\n    global TABLE\n    TABLE = [seed]\ndef act(o, p):\n    return TABLE[0] % 2\n",
+    "def act(o, p):\n    k = 2\n    def inner(x):\n        return x * k\n    return 1 if inner(o[0]) > 0 else 0\n",
+    "def act(o, p):\n    xs = [x for x in o]\n    g = (y for y in xs if y > w)\n    w = 0\n    return len(list(g)) % 2\n",
+    "def act(o, p):\n    with open_ctx() as f:\n        v = f\n    return v\ndef open_ctx():\n    return None\n",
+    "def act(o, p):\n    return 0\n    print(z)\n    z = 1\n",
+]
+
+
+@pytest.mark.parametrize("body", VALID_FLOWS)
+def test_the_assigned_before_read_checks_accept_valid_flows(body):
+    check_source("PARAMETERS = {}\n" + body)
+
+
+def test_mutants_that_read_a_variable_before_assigning_it_are_recorded_rejections_not_episodes():
+    # deleting a line of the bin-packing example's priority(), such as its first "score = -gap", leaves programs
+    # that pass the undefined-name check and then crash on every instance: refused before any episode, recorded
+    import types
+
+    source = (Path(__file__).parent.parent / "examples" / "bin_packing" / "policy.py").read_text(encoding="utf-8")
+    parent = Candidate.create(source, {})
+    r = MutationRefiner(_Space(None, None), MutateSettings(programs=4, variants=1, operators=["delete"]),
+                        functions={"priority": 3})
+    proposed, rejected = [], []
+    for k in range(12):
+        proposed += r.propose(parent, None, np.random.default_rng(k))
+        rejected += r.take_rejections()
+    assert any("before any assignment" in x.reason for x in rejected), [x.reason for x in rejected]
+    for c in proposed:
+        module = types.ModuleType("mutant")
+        exec(compile(c.source, "<mutant>", "exec"), module.__dict__)  # noqa: S102 - a test's own mutants
+        module.priority(30.0, np.array([100.0, 120.0, 150.0]), c.params)  # no UnboundLocalError, no NameError
 
 
 def test_param_variants_start_at_defaults_and_stay_in_bounds():

@@ -539,6 +539,8 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
                                                      "default the incumbent."),
              runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Evaluate a policy file with its default parameters, or a run's candidate (--run), and print a table."""
+    from collections import Counter
+
     from ratchet.critic import Evaluation
     from ratchet.execution import Job, make_executor
     from ratchet.spec import MAX_EPISODES, MAX_TIMEOUT_S, MAX_WORKERS
@@ -609,14 +611,19 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     title = f"{label} on {task.name}"
     t = Table(title=title, min_width=min(len(title), out.width))  # a narrow table would wrap its title
     scored = task.kind == "evaluator"  # one call per instance: a score and its cost, no env endings to show
-    cols = (("instance", "score", "cost", "success", "error") if scored
-            else ("seed", "return", "length", "terminated", "truncated", "success", "error"))
+    # how the task labelled a failing episode (an evaluator's ``failure``): a column of its own, and counted below
+    labels = Counter(str(e.diagnostics["failure"]) for e in eps if e.diagnostics.get("failure"))
+    cols = (("instance", "score", "cost", "success", *(("failure",) if labels else ()), "error") if scored
+            else ("seed", "return", "length", "terminated", "truncated", "success",
+                  *(("failure",) if labels else ()), "error"))
     for col in cols:
         t.add_column(col, justify="right" if col in cols[:3] else "left")
     for e in eps[:50]:
         success = "–" if e.success is None else str(e.success)  # as run and show write "no success defined"
         endings = () if scored else (str(e.terminated), str(e.truncated))
-        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), *endings, success, _safe(e.error or ""))
+        failure = (_safe(str(e.diagnostics.get("failure") or "")),) if labels else ()
+        t.add_row(str(e.seed), f"{e.episode_return:.2f}", str(e.length), *endings, success, *failure,
+                  _safe(e.error or ""))
     if len(eps) > 50:
         t.add_row("…", *[""] * (len(cols) - 2), f"{len(eps) - 50} more")
     out.print(t)
@@ -627,6 +634,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
               f"{s['env_steps']:,} {task.cost_unit}", soft_wrap=True)
     if s["success_rate"] is not None and task.success_rule():
         out.print(f"success: {task.success_rule()}", highlight=False, soft_wrap=True)
+    if labels:
+        out.print("failures: " + ", ".join(f"{_safe(name)} {n}" for name, n in labels.most_common(10))
+                  + (f", {len(labels) - 10} more labels" if len(labels) > 10 else ""), highlight=False, soft_wrap=True)
     if run is not None and seeds is None:  # the seeds above are this command's, which a user may take for the run's
         out.print(f"(seeds {seed_list[0]}..{seed_list[-1]} from --seed/--episodes, not the run's test seeds: `ratchet "
                   "show` gives the run's test mean)", highlight=False, soft_wrap=True)

@@ -6,8 +6,9 @@ A refiner may return candidates whose ``source`` is a new program (the ``mutate`
 Before any episode runs, the new source must pass :func:`check_source`: it parses, meets the
 policy-file contract (:func:`ratchet.policy.parse_policy`: a literal ``PARAMETERS``, an
 ``act(observation, params)``), and passes quick static checks that catch what would otherwise fail
-every episode (an undefined name, a ``params["x"]`` that ``PARAMETERS`` does not declare, top-level
-code that would run on import, an import outside a short allow-list). A source that fails is a
+every episode (an undefined name, a variable read where no path has assigned it yet, a ``params["x"]`` that
+``PARAMETERS`` does not declare, top-level code that would run on import, an import outside a short
+allow-list). A source that fails is a
 :class:`Rejection`: the loop records it (``proposal_rejected``) with its reason, and it never reaches a
 worker. The checks are not the security boundary (workers are sandboxed and the env stays out of the
 policy's reach); they keep machine-written mistakes from costing episodes.
@@ -91,7 +92,8 @@ def check_source(source: str, *, dims: Mapping[str, int] | None = None,
     Raises:
         PolicyError: with a one-line reason: too long, a syntax error, the policy-file contract
             (:func:`~ratchet.policy.parse_policy`), top-level statements other than imports,
-            assignments and definitions, a disallowed import or call, an undefined name, or a
+            assignments and definitions, a disallowed import or call, an undefined name (or one only another
+            function's own variable has), a local variable read where no path has assigned it, or a
             ``params[...]`` key ``PARAMETERS`` does not declare.
     """
     if not isinstance(source, str) or not source.strip():
@@ -135,6 +137,8 @@ def check_source(source: str, *, dims: Mapping[str, int] | None = None,
             raise PolicyError(f"<proposal>:{node.lineno}: call to {node.func.id}() is not allowed in a policy")
     if not star:
         _check_names(tree)
+        _check_module_reads(tree)
+    _check_reads_before_assignment(tree)
     _check_module_chains(tree)
     _check_params_keys(tree, {p.name for p in program.parameters})
     return program
@@ -248,6 +252,217 @@ def _check_names(tree: ast.Module) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in bound:
             raise PolicyError(f"<proposal>:{node.lineno}: name {node.id!r} is not defined")
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp, ast.DictComp,
+           ast.GeneratorExp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_ENDS_BLOCK = (ast.Return, ast.Raise, ast.Break, ast.Continue)
+
+
+def _binding(node: ast.AST) -> set[str]:
+    """The names ``node`` itself binds (not its children)."""
+    if isinstance(node, ast.Name):
+        return {node.id} if isinstance(node.ctx, (ast.Store, ast.Del)) else set()
+    if isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return {node.name} if node.name else set()
+    if isinstance(node, ast.MatchMapping):
+        return {node.rest} if node.rest else set()
+    return set()
+
+
+def _binds(node: ast.AST) -> set[str]:
+    """Every name ``node`` (a statement, an expression, a pattern) may bind anywhere inside it, nested scopes
+    included: an over-estimate of what it assigns, so a read after it is never taken for one before any assignment."""
+    return {b for n in ast.walk(node) for b in _binding(n)}
+
+
+def _own_scope(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """The nodes of ``fn``'s own scope: its body, not the bodies of the functions, lambdas, classes and
+    comprehensions in it (their names, and the defaults, decorators and first iterable evaluated here, are)."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, _FUNCTIONS):
+            todo += [*node.decorator_list, *node.args.defaults, *(d for d in node.args.kw_defaults if d)]
+        elif isinstance(node, ast.Lambda):
+            todo += [*node.args.defaults, *(d for d in node.args.kw_defaults if d)]
+        elif isinstance(node, ast.ClassDef):
+            todo += [*node.decorator_list, *node.bases, *node.keywords]
+        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            todo.append(node.generators[0].iter)
+        else:
+            todo += list(ast.iter_child_nodes(node))
+    return out
+
+
+def _locals_of(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The names local to ``fn`` (its arguments and the names bound in its own scope, less those declared
+    ``global`` or ``nonlocal``). Walrus targets inside comprehensions are left out (an under-estimate: such a
+    name is then not checked)."""
+    own = _own_scope(fn)
+    declared = {name for node in own if isinstance(node, (ast.Global, ast.Nonlocal)) for name in node.names}
+    bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    bound |= {b for node in own for b in _binding(node)}
+    return bound - declared
+
+
+def _reads(node: ast.AST, hidden: frozenset[str] = frozenset()) -> list[ast.Name]:
+    """The names ``node`` (an expression) reads when it is evaluated, in no particular order: not those in the
+    bodies of lambdas and generator expressions (they run later, if ever), nor a comprehension's own targets."""
+    if isinstance(node, ast.Name):
+        return [node] if isinstance(node.ctx, ast.Load) and node.id not in hidden else []
+    if isinstance(node, ast.Lambda):
+        return [r for d in (*node.args.defaults, *(d for d in node.args.kw_defaults if d)) for r in _reads(d, hidden)]
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        out = _reads(node.generators[0].iter, hidden)
+        if isinstance(node, ast.GeneratorExp):
+            return out
+        inner = hidden | {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        parts: list[ast.AST] = [*node.generators[0].ifs, *(x for g in node.generators[1:] for x in (g.iter, *g.ifs))]
+        parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        return out + [r for part in parts for r in _reads(part, inner)]
+    return [r for child in ast.iter_child_nodes(node) for r in _reads(child, hidden)]
+
+
+class _Unassigned(Exception):
+    def __init__(self, node: ast.Name) -> None:
+        super().__init__(node.id)
+        self.node = node
+
+
+def _flow(stmts: list[ast.stmt], maybe: set[str], local: set[str]) -> set[str]:
+    """Walk ``stmts`` in order with ``maybe``, the local names some path may have assigned so far; returns it after
+    them (an over-estimate). Code after a ``return``/``raise``/``break``/``continue`` of the block is not checked.
+
+    Raises:
+        _Unassigned: a local name is read where no path has assigned it.
+    """
+
+    def check(*exprs: ast.AST | None, also: set[str] | None = None) -> None:
+        now = maybe | (also or set())
+        for e in exprs:
+            if e is None:
+                continue
+            now = now | {n.target.id for n in ast.walk(e) if isinstance(n, ast.NamedExpr)
+                         and isinstance(n.target, ast.Name)}  # a walrus may bind before the read beside it
+            for name in _reads(e):
+                if name.id in local and name.id not in now:
+                    raise _Unassigned(name)
+
+    maybe = set(maybe)
+    for stmt in stmts:
+        if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) \
+                    and stmt.target.id in local and stmt.target.id not in maybe:  # x += 1 reads x first
+                raise _Unassigned(stmt.target)
+            check(stmt.value)
+            for t in targets:  # a[i] = v reads a and i
+                if not isinstance(t, ast.Name):
+                    check(*(c for n in ast.walk(t) if isinstance(n, (ast.Subscript, ast.Attribute))
+                            for c in ast.iter_child_nodes(n) if not isinstance(c, ast.expr_context)))
+            if stmt.value is not None:
+                maybe |= _binds(stmt)
+        elif isinstance(stmt, ast.If):
+            check(stmt.test)
+            tested = maybe | _binds(stmt.test)  # if (x := ...): binds x for both branches
+            maybe = _flow(stmt.body, tested, local) | _flow(stmt.orelse, tested, local)
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            check(stmt.iter)
+            inside = maybe | _binds(stmt.iter) | _binds(stmt.target) | _binds(ast.Module(stmt.body, []))
+            _flow(stmt.body, inside, local)
+            maybe = _flow(stmt.orelse, inside, local) | inside
+        elif isinstance(stmt, ast.While):
+            check(stmt.test)
+            inside = maybe | _binds(stmt.test) | _binds(ast.Module(stmt.body, []))
+            _flow(stmt.body, inside, local)
+            maybe = _flow(stmt.orelse, inside, local) | inside
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                check(item.context_expr)
+                maybe |= _binds(item.context_expr) | (_binds(item.optional_vars) if item.optional_vars else set())
+            maybe = _flow(stmt.body, maybe, local)
+        elif isinstance(stmt, (ast.Try, ast.TryStar)):
+            tried = maybe | _binds(ast.Module(stmt.body, []))
+            after = _flow(stmt.body, maybe, local) | tried
+            for handler in stmt.handlers:
+                check(handler.type, also=tried)
+                after |= _flow(handler.body, tried | ({handler.name} if handler.name else set()), local)
+            after |= _flow(stmt.orelse, after, local)
+            maybe = _flow(stmt.finalbody, after, local)
+        elif isinstance(stmt, ast.Match):
+            check(stmt.subject)
+            maybe |= _binds(stmt.subject)
+            after = set(maybe)
+            for case in stmt.cases:
+                bound = maybe | _binds(case.pattern)
+                check(case.guard, also=bound)
+                after |= _flow(case.body, bound, local) | bound
+            maybe = after
+        elif isinstance(stmt, _FUNCTIONS):
+            check(*stmt.decorator_list, *stmt.args.defaults, *stmt.args.kw_defaults)
+            maybe.add(stmt.name)
+        elif isinstance(stmt, ast.ClassDef):
+            check(*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords))
+            maybe.add(stmt.name)
+        elif isinstance(stmt, (ast.Delete, ast.Global, ast.Nonlocal, ast.Pass, ast.Break, ast.Continue)):
+            pass  # del x: x may still be taken for assigned (an under-estimate of what is unassigned)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            maybe |= _binds(stmt)
+        else:  # Expr, Return, Raise, Assert
+            check(*(c for c in ast.iter_child_nodes(stmt) if isinstance(c, ast.expr)))
+            maybe |= _binds(stmt)
+        if isinstance(stmt, _ENDS_BLOCK):
+            break
+    return maybe
+
+
+def _check_reads_before_assignment(tree: ast.Module) -> None:
+    """A function that reads one of its local names where no path through it has assigned the name (a line deleted
+    above the read, an assignment moved below it) raises UnboundLocalError every time it gets there: refused.
+    Conservative: where any path may have assigned the name (an ``if`` branch, an earlier loop iteration, a
+    ``try``), or the code cannot be reached, nothing is said."""
+    for fn in ast.walk(tree):
+        if not isinstance(fn, _FUNCTIONS):
+            continue
+        local = _locals_of(fn)
+        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        try:
+            _flow(fn.body, params, local)
+        except _Unassigned as exc:
+            raise PolicyError(f"<proposal>:{exc.node.lineno}: {fn.name}() reads {exc.node.id!r} before any "
+                              "assignment of it (UnboundLocalError whenever it gets there)") from None
+
+
+def _check_module_reads(tree: ast.Module) -> None:
+    """A function that reads a name as a module global which the module never binds (only another function's
+    local, or a class body's, has that name) raises NameError whenever it gets there: refused. Checked in each
+    function's own scope, past its locals and those of the functions around it."""
+    module = set(dir(builtins)) | _MODULE_NAMES | {"__builtins__"}
+    for stmt in tree.body:
+        module |= {stmt.name} if isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)) else _binds(stmt)
+    module |= {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+
+    def visit(node: ast.AST, enclosing: set[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _FUNCTIONS):
+                visible = enclosing | _locals_of(child)
+                for n in _own_scope(child):
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in visible | module:
+                        raise PolicyError(f"<proposal>:{n.lineno}: {child.name}() reads {n.id!r}, which the module "
+                                          "never assigns (only another function's own variable has that name)")
+                visit(child, visible)
+            else:
+                visit(child, enclosing)  # a class body's names are not visible to its methods
+
+    visit(tree, set())
 
 
 def _check_params_keys(tree: ast.Module, declared: set[str]) -> None:

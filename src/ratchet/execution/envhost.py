@@ -20,6 +20,7 @@ at a time, so the episode runs again one at a time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -27,7 +28,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -73,6 +73,9 @@ class RemotePolicy:
         self.deadline = deadline
 
     def _ask(self, payload: bytes, expect: str) -> Any:
+        clock = self.deadline if self.deadline is not None and self.deadline.apart else None
+        if clock is not None:  # the policy's own clock runs while it works on the request
+            clock.switch(_POLICY)
         try:
             self.chan.send(payload)
             return decode_reply(self.chan.recv(), expect)
@@ -80,6 +83,14 @@ class RemotePolicy:
             raise RolloutAborted("died") from None
         except (BadMessage, BadReply) as exc:
             raise RolloutAborted("interfered", str(exc)) from None
+        finally:
+            if clock is not None:
+                clock.switch(_TASK)
+
+    def task_clock(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """See :meth:`ratchet.tasks.PolicyHandle.task_clock`: the episode's timer keeps two clocks from here
+        (:meth:`_Deadline.kept_apart`); without a timer, nothing."""
+        return contextlib.nullcontext() if self.deadline is None else self.deadline.kept_apart(what)
 
     def start(self, params: Any, seed: int, spaces: tuple[Any, Any] = (None, None)) -> None:
         """Start an episode: the policy process loads the policy (its source travels the first time), binds
@@ -188,7 +199,7 @@ class OpponentProcess:
         self.current: RemotePolicy | None = None
         self.clock_s: float | None = None
 
-    @contextmanager
+    @contextlib.contextmanager
     def limit(self, seconds: float) -> Iterator[None]:
         """A player's turn: :class:`RolloutAborted` (``"timeout"``) is raised inside it past ``seconds``; no timer
         runs after it (the referee's own work is on no player's clock)."""
@@ -218,33 +229,163 @@ def _pickled(message: tuple) -> bytes:
     return b"P" + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+_POLICY, _TASK = "policy", "task"
+
+
+def _run_delay() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux schedstat), or 0.0 where unknown."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+#: The env host's phase file (in its own folder, which policy code cannot write under bubblewrap): byte 0 is ``T``
+#: while the task's own code runs on a clock of its own (:meth:`_Deadline.kept_apart`), ``P`` while the policy is
+#: asked, ``-`` otherwise; then what the task's code is, in a line (``evaluator ... on instance 17``). The driver
+#: reads it when this process dies (:meth:`ratchet.execution.process._Worker.task_death`).
+PHASE_FILE = "phase"
+_PHASE_BYTES = 512
+
+
+class _Phase:
+    """The phase file, mapped: writing a phase is a store to memory, no system call; the page outlives the process."""
+
+    def __init__(self, path: str) -> None:
+        import mmap
+
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, _PHASE_BYTES)
+            self.map = mmap.mmap(fd, _PHASE_BYTES)
+        finally:
+            os.close(fd)
+        self.map[0:1] = b"-"
+
+    def set(self, phase: bytes, what: str | None = None) -> None:
+        if what is not None:
+            line = what.encode("utf-8", "replace")[:_PHASE_BYTES - 2]
+            self.map[1:] = line + b"\0" * (_PHASE_BYTES - 1 - len(line))
+        self.map[0:1] = phase
+
+
 class _Deadline:
     """A per-episode real-time timer: past it, :class:`RolloutAborted` ("timeout") is raised wherever the
-    env host is (waiting for an action, or stepping the env)."""
+    env host is (waiting for an action, or stepping the env).
 
-    def __init__(self) -> None:
+    One clock for the whole episode, unless the task keeps its own code's time apart from the policy's
+    (:meth:`kept_apart`, as an evaluator does): then time is charged to whoever uses it, like a chess clock. The
+    policy's clock runs while it is asked (:meth:`RemotePolicy._ask`: its start, module load and ``reset``
+    included), the task's clock the rest of the time; each has the episode's limit. The policy's running out is
+    its failure; the task's running out is the task's fault (the exception's ``fault`` says so). Time the task's
+    code spent waiting for a CPU (busy machine, or threads a policy left running on the CPU the pair shares) is
+    given back to its clock, so a policy cannot run the task's clock out for it; the driver's backstop (twice the
+    limit) still bounds the episode, and is the policy's failure.
+    """
+
+    def __init__(self, phase: _Phase | None = None) -> None:
         self.armed = False
+        self.limit = 0.0  # seconds: what arm() was given
+        self.apart = False  # two clocks (kept_apart)
+        self.left = {_POLICY: 0.0, _TASK: 0.0}  # seconds left on each clock, as of `since`
+        self.running = _TASK
+        self.since = 0.0
+        self.expired: RolloutAborted | None = None  # raised once; raised again if the code it interrupted caught it
+        self.delay_at_split = 0.0  # _run_delay() when the clocks split
+        self.credited = 0.0  # seconds of waiting for a CPU added back to the task's clock since
+        self.phase = phase
         signal.signal(signal.SIGALRM, self._fire)
 
     def _fire(self, signum: int, frame: Any) -> None:
-        if self.armed:
-            self.armed = False
-            raise RolloutAborted("timeout")
+        if not self.armed:
+            return
+        exc = RolloutAborted("timeout")
+        if self.apart:
+            used = self.limit - self.left[_TASK] + (time.monotonic() - self.since if self.running == _TASK else 0)
+            if used >= self.limit - 1e-3:  # the task's clock ran out (not a policy's signal handled late)
+                # time this process waited for a CPU (other processes, or threads a policy left spinning on the CPU
+                # it shares) is not the task's own: credited, and the task's clock runs on
+                waited = _run_delay() - self.delay_at_split - self.credited
+                if waited > 0.01:
+                    self.credited += waited
+                    self.left[_TASK] += waited
+                    signal.setitimer(signal.ITIMER_REAL, waited)
+                    return
+                exc.fault = f"the task's own code ran {used:.1f} s, the time an episode may take"
+            self.expired = exc
+        self.armed = False
+        raise exc
 
     def arm(self, seconds: float) -> None:
-        self.armed = True
+        self.armed, self.limit, self.apart, self.expired = True, float(seconds), False, None
         signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
 
     def disarm(self) -> None:
-        self.armed = False
+        self.armed, self.apart = False, False
         signal.setitimer(signal.ITIMER_REAL, 0)
+        if self.phase is not None:
+            self.phase.set(b"-")
+
+    def switch(self, to: str) -> None:
+        """Stop the running clock and start ``to``'s (while :attr:`apart`).
+
+        Raises:
+            RolloutAborted: a clock ran out before and the code it interrupted caught the exception: again.
+        """
+        if self.expired is not None:
+            raise self.expired
+        if not self.apart or to == self.running:
+            return
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # stopped first: a signal due now is the running clock's
+        now = time.monotonic()
+        self.left[self.running] -= now - self.since
+        self.running, self.since = to, now
+        if self.phase is not None:
+            self.phase.set(b"T" if to == _TASK else b"P")
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, max(self.left[to], 1e-3))
+
+    @contextlib.contextmanager
+    def kept_apart(self, what: str) -> Iterator[None]:
+        """Within this context the task's own code and the policy have a clock each (see the class); ``what`` names
+        the task's code in a line (the phase file's, for a death). A no-op when the timer is not armed.
+
+        Raises:
+            RolloutAborted: a clock ran out (and the code it interrupted caught the exception).
+        """
+        if not self.armed or self.apart:
+            yield
+            return
+        now = time.monotonic()
+        remaining = signal.getitimer(signal.ITIMER_REAL)[0]  # what the policy has left of the episode's limit
+        self.left = {_POLICY: remaining, _TASK: self.limit}
+        self.running, self.since, self.apart = _TASK, now, True
+        self.delay_at_split, self.credited = _run_delay(), 0.0
+        if self.phase is not None:
+            self.phase.set(b"T", what)
+        signal.setitimer(signal.ITIMER_REAL, max(self.limit, 1e-3))
+        try:
+            yield
+            if self.expired is not None:
+                raise self.expired
+        finally:  # the rest of the episode (its end) is on the policy's clock, as before
+            if self.armed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            if self.running == _POLICY:
+                self.left[_POLICY] -= time.monotonic() - self.since
+            self.apart = False
+            if self.phase is not None:
+                self.phase.set(b"-")
+            if self.armed:
+                signal.setitimer(signal.ITIMER_REAL, max(self.left[_POLICY], 1e-3))
 
 
 def _serve(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channel, int] | None = None) -> None:
     from ratchet.execution.worker import _text, send_reply
     from ratchet.tasks import task_from_dict
 
-    deadline = _Deadline()
+    deadline = _Deadline(_Phase(PHASE_FILE))  # in this process's own folder (its working directory)
     opponents = None if rival is None else OpponentProcess(rival[0], rival[1], deadline)
     loaded: str | None = None  # the candidate (source key and parameters) the policy process serves
 

@@ -46,7 +46,7 @@ class _Worker:
     """
 
     def __init__(self, sandbox: Sandbox, cpu: int | None = None, opponents: bool = False) -> None:
-        self.trusted, self.cpu = sandbox.trusted_rollouts, cpu
+        self.trusted, self.cpu, self.sandboxed = sandbox.trusted_rollouts, cpu, sandbox.enabled
         self.opponents = opponents and self.trusted  # untrusted rollouts load opponents in the one worker process
         self.workdir = tempfile.mkdtemp(prefix=f"ratchet-worker-{os.getpid()}-")
         sandbox.prepare_workdir(self.workdir)
@@ -140,19 +140,39 @@ class _Worker:
             if self.host is None or self.host.poll() is None:
                 return "worker stopped answering"
             proc, log, code = self.host, os.path.join(self.outdir, "envhost.log"), self.host.returncode
-        signum = -code if code < 0 else code - 128 if 128 < code <= 192 else 0  # launchers report 128 + signal
-        if signum:
-            try:
-                what = f"killed by {signal.Signals(signum).name}"
-            except ValueError:
-                what = f"killed by signal {signum}"
-            if signum == signal.SIGXCPU:
-                what += " (CPU-time limit)"
-        else:
-            what = f"exit code {code}"
-        tail = _last_line(log)
         who = "env host" if proc is self.host else "worker"
-        return f"{who} died ({what}{': ' + tail if tail else ''})"
+        return f"{who} died ({_exit_text(code, log)})"
+
+    def task_death(self) -> str | None:
+        """Why the env host died, when it certainly died of the task's own code: it was running the task's code on
+        the task's own clock (its phase file says so: :data:`ratchet.execution.envhost.PHASE_FILE`) and it ended
+        itself (an exit, or a crash signal such as SIGSEGV or SIGABRT), where policy code can neither signal it nor
+        write its folder (bubblewrap). A line naming the task's code; None otherwise (a death that may be the
+        policy's or came from outside, such as SIGKILL: the policy's, as before)."""
+        from ratchet.execution.envhost import PHASE_FILE
+        from ratchet.execution.sandbox import isolation
+        from ratchet.text import clean
+
+        if self.host is None or self.hostdir is None or not self.sandboxed or isolation() != "bwrap":
+            return None
+        try:
+            code = self.host.wait(2)  # its socket closes a moment before the process is gone
+        except subprocess.TimeoutExpired:
+            return None
+        if code < 0 and -code not in _CRASH_SIGNALS:
+            return None
+        try:
+            fd = os.open(os.path.join(self.hostdir, PHASE_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        if data[:1] != b"T":
+            return None
+        what = clean(data[1:].split(b"\0")[0].decode("utf-8", "replace"), 300) or "the task's own code"
+        return f"{what}: the process running it died ({_exit_text(code, os.path.join(self.hostdir, 'envhost.log'))})"
 
     def kill(self) -> None:
         for proc in self._processes():
@@ -203,6 +223,28 @@ class _PolicyProcess:
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         return cls(proc, [to_host_r, to_policy_w, ctl_r], workdir, cgroup)
+
+
+#: Signals a process gets from its own code (a crash), not from outside as SIGKILL (the OOM killer, a user) may be.
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT,
+                            signal.SIGSYS, signal.SIGTRAP})
+
+
+def _exit_text(code: int, log: str) -> str:
+    """How a process ended (its exit code or signal name; ``code`` as :attr:`subprocess.Popen.returncode`), and
+    the last line of its ``log``."""
+    signum = -code if code < 0 else code - 128 if 128 < code <= 192 else 0  # launchers report 128 + signal
+    if signum:
+        try:
+            what = f"killed by {signal.Signals(signum).name}"
+        except ValueError:
+            what = f"killed by signal {signum}"
+        if signum == signal.SIGXCPU:
+            what += " (CPU-time limit)"
+    else:
+        what = f"exit code {code}"
+    tail = _last_line(log)
+    return f"{what}{': ' + tail if tail else ''}"
 
 
 _MAX_REPLY_BYTES = 16 * 2**20
@@ -336,8 +378,10 @@ class ProcessExecutor:
         self.n_workers = workers if workers and workers > 0 else (os.cpu_count() or 1)
         self.episode_timeout_s = float(episode_timeout_s)
         # a trusted env host stops a hanging episode itself (with its true step count); the driver's own
-        # deadline is then only a backstop for an env host that hangs
-        self._deadline_s = self.episode_timeout_s + (_HOST_GRACE_S if self.sandbox.trusted_rollouts else 0.0)
+        # deadline is then only a backstop for an env host that hangs: twice the limit, as a task that keeps its
+        # own code's time apart from the policy's gives each a clock of that limit (PolicyHandle.task_clock)
+        self._deadline_s = (2 * self.episode_timeout_s + _HOST_GRACE_S if self.sandbox.trusted_rollouts
+                            else self.episode_timeout_s)
         self._workers: list[_Worker] = []
         self._opponents = False  # whether workers carry an opponent process (a game task's; see run)
 
@@ -430,10 +474,13 @@ class ProcessExecutor:
             workers.remove(w)
             workers.append(self._replace(w))
 
-        def fail_head(w: _Worker, reason: str, retry: bool = False, episode: Episode | None = None) -> None:
+        def fail_head(w: _Worker, reason: str, retry: bool = False, episode: Episode | None = None,
+                      fault: str | None = None) -> None:
             """The worker's running message failed as a whole (timeout, crash, garbage): its jobs fail with ``reason``
             (the first keeps the env steps and partial return of ``episode``), unless ``retry`` (the worker died) and
-            a job has retries left: then it runs again on a fresh worker. The worker is replaced."""
+            a job has retries left: then it runs again on a fresh worker. With ``fault`` (the task's own code killed
+            the env host: :meth:`_Worker.task_death`) they are the task's fault instead, not the candidate's. The
+            worker is replaced."""
             head = [w.jobs.popleft() for _ in range(w.batches.popleft())]
             again = []
             for k, j in enumerate(head):
@@ -442,6 +489,9 @@ class ProcessExecutor:
                     again.append(j)
                     if cap is not None and task.step_limit:  # unknown steps of the lost attempt: its worst case
                         spent[0] += task.step_limit
+                elif fault is not None:
+                    finish(j, Episode(jobs[j].seed, 0.0, 0, False, False, None, fault[:500],
+                                      {"cause": "error", "fault": "task"}))
                 else:
                     failed_candidates[jobs[j].candidate.id] = reason
                     steps = (episode.length, episode.episode_return) if episode is not None and k == 0 else (0, 0.0)
@@ -548,7 +598,7 @@ class ProcessExecutor:
                 ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
                                             getattr(task, "step_limit", None))
             except (EOFError, OSError):
-                fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
+                fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True, fault=w.task_death())
                 return
             except BadReply as exc:  # only policy code tampering with the worker's socket does this
                 fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its worker")

@@ -650,6 +650,12 @@ class LocalPolicy:
 
         return decode_reply(encode_value(getattr(self.module, name)(*args, self.params)), "value")
 
+    def task_clock(self, what: str) -> Any:
+        """Nothing: in one process the driver times the whole episode (running out is the policy's failure)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
 
 class LocalOpponents:
     """A game's opponents loaded in the process that runs the task (``[execution] trusted_rollouts = false``, where

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
@@ -49,6 +50,15 @@ class PolicyHandle(Protocol):
     def call(self, name: str, args: tuple[Any, ...]) -> Any:
         """The policy's ``name(*args, params)`` with the parameters ``start`` was given: a number, a numeric
         array, tuples/lists/dicts of them, or an ``Opaque`` stand-in for anything else."""
+
+    def task_clock(self, what: str) -> AbstractContextManager[None]:
+        """A context in which time is charged to whoever uses it: the policy's ``start`` (loading its module, its
+        ``reset``), ``act`` and ``call`` run on the policy's clock, the caller's own code (the task's: an
+        evaluator's, between its calls) on a clock of its own; each has the episode's time limit. The policy's
+        clock running out is its failure (``RolloutAborted("timeout")``); the task's is the task's fault (the same,
+        with ``fault`` set); ``what`` names the task's code in a line, for a process that dies while it runs. Where
+        the episode is timed from outside (an in-process policy: one limit for the whole episode, and running out
+        is the policy's failure), nothing."""
 
 
 @runtime_checkable

@@ -35,6 +35,16 @@ costs 1, so the env-step budget counts instances). Raising :class:`CandidateErro
 candidate (an unusable answer: a wrong shape, an index out of range); any other exception is the evaluator's
 fault: the run stops with one line naming the instance.
 
+Time is charged to whoever uses it: the candidate's start (loading its module, its ``reset``) and its answers run
+on its clock, the evaluator's own code on the evaluator's; each has ``[execution] episode_timeout_s`` per
+instance. The candidate's running out fails the instance for it; the evaluator's is its fault (the run stops). So
+is the evaluator's own process dying while its code runs (a segfault, ``os._exit``; under bubblewrap, where
+policy code cannot reach that process), after the executor's retries; a death that may have come from outside
+(SIGKILL) or happened while the candidate was asked is the candidate's failure.
+
+The candidate learns about an instance only what the evaluator passes it: it is started with the same seed
+(:data:`CANDIDATE_SEED`) on every instance, never the instance's, from which it could make the instance itself.
+
 Seeds keep ratchet's three splits. A generated seed carries its split (``seed % 3``: 0 train, 1 validation,
 2 test; :func:`split_of`), so an evaluator may, for instance, make held-out problems larger. With
 ``INSTANCES = n`` (at most :data:`MAX_INSTANCES`) the seeds are instance numbers ``0..n-1``, instance ``i`` in
@@ -67,6 +77,10 @@ MAX_TEXT = 500
 MAX_LABEL = 80
 MAX_SCORES = 32
 MAX_SOURCE_BYTES = 1 << 20
+#: The seed a candidate is started with on every instance (its ``reset(params, seed)`` and its random generators):
+#: never the instance's, from which it could make the instance itself and look ahead; an instance reaches the
+#: candidate only through the arguments the evaluator passes.
+CANDIDATE_SEED = 0
 #: Largest score magnitude an instance may have (a candidate's answer that overflows its evaluator's arithmetic
 #: is that candidate's failure, not a number the statistics and plots must survive).
 MAX_SCORE = 1e12
@@ -446,9 +460,15 @@ class EvaluatorTask:
     def run_episode(self, policy: Any, params: Mapping[str, Any], seed: int, render_path: str | None = None) -> Any:
         """Score the policy on instance ``seed`` (runs on the trusted side: the env host).
 
+        Time is charged to whoever uses it (:meth:`PolicyHandle.task_clock`): the candidate's start (loading its
+        module, its ``reset``) and its answers run on its clock, the evaluator's own code (``make_instance``,
+        ``evaluate`` between calls) on the evaluator's; each has ``[execution] episode_timeout_s``.
+
         Args:
-            policy: The candidate (:class:`ratchet.tasks.PolicyHandle`): started with ``params`` and ``seed``,
-                then called through :meth:`PolicyHandle.call` for each function the evaluator calls.
+            policy: The candidate (:class:`ratchet.tasks.PolicyHandle`): started with ``params`` and the seed
+                :data:`CANDIDATE_SEED` (never the instance's: an instance reaches the candidate only through the
+                arguments the evaluator passes), then called through :meth:`PolicyHandle.call` for each function
+                the evaluator calls.
             params: The candidate's parameter values (sent to the policy, never to the evaluator).
             seed: The instance's seed (or instance number of a data set).
             render_path: Ignored (nothing to render).
@@ -460,7 +480,8 @@ class EvaluatorTask:
             "task"`` (the loop stops the run on it).
 
         Raises:
-            RolloutAborted: the policy process died, timed out or sent garbage (the executor's business).
+            RolloutAborted: the policy process died, timed out or sent garbage (the executor's business); with
+                ``fault`` set when the evaluator's own code ran out its clock.
         """
         import time
 
@@ -470,20 +491,20 @@ class EvaluatorTask:
         proxy = _Proxy(policy, declared.functions)
         started = time.perf_counter()
         try:
-            try:
-                instance = module.make_instance(int(seed))
-            except Exception as exc:  # noqa: BLE001 - the user's generator failing is the evaluator's fault
-                raise _Fault(f"make_instance raised {type(exc).__name__}: {_short(exc)}") from None
-            policy.start(dict(params), int(seed), (None, None))
-            result = module.evaluate(instance, proxy)
-            episode = self._episode(seed, result, declared, proxy.calls)
+            with policy.task_clock(f"evaluator {self.path} on instance {seed}"):
+                try:
+                    instance = module.make_instance(int(seed))
+                except Exception as exc:  # noqa: BLE001 - the user's generator failing is the evaluator's fault
+                    raise _Fault(f"make_instance raised {type(exc).__name__}: {_short(exc)}") from None
+                proxy._start(dict(params))
+                result = module.evaluate(instance, proxy)
+                episode = self._episode(seed, result, declared, proxy.calls)
         except RolloutAborted as exc:
-            elapsed = time.perf_counter() - started
-            own = elapsed - proxy.waited_s
-            if exc.status == "timeout" and own >= elapsed / 2:  # the evaluator's own code used most of the time
-                exc.fault = (f"evaluator error on instance {seed}: the evaluator's own code ran {own:.1f} s of the "
-                             f"{elapsed:.1f} s an instance may take (the candidate's answers {proxy.waited_s:.1f} s); "
-                             "make it faster or raise [execution] episode_timeout_s")
+            if exc.fault:  # the evaluator's own clock ran out
+                own = time.perf_counter() - started - proxy.waited_s
+                exc.fault = (f"evaluator error on instance {seed}: the evaluator's own code ran {own:.1f} s, the time "
+                             f"an instance may take (the candidate's start and answers {proxy.waited_s:.1f} s more, "
+                             "on a clock of their own); make it faster or raise [execution] episode_timeout_s")
             raise
         except _Fault as exc:
             return Episode(seed, 0.0, 0, False, False, None, f"evaluator error on instance {seed}: {exc}"[:MAX_TEXT],
@@ -573,7 +594,17 @@ class _Proxy:
 
     def __init__(self, policy: Any, functions: Mapping[str, int]) -> None:
         self._policy, self._functions, self.calls = policy, dict(functions), 0
-        self.waited_s = 0.0  # seconds spent waiting for the candidate's answers
+        self.waited_s = 0.0  # seconds spent waiting for the candidate: its start and its answers
+
+    def _start(self, params: dict[str, Any]) -> None:
+        """Start the candidate for an instance: with :data:`CANDIDATE_SEED`, the same for every instance."""
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            self._policy.start(params, CANDIDATE_SEED, (None, None))
+        finally:
+            self.waited_s += time.perf_counter() - t0
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in self._functions:
