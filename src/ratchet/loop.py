@@ -221,7 +221,8 @@ class _Run(RunServices):
 
     def report_progress(self, **info: Any) -> None:
         if self.progress is not None:
-            self.progress({"usage": self.usage, "budget": self.spec.budget, "cost_unit": self.task.cost_unit, **info})
+            self.progress({"usage": self.usage, "budget": self.spec.budget, "cost_unit": self.task.cost_unit,
+                           "episode_unit": self.task.episode_unit, **info})
 
     def gate_step(self, generation: int, best: Candidate | None, train: dict[str, Evaluation], incumbent: Candidate,
                   inc_val: Evaluation, next_cost: tuple[float, int],

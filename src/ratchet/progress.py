@@ -35,18 +35,24 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
         info: The dict the loop passes to ``progress``: ``generation``, ``best_train_mean`` (or None),
             ``incumbent_validation_mean``, ``usage`` (:class:`ratchet.planner.Usage`), ``budget``
             (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line), ``cost_unit``
-            (what the env-step count counts; default ``"env steps"``); with
+            (what the env-step count counts; default ``"env steps"``), ``episode_unit`` (what the task calls its
+            episodes; default ``"episodes"``: a task whose episodes are its cost unit shows one count); with
             ``n_refiners`` > 1, the generation's ``refiner`` is named after its number.
         time_left: Text such as ``"≈12 s left"``.
     """
     usage, budget = info["usage"], info["budget"]
+    unit, per = info.get("cost_unit", "env steps"), info.get("episode_unit", "episodes")
     best = info.get("best_train_mean")
-    steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
+    if unit == per:  # every episode costs 1 (an evaluator without COST_UNIT): one count, against its budget
+        n, cap = (usage.env_steps, budget.env_steps) if budget.env_steps else (usage.episodes, budget.episodes)
+        used = f"{per} {n:,}" + (f"/{cap:,}" if cap else "")
+    else:
+        used = f"{unit} {usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
+        if budget.episodes:
+            used += f" | {per} {usage.episodes:,}/{budget.episodes:,}"
     arm = f" {info['refiner']}" if info.get("n_refiners", 1) > 1 and info.get("refiner") else ""
     line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else f'{best:9.2f}'} | "
-            f"incumbent val {info['incumbent_validation_mean']:9.2f} | {info.get('cost_unit', 'env steps')} {steps}")
-    if budget.episodes:
-        line += f" | episodes {usage.episodes:,}/{budget.episodes:,}"
+            f"incumbent val {info['incumbent_validation_mean']:9.2f} | {used}")
     if time_left:
         line += f" | {time_left}"
     note = info.get("gate_note")
