@@ -1080,3 +1080,50 @@ def test_ctrl_c_after_the_run_finished_does_not_ask_for_a_resume(monkeypatch, ca
     with pytest.raises(typer.Exit):
         cli._with_progress(stopped, str(tmp_path / "r2"), True, None)
     assert f"ratchet resume {tmp_path / 'r2'}" in capsys.readouterr().err
+
+
+def _printed(monkeypatch, infos: list[dict], clock: list[float]) -> list[str]:
+    """What ``ratchet run``'s progress printer (not live) prints for ``infos``, the i-th at ``clock[i]`` seconds."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ratchet import progress
+    from ratchet.planner import Usage
+    from ratchet.spec import BudgetSpec
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    buf = StringIO()
+    printer = progress.ProgressPrinter(Console(file=buf, width=400, markup=False), live=False)
+    for info, t in zip(infos, clock):
+        now[0] = t
+        printer({"best_train_mean": 1.0, "incumbent_validation_mean": 0.5, "gated": False, "promoted": False,
+                 "usage": Usage(env_steps=int(info.pop("frac") * 1000)), "budget": BudgetSpec(env_steps=1000),
+                 **info})
+    return buf.getvalue().splitlines()
+
+
+def test_a_resumed_run_marks_where_it_resumed_and_estimates_from_what_it_runs(monkeypatch):
+    """The generations a resumed run reads back from its ledger take no time: they are shown as recorded, a line
+    marks where this session's work begins, and the time left comes from the generations run since."""
+    infos = [{"generation": 1, "frac": 0.5, "replayed": True}, {"generation": 2, "frac": 0.6, "replayed": True},
+             {"generation": 3, "frac": 0.7, "replayed": False}, {"generation": 4, "frac": 0.8, "replayed": False}]
+    lines = _printed(monkeypatch, infos, [0.1, 0.2, 10.2, 20.2])
+    assert len(lines) == 5 and "recorded" in lines[0] and "recorded" in lines[1]
+    assert lines[2].startswith("── resumed here: generations 1–2 above were recorded before"), lines[2]
+    assert lines[3].startswith("gen   3") and "≈30 s left" in lines[3]  # 10 s for 0.1 of the budget, 0.3 left
+    assert lines[4].startswith("gen   4") and "≈20 s left" in lines[4]
+    fresh = _printed(monkeypatch, [{"generation": 1, "frac": 0.5}], [10.0])  # a run that never stopped: as ever
+    assert len(fresh) == 1 and "≈10 s left" in fresh[0]
+
+
+def test_a_no_gate_note_is_said_once(monkeypatch):
+    """decide = "end" skips the gate every generation for the same reason: the first generation says it."""
+    end = 'decide = "end": the gate decides when the search ends'
+    infos = [{"generation": g, "frac": 0.1 * g, "gate_note": end} for g in (1, 2, 3)]
+    infos.append({"generation": 4, "frac": 0.4, "gate_note": "not better on training seeds"})
+    lines = _printed(monkeypatch, infos, [1.0, 2.0, 3.0, 4.0])
+    assert lines[0].endswith(f"| no gate: {end}"), lines[0]
+    assert "no gate" not in lines[1] and "no gate" not in lines[2]
+    assert lines[3].endswith("| no gate: not better on training seeds")

@@ -5,6 +5,7 @@ from code). The README is a landing page; the documentation site is docs/ (mkdoc
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -187,3 +188,27 @@ def test_every_example_and_benchmark_script_is_on_its_page():
                and f"`examples/{p.name}`" not in examples and f"| `{p.name}` |" not in examples]  # or a table row
     missing += [f"benchmarks/{p.name}" for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"`{p.name}`" not in benchmarks]
     assert not missing, f"name these on docs/examples.md or docs/benchmarks.md: {missing}"
+
+
+def test_the_custom_environment_example_runs(tmp_path, monkeypatch):
+    """docs/how-to/tasks/gym.md's own environment: its module registers the env, ``"module:EnvId"`` names it, and a
+    worker's env host imports it through ``PYTHONPATH`` as the page says."""
+    from ratchet.execution import Job
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.policy import parse_policy
+    from ratchet.spec import spec_from_dict
+    from ratchet.task import GymTask
+
+    page = _page("how-to/tasks/gym.md")
+    module = next(b for b in _blocks("python", page) if 'gym.register(id="Corridor-v0"' in b)
+    table = tomllib.loads(next(b for b in _blocks("toml", page) if "my_envs:Corridor-v0" in b))
+    (tmp_path / "my_envs.py").write_text(module)
+    (tmp_path / "policy.py").write_text("PARAMETERS = {}\n\n\ndef act(observation, params):\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    spec = spec_from_dict({**table, "policy": {"path": "policy.py"}, "budget": {"env_steps": 10_000}}, tmp_path)
+    task = GymTask(spec.task.env_id)
+    cand = parse_policy((tmp_path / "policy.py").read_text()).candidate()
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        (ep,) = ex.run(task, [Job(cand, 0)])
+    assert ep.error is None and ep.length == 9 and round(ep.episode_return, 6) == 0.92 and ep.success is True

@@ -322,8 +322,8 @@ def test_ratchet_evaluate_and_the_report_work_on_an_evaluator_run(tmp_path: Path
     from ratchet.cli import app
 
     d = _spec_dir(tmp_path)
-    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"],
-                             env={"COLUMNS": "200"})
+    wide = CliRunner(env={"COLUMNS": "250"})  # the table's title holds the policy's path: no wrapping in it
+    res = wide.invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "4", "--workers", "1"])
     assert res.exit_code == 0, res.output
     assert "12 hints" in res.output and "on evaluate" in res.output
     header = next(ln for ln in res.output.splitlines() if "instance" in ln and "score" in ln)  # not gym's columns
@@ -735,3 +735,47 @@ def test_answers_that_overflow_and_arguments_that_cannot_cross_are_blamed_rightl
 
 
 from ratchet.tasks.evaluator import CandidateError as CandidateError_
+
+
+def test_an_evaluator_run_counts_its_instances_once_in_its_own_words(tmp_path: Path) -> None:
+    """Without COST_UNIT every instance costs 1, one the candidate failed too: the run counts its instances with one
+    number, and `run`, `show`, the dashboard (runs table and run page) and the critique say instances and scores, not
+    episodes, returns and time-outs (it counted "instances 2,850", "episodes 2,940" and 2,840 on the dashboard)."""
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+    from ratchet.dashboard import RunPage
+    from ratchet.dashboard.views import run_row
+    from ratchet.ledger.projection import project
+    from ratchet.ledger.sqlite import SQLiteLedger
+
+    plain = EVALUATOR.replace('COST_UNIT = "hints"\nMAX_COST = 3\n', "").replace('"cost": 3, ', "")
+    fails = POLICY.replace("    return params", "    if params[\"w\"] > 0.9:\n        raise ValueError(\"w\")\n"
+                                                "    return params")
+    d = _spec_dir(tmp_path, plain, fails, refiners=[{"kind": "cmaes", "popsize": 4, "sigma0": 1.0}])
+    runner = CliRunner(env={"COLUMNS": "250"})
+    res = runner.invoke(app, ["run", str(d), "--runs-dir", str(tmp_path / "runs"), "--run-id", "n",
+                              "--set", "budget.episodes=80", "--no-report"])
+    assert res.exit_code == 0, res.output
+    st = project(read_events(tmp_path / "runs" / "n"))
+    failed = [ep for ev in st.evaluations for ep in ev["episodes"] if ep["error"]]
+    assert failed and all(ep["length"] == 1 for ep in failed)  # a failed instance costs its 1 as well
+    assert st.env_steps == st.episodes and st.used() == [("instances", st.episodes)]
+    summary = next(ln for ln in res.stdout.splitlines() if " s run time · " in ln)
+    assert summary.startswith(f"instances {st.episodes:,} · ") and "episodes" not in summary, summary
+    assert all("episodes" not in ln for ln in res.stderr.splitlines() if ln.startswith("gen ")), res.stderr
+    show = runner.invoke(app, ["show", "n", "--runs-dir", str(tmp_path / "runs")])
+    assert f"instances {st.episodes:,} (" in show.stdout and "env_steps" not in show.stdout, show.stdout
+    ledger = SQLiteLedger(tmp_path / "runs" / "n" / "ledger.sqlite", readonly=True)
+    try:
+        row, _ = run_row(ledger, "n")
+        page = RunPage("n")
+        page.refresh(ledger)
+        view = page.view()
+    finally:
+        ledger.close()
+    assert row["used"] == view["used"] == [["instances", st.episodes]]
+    assert (view["episode_unit"], view["return_name"]) == ("instances", "score")
+    critique = runner.invoke(app, ["critique", "n", "--runs-dir", str(tmp_path / "runs")])
+    assert "mean score" in critique.stdout and "instances)" in critique.stdout, critique.stdout
+    assert "mean return" not in critique.stdout and "time-outs" not in critique.stdout

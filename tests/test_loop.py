@@ -264,8 +264,13 @@ def test_killed_run_resumes_to_the_same_ledger(finished_run, tmp_path):
     assert project(before).status in ("running", "interrupted")
 
     resumer = RecordingExecutor(ProcessExecutor(workers=2, episode_timeout_s=30))
-    result = resume_run("cp-ref", runs, executor=resumer)
+    infos: list[dict] = []
+    result = resume_run("cp-ref", runs, executor=resumer, progress=infos.append)
     after = read_events(runs / "cp-ref")
+    # the progress callback is told which generations were read back (the printer marks where the resume began)
+    recorded = len(events_of(before, EventType.GENERATION_FINISHED))
+    assert [i["replayed"] for i in infos] == [True] * recorded + [False] * (len(infos) - recorded)
+    assert 0 < recorded < len(infos)
 
     # what was recorded before is untouched
     assert [(e.seq, e.key, e.payload, e.time) for e in after[:len(before)]] == \

@@ -377,11 +377,12 @@ def root_secret():
                          ids=["symlink-to-secret", "symlink-to-environ", "fifo", "dev-zero"])
 def test_the_driver_never_follows_what_a_policy_plants_as_its_log(root_secret, mode, reference):
     """A dying worker's last log line is quoted in the failure reason; a policy that swapped the log
-    for a link to a secret, a FIFO or /dev/zero gets no secret out, no hang and no memory blow-up."""
+    for a link to a secret, a FIFO or /dev/zero gets no secret out, no hang and no memory blow-up. (With
+    policy and env in one process: a trusted rollout's policy process under bubblewrap cannot reach its log.)"""
     tag, content = root_secret
     os.environ["RATCHET_TEST_API_KEY"] = "sk-test-do-not-leak"
     try:
-        with ProcessExecutor(workers=1, episode_timeout_s=20) as ex:
+        with ProcessExecutor(workers=1, episode_timeout_s=20, sandbox=Sandbox(trusted_rollouts=False)) as ex:
             eps = _run_beside_good(ex, hostile("plants_in_workdir", {"mode": float(mode), "tag": float(tag)}),
                                    reference)
     finally:
@@ -457,3 +458,33 @@ def test_forged_replies_cannot_reach_the_driver_with_trusted_rollouts(reference)
         eps = _run_beside_good(ex, hostile("forges_episodes", {"mode": 0.0}), reference)
     assert all(e.error.startswith("policy raised RuntimeError: no job on the stack") for e in eps), eps[0].error
     assert all(e.episode_return == 0.0 and e.length == 0 for e in eps)
+
+
+@needs_bwrap
+@pytest.mark.timeout(120)
+def test_a_candidate_leaves_no_files_for_the_next_on_its_worker(reference):
+    """Each candidate of a worker gets a fresh folder: what one wrote in its folder, the worker's folder above it
+    (``..``), ``/dev/shm`` or its home is gone before the next candidate starts on the same worker."""
+    planter = hostile("leaves_files", {"mode": 0.0, "mb": 2.0})
+    looker = hostile("leaves_files", {"mode": 1.0, "mb": 0.0})
+    with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
+        eps = ex.run(GymTask("CartPole-v1"), [Job(planter, s) for s in SEEDS] + [Job(looker, 1)]
+                     + [Job(good_candidate(), s) for s in SEEDS])
+    assert all(e.error is None for e in eps[:3]), eps[0].error  # writing in its own folder is allowed
+    assert "seen=[]" in eps[3].error and "here=[]" in eps[3].error, eps[3].error
+    assert "PLANTED" not in eps[3].error and "big-" not in eps[3].error, eps[3].error
+    assert "worker.log" not in eps[3].error  # the log the driver reads is out of its reach
+    assert [e.to_dict() for e in eps[4:]] == reference
+
+
+@needs_bwrap
+@pytest.mark.timeout(120)
+def test_what_a_candidate_writes_is_bounded_in_all(reference):
+    """A candidate that writes more than ``disk_limit_mb`` in all (in files each far under the file-size limit)
+    fails with the disk full, as its own failure; the candidates after it on the worker run as ever."""
+    good = good_candidate()
+    with ProcessExecutor(workers=1, episode_timeout_s=60, sandbox=Sandbox(disk_limit_mb=4)) as ex:
+        eps = ex.run(GymTask("CartPole-v1"), [Job(hostile("leaves_files", {"mode": 0.0, "mb": 8.0}), 1)]
+                     + [Job(good, s) for s in SEEDS])
+    assert eps[0].error.startswith("policy raised OSError") and "No space left on device" in eps[0].error, eps[0].error
+    assert [e.to_dict() for e in eps[1:]] == reference

@@ -127,7 +127,7 @@ def _print_result(run_dir: Path, state) -> None:
     t.add_column("test mean", justify="right")
     t.add_column("std", justify="right")
     t.add_column("success", justify="right")
-    t.add_column("episodes", justify="right")
+    t.add_column(state.episode_unit, justify="right")
     tests = [(label, s) for label, s in (("start", state.baseline_test), ("refined", state.test)) if s]
     show_errors = any(s.get("n_errors") for _, s in tests)
     if show_errors:  # an errored episode's return is only its partial return: say so
@@ -144,8 +144,8 @@ def _print_result(run_dir: Path, state) -> None:
     rule = _success_rule(state)
     if rule and any(s["success_rate"] is not None for _, s in tests):
         out.print(f"success: {rule}", highlight=False, soft_wrap=True)
-    out.print(f"{state.cost_unit} {state.env_steps:,} · episodes {state.episodes:,} · {state.wall_clock_s:.1f} s run time · "
-              f"promotions {len(state.promotions)}", soft_wrap=True)
+    used = " · ".join(f"{word} {n:,}" for word, n in state.used())
+    out.print(f"{used} · {state.wall_clock_s:.1f} s run time · promotions {len(state.promotions)}", soft_wrap=True)
     started = _state.get("started")
     took = f"; this command took {time.monotonic() - started:.1f} s" if started is not None else ""
     out.print(f"(run time: the run's generations, validation and test, on the clock [budget] wall_clock_s reads; "
@@ -295,12 +295,13 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -
         test = st.test or {}
         sr = test.get("success_rate")
         rows.append((st.run_id, st.status_text, st.task_name, str(st.generations),
-                     f"{st.env_steps:,}", _num(st.incumbent_validation_mean), _num(test.get("mean")),
+                     " · ".join(f"{n:,} {word}" for word, n in st.used()[:1]), _num(st.incumbent_validation_mean),
+                     _num(test.get("mean")),
                      "–" if sr is None else f"{100 * sr:.1f} %"))
     _print_runs(rows)
 
 
-_RUNS_COLUMNS = ("run", "status", "task", "gens", "env steps", "incumbent val", "test mean", "test success")
+_RUNS_COLUMNS = ("run", "status", "task", "gens", "used", "incumbent val", "test mean", "test success")
 
 
 def _print_runs(rows: list[tuple[str, ...]]) -> None:
@@ -386,9 +387,12 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
     t.add_column("key")
     t.add_column("value")
     data["status"] = st.status_text
-    for k in ("status", "task", "stop_reason", "generations", "env_steps", "validation_env_steps", "episodes",
-              "wall_clock_s", "promotions", "error"):
-        if data.get(k) is not None:
+    for k in ("status", "task", "stop_reason", "generations", "used", "wall_clock_s", "promotions", "error"):
+        if k == "used":  # in the task's words: env steps and episodes, an evaluator's cost unit and instances
+            on_validation = f" ({st.validation_env_steps:,} {st.cost_unit} on validation)"
+            t.add_row(k, " · ".join(f"{word} {n:,}" + (on_validation if word == st.cost_unit else "")
+                                    for word, n in st.used()))
+        elif data.get(k) is not None:
             t.add_row(k, _safe(data[k]))
     if data["execution"]:
         ex = data["execution"]

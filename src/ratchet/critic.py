@@ -183,12 +183,17 @@ class Critic:
         seed: Seed for the bootstrap and k-means (critiques are deterministic).
         success_rule: How the task decides success, in words with the threshold's source
             (:meth:`ratchet.task.GymTask.success_rule`), shown beside every success rate.
+        episode_unit: What the task calls its episodes (:attr:`ratchet.tasks.Task.episode_unit`): an evaluator's
+            ``"instances"`` are critiqued as instances with a score, and with no Gymnasium endings (every scored
+            instance "terminated").
+        return_name: What it calls an episode's return (``"score"``).
     """
 
     def __init__(self, diagnose: Any = None, observation_names: Sequence[str] | Any = None,
                  regression_tolerance: float = 0.0, n_resamples: int = 2000, seed: int = 0,
-                 success_rule: str | None = None) -> None:
+                 success_rule: str | None = None, episode_unit: str = "episodes", return_name: str = "return") -> None:
         self.success_rule = success_rule
+        self.episode_unit, self.return_name = episode_unit, return_name
         self.diagnose = diagnose
         self.observation_names = observation_names
         self.regression_tolerance = regression_tolerance
@@ -197,10 +202,12 @@ class Critic:
 
     @classmethod
     def for_task(cls, task: Any, **kwargs: Any) -> Critic:
-        """A critic using the task's diagnoser, observation names and success rule, when it has them."""
+        """A critic using the task's diagnoser, observation names and success rule, when it has them, and its words
+        for episodes and returns."""
         rule = getattr(task, "success_rule", None)
         return cls(getattr(task, "diagnose", None), getattr(task, "observation_names", None),
-                   success_rule=rule() if callable(rule) else None, **kwargs)
+                   success_rule=rule() if callable(rule) else None, episode_unit=task.episode_unit,
+                   return_name=task.return_name, **kwargs)
 
     def critique(self, evaluation: Evaluation, incumbent: Evaluation | None = None) -> Critique:
         """Critique ``evaluation``, comparing seed by seed with ``incumbent`` when given."""
@@ -220,7 +227,8 @@ class Critic:
         modes = self.failure_modes(evaluation)
         opponents = by_opponent(evaluation, incumbent)
         text = _render(evaluation, stats, mean_ci, success_ci, modes, errors, worst,
-                       regressions if incumbent is not None else None, new_failures, self.success_rule, opponents)
+                       regressions if incumbent is not None else None, new_failures, self.success_rule, opponents,
+                       (self.episode_unit, self.return_name))
         return Critique(evaluation.candidate_id, evaluation.split, stats, dict(errors), worst, regressions, text,
                         mean_ci, success_ci, modes, new_failures, opponents=opponents)
 
@@ -354,29 +362,32 @@ def _render(evaluation: Evaluation, stats: dict[str, Any], mean_ci: tuple[float,
             success_ci: tuple[float, float] | None, modes: list[FailureMode], errors: Counter,
             worst: list[tuple[int, float]], regressions: list[tuple[int, float, float]] | None,
             new_failures: list[int], success_rule: str | None = None,
-            opponents: Sequence[Mapping[str, Any]] = ()) -> str:
+            opponents: Sequence[Mapping[str, Any]] = (), words: tuple[str, str] = ("episodes", "return")) -> str:
+    unit, ret = words  # the task's: ("episodes", "return"), an evaluator's ("instances", "score")
     ci = f" (95 % CI {mean_ci[0]:.2f} to {mean_ci[1]:.2f})" if mean_ci else ""
-    lines = [f"### Candidate {evaluation.candidate_id} on {evaluation.split} ({stats['n']} episodes)",
-             f"- mean return {stats['mean']:.2f}{ci}, std {stats['std']:.2f}"]
+    lines = [f"### Candidate {evaluation.candidate_id} on {evaluation.split} ({stats['n']} {unit})",
+             f"- mean {ret} {stats['mean']:.2f}{ci}, std {stats['std']:.2f}"]
     if stats["success_rate"] is not None:
         sci = f" (95 % CI {100 * success_ci[0]:.1f}–{100 * success_ci[1]:.1f} %)" if success_ci else ""
         rule = f"; success: {success_rule}" if success_rule else ""
         lines.append(f"- success rate {100 * stats['success_rate']:.1f} %{sci}{rule}")
     elif not errors:
-        lines.append(f"- success is undefined for this task ({NO_SUCCESS_HINT}), so only errored episodes (and "
-                     "episodes the task labels as failed) count as failures")
+        lines.append(f"- success is undefined for this task ({NO_SUCCESS_HINT}), so only errored {unit} (and "
+                     f"{unit} the task labels as failed) count as failures")
     eps = evaluation.episodes
-    if eps:  # how episodes ended, apart from success: fewer time-outs can come with a lower success rate
+    if eps and unit != "episodes":  # instances end scored or errored: no Gymnasium endings to tell apart
+        lines.append(f"- {sum(e.error is None for e in eps)} scored, {sum(e.error is not None for e in eps)} errored")
+    elif eps:  # how episodes ended, apart from success: fewer time-outs can come with a lower success rate
         both = sum(e.terminated and e.truncated for e in eps)  # Gymnasium sets both when it ends on the last step
         lines.append(f"- endings: {sum(e.terminated for e in eps)} terminated, {sum(e.truncated for e in eps)} "
                      f"time-outs (truncated{f'; {both} of them also terminated, on the last step' if both else ''}), "
                      f"{sum(e.error is not None for e in eps)} errored")
     if modes:
-        lines.append("- failure modes (errored or unsuccessful episodes):" if stats["success_rate"] is not None
+        lines.append(f"- failure modes (errored or unsuccessful {unit}):" if stats["success_rate"] is not None
                      else "- failure modes:")
         for m in modes:
             desc = f" — {m.description}" if m.description else ""
-            lines.append(f"  - **{m.label}**: {m.count} episode{'s' if m.count != 1 else ''} ({100 * m.share:.1f} %), mean return "
+            lines.append(f"  - **{m.label}**: {m.count} {unit if m.count != 1 else unit[:-1]} ({100 * m.share:.1f} %), mean {ret} "
                          f"{m.mean_return:.1f}, e.g. seeds {', '.join(map(str, m.example_seeds))}{desc}")
     if opponents:
         lines.append("- by opponent (worst first): " + "; ".join(

@@ -221,7 +221,8 @@ class _Run(RunServices):
 
     def report_progress(self, **info: Any) -> None:
         if self.progress is not None:
-            self.progress({"usage": self.usage, "budget": self.spec.budget, "cost_unit": self.task.cost_unit, **info})
+            self.progress({"usage": self.usage, "budget": self.spec.budget, "cost_unit": self.task.cost_unit,
+                           "episode_unit": self.task.episode_unit, **info})
 
     def gate_step(self, generation: int, best: Candidate | None, train: dict[str, Evaluation], incumbent: Candidate,
                   inc_val: Evaluation, next_cost: tuple[float, int],
@@ -528,7 +529,8 @@ class _Run(RunServices):
             self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
             if promoted and incumbent.id in train:  # the next generation edits the new incumbent: its own critique
                 critique = self.critic.critique(train[incumbent.id])
-            self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners))
+            self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners),
+                                 replayed=replaying)
             completed = generation
 
         # [planner] final: only when the env-step or episode budget ended the search (not the clock, a target,
@@ -591,7 +593,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             when no contender finished cleanly), ``incumbent_validation_mean``, ``incumbent_id``,
             ``gated``, ``promoted``, ``gate_note`` (why no gate ran, or the gate's verdict, one line),
             ``usage`` (:class:`ratchet.planner.Usage`: env steps, episodes, validation env steps,
-            seconds), ``budget`` (the spec's ``[budget]``) and more (see the ``generation_finished``
+            seconds), ``budget`` (the spec's ``[budget]``), ``replayed`` (True for a generation a resumed run
+            read back from the ledger rather than ran) and more (see the ``generation_finished``
             event). :class:`ratchet.progress.ProgressPrinter` prints it as ``ratchet run`` does. With
             ``[logging] tensorboard`` in the spec, each generation's scalars are written first
             (:mod:`ratchet.metrics`), for a resumed run (:func:`resume_run`) too.

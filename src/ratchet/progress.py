@@ -35,18 +35,24 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
         info: The dict the loop passes to ``progress``: ``generation``, ``best_train_mean`` (or None),
             ``incumbent_validation_mean``, ``usage`` (:class:`ratchet.planner.Usage`), ``budget``
             (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line), ``cost_unit``
-            (what the env-step count counts; default ``"env steps"``); with
+            (what the env-step count counts; default ``"env steps"``), ``episode_unit`` (what the task calls its
+            episodes; default ``"episodes"``: a task whose episodes are its cost unit shows one count); with
             ``n_refiners`` > 1, the generation's ``refiner`` is named after its number.
         time_left: Text such as ``"≈12 s left"``.
     """
     usage, budget = info["usage"], info["budget"]
+    unit, per = info.get("cost_unit", "env steps"), info.get("episode_unit", "episodes")
     best = info.get("best_train_mean")
-    steps = f"{usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
+    if unit == per:  # every episode costs 1 (an evaluator without COST_UNIT): one count, against its budget
+        n, cap = (usage.env_steps, budget.env_steps) if budget.env_steps else (usage.episodes, budget.episodes)
+        used = f"{per} {n:,}" + (f"/{cap:,}" if cap else "")
+    else:
+        used = f"{unit} {usage.env_steps:,}" + (f"/{budget.env_steps:,}" if budget.env_steps else "")
+        if budget.episodes:
+            used += f" | {per} {usage.episodes:,}/{budget.episodes:,}"
     arm = f" {info['refiner']}" if info.get("n_refiners", 1) > 1 and info.get("refiner") else ""
     line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else f'{best:9.2f}'} | "
-            f"incumbent val {info['incumbent_validation_mean']:9.2f} | {info.get('cost_unit', 'env steps')} {steps}")
-    if budget.episodes:
-        line += f" | episodes {usage.episodes:,}/{budget.episodes:,}"
+            f"incumbent val {info['incumbent_validation_mean']:9.2f} | {used}")
     if time_left:
         line += f" | {time_left}"
     note = info.get("gate_note")
@@ -73,6 +79,11 @@ class ProgressPrinter:
         finally:
             progress.stop()
 
+    A resumed run reads its recorded generations back before it runs new ones (``info["replayed"]``): they are
+    shown as recorded, a line marks where this session's work begins, and the time left is estimated from the
+    generations run since then only (the ones read back took no time). A ``no gate`` note the same as one already
+    shown (``decide = "end"``'s, every generation) is not repeated.
+
     Args:
         console: A ``rich.console.Console`` to print to; default one on ``stderr`` without markup.
         live: Show a live bar; default: when the console is a terminal.
@@ -83,6 +94,9 @@ class ProgressPrinter:
 
         self.console = console or Console(file=sys.stderr, markup=False)
         self.t0 = time.monotonic()
+        self._since = (self.t0, 0.0)  # (when, budget fraction) this session's own generations are counted from
+        self._replayed: list[int] = []  # generations read back from the ledger, until the first one run now
+        self._notes: set[str] = set()  # "no gate" notes shown already
         self.live = self.console.is_terminal if live is None else live
         self.bar = None
         if self.live:
@@ -95,9 +109,26 @@ class ProgressPrinter:
             self.bar.start()
 
     def __call__(self, info: dict[str, Any]) -> None:
-        frac = budget_fraction(info)
-        elapsed = time.monotonic() - self.t0
-        left = f"≈{elapsed * (1 - frac) / frac:.0f} s left" if frac > 0.05 else "estimating time left"
+        frac, now = budget_fraction(info), time.monotonic()
+        if info.get("replayed"):  # read back from the ledger: the time left is estimated from what runs after it
+            self._since = (now, frac)
+            self._replayed.append(info["generation"])
+            left = "recorded"
+        else:
+            if self._replayed:
+                first, last = self._replayed[0], self._replayed[-1]
+                gens = f"generation {first}" if first == last else f"generations {first}–{last}"
+                self.console.print(f"── resumed here: {gens} above were recorded before and read back from the "
+                                   "ledger; the run goes on from here ──", highlight=False, soft_wrap=True)
+                self._replayed = []
+            since, done = now - self._since[0], frac - self._since[1]
+            left = (f"≈{since * (1 - frac) / done:.0f} s left" if done > 0.05 * (1 - self._since[1])
+                    else "estimating time left")
+        note = info.get("gate_note")
+        if note and not info.get("gated") and not info.get("promoted"):
+            if note in self._notes:
+                info = {**info, "gate_note": None}
+            self._notes.add(note)
         line = progress_line(info, left)
         if self.bar is not None:
             self.bar.update(self.task, completed=frac, description=line)

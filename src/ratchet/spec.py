@@ -481,6 +481,11 @@ class ExecutionSpec(_Section):
     max_processes: int = Field(Sandbox.max_processes, ge=8, le=2**16, description="Processes and threads a worker may hold at once, "
                                                                "its own included.",
                                json_schema_extra={"unit": "processes"})
+    disk_limit_mb: int = Field(Sandbox.disk_limit_mb, ge=1, le=2**20, description="What one candidate may write "
+                               "in all (MiB): with trusted rollouts under bubblewrap its folder is a tmpfs of this size, "
+                               "emptied before the next candidate (memory, so a worker may use memory_limit_mb plus "
+                               "this); every file is also bounded at 256 MiB.",
+                               json_schema_extra={"unit": "MiB"})
     env_allowlist: list[str] = Field(default_factory=list, description="Extra environment variables passed to "
                                                                         "workers (beyond PATH, HOME, LANG, ...).")
     trusted_rollouts: bool = Field(Sandbox.trusted_rollouts, description="Step the environment in a trusted process "

@@ -22,7 +22,7 @@ from typing import Any
 
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
 from ratchet.ledger import Event, EventType, LedgerStore
-from ratchet.ledger.projection import live_status, llm_usage_text, project
+from ratchet.ledger.projection import live_status, llm_usage_text, project, used_counts
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, storage_url
 from ratchet.policy import describe_value
 
@@ -109,6 +109,12 @@ def _changes_code(kind: str) -> bool:
         return refiner_kind(kind).changes_code
     except (KeyError, ImportError):
         return True
+
+
+def _used(st: Any, recorded: dict[str, Any]) -> list[list[Any]]:
+    """What a run used in its task's words (:func:`~ratchet.ledger.projection.used_counts`), from the counts the loop
+    recorded last (``run_finished``, else the newest ``generation_finished``): ``[[word, n], ...]``."""
+    return [[w, n] for w, n in used_counts(st, _int(recorded.get("env_steps")), _int(recorded.get("episodes")))]
 
 
 def _int(x: Any) -> int:
@@ -219,7 +225,8 @@ def run_row(ledger: LedgerStore, run_id: str) -> tuple[dict[str, Any], Liveness]
 
     The row: ``run_id``, ``status``/``status_text``, ``task``, ``policy_kind``, ``refiners``,
     ``start_validation``/``incumbent_validation`` (validation means), ``start_test``/``test`` (test means, once
-    finished), ``env_steps``, ``budget_env_steps`` (None: no env-step budget), ``cost_unit``, ``generations``,
+    finished), ``env_steps``, ``budget_env_steps`` (None: no env-step budget), ``cost_unit``, ``used`` (what the
+    run used, in its task's words: ``[[word, n], ...]``, :meth:`RunState.used`), ``generations``,
     ``promotions``, ``last_activity`` (Unix seconds of the newest event), ``seq`` (the newest event's).
 
     Raises:
@@ -251,7 +258,7 @@ def run_row(ledger: LedgerStore, run_id: str) -> tuple[dict[str, Any], Liveness]
         "refiners": _refiners(st.spec), "start_validation": start_val, "incumbent_validation": inc_val,
         "start_test": _num((st.baseline_test or {}).get("mean")), "test": _num((st.test or {}).get("mean")),
         "env_steps": _int((fin or g).get("env_steps")), "budget_env_steps": _num(budget),
-        "cost_unit": st.cost_unit,
+        "cost_unit": st.cost_unit, "used": _used(st, fin or g),
         "generations": _int(fin.get("generations")) if fin else _int(g.get("generation")),
         "promotions": len(st.promotions), "last_activity": newest.time if newest else None,
         "seq": newest.seq if newest else 0, "error": st.error}), liveness
@@ -417,6 +424,11 @@ class RunPage:
             st = self._state
             data = st.to_json()
             n = len(self.gens["generation"])
+            # the counts the loop recorded last: at the end (the final decision and the training after the last
+            # generation included), else after the newest generation; the page folds no episodes to count them
+            fin = next((e.payload for e in reversed(self.kept) if e.type is EventType.RUN_FINISHED), None)
+            recorded = fin or ({"env_steps": self.gens["env_steps"][-1], "episodes": self.gens["episodes"][-1]}
+                               if n else {})
             gen_from = max(0, min(gen_from, n))
             gates = [{k: g.get(k) for k in _GATE_KEYS if k in g} for g in st.gates[max(0, gate_from):]]
             return _clean({
@@ -424,6 +436,8 @@ class RunPage:
                 "task": str(st.task_name), "policy_kind": _policy_kind(st.spec),
                 "refiners": _refiners(st.spec), "spec": st.spec, "versions": st.versions, "execution": st.execution,
                 "cost_unit": data["cost_unit"], "budget": st.spec.get("budget") or {},
+                "env_steps": _int(recorded.get("env_steps")), "used": _used(st, recorded),
+                "episode_unit": data["episode_unit"], "return_name": data["return_name"],
                 "stop_reason": st.stop_reason, "error": st.error, "writer": st.writer,
                 "started_at": st.started_at, "last_activity": self.last_activity,
                 "baseline_id": st.baseline_id, "incumbent_id": st.incumbent_id,

@@ -37,7 +37,8 @@ class _Worker:
 
     With ``sandbox.trusted_rollouts`` (the default) a worker is a pair: a sandboxed policy process
     (``python -m ratchet.execution.worker``, in a fresh temporary directory whose ``worker.log`` takes
-    its output) and a trusted env host (``python -m ratchet.execution.envhost``, outside the policy's
+    its output; under bubblewrap it sees an empty tmpfs of its own there instead, see
+    :meth:`~ratchet.execution.sandbox.Sandbox.command`) and a trusted env host (``python -m ratchet.execution.envhost``, outside the policy's
     sandbox, in a private directory of its own) that steps the environment and talks to the driver;
     the two exchange observations and actions over two pipes. Without it, one sandboxed process runs
     policy and environment together. Processes are started with ``subprocess`` (fork + exec, no
@@ -217,7 +218,7 @@ class _PolicyProcess:
         own += [to_policy_r, to_policy_w, to_host_r, to_host_w, ctl_r, ctl_w]
         env = sandbox.environment(workdir, {"RATCHET_POLICY_FDS": f"{to_policy_r},{to_host_w},{ctl_w}", **extra,
                                             "RATCHET_PARENT_PID": str(os.getpid())}, cgroup)
-        argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], workdir, cgroup)
+        argv = sandbox.command([sys.executable, "-m", "ratchet.execution.worker"], workdir, cgroup, bounded=True)
         with open(log_path, "ab") as log:  # append mode: the worker may truncate it (see worker.py)
             proc = subprocess.Popen(argv, env=env, cwd=workdir, pass_fds=(to_policy_r, to_host_w, ctl_w),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -5,9 +5,10 @@ through :meth:`Sandbox.command` and confines itself with :func:`confine` before 
 job. Layers, strongest first:
 
 * **bubblewrap** (``bwrap``, Debian package ``bubblewrap``) when it is on ``PATH`` and works: the
-  whole filesystem read-only except the worker's fresh temporary directory, new network, PID, IPC
-  and UTS namespaces (no route to the host's network, loopback included), all capabilities dropped,
-  the sandbox dies with its parent.
+  whole filesystem read-only except the worker's fresh temporary directory (for a trusted rollout's
+  policy process, an empty tmpfs of :attr:`Sandbox.disk_limit_mb` in its place, emptied after each
+  candidate: see :meth:`Sandbox.command`), new network, PID, IPC and UTS namespaces (no route to the
+  host's network, loopback included), all capabilities dropped, the sandbox dies with its parent.
 * otherwise a new **network namespace** through ``unshare(2)`` where the kernel allows it.
 * always: resource limits (address space, CPU time, open files, processes), an environment reduced
   to an allow-list (API keys never reach policy code), and a fresh temporary working directory.
@@ -23,10 +24,12 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from ratchet.processes import process_running
 __all__ = [
     "Sandbox",
     "SandboxError",
+    "clear_folder",
     "confine",
     "hide_from_policies",
     "isolation",
@@ -66,6 +70,9 @@ class Sandbox:
         cpu_limit_s: ``RLIMIT_CPU`` per worker process, in seconds of CPU time.
         max_open_files: ``RLIMIT_NOFILE`` per worker process.
         max_processes: Processes a worker may hold at once, itself included (fork-bomb bound).
+        disk_limit_mb: What one candidate may write in all, in MiB (the size of the tmpfs a trusted rollout's
+            policy process gets as its folder under bubblewrap; memory, not disk, so a worker may use up to
+            ``memory_limit_mb`` plus this). Every file is also bounded by ``RLIMIT_FSIZE`` (256 MiB).
         env_allowlist: Extra environment variables passed through to workers.
         trusted_rollouts: Step the environment in a trusted env host process outside the policy's
             sandbox, which exchanges only observations and actions with the sandboxed policy process, so
@@ -80,6 +87,7 @@ class Sandbox:
     cpu_limit_s: int = 3600
     max_open_files: int = 256
     max_processes: int = 64
+    disk_limit_mb: int = 256
     env_allowlist: tuple[str, ...] = field(default_factory=tuple)
     trusted_rollouts: bool = True
 
@@ -89,7 +97,7 @@ class Sandbox:
         return cls(enabled=execution.sandbox, require_isolation=execution.require_isolation,
                    memory_limit_mb=execution.memory_limit_mb, cpu_limit_s=execution.cpu_limit_s,
                    max_open_files=execution.max_open_files, max_processes=execution.max_processes,
-                   env_allowlist=tuple(execution.env_allowlist),
+                   disk_limit_mb=execution.disk_limit_mb, env_allowlist=tuple(execution.env_allowlist),
                    trusted_rollouts=execution.trusted_rollouts)
 
     def describe(self) -> str:
@@ -133,14 +141,18 @@ class Sandbox:
                                              "cgroup": cgroup is not None})
         return env
 
-    def command(self, argv: list[str], workdir: str, cgroup: Path | None) -> list[str]:
+    def command(self, argv: list[str], workdir: str, cgroup: Path | None, bounded: bool = False) -> list[str]:
         """The launcher command line for ``argv`` (a worker's ``python -m ...``) running in ``workdir``.
 
-        Under bubblewrap the filesystem is read-only but for ``workdir`` and ``/dev`` basics, the
-        caller's home directory is replaced by an empty one (bar the Python installation, read-only,
-        if it lives there), with new network/PID/IPC/UTS namespaces and no capabilities. With a pids
-        ``cgroup`` a tiny ``sh`` launcher enters it before ``exec`` (so nothing the worker starts can
-        escape the bound).
+        Under bubblewrap the filesystem is read-only but for ``workdir`` (``/dev``, too, is read-only,
+        bar its device nodes), the caller's home directory is replaced by an empty, read-only one (bar
+        the Python installation, read-only, if it lives there), with new network/PID/IPC/UTS namespaces
+        and no capabilities. With ``bounded`` (a trusted rollout's policy process) the process gets an
+        empty tmpfs of :attr:`disk_limit_mb` at ``workdir`` instead of the folder itself, so what it
+        writes is bounded in all and never reaches the host (nor does it see what the caller keeps there,
+        such as the log its output is appended to); where bubblewrap cannot size a tmpfs (before 0.8) the
+        folder itself is bound, unbounded in all, and :meth:`check` says so. With a pids ``cgroup`` a tiny
+        ``sh`` launcher enters it before ``exec`` (so nothing the worker starts can escape the bound).
         """
         if not self.enabled:
             return argv
@@ -158,11 +170,17 @@ class Sandbox:
                                 made.add(parent)
                                 hide += ["--perms", "0755", "--dir", parent]
                         hide += ["--ro-bind", path, path]
+                hide += ["--remount-ro", home]  # the sandbox's own uid would own it (no root): writable else
             hide += _hidden_mounts(home, workdir)
             # as root, keep only what is needed to become nobody; setuid() then clears every capability
             caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if self.drop_to_uid() is not None else []
-            argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *hide,
-                    "--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
+            if bounded and _sized_tmpfs():  # 0777: owned by root where bubblewrap runs as root; no one else sees it
+                folder = ["--perms", "0777", "--size", str(self.disk_limit_mb * 2**20), "--tmpfs", workdir]
+            else:
+                folder = ["--bind", workdir, workdir]
+            # /dev is a tmpfs of the sandbox (its /dev/shm too): read-only, or policy code could write there unbounded
+            argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc", *hide,
+                    *folder, "--chdir", workdir, "--unshare-net", "--unshare-pid",
                     "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL", *caps, "--die-with-parent", "--", *argv]
         if cgroup is not None:
             argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
@@ -210,6 +228,9 @@ class Sandbox:
         elif level == "netns":
             _warn_once("policy code has no network but can write where this user can (bubblewrap not found; "
                        "apt-get install bubblewrap for a read-only filesystem)")
+        if level == "bwrap" and not _sized_tmpfs():
+            _warn_once(f"what a candidate writes is bounded per file ({_FILE_SIZE_LIMIT // 2**20} MiB), not in all "
+                       "(this bubblewrap cannot size a tmpfs; version 0.8 or later can)")
 
 
 _warned: set[str] = set()
@@ -250,7 +271,7 @@ def _hidden_mounts(home: str | None, workdir: str) -> list[str]:
                 or any(inside(path, q) for q in done):
             continue
         done.append(path)
-        out += ["--tmpfs", path]
+        out += ["--tmpfs", path, "--remount-ro", path]
     return out
 
 
@@ -263,8 +284,6 @@ def _private_home() -> str | None:
 def _readable_by_others(paths: list[str], home: str | None) -> str | None:
     """The first folder or file among ``paths`` (and their parents) that a user other than its owner
     cannot reach, or None. Folders inside ``home`` are skipped: the sandbox recreates them 0755."""
-    import stat
-
     for path in paths:
         parts = Path(path).parts
         for k in range(1, len(parts) + 1):
@@ -328,6 +347,18 @@ def isolation() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "none"
+
+
+@functools.cache
+def _sized_tmpfs() -> bool:
+    """Whether this bubblewrap can make a tmpfs of a given size and mode (``--size``, ``--perms``: 0.8 and later).
+    Probed once per process."""
+    try:
+        probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--perms", "0777", "--size", str(2**20),
+                                "--tmpfs", "/tmp", "--", "true"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
 
 
 def _unshare_net() -> bool:
@@ -419,6 +450,33 @@ def reap_strays() -> int:
             except ChildProcessError:
                 break
     return killed
+
+
+def clear_folder(folder: str, keep: Collection[str] = ()) -> bool:
+    """Remove every entry of ``folder`` but those named in ``keep``, whatever modes policy code gave them (a folder
+    it made unreadable is opened up first; links are removed, never followed). Call it only once every process
+    that could write there is gone.
+
+    Returns:
+        Whether it worked: False when something could not be removed (a tree too deep, a path too long, a file
+        this uid may not remove), so the caller can give up the folder instead of handing it on.
+    """
+    def remove(path: str) -> None:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            os.chmod(path, 0o700)  # a folder, not a link to one: lstat says so, and nothing else runs now
+            for name in os.listdir(path):
+                remove(os.path.join(path, name))
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+
+    try:
+        for name in os.listdir(folder):
+            if name not in keep:
+                remove(os.path.join(folder, name))
+    except (OSError, RecursionError):
+        return False
+    return True
 
 
 def _children(pid: int) -> list[int]:

@@ -353,7 +353,8 @@ def policy_main(chan: Any, ctl: int | None = None) -> None:
     next candidate. So only the zygote holds ``ctl``, a pipe to the env host each child closes before any policy
     code runs: once a retired child has exited and every process it left (re-parented here: the zygote is a child
     subreaper) is killed, the zygote writes ``X`` there, and the env host starts the next candidate only then
-    (:meth:`ratchet.execution.envhost.RemotePolicy.retire`). Each child runs in a fresh folder of its own, and the
+    (:meth:`ratchet.execution.envhost.RemotePolicy.retire`). Each child runs in a fresh folder of its own inside the
+    worker's, which the zygote empties before it confirms a retirement (it exits instead where it cannot), and the
     worker's folder is not on the import path, so a candidate cannot leave modules or files for the next.
     """
     import pickle
@@ -364,16 +365,17 @@ def policy_main(chan: Any, ctl: int | None = None) -> None:
     # what each candidate's child uses, imported once here (a child's own imports die with it: they would cost
     # every candidate milliseconds)
     import ratchet.execution.protocol
-    import ratchet.execution.sandbox
     import ratchet.policy  # noqa: F401
     from ratchet.execution.channel import pin_to_cpu
+    from ratchet.execution.sandbox import clear_folder
 
     _generators()  # read from here on by every candidate's lockstep batches; made before any policy code runs
 
     sandbox = json.loads(os.environ.pop("RATCHET_SANDBOX")) if "RATCHET_SANDBOX" in os.environ else None
     pin_to_cpu()
     _start(sandbox)
-    home = os.getcwd()
+    home = os.getcwd()  # under bubblewrap an empty tmpfs of its own (Sandbox.command's bounded)
+    keep = set(os.listdir(home))  # without bubblewrap, the worker's log
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(home)]  # no planted modules
     try:
         import ctypes
@@ -419,9 +421,8 @@ def policy_main(chan: Any, ctl: int | None = None) -> None:
             from ratchet.execution.sandbox import reap_strays
 
             reap_strays()  # whatever the child left running, re-parented to this subreaper
-            import shutil
-
-            shutil.rmtree(own, ignore_errors=True)
+            if not clear_folder(home, keep):  # what the candidate wrote anywhere it could, its `..` included
+                os._exit(1)  # unconfirmed: the env host replaces the pair, the next candidate starts on a fresh one
             if ctl is not None:
                 os.write(ctl, b"X")
             continue  # retired

@@ -15,7 +15,7 @@ from ratchet.rollout import Episode
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseInfo
 
-__all__ = ["RunState", "project"]
+__all__ = ["RunState", "project", "used_counts"]
 
 
 @dataclass
@@ -146,6 +146,25 @@ class RunState:
         cost unit (``"instances"``, ``"items"``)."""
         return str((self.task or {}).get("cost_unit", "env steps"))
 
+    @property
+    def episode_unit(self) -> str:
+        """What the run's task calls an episode, plural: ``"episodes"``, an evaluator's ``"instances"``."""
+        return _task_words(self.task or self.spec.get("task"))[0]
+
+    @property
+    def return_name(self) -> str:
+        """What the run's task calls an episode's return: ``"return"``, an evaluator's ``"score"``."""
+        return _task_words(self.task or self.spec.get("task"))[1]
+
+    def used(self) -> list[tuple[str, int]]:
+        """What the run has used of its budget, in its task's words, for every display (``show``, the result line,
+        the dashboard, the report): ``[(cost_unit, env_steps), (episode_unit, episodes)]`` — ``[("env steps",
+        52_000), ("episodes", 120)]``, ``[("items", 149_000), ("instances", 298)]``. A task whose cost unit is its
+        episode (an evaluator without ``COST_UNIT``: every instance costs 1) has one count: ``[("instances",
+        episodes)]``, the instances run, failed or skipped, as ``[budget] episodes`` counts them (its env-step count
+        leaves out only instances a timeout or a crash cut short, and those skipped after it)."""
+        return used_counts(self, self.env_steps, self.episodes)
+
     def to_json(self) -> dict[str, Any]:
         """The summary printed by ``ratchet show --json``. The incumbent's ``kind`` is its policy kind and
         ``artifacts`` its artifacts' digests by role (empty for a plain program)."""
@@ -156,7 +175,8 @@ class RunState:
                 "generations": self.generations, "wall_clock_s": round(self.wall_clock_s, 3),
                 "stop_reason": self.stop_reason, "stop_kind": self.stop_kind, "error": self.error,
                 "env_id": self.spec.get("task", {}).get("env_id"), "task": self.task_name,
-                "cost_unit": self.cost_unit, "execution": self.execution,
+                "cost_unit": self.cost_unit, "episode_unit": self.episode_unit, "return_name": self.return_name,
+                "used": [list(u) for u in self.used()], "execution": self.execution,
                 "budget": self.spec.get("budget"),
                 "baseline": {"candidate_id": self.baseline_id},
                 "incumbent": {"candidate_id": self.incumbent_id, "validation_mean": self.incumbent_validation_mean,
@@ -197,6 +217,27 @@ class RunState:
         return [{"opponent": o["opponent"], "n": o["n"], "start_mean": start.get(o["opponent"], {}).get("mean"),
                  "final_mean": o["mean"], "wins": o["wins"], "draws": o["draws"], "losses": o["losses"]}
                 for o in (self.test_critique or {}).get("opponents", [])]
+
+
+def used_counts(state: RunState, env_steps: int, episodes: int) -> list[tuple[str, int]]:
+    """:meth:`RunState.used` of ``env_steps`` and ``episodes`` as the loop recorded them (``run_finished``, a
+    ``generation_finished``), in ``state``'s words: for displays that fold only those events (the dashboard)."""
+    if state.cost_unit == state.episode_unit:
+        return [(state.episode_unit, episodes)]
+    return [(state.cost_unit, env_steps), (state.episode_unit, episodes)]
+
+
+def _task_words(task: Any) -> tuple[str, str]:
+    """``(episode_unit, return_name)`` of a recorded task's kind (:meth:`ratchet.tasks.Task.episode_unit`); a gym
+    task's words for a kind this ratchet does not know."""
+    from ratchet.errors import TaskError
+    from ratchet.tasks import kind_class
+
+    try:
+        cls = kind_class((task.get("kind") if isinstance(task, dict) else None) or "gym")
+    except TaskError:
+        return "episodes", "return"
+    return str(cls.episode_unit), str(cls.return_name)
 
 
 def _count(x: Any) -> float:

@@ -92,8 +92,8 @@ def _failure_table(state: RunState, videos: Mapping[str, Path]) -> str:
                        f"<td>{100 * m['share']:.1f} %</td><td>{m['mean_return']:.1f}</td>"
                        f"<td>{esc(', '.join(map(str, m['example_seeds'])))}</td>"
                        f"<td style='text-align:left'>{esc(m.get('description', ''))}</td></tr>" for m in modes)
-        parts.append(f"<h3>{title}</h3><table><tr><th>failure mode</th><th>episodes</th><th>share</th>"
-                     f"<th>mean return</th><th>example seeds</th><th>what sets it apart</th></tr>{rows}</table>")
+        parts.append(f"<h3>{title}</h3><table><tr><th>failure mode</th><th>{esc(state.episode_unit)}</th><th>share</th>"
+                     f"<th>mean {esc(state.return_name)}</th><th>example seeds</th><th>what sets it apart</th></tr>{rows}</table>")
         gifs = [(label, path) for label, path in videos.items() if label.startswith(tag + ":")]
         for label, path in gifs:
             try:  # a regular file only, never a link's target (the GIF was rendered by policy code's worker)
@@ -129,14 +129,16 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     esc = _esc
     parts: list[str] = []
     env_id = state.task_name
+    unit, ret = state.cost_unit, state.return_name  # the task's words: env steps and return, an evaluator's own
+    on_validation = f" ({state.validation_env_steps:,} on validation)"
+    used = " · ".join(f"{n:,} {esc(word)}" + (on_validation if word == unit else "") for word, n in state.used())
     parts.append(f"<h1>ratchet run {esc(state.run_id)}</h1>")
     parts.append(f"<p>{esc(env_id)} · status <b>{esc(state.status)}</b> · stop: {esc(str(state.stop_reason))} · "
-                 f"{state.generations} generations · {state.env_steps:,} env steps ({state.validation_env_steps:,} on "
-                 f"validation) · {state.episodes:,} episodes · {state.wall_clock_s:.1f} s run time (start-up and this report "
-                 "not counted)</p>")
+                 f"{state.generations} generations · {used} · {state.wall_clock_s:.1f} s run time (start-up and this "
+                 "report not counted)</p>")
     if state.env_steps_breakdown:  # as `ratchet show` prints it: training, search, re-evaluation, validation, …
         went = " · ".join(f"{esc(str(k))} {v:,}" for k, v in state.env_steps_breakdown.items() if v is not None)
-        parts.append(f"<p>env steps went to: {went}</p>")
+        parts.append(f"<p>{esc(unit)} went to: {went}</p>")
 
     # summary table
     summary: list[str] = []
@@ -148,8 +150,8 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
         from ratchet.tasks import success_rule_of
 
         rule = success_rule_of(state.task, state.spec.get("task"))
-        parts.append("<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean return</th>"
-                     "<th>std</th><th>episodes</th><th>success rate</th></tr>" + "".join(summary) + "</table>"
+        parts.append(f"<h2>Test split (held out, never used for selection)</h2><table><tr><th></th><th>mean {esc(ret)}"
+                     f"</th><th>std</th><th>{esc(state.episode_unit)}</th><th>success rate</th></tr>" + "".join(summary) + "</table>"
                      + (f"<p>success: {esc(rule)}</p>" if rule else ""))
 
     # incumbent score vs env steps
@@ -166,11 +168,11 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
                 label="best candidate (training seeds)")
         for i, p in enumerate(state.promotions):
             ax.axvline(p["env_steps"], color="C2", alpha=0.3, lw=1, label="promotion" if i == 0 else None)
-        ax.set_xlabel("env steps (training + validation)")
-        ax.set_ylabel("mean return")
+        ax.set_xlabel(f"{unit} (training + validation)")
+        ax.set_ylabel(f"mean {ret}")
         ax.legend(loc="lower right")
         ax.grid(alpha=0.3)
-        parts.append("<h2>Incumbent score vs env steps</h2>" + _png(fig))
+        parts.append(f"<h2>Incumbent score vs {esc(unit)}</h2>" + _png(fig))
 
     # test distributions and success
     before = state.evaluation(state.baseline_id, "test") if state.baseline_id else None
@@ -182,8 +184,8 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
         bins = 30 if hi > lo else 1
         axes[0].hist(before.returns, bins=bins, range=(lo, hi + 1e-9), alpha=0.55, label=f"before (mean {before.mean:.1f})")
         axes[0].hist(after.returns, bins=bins, range=(lo, hi + 1e-9), alpha=0.55, label=f"after (mean {after.mean:.1f})")
-        axes[0].set_xlabel("episode return (test seeds)")
-        axes[0].set_ylabel("episodes")
+        axes[0].set_xlabel(f"{ret} (test seeds)")
+        axes[0].set_ylabel(state.episode_unit)
         axes[0].legend()
         sb, sa = before.success_rate, after.success_rate
         if sb is not None and sa is not None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
 
-__all__ = ["TASK_KINDS", "PolicyHandle", "Task", "success_rule_of", "task_from_dict", "task_from_spec"]
+__all__ = ["TASK_KINDS", "PolicyHandle", "Task", "kind_class", "success_rule_of", "task_from_dict", "task_from_spec"]
 
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
 TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask",
@@ -96,6 +96,15 @@ class Task(Protocol):
     @property
     def cost_unit(self) -> str:
         """What an episode's length (and the ``env_steps`` budget) counts: ``"env steps"``, ``"instances"``..."""
+
+    @property
+    def episode_unit(self) -> str:
+        """What people call one of its episodes, plural: ``"episodes"``, an evaluator's ``"instances"`` (a class
+        attribute will do: displays of a recorded run read it from :func:`kind_class`)."""
+
+    @property
+    def return_name(self) -> str:
+        """What people call an episode's return: ``"return"``, an evaluator's ``"score"`` (a class attribute)."""
 
     def seed_pools(self) -> Mapping[str, Sequence[int]] | None:
         """The seeds each split may use when they are a fixed set (a data set's instances), else None."""
@@ -176,7 +185,12 @@ class Task(Protocol):
         """JSON-ready description with ``"kind"`` (stored in the ledger)."""
 
 
-def _kind_class(kind: Any) -> Any:
+def kind_class(kind: Any) -> Any:
+    """The task class registered as ``kind`` in :data:`TASK_KINDS`.
+
+    Raises:
+        TaskError: no such kind.
+    """
     if kind not in TASK_KINDS:
         raise TaskError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
     module, _, cls = TASK_KINDS[kind].partition(":")
@@ -191,7 +205,7 @@ def task_from_spec(table: Any) -> Task:
         TaskError: unknown kind, or the kind refuses the table (e.g. an unregistered env id).
     """
     t = table if isinstance(table, Mapping) else table.model_dump()
-    task: Task = _kind_class(t.get("kind") or "gym").from_spec(t)
+    task: Task = kind_class(t.get("kind") or "gym").from_spec(t)
     return task
 
 
@@ -212,5 +226,5 @@ def task_from_dict(d: Mapping[str, Any]) -> Task:
     Raises:
         TaskError: unknown kind, or the kind refuses the dict.
     """
-    task: Task = _kind_class(d.get("kind") or "gym").from_dict(d)
+    task: Task = kind_class(d.get("kind") or "gym").from_dict(d)
     return task

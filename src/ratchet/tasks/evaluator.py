@@ -265,6 +265,8 @@ class EvaluatorTask:
     """
 
     kind: ClassVar[str] = "evaluator"
+    episode_unit: ClassVar[str] = "instances"
+    return_name: ClassVar[str] = "score"
     action_mode: ClassVar[str] = "error"
 
     path: str
@@ -514,7 +516,9 @@ class EvaluatorTask:
                 text = f"{exc.kind}: {exc.text[:400]}" if exc.text else exc.kind
             else:
                 text = _short(exc, 400)
-            return Episode.failed(seed, text[:MAX_TEXT], task=self)
+            # without COST_UNIT every instance costs 1, one the candidate failed too (so the instances a run counts
+            # and what its env-step budget counts agree); with one, what the failed instance cost is unknown: 0
+            return Episode.failed(seed, text[:MAX_TEXT], 1 if declared.cost_unit == "instances" else 0, task=self)
         except BaseException as exc:  # noqa: BLE001 - the evaluator raised (even SystemExit): its fault, not the candidate's
             return Episode(seed, 0.0, 0, False, False, None,
                            f"evaluator error on instance {seed}: evaluate raised {type(exc).__name__}: "

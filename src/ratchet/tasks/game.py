@@ -386,6 +386,8 @@ class GameTask:
     """
 
     kind: ClassVar[str] = "game"
+    episode_unit: ClassVar[str] = "episodes"
+    return_name: ClassVar[str] = "return"
     action_mode: ClassVar[str] = "error"
 
     game: str

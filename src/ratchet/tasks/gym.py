@@ -39,6 +39,8 @@ class GymTask:
     """
 
     kind: ClassVar[str] = "gym"
+    episode_unit: ClassVar[str] = "episodes"
+    return_name: ClassVar[str] = "return"
 
     env_id: str
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)

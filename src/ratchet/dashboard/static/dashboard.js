@@ -71,8 +71,12 @@
       class: line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : null,
     }, line + "\n")));
   }
-  function budgetBar(used, budget, unit) {
-    if (!isNum(budget) || budget <= 0) return int(used) + " " + (unit || "env steps");
+  // the share of the env-step budget used; without one, what was used in the task's words ([[word, n], ...])
+  function budgetBar(used, budget, unit, counts) {
+    if (!isNum(budget) || budget <= 0) {
+      return Array.isArray(counts) && counts.length ? counts.map(([w, n]) => int(n) + " " + w).join(" · ")
+        : int(used) + " " + (unit || "env steps");
+    }
     const f = Math.min(1, used / budget);
     const bar = h("span", { class: "bar" }, h("span", {}));
     bar.firstChild.style.width = (100 * f).toFixed(1) + "%";
@@ -117,7 +121,7 @@
       if (key === "run_id") return h("a", { href: "#/run/" + encodeURIComponent(r.run_id) }, r.run_id);
       if (key === "status") return statusEl(r.status, r.status_text);
       if (key === "refiners") return (r.refiners || []).join(", ");
-      if (key === "budget_frac") return budgetBar(r.env_steps, r.budget_env_steps, r.cost_unit);
+      if (key === "budget_frac") return budgetBar(r.env_steps, r.budget_env_steps, r.cost_unit, r.used);
       if (key === "last_activity") return ago(r.last_activity);
       if (key === "generations") return int(r.generations);
       const v = r[key];
@@ -234,7 +238,7 @@
           key,
           returns: chart("returns per generation", "generation", [
             { label: "incumbent validation mean", step: true }, "best training mean", "incumbent training mean"],
-          "mean return"),
+          "mean " + (st.data.return_name || "return")),
           steps: chart("budget as it grows (cumulative)", "generation", ["total", "search and re-evaluation",
             "validation", ...(training ? ["training jobs"] : [])], unit),
           alloc: c.refiners.length > 1 ? chart("refiner allocation (cumulative)", "generation", c.refiners,
@@ -257,13 +261,13 @@
 
     function render() {
       const d = st.data, g = st.gens, n = g.generation.length;
-      const used = n ? g.env_steps[n - 1] : 0;
       put(sec.head, kv([
         ["status", statusEl(d.status, d.status_text)],
         ["task", d.task], ["policy kind", d.policy_kind], ["refiners", (d.refiners || []).join(", ")],
         ["generations", h("span", { id: "n-gens" }, String(d.n_generations))],
         ["promotions", String(d.promotions.length)],
-        ["budget", budgetBar(used, (d.budget || {}).env_steps, d.cost_unit)],
+        ["budget", isNum((d.budget || {}).env_steps) ? budgetBar(d.env_steps, d.budget.env_steps, d.cost_unit) : null],
+        ["used", (d.used || []).map(([w, k]) => int(k) + " " + w).join(" · ")],
         ["incumbent", short(d.incumbent_id) + " (validation mean " + fmt(d.incumbent_validation_mean) + ")"],
         ["stop reason", d.stop_reason], ["error", d.error ? h("span", { class: "error" }, d.error) : null],
         ["next", d.status === "interrupted" || d.status === "stale" || d.status === "failed"
@@ -274,7 +278,7 @@
         ["compare", h("a", { href: "#/", title: "tick two runs in the runs table" }, "pick a second run")],
       ]));
       put(sec.result, d.test || d.baseline_test ? h("div", {}, h("h2", {}, "Test split (never used for selection)"),
-        table(["policy", "mean", "std", "success", "episodes"], [testRow("start", d.baseline_test),
+        table(["policy", "mean", "std", "success", d.episode_unit || "episodes"], [testRow("start", d.baseline_test),
           testRow("refined", d.test)], { left: [0], id: "test-table" })) : "");
       renderCharts();
       const bd = d.env_steps_breakdown;
@@ -314,7 +318,8 @@
         if (!modes.length) return null;
         const why = modes.some((m) => m.description);  // what sets a mode apart, when the diagnosers found it
         return h("div", {}, h("h3", {}, title),
-          table(["failure mode", "episodes", "share", "mean return", "example seeds", ...(why ? ["what sets it apart"] : [])],
+          table(["failure mode", d.episode_unit || "episodes", "share", "mean " + (d.return_name || "return"), "example seeds",
+            ...(why ? ["what sets it apart"] : [])],
             modes.map((m) => h("tr", {}, h("td", { class: "l" }, m.label), h("td", {}, int(m.count)), h("td", {}, pct(m.share)),
               h("td", {}, fmt(m.mean_return, 1)), h("td", { class: "l" }, (m.example_seeds || []).join(", ")),
               why ? h("td", { class: "note" }, m.description || "") : null)), { left: [0, 4, 5] }),
@@ -464,7 +469,7 @@
             da.cost_unit || "env steps", [{ label: a + " validation", color: COLORS[0], step: true },
               { label: a + " best train", color: COLORS[0], dash: [6, 4] },
               { label: b + " validation", color: COLORS[1], step: true },
-              { label: b + " best train", color: COLORS[1], dash: [6, 4] }], "mean return", 900);
+              { label: b + " best train", color: COLORS[1], dash: [6, 4] }], "mean " + (da.return_name || "return"), 900);
           const warn = da.task !== db.task ? h("p", { class: "warn" }, "different tasks: " + da.task + " and " + db.task) : null;
           const side = h("div", { class: "side", id: "side" });
           put(box, warn, c.el, side);
@@ -477,7 +482,7 @@
               ["refiners", (d.refiners || []).join(", ")], ["generations", String(d.n_generations)],
               ["promotions", String(d.promotions.length)], ["incumbent validation", fmt(d.incumbent_validation_mean)],
               ["stop reason", d.stop_reason]]),
-            h("h3", {}, "test"), table(["policy", "mean", "std", "success", "episodes"],
+            h("h3", {}, "test"), table(["policy", "mean", "std", "success", d.episode_unit || "episodes"],
               [["start", d.baseline_test], ["refined", d.test]].filter(([, s]) => s).map(([l, s]) => h("tr", {},
                 h("td", { class: "l" }, l), h("td", {}, fmt(s.mean)), h("td", {}, fmt(s.std)),
                 h("td", {}, s.success_rate === null || s.success_rate === undefined ? "–" : pct(s.success_rate)), h("td", {}, int(s.n)))),
