@@ -488,3 +488,4 @@ def test_what_a_candidate_writes_is_bounded_in_all(reference):
                      + [Job(good, s) for s in SEEDS])
     assert eps[0].error.startswith("policy raised OSError") and "No space left on device" in eps[0].error, eps[0].error
     assert [e.to_dict() for e in eps[1:]] == reference
+

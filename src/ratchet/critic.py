@@ -67,8 +67,8 @@ class Evaluation:
 
     @property
     def env_steps(self) -> int:
-        """Env steps these episodes took."""
-        return sum(e.length for e in self.episodes)
+        """Env steps these episodes took (attempts lost and run again included: :attr:`Episode.env_steps`)."""
+        return sum(e.env_steps for e in self.episodes)
 
     def summary(self) -> dict[str, Any]:
         """``{mean, std, n, success_rate, n_errors, env_steps}`` (JSON-ready)."""

@@ -15,6 +15,11 @@ __all__ = ["LOCKSTEP_EPISODES", "BatchAborted", "Episode", "Opaque", "PolicyFail
            "run_episode", "run_lockstep"]
 
 
+#: An episode's diagnostics key, set by the executor (never taken from a worker's reply): env steps of attempts of
+#: the episode that were lost and run again one at a time, counted by the trusted side (:attr:`Episode.env_steps`).
+LOST_ENV_STEPS = "lost_env_steps"
+
+
 @dataclass(frozen=True)
 class Episode:
     """The outcome of one seeded episode.
@@ -31,7 +36,7 @@ class Episode:
         error: Why the episode failed (policy exception, invalid action, timeout, worker crash), or None.
         diagnostics: Task details: ``final_observation`` (list of float, at most 64 entries),
             ``final_reward`` (the last step's reward), ``cause`` (``"terminated"``, ``"truncated"`` or
-            ``"error"``).
+            ``"error"``), ``lost_env_steps`` (:data:`LOST_ENV_STEPS`).
     """
 
     seed: int
@@ -42,6 +47,16 @@ class Episode:
     success: bool | None = None
     error: str | None = None
     diagnostics: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps this episode cost the budget: its ``length`` plus the steps the trusted side counted in attempts
+        of it that were lost and run again (``diagnostics[LOST_ENV_STEPS]``, set by the executor only: a lockstep
+        attempt rerun one at a time, as its policy process may ask). A policy process that died is retried without
+        a trace (``death_retries``: an outside kill must not change the ledger); those steps count against the
+        executor's cap only."""
+        lost = self.diagnostics.get(LOST_ENV_STEPS, 0)
+        return self.length + (lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0)
 
     @property
     def timed_out(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -26,7 +27,7 @@ from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, hide_from_policies, remove_cgroup, sweep_leftovers
-from ratchet.rollout import LOCKSTEP_EPISODES, Episode
+from ratchet.rollout import LOCKSTEP_EPISODES, LOST_ENV_STEPS, Episode
 from ratchet.tasks import Task
 
 __all__ = ["ProcessExecutor"]
@@ -459,12 +460,15 @@ class ProcessExecutor:
                     except OSError as exc:
                         why = str(exc) if isinstance(exc, UnsafeFile) else exc.strerror or str(exc)
                         ep = Episode.failed(ep.seed, f"could not write {wanted}: {why}", task=task)
+            if lost.get(i):  # the env host counted steps of attempts rerun since: they were taken, so they count
+                ep = dataclasses.replace(ep, diagnostics={**ep.diagnostics, LOST_ENV_STEPS: lost[i]})
             results[i] = ep
             spent[0] += ep.length
             if on_episode is not None:
                 on_episode(i, ep)
 
         deaths: dict[int, int] = {}
+        lost: dict[int, int] = {}  # env steps the env host counted in lockstep attempts of a job rerun alone
         stale: dict[int, int] = {}  # jobs rerun because the candidate before them did not let go of the pair
         solo: set[int] = set()  # jobs to run one at a time (a lockstep round of theirs outlasted the time left)
         lockstep = self.lockstep if self.sandbox.trusted_rollouts and callable(getattr(task, "run_batch", None)) else 1
@@ -613,6 +617,7 @@ class ProcessExecutor:
             if status == "solo" and w.trusted and head not in solo:  # a round outlasted the time: rerun it alone
                 solo.add(head)
                 spent[0] += ep.length  # the steps it took count against the cap all the same
+                lost[head] = lost.get(head, 0) + ep.length  # and in the run's budget, with the episode that finishes
                 w.doomed = True
                 w.again.append(head)
                 answered(w)
@@ -630,7 +635,8 @@ class ProcessExecutor:
                 deaths[head] = deaths.get(head, 0) + 1
                 if status == "died" and deaths[head] <= self.death_retries \
                         and jobs[head].candidate.id not in failed_candidates:
-                    spent[0] += ep.length  # the lost attempt's env steps count against the cap
+                    spent[0] += ep.length  # the lost attempt's env steps count against the cap (not in the run's
+                    # budget: a worker killed from outside, by the OOM killer or a person, leaves no trace in the ledger)
                     w.again.append(head)
                     answered(w)
                     return
