@@ -212,3 +212,14 @@ def test_the_custom_environment_example_runs(tmp_path, monkeypatch):
     with ProcessExecutor(workers=1, episode_timeout_s=60) as ex:
         (ep,) = ex.run(task, [Job(cand, 0)])
     assert ep.error is None and ep.length == 9 and round(ep.episode_return, 6) == 0.92 and ep.success is True
+
+
+def test_every_test_the_guarantees_page_names_exists():
+    """docs/concepts/guarantees.md lists each boundary with the tests that hold it: every test it names is a test
+    function of that file (a renamed or deleted test fails here, so the page cannot claim a test that is gone)."""
+    page = _page("concepts/guarantees.md")
+    named = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", page)
+    assert len(named) >= 40
+    missing = [f"{path}::{name}" for path, name in named
+               if not re.search(rf"^def {name}\(", (ROOT / path).read_text(encoding="utf-8"), re.MULTILINE)]
+    assert not missing
