@@ -197,10 +197,9 @@ class Critic:
 
     @classmethod
     def for_task(cls, task: Any, **kwargs: Any) -> Critic:
-        """A critic using the task's diagnoser, observation names and success rule, when it has them."""
-        rule = getattr(task, "success_rule", None)
-        return cls(getattr(task, "diagnose", None), getattr(task, "observation_names", None),
-                   success_rule=rule() if callable(rule) else None, **kwargs)
+        """A critic using a :class:`~ratchet.tasks.Task`'s diagnoser, observation names and success rule (each None
+        where the task defines none)."""
+        return cls(task.diagnose, task.observation_names, success_rule=task.success_rule(), **kwargs)
 
     def critique(self, evaluation: Evaluation, incumbent: Evaluation | None = None) -> Critique:
         """Critique ``evaluation``, comparing seed by seed with ``incumbent`` when given."""

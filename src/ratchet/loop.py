@@ -700,9 +700,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
 
 
 def _describe(executor: Executor) -> dict[str, Any]:
-    describe = getattr(executor, "describe", None)  # optional: wrappers and custom executors may lack it
+    """:meth:`Executor.describe`, or only the executor's class name where a custom executor's description fails."""
     try:
-        return describe() if callable(describe) else {"backend": type(executor).__name__}
+        return executor.describe()
     except Exception:  # noqa: BLE001 - a custom executor's description must never stop a run from starting
         return {"backend": type(executor).__name__}
 

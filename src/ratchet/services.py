@@ -11,13 +11,13 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ratchet.critic import Critic, Evaluation, by_opponent
 from ratchet.errors import LedgerError
-from ratchet.execution import BUDGET_SKIP, Executor, Job
+from ratchet.execution import BUDGET_SKIP, Executor, ExecutorCapabilities, Job, TrainingExecutor
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.planner import SeedSplits, Usage
@@ -75,10 +75,12 @@ class RunServices:
         self.task = task if task is not None else task_from_spec(spec.task)
         self.splits = SeedSplits(spec.seed, self.task.seed_pools())
         self.gate = spec.gate.build()
+        # what the executor declares it does beyond running episodes, read once (ExecutorCapabilities)
+        self.capabilities: ExecutorCapabilities = executor.capabilities
         # Where the executor enforces the env-step budget exactly, work is priced by the episode lengths
         # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
         # choice is recorded when the run starts and kept on resume (the same decisions, whatever executor).
-        self.caps_steps = bool(getattr(executor, "caps_env_steps", False))
+        self.caps_steps = self.capabilities.caps_env_steps
         self.pricing = pricing or (spec.budget.pricing if self.caps_steps else "worst-case")
         self.price_limit = None if self.pricing == "observed" else self.task.step_limit
         self._train_returns = [math.inf, -math.inf]  # lowest and highest training return seen (betting bound)
@@ -165,15 +167,16 @@ class RunServices:
             b = self.spec.budget
             if job.env_steps and b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
                 return TrainingResult((), 0, "the env-step budget has no room for this training job")
-            runner = getattr(self.executor, "train", None)
-            if runner is None:
+            if not self.capabilities.trains:
                 result = TrainingResult((), 0, f"executor {type(self.executor).__name__} cannot run training jobs")
             else:
                 blobs = {h: self.artifact(h) for h in job.parent.artifacts.values()}
                 from dataclasses import replace
 
+                trainer = cast(TrainingExecutor, self.executor)  # it declares capabilities.trains
                 try:
-                    result = runner(self.task, replace(job, artifacts=blobs), self.spec.execution.training_timeout_s)
+                    result = trainer.train(self.task, replace(job, artifacts=blobs),
+                                           self.spec.execution.training_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - the job's failure, not the run's
                     result = TrainingResult((), job.env_steps, f"the executor failed to run the training job: "
                                                                f"{type(exc).__name__}: {exc}"[:500])
@@ -485,7 +488,7 @@ class RunServices:
         """Traces of up to ``n`` of the evaluation's worst episodes (lowest return first): read back from
         ``episode_traced`` events, or replayed now (in the executor, on the trusted side) where the spare
         budget (:meth:`spare_budget`) pays for their recorded lengths and the executor records traces
-        (``records_traces``). Each replay is charged to the usage once per session, as re-evaluation."""
+        (``capabilities.records_traces``). Each replay is charged to the usage once per session, as re-evaluation."""
         import shutil
         import tempfile
 
@@ -498,7 +501,7 @@ class RunServices:
             key = f"trace/{cand.id}/{ep.seed}"
             if key not in self._traces:  # first read this session: it spends its share (recorded or not), so a
                 if self.ledger.get(key) is None:  # resumed run makes the same choices as the first
-                    if not getattr(self.executor, "records_traces", False) or ep.length > steps or episodes < 1:
+                    if not self.capabilities.records_traces or ep.length > steps or episodes < 1:
                         continue
                     todo.append(ep)
                 steps, episodes = steps - ep.length, episodes - 1

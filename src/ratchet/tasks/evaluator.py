@@ -251,6 +251,7 @@ class EvaluatorTask:
     """
 
     kind: ClassVar[str] = "evaluator"
+    batched_rollouts: ClassVar[bool] = False  # no run_batch: one instance at a time
     action_mode: ClassVar[str] = "error"
 
     path: str

@@ -365,6 +365,7 @@ class GameTask:
     """
 
     kind: ClassVar[str] = "game"
+    batched_rollouts: ClassVar[bool] = False  # no run_batch: one game at a time
     action_mode: ClassVar[str] = "error"
 
     game: str
