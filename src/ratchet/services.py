@@ -95,7 +95,6 @@ class RunServices:
         self._replaying = False
         self._session_start = time.monotonic()
         self._failures: list[str] = []  # this generation's failed requests to outside services (exchange)
-        self._refused = 0  # this generation's proposals refused before any episode (their checks, the refiner's own)
         self._last_work_seq: int | None = None  # see stopped_at
         self._session_seq = 0
         # the critique service (RefinerContext.critique): each candidate's latest training evaluation, the
@@ -103,7 +102,6 @@ class RunServices:
         self._latest_train: dict[str, tuple[Candidate, Evaluation]] = {}
         self._traces: dict[str, Any] = {}
         self._spare: tuple[float, float] = (math.inf, math.inf)
-        self._longest = 1.0  # the longest mean episode length of any evaluation so far (the loop sets it)
         self.event_tag: dict[str, Any] = {}  # merged into every payload recorded (a correction round's number)
         # a game's payoffs: each candidate's training payoff sum and episodes per opponent, and the incumbents so far
         # (the league's members: Task.after_promotion)
@@ -257,7 +255,55 @@ class RunServices:
         limit = self.spec.budget.wall_clock_s
         if limit is None:
             return None
-        return max(0.0, limit - (self._clock_offset + time.monotonic() - self._session_start))
+        return max(0.0, limit - self.elapsed())
+
+    def elapsed(self) -> float:
+        """Seconds the run has been active: earlier sessions' (:meth:`continue_clock`) and this one's so far."""
+        return self._clock_offset + time.monotonic() - self._session_start
+
+    def continue_clock(self, seconds: float) -> None:
+        """Count the run's wall clock on from ``seconds`` (what earlier sessions were active; a resumed run)."""
+        self._clock_offset = seconds
+
+    def tick_clock(self) -> None:
+        """Bring the usage's wall clock (``usage.wall_clock_s``) up to :meth:`elapsed`."""
+        self.usage.wall_clock_s = self.elapsed()
+
+    def begin_generation(self, generation: int) -> bool:
+        """Start ``generation``: the usage's wall clock brought up to date, and whether the ledger already holds the
+        generation (a resumed run replays it: a candidate it never proposed is then a divergence,
+        :meth:`record_candidates`). Returns that."""
+        self._replaying = self.ledger.get(f"generation/{generation}") is not None
+        self.tick_clock()
+        return self._replaying
+
+    def reserve_for_traces(self, spare: tuple[float, float]) -> None:
+        """What trace replays (:meth:`trace_worst`) may spend in this generation: (env steps, episodes) of the budget
+        its planned work leaves (:meth:`~ratchet.planner.Pricing.spare`)."""
+        self._spare = spare
+
+    def begin_requests(self) -> None:
+        """Start counting the generation's failed requests to outside services (:meth:`exchange`)."""
+        self._failures = []
+
+    def failed_requests(self) -> tuple[str, ...]:
+        """The errors of the requests to outside services that failed since :meth:`begin_requests`."""
+        return tuple(self._failures)
+
+    def see_training_returns(self, evaluations: Sequence[Evaluation]) -> None:
+        """Widen the range of training returns seen (the betting gate's bound when no return range is set,
+        :meth:`lower_bound`)."""
+        for e in evaluations:
+            for ep in e.episodes:
+                if ep.error is None:
+                    self._train_returns = [min(self._train_returns[0], ep.episode_return),
+                                           max(self._train_returns[1], ep.episode_return)]
+
+    def next_level(self) -> float:
+        """The significance level the run's next contested decision is tested at (alpha spending, fallback rule)."""
+        from ratchet.gate import fallback_level
+
+        return fallback_level(self.gate.alpha, self._n_contested + 1, self.gate.spending, self._carry)
 
     def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate], generation: int,
                          screened: Sequence[Rejection] = ()) -> list[Candidate]:
