@@ -542,7 +542,7 @@ class ProcessExecutor:
             head = w.jobs[0]
             try:
                 ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
-                                            getattr(task, "step_limit", None))
+                                            task.step_limit)
             except (EOFError, OSError):
                 fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True)
                 return
