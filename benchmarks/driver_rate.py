@@ -20,6 +20,7 @@ from pathlib import Path
 
 from _common import machine, write_section
 
+from ratchet.execution import ExecutorCapabilities
 from ratchet.loop import start_run
 from ratchet.rollout import Episode
 from ratchet.spec import load_spec
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class InstantExecutor:
     """Answers every job at once with a synthetic episode (no env, no worker): the driver's cost alone."""
 
-    caps_env_steps = True
+    capabilities = ExecutorCapabilities(caps_env_steps=True)  # honours max_env_steps (below)
 
     def __init__(self) -> None:
         self.episodes, self.first, self.last = 0, None, None

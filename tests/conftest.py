@@ -171,12 +171,11 @@ class RecordingExecutor:
         self.episodes = 0
 
     @property
-    def caps_env_steps(self) -> bool:
-        return bool(getattr(self.inner, "caps_env_steps", False))
+    def capabilities(self):
+        return self.inner.capabilities
 
-    @property
-    def records_traces(self) -> bool:
-        return bool(getattr(self.inner, "records_traces", False))
+    def train(self, task, job, timeout_s=3600.0):
+        return self.inner.train(task, job, timeout_s)
 
     def run(self, task, jobs: Sequence[Job], on_episode: Callable[[int, Episode], None] | None = None, **kw):
         self.calls += 1

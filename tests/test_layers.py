@@ -16,7 +16,9 @@ LAYERS = [
     "dashboard", "report", "correct", "progress", "advice",
     "correction_round",
     "loop",
+    "deciders",  # [planner] decide: one decider per mode, behind one contract
     "services",
+    "step",  # the record of one generation the loop's phases pass on
     "planner", "spec", "shortlist",
     "refiners",
     "data", "runs", "metrics",
@@ -29,7 +31,7 @@ LAYERS = [
     "rollout",
     "processes", "npz", "safefile", "text", "errors",
 ]
-_PACKAGES = {"dashboard", "execution", "ledger", "policies", "refiners", "report", "tasks"}
+_PACKAGES = {"dashboard", "deciders", "execution", "ledger", "policies", "refiners", "report", "tasks"}
 
 
 def part_of(module: str) -> str:
@@ -73,3 +75,20 @@ def test_imports_point_down():
             if them in rank and rank[them] < rank[me]:
                 upward.append(f"{path.relative_to(SRC.parent)}:{line} ({me}) imports {target} ({them})")
     assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
+
+
+def test_the_loop_reads_like_a_few_calls_and_probes_nothing_by_name():
+    """Issue 42: the run loop's driving method (``_Run.run``) is at most 40 lines, and the loop, its services, its
+    deciders and the critic ask no executor, task, gate or refiner for an attribute by name (getattr/hasattr):
+    capabilities are declared in the contracts and read once."""
+    loop = ast.parse((SRC / "loop.py").read_text(encoding="utf-8"))
+    run = next(n for c in ast.walk(loop) if isinstance(c, ast.ClassDef) and c.name == "_Run"
+               for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert run.end_lineno is not None and run.end_lineno - run.lineno + 1 <= 40
+    probes = []
+    for path in [SRC / "loop.py", SRC / "services.py", SRC / "step.py", SRC / "critic.py",
+                 *sorted((SRC / "deciders").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+                probes.append(f"{path.relative_to(SRC.parent)}:{node.lineno}")
+    assert not probes, f"probes by name: {probes}"

@@ -9,6 +9,7 @@ from conftest import RecordingExecutor, SimulatedKill, events_of, make_spec_dir,
 
 from ratchet.critic import Evaluation
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError, SpecError
+from ratchet.execution import ExecutorCapabilities
 from ratchet.execution.process import ProcessExecutor
 from ratchet.gate import PairedTestGate
 from ratchet.ledger import EventType
@@ -446,7 +447,9 @@ def test_start_run_refuses_a_runs_dir_that_is_a_run(tmp_path):
 
 class _ScriptedExecutor:
     """Returns made-up episodes of 40 env steps without running anything: every third one errored (a timeout
-    that reports its length), every other one truncated."""
+    that reports its length), every other one truncated. It honours no env-step cap (worst-case pricing)."""
+
+    capabilities = ExecutorCapabilities()
 
     def run(self, task, jobs, on_episode=None):
         eps = []
@@ -479,6 +482,55 @@ def test_every_env_step_counts_whatever_ended_the_episode(tmp_path):
     assert any(ep["error"] for p in evals for ep in p["episodes"])  # errored episodes were there, and counted
     assert st.generations >= 2
     assert st.env_steps == sum(lengths) == 40 * len(lengths) <= 4000
+
+
+class _CappingScriptedExecutor(_ScriptedExecutor):
+    """The scripted executor, honouring an env-step cap (and declaring so)."""
+
+    capabilities = ExecutorCapabilities(caps_env_steps=True)
+
+    def run(self, task, jobs, on_episode=None, *, max_env_steps=None):
+        eps = super().run(task, jobs)
+        if max_env_steps is not None:
+            from ratchet.execution import BUDGET_SKIP
+
+            eps = [ep if 40 * (i + 1) <= max_env_steps else Episode.failed(ep.seed, BUDGET_SKIP, task=task)
+                   for i, ep in enumerate(eps)]
+        for i, ep in enumerate(eps):
+            if on_episode is not None:
+                on_episode(i, ep)
+        return eps
+
+
+def test_an_executor_declares_what_it_does_and_the_run_reads_it_once(tmp_path):
+    """Issue 42: capabilities are declared in the Executor contract (ExecutorCapabilities), never probed by name: a
+    scripted executor that caps nothing says so and gets worst-case pricing, one that declares an exact cap gets
+    observed pricing and the cap; an executor that declares nothing cannot start a run (no silent worst case)."""
+    from ratchet.execution.process import ProcessExecutor as PE
+
+    assert PE.capabilities == ExecutorCapabilities(caps_env_steps=True, records_traces=True, trains=True)
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 1000}, gate={"validation_episodes": 5},
+                                   task={"env_id": "CartPole-v1", "max_episode_steps": 40}, test={"episodes": 3},
+                                   execution={"workers": 1}))
+    for name, executor, pricing in [("worst", _ScriptedExecutor(), "worst-case"),
+                                    ("observed", _CappingScriptedExecutor(), "observed")]:
+        start_run(spec, tmp_path / "runs", name, executor=executor)
+        (started,) = events_of(read_events(tmp_path / "runs" / name), EventType.RUN_STARTED)
+        assert started.payload["pricing"] == pricing
+
+    class Undeclared:
+        def run(self, task, jobs, on_episode=None):
+            raise AssertionError("never runs")
+
+        def describe(self):
+            return {"backend": "undeclared"}
+
+        def close(self):
+            pass
+
+    with pytest.raises(RatchetError, match="declares no capabilities: give it a class attribute"):
+        start_run(spec, tmp_path / "runs", "undeclared", executor=Undeclared())
+    assert not (tmp_path / "runs" / "undeclared").exists()
 
 
 def test_a_sequential_gate_reads_validation_in_batches_and_resumes_exactly(tmp_path):

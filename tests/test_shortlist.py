@@ -196,9 +196,10 @@ def test_the_final_pick_is_among_the_last_round_of_successive_halving(tmp_path):
                                    gate={"validation_episodes": 4}, execution={"workers": 1}, planner={"final": False}))
     result = start_run(spec, tmp_path / "runs", "sh")
     run, _ = rebuild_run(open_ledger(result.run_dir), result.run_dir, None)
+    certifier = run.decider.certifier
     try:
         a, b, c = (Entry(cand, 1, 0.0, 5) for cand in _cands(3))
-        run.shortlist = Shortlist(entries={e.candidate.id: e for e in (a, b, c)})
+        certifier.shortlist = Shortlist(entries={e.candidate.id: e for e in (a, b, c)})
         ids = [e.candidate.id for e in (a, b, c)]
         rounds = iter([dict(zip(ids, (60.0, 50.0, 45.0))), dict(zip(ids[:2], (0.0, 30.0)))])  # round 2: a and b
 
@@ -211,12 +212,12 @@ def test_the_final_pick_is_among_the_last_round_of_successive_halving(tmp_path):
 
         sizes = iter([20, 0])
         gated = []
-        run.confirm = confirm
-        run.confirmation_size = lambda runs, length, length_sd=0.0: next(sizes)
-        run.final_validation = lambda length, length_sd=0.0: 4
+        certifier.confirm = confirm
+        certifier.confirmation_size = lambda runs, length, length_sd=0.0: next(sizes)
+        certifier.final_validation = lambda length, length_sd=0.0: 4
         run.decide = lambda generation, cand, incumbent, inc_val, **kw: (gated.append(cand.id), (None, None, inc_val))[1]
         inc = run.start
-        run.certify(1, inc, _eval(inc.id, [0.0] * 4, "validation"), (0.0, 0), 1.0, final=True)
+        certifier.certify(1, inc, _eval(inc.id, [0.0] * 4, "validation"), (0.0, 0), 1.0, final=True)
         assert gated == [b.candidate.id]  # b: 40 over both rounds; c's 45 rests on one round
     finally:
         run.executor.close()
@@ -243,7 +244,7 @@ def test_a_run_recorded_before_the_final_decision_resumes_without_it(tmp_path):
 def test_the_final_validation_is_priced_for_the_executors_cap():
     """The executor starts an episode only while the time limit still fits under the hard cap: short episodes under a
     long time limit need that room for the last one, beyond the 10 % margin; long ones are priced as before."""
-    from ratchet.loop import _validation_price
+    from ratchet.deciders.certify import _validation_price
 
     assert _validation_price(30, 25.0, 0.0, 500) == pytest.approx(29 * 25 + 500)  # CartPole-like: the cap binds
     assert _validation_price(150, 300.0, 0.0, 1000) == pytest.approx(1.1 * 150 * 300)  # LunarLander-like: the margin

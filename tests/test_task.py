@@ -107,3 +107,18 @@ def test_success_rule_names_the_threshold_and_its_source():
     assert "registered" in registered.success_rule()
     recorded_before = {k: v for k, v in own.to_dict().items() if k != "threshold_registered"}  # older ledgers
     assert "registered reward_threshold" in GymTask.from_dict(recorded_before).success_rule()
+
+
+def test_every_task_kind_declares_whether_it_batches_rollouts():
+    """Issue 42: a task's batched rollouts are declared in the Task contract (``batched_rollouts``), never probed for
+    a ``run_batch`` method by name; a kind that declares them implements :class:`~ratchet.tasks.BatchedRollouts`."""
+    import importlib
+
+    from ratchet.tasks import TASK_KINDS
+
+    for kind, where in TASK_KINDS.items():
+        module, _, name = where.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert isinstance(cls.batched_rollouts, bool), kind
+        assert callable(getattr(cls, "run_batch", None)) == cls.batched_rollouts, kind
+    assert GymTask("CartPole-v1").batched_rollouts

@@ -202,12 +202,10 @@ class Critic:
 
     @classmethod
     def for_task(cls, task: Any, **kwargs: Any) -> Critic:
-        """A critic using the task's diagnoser, observation names and success rule, when it has them, and its words
-        for episodes and returns."""
-        rule = getattr(task, "success_rule", None)
-        return cls(getattr(task, "diagnose", None), getattr(task, "observation_names", None),
-                   success_rule=rule() if callable(rule) else None, episode_unit=task.episode_unit,
-                   return_name=task.return_name, **kwargs)
+        """A critic using a :class:`~ratchet.tasks.Task`'s diagnoser, observation names and success rule (each None
+        where the task defines none), and its words for episodes and returns."""
+        return cls(task.diagnose, task.observation_names, success_rule=task.success_rule(),
+                   episode_unit=task.episode_unit, return_name=task.return_name, **kwargs)
 
     def critique(self, evaluation: Evaluation, incumbent: Evaluation | None = None) -> Critique:
         """Critique ``evaluation``, comparing seed by seed with ``incumbent`` when given."""

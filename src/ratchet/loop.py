@@ -1,4 +1,8 @@
-"""The run loop: plan → execute → critique → refine → gate, every step recorded in the ledger.
+"""The run loop: plan → propose → execute → critique → decide → record, every step recorded in the ledger.
+
+:meth:`_Run.run` drives it a generation at a time, handing one typed record of the generation
+(:class:`~ratchet.step.GenerationStep`) from phase to phase; the decisions are a :class:`~ratchet.deciders.Decider`'s
+(``[planner] decide``), the work is the recorded services' (:mod:`ratchet.services`).
 
 Resuming is replay: :func:`resume_run` runs the same deterministic loop again over the same ledger.
 Every evaluation already recorded is read back instead of executed, and every event already
@@ -11,22 +15,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
 import platform
 import re
 import shutil
 import socket
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ratchet.critic import Evaluation
+from ratchet.critic import Critique, Evaluation
+from ratchet.deciders import DECIDERS, Outcome, build_decider
 from ratchet.errors import EndpointError, LedgerError, RatchetError, WriterLeaseError
 from ratchet.execution import Executor, executor_from_spec
 from ratchet.ledger import EventType, LedgerStore
@@ -49,40 +51,13 @@ from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
 from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
-from ratchet.shortlist import Shortlist, gate_power
 from ratchet.spec import RunSpec, spec_from_dict
+from ratchet.step import GenerationStep
 from ratchet.tasks import Task, task_from_dict, task_from_spec
 
 __all__ = ["LEDGER_FILE", "RunResult", "eval_key", "open_ledger", "open_run", "resume_run", "start_run"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
-
-
-
-#: Most seeds per candidate of the final confirmation (``_Run.confirmation_size``).
-MAX_CONFIRM = 1000
-#: The final validation of n episodes is priced at n × (its candidate's mean episode length) × this, plus three
-#: standard deviations of the sum of n lengths (:func:`_validation_price`), so the hard cap practically never cuts it.
-_VALIDATION_MARGIN = 1.1
-
-
-def _validation_price(n: int, length: float, length_sd: float, step_limit: int | None) -> float:
-    """Env steps ``n`` validation episodes are priced at: ``n`` × ``length`` (mean episode length, env steps) ×
-    :data:`_VALIDATION_MARGIN` plus 3 ``length_sd`` √n; and at least what the executor's hard cap needs to start the
-    last of them, which it does only while the task's time limit ``step_limit`` still fits: ``n`` − 1 episodes'
-    lengths, their 3 ``length_sd`` √n, and ``step_limit`` (short episodes under a long time limit, e.g. CartPole's).
-    """
-    spread = 3.0 * length_sd * math.sqrt(n)
-    price = _VALIDATION_MARGIN * n * length + spread
-    return max(price, (n - 1) * length + spread + step_limit) if step_limit and n > 0 else price
-
-
-def _diff_sd(cand_val: Evaluation, inc_val: Evaluation) -> float | None:
-    """Standard deviation of a decision's paired validation differences (return units); None after an error or
-    with fewer than 2 pairs."""
-    if cand_val.n_errors or cand_val.n < 2:
-        return None
-    return float((cand_val.returns - inc_val.returns[:cand_val.n]).std(ddof=1))
 
 
 #: How the stop reason of a run whose starting policy failed every validation episode begins (the CLI exits 1).
@@ -119,10 +94,33 @@ def _versions() -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class SearchState:
+    """Where the search stands between generations.
+
+    Attributes:
+        incumbent: The incumbent.
+        validation: The incumbent's validation evaluation.
+        critique: The incumbent's latest training critique (handed to the refiner), or None.
+        est_len: The episode length (env steps) the next generation is priced at: the last one's mean.
+        longest: The longest mean episode length (env steps) a decision reads: what a gate is priced from.
+        stale: Generations since the last progress (a promotion, or what the decider counts: patience).
+        completed: Generations finished (recorded).
+    """
+
+    incumbent: Candidate
+    validation: Evaluation
+    critique: Critique | None
+    est_len: float
+    longest: float
+    stale: int = 0
+    completed: int = 0
+
+
 class _Run(RunServices):
     """One run's loop over its recorded services (:class:`~ratchet.services.RunServices`): :meth:`run` reads
-    plan → execute → critique → refine → gate, and prices work with :class:`~ratchet.planner.Pricing`; it holds
-    no policy logic of its own."""
+    plan → propose → execute → critique → decide → record, and prices work with :class:`~ratchet.planner.Pricing`;
+    the decisions are its :class:`~ratchet.deciders.Decider`'s. It holds no policy logic of its own."""
 
     def __init__(self, run_dir: Path, spec: RunSpec, program: PolicyProgram, ledger: LedgerStore,
                  executor: Executor, progress: ProgressFn | None, pricing: str | None = None,
@@ -134,17 +132,14 @@ class _Run(RunServices):
                                         spec.planner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
         self.planner.unit = self.task.cost_unit
-        self.powered = spec.planner.decide in ("powered", "end")  # the shortlist decides (with a final decision)
-        self.end_only = spec.planner.decide == "end"  # ... and only once, when the budget ends the search
-        self.shortlist = Shortlist()
-        self.confirm_episodes = spec.planner.confirm_seeds(spec.gate.validation_episodes)
-        self._confirmed_seeds = 0  # confirmation seeds used so far (each round reads fresh training seeds)
         self._trained: set[str] = set()  # candidates with a training evaluation (a new one is search, not re-evaluation)
         confirmation = spec.planner.confirmation_reserve(spec.gate.validation_episodes)
+        paired = DECIDERS[spec.planner.decide].pairs_with_incumbent
         self.prices = Pricing(spec.budget, self.usage, self.planner, self.task.step_limit, self.price_limit,
                               self.validation_price(), spec.planner.train_episodes,
-                              reference=not self.powered or spec.planner.weakness_share > 0,
+                              reference=paired or spec.planner.weakness_share > 0,
                               confirmation_episodes=confirmation)
+        self.decider = build_decider(self, self.planner, self.prices, self.budget)
         self.refiners = self._build_refiners()
         names = list(self.refiners)
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
@@ -164,16 +159,195 @@ class _Run(RunServices):
                 out[ref.name] = ref
         return out
 
-    def choose_and_price(self, generation: int, est_len: float, stop: Stop | None
+    def run(self) -> RunResult:
+        """The search, one generation at a time — plan, propose, execute, critique, decide, record — until a budget or
+        a stop rule ends it; then the decider's final decision and the report-only test evaluation."""
+        now, stop = self.begin()
+        while stop is None:
+            planned = self.plan(now)
+            if isinstance(planned, Stop):  # a budget, a stop rule, no room left, an idle refiner
+                return self.finish(now, planned)
+            step = self.execute(self.propose(planned, now))
+            if step.cut:  # the executor's hard cap stopped it: judge nothing from it
+                return self.finish(now, Stop(StopKind.BUDGET, "env-step budget used (the last generation was cut "
+                                                              "short by the cap; it was not judged)"))
+            step = self.critique(step)
+            outcome = self.decider.decide(step)
+            now, stop = self.record_generation(step, outcome, now)
+        return self.finish(now, stop)
+
+    def begin(self) -> tuple[SearchState, Stop | None]:
+        """Record the starting candidate, let the task take it in (a game's self-play league starts with it) and
+        validate it (on the first look of a sequential gate, which extends it as decisions read); with why the run
+        must not search at all (:meth:`broken_start`)."""
+        baseline = self.start
+        self.record_candidate(baseline, 0)
+        self.task_after_incumbent(baseline)
+        n_first = self.gate.first_look(len(self.validation_seeds))
+        inc_val = self.evaluate([baseline], self.validation_seeds[:n_first], "validation", 0)[baseline.id]
+        self.decider.start(inc_val)
+        est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
+        return SearchState(baseline, inc_val, None, est_len, longest=est_len), self.broken_start(inc_val)
+
+    def plan(self, now: SearchState) -> GenerationStep | Stop:
+        """The next generation's plan: which refiner takes it, what it costs, whether it fits, its training seeds
+        (:class:`~ratchet.planner.Plan`) and what trace replays may spend; or why the search stops here instead (a
+        budget, a stop rule, no room left, or an idle refiner)."""
+        generation = now.completed + 1
+        replaying = self.begin_generation(generation)
+        stop = self.budget.stop_reason(self.usage, now.validation.mean, now.stale, check_clock=not replaying)
+        arm, cost, reserve, stop = self.choose_and_price(generation, now.est_len, now.longest, stop)
+        if stop is not None:
+            return stop
+        n_candidates = self.prices.evaluations(cost)
+        rerun = self.prices.reruns_incumbent(cost)  # the incumbent on the same seeds: a paired reference
+        plan = self.planner.plan(generation)
+        self.reserve_for_traces(self.prices.spare(n_candidates, now.est_len, reserve, cost.training_env_steps))
+        return GenerationStep(generation, arm, cost, reserve, plan, now.incumbent, now.validation, now.est_len,
+                              rerun=rerun, longest=now.longest)
+
+    def propose(self, step: GenerationStep, now: SearchState) -> GenerationStep:
+        """The refiner's proposals from the incumbent and its latest critique, screened before any episode runs
+        (what fails is recorded as ``proposal_rejected``), and its recommendation (for the program the incumbent
+        runs); the contenders are recorded. A refiner whose outside service is down stops, and the run goes on
+        without it while another refiner can (else :class:`~ratchet.errors.EndpointError` stops the run,
+        resumable)."""
+        refiner, incumbent = self.refiners[step.refiner], step.incumbent
+        recommended = refiner.recommend()
+        if recommended is not None and recommended.source != incumbent.source:
+            recommended = None  # for a program the incumbent no longer runs (a structural promotion since)
+        self.begin_requests()  # the generation's failed requests to outside services
+        stopped = None
+        try:
+            proposed = refiner.propose(incumbent, now.critique, self.rng)
+        except EndpointError as exc:  # its service is down: go on without it, or stop (resumable)
+            if not self.others_available(step.refiner, step.est_len, step.reserve):
+                raise
+            proposed, stopped = list(exc.proposals), str(exc)
+        screened = refiner.take_rejections()
+        proposals = self.screen_proposals(step.refiner, incumbent, proposed, step.generation, screened)
+        contenders = proposals + ([recommended] if recommended is not None else [])
+        self.record_candidates(contenders, step.generation)
+        return replace(step, contenders=tuple(contenders), recommended=recommended,
+                       rerun=step.rerun and bool(contenders),  # no contender: nothing to compare the incumbent with
+                       refused=len(screened) + len(proposed) - len(proposals), failures=self.failed_requests(),
+                       stopped=stopped)
+
+    def execute(self, step: GenerationStep) -> GenerationStep:
+        """The contenders' (and the paired incumbent's) training episodes, recorded; a candidate evaluated before
+        counts as re-evaluation."""
+        train = self.evaluate(list(step.contenders) + [step.incumbent] * step.rerun, step.plan.train_seeds, "train",
+                              step.generation)
+        self.usage.reeval_env_steps += sum(e.env_steps for c, e in train.items() if c in self._trained)
+        self._trained.update(train)
+        return replace(step, train=train, cut=any(_cut(e) for e in train.values()))
+
+    def critique(self, step: GenerationStep) -> GenerationStep:
+        """What the generation's episodes say: the refiner observes them (its recommendation after the proposals,
+        the incumbent's paired reference last), the decider takes them in (:meth:`~ratchet.deciders.Decider.
+        observe`), the incumbent's training critique, the generation's best contender, and what the next generation
+        and its kept gate will cost."""
+        train, incumbent = step.train, step.incumbent
+        evaluations = list(train.values())
+        self.refiners[step.refiner].observe([train[c.id] for c in step.contenders]
+                                            + ([train[incumbent.id]] if step.rerun else []))
+        self.see_training_returns(evaluations)
+        est_len = step.est_len
+        if evaluations:  # else the last generation's lengths still price the next
+            est_len = max(1.0, sum(e.env_steps for e in evaluations) / max(1, sum(e.n for e in evaluations)))
+        step = replace(step, est_len=est_len, broken=bool(evaluations) and not any(e.env_steps for e in evaluations))
+        longest = self.decider.observe(step, step.longest)
+        inc_train, critique = train.get(incumbent.id), None
+        if inc_train is not None:
+            critique = self.critic.critique(inc_train)
+            threshold = self.task.success_threshold
+            self.planner.observe_incumbent(inc_train, step.incumbent_validation.mean if threshold is None else threshold)
+        best = self.planner.gate_candidate(list(step.contenders), step.recommended, train, incumbent)
+        n_candidates, reserve = self.prices.evaluations(step.cost), self.prices.gate_reserve(longest)
+        searched = self.planner.generation_cost(n_candidates, est_len, self.prices.episode_price(est_len))
+        next_cost = (searched + reserve[0] + step.cost.training_env_steps,
+                     n_candidates * self.spec.planner.train_episodes + reserve[1])
+        return replace(step, longest=longest, incumbent_train=inc_train, critique=critique, best=best,
+                       next_cost=next_cost)
+
+    def record_generation(self, step: GenerationStep, outcome: Outcome, now: SearchState
+                          ) -> tuple[SearchState, Stop | None]:
+        """Tell the refiner (and the allocator) the outcome, move the incumbent on a promotion, record the
+        ``generation_finished`` summary and report progress. Returns where the search stands now, and why it stops
+        after this generation (every episode failed before its first env step), or None."""
+        refiner, promoted = self.refiners[step.refiner], outcome.promoted
+        refiner.verdict(outcome.candidate.id if outcome.candidate is not None else None, promoted, outcome.note)
+        incumbent, inc_val = step.incumbent, outcome.incumbent_validation
+        if promoted and outcome.candidate is not None and outcome.candidate_validation is not None:
+            incumbent, inc_val = outcome.candidate, outcome.candidate_validation
+        if self.allocator is not None:
+            self.allocator.record(step.refiner, outcome.gain)
+        summary = self.summary(step, outcome, incumbent, inc_val)
+        self.record(EventType.GENERATION_FINISHED, f"generation/{step.generation}", summary)
+        critique = step.critique if step.incumbent_train is not None else now.critique
+        if promoted and incumbent.id in step.train:  # the next generation edits the new incumbent: its own critique
+            critique = self.critic.critique(step.train[incumbent.id])
+        self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners),
+                             replayed=self._replaying)  # a resumed run read this generation back from the ledger
+        stale = 0 if promoted or self.decider.progressed(step.generation) else now.stale + 1
+        stop = (Stop(StopKind.BROKEN, "every episode of the generation failed before its first env step; see why with "
+                     f"`ratchet evaluate --run {self.run_dir}`") if step.broken else None)
+        return SearchState(incumbent, inc_val, critique, step.est_len, step.longest, stale, step.generation), stop
+
+    def summary(self, step: GenerationStep, outcome: Outcome, incumbent: Candidate, inc_val: Evaluation
+                ) -> dict[str, Any]:
+        """The ``generation_finished`` payload: the generation's plan, its best contender, the decision, the refiner's
+        own summary, the usage so far and the incumbent's critique."""
+        train, gated = step.train, outcome.decision is not None
+        return {"generation": step.generation, "train_seeds": list(step.plan.train_seeds),
+                "weak_seeds": list(step.plan.weak_seeds), "weakness_pool": len(self.planner.pool),
+                "best_train_mean": train[step.best.id].mean if step.best else None,
+                **({"gated_id": outcome.candidate.id} if gated and outcome.candidate is not None else {}),
+                "incumbent_train_mean": step.incumbent_train.mean if step.incumbent_train is not None else None,
+                "incumbent_id": incumbent.id,
+                "incumbent_validation_mean": inc_val.mean, "gated": gated,
+                "gate_note": outcome.note,
+                "promoted": outcome.promoted, "refiner": step.refiner, "population": step.cost.proposals,
+                "cost": dataclasses.asdict(step.cost),
+                **self.refiners[step.refiner].summary(),
+                "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
+                "validation_env_steps": self.usage.validation_env_steps,
+                "critique": step.critique.to_dict() if step.critique is not None else None,
+                "endpoint_failures": len(step.failures),
+                **({"refiner_stopped": step.stopped} if step.stopped else {})}
+
+    def finish(self, now: SearchState, stop: Stop) -> RunResult:
+        """The decider's final decision where the way the search stopped calls for it
+        (:meth:`~ratchet.deciders.Decider.concludes`), the report-only test evaluation of the incumbent and the
+        starting policy (never used for selection), and ``run_finished``."""
+        incumbent, inc_val, baseline = now.incumbent, now.validation, self.start
+        if self.decider.concludes(stop):
+            incumbent, inc_val = self.decider.conclude(now.completed, incumbent, inc_val)
+        test = self.evaluate([incumbent, baseline], self.test_seeds, "test", now.completed)
+        self.tick_clock()
+        self.record(EventType.RUN_FINISHED, "run_finished",
+                    {"stop_reason": str(stop), "stop_kind": stop.kind.value, "generations": now.completed,
+                     "incumbent_id": incumbent.id,
+                     "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
+                     "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
+                     "test_critique": self.critic.critique(test[incumbent.id], test[baseline.id]).to_dict(),
+                     "baseline_test_critique": self.critic.critique(test[baseline.id]).to_dict(),
+                     "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
+                     "wall_clock_s": self.usage.wall_clock_s,
+                     "env_steps_breakdown": self.usage.breakdown(self.spec.budget.env_steps)})
+        return RunResult(self.run_dir, str(stop), incumbent, test[baseline.id], test[incumbent.id])
+
+    def choose_and_price(self, generation: int, est_len: float, longest: float, stop: Stop | None
                          ) -> tuple[str, GenerationCost, tuple[float, int], Stop | None]:
         """Which refiner takes this generation (:meth:`choose_refiner`), what its generation costs (cut to the
-        budget's rest where it can be, :meth:`~ratchet.planner.Pricing.fit`) and the gate it must leave room for;
-        with why the run stops here instead (``stop`` already set, no room left, or the refiner is idle).
+        budget's rest where it can be, :meth:`~ratchet.planner.Pricing.fit`) and the gate it must leave room for
+        (priced from ``longest``, env steps); with why the run stops here instead (``stop`` already set, no room
+        left, or the refiner is idle).
 
         Returns:
             ``(arm, cost, reserve, stop)``: ``reserve`` is (env steps, episodes) kept for the gate.
         """
-        reserve = self.prices.gate_reserve(self._longest)
+        reserve = self.prices.gate_reserve(longest)
 
         def fits(r: Refiner) -> bool:  # the refiner's generation, its training jobs and a kept gate
             return self.prices.fits(r, est_len, reserve)
@@ -186,17 +360,9 @@ class _Run(RunServices):
         idle = refiner.idle_reason()
         stop = stop or (Stop(StopKind.IDLE, idle) if idle is not None else None)
         if stop is None and not fits(refiner):  # on the first generation, nothing would happen at all: say so
-            stop = self.prices.no_room_message(self.prices.evaluations(cost), est_len, self._longest, first=generation == 1,
+            stop = self.prices.no_room_message(self.prices.evaluations(cost), est_len, longest, first=generation == 1,
                                                training=cost.training_env_steps)
         return arm, cost, reserve, stop
-
-    def see_training_returns(self, evaluations: Sequence[Evaluation]) -> None:
-        """Widen the range of training returns seen (the betting gate's bound when no return range is set)."""
-        for e in evaluations:
-            for ep in e.episodes:
-                if ep.error is None:
-                    self._train_returns = [min(self._train_returns[0], ep.episode_return),
-                                           max(self._train_returns[1], ep.episode_return)]
 
     def others_available(self, arm: str, est_len: float, reserve: tuple[float, int]) -> bool:
         """Whether a refiner other than ``arm`` may still take generations (not idle, and its generation and
@@ -224,187 +390,6 @@ class _Run(RunServices):
             self.progress({"usage": self.usage, "budget": self.spec.budget, "cost_unit": self.task.cost_unit,
                            "episode_unit": self.task.episode_unit, **info})
 
-    def gate_step(self, generation: int, best: Candidate | None, train: dict[str, Evaluation], incumbent: Candidate,
-                  inc_val: Evaluation, next_cost: tuple[float, int],
-                  est_len: float) -> tuple[Any, str, Evaluation | None, Evaluation]:
-        """Screen the generation's best contender, validate it when the budget allows, and let the gate
-        decide. Returns the decision (None when no gate ran), one line saying why no gate ran or the
-        gate's verdict, the contender's validation evaluation (None when no gate ran), and the
-        incumbent's validation evaluation (a sequential gate may extend it to more seeds)."""
-        if best is None:
-            if self._failures:  # the refiner's outside service failed: say so, not "failed episodes"
-                return None, (f"the LLM endpoint failed {len(self._failures)} request(s) this generation "
-                              f"(last: {self._failures[-1][:200]})"), None, inc_val
-            if not train and self._refused:  # nothing ran: every proposal failed its checks
-                refused = (f"no contender: all {self._refused} proposal(s) were refused before any episode ran "
-                           "(`ratchet show` counts them; an LLM's answers and why: `ratchet llm-log`)")
-                return None, refused, None, inc_val
-            return None, "no contender finished its training episodes without an error", None, inc_val
-        inc_train = train[incumbent.id]
-        note = self.planner.screen(train[best.id], inc_train, inc_val.mean)
-        if note is None:
-            # the contender's own episode lengths are the best guess of its validation lengths
-            cand_train = train[best.id]
-            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n), cand_train.env_steps / max(1, cand_train.n))
-            note = self.planner.validation_hold(self.usage, self.prices.validation_episodes, val_len, next_cost[0],
-                                                self.prices.episode_price(val_len), next_cost[1])
-        if note is not None:
-            return None, note, None, inc_val
-        decision, cand_val, inc_val = self.decide(generation, best, incumbent, inc_val)
-        if decision is None:
-            return None, "validation cut short by the env-step budget", None, inc_val
-        return decision, decision.reason, cand_val, inc_val
-
-    def next_level(self) -> float:
-        """The significance level the run's next contested decision is tested at (alpha spending, fallback rule)."""
-        from ratchet.gate import fallback_level
-
-        return fallback_level(self.gate.alpha, self._n_contested + 1, self.gate.spending, self._carry)
-
-    def certify(self, generation: int, incumbent: Candidate, inc_val: Evaluation, next_cost: tuple[float, int],
-                est_len: float, final: bool = False
-                ) -> tuple[Any, str, Evaluation | None, Evaluation, Candidate | None]:
-        """``[planner] decide = "powered"``: certify the shortlist's best (:class:`~ratchet.shortlist.Shortlist`) when
-        a decision is likely to pass, and otherwise let the search go on.
-
-        Three steps, each cheaper than the next is dear: (1) the leader's expected gain (shrunken training mean
-        minus the incumbent's training mean) must give the gate ``[planner] power`` at the next decision's level on
-        the validation seeds (normal approximation, :func:`~ratchet.shortlist.gate_power`), and validation must fit
-        ``[gate] max_share``; (2) the ``confirm_top`` best are run with the incumbent on fresh training seeds, paired
-        (counted as re-evaluation); (3) the best confirmed goes to the gate when its confirmed gain still gives that
-        power. With ``final`` (the budget ends the search) only a positive confirmed gain is asked for, and the
-        better half of those confirmed runs again on every seed the budget leaves once the validation is paid for
-        (:meth:`confirmation_size`): successive halving (Z. Karnin, T. Koren and O. Somekh, "Almost optimal
-        exploration in multi-armed bandits", ICML 2013), so the choice of what to certify gets the budget's rest.
-        The gate's guarantee does not depend on how its candidate was chosen: confirmation reads training seeds
-        only.
-
-        Returns:
-            ``(decision, note, candidate validation, incumbent validation, gated candidate)``: the decision, the
-            candidate's validation and the candidate are None when no gate ran; ``note`` says why, in one line.
-        """
-        sl, want, n_val = self.shortlist, self.spec.planner.power, len(self.validation_seeds)
-        top = sl.candidates(self.spec.planner.confirm_top)
-        if not top:
-            return None, "no contender on the shortlist (none finished its training episodes without an error)", \
-                None, inc_val, None
-        level = self.next_level()
-        if not final:
-            gain = sl.expected_gain(top[0])
-            power = gate_power(gain, sl.spread(), n_val, level)
-            if power < want:
-                return None, (f"shortlist leader: expected gain {gain:+.2f}, power {power:.2f} < [planner] power "
-                              f"{want:g} at α {level:.3g} on {n_val} seeds; search goes on"), None, inc_val, None
-            val_len = max(est_len, inc_val.env_steps / max(1, inc_val.n))
-            hold = self.planner.validation_hold(self.usage, self.prices.validation_episodes, val_len, next_cost[0],
-                                                self.prices.episode_price(val_len), next_cost[1])
-            if hold is not None:
-                return None, hold, None, inc_val, None
-        entries = [e for e in top if e.against != incumbent.id]
-        n_first = min(self.confirm_episodes, self._episode_room(len(entries) + 1)) if final else self.confirm_episodes
-        if n_first < 1:  # an episode budget has no hard cap in the executor: never run past it
-            return None, "the episode budget left cannot pay for a confirmation", None, inc_val, None
-        cut = self.confirm(generation, entries, incumbent, inc_val, n_first)
-        pool = list(top)
-        while final and not cut:  # successive halving: the better half again, on what the budget leaves after validation
-            survivors = sorted(pool, key=lambda e: -sl.expected_gain(e))[:max(2, (len(pool) + 1) // 2)]
-            length = max([e.length for e in survivors] + [inc_val.env_steps / max(1, inc_val.n)])
-            n_conf = self.confirmation_size(len(survivors) + 1, length, max(e.length_sd for e in survivors))
-            if n_conf < self.confirm_episodes:  # what is left would not change the choice much
-                break
-            cut, pool = self.confirm(generation, survivors, incumbent, inc_val, n_conf), survivors
-        if cut:
-            return None, "confirmation cut short by the env-step budget", None, inc_val, None
-        lead = max(pool, key=sl.expected_gain)  # the last round's survivors: one left out earlier keeps a noisier estimate
-        gain = sl.expected_gain(lead)
-        power = gate_power(gain, lead.confirmed_sd if lead.confirmed_sd is not None else sl.spread(), n_val, level)
-        if gain <= 0 or (not final and power < want):
-            why = "no gain to certify" if gain <= 0 else "too little power to certify it"
-            return None, (f"not gated, {why}: the best candidate's gain over the incumbent on fresh training seeds "
-                          f"{gain:+.2f} (power {power:.2f})" + ("" if final else "; search goes on")), None, inc_val, None
-        cap = self.final_validation(lead.length, lead.length_sd) if final else None
-        if cap is not None and cap < 2:
-            return None, "the env-step budget left cannot pay for the final validation", None, inc_val, None
-        decision, cand_val, inc_val = self.decide(generation, lead.candidate, incumbent, inc_val,
-                                                  label="final" if final else None, cap=cap)
-        if decision is None:
-            return None, "validation cut short by the env-step budget", None, inc_val, None
-        sl.decide(lead.candidate.id, decision.promoted, cand_val.mean, _diff_sd(cand_val, inc_val))
-        return decision, decision.reason, cand_val, inc_val, lead.candidate
-
-    def confirm(self, generation: int, entries: Sequence[Any], incumbent: Candidate, inc_val: Evaluation, n: int) -> bool:
-        """Run ``entries``' candidates and the incumbent on ``n`` fresh training seeds of the confirmation range (counted
-        as re-evaluation) and record each entry's paired differences; True when the env-step cap cut it short."""
-        if not entries or n < 1:
-            return False
-        start = 2_000_000_000 + self._confirmed_seeds
-        self._confirmed_seeds += n
-        ev = self.evaluate([e.candidate for e in entries] + [incumbent], self.splits.seeds("train", start, n), "train",
-                           generation)
-        self.usage.reeval_env_steps += sum(x.env_steps for x in ev.values())
-        if any(_cut(x) for x in ev.values()):
-            return True
-        for e in entries:
-            self.shortlist.confirm(e, ev[e.candidate.id], ev[incumbent.id])
-            lengths = [ep.length for ep in ev[e.candidate.id].episodes]
-            e.length = float(np.mean(lengths))
-            e.length_sd = float(np.std(lengths)) if len(lengths) > 1 else e.length
-        return False
-
-    def confirmation_size(self, runs: int, length: float, length_sd: float = 0.0) -> int:
-        """Seeds per candidate for the final confirmation of ``runs`` candidates (the incumbent among them): what the
-        budget leaves once one validation is paid for — env steps with every episode priced at ``length`` (env steps,
-        the longest mean length of the episodes it reads) and a 10 % margin on the validation, and episodes — at most
-        :data:`MAX_CONFIRM` (0 when nothing is left, and with no env-step or episode budget: a run bounded by its wall
-        clock alone gets one round of confirmation). So the run ends with its budget spent on choosing well."""
-        b, u, n_val = self.budget.spec, self.usage, len(self.validation_seeds)
-        if b.env_steps is None and b.episodes is None:
-            return 0
-        n = MAX_CONFIRM
-        if b.env_steps is not None:
-            left = b.env_steps - u.env_steps - _validation_price(n_val, length, length_sd, self.task.step_limit)
-            n = min(n, int(left // (runs * max(1.0, length))))
-        return max(0, min(n, self._episode_room(runs)))
-
-    def _episode_room(self, runs: int) -> int:
-        """Seeds per candidate that ``runs`` candidates can each play with what ``[budget] episodes`` leaves once one
-        validation is paid for (unbounded without an episode budget; may be negative)."""
-        b, u = self.budget.spec, self.usage
-        if b.episodes is None:
-            return MAX_CONFIRM
-        return (b.episodes - u.episodes - len(self.validation_seeds)) // runs
-
-    def final_validation(self, length: float, length_sd: float = 0.0) -> int:
-        """Validation seeds the final decision can afford: all of them unless the budget left is short (env steps: its
-        episodes priced at ``length`` with a 10 % margin; episodes). Chosen before the candidate's first validation
-        episode, so the gate's level holds."""
-        b, u = self.budget.spec, self.usage
-        n = len(self.validation_seeds)
-        if b.episodes is not None:
-            n = min(n, b.episodes - u.episodes)
-        if b.env_steps is not None:
-            while n > 0 and _validation_price(n, length, length_sd, self.task.step_limit) > b.env_steps - u.env_steps:
-                n -= 1
-        return n
-
-    def final_decision(self, generation: int, incumbent: Candidate, inc_val: Evaluation
-                       ) -> tuple[Candidate, Evaluation]:
-        """The budget ended the search (``decide = "powered"``, or ``"every"`` with ``[planner] final``): certify the
-        shortlist's best confirmed candidate with the validation kept for it (:meth:`certify` with ``final``);
-        recorded as the gate decision labelled ``final``. Returns the incumbent
-        and its validation evaluation after it."""
-        if not self.shortlist.entries:
-            return incumbent, inc_val
-        decision, note, cand_val, inc_val, best = self.certify(generation, incumbent, inc_val, (0.0, 0), 1.0,
-                                                               final=True)
-        self.record(EventType.FINAL_DECISION, "final_decision",
-                    {"generation": generation, "gated": decision is not None, "note": note,
-                     "promoted": bool(decision is not None and decision.promoted),
-                     **({"candidate_id": best.id} if best is not None else {})})
-        if decision is not None and decision.promoted and best is not None and cand_val is not None:
-            return best, cand_val
-        return incumbent, inc_val
-
     def broken_start(self, inc_val: Evaluation) -> Stop | None:
         """Why the run must not search at all: every validation episode of the starting policy ended in an
         error (a model for another env, an unsupported algorithm, an act() that raises), quoting the first."""
@@ -413,143 +398,6 @@ class _Run(RunServices):
         first = next(e.error for e in inc_val.episodes if e.error is not None).strip().splitlines()[-1][:300]
         return Stop(StopKind.BROKEN, f"{BROKEN_START} {inc_val.n} of its validation episodes, so nothing was "
                     f"searched: {first}; see the episodes with `ratchet evaluate --run {self.run_dir}`")
-
-    def run(self) -> RunResult:
-        spec = self.spec
-        baseline = self.start
-        self.record_candidate(baseline, 0)
-        incumbent = baseline
-        self.task_after_incumbent(baseline)  # e.g. a game's self-play league starts with the start policy
-        n_first = self.gate.first_look(len(self.validation_seeds))  # a sequential gate extends it as decisions read
-        inc_val = self.evaluate([incumbent], self.validation_seeds[:n_first], "validation", 0)[incumbent.id]
-        self.shortlist.fallback = inc_val.mean
-        est_len = max(1.0, inc_val.env_steps / max(1, inc_val.n))
-        self._longest = est_len  # the longest mean episode length of any evaluation so far
-        stale, generation, completed, stop = 0, 0, 0, self.broken_start(inc_val)
-        critique = None  # the incumbent's latest training critique, handed to the refiner
-        while stop is None:
-            generation += 1
-            replaying = self._replaying = self.ledger.get(f"generation/{generation}") is not None
-            self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
-            stop = self.budget.stop_reason(self.usage, inc_val.mean, stale, check_clock=not replaying)
-            # plan: which refiner, what its generation costs, whether it fits; the training seeds
-            arm, cost, reserve, stop = self.choose_and_price(generation, est_len, stop)
-            if stop is not None:
-                break
-            refiner = self.refiners[arm]
-            n_candidates, training = self.prices.evaluations(cost), cost.training_env_steps
-            rerun = self.prices.reruns_incumbent(cost)  # the incumbent on the same seeds: a paired reference
-            plan = self.planner.plan(generation)
-            self._spare = self.prices.spare(n_candidates, est_len, reserve, training)  # for trace replays
-            # refine (propose) — from the incumbent and its latest critique
-            recommended = refiner.recommend()
-            if recommended is not None and recommended.source != incumbent.source:
-                recommended = None  # for a program the incumbent no longer runs (a structural promotion since)
-            self._failures, stopped = [], None  # the generation's failed requests to outside services
-            try:
-                proposed = refiner.propose(incumbent, critique, self.rng)
-            except EndpointError as exc:  # its service is down: go on without it, or stop (resumable)
-                if not self.others_available(arm, est_len, reserve):
-                    raise
-                proposed, stopped = list(exc.proposals), str(exc)
-            screened = refiner.take_rejections()
-            proposals = self.screen_proposals(arm, incumbent, proposed, generation, screened)
-            self._refused = len(screened) + len(proposed) - len(proposals)  # refused before any episode ran
-            contenders = proposals + ([recommended] if recommended is not None else [])
-            rerun = rerun and bool(contenders)  # no contender: nothing to compare the incumbent with
-            self.record_candidates(contenders, generation)
-            # execute
-            train = self.evaluate(contenders + [incumbent] * rerun, plan.train_seeds, "train", generation)
-            gen_evals = list(train.values())
-            self.usage.reeval_env_steps += sum(e.env_steps for c, e in train.items() if c in self._trained)
-            self._trained.update(train)
-            if any(_cut(e) for e in gen_evals):  # the executor's hard cap stopped it: judge nothing from it
-                stop = Stop(StopKind.BUDGET,
-                            "env-step budget used (the last generation was cut short by the cap; it was not judged)")
-                break
-            # its own recommendation's evaluation after the proposals'; the incumbent's on the same seeds comes last:
-            # a reference for paired comparisons
-            refiner.observe([train[c.id] for c in contenders] + ([train[incumbent.id]] if rerun else []))
-            self.see_training_returns(gen_evals)
-            if gen_evals and not any(e.env_steps for e in gen_evals):
-                stop = Stop(StopKind.BROKEN, "every episode of the generation failed before its first env step; see "
-                            f"why with `ratchet evaluate --run {self.run_dir}`")
-            if gen_evals:  # else the last generation's lengths still price the next
-                est_len = max(1.0, sum(e.env_steps for e in gen_evals) / max(1, sum(e.n for e in gen_evals)))
-            self.shortlist.observe(generation, contenders, train, incumbent, recommended)  # the final decision's pool
-            if self.powered or spec.planner.final:  # decisions read the shortlist's best and the incumbent: their lengths price them
-                self._longest = max(self.shortlist.longest(spec.planner.confirm_top), inc_val.env_steps / max(1, inc_val.n))
-            else:
-                self._longest = max([self._longest] + [e.env_steps / e.n for e in gen_evals if e.n])
-            # critique
-            inc_train = train.get(incumbent.id)
-            if inc_train is not None:
-                critique = self.critic.critique(inc_train)
-                threshold = self.task.success_threshold
-                self.planner.observe_incumbent(inc_train, threshold if threshold is not None else inc_val.mean)
-            best = gen_best = self.planner.gate_candidate(contenders, recommended, train, incumbent)
-            # gate
-            reserve = self.prices.gate_reserve(self._longest)
-            next_cost = (self.planner.generation_cost(n_candidates, est_len, self.prices.episode_price(est_len)) + reserve[0]
-                         + training,
-                         n_candidates * spec.planner.train_episodes + reserve[1])
-            if self.end_only:  # the search spends the budget; the shortlist's best is decided once, at the end
-                decision, note, cand_val, best = None, "decide = \"end\": the gate decides when the search ends", None, None
-            elif self.powered:  # the best seen so far, certified when a decision is likely to pass
-                decision, note, cand_val, inc_val, best = self.certify(generation, incumbent, inc_val, next_cost, est_len)
-            else:
-                decision, note, cand_val, inc_val = self.gate_step(generation, best, train, incumbent, inc_val,
-                                                                   next_cost, est_len)
-                if decision is not None and best is not None and cand_val is not None:
-                    self.shortlist.decide(best.id, decision.promoted, cand_val.mean, _diff_sd(cand_val, inc_val))
-            promoted = decision is not None and decision.promoted
-            refiner.verdict(best.id if best is not None else None, promoted, note)
-            if promoted and best is not None and cand_val is not None:
-                gain = cand_val.mean - inc_val.mean
-                incumbent, inc_val = best, cand_val
-            if self.allocator is not None:
-                self.allocator.record(arm, gain if promoted else 0.0)
-            stale = 0 if promoted or (self.powered and self.shortlist.led_by(generation)) else stale + 1
-            summary = {"generation": generation, "train_seeds": list(plan.train_seeds),
-                       "weak_seeds": list(plan.weak_seeds), "weakness_pool": len(self.planner.pool),
-                       "best_train_mean": train[gen_best.id].mean if gen_best else None,
-                       **({"gated_id": best.id} if decision is not None and best is not None else {}),
-                       "incumbent_train_mean": inc_train.mean if inc_train is not None else None,
-                       "incumbent_id": incumbent.id,
-                       "incumbent_validation_mean": inc_val.mean, "gated": decision is not None,
-                       "gate_note": note,
-                       "promoted": promoted, "refiner": arm, "population": cost.proposals,
-                       "cost": dataclasses.asdict(cost),
-                       **refiner.summary(),
-                       "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
-                       "validation_env_steps": self.usage.validation_env_steps,
-                       "critique": critique.to_dict() if critique is not None and inc_train is not None else None,
-                       "endpoint_failures": len(self._failures),
-                       **({"refiner_stopped": stopped} if stopped else {})}
-            self.record(EventType.GENERATION_FINISHED, f"generation/{generation}", summary)
-            if promoted and incumbent.id in train:  # the next generation edits the new incumbent: its own critique
-                critique = self.critic.critique(train[incumbent.id])
-            self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners),
-                                 replayed=replaying)
-            completed = generation
-
-        # [planner] final: only when the env-step or episode budget ended the search (not the clock, a target,
-        # patience or an idle refiner: each of those says the run should end now)
-        if (self.powered and stop.kind is not StopKind.BROKEN) or (spec.planner.final and stop.kind is StopKind.BUDGET):
-            incumbent, inc_val = self.final_decision(completed, incumbent, inc_val)
-        # final, report-only test evaluation (never used for selection)
-        test = self.evaluate([incumbent, baseline], self.test_seeds, "test", completed)
-        self.usage.wall_clock_s = self._clock_offset + time.monotonic() - self._session_start
-        self.record(EventType.RUN_FINISHED, "run_finished",
-                    {"stop_reason": str(stop), "stop_kind": stop.kind.value, "generations": completed, "incumbent_id": incumbent.id,
-                     "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
-                     "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
-                     "test_critique": self.critic.critique(test[incumbent.id], test[baseline.id]).to_dict(),
-                     "baseline_test_critique": self.critic.critique(test[baseline.id]).to_dict(),
-                     "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
-                     "wall_clock_s": self.usage.wall_clock_s,
-                     "env_steps_breakdown": self.usage.breakdown(spec.budget.env_steps)})
-        return RunResult(self.run_dir, str(stop), incumbent, test[baseline.id], test[incumbent.id])
 
 
 def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:
@@ -703,9 +551,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
 
 
 def _describe(executor: Executor) -> dict[str, Any]:
-    describe = getattr(executor, "describe", None)  # optional: wrappers and custom executors may lack it
+    """:meth:`Executor.describe`, or only the executor's class name where a custom executor's description fails."""
     try:
-        return describe() if callable(describe) else {"backend": type(executor).__name__}
+        return executor.describe()
     except Exception:  # noqa: BLE001 - a custom executor's description must never stop a run from starting
         return {"backend": type(executor).__name__}
 
@@ -820,7 +668,7 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
         if lock_fd is not None:
             os.close(lock_fd)
         raise
-    r._clock_offset = active_seconds(events)
+    r.continue_clock(active_seconds(events))
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
                                                                       "events_before": len(events)})
     return _drive(r, close_executor=executor is None, lock_fd=lock_fd, lease=lease)

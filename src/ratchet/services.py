@@ -11,13 +11,13 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ratchet.critic import Critic, Evaluation, by_opponent
 from ratchet.errors import LedgerError
-from ratchet.execution import BUDGET_SKIP, Executor, Job
+from ratchet.execution import BUDGET_SKIP, Executor, ExecutorCapabilities, Job, TrainingExecutor, capabilities_of
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.planner import SeedSplits, Usage
@@ -75,10 +75,12 @@ class RunServices:
         self.task = task if task is not None else task_from_spec(spec.task)
         self.splits = SeedSplits(spec.seed, self.task.seed_pools())
         self.gate = spec.gate.build()
+        # what the executor declares it does beyond running episodes, read once (ExecutorCapabilities)
+        self.capabilities: ExecutorCapabilities = capabilities_of(executor)
         # Where the executor enforces the env-step budget exactly, work is priced by the episode lengths
         # seen (with a margin) instead of the time limit, so the end of a budget is not left unused. The
         # choice is recorded when the run starts and kept on resume (the same decisions, whatever executor).
-        self.caps_steps = bool(getattr(executor, "caps_env_steps", False))
+        self.caps_steps = self.capabilities.caps_env_steps
         self.pricing = pricing or (spec.budget.pricing if self.caps_steps else "worst-case")
         self.price_limit = None if self.pricing == "observed" else self.task.step_limit
         self._train_returns = [math.inf, -math.inf]  # lowest and highest training return seen (betting bound)
@@ -93,7 +95,6 @@ class RunServices:
         self._replaying = False
         self._session_start = time.monotonic()
         self._failures: list[str] = []  # this generation's failed requests to outside services (exchange)
-        self._refused = 0  # this generation's proposals refused before any episode (their checks, the refiner's own)
         self._last_work_seq: int | None = None  # see stopped_at
         self._session_seq = 0
         # the critique service (RefinerContext.critique): each candidate's latest training evaluation, the
@@ -101,7 +102,6 @@ class RunServices:
         self._latest_train: dict[str, tuple[Candidate, Evaluation]] = {}
         self._traces: dict[str, Any] = {}
         self._spare: tuple[float, float] = (math.inf, math.inf)
-        self._longest = 1.0  # the longest mean episode length of any evaluation so far (the loop sets it)
         self.event_tag: dict[str, Any] = {}  # merged into every payload recorded (a correction round's number)
         # a game's payoffs: each candidate's training payoff sum and episodes per opponent, and the incumbents so far
         # (the league's members: Task.after_promotion)
@@ -165,15 +165,16 @@ class RunServices:
             b = self.spec.budget
             if job.env_steps and b.env_steps is not None and self.usage.env_steps + job.env_steps > b.env_steps:
                 return TrainingResult((), 0, "the env-step budget has no room for this training job")
-            runner = getattr(self.executor, "train", None)
-            if runner is None:
+            if not self.capabilities.trains:
                 result = TrainingResult((), 0, f"executor {type(self.executor).__name__} cannot run training jobs")
             else:
                 blobs = {h: self.artifact(h) for h in job.parent.artifacts.values()}
                 from dataclasses import replace
 
+                trainer = cast(TrainingExecutor, self.executor)  # it declares capabilities.trains
                 try:
-                    result = runner(self.task, replace(job, artifacts=blobs), self.spec.execution.training_timeout_s)
+                    result = trainer.train(self.task, replace(job, artifacts=blobs),
+                                           self.spec.execution.training_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - the job's failure, not the run's
                     result = TrainingResult((), job.env_steps, f"the executor failed to run the training job: "
                                                                f"{type(exc).__name__}: {exc}"[:500])
@@ -254,7 +255,55 @@ class RunServices:
         limit = self.spec.budget.wall_clock_s
         if limit is None:
             return None
-        return max(0.0, limit - (self._clock_offset + time.monotonic() - self._session_start))
+        return max(0.0, limit - self.elapsed())
+
+    def elapsed(self) -> float:
+        """Seconds the run has been active: earlier sessions' (:meth:`continue_clock`) and this one's so far."""
+        return self._clock_offset + time.monotonic() - self._session_start
+
+    def continue_clock(self, seconds: float) -> None:
+        """Count the run's wall clock on from ``seconds`` (what earlier sessions were active; a resumed run)."""
+        self._clock_offset = seconds
+
+    def tick_clock(self) -> None:
+        """Bring the usage's wall clock (``usage.wall_clock_s``) up to :meth:`elapsed`."""
+        self.usage.wall_clock_s = self.elapsed()
+
+    def begin_generation(self, generation: int) -> bool:
+        """Start ``generation``: the usage's wall clock brought up to date, and whether the ledger already holds the
+        generation (a resumed run replays it: a candidate it never proposed is then a divergence,
+        :meth:`record_candidates`). Returns that."""
+        self._replaying = self.ledger.get(f"generation/{generation}") is not None
+        self.tick_clock()
+        return self._replaying
+
+    def reserve_for_traces(self, spare: tuple[float, float]) -> None:
+        """What trace replays (:meth:`trace_worst`) may spend in this generation: (env steps, episodes) of the budget
+        its planned work leaves (:meth:`~ratchet.planner.Pricing.spare`)."""
+        self._spare = spare
+
+    def begin_requests(self) -> None:
+        """Start counting the generation's failed requests to outside services (:meth:`exchange`)."""
+        self._failures = []
+
+    def failed_requests(self) -> tuple[str, ...]:
+        """The errors of the requests to outside services that failed since :meth:`begin_requests`."""
+        return tuple(self._failures)
+
+    def see_training_returns(self, evaluations: Sequence[Evaluation]) -> None:
+        """Widen the range of training returns seen (the betting gate's bound when no return range is set,
+        :meth:`lower_bound`)."""
+        for e in evaluations:
+            for ep in e.episodes:
+                if ep.error is None:
+                    self._train_returns = [min(self._train_returns[0], ep.episode_return),
+                                           max(self._train_returns[1], ep.episode_return)]
+
+    def next_level(self) -> float:
+        """The significance level the run's next contested decision is tested at (alpha spending, fallback rule)."""
+        from ratchet.gate import fallback_level
+
+        return fallback_level(self.gate.alpha, self._n_contested + 1, self.gate.spending, self._carry)
 
     def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate], generation: int,
                          screened: Sequence[Rejection] = ()) -> list[Candidate]:
@@ -485,7 +534,7 @@ class RunServices:
         """Traces of up to ``n`` of the evaluation's worst episodes (lowest return first): read back from
         ``episode_traced`` events, or replayed now (in the executor, on the trusted side) where the spare
         budget (:meth:`spare_budget`) pays for their recorded lengths and the executor records traces
-        (``records_traces``). Each replay is charged to the usage once per session, as re-evaluation."""
+        (``capabilities.records_traces``). Each replay is charged to the usage once per session, as re-evaluation."""
         import shutil
         import tempfile
 
@@ -498,7 +547,7 @@ class RunServices:
             key = f"trace/{cand.id}/{ep.seed}"
             if key not in self._traces:  # first read this session: it spends its share (recorded or not), so a
                 if self.ledger.get(key) is None:  # resumed run makes the same choices as the first
-                    if not getattr(self.executor, "records_traces", False) or ep.length > steps or episodes < 1:
+                    if not self.capabilities.records_traces or ep.length > steps or episodes < 1:
                         continue
                     todo.append(ep)
                 steps, episodes = steps - ep.length, episodes - 1

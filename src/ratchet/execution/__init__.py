@@ -16,7 +16,8 @@ from ratchet.policy import Candidate
 from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
 
-__all__ = ["BUDGET_SKIP", "Executor", "Job", "ProcessExecutor", "Sandbox", "executor_from_spec", "make_executor", "policy_payload"]
+__all__ = ["BUDGET_SKIP", "Executor", "ExecutorCapabilities", "Job", "ProcessExecutor", "Sandbox", "TrainingExecutor",
+           "capabilities_of", "executor_from_spec", "make_executor", "policy_payload"]
 
 
 #: The error of an episode that never ran because an env-step cap (``max_env_steps``) left no room.
@@ -56,12 +57,46 @@ def policy_payload(job: Job) -> str | tuple[str, str, dict[str, bytes]]:
     return cand.kind, cand.source, {role: bytes(job.artifacts[h]) for role, h in cand.artifacts.items()}
 
 
+@dataclass(frozen=True)
+class ExecutorCapabilities:
+    """What an executor does beyond running episodes: every executor declares it (:attr:`Executor.capabilities`),
+    and a run reads it once, when it starts; nothing asks an executor whether it has a method.
+
+    Attributes:
+        caps_env_steps: :meth:`Executor.run` honours ``max_env_steps`` exactly. Where it does, a run prices work by
+            the episode lengths seen (``[budget] pricing = "observed"``); where it does not, every episode is priced
+            at the task's time limit (worst case), so the budget still holds.
+        records_traces: :meth:`Executor.run` writes an episode's trace (:mod:`ratchet.trace`) to a render path
+            ending in ``.json``; the critique's traces of the worst episodes are replayed only where it does.
+        trains: The executor runs refiners' training jobs (:class:`TrainingExecutor`); where it does not, a training
+            job is that job's recorded failure.
+    """
+
+    caps_env_steps: bool = False
+    records_traces: bool = False
+    trains: bool = False
+
+
+def capabilities_of(executor: Any) -> ExecutorCapabilities:
+    """``executor``'s declared :class:`ExecutorCapabilities` (the one place a run reads them).
+
+    Raises:
+        RatchetError: it declares none, or something else (a custom executor written before the contract had them).
+    """
+    from ratchet.errors import RatchetError
+
+    caps = getattr(executor, "capabilities", None)  # the contract's check, done once here
+    if not isinstance(caps, ExecutorCapabilities):
+        raise RatchetError(f"executor {type(executor).__name__} declares no capabilities: give it a class attribute "
+                           "`capabilities = ExecutorCapabilities(...)` (ratchet.execution; all False is a safe start)")
+    return caps
+
+
 class Executor(Protocol):
     """Runs jobs; a failing policy gives errored episodes, never an exception."""
 
-    #: Whether :meth:`run` honours ``max_env_steps`` exactly. Executors without the attribute are taken
-    #: not to, and the loop prices every episode at the task's time limit instead.
-    caps_env_steps: bool
+    #: What it does beyond running episodes (a class attribute will do); read once when a run starts.
+    capabilities: ExecutorCapabilities
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None, *,
@@ -85,6 +120,16 @@ class Executor(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Where episodes run and how policy code is confined (recorded in the run's ledger)."""
+
+
+class TrainingExecutor(Executor, Protocol):
+    """An executor that also runs refiners' training jobs; it declares ``capabilities.trains``, and a run calls
+    :meth:`train` only on one that does."""
+
+    def train(self, task: Task, job: Any, timeout_s: float = 3600.0) -> Any:
+        """Run a training job (:class:`~ratchet.execution.training.TrainingJob`) under the executor's sandbox and
+        return its :class:`~ratchet.execution.training.TrainingResult` (failures are recorded in it, not raised).
+        """
 
 
 def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend: str = "process",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Self, cast
 
 from ratchet.errors import RatchetError, SandboxError
-from ratchet.execution import BUDGET_SKIP, Job, policy_payload
+from ratchet.execution import BUDGET_SKIP, ExecutorCapabilities, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, hide_from_policies, remove_cgroup, sweep_leftovers
 from ratchet.rollout import LOCKSTEP_EPISODES, LOST_ENV_STEPS, Episode
@@ -356,8 +356,8 @@ class ProcessExecutor:
         death_retries: Times an episode whose worker died (killed from outside, crashed) is run again
             on a fresh worker before it counts as the candidate's failure. Deterministic crashes
             (a policy that segfaults) fail again and are recorded; a stray kill leaves no trace.
-        lockstep: With trusted rollouts and a task that can (:meth:`ratchet.tasks.gym.GymTask.run_batch`), how many
-            episodes of one candidate a worker steps at once: one message to the policy process per round of
+        lockstep: With trusted rollouts and a task that can (``Task.batched_rollouts``), how many episodes
+            of one candidate a worker steps at once: one message to the policy process per round of
             observations instead of one per env step (:func:`ratchet.rollout.run_lockstep`). A message holds the
             jobs of one candidate queued together (at most ``4 * lockstep``, a fair share per worker, and what the
             env-step cap's worst case allows), so one candidate's code never runs beside another's. When a round
@@ -399,10 +399,9 @@ class ProcessExecutor:
                 w = self._start_worker()
             self._workers.append(w)
 
-    #: :meth:`run` honours ``max_env_steps`` exactly (the loop may then price work by observed lengths).
-    caps_env_steps = True
-    #: :meth:`run` writes an episode's trace (:mod:`ratchet.trace`) to a render path ending in ``.json``.
-    records_traces = True
+    #: :meth:`run` honours ``max_env_steps`` exactly (the loop may then price work by observed lengths) and writes an
+    #: episode's trace (:mod:`ratchet.trace`) to a render path ending in ``.json``; :meth:`train` runs training jobs.
+    capabilities = ExecutorCapabilities(caps_env_steps=True, records_traces=True, trains=True)
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None,
@@ -471,7 +470,7 @@ class ProcessExecutor:
         lost: dict[int, int] = {}  # env steps the env host counted in lockstep attempts of a job rerun alone
         stale: dict[int, int] = {}  # jobs rerun because the candidate before them did not let go of the pair
         solo: set[int] = set()  # jobs to run one at a time (a lockstep round of theirs outlasted the time left)
-        lockstep = self.lockstep if self.sandbox.trusted_rollouts and callable(getattr(task, "run_batch", None)) else 1
+        lockstep = self.lockstep if self.sandbox.trusted_rollouts and task.batched_rollouts else 1
 
         def replace(w: _Worker) -> None:
             """Requeue the jobs of the messages ``w`` has not started, and put a fresh pair in its place."""
@@ -601,7 +600,7 @@ class ProcessExecutor:
             head = w.jobs[0]
             try:
                 ep, status = _episode_reply(_read_json(conn, _REPLY_TIMEOUT_S), head, jobs[head].seed,
-                                            getattr(task, "step_limit", None))
+                                            task.step_limit)
             except (EOFError, OSError):
                 fail_head(w, f"{w.death()} on seed {jobs[head].seed}", retry=True, fault=w.task_death())
                 return

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ratchet.errors import RatchetError
-from ratchet.execution import BUDGET_SKIP, Job
+from ratchet.execution import BUDGET_SKIP, ExecutorCapabilities, Job
 from ratchet.execution.sandbox import Sandbox
 from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
@@ -256,8 +256,8 @@ class RayExecutor:
         return default_batch_episodes(n_jobs, self.cpus(), statistics.median(seen) if seen else None)
 
     #: :meth:`run` honours ``max_env_steps`` exactly: a batch is submitted only when its jobs' worst case
-    #: fits beside every job still running.
-    caps_env_steps = True
+    #: fits beside every job still running; :meth:`train` runs training jobs; Ray workers record no traces.
+    capabilities = ExecutorCapabilities(caps_env_steps=True, trains=True)
 
     def run(self, task: Task, jobs: Sequence[Job],
             on_episode: Callable[[int, Episode], None] | None = None, *,

@@ -23,7 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.errors import TaskError
 
-__all__ = ["TASK_KINDS", "PolicyHandle", "Task", "kind_class", "success_rule_of", "task_from_dict", "task_from_spec"]
+__all__ = ["TASK_KINDS", "BatchedRollouts", "PolicyHandle", "Task", "kind_class", "success_rule_of", "task_from_dict",
+           "task_from_spec"]
 
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
 TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask",
@@ -134,6 +135,12 @@ class Task(Protocol):
         and refuses the candidate when its mean return against any rival is below 0 (zero-sum payoffs: it loses to
         that rival). Empty: no such check."""
 
+    @property
+    def batched_rollouts(self) -> bool:
+        """Whether the task also implements :class:`BatchedRollouts` (several episodes of one policy stepped at once;
+        a class attribute will do): executors with trusted rollouts then call its ``run_batch``, else
+        :meth:`run_episode` one episode at a time."""
+
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:
         """One episode on the trusted side (the env host): the :class:`~ratchet.rollout.Episode` of ``policy``
@@ -183,6 +190,17 @@ class Task(Protocol):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description with ``"kind"`` (stored in the ledger)."""
+
+
+class BatchedRollouts(Protocol):
+    """The optional part of the :class:`Task` contract a task with ``batched_rollouts = True`` implements."""
+
+    def run_batch(self, policy: Any, params: Mapping[str, Any], seeds: Sequence[int], width: int,
+                  timeout_s: float) -> list[Any]:
+        """The :class:`~ratchet.rollout.Episode` of ``policy`` with ``params`` on each of ``seeds``, in order, up to
+        ``width`` environments stepped in lockstep (one message to the policy process per round), each equal to its
+        :meth:`Task.run_episode`; ``timeout_s``: per-episode time limit (seconds). ``policy`` is a batch handle
+        (:class:`ratchet.execution.envhost.RemotePolicy`)."""
 
 
 def kind_class(kind: Any) -> Any:

@@ -267,6 +267,7 @@ class EvaluatorTask:
     kind: ClassVar[str] = "evaluator"
     episode_unit: ClassVar[str] = "instances"
     return_name: ClassVar[str] = "score"
+    batched_rollouts: ClassVar[bool] = False  # no run_batch: one instance at a time
     action_mode: ClassVar[str] = "error"
 
     path: str

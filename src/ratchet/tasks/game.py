@@ -388,6 +388,7 @@ class GameTask:
     kind: ClassVar[str] = "game"
     episode_unit: ClassVar[str] = "episodes"
     return_name: ClassVar[str] = "return"
+    batched_rollouts: ClassVar[bool] = False  # no run_batch: one game at a time
     action_mode: ClassVar[str] = "error"
 
     game: str

@@ -41,6 +41,7 @@ class GymTask:
     kind: ClassVar[str] = "gym"
     episode_unit: ClassVar[str] = "episodes"
     return_name: ClassVar[str] = "return"
+    batched_rollouts: ClassVar[bool] = True  # run_batch: several episodes of one policy stepped at once (lockstep)
 
     env_id: str
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
