@@ -228,16 +228,12 @@ def used_counts(state: RunState, env_steps: int, episodes: int) -> list[tuple[st
 
 
 def _task_words(task: Any) -> tuple[str, str]:
-    """``(episode_unit, return_name)`` of a recorded task's kind (:meth:`ratchet.tasks.Task.episode_unit`); a gym
-    task's words for a kind this ratchet does not know."""
-    from ratchet.errors import TaskError
-    from ratchet.tasks import kind_class
-
-    try:
-        cls = kind_class((task.get("kind") if isinstance(task, dict) else None) or "gym")
-    except TaskError:
-        return "episodes", "return"
-    return str(cls.episode_unit), str(cls.return_name)
+    """``(episode_unit, return_name)`` as the recorded task states them (:meth:`ratchet.tasks.Task.to_dict` of a task
+    whose words are not a gym task's: an evaluator's ``"instances"`` and ``"score"``); a gym task's words otherwise,
+    also for a task recorded before tasks stated them."""
+    t = task if isinstance(task, dict) else {}
+    unit, name = t.get("episode_unit"), t.get("return_name")
+    return (unit if isinstance(unit, str) and unit else "episodes", name if isinstance(name, str) and name else "return")
 
 
 def _count(x: Any) -> float:

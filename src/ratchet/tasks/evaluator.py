@@ -428,9 +428,10 @@ class EvaluatorTask:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description, with the evaluator's source and its SHA-256 (and its cost unit, for displays)."""
+        """JSON-ready description, with the evaluator's source and its SHA-256 (and its cost unit and words for
+        instances and scores, for displays of the recorded run)."""
         return {"kind": "evaluator", "evaluator": self.path, "source": self.source, "sha256": self._digest,
-                "cost_unit": self.cost_unit,
+                "cost_unit": self.cost_unit, "episode_unit": self.episode_unit, "return_name": self.return_name,
                 "success_threshold": self.success_threshold, **({"name": self.label} if self.label else {}),
                 **({"options": dict(self.options)} if self.options else {})}
 
