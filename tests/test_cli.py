@@ -546,11 +546,14 @@ def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatc
     if password:
         assert password not in (run_dir / "ledger.json").read_text() and password not in res.output
 
-    # the run directory alone finds its ledger (a password comes from PGPASSWORD)
+    # the run directory finds its ledger in the database the command names (a password comes from PGPASSWORD);
+    # without --storage its pointer is not followed
     password_to_env(shared_storage, monkeypatch)
-    shown = invoke(runner, "show", run_dir, "--json")
+    shown = invoke(runner, "show", run_dir, "--json", "--storage", make_url(shared_storage).set(password=None)
+                   .render_as_string(hide_password=False))
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["status"] == "finished"
+    assert_one_line_error(invoke(runner, "show", run_dir), "not opened")
 
     # another machine: no run directory there, the run is looked up by id in the database
     nowhere = tmp_path / "nowhere"
@@ -573,7 +576,7 @@ def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatc
 
 
 def test_resume_with_storage_through_the_run_directory(shared_storage, runner, tmp_path, monkeypatch):
-    """An interrupted run whose ledger is in a database resumes from its run directory alone."""
+    """An interrupted run whose ledger is in a database resumes from its run directory and RATCHET_STORAGE."""
     from conftest import interrupted_run, password_to_env
 
     from ratchet.loop import open_ledger
@@ -581,13 +584,36 @@ def test_resume_with_storage_through_the_run_directory(shared_storage, runner, t
     run_id = interrupted_run(tmp_path, shared_storage, "resume")
     password_to_env(shared_storage, monkeypatch)
     run_dir = tmp_path / "runs" / run_id
+    assert_one_line_error(invoke(runner, "resume", run_dir, "--no-report"), "not opened")
+    monkeypatch.setenv("RATCHET_STORAGE", shared_storage)
     res = invoke(runner, "resume", run_dir, "--no-report")
     assert res.exit_code == 0, res.output
     assert f"run {run_id} stopped" in res.stdout
-    events = open_ledger(run_dir).read()
+    events = open_ledger(run_dir, storage=shared_storage).read()
     assert project(events).status == "finished"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert len(events_of(events, EventType.RUN_RESUMED)) == 1
+
+
+def test_a_planted_pointer_is_never_followed_to_a_database_the_command_does_not_name(runner, tmp_path, listener,
+                                                                                      monkeypatch):
+    """A ``ledger.json`` anyone could write in a runs folder names a server; ``runs`` and ``show`` list it without
+    connecting (the password in PGPASSWORD stays here); naming that database with --storage is what opens it."""
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pw")
+    url = f"postgresql://someone@127.0.0.1:{listener.port}/ratchet"
+    runs = tmp_path / "runs"
+    (runs / "planted").mkdir(parents=True)
+    (runs / "planted" / "ledger.json").write_text(json.dumps({"storage": url, "run_id": "planted"}))
+    listed = invoke(runner, "runs", "--runs-dir", runs)
+    assert listed.exit_code == 0, listed.output
+    assert "planted" in listed.stdout and "127.0.0.1" in listed.stdout and "not opened" in listed.stdout
+    for args in (["show", runs / "planted"], ["show", "planted", "--runs-dir", runs], ["critique", runs / "planted"],
+                 ["show", runs / "planted", "--storage", "postgresql://someone@127.0.0.1:1/other"]):
+        assert_one_line_error(invoke(runner, *args), "not opened", "--storage")
+    assert listener.connections == []
+    # the user names that database: now, and only now, it is connected to
+    assert_one_line_error(invoke(runner, "show", runs / "planted", "--storage", url), "cannot open ledger database")
+    assert listener.connections
 
 
 @pytest.mark.parametrize("storage, fragment", [

@@ -233,6 +233,26 @@ def test_database_storage(finished_run, shared_storage):
         dash.close()
 
 
+def test_a_planted_pointer_is_listed_and_never_connected_to(tmp_path, listener, monkeypatch):
+    """A ``ledger.json`` in the runs folder naming a server: its row says where it points and that it was not opened;
+    its page is one line; the dashboard never connects there (a poll every 3 s would send PGPASSWORD each time)."""
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pw")
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "ledger.json").write_text(json.dumps(
+        {"storage": f"postgresql://someone@127.0.0.1:{listener.port}/ratchet", "run_id": "planted"}))
+    dash = Dashboard(RunSource(tmp_path))
+    try:
+        for _ in range(2):
+            table = dash.runs()
+            assert table["runs"] == [] and [u["run_id"] for u in table["unreadable"]] == ["planted"]
+            assert "127.0.0.1" in table["unreadable"][0]["error"] and "not opened" in table["unreadable"][0]["error"]
+            with pytest.raises(LedgerError, match="not opened"):
+                dash.page("planted")
+    finally:
+        dash.close()
+    assert listener.connections == []
+
+
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")

@@ -13,7 +13,7 @@ from ratchet.errors import LedgerError, RunNotFoundError
 from ratchet.execution.sandbox import hide_from_policies
 from ratchet.ledger import Event, LedgerStore
 from ratchet.ledger.lease import WriterLease
-from ratchet.ledger.storage import LEDGER_FILE, open_store, read_pointer, storage_url, with_password_of
+from ratchet.ledger.storage import LEDGER_FILE, followed_url, open_store, read_pointer, storage_url
 
 __all__ = ["lock_run_dir", "new_run_id", "open_for_writing", "open_ledger", "open_run", "started_event"]
 
@@ -53,9 +53,10 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | N
     """Find an existing run and open its ledger.
 
     A run directory (``run`` itself, or ``runs_dir/run``) holds either ``ledger.sqlite`` or a
-    ``ledger.json`` pointer to a database; a pointer's URL has no password, so ``storage`` naming the
-    same database (or libpq's ``PGPASSWORD``/``~/.pgpass``) supplies it. A run with no directory here
-    is looked up by id (the last path component of ``run``) in the ``storage`` database.
+    ``ledger.json`` pointer to a database; a pointer is followed only when ``storage`` names the same
+    database (then ``storage`` is what is connected to, with its password or libpq's
+    ``PGPASSWORD``/``~/.pgpass``; see :func:`ratchet.ledger.storage.followed_url`). A run with no directory
+    here is looked up by id (the last path component of ``run``) in the ``storage`` database.
 
     Args:
         run: Run id or run directory.
@@ -68,6 +69,7 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | N
 
     Raises:
         RunNotFoundError: no such run.
+        StorageNotNamedError: the run directory points to a database ``storage`` does not name (not opened).
         LedgerError: the ledger is damaged, the storage URL is bad or the database is unreachable.
     """
     for cand in (Path(run), Path(runs_dir) / str(run)):
@@ -75,7 +77,7 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | N
             return open_store(None, cand, cand.name, create=False, readonly=readonly), cand
         pointer = read_pointer(cand) if cand.is_dir() else None
         if pointer is not None:
-            url = with_password_of(pointer.storage, storage)
+            url = followed_url(pointer, storage, cand.name)
             return open_store(url, cand, pointer.run_id, create=False, readonly=readonly), cand
     if storage_url(storage) is not None:
         run_id = Path(run).name
