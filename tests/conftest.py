@@ -416,7 +416,8 @@ def listener():
 class StandIn:
     """A real HTTP server on 127.0.0.1 speaking chat completions. ``script`` items are answers (a
     string) or dicts: ``{"status": 429}`` (``"message"``: the error's text), ``{"delay": 1.0, "content": ...}``,
-    ``{"usage": {"prompt_tokens": ..., "completion_tokens": ...}}`` (default 100 and 20), and hostile ones:
+    ``{"usage": {"prompt_tokens": ..., "completion_tokens": ...}}`` (default 100 and 20; a string: that JSON text
+    as it is), and hostile ones:
     ``{"redirect": URL}`` (a 302 there, or ``"status"``), ``{"drip": 1.0}`` (the reply one byte per that many
     seconds; ``"drip_bytes"``: only the first that many),
     ``{"size": N}`` (an answer of N characters, streamed without a length), ``{"echo_auth": True}`` (the
@@ -459,10 +460,12 @@ class StandIn:
                     data = json.dumps({"error": {"message": item.get("message", "slow down")}}).encode()
                 else:
                     usage = item.get("usage", {"prompt_tokens": 100, "completion_tokens": 20})
+                    if isinstance(usage, dict):
+                        usage = json.dumps({**usage, "total_tokens": sum(usage.values())})
                     data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
                                        "choices": [{"index": 0, "finish_reason": "stop",
                                                     "message": {"role": "assistant", "content": content}}],
-                                       "usage": {**usage, "total_tokens": sum(usage.values())}}).encode()
+                                       "usage": "USAGE"}).replace('"USAGE"', usage).encode()
                 try:
                     self.send_response(status)
                     if status == 429:
