@@ -518,6 +518,26 @@ def test_damaged_ledger_is_one_line_and_left_untouched(finished_run, runner, tmp
     assert (broken / "ledger.sqlite").read_bytes() == before
 
 
+def test_a_payload_nested_100000_deep_is_one_line_in_every_command(finished_run, runner, tmp_path):
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    deep = tmp_path / "deep"
+    shutil.copytree(run_dir, deep)
+    with sqlite3.connect(deep / "ledger.sqlite") as db:
+        seq = db.execute("SELECT max(seq) FROM events WHERE type = 'generation_finished'").fetchone()[0]
+        db.execute("UPDATE events SET payload = ? WHERE seq = ?", ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", seq))
+    db.close()
+    for cmd in (["show", deep], ["show", deep, "--json"], ["critique", deep], ["llm-log", deep],
+                ["report", deep, "--no-videos", "-o", tmp_path / "x.html"], ["replay", deep, "--seed", "1"],
+                ["export", deep, "-o", tmp_path / "p.py"], ["runs", "--runs-dir", tmp_path]):
+        res = invoke(runner, *cmd)
+        if cmd[0] == "runs":
+            assert res.exit_code == 0 and "unreadable" in res.stdout and "Traceback" not in res.output, res.output
+        else:
+            assert_one_line_error(res, f"damaged at event {seq}: its payload nests deeper than 100 levels")
+
+
 def test_env_setup_problems_fail_up_front(runner, tmp_path):
     from conftest import make_spec_dir
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import LedgerError, WriterLeaseError
 from ratchet.ledger.artifacts import check_artifact, check_size, digest
-from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.events import Event, EventType, event_from_row
 
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseHolder, LeaseInfo
@@ -229,10 +229,7 @@ class SQLiteLedger:
         return None if row is None else self._row(row)
 
     def _row(self, row: tuple) -> Event:
-        try:
-            return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
-        except (ValueError, TypeError) as exc:
-            raise LedgerError(f"ledger {self.path} is damaged at event {row[0]}: {exc}") from None
+        return event_from_row(row, str(self.path))
 
     # -- artifacts (see ratchet.ledger.artifacts) -------------------------------------------------
     def put_artifact(self, data: bytes) -> str:
