@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -536,6 +537,33 @@ def test_a_payload_nested_100000_deep_is_one_line_in_every_command(finished_run,
             assert res.exit_code == 0 and "unreadable" in res.stdout and "Traceback" not in res.output, res.output
         else:
             assert_one_line_error(res, f"damaged at event {seq}: its payload nests deeper than 100 levels")
+
+
+def test_a_ledger_holding_an_endless_view_is_one_line_not_a_hang(tmp_path):
+    """A ``ledger.sqlite`` whose ``events`` is a recursive view: ``runs`` lists it as unreadable and ``show`` says so in
+    one line, at once (each in its own process: the old read never returned, and ignored SIGTERM)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from ratchet.ledger import SQLiteLedger
+
+    SQLiteLedger(tmp_path / "runs" / "endless" / "ledger.sqlite").close()
+    with sqlite3.connect(tmp_path / "runs" / "endless" / "ledger.sqlite") as db:
+        db.executescript("DROP TABLE events; CREATE VIEW events AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT "
+                         "n + 1 FROM r) SELECT n AS seq, 'k' || n AS key, 'run_started' AS type, 0.0 AS time, '{}' AS "
+                         "payload FROM r ORDER BY n DESC")
+    db.close()
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "ratchet.cli", *map(str, args)], capture_output=True, text=True,
+                              timeout=120, check=False, env={**os.environ, "COLUMNS": "250"})
+
+    listed = cli("runs", "--runs-dir", tmp_path / "runs")
+    assert listed.returncode == 0 and "endless" in listed.stdout and "unreadable" in listed.stdout, listed
+    shown = cli("show", tmp_path / "runs" / "endless")
+    lines = [ln for ln in shown.stderr.splitlines() if ln.strip()]
+    assert shown.returncode == 1 and len(lines) == 1 and "is not a ratchet ledger: its view 'events'" in lines[0], shown
 
 
 def test_env_setup_problems_fail_up_front(runner, tmp_path):

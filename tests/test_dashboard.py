@@ -253,6 +253,35 @@ def test_a_planted_pointer_is_listed_and_never_connected_to(tmp_path, listener, 
     assert listener.connections == []
 
 
+def test_a_ledger_holding_an_endless_view_is_an_answer_not_a_hang(tmp_path):
+    """A run whose ``events`` is a recursive view: its row is unreadable and its page one line, at once (in a process
+    of its own: the old read never returned, and the server then ignored SIGTERM and SIGINT)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    SQLiteLedger(tmp_path / "endless" / "ledger.sqlite").close()
+    with sqlite3.connect(tmp_path / "endless" / "ledger.sqlite") as db:
+        db.executescript("DROP TABLE events; CREATE VIEW events AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT "
+                         "n + 1 FROM r) SELECT n AS seq, 'k' || n AS key, 'run_started' AS type, 0.0 AS time, '{}' AS "
+                         "payload FROM r ORDER BY n DESC")
+    db.close()
+    code = ("import sys\nfrom ratchet.dashboard import Dashboard, RunSource\nfrom ratchet.errors import LedgerError\n"
+            "dash = Dashboard(RunSource(sys.argv[1]))\n"
+            "print(dash.runs()['unreadable'])\n"
+            "try:\n"
+            "    dash.page('endless')\n"
+            "except LedgerError as exc:\n"
+            "    print(exc)\n"
+            "dash.close()\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    unreadable, page = out.stdout.splitlines()
+    assert "'endless'" in unreadable and "not a ratchet ledger" in unreadable
+    assert "is not a ratchet ledger: its view 'events'" in page
+
+
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
