@@ -566,6 +566,29 @@ def test_a_ledger_holding_an_endless_view_is_one_line_not_a_hang(tmp_path):
     assert shown.returncode == 1 and len(lines) == 1 and "is not a ratchet ledger: its view 'events'" in lines[0], shown
 
 
+@pytest.mark.parametrize("run_id", ["../../escaped", "ABSOLUTE", 5, "a/b", None])
+def test_a_recorded_run_id_that_is_not_a_plain_name_never_becomes_a_path(finished_run, runner, tmp_path, run_id):
+    """``export --tensorboard DIR`` writes DIR/RUN_ID: a ledger whose run_started names ``../../escaped``, an absolute
+    path or a number is damaged, in one line, and nothing is written anywhere."""
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    run_id = str(tmp_path / "absolute") if run_id == "ABSOLUTE" else run_id
+    bad = tmp_path / "a" / "b" / "bad"
+    shutil.copytree(run_dir, bad)
+    with sqlite3.connect(bad / "ledger.sqlite") as db:
+        payload = json.loads(db.execute("SELECT payload FROM events WHERE key = 'run_started'").fetchone()[0])
+        db.execute("UPDATE events SET payload = ? WHERE key = 'run_started'", (json.dumps({**payload, "run_id": run_id}),))
+    db.close()
+    def files():  # (reading the ledger may add its own -wal and -shm)
+        return sorted(p for p in tmp_path.rglob("*") if not p.name.startswith("ledger.sqlite"))
+
+    before = files()
+    assert_one_line_error(invoke(runner, "export", bad, "--tensorboard", tmp_path / "a" / "b" / "tb"),
+                          "damaged at event 1: its run id", "is not a plain name")
+    assert files() == before
+
+
 def test_env_setup_problems_fail_up_front(runner, tmp_path):
     from conftest import make_spec_dir
 
@@ -658,6 +681,10 @@ def test_a_planted_pointer_is_never_followed_to_a_database_the_command_does_not_
     for args in (["show", runs / "planted"], ["show", "planted", "--runs-dir", runs], ["critique", runs / "planted"],
                  ["show", runs / "planted", "--storage", "postgresql://someone@127.0.0.1:1/other"]):
         assert_one_line_error(invoke(runner, *args), "not opened", "--storage")
+    (runs / "climbs").mkdir()
+    (runs / "climbs" / "ledger.json").write_text(json.dumps({"storage": url, "run_id": "../../x"}))
+    assert_one_line_error(invoke(runner, "show", runs / "climbs", "--storage", url), "not a ledger pointer",
+                          "not a plain name")
     assert listener.connections == []
     # the user names that database: now, and only now, it is connected to
     assert_one_line_error(invoke(runner, "show", runs / "planted", "--storage", url), "cannot open ledger database")

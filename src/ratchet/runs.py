@@ -13,7 +13,7 @@ from ratchet.errors import LedgerError, RunNotFoundError
 from ratchet.execution.sandbox import hide_from_policies
 from ratchet.ledger import Event, LedgerStore
 from ratchet.ledger.lease import WriterLease
-from ratchet.ledger.storage import LEDGER_FILE, followed_url, open_store, read_pointer, storage_url
+from ratchet.ledger.storage import LEDGER_FILE, followed_url, is_run_id, open_store, read_pointer, storage_url
 
 __all__ = ["lock_run_dir", "new_run_id", "open_for_writing", "open_ledger", "open_run", "started_event"]
 
@@ -128,12 +128,19 @@ def open_for_writing(run: str | Path, runs_dir: str | Path = "runs", *,
 
 
 def started_event(ledger: LedgerStore) -> Event:
-    """The run's ``run_started`` event.
+    """The run's ``run_started`` event, its ``run_id`` checked (:func:`~ratchet.ledger.storage.is_run_id`): every
+    path made of a recorded run id (``export --tensorboard DIR``'s ``DIR/RUN_ID``, a resumed run's TensorBoard folder)
+    takes it from here.
 
     Raises:
-        LedgerError: the ledger has none (it is not a run's, or its first append was lost).
+        LedgerError: the ledger has none (it is not a run's, or its first append was lost), or its run id is not a
+            plain name (``../../x``, an absolute path, a number: a damaged or hostile ledger).
     """
     started = ledger.get("run_started")
     if started is None:
         raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed or corrected")
+    run_id = started.payload.get("run_id") if isinstance(started.payload, dict) else None
+    if not is_run_id(run_id):
+        raise LedgerError(f"ledger {ledger.location} is damaged at event {started.seq}: its run id "
+                          f"{str(run_id)[:60]!r} is not a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
     return started

@@ -14,6 +14,7 @@ a planted pointer never makes ratchet connect to a host of its choosing with the
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
 __all__ = [
     "LEDGER_FILE",
     "POINTER_FILE",
+    "RUN_ID",
     "Pointer",
     "followed_url",
+    "is_run_id",
     "open_store",
     "read_pointer",
     "storage_url",
@@ -42,6 +45,15 @@ __all__ = [
 LEDGER_FILE = "ledger.sqlite"
 #: The pointer to a run's ledger in a shared database, in a run directory.
 POINTER_FILE = "ledger.json"
+#: What a run id may look like: a plain name (use ``fullmatch``: ``$`` also matches before a final newline).
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def is_run_id(run_id: object) -> bool:
+    """Whether ``run_id`` is a run id: a string that names a run directory as one path component (letters, digits,
+    ``.``, ``_`` and ``-``, at most 200, no ``..``). The one check for a run id from the command line, a URL or a
+    ledger (where a damaged or hostile one must never become ``../../x`` or ``/abs`` in a path)."""
+    return isinstance(run_id, str) and RUN_ID.fullmatch(run_id) is not None and ".." not in run_id
 
 
 @dataclass(frozen=True)
@@ -125,8 +137,10 @@ def read_pointer(run_dir: str | Path) -> Pointer | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return Pointer(str(data["storage"]), str(data["run_id"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not is_run_id(data["run_id"]):
+            raise ValueError(f"run_id {str(data['run_id'])[:60]!r} is not a plain name")
+        return Pointer(str(data["storage"]), data["run_id"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise LedgerError(f"{path} is not a ledger pointer ({type(exc).__name__}: {exc}); it should hold "
                           '{"storage": URL, "run_id": ID}') from None
 
