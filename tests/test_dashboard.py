@@ -282,6 +282,35 @@ def test_a_ledger_holding_an_endless_view_is_an_answer_not_a_hang(tmp_path):
     assert "is not a ratchet ledger: its view 'events'" in page
 
 
+def test_a_lone_surrogate_in_a_ledger_is_shown_not_a_500(finished_run, tmp_path):
+    """A lone surrogate (policy text in an old or hostile ledger: a gate note, a stop reason, an error) cannot be
+    UTF-8: the page and the runs table still answer, with it replaced (the old answer: a 500 on every poll)."""
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / "odd", ignore=shutil.ignore_patterns(".lock", "workers"))
+    with sqlite3.connect(runs / "odd" / "ledger.sqlite") as con:
+        for key, where in (("generation_finished", "gate_note"), ("run_finished", "stop_reason")):
+            seq, payload = con.execute("SELECT seq, payload FROM events WHERE type = ? ORDER BY seq DESC LIMIT 1",
+                                       (key,)).fetchone()
+            text = json.dumps({**json.loads(payload), where: "odd \ud800 text"})  # JSON's own escape of U+D800
+            con.execute("UPDATE events SET payload = ? WHERE seq = ?", (text, seq))
+        started = json.loads(con.execute("SELECT payload FROM events WHERE key = 'run_started'").fetchone()[0])
+        started["task"]["env_id"] = "odd \ud800 text"  # the runs table's task column
+        con.execute("UPDATE events SET payload = ? WHERE key = 'run_started'", (json.dumps(started),))
+    con.close()
+    server = DashboardServer(runs)
+    server.start()
+    try:
+        for path in ("api/runs/odd", "api/runs"):
+            status, body = _get(server.url + path, {"Host": urlsplit(server.url).netloc})
+            assert status == 200, body
+            assert "odd ? text" in body.decode("utf-8")
+    finally:
+        server.stop()
+
+
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
