@@ -116,7 +116,8 @@ def _int(x: Any) -> int:
 
 class RunSource:
     """Where the runs are: a runs folder (run directories, each a ``ledger.sqlite`` or a pointer to a database), or
-    a database URL shared by many runs (``--storage``).
+    a database URL shared by many runs (``--storage``). A pointer in the folder is never followed (no database is
+    named): its run is listed as unreadable, saying where it points (:class:`~ratchet.errors.StorageNotNamedError`).
 
     Args:
         runs_dir: The runs folder (used when ``storage`` is None).
@@ -183,7 +184,7 @@ class RunSource:
         d = self.root / run_id
         if not ((d / LEDGER_FILE).is_file() or (d / POINTER_FILE).is_file()):
             raise RunNotFoundError(f"no run {run_id!r} in {self.where}")
-        ledger, _ = open_run(str(d), self.root, readonly=True)  # a pointer's database ledger, or the file
+        ledger, _ = open_run(str(d), self.root, readonly=True)  # the file (a pointer: StorageNotNamedError)
         try:
             yield ledger
         finally:
