@@ -366,10 +366,57 @@ PARAMETERS = {
 """
 
 
+class Listener:
+    """A TCP server on 127.0.0.1 that records who connected (and the first bytes each sent), then hangs up: a
+    database server nobody should reach. ``port``; ``connections``: the first bytes of each connection."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections: list[bytes] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                con, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with con:
+                con.settimeout(5)
+                try:
+                    self.connections.append(con.recv(4096))
+                except OSError:
+                    self.connections.append(b"")
+
+    def close(self) -> None:
+        import socket
+
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self.sock.close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def listener():
+    server = Listener()
+    yield server
+    server.close()
+
+
 class StandIn:
     """A real HTTP server on 127.0.0.1 speaking chat completions. ``script`` items are answers (a
     string) or dicts: ``{"status": 429}`` (``"message"``: the error's text), ``{"delay": 1.0, "content": ...}``,
-    ``{"usage": {"prompt_tokens": ..., "completion_tokens": ...}}`` (default 100 and 20), and hostile ones:
+    ``{"usage": {"prompt_tokens": ..., "completion_tokens": ...}}`` (default 100 and 20; a string: that JSON text
+    as it is), and hostile ones:
     ``{"redirect": URL}`` (a 302 there, or ``"status"``), ``{"drip": 1.0}`` (the reply one byte per that many
     seconds; ``"drip_bytes"``: only the first that many),
     ``{"size": N}`` (an answer of N characters, streamed without a length), ``{"echo_auth": True}`` (the
@@ -412,10 +459,12 @@ class StandIn:
                     data = json.dumps({"error": {"message": item.get("message", "slow down")}}).encode()
                 else:
                     usage = item.get("usage", {"prompt_tokens": 100, "completion_tokens": 20})
+                    if isinstance(usage, dict):
+                        usage = json.dumps({**usage, "total_tokens": sum(usage.values())})
                     data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
                                        "choices": [{"index": 0, "finish_reason": "stop",
                                                     "message": {"role": "assistant", "content": content}}],
-                                       "usage": {**usage, "total_tokens": sum(usage.values())}}).encode()
+                                       "usage": "USAGE"}).replace('"USAGE"', usage).encode()
                 try:
                     self.send_response(status)
                     if status == 429:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -518,6 +519,76 @@ def test_damaged_ledger_is_one_line_and_left_untouched(finished_run, runner, tmp
     assert (broken / "ledger.sqlite").read_bytes() == before
 
 
+def test_a_payload_nested_100000_deep_is_one_line_in_every_command(finished_run, runner, tmp_path):
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    deep = tmp_path / "deep"
+    shutil.copytree(run_dir, deep)
+    with sqlite3.connect(deep / "ledger.sqlite") as db:
+        seq = db.execute("SELECT max(seq) FROM events WHERE type = 'generation_finished'").fetchone()[0]
+        db.execute("UPDATE events SET payload = ? WHERE seq = ?", ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", seq))
+    db.close()
+    for cmd in (["show", deep], ["show", deep, "--json"], ["critique", deep], ["llm-log", deep],
+                ["report", deep, "--no-videos", "-o", tmp_path / "x.html"], ["replay", deep, "--seed", "1"],
+                ["export", deep, "-o", tmp_path / "p.py"], ["runs", "--runs-dir", tmp_path]):
+        res = invoke(runner, *cmd)
+        if cmd[0] == "runs":
+            assert res.exit_code == 0 and "unreadable" in res.stdout and "Traceback" not in res.output, res.output
+        else:
+            assert_one_line_error(res, f"damaged at event {seq}: its payload nests deeper than 100 levels")
+
+
+def test_a_ledger_holding_an_endless_view_is_one_line_not_a_hang(tmp_path):
+    """A ``ledger.sqlite`` whose ``events`` is a recursive view: ``runs`` lists it as unreadable and ``show`` says so in
+    one line, at once (each in its own process: the old read never returned, and ignored SIGTERM)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from ratchet.ledger import SQLiteLedger
+
+    SQLiteLedger(tmp_path / "runs" / "endless" / "ledger.sqlite").close()
+    with sqlite3.connect(tmp_path / "runs" / "endless" / "ledger.sqlite") as db:
+        db.executescript("DROP TABLE events; CREATE VIEW events AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT "
+                         "n + 1 FROM r) SELECT n AS seq, 'k' || n AS key, 'run_started' AS type, 0.0 AS time, '{}' AS "
+                         "payload FROM r ORDER BY n DESC")
+    db.close()
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "ratchet.cli", *map(str, args)], capture_output=True, text=True,
+                              timeout=120, check=False, env={**os.environ, "COLUMNS": "250"})
+
+    listed = cli("runs", "--runs-dir", tmp_path / "runs")
+    assert listed.returncode == 0 and "endless" in listed.stdout and "unreadable" in listed.stdout, listed
+    shown = cli("show", tmp_path / "runs" / "endless")
+    lines = [ln for ln in shown.stderr.splitlines() if ln.strip()]
+    assert shown.returncode == 1 and len(lines) == 1 and "is not a ratchet ledger: its view 'events'" in lines[0], shown
+
+
+@pytest.mark.parametrize("run_id", ["../../escaped", "ABSOLUTE", 5, "a/b", None])
+def test_a_recorded_run_id_that_is_not_a_plain_name_never_becomes_a_path(finished_run, runner, tmp_path, run_id):
+    """``export --tensorboard DIR`` writes DIR/RUN_ID: a ledger whose run_started names ``../../escaped``, an absolute
+    path or a number is damaged, in one line, and nothing is written anywhere."""
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    run_id = str(tmp_path / "absolute") if run_id == "ABSOLUTE" else run_id
+    bad = tmp_path / "a" / "b" / "bad"
+    shutil.copytree(run_dir, bad)
+    with sqlite3.connect(bad / "ledger.sqlite") as db:
+        payload = json.loads(db.execute("SELECT payload FROM events WHERE key = 'run_started'").fetchone()[0])
+        db.execute("UPDATE events SET payload = ? WHERE key = 'run_started'", (json.dumps({**payload, "run_id": run_id}),))
+    db.close()
+    def files():  # (reading the ledger may add its own -wal and -shm)
+        return sorted(p for p in tmp_path.rglob("*") if not p.name.startswith("ledger.sqlite"))
+
+    before = files()
+    assert_one_line_error(invoke(runner, "export", bad, "--tensorboard", tmp_path / "a" / "b" / "tb"),
+                          "damaged at event 1: its run id", "is not a plain name")
+    assert files() == before
+
+
 def test_env_setup_problems_fail_up_front(runner, tmp_path):
     from conftest import make_spec_dir
 
@@ -546,11 +617,14 @@ def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatc
     if password:
         assert password not in (run_dir / "ledger.json").read_text() and password not in res.output
 
-    # the run directory alone finds its ledger (a password comes from PGPASSWORD)
+    # the run directory finds its ledger in the database the command names (a password comes from PGPASSWORD);
+    # without --storage its pointer is not followed
     password_to_env(shared_storage, monkeypatch)
-    shown = invoke(runner, "show", run_dir, "--json")
+    shown = invoke(runner, "show", run_dir, "--json", "--storage", make_url(shared_storage).set(password=None)
+                   .render_as_string(hide_password=False))
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["status"] == "finished"
+    assert_one_line_error(invoke(runner, "show", run_dir), "not opened")
 
     # another machine: no run directory there, the run is looked up by id in the database
     nowhere = tmp_path / "nowhere"
@@ -573,7 +647,7 @@ def test_run_show_runs_with_storage(shared_storage, runner, tmp_path, monkeypatc
 
 
 def test_resume_with_storage_through_the_run_directory(shared_storage, runner, tmp_path, monkeypatch):
-    """An interrupted run whose ledger is in a database resumes from its run directory alone."""
+    """An interrupted run whose ledger is in a database resumes from its run directory and RATCHET_STORAGE."""
     from conftest import interrupted_run, password_to_env
 
     from ratchet.loop import open_ledger
@@ -581,13 +655,40 @@ def test_resume_with_storage_through_the_run_directory(shared_storage, runner, t
     run_id = interrupted_run(tmp_path, shared_storage, "resume")
     password_to_env(shared_storage, monkeypatch)
     run_dir = tmp_path / "runs" / run_id
+    assert_one_line_error(invoke(runner, "resume", run_dir, "--no-report"), "not opened")
+    monkeypatch.setenv("RATCHET_STORAGE", shared_storage)
     res = invoke(runner, "resume", run_dir, "--no-report")
     assert res.exit_code == 0, res.output
     assert f"run {run_id} stopped" in res.stdout
-    events = open_ledger(run_dir).read()
+    events = open_ledger(run_dir, storage=shared_storage).read()
     assert project(events).status == "finished"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert len(events_of(events, EventType.RUN_RESUMED)) == 1
+
+
+def test_a_planted_pointer_is_never_followed_to_a_database_the_command_does_not_name(runner, tmp_path, listener,
+                                                                                      monkeypatch):
+    """A ``ledger.json`` anyone could write in a runs folder names a server; ``runs`` and ``show`` list it without
+    connecting (the password in PGPASSWORD stays here); naming that database with --storage is what opens it."""
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pw")
+    url = f"postgresql://someone@127.0.0.1:{listener.port}/ratchet"
+    runs = tmp_path / "runs"
+    (runs / "planted").mkdir(parents=True)
+    (runs / "planted" / "ledger.json").write_text(json.dumps({"storage": url, "run_id": "planted"}))
+    listed = invoke(runner, "runs", "--runs-dir", runs)
+    assert listed.exit_code == 0, listed.output
+    assert "planted" in listed.stdout and "127.0.0.1" in listed.stdout and "not opened" in listed.stdout
+    for args in (["show", runs / "planted"], ["show", "planted", "--runs-dir", runs], ["critique", runs / "planted"],
+                 ["show", runs / "planted", "--storage", "postgresql://someone@127.0.0.1:1/other"]):
+        assert_one_line_error(invoke(runner, *args), "not opened", "--storage")
+    (runs / "climbs").mkdir()
+    (runs / "climbs" / "ledger.json").write_text(json.dumps({"storage": url, "run_id": "../../x"}))
+    assert_one_line_error(invoke(runner, "show", runs / "climbs", "--storage", url), "not a ledger pointer",
+                          "not a plain name")
+    assert listener.connections == []
+    # the user names that database: now, and only now, it is connected to
+    assert_one_line_error(invoke(runner, "show", runs / "planted", "--storage", url), "cannot open ledger database")
+    assert listener.connections
 
 
 @pytest.mark.parametrize("storage, fragment", [

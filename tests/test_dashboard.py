@@ -233,6 +233,84 @@ def test_database_storage(finished_run, shared_storage):
         dash.close()
 
 
+def test_a_planted_pointer_is_listed_and_never_connected_to(tmp_path, listener, monkeypatch):
+    """A ``ledger.json`` in the runs folder naming a server: its row says where it points and that it was not opened;
+    its page is one line; the dashboard never connects there (a poll every 3 s would send PGPASSWORD each time)."""
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pw")
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "ledger.json").write_text(json.dumps(
+        {"storage": f"postgresql://someone@127.0.0.1:{listener.port}/ratchet", "run_id": "planted"}))
+    dash = Dashboard(RunSource(tmp_path))
+    try:
+        for _ in range(2):
+            table = dash.runs()
+            assert table["runs"] == [] and [u["run_id"] for u in table["unreadable"]] == ["planted"]
+            assert "127.0.0.1" in table["unreadable"][0]["error"] and "not opened" in table["unreadable"][0]["error"]
+            with pytest.raises(LedgerError, match="not opened"):
+                dash.page("planted")
+    finally:
+        dash.close()
+    assert listener.connections == []
+
+
+def test_a_ledger_holding_an_endless_view_is_an_answer_not_a_hang(tmp_path):
+    """A run whose ``events`` is a recursive view: its row is unreadable and its page one line, at once (in a process
+    of its own: the old read never returned, and the server then ignored SIGTERM and SIGINT)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    SQLiteLedger(tmp_path / "endless" / "ledger.sqlite").close()
+    with sqlite3.connect(tmp_path / "endless" / "ledger.sqlite") as db:
+        db.executescript("DROP TABLE events; CREATE VIEW events AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT "
+                         "n + 1 FROM r) SELECT n AS seq, 'k' || n AS key, 'run_started' AS type, 0.0 AS time, '{}' AS "
+                         "payload FROM r ORDER BY n DESC")
+    db.close()
+    code = ("import sys\nfrom ratchet.dashboard import Dashboard, RunSource\nfrom ratchet.errors import LedgerError\n"
+            "dash = Dashboard(RunSource(sys.argv[1]))\n"
+            "print(dash.runs()['unreadable'])\n"
+            "try:\n"
+            "    dash.page('endless')\n"
+            "except LedgerError as exc:\n"
+            "    print(exc)\n"
+            "dash.close()\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    unreadable, page = out.stdout.splitlines()
+    assert "'endless'" in unreadable and "not a ratchet ledger" in unreadable
+    assert "is not a ratchet ledger: its view 'events'" in page
+
+
+def test_a_lone_surrogate_in_a_ledger_is_shown_not_a_500(finished_run, tmp_path):
+    """A lone surrogate (policy text in an old or hostile ledger: a gate note, a stop reason, an error) cannot be
+    UTF-8: the page and the runs table still answer, with it replaced (the old answer: a 500 on every poll)."""
+    import sqlite3
+
+    _, run_dir, _ = finished_run
+    runs = tmp_path / "runs"
+    shutil.copytree(run_dir, runs / "odd", ignore=shutil.ignore_patterns(".lock", "workers"))
+    with sqlite3.connect(runs / "odd" / "ledger.sqlite") as con:
+        for key, where in (("generation_finished", "gate_note"), ("run_finished", "stop_reason")):
+            seq, payload = con.execute("SELECT seq, payload FROM events WHERE type = ? ORDER BY seq DESC LIMIT 1",
+                                       (key,)).fetchone()
+            text = json.dumps({**json.loads(payload), where: "odd \ud800 text"})  # JSON's own escape of U+D800
+            con.execute("UPDATE events SET payload = ? WHERE seq = ?", (text, seq))
+        started = json.loads(con.execute("SELECT payload FROM events WHERE key = 'run_started'").fetchone()[0])
+        started["task"]["env_id"] = "odd \ud800 text"  # the runs table's task column
+        con.execute("UPDATE events SET payload = ? WHERE key = 'run_started'", (json.dumps(started),))
+    con.close()
+    server = DashboardServer(runs)
+    server.start()
+    try:
+        for path in ("api/runs/odd", "api/runs"):
+            status, body = _get(server.url + path, {"Host": urlsplit(server.url).netloc})
+            assert status == 200, body
+            assert "odd ? text" in body.decode("utf-8")
+    finally:
+        server.stop()
+
+
 def test_cli_refuses_bad_input_in_one_line(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")

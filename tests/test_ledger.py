@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import re
 import sqlite3
 import subprocess
 import sys
@@ -113,6 +115,87 @@ def test_garbage_file_is_a_ledger_error(tmp_path):
     bad.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(LedgerError, match="not a readable ratchet ledger"):
         SQLiteLedger(bad, create=False)
+
+
+_ENDLESS = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r)"
+#: Files that are not ratchet's ledger although they hold an events table or view; each would hang, grow or run code
+#: on a read or a write if it were queried.
+_NOT_RATCHETS = {
+    "recursive-view": f"DROP TABLE events; CREATE VIEW events AS {_ENDLESS} SELECT n AS seq, 'k' || n AS key, "
+                      "'run_started' AS type, 0.0 AS time, '{}' AS payload FROM r ORDER BY n DESC",
+    "generated-column": "DROP TABLE events; CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT "
+                        "NULL UNIQUE, type TEXT NOT NULL, time REAL NOT NULL, payload TEXT GENERATED ALWAYS AS "
+                        "(hex(zeroblob(1000000000))))",
+    "view-as-lease": f"CREATE VIEW lease AS {_ENDLESS} SELECT 't' AS token, 'h' AS host, 1 AS pid, 0.0 AS heartbeat_at, "
+                     "0.0 AS expires_at, 0 AS released FROM r ORDER BY n DESC",
+    "trigger": f"CREATE TRIGGER t AFTER INSERT ON events BEGIN SELECT count(*) FROM ({_ENDLESS} SELECT n FROM r); END",
+    "own-index": "CREATE INDEX i ON events(length(payload))",
+}
+
+
+def _not_ratchets(tmp_path, case: str):
+    """A ledger file made by ratchet, then changed by ``_NOT_RATCHETS[case]``."""
+    path = tmp_path / "ledger.sqlite"
+    SQLiteLedger(path).close()
+    with sqlite3.connect(path) as con:
+        con.executescript(_NOT_RATCHETS[case])
+    con.close()
+    return path
+
+
+def _each_line(code: str, path) -> list[str]:
+    """The lines ``code`` prints, run in a fresh process on the ledger at ``path`` (``sys.argv[1]``): an unbounded read
+    would never return, and would not let the test process go either."""
+    out = subprocess.run([sys.executable, "-c", "import sys\nfrom ratchet.errors import LedgerError\n"
+                          "from ratchet.ledger import SQLiteLedger\n" + code, str(path)],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("case", sorted(_NOT_RATCHETS))
+def test_a_file_whose_schema_is_not_ratchets_is_refused_before_any_read(tmp_path, case):
+    path = _not_ratchets(tmp_path, case)
+    before = path.read_bytes()
+    lines = _each_line("for kw in ({'readonly': True}, {'create': False}):\n"
+                       "    try:\n"
+                       "        SQLiteLedger(sys.argv[1], **kw).read()\n"
+                       "        print('opened')\n"
+                       "    except LedgerError as exc:\n"
+                       "        print(exc)\n", path)
+    assert len(lines) == 2 and all(re.search("is not a ratchet ledger: its (view|table|trigger|index) '", line)
+                                   for line in lines), lines
+    assert path.read_bytes() == before
+
+
+def test_every_read_is_bounded_by_the_files_size(tmp_path):
+    """The schema check passed by (as by a file it missed): a read of an endless view still stops, in one line, after a
+    bound proportional to the file's size."""
+    lines = _each_line("SQLiteLedger._check_schema = lambda self: None\n"
+                       "led = SQLiteLedger(sys.argv[1], readonly=True)\n"
+                       "for read in (led.read, led.tail, lambda: led.get('k7')):\n"
+                       "    try:\n"
+                       "        read()\n"
+                       "    except LedgerError as exc:\n"
+                       "        print(exc)\n", _not_ratchets(tmp_path, "recursive-view"))
+    assert len(lines) == 3 and all("is damaged: a read ran past" in line for line in lines), lines
+
+
+def test_a_genuine_ledger_reads_well_within_the_bound(tmp_path):
+    from ratchet.ledger import sqlite as store
+
+    path = tmp_path / "ledger.sqlite"
+    led = SQLiteLedger(path)
+    led.append_many([(EventType.EPISODES_EVALUATED, f"e/{i}", {"returns": [float(i)] * 50}) for i in range(2000)])
+    led.close()
+    steps = []
+    ro = SQLiteLedger(path, readonly=True)
+    ro._db.set_progress_handler(lambda: steps.append(1) and 0, 1000)
+    ro._bounded = contextlib.nullcontext  # count the steps instead
+    assert len(ro.read()) == 2000 and len(ro.read(types=[EventType.GATE_DECIDED])) == 0
+    ro.close()
+    assert 1000 * len(steps) < path.stat().st_size  # under one step per byte: the bound allows 100
+    assert store._STEPS_PER_BYTE >= 100
 
 
 def test_nan_payloads_roundtrip(tmp_path):

@@ -48,12 +48,13 @@ class Store:
             led.append(EventType.CANDIDATE_PROPOSED, f"proposed/1/{i}", {"i": i})
         return run_id, led
 
-    def damage(self, run_id: str, seq: int) -> None:
-        """Overwrite one event's payload with text that is not JSON (as disk damage or a bad hand edit would)."""
+    def damage(self, run_id: str, seq: int, payload: str = "{not json") -> None:
+        """Overwrite one event's payload with ``payload`` (by default text that is not JSON, as disk damage or a bad
+        hand edit would)."""
         if self.url is None:
             con = sqlite3.connect(self.root / run_id / "ledger.sqlite")
             with con:
-                con.execute("UPDATE events SET payload = '{not json' WHERE seq = ?", (seq,))
+                con.execute("UPDATE events SET payload = ? WHERE seq = ?", (payload, seq))
             con.close()
             return
         from sqlalchemy import create_engine, text
@@ -62,8 +63,8 @@ class Store:
 
         engine = create_engine(database_url(self.url))
         with engine.begin() as conn:
-            conn.execute(text(f"UPDATE {TABLE} SET payload = '{{not json' WHERE run_id = :r AND seq = :s"),
-                         {"r": run_id, "s": seq})
+            conn.execute(text(f"UPDATE {TABLE} SET payload = :p WHERE run_id = :r AND seq = :s"),
+                         {"p": payload, "r": run_id, "s": seq})
         engine.dispose()
 
 
@@ -203,6 +204,30 @@ def test_damaged_row_is_a_ledger_error(store):
         ro.read()
     assert ro.get("proposed/1/0").payload == {"i": 0}
     ro.close()
+
+
+def test_a_payload_nested_too_deep_is_one_line_naming_the_event(store):
+    """A payload nested 100,000 deep (a hostile or damaged ledger) is refused before it is parsed: one LedgerError
+    naming the event, from read and get alike, never a RecursionError; one nested as deep as ratchet allows,
+    with brackets and escapes in its strings, reads back."""
+    MAX_PAYLOAD_DEPTH = 100  # ratchet.ledger.events.MAX_PAYLOAD_DEPTH, the documented bound
+
+    run, led = store.with_events("deep", 3)
+    led.close()
+    store.damage(run, 2, '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    deepest, levels = {"s": '[[{{ \\" ]]'}, 1
+    while levels < MAX_PAYLOAD_DEPTH:  # objects and lists in turn, with brackets and escaped quotes in strings
+        deepest, levels = ([deepest, '\\"{['] if levels % 2 else {"k[": deepest, "]": "}"}), levels + 1
+    store.damage(run, 3, json.dumps(deepest))
+    ro = store.open(run, readonly=True)
+    try:
+        for read in (ro.read, lambda: ro.get("proposed/1/1")):
+            with pytest.raises(LedgerError, match=f"damaged at event 2: its payload nests deeper than "
+                                                  f"{MAX_PAYLOAD_DEPTH} levels"):
+                read()
+        assert ro.get("proposed/1/2").payload == deepest
+    finally:
+        ro.close()
 
 
 # -- several processes at once ---------------------------------------------------------------------

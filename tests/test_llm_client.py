@@ -329,6 +329,26 @@ def test_token_and_cost_budgets_are_never_exceeded(standin, budget):
     assert prompt_bound(request) >= len(request["messages"][1]["content"])
 
 
+@pytest.mark.parametrize("usage", ['{"prompt_tokens": 100, "completion_tokens": "many"}',
+                                   '{"prompt_tokens": 100, "completion_tokens": 1e400}',
+                                   '{"prompt_tokens": "100", "completion_tokens": 20}',
+                                   '{"prompt_tokens": -5000, "completion_tokens": 20}',
+                                   '{"prompt_tokens": 1' + "0" * 400 + ', "completion_tokens": 20}',
+                                   '{"prompt_tokens": true, "completion_tokens": 20}', '"lots"', "[1, 2]"])
+def test_a_reply_whose_usage_is_not_counts_is_estimated_never_a_crash(standin, usage):
+    """``usage`` is the endpoint's word: what is not a count from 0 to a billion is no count, and the request's
+    tokens and cost are estimated from its characters (as for a reply without ``usage``); the answer is used."""
+    server = standin([{"content": GOOD_EDIT, "usage": usage}])
+    exchange, records = recording()
+    r = refiner(server.url, exchange, price_prompt=2.0, price_completion=10.0)
+    proposed = r.propose(parent(), None, np.random.default_rng(0))
+    assert len(proposed) == 1 and not r.take_rejections()
+    (_, info), = records
+    assert info["tokens_estimated"] is True
+    assert 0 < info["prompt_tokens"] < 10**6 and 0 < info["completion_tokens"] < 10**6
+    assert 0 < r.spent.tokens < 10**6 and 0 < r.spent.cost < 1.0
+
+
 # -- the static source check is a filter; its chains to os are closed ------------------------------------
 
 @pytest.mark.parametrize("line", ["SECRET = random._os.popen('id').read()",

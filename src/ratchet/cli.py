@@ -66,8 +66,8 @@ STORAGE_OPT = typer.Option(
     None, "--storage", envvar="RATCHET_STORAGE", metavar="URL",
     help="Keep ledgers in a database shared by many runs: postgresql://USER@HOST[:PORT]/DB (password from "
          "PGPASSWORD or ~/.pgpass, or in the URL) or sqlite:///PATH. Default: ledger.sqlite in each run "
-         "directory. A run directory made with a URL points to its database, so later commands find it "
-         "without this option; with it, runs without a directory here are looked up by id in the database.")
+         "directory. A run directory made with a URL points to its database; that pointer is followed only "
+         "when this option names the same database. Runs without a directory here are looked up by id in it.")
 
 
 @app.callback()
@@ -260,6 +260,7 @@ def resume(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
 @app.command("runs")
 def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """List the runs in --runs-dir, or with --storage the runs in that database."""
+    from ratchet.errors import StorageNotNamedError
     from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, storage_url
 
     try:
@@ -289,6 +290,10 @@ def list_runs(runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -
     for name, load in runs:
         try:
             st = load()
+        except StorageNotNamedError as exc:  # a pointer to a database this command does not name: never opened
+            rows.append((name, f"in {_safe(exc.where, 200)} (not opened: pass --storage URL to open it)",
+                         "", "", "", "", "", ""))
+            continue
         except Exception as exc:  # noqa: BLE001 - one damaged run must not hide the others
             rows.append((name, f"unreadable: {_safe(str(exc), 80)}", "", "", "", "", "", ""))
             continue

@@ -17,6 +17,7 @@ __all__ = [
     "ReplayMismatchError",
     "RunNotFoundError",
     "SpecError",
+    "StorageNotNamedError",
     "TaskError",
     "WriterLeaseError",
 ]
@@ -45,6 +46,23 @@ class LedgerError(RatchetError):
 class WriterLeaseError(LedgerError):
     """Another process holds a run's writer lease (it is being written elsewhere), or took it over
     from this one (which must then stop writing)."""
+
+
+class StorageNotNamedError(LedgerError):
+    """A run directory's ``ledger.json`` points to a database the command does not name (``--storage``), so it was
+    not opened: a pointer is a file in a runs folder, and following it would send the user's database password
+    (``PGPASSWORD``, ``~/.pgpass``) to whatever host it names.
+
+    Attributes:
+        where: The pointer's database URL (no password), as the file says.
+        run: The run directory's name.
+    """
+
+    def __init__(self, where: str, run: str) -> None:
+        super().__init__(f"run {run} is kept in database {where}: not opened, as this command does not name it (a "
+                         "ledger.json is followed only to the database --storage names); if that database is yours, "
+                         "pass --storage URL (or set RATCHET_STORAGE) to open it")
+        self.where, self.run = where, run
 
 
 class RunNotFoundError(RatchetError):

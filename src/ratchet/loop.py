@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import os
 import platform
-import re
 import shutil
 import socket
 import time
@@ -35,7 +34,7 @@ from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
 from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
-from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, open_store, storage_url, write_pointer
+from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, is_run_id, open_store, storage_url, write_pointer
 from ratchet.metrics import check_logging, metrics_tap
 from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits, Stop, StopKind
 from ratchet.policy import (
@@ -469,7 +468,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
                                                          spec.planner.train_episodes)
     program, start, start_blobs = load_start(spec, task, spaces)
     run_id = run_id or new_run_id(spec.name)
-    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+    if not is_run_id(run_id):
         raise RatchetError(f"run id {run_id!r} must be a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise RatchetError(f"--runs-dir {runs_dir} is a file; give a folder for run directories")
@@ -556,9 +555,6 @@ def _describe(executor: Executor) -> dict[str, Any]:
         return executor.describe()
     except Exception:  # noqa: BLE001 - a custom executor's description must never stop a run from starting
         return {"backend": type(executor).__name__}
-
-
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # use fullmatch: "$" also matches before a final "\n"
 
 
 def check_refiners(spec: RunSpec) -> None:

@@ -13,7 +13,7 @@ from ratchet.errors import LedgerError, RunNotFoundError
 from ratchet.execution.sandbox import hide_from_policies
 from ratchet.ledger import Event, LedgerStore
 from ratchet.ledger.lease import WriterLease
-from ratchet.ledger.storage import LEDGER_FILE, open_store, read_pointer, storage_url, with_password_of
+from ratchet.ledger.storage import LEDGER_FILE, followed_url, is_run_id, open_store, read_pointer, storage_url
 
 __all__ = ["lock_run_dir", "new_run_id", "open_for_writing", "open_ledger", "open_run", "started_event"]
 
@@ -53,9 +53,10 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | N
     """Find an existing run and open its ledger.
 
     A run directory (``run`` itself, or ``runs_dir/run``) holds either ``ledger.sqlite`` or a
-    ``ledger.json`` pointer to a database; a pointer's URL has no password, so ``storage`` naming the
-    same database (or libpq's ``PGPASSWORD``/``~/.pgpass``) supplies it. A run with no directory here
-    is looked up by id (the last path component of ``run``) in the ``storage`` database.
+    ``ledger.json`` pointer to a database; a pointer is followed only when ``storage`` names the same
+    database (then ``storage`` is what is connected to, with its password or libpq's
+    ``PGPASSWORD``/``~/.pgpass``; see :func:`ratchet.ledger.storage.followed_url`). A run with no directory
+    here is looked up by id (the last path component of ``run``) in the ``storage`` database.
 
     Args:
         run: Run id or run directory.
@@ -68,6 +69,7 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | N
 
     Raises:
         RunNotFoundError: no such run.
+        StorageNotNamedError: the run directory points to a database ``storage`` does not name (not opened).
         LedgerError: the ledger is damaged, the storage URL is bad or the database is unreachable.
     """
     for cand in (Path(run), Path(runs_dir) / str(run)):
@@ -75,7 +77,7 @@ def open_run(run: str | Path, runs_dir: str | Path = "runs", *, storage: str | N
             return open_store(None, cand, cand.name, create=False, readonly=readonly), cand
         pointer = read_pointer(cand) if cand.is_dir() else None
         if pointer is not None:
-            url = with_password_of(pointer.storage, storage)
+            url = followed_url(pointer, storage, cand.name)
             return open_store(url, cand, pointer.run_id, create=False, readonly=readonly), cand
     if storage_url(storage) is not None:
         run_id = Path(run).name
@@ -126,12 +128,19 @@ def open_for_writing(run: str | Path, runs_dir: str | Path = "runs", *,
 
 
 def started_event(ledger: LedgerStore) -> Event:
-    """The run's ``run_started`` event.
+    """The run's ``run_started`` event, its ``run_id`` checked (:func:`~ratchet.ledger.storage.is_run_id`): every
+    path made of a recorded run id (``export --tensorboard DIR``'s ``DIR/RUN_ID``, a resumed run's TensorBoard folder)
+    takes it from here.
 
     Raises:
-        LedgerError: the ledger has none (it is not a run's, or its first append was lost).
+        LedgerError: the ledger has none (it is not a run's, or its first append was lost), or its run id is not a
+            plain name (``../../x``, an absolute path, a number: a damaged or hostile ledger).
     """
     started = ledger.get("run_started")
     if started is None:
         raise LedgerError(f"{ledger.location} has no run_started event; it cannot be resumed or corrected")
+    run_id = started.payload.get("run_id") if isinstance(started.payload, dict) else None
+    if not is_run_id(run_id):
+        raise LedgerError(f"ledger {ledger.location} is damaged at event {started.seq}: its run id "
+                          f"{str(run_id)[:60]!r} is not a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
     return started

@@ -14,6 +14,7 @@ code); ``/api/runs/RUN/programs/CANDIDATE`` a changed program's diff against its
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -28,6 +29,7 @@ from typing import Any
 
 from ratchet.dashboard.views import RUN_ID, RunPage, RunSource, run_row
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
+from ratchet.text import clean
 
 __all__ = ["Dashboard", "DashboardServer", "create_app"]
 
@@ -229,6 +231,14 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
 
     static = _static_dir()
 
+    class JSON(JSONResponse):
+        """A JSON answer that is always UTF-8: ledgers hold policy text, and a lone surrogate in it (an old or hostile
+        ledger) is replaced, never a 500 on every poll."""
+
+        def render(self, content: Any) -> bytes:
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                              separators=(",", ":")).encode("utf-8", errors="replace")
+
     def _run_id(request: Request) -> str:
         run_id = request.path_params["run_id"]
         if not RUN_ID.fullmatch(run_id):
@@ -257,22 +267,22 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         return FileResponse(static / "index.html", media_type="text/html; charset=utf-8")
 
     def runs(request: Request) -> Response:
-        return JSONResponse(_call(dashboard.runs))
+        return JSON(_call(dashboard.runs))
 
     def run(request: Request) -> Response:
         run_id = _run_id(request)
         gen_from, gate_from = _int(request, "gen_from"), _int(request, "gate_from")
         page = _call(dashboard.page, run_id)
-        return JSONResponse(_call(page.view, gen_from, gate_from, dashboard.gif_url(run_id)))
+        return JSON(_call(page.view, gen_from, gate_from, dashboard.gif_url(run_id)))
 
     def lineage(request: Request) -> Response:
-        return JSONResponse(_call(dashboard.lineage, _run_id(request)))
+        return JSON(_call(dashboard.lineage, _run_id(request)))
 
     def program(request: Request) -> Response:
         run_id, cid = _run_id(request), request.path_params["candidate"]
         if not RUN_ID.fullmatch(cid):
             raise HTTPException(400, "malformed candidate id")
-        return JSONResponse(_call(dashboard.program, run_id, cid))
+        return JSON(_call(dashboard.program, run_id, cid))
 
     def gif(request: Request) -> Response:
         run_id, tag, i = _run_id(request), request.path_params["tag"], request.path_params["i"]
@@ -287,7 +297,7 @@ def create_app(dashboard: Dashboard, token: str, hosts: set[str]) -> Any:
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
         if code == 404 and detail == "Not Found":  # no route: say what there is
             detail = "not found: the dashboard serves its page, static/… and api/runs[/RUN]"
-        return PlainTextResponse(f"{detail}\n", status_code=code)
+        return PlainTextResponse(f"{clean(detail, 2000)}\n", status_code=code)  # text from a ledger: printable
 
     routes = [
         Route("/", index),

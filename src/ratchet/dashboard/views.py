@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,13 +22,11 @@ from typing import Any
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
 from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.ledger.projection import live_status, llm_usage_text, project, used_counts
-from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, storage_url
+from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, RUN_ID, storage_url
 from ratchet.policy import describe_value
 
 __all__ = ["PAGE_TYPES", "RUN_ID", "Liveness", "RunPage", "RunSource", "run_row"]
 
-#: What a run id in a URL may look like (the ids ``ratchet run`` makes, and run directory names).
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 #: The small events a run page keeps whole and folds with :func:`ratchet.ledger.projection.project`.
 _KEPT = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.GATE_DECIDED, EventType.INCUMBENT_CHANGED,
@@ -125,7 +122,8 @@ def _int(x: Any) -> int:
 
 class RunSource:
     """Where the runs are: a runs folder (run directories, each a ``ledger.sqlite`` or a pointer to a database), or
-    a database URL shared by many runs (``--storage``).
+    a database URL shared by many runs (``--storage``). A pointer in the folder is never followed (no database is
+    named): its run is listed as unreadable, saying where it points (:class:`~ratchet.errors.StorageNotNamedError`).
 
     Args:
         runs_dir: The runs folder (used when ``storage`` is None).
@@ -192,7 +190,7 @@ class RunSource:
         d = self.root / run_id
         if not ((d / LEDGER_FILE).is_file() or (d / POINTER_FILE).is_file()):
             raise RunNotFoundError(f"no run {run_id!r} in {self.where}")
-        ledger, _ = open_run(str(d), self.root, readonly=True)  # a pointer's database ledger, or the file
+        ledger, _ = open_run(str(d), self.root, readonly=True)  # the file (a pointer: StorageNotNamedError)
         try:
             yield ledger
         finally:

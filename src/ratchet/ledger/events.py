@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Event", "EventType"]
+from ratchet.errors import LedgerError
+
+__all__ = ["MAX_PAYLOAD_DEPTH", "Event", "EventType", "event_from_row"]
+
+#: How deep an event's payload may nest (objects and arrays in one another). Ratchet writes a few levels (a spec,
+#: an array of arrays); a store holding a deeper one is damaged, and reading it as JSON would exhaust the stack.
+MAX_PAYLOAD_DEPTH = 100
+
+_STRUCTURE = {c: None for c in range(128) if chr(c) not in '"[]{}'}  # str.translate: keep quotes and brackets
+_STRING = re.compile(r'"[^"]*"')
+_INNERMOST = re.compile(r"\[\]|\{\}")
 
 
 class EventType(str, Enum):
@@ -58,3 +70,40 @@ class Event:
     def payload_json(self) -> str:
         """The payload as compact JSON."""
         return json.dumps(self.payload, separators=(",", ":"), allow_nan=True)
+
+
+def _nests_deeper_than(text: str, depth: int) -> bool:
+    """Whether JSON ``text`` nests objects and arrays more than ``depth`` deep (exact for valid JSON), without
+    recursion: its brackets outside strings, innermost pairs removed one level at a time (C-speed passes).
+
+    Escapes go first (escaped backslashes, then escaped quotes), so every quote left opens or closes a string."""
+    if text.count("[") + text.count("{") <= depth:
+        return False
+    brackets = _STRING.sub("", text.replace("\\\\", "").replace('\\"', "").translate(_STRUCTURE))
+    for _ in range(depth):
+        brackets, removed = _INNERMOST.subn("", brackets)
+        if not removed:
+            return False
+    return _INNERMOST.search(brackets) is not None
+
+
+def event_from_row(row: Sequence[Any], location: str) -> Event:
+    """An event from a store's row ``(seq, type, key, time, payload JSON text)``: the one read path of every store.
+
+    Args:
+        row: The stored columns.
+        location: The ledger, for messages (``LedgerStore.location``).
+
+    Raises:
+        LedgerError: the row is damaged (one line naming the event): an unknown type, a payload that is not JSON or
+            nests deeper than :data:`MAX_PAYLOAD_DEPTH`.
+    """
+    seq, type_, key, time, payload = row
+    try:
+        if not isinstance(payload, str):
+            raise TypeError(f"its payload is {type(payload).__name__}, not JSON text")
+        if _nests_deeper_than(payload, MAX_PAYLOAD_DEPTH):
+            raise ValueError(f"its payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+        return Event(int(seq), EventType(type_), key, float(time), json.loads(payload))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise LedgerError(f"ledger {location} is damaged at event {seq}: {exc}") from None

@@ -48,7 +48,7 @@ from sqlalchemy.engine import URL, make_url
 
 from ratchet.errors import LedgerError, RunNotFoundError, WriterLeaseError
 from ratchet.ledger.artifacts import check_artifact, check_size, digest
-from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.events import Event, EventType, event_from_row
 
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseHolder, LeaseInfo
@@ -373,10 +373,7 @@ class SQLAlchemyLedger:
             raise LedgerError(f"cannot read ledger {self.location}: {_reason(exc)}") from None
 
     def _row(self, row) -> Event:
-        try:
-            return Event(int(row[0]), EventType(row[1]), row[2], float(row[3]), json.loads(row[4]))
-        except (ValueError, TypeError) as exc:
-            raise LedgerError(f"ledger {self.location} is damaged at event {row[0]}: {exc}") from None
+        return event_from_row(tuple(row), self.location)
 
     # -- artifacts (see ratchet.ledger.artifacts; one table shared by every run) -------------------
     def put_artifact(self, data: bytes) -> str:

@@ -1,9 +1,17 @@
-"""SQLite ledger store: one file per run, append-only, WAL mode."""
+"""SQLite ledger store: one file per run, append-only, WAL mode.
+
+A ledger file is read as input like any other: before any query its schema must be the one ratchet writes (its
+tables ``events``, ``artifacts`` and ``lease`` exactly as created here, with no view, trigger or index of another
+making in their place or on them), and every read is bounded in SQLite's steps by the file's size, so that no file
+(a recursive view in place of ``events``, say) makes a command hang or grow without end.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -12,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import LedgerError, WriterLeaseError
 from ratchet.ledger.artifacts import check_artifact, check_size, digest
-from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.events import Event, EventType, event_from_row
 
 if TYPE_CHECKING:
     from ratchet.ledger.lease import LeaseHolder, LeaseInfo
@@ -51,6 +59,27 @@ CREATE TABLE IF NOT EXISTS lease (
     released INTEGER NOT NULL DEFAULT 0
 )
 """
+
+
+#: A read may take SQLite this many virtual-machine steps, plus :data:`_STEPS_PER_BYTE` per byte of the file and its
+#: write-ahead log: reading a table of that size takes far fewer (about one step per 10 bytes), so only a file built
+#: to make reads endless reaches it.
+_STEPS_BASE = 10_000_000
+_STEPS_PER_BYTE = 100
+_STEPS_PER_CHECK = 10_000  # SQLite calls the progress handler this often
+
+
+@functools.cache
+def _ratchet_tables() -> dict[str, str]:
+    """Each table ratchet writes in a ledger file, by name, and the SQL SQLite keeps for it (``sqlite_master.sql``)."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for schema in (_SCHEMA, _ARTIFACT_SCHEMA, _LEASE_SCHEMA):
+            con.execute(schema.strip().rstrip(";"))
+        return {name: sql for name, sql in con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' "
+                                                         "AND name NOT LIKE 'sqlite_%'")}
+    finally:
+        con.close()
 
 
 def _type_filter(types: Collection[EventType] | None) -> tuple[str, list[str]]:
@@ -101,7 +130,11 @@ class SQLiteLedger:
             if readonly:  # never modify the file (a damaged ledger stays as it is)
                 self._db = sqlite3.connect(f"file:{self.path.resolve()}?mode=ro", uri=True, timeout=30,
                                            isolation_level=None)
-                self._db.execute("SELECT seq, type, key, time, payload FROM events LIMIT 1").fetchall()
+                try:
+                    self._check_schema()
+                except (sqlite3.Error, LedgerError):
+                    self._db.close()
+                    raise
             else:
                 if create:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,16 +143,70 @@ class SQLiteLedger:
                 self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
                 if not create:  # an existing ledger must already be one: never write a schema into another file
                     try:
-                        self._db.execute("SELECT seq, type, key, time, payload FROM events LIMIT 1").fetchall()
-                    except sqlite3.Error:  # unreadable: leave its files as they were
+                        self._check_schema()
+                    except (sqlite3.Error, LedgerError):  # unreadable or not ours: leave its files as they were
                         self._db.close()
                         _restore_wal(self.path, saved)
                         raise
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.executescript(_SCHEMA)
+                if create:
+                    self._check_schema()
         except (sqlite3.Error, OSError) as exc:
             raise LedgerError(f"{self.path} is not a readable ratchet ledger: {exc}") from None
+
+    def _check_schema(self) -> None:
+        """Refuse a file whose schema is not ratchet's, before any query reads a table.
+
+        Raises:
+            LedgerError: it has no ``events`` table, or one of ratchet's tables is another table, a view or a virtual
+                table, or has a trigger or an index of its own (one line naming it).
+            sqlite3.Error: the file is not a database.
+        """
+        tables = _ratchet_tables()
+        with self._bounded():
+            rows = self._db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+        found = set()
+        for kind, name, table, sql in rows:
+            name, table = str(name).lower(), str(table).lower()
+            if kind == "table" and tables.get(name) == sql:
+                found.add(name)
+            elif (name in tables or table in tables) and not (kind == "index" and sql is None):  # None: a key's own
+                raise LedgerError(f"{self.path} is not a ratchet ledger: its {kind} {name!r} is not one ratchet writes "
+                                  "(a ledger holds only ratchet's own tables); not reading it")
+        if "events" not in found:
+            raise LedgerError(f"{self.path} is not a readable ratchet ledger: it has no events table")
+
+    @contextlib.contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """Bound the statements run in the block to :data:`_STEPS_BASE` plus :data:`_STEPS_PER_BYTE` SQLite steps per
+        byte of the file (and its write-ahead log).
+
+        Raises:
+            LedgerError: a statement ran past the bound (it is interrupted).
+        """
+        size = 0
+        for f in (self.path, Path(f"{self.path}-wal")):
+            with contextlib.suppress(OSError):
+                size += os.stat(f).st_size
+        bound = _STEPS_BASE + _STEPS_PER_BYTE * size
+        left = [bound // _STEPS_PER_CHECK]
+
+        def spent() -> bool:
+            left[0] -= 1
+            return left[0] < 0
+
+        self._db.set_progress_handler(spent, _STEPS_PER_CHECK)
+        try:
+            yield
+        except sqlite3.OperationalError:
+            if left[0] < 0:
+                raise LedgerError(f"ledger {self.path} is damaged: a read ran past {bound:,} SQLite steps, far more "
+                                  "than reading a ledger of its size takes; not reading it") from None
+            raise
+        finally:
+            self._db.set_progress_handler(None, 0)
 
     def append(self, type: EventType, key: str, payload: dict[str, Any]) -> tuple[Event, bool]:
         """Append one event unless its key exists.
@@ -195,7 +282,9 @@ class SQLiteLedger:
     def get(self, key: str) -> Event | None:
         """The event with this key, or None."""
         try:
-            row = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE key = ?", (key,)).fetchone()
+            with self._bounded():
+                row = self._db.execute("SELECT seq, type, key, time, payload FROM events WHERE key = ?",
+                                       (key,)).fetchone()
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return None if row is None else self._row(row)
@@ -208,8 +297,9 @@ class SQLiteLedger:
         """
         where, args = _type_filter(types)
         try:
-            rows = self._db.execute(f"SELECT seq, type, key, time, payload FROM events WHERE seq > ?{where} ORDER BY seq",
-                                    (from_seq, *args)).fetchall()
+            with self._bounded():
+                rows = self._db.execute(f"SELECT seq, type, key, time, payload FROM events WHERE seq > ?{where} "
+                                        "ORDER BY seq", (from_seq, *args)).fetchall()
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return [self._row(r) for r in rows]
@@ -222,17 +312,15 @@ class SQLiteLedger:
         """
         where, args = _type_filter(types)
         try:
-            row = self._db.execute(f"SELECT seq, type, key, time, payload FROM events WHERE seq > 0{where} "
-                                   "ORDER BY seq DESC LIMIT 1", tuple(args)).fetchone()
+            with self._bounded():
+                row = self._db.execute(f"SELECT seq, type, key, time, payload FROM events WHERE seq > 0{where} "
+                                       "ORDER BY seq DESC LIMIT 1", tuple(args)).fetchone()
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger {self.path} is damaged: {exc}") from None
         return None if row is None else self._row(row)
 
     def _row(self, row: tuple) -> Event:
-        try:
-            return Event(row[0], EventType(row[1]), row[2], row[3], json.loads(row[4]))
-        except (ValueError, TypeError) as exc:
-            raise LedgerError(f"ledger {self.path} is damaged at event {row[0]}: {exc}") from None
+        return event_from_row(row, str(self.path))
 
     # -- artifacts (see ratchet.ledger.artifacts) -------------------------------------------------
     def put_artifact(self, data: bytes) -> str:
@@ -258,7 +346,8 @@ class SQLiteLedger:
             LedgerError: no such artifact, or it is damaged.
         """
         try:
-            row = self._db.execute("SELECT data FROM artifacts WHERE hash = ?", (name,)).fetchone()
+            with self._bounded():
+                row = self._db.execute("SELECT data FROM artifacts WHERE hash = ?", (name,)).fetchone()
         except sqlite3.OperationalError:  # no artifacts table: nothing was ever stored
             row = None
         except sqlite3.Error as exc:
@@ -348,7 +437,8 @@ class SQLiteLedger:
         from ratchet.ledger.lease import LeaseHolder, LeaseInfo
 
         try:
-            row = self._db.execute("SELECT token, host, pid, heartbeat_at, expires_at, released FROM lease").fetchone()
+            with self._bounded():
+                row = self._db.execute("SELECT token, host, pid, heartbeat_at, expires_at, released FROM lease").fetchone()
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return None

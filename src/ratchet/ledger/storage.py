@@ -2,18 +2,24 @@
 
 By default each run directory holds its own SQLite file (``ledger.sqlite``). With a storage URL
 (``--storage``), the run's events go to a shared database instead and the run directory holds a
-pointer file (``ledger.json``: the URL without its password, and the run id), so commands given only
-the run directory find the ledger again.
+pointer file (``ledger.json``: the URL without its password, and the run id), so commands given the
+run directory and that URL find the ledger again.
+
+A pointer is a file in a runs folder, and anyone who can write there can write one: it is followed to
+a database only when the command names that same database (``--storage`` or ``RATCHET_STORAGE``), so
+a planted pointer never makes ratchet connect to a host of its choosing with the user's password
+(``PGPASSWORD``, ``~/.pgpass``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ratchet.errors import LedgerError
+from ratchet.errors import LedgerError, StorageNotNamedError
 from ratchet.ledger.sqlite import SQLiteLedger
 
 if TYPE_CHECKING:
@@ -25,11 +31,13 @@ if TYPE_CHECKING:
 __all__ = [
     "LEDGER_FILE",
     "POINTER_FILE",
+    "RUN_ID",
     "Pointer",
+    "followed_url",
+    "is_run_id",
     "open_store",
     "read_pointer",
     "storage_url",
-    "with_password_of",
     "write_pointer",
 ]
 
@@ -37,6 +45,15 @@ __all__ = [
 LEDGER_FILE = "ledger.sqlite"
 #: The pointer to a run's ledger in a shared database, in a run directory.
 POINTER_FILE = "ledger.json"
+#: What a run id may look like: a plain name (use ``fullmatch``: ``$`` also matches before a final newline).
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def is_run_id(run_id: object) -> bool:
+    """Whether ``run_id`` is a run id: a string that names a run directory as one path component (letters, digits,
+    ``.``, ``_`` and ``-``, at most 200, no ``..``). The one check for a run id from the command line, a URL or a
+    ledger (where a damaged or hostile one must never become ``../../x`` or ``/abs`` in a path)."""
+    return isinstance(run_id, str) and RUN_ID.fullmatch(run_id) is not None and ".." not in run_id
 
 
 @dataclass(frozen=True)
@@ -120,20 +137,34 @@ def read_pointer(run_dir: str | Path) -> Pointer | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return Pointer(str(data["storage"]), str(data["run_id"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not is_run_id(data["run_id"]):
+            raise ValueError(f"run_id {str(data['run_id'])[:60]!r} is not a plain name")
+        return Pointer(str(data["storage"]), data["run_id"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise LedgerError(f"{path} is not a ledger pointer ({type(exc).__name__}: {exc}); it should hold "
                           '{"storage": URL, "run_id": ID}') from None
 
 
-def with_password_of(pointer_url: str, storage: str | None) -> str:
-    """``pointer_url``, or ``storage`` when that names the same database (so a password given with
-    ``--storage`` is used for a run found through its pointer)."""
-    if storage is None or storage_url(storage) is None:
-        return pointer_url
+def followed_url(pointer: Pointer, storage: str | None, run: str) -> str:
+    """The database URL to open a run found through its pointer: ``storage`` itself (with its password), when it
+    names the pointer's database; a pointer is never followed to a database the command does not name.
+
+    Args:
+        pointer: The run directory's pointer (untrusted: a file in a runs folder).
+        storage: The command's ``--storage`` value (or ``RATCHET_STORAGE``), or None.
+        run: The run directory's name, for the message.
+
+    Returns:
+        ``storage``, normalised (see :func:`storage_url`).
+
+    Raises:
+        StorageNotNamedError: ``storage`` is None or names another database (nothing is connected to).
+        LedgerError: the pointer's URL is not a database URL.
+    """
     from ratchet.ledger.sql import display_url
 
-    if display_url(storage) == display_url(pointer_url):
-        return storage
-    return pointer_url
-
+    where = display_url(pointer.storage)
+    url = storage_url(storage)
+    if url is None or display_url(url) != where:
+        raise StorageNotNamedError(where, run)
+    return url

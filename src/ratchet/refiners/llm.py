@@ -85,6 +85,8 @@ __all__ = [
 
 #: Largest reply ``max_response_bytes`` may allow (bytes), whatever ``max_tokens`` says.
 MAX_RESPONSE_BYTES = 16 * 2**20
+#: The most tokens a reply's ``usage`` may count for one request; a larger count is no count (it is estimated).
+_MAX_REPLY_TOKENS = 10**9
 
 
 class LLMSettings(ArchiveSettings):
@@ -760,8 +762,17 @@ def fix_for(status: int | None, settings: LLMSettings, timed_out: bool = False) 
     return "see the server's message"
 
 
+def _token_count(x: Any) -> int | None:
+    """A reply's token count when it is one: an int (not a bool) from 0 to :data:`_MAX_REPLY_TOKENS`, else None."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= _MAX_REPLY_TOKENS else None
+
+
 def _content_and_usage(body: str, request: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The answer's text and token counts from a chat-completions response body.
+
+    The counts are the reply's ``usage`` when both are counts (:func:`_token_count`; a missing
+    ``completion_tokens`` counts 0); otherwise (none, a string, ``1e400``, a negative or absurd number) they are
+    estimated from the characters, one token per 4, and ``tokens_estimated`` is True.
 
     Raises:
         EditError: the body is not a chat-completions response.
@@ -769,14 +780,15 @@ def _content_and_usage(body: str, request: Mapping[str, Any]) -> tuple[str, dict
     try:
         reply = json.loads(body)
         content = reply["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise EditError(f"the endpoint's reply is not a chat completion: {body[:200]!r}") from None
     if not isinstance(content, str):
         raise EditError("the endpoint's reply has no text content")
     usage = reply.get("usage") if isinstance(reply, dict) else None
-    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-        return content, {"prompt_tokens": int(usage["prompt_tokens"]),
-                         "completion_tokens": int(usage.get("completion_tokens") or 0), "tokens_estimated": False}
+    if isinstance(usage, dict):
+        prompt, completion = _token_count(usage.get("prompt_tokens")), _token_count(usage.get("completion_tokens") or 0)
+        if prompt is not None and completion is not None:
+            return content, {"prompt_tokens": prompt, "completion_tokens": completion, "tokens_estimated": False}
     prompt_chars = sum(len(m.get("content", "")) for m in request.get("messages", []))
     return content, {"prompt_tokens": prompt_chars // 4 + 1, "completion_tokens": len(content) // 4 + 1,
                      "tokens_estimated": True}
