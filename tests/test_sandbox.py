@@ -489,3 +489,26 @@ def test_what_a_candidate_writes_is_bounded_in_all(reference):
     assert eps[0].error.startswith("policy raised OSError") and "No space left on device" in eps[0].error, eps[0].error
     assert [e.to_dict() for e in eps[1:]] == reference
 
+
+
+def test_the_attempts_of_a_policy_that_dies_on_each_count_in_the_budget(tmp_path):
+    """A policy process that dies mid-episode is run again on a fresh worker (``death_retries``): when it dies on
+    every attempt (on purpose, as ``os._exit`` can), the steps the env host counted in each attempt were taken, so
+    the episode's ``env_steps`` (what the run's budget adds up) counts them all; a worker's reply cannot claim them.
+    (A retry that succeeds leaves no trace: ``test_worker_killed_from_outside_is_retried_without_trace``.)"""
+    from ratchet.critic import Evaluation
+
+    dies = tmp_path / "dies.py"
+    dies.write_text('import os\nPARAMETERS = {"w": {"default": 0.0, "low": -1.0, "high": 1.0}}\n'
+                    "_steps = [0]\n\n\n"
+                    "def act(observation, params):\n"
+                    "    _steps[0] += 1\n"
+                    "    if _steps[0] == 30:\n"
+                    "        os._exit(3)\n"
+                    "    return int(observation[2] + observation[3] > 0)\n")
+    with ProcessExecutor(workers=1, episode_timeout_s=30, death_retries=2) as ex:
+        (ep,) = ex.run(GymTask("CartPole-v1"), [Job(load_policy(dies).candidate(), 0)])
+    assert ep.error is not None and "died" in ep.error
+    assert 25 <= ep.length <= 30  # the last attempt's steps before the death
+    assert ep.diagnostics["lost_env_steps"] == 2 * ep.length  # the two attempts before it died at the same step
+    assert Evaluation("c", "train", (ep,)).env_steps == 3 * ep.length

@@ -52,9 +52,9 @@ class Episode:
     def env_steps(self) -> int:
         """Env steps this episode cost the budget: its ``length`` plus the steps the trusted side counted in attempts
         of it that were lost and run again (``diagnostics[LOST_ENV_STEPS]``, set by the executor only: a lockstep
-        attempt rerun one at a time, as its policy process may ask). A policy process that died is retried without
-        a trace (``death_retries``: an outside kill must not change the ledger); those steps count against the
-        executor's cap only."""
+        attempt rerun one at a time, as its policy process may ask, and the attempts of an episode whose policy
+        process died on each of them, ``death_retries``). A retry that succeeds leaves no trace (a worker killed from
+        outside must not change the ledger): its lost attempt counts against the executor's cap only."""
         lost = self.diagnostics.get(LOST_ENV_STEPS, 0)
         return self.length + (lost if isinstance(lost, int) and not isinstance(lost, bool) and lost > 0 else 0)
 

@@ -459,6 +459,9 @@ class ProcessExecutor:
                     except OSError as exc:
                         why = str(exc) if isinstance(exc, UnsafeFile) else exc.strerror or str(exc)
                         ep = Episode.failed(ep.seed, f"could not write {wanted}: {why}", task=task)
+            if ep.error is not None and died.get(i):  # a policy that dies on every attempt (on purpose or not) pays
+                lost[i] = lost.get(i, 0) + died[i]  # for all of them; a retry that succeeds (a worker killed from
+                # outside, by the OOM killer or a person) leaves no trace in the ledger
             if lost.get(i):  # the env host counted steps of attempts rerun since: they were taken, so they count
                 ep = dataclasses.replace(ep, diagnostics={**ep.diagnostics, LOST_ENV_STEPS: lost[i]})
             results[i] = ep
@@ -468,6 +471,7 @@ class ProcessExecutor:
 
         deaths: dict[int, int] = {}
         lost: dict[int, int] = {}  # env steps the env host counted in lockstep attempts of a job rerun alone
+        died: dict[int, int] = {}  # env steps the env host counted in attempts whose policy process died
         stale: dict[int, int] = {}  # jobs rerun because the candidate before them did not let go of the pair
         solo: set[int] = set()  # jobs to run one at a time (a lockstep round of theirs outlasted the time left)
         lockstep = self.lockstep if self.sandbox.trusted_rollouts and task.batched_rollouts else 1
@@ -634,8 +638,8 @@ class ProcessExecutor:
                 deaths[head] = deaths.get(head, 0) + 1
                 if status == "died" and deaths[head] <= self.death_retries \
                         and jobs[head].candidate.id not in failed_candidates:
-                    spent[0] += ep.length  # the lost attempt's env steps count against the cap (not in the run's
-                    # budget: a worker killed from outside, by the OOM killer or a person, leaves no trace in the ledger)
+                    spent[0] += ep.length  # the lost attempt's env steps count against the cap, and in the run's
+                    died[head] = died.get(head, 0) + ep.length  # budget if the episode fails in the end (finish)
                     w.again.append(head)
                     answered(w)
                     return
