@@ -779,3 +779,31 @@ def test_an_evaluator_run_counts_its_instances_once_in_its_own_words(tmp_path: P
     critique = runner.invoke(app, ["critique", "n", "--runs-dir", str(tmp_path / "runs")])
     assert "mean score" in critique.stdout and "instances)" in critique.stdout, critique.stdout
     assert "mean return" not in critique.stdout and "time-outs" not in critique.stdout
+
+
+def test_an_answer_of_another_type_than_declared_is_the_candidates_failure_never_the_tasks(tmp_path: Path) -> None:
+    """An evaluator that trusts its declared return type (``float(policy.f(x))`` for ``f(x, params) -> float``) must
+    not make a candidate's list answer the task's fault (a run stopped for good: its resume reruns the candidate):
+    the answer is checked against FUNCTIONS' ``-> float`` first, and is the candidate's recorded failure."""
+    trusting = '''
+FUNCTIONS = {"f": "f(x, params) -> float: a number"}
+def make_instance(seed):
+    return seed % 7
+def evaluate(instance, policy):
+    return -abs(float(policy.f(instance)) - 1.0)
+'''
+    listy = '''
+PARAMETERS = {"a": {"default": 0.0, "low": -1.0, "high": 1.0}}
+def f(x, params):
+    return [params["a"]] if params["a"] > 0.4 else params["a"]
+'''
+    task = EvaluatorTask.from_file(_write(tmp_path / "t", trusting))
+    prog = parse_policy(listy, functions=task.functions)
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        good, bad = ex.run(task, [Job(prog.candidate({"a": 0.2}), 0), Job(prog.candidate({"a": 0.9}), 0)])
+    finally:
+        ex.close()
+    assert good.error is None and good.episode_return == pytest.approx(-0.8)
+    assert bad.error and "f() returned a list; FUNCTIONS declares -> float" in bad.error
+    assert not bad.diagnostics.get("fault")

@@ -132,6 +132,45 @@ class _Declared:
     max_cost: int
     success: str | None
     pools: dict[str, tuple[int, ...]] | None
+    returns: dict[str, str] = field(default_factory=dict)  # function -> the return type its signature declares
+
+
+#: Return types a FUNCTIONS signature may declare after ``->`` that the candidate's answers are checked against
+#: (:func:`_conforms`): an answer of another type is the candidate's failure, before the evaluator's code sees it
+#: (an evaluator that runs ``float(answer)`` on a list would otherwise raise, and that is the task's fault). A type
+#: not listed here is not checked.
+RETURN_TYPES = {"float": "a number", "int": "an integer", "bool": "a bool", "str": "text",
+                "np.ndarray": "an array or a list of numbers", "ndarray": "an array or a list of numbers",
+                "numpy.ndarray": "an array or a list of numbers", "list": "a list", "tuple": "a tuple",
+                "dict": "a dict"}
+
+
+def _return_type(text: str) -> str | None:
+    """The return type a signature declares (``"f(x, params) -> float: ..."`` gives ``"float"``), if it is one of
+    :data:`RETURN_TYPES`; else None (not checked)."""
+    import re
+
+    m = re.match(r"[^>]*->\s*([A-Za-z_][\w.]*)\s*(?::|$)", text)
+    return m.group(1) if m and m.group(1) in RETURN_TYPES else None
+
+
+def _conforms(kind: str | None, value: Any) -> bool:
+    """Whether an answer (already :func:`_checked`) is of the declared return type ``kind`` (None: anything)."""
+    number = (int, float, np.integer, np.floating)
+    if kind is None:
+        return True
+    if kind == "float":
+        return (isinstance(value, number) and not isinstance(value, (bool, np.bool_))) or (
+            isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf")
+    if kind == "int":
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if kind == "bool":
+        return isinstance(value, (bool, np.bool_))
+    if kind == "str":
+        return isinstance(value, str)
+    if kind in ("np.ndarray", "ndarray", "numpy.ndarray"):
+        return isinstance(value, (np.ndarray, list, tuple))
+    return isinstance(value, {"list": list, "tuple": tuple, "dict": dict}[kind])
 
 
 def _signature_arity(name: str, text: Any) -> int:
@@ -156,12 +195,15 @@ def _declared(module: types.ModuleType, where: str) -> _Declared:
     if not isinstance(fns, Mapping) or not fns:
         raise TaskError(f"{where}: define FUNCTIONS = {{\"name\": \"name(x, params) -> ...: what it returns\"}}, "
                         "the functions a policy must define")
-    functions, signatures = {}, {}
+    functions, signatures, returns = {}, {}, {}
     for name, text in fns.items():
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in ("reset", "act"):
             raise TaskError(f"{where}: FUNCTIONS key {name!r} must be a public function name (not reset or act)")
         functions[name] = _signature_arity(name, text)
         signatures[name] = " ".join(str(text).split())
+        kind = _return_type(signatures[name])
+        if kind is not None:
+            returns[name] = kind
     for fn in ("make_instance", "evaluate"):
         if not callable(get(fn)):
             raise TaskError(f"{where}: define {fn}() (see ratchet.tasks.evaluator)")
@@ -180,7 +222,7 @@ def _declared(module: types.ModuleType, where: str) -> _Declared:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise TaskError(f"{where}: {key} must be text")
     return _Declared(functions, signatures, description.strip() if description else None, unit, int(max_cost),
-                     success.strip() if success else None, _pools(get("INSTANCES"), get("SPLITS"), where))
+                     success.strip() if success else None, _pools(get("INSTANCES"), get("SPLITS"), where), returns)
 
 
 #: Most instances a data set may declare (``INSTANCES``): every split's instance numbers are shuffled by the run
@@ -492,7 +534,7 @@ class EvaluatorTask:
         from ratchet.rollout import Episode, PolicyFailure, RolloutAborted
 
         module, declared = self._module()
-        proxy = _Proxy(policy, declared.functions)
+        proxy = _Proxy(policy, declared.functions, declared.returns)
         started = time.perf_counter()
         try:
             with policy.task_clock(f"evaluator {self.path} on instance {seed}"):
@@ -598,8 +640,9 @@ class _Proxy:
     """The policy as an evaluator sees it: ``proxy.name(*args)`` calls the candidate's ``name(*args, params)``
     (in the sandbox) and returns its checked answer."""
 
-    def __init__(self, policy: Any, functions: Mapping[str, int]) -> None:
+    def __init__(self, policy: Any, functions: Mapping[str, int], returns: Mapping[str, str] | None = None) -> None:
         self._policy, self._functions, self.calls = policy, dict(functions), 0
+        self._returns = dict(returns or {})  # the return types FUNCTIONS declares (RETURN_TYPES), checked
         self.waited_s = 0.0  # seconds spent waiting for the candidate: its start and its answers
 
     def _start(self, params: dict[str, Any]) -> None:
@@ -633,7 +676,12 @@ class _Proxy:
                 answer = self._policy.call(name, args)
             finally:
                 self.waited_s += time.perf_counter() - t0
-            return _checked(name, answer)
+            answer = _checked(name, answer)
+            kind = self._returns.get(name)
+            if not _conforms(kind, answer):
+                raise _BadAnswer(f"{name}() returned a {type(answer).__name__}; FUNCTIONS declares -> {kind} "
+                                 f"({RETURN_TYPES[str(kind)]})")
+            return answer
 
         return call
 
