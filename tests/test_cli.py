@@ -566,7 +566,7 @@ def test_a_ledger_holding_an_endless_view_is_one_line_not_a_hang(tmp_path):
     assert shown.returncode == 1 and len(lines) == 1 and "is not a ratchet ledger: its view 'events'" in lines[0], shown
 
 
-@pytest.mark.parametrize("run_id", ["../../escaped", "ABSOLUTE", 5, "a/b", None])
+@pytest.mark.parametrize("run_id", ["../../escaped", "ABSOLUTE", 5, "a/b", None, "\ud800"])
 def test_a_recorded_run_id_that_is_not_a_plain_name_never_becomes_a_path(finished_run, runner, tmp_path, run_id):
     """``export --tensorboard DIR`` writes DIR/RUN_ID: a ledger whose run_started names ``../../escaped``, an absolute
     path or a number is damaged, in one line, and nothing is written anywhere."""
@@ -587,6 +587,12 @@ def test_a_recorded_run_id_that_is_not_a_plain_name_never_becomes_a_path(finishe
     assert_one_line_error(invoke(runner, "export", bad, "--tensorboard", tmp_path / "a" / "b" / "tb"),
                           "damaged at event 1: its run id", "is not a plain name")
     assert files() == before
+    # every display of the run says so in one line (a lone surrogate was a UnicodeEncodeError traceback in show and
+    # runs), and the other runs of its folder are still listed
+    assert_one_line_error(invoke(runner, "show", bad), "damaged at event 1: its run id", "is not a plain name")
+    shutil.copytree(run_dir, bad.parent / "good")
+    listed = invoke(runner, "runs", "--runs-dir", bad.parent)
+    assert listed.exit_code == 0 and "cp-ref" in listed.output and "unreadable" in listed.output, listed.output
 
 
 def test_env_setup_problems_fail_up_front(runner, tmp_path):

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ratchet.critic import Evaluation
+from ratchet.errors import LedgerError
 from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.storage import is_run_id
 from ratchet.policy import Candidate
 from ratchet.processes import process_running
 from ratchet.rollout import Episode
@@ -348,6 +350,9 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
     for ev in events:
         p = ev.payload
         if ev.type is EventType.RUN_STARTED:
+            if not is_run_id(p.get("run_id")):  # every display shows it, every path is made of it: a plain name
+                raise LedgerError(f"the ledger is damaged at event {ev.seq}: its run id {str(p.get('run_id'))[:60]!r} "
+                                  "is not a plain name (letters, digits, '.', '_', '-'; no '/' or '..')")
             st.run_id, st.spec, st.versions = p["run_id"], p["spec"], p.get("versions", {})
             st.task = p.get("task")
             st.execution = p.get("execution", {})
