@@ -807,3 +807,20 @@ def f(x, params):
     assert good.error is None and good.episode_return == pytest.approx(-0.8)
     assert bad.error and "f() returned a list; FUNCTIONS declares -> float" in bad.error
     assert not bad.diagnostics.get("fault")
+
+
+def test_evaluate_with_a_spec_takes_its_episode_timeout(tmp_path: Path) -> None:
+    """``ratchet evaluate --spec`` uses the spec's ``[execution] episode_timeout_s`` unless ``--timeout`` is given
+    (it used 60 s whatever the spec said)."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    hangs = POLICY.replace("    return params", "    import time\n    time.sleep(120)\n    return params")
+    d = _spec_dir(tmp_path, source=hangs, execution={"workers": 1, "episode_timeout_s": 2})
+    t0 = time.monotonic()
+    res = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "1"])
+    assert time.monotonic() - t0 < 40
+    assert "timeout after 2 s on seed 0" in res.output and "every episode failed" in res.output, res.output

@@ -539,8 +539,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
              episodes: int = typer.Option(10, "--episodes", "-n", min=1, help="Number of episodes (at most 100000)."),
              seed: int = typer.Option(0, "--seed", min=0, help="First seed; episodes use seed, seed+1, …"),
              workers: int = typer.Option(0, "--workers", min=0, help="Worker processes (0 = one per core; at most 1024)."),
-             timeout: float = typer.Option(60.0, "--timeout", min=0.001,
-                                           help="Per-episode timeout (seconds, at most 86400)."),
+             timeout: float | None = typer.Option(None, "--timeout", min=0.001,
+                                                  help="Per-episode timeout (seconds, at most 86400; default: the "
+                                                       "spec's [execution] episode_timeout_s with --spec, else 60)."),
              run: str | None = typer.Option(None, "--run", help="Evaluate a run's candidate (any policy kind: "
                                                "program, mlp, sb3, residual) instead of a policy file; the task is "
                                                "the run's unless --env or --spec is given."),
@@ -557,7 +558,7 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     from ratchet.tasks import task_from_spec
 
     try:
-        if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
             raise RatchetError(f"--timeout {timeout:g}: give a per-episode limit in seconds, at most {MAX_TIMEOUT_S:g}")
         if episodes > MAX_EPISODES:
             raise RatchetError(f"--episodes {episodes}: at most {MAX_EPISODES}; evaluate in several batches with --seed")
@@ -582,7 +583,9 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
         if spec_path is not None:
             from ratchet.spec import load_spec
 
-            task = task_from_spec(load_spec(spec_path).task)
+            loaded = load_spec(spec_path)
+            task = task_from_spec(loaded.task)
+            timeout = loaded.execution.episode_timeout_s if timeout is None else timeout
         elif env is not None:
             task = GymTask(env, action_mode="clip" if clip else "error")
         blobs: dict[str, bytes] = {}
@@ -605,7 +608,7 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
             if outside:
                 raise RatchetError(f"seed {outside[0]} is not an instance of {task.name}'s data set (instance numbers "
                                    f"{min(known)}..{max(known)}); give seeds among them")
-        ex = make_executor(workers, timeout)
+        ex = make_executor(workers, 60.0 if timeout is None else timeout)
         try:
             eps = ex.run(task, [Job(cand, s, blobs) for s in seed_list])
         finally:
