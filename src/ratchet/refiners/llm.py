@@ -5,7 +5,9 @@ Ollama, vLLM, llama.cpp's server, LM Studio): ``base_url`` is the API root (``..
 model's name, and ``api_key_env`` the *name* of an environment variable holding the key — the key
 itself is read at request time and never written to the spec, the ledger, the report or a log.
 
-Each generation the refiner sends ``proposals`` requests. The prompt (:func:`build_prompt`) holds the
+Each generation the refiner sends ``proposals`` requests, in waves of ``concurrency`` sent at once (each wave's
+answers read in the order its requests were built, so what is proposed never depends on which answer came
+first; each request in flight priced at its worst case before it is sent). The prompt (:func:`build_prompt`) holds the
 task (env id, observation and action spaces, success threshold), the parent's code with its tuned
 values written in as defaults, the parent's critique (failure modes with example seeds, worst seeds),
 the edits already tried with what happened to each (failed checks, not gated, rejected by the gate,
