@@ -420,12 +420,15 @@ class StandIn:
     ``{"redirect": URL}`` (a 302 there, or ``"status"``), ``{"drip": 1.0}`` (the reply one byte per that many
     seconds; ``"drip_bytes"``: only the first that many),
     ``{"size": N}`` (an answer of N characters, streamed without a length), ``{"echo_auth": True}`` (the
-    Authorization header written into the answer). When the script runs out it repeats ``default``. Every
-    request (body and Authorization header) is kept in ``requests``; ``GET .../models`` lists ``models``
-    (404 when None), and is kept in ``gets``."""
+    Authorization header written into the answer). When the script runs out it repeats ``default``; with
+    ``respond`` (a function of the request's JSON body) each answer is ``respond(body)`` instead, whatever order the
+    requests come in. Every answer takes ``latency`` seconds more (a model's time to answer). Every
+    request (body and Authorization header) is kept in ``requests``; ``most_at_once`` is the most it answered at
+    one time; ``GET .../models`` lists ``models`` (404 when None), and is kept in ``gets``."""
 
-    def __init__(self, script=(), default=GOOD_EDIT, models=None):
+    def __init__(self, script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None):
         self.script, self.default, self.requests, self.gets, self.models = list(script), default, [], [], models
+        self.latency, self.respond, self.at_once, self.most_at_once = latency, respond, 0, 0
         self.lock = threading.Lock()
         outer = self
 
@@ -449,10 +452,19 @@ class StandIn:
                 auth = self.headers.get("Authorization")
                 with outer.lock:
                     outer.requests.append({"path": self.path, "auth": auth, "body": body})
-                    item = outer.script.pop(0) if outer.script else outer.default
-                item = item if isinstance(item, dict) else {"content": item}
-                if item.get("delay"):
-                    time.sleep(item["delay"])
+                    item = (outer.respond(body) if outer.respond is not None else
+                            outer.script.pop(0) if outer.script else outer.default)
+                    outer.at_once += 1
+                    outer.most_at_once = max(outer.most_at_once, outer.at_once)
+                try:
+                    self.answer(item if isinstance(item, dict) else {"content": item}, body, auth)
+                finally:
+                    with outer.lock:
+                        outer.at_once -= 1
+
+            def answer(self, item, body, auth):
+                if item.get("delay") or outer.latency:
+                    time.sleep(item.get("delay", 0.0) + outer.latency)
                 status = item.get("status", 302 if item.get("redirect") else 200)
                 content = item.get("content", GOOD_EDIT) + (f"\nAuthorization: {auth}" if item.get("echo_auth") else "")
                 if status != 200 or item.get("redirect"):
@@ -509,8 +521,8 @@ class StandIn:
 def standin():
     servers = []
 
-    def make(script=(), default=GOOD_EDIT, models=None):
-        servers.append(StandIn(script, default, models))
+    def make(script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None):
+        servers.append(StandIn(script, default, models, latency, respond))
         return servers[-1]
 
     yield make

@@ -88,7 +88,7 @@ def test_a_reply_echoing_the_key_is_stored_without_it(standin, monkeypatch):
     monkeypatch.setenv(KEY_ENV, SECRET)
     server = standin([{"echo_auth": True, "content": GOOD_EDIT}, {"status": 400, "message": f"bad key {SECRET}"}])
     exchange, records = recording()
-    r = refiner(server.url, exchange, api_key_env=KEY_ENV, proposals=2)
+    r = refiner(server.url, exchange, api_key_env=KEY_ENV, proposals=2, concurrency=1)  # the script's order
     r.propose(parent(), None, np.random.default_rng(0))
     assert SECRET not in json.dumps(records) and "Bearer ***" in records[0][0]
     assert records[1][1]["message"] == "bad key ***"
@@ -102,7 +102,7 @@ def test_a_run_stopped_by_its_endpoint_names_it_keeps_no_key_and_resumes_once_it
     server = standin([{**first, "redirect": other.url + "/chat/completions"} if "redirect" in first else first],
                      default=WHOLE_FILE)
     llm = {"kind": "llm", "base_url": server.url, "model": "stand-in", "api_key_env": KEY_ENV, "proposals": 2,
-           "variants": 1, "budget_requests": 3, "retries": 2, "backoff_s": 0.0}
+           "variants": 1, "budget_requests": 3, "retries": 2, "backoff_s": 0.0, "concurrency": 1}
     spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
     with pytest.raises(EndpointError) as exc:
         start_run(spec, tmp_path / "runs", "ep", executor=pool)
@@ -210,7 +210,7 @@ def test_an_over_long_program_is_stored_only_as_its_head_and_digest(tmp_path, st
 def test_a_refused_key_stops_the_refiner_at_once_with_what_to_fix(standin, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "sk-wrong")
     server = standin(default={"status": 401, "message": "Incorrect API key provided"})
-    r = refiner(server.url, api_key_env=KEY_ENV, proposals=3, retries=3)
+    r = refiner(server.url, api_key_env=KEY_ENV, proposals=3, retries=3, concurrency=1)
     with pytest.raises(EndpointError) as exc:
         r.propose(parent(), None, np.random.default_rng(0))
     assert len(server.requests) == 1  # a 401 is never retried
@@ -220,7 +220,7 @@ def test_a_refused_key_stops_the_refiner_at_once_with_what_to_fix(standin, monke
 
 def test_failures_in_a_row_retire_the_refiner(standin):
     exchange, records = recording()
-    r = refiner(refused_url(), exchange, proposals=5, retries=1)
+    r = refiner(refused_url(), exchange, proposals=5, retries=1, concurrency=1)
     with pytest.raises(EndpointError, match="3 requests in a row failed, the last: cannot reach .* connection "
                                             "refused .*start the server"):
         r.propose(parent(), None, np.random.default_rng(0))
@@ -228,7 +228,7 @@ def test_failures_in_a_row_retire_the_refiner(standin):
     assert r.spent.requests == 6 and r.take_rejections() == []  # attempts count; failures are not proposals
     # a success in between starts the count again
     server = standin([{"status": 503}, {"status": 503}, GOOD_EDIT, {"status": 503}, {"status": 503}])
-    r = refiner(server.url, proposals=5, retries=0)
+    r = refiner(server.url, proposals=5, retries=0, concurrency=1)
     assert len(r.propose(parent(), None, np.random.default_rng(0))) == 1 and r.spent.failed == 4
 
 
@@ -307,7 +307,7 @@ def test_a_model_the_endpoint_does_not_list_is_one_line_before_any_episode(tmp_p
 def test_budget_requests_counts_attempts_and_has_a_default(standin):
     assert LLMSettings(base_url="http://localhost:11434/v1", model="m").budget_requests == 200
     server = standin([{"status": 429}] * 5)
-    r = refiner(server.url, proposals=3, retries=5, budget_requests=3)
+    r = refiner(server.url, proposals=3, retries=5, budget_requests=3, concurrency=1)
     assert r.propose(parent(), None, np.random.default_rng(0)) == []
     assert len(server.requests) == 3 and r.spent.requests == 3  # the retries stopped where the budget did
     assert r.idle_reason().startswith("llm budget: 3 of 3 requests")
@@ -315,10 +315,14 @@ def test_budget_requests_counts_attempts_and_has_a_default(standin):
 
 @pytest.mark.parametrize("budget", [{"budget_tokens": 12_000},
                                     {"budget_cost": 0.06, "price_prompt": 2.0, "price_completion": 10.0}])
-def test_token_and_cost_budgets_are_never_exceeded(standin, budget):
-    heavy = {"content": GOOD_EDIT, "usage": {"prompt_tokens": 3_000, "completion_tokens": 1_000}}
+@pytest.mark.parametrize("concurrency, prompt_tokens", [(1, 3_000), (4, 2_000)])
+def test_token_and_cost_budgets_are_never_exceeded(standin, budget, concurrency, prompt_tokens):
+    """One request at a time, each is priced with what those before it used (even an endpoint counting more prompt
+    tokens than the prompt has bytes stays within the budget here); several in flight, each is priced at its worst
+    case (its prompt's bound and max_tokens) before it is sent, beside the others' worst cases."""
+    heavy = {"content": GOOD_EDIT, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1_000}}
     server = standin(default=heavy)
-    r = refiner(server.url, proposals=10, max_tokens=1_000, **budget)
+    r = refiner(server.url, proposals=10, max_tokens=1_000, concurrency=concurrency, **budget)
     r.propose(parent(), None, np.random.default_rng(0))
     assert 1 <= len(server.requests) < 10
     if "budget_tokens" in budget:
@@ -369,3 +373,188 @@ def test_imports_of_private_or_foreign_module_names_are_refused():
             check_source(imp + "\nPARAMETERS = {}\n\n\ndef act(observation, params):\n    return 0\n")
     check_source("import numpy as np\nfrom math import pi\nW = np.linalg.norm(np.ones(2)) * pi\nPARAMETERS = {}\n\n\n"
                  "def act(observation, params):\n    return int(np.clip(observation[2] * W, 0, 1))\n")
+
+
+# -- several requests in flight (issue 42) ---------------------------------------------------------------
+
+def chat_reply(content: str) -> str:
+    """A chat-completions body answering ``content``."""
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
+                       "usage": {"prompt_tokens": 100, "completion_tokens": 20}})
+
+
+#: Answers chosen by a request's own ``seed`` (never by the order requests come in): two edits, a rewrite and one
+#: that cannot be used.
+BY_SEED = [GOOD_EDIT, GOOD_EDIT.replace('"default": 0.5', '"default": 1.5'), WHOLE_FILE,
+           "No idea.\n<<<<<<< SEARCH\n    return 1 if z > 0 else 0\n"]
+
+
+def test_concurrency_sends_a_generations_requests_at_once(standin):
+    """With a model that takes 1 s to answer, 4 requests at a concurrency of 4 take about 1 s, not 4; never more
+    than ``concurrency`` are in flight."""
+    server = standin(latency=1.0)
+    r = refiner(server.url, proposals=4, concurrency=4)
+    t0 = time.monotonic()
+    assert len(r.propose(parent(), None, np.random.default_rng(0))) >= 1
+    took = time.monotonic() - t0
+    assert len(server.requests) == 4 and server.most_at_once == 4
+    assert took < 3.0, took  # one after another they take at least 4 s
+    server = standin()
+    r = refiner(server.url, proposals=6, concurrency=2)
+    r.propose(parent(), None, np.random.default_rng(0))
+    assert len(server.requests) == 6 and server.most_at_once <= 2
+
+
+def test_what_is_proposed_never_depends_on_which_answer_came_first():
+    """The same answers finishing in opposite orders give the same proposals, rejections and history: a wave's
+    answers are read in the order its requests were built."""
+    import threading
+
+    def run(descending: bool):
+        turn = threading.Condition()
+        seeds: list[int] = []
+        done: list[int] = []
+        barrier = threading.Barrier(4, timeout=20)
+
+        def exchange(key, request, call):  # answers by seed; the wave's requests finish in seed order (or reversed)
+            with turn:
+                seeds.append(request["seed"])
+            barrier.wait()  # all four are in flight
+            with turn:
+                rank = sorted(seeds, reverse=descending).index(request["seed"])
+                assert turn.wait_for(lambda: len(done) == rank, timeout=20)
+                done.append(request["seed"])
+                turn.notify_all()
+            return chat_reply(BY_SEED[request["seed"] % 4]), {"attempts": 1, "prompt_tokens": 100,
+                                                              "completion_tokens": 20, "error": None}
+
+        r = refiner("http://127.0.0.1:9/v1", exchange, proposals=4, concurrency=4, variants=2)
+        props = r.propose(parent(), None, np.random.default_rng(0))
+        return ([c.id for c in props], [x.reason for x in r.take_rejections()],
+                [(a.summary, a.verdict, a.ids) for a in r.history]), done
+
+    (first, order_a), (second, order_b) = run(False), run(True)
+    assert order_a == list(reversed(order_b)) and order_a != order_b  # the answers did finish in opposite orders
+    assert first == second and first[0]
+
+
+def test_budget_requests_holds_with_requests_in_flight(standin):
+    """Each request in flight has its attempts (retries included) reserved from budget_requests before it is sent:
+    5 attempts for 4 requests that each would retry 3 times are shared 2, 1, 1, 1; a wave never holds more requests
+    than the budget has attempts left."""
+    server = standin(default={"status": 429}, latency=0.2)
+    r = refiner(server.url, proposals=4, concurrency=4, retries=3, budget_requests=5, max_failures=10)
+    assert r.propose(parent(), None, np.random.default_rng(0)) == []
+    assert server.most_at_once == 4 and len(server.requests) == 5 and r.spent.requests == 5
+    assert r.idle_reason().startswith("llm budget: 5 of 5 requests")
+    server = standin(latency=0.2)
+    r = refiner(server.url, proposals=4, concurrency=4, budget_requests=3)
+    assert len(r.propose(parent(), None, np.random.default_rng(0))) >= 1
+    assert len(server.requests) == 3 and r.spent.requests == 3
+    assert r.propose(parent(), None, np.random.default_rng(1)) == [] and len(server.requests) == 3
+
+
+def test_a_refused_key_stops_the_refiner_after_its_wave(standin, monkeypatch):
+    """Several requests in flight all meet the refused key: the refiner stops after that wave, not before the next
+    request (check_endpoint, at the run's start, catches a refused key before any request)."""
+    monkeypatch.setenv(KEY_ENV, "sk-wrong")
+    server = standin(default={"status": 401, "message": "Incorrect API key provided"})
+    r = refiner(server.url, api_key_env=KEY_ENV, proposals=6, retries=3, concurrency=3)
+    with pytest.raises(EndpointError, match="HTTP 401"):
+        r.propose(parent(), None, np.random.default_rng(0))
+    assert len(server.requests) == 3 and r.spent.requests == 3
+
+
+def _request_digest(body: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def test_a_run_killed_with_requests_in_flight_never_asks_again_for_an_answer_it_received(
+        tmp_path, standin, monkeypatch, pool):
+    """Four requests go out at once; the run dies (like kill -9) right after the third answer is recorded, the fourth
+    still in flight. Resuming asks only for the fourth again: every answer recorded is read back."""
+    from conftest import SimulatedKill
+
+    from ratchet.services import RunServices
+
+    arrivals = []
+
+    def respond(body):
+        arrivals.append(body["seed"])
+        return {"content": BY_SEED[body["seed"] % 4], **({"delay": 3.0} if len(arrivals) == 4 else {})}
+
+    server = standin(respond=respond, latency=0.1)
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 4, "variants": 1, "concurrency": 4,
+           "budget_requests": 8, "retries": 0}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    record, recorded = RunServices.record, []
+
+    def dying(self, type, key, payload):
+        record(self, type, key, payload)
+        if type is EventType.LLM_CALL:
+            recorded.append(key)
+            if len(recorded) == 3:
+                raise SimulatedKill("killed with a request in flight")
+
+    monkeypatch.setattr(RunServices, "record", dying)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "k", executor=pool)
+    monkeypatch.setattr(RunServices, "record", record)
+    run_dir = tmp_path / "runs" / "k"
+    before = events_of(read_events(run_dir), EventType.LLM_CALL)
+    assert len(before) == 3 and len(server.requests) == 4
+    result = resume_run(run_dir, executor=pool)
+    assert result.stop_reason.startswith("llm budget: 8 of 8 requests")
+    asked: dict[str, int] = {}
+    for q in server.requests:
+        asked[_request_digest(q["body"])] = asked.get(_request_digest(q["body"]), 0) + 1
+    assert all(asked[e.key.split("/")[-1]] == 1 for e in before)  # no answer received is asked for again
+    assert sorted(asked.values()) == [1] * 7 + [2]  # only the one in flight when the run died
+    calls = events_of(read_events(run_dir), EventType.LLM_CALL)
+    assert len(calls) == 8 and len({e.key for e in calls}) == 8
+
+
+def test_the_ledger_does_not_depend_on_which_answer_came_first(tmp_path, standin, pool):
+    """Two runs of one spec against endpoints giving the same answers, one answering a wave's requests in the
+    opposite order of the other: the same events with the same payloads (but each request's seconds, and the
+    endpoint's address in run_started), and the same proposals in the same order. (The ledger's order of events
+    that finish at their own pace — each wave's llm_call events, recorded as the answers come, and the candidates'
+    evaluations — is the timing's.)"""
+    from conftest import normalized
+
+    def run(name: str, flip: bool):
+        def respond(body):
+            slow = (body["seed"] % 5) / 10
+            return {"content": BY_SEED[body["seed"] % 4], "delay": (0.4 - slow) if flip else slow}
+
+        server = standin(respond=respond)
+        llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 4, "variants": 1,
+               "concurrency": 4, "budget_requests": 8, "retries": 0}
+        spec = structural_spec(tmp_path / name, [llm], budget={"env_steps": 20_000})
+        events = normalized(read_events(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir))
+        by_key = {key: (t, {k: v for k, v in p.items() if k != "seconds"} if t == EventType.LLM_CALL.value else p)
+                  for t, key, p in events if t != EventType.RUN_STARTED.value}
+        in_order = [key for t, key, _ in events if t in (EventType.CANDIDATE_PROPOSED.value,
+                                                          EventType.PROPOSAL_REJECTED.value)]
+        return by_key, in_order
+
+    (a, order_a), (b, order_b) = run("a", False), run("b", True)
+    assert sum(t == EventType.LLM_CALL.value for t, _ in a.values()) == 8 and order_a
+    assert a == b and order_a == order_b
+
+
+def test_concurrency_is_a_checked_setting_and_older_ledgers_keep_one_request_at_a_time(tmp_path):
+    from ratchet.errors import SpecError
+    from ratchet.loop import recorded_spec
+
+    llm = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    spec = structural_spec(tmp_path / "s", [llm])
+    assert spec.refiner_entries()[0]["concurrency"] == 4
+    with pytest.raises(SpecError, match=r"^\S.*concurrency: Input should be greater than or equal to 1$"):
+        structural_spec(tmp_path / "s", [{**llm, "concurrency": 0}])
+    stored = spec.to_dict()
+    assert recorded_spec(stored).refiner_entries()[0]["concurrency"] == 4
+    del stored["refiners"][0]["concurrency"]  # a ledger written before the setting: one request at a time
+    assert recorded_spec(stored).refiner_entries()[0]["concurrency"] == 1

@@ -169,3 +169,43 @@ def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
     assert comparable(after) == comparable(read_events(tmp_path / "ref" / "k"))
     assert [e.payload["settings"]["round"] for e in events_of(after, EventType.TRAINING_FINISHED)] == [0, 1]
     assert project(after).status == "finished"
+
+
+def test_kill_9_with_llm_requests_in_flight_then_resume(tmp_path, standin):
+    """An llm run sends a generation's 4 requests at once; kill -9 it once 3 answers are recorded, the 4th still out
+    (its answer takes 30 s). Resuming reads the 3 back (never asking for them again), asks for the 4th again and
+    finishes; every request ends up recorded once."""
+    import hashlib
+    import json
+
+    from conftest import GOOD_EDIT
+
+    arrivals: list[int] = []
+
+    def respond(body):  # the 4th request to arrive is the slow one
+        arrivals.append(body["seed"])
+        return {"content": GOOD_EDIT, **({"delay": 30.0} if len(arrivals) == 4 else {})}
+
+    server = standin(respond=respond, latency=0.1)
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 4, "variants": 1, "concurrency": 4,
+           "budget_requests": 8, "retries": 0}
+    spec_dir = make_spec_dir(tmp_path / "spec", test={"episodes": 5}, execution={"workers": 1})
+    with open(spec_dir / "ratchet.toml", "a", encoding="utf-8") as f:
+        f.write("\n[[refiners]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in llm.items()))
+    runs = tmp_path / "runs"
+    db = runs / "k" / "ledger.sqlite"
+    workers = run_then_kill_9(tmp_path, spec_dir, runs, lambda kids: count_events(db, "llm_call") >= 3,
+                              "3 answers not recorded", 120)
+    _reap(workers)
+    before = events_of(read_events(runs / "k"), EventType.LLM_CALL)
+    assert len(before) == 3 and len(server.requests) == 4
+    done = subprocess.run(CLI + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    asked: dict[str, int] = {}
+    for q in server.requests:
+        digest = hashlib.sha256(json.dumps(q["body"], sort_keys=True).encode()).hexdigest()[:24]
+        asked[digest] = asked.get(digest, 0) + 1
+    assert all(asked[e.key.rsplit("/", 1)[1]] == 1 for e in before)  # an answer received is never asked for again
+    calls = events_of(read_events(runs / "k"), EventType.LLM_CALL)
+    assert len(calls) == len({e.key for e in calls}) == 8 and sorted(asked.values()) == [1] * 7 + [2]

@@ -153,6 +153,7 @@ class _Run(RunServices):
             ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
                                  name=name, train=self.train, artifact=self.artifact,
                                  training_seeds=self.training_seeds, exchange=self.exchange,
+                                 exchange_all=self.exchange_all,
                                  read_input=self.read_input, critique=self.critique_of, time_left=self.time_left)
             for ref in kind.build(settings, name, ctx):
                 out[ref.name] = ref
@@ -679,11 +680,22 @@ def spec_of(ledger: LedgerStore) -> RunSpec:
 
 def recorded_spec(data: dict[str, Any]) -> RunSpec:
     """A spec as a ledger recorded it (:meth:`RunSpec.to_dict`, every setting written out), read with the defaults of
-    the code that recorded it where they have changed since: without ``[planner] final`` it was ``false``."""
+    the code that recorded it where they have changed since: without ``[planner] final`` it was ``false``; a
+    ``[[refiners]]`` table without a setting its kind added later reads as the kind's ``recorded_defaults`` say (an
+    ``llm`` table without ``concurrency`` sent its requests one at a time)."""
     data = copy.deepcopy(data)
     planner = data.setdefault("planner", {})
     if isinstance(planner, dict):
         planner.setdefault("final", False)
+    tables = data.get("refiners")
+    for entry in tables if isinstance(tables, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("kind"), str):
+            try:
+                kind = refiner_kind(entry["kind"])
+            except KeyError:  # an unknown kind: validation says so in one line
+                continue
+            for name, value in kind.recorded_defaults.items():
+                entry.setdefault(name, value)
     return spec_from_dict(data, where="ledger spec")
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +24,7 @@ from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.planner import SeedSplits, Usage
 from ratchet.policy import SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
 from ratchet.proposals import Rejection
+from ratchet.refiners.registry import Reply, as_they_finish
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec
 from ratchet.tasks import Task, task_from_spec
@@ -211,8 +213,7 @@ class RunServices:
                      for o, r in zip(checked.outputs, p["outputs"]))
         return TrainingResult(outs, steps, None, checked.seconds)
 
-    def exchange(self, key: str, request: Any, call: Callable[[], tuple[str | None, dict[str, Any]]]
-                 ) -> tuple[str | None, dict[str, Any]]:
+    def exchange(self, key: str, request: Any, call: Callable[[], Reply]) -> Reply:
         """A refiner's request to an outside service (an LLM endpoint, say), made at most once per run: see
         :class:`~ratchet.refiners.registry.RefinerContext` ``exchange``. A resumed or replayed run reads
         the recorded reply and never calls the service again — except a failed request that the run
@@ -221,21 +222,47 @@ class RunServices:
         it as it was. Failed requests (no body) are counted for the generation's note. (The event type
         ``llm_call`` and the key prefix ``llm/`` are names from the first refiner that used this; they stay
         so older ledgers resume.)"""
-        ekey = f"llm/{key}"
-        event, n = self.ledger.get(ekey), 1
-        while event is not None and (again := self.ledger.get(f"{ekey}~{n + 1}")) is not None:
-            event, n = again, n + 1  # a failed request the run stopped at, tried again by a later session
-        if event is not None and event.payload.get("response") is None and self.stopped_at(event):
-            event, ekey = None, f"{ekey}~{n + 1}"
-        if event is None:
-            body, info = call()
+        return self.exchange_all([(key, request, call)])[0].result()
+
+    def exchange_all(self, items: Sequence[tuple[str, Any, Callable[[], Reply]]]) -> list[Future[Reply]]:
+        """Several requests as :meth:`exchange` makes one, at once: see
+        :class:`~ratchet.refiners.registry.RefinerContext` ``exchange_all``. The ledger is read and written in
+        this thread only: the calls not yet recorded run in threads of their own, and each reply is recorded here
+        as it arrives (``llm_call`` events in the order the replies came); failed requests are counted for the
+        generation's note in the order given."""
+        out: list[Future[Reply]] = [Future() for _ in items]
+        todo: list[tuple[int, str, Any, Callable[[], Reply]]] = []
+        for i, (key, request, call) in enumerate(items):
+            ekey = f"llm/{key}"
+            event, n = self.ledger.get(ekey), 1
+            while event is not None and (again := self.ledger.get(f"{ekey}~{n + 1}")) is not None:
+                event, n = again, n + 1  # a failed request the run stopped at, tried again by a later session
+            if event is not None and event.payload.get("response") is None and self.stopped_at(event):
+                event, ekey = None, f"{ekey}~{n + 1}"
+            if event is None:
+                todo.append((i, ekey, request, call))
+            else:
+                out[i].set_result(self._recorded_reply(event))
+        for j, done in as_they_finish([call for _, _, _, call in todo]):
+            i, ekey, request, _ = todo[j]
+            try:
+                body, info = done.result()
+            except Exception as exc:  # noqa: BLE001 - the caller's to judge (out of time, no key): nothing recorded
+                out[i].set_exception(exc)
+                continue
             request_digest = self.store_artifact(json.dumps(request, sort_keys=True).encode())
             body_digest = None if body is None else self.store_artifact(body.encode("utf-8"))
             self.record(EventType.LLM_CALL, ekey, {**info, "request": request_digest, "response": body_digest})
-            event = self.recorded(ekey)
+            out[i].set_result(self._recorded_reply(self.recorded(ekey)))
+        for fut in out:
+            if fut.exception() is None and fut.result()[0] is None:
+                self._failures.append(str(fut.result()[1].get("error") or "request failed"))
+        return out
+
+    def _recorded_reply(self, event: Event) -> Reply:
+        """The ``(body, record)`` an ``llm_call`` event records (the body read from its artifact; None when the
+        request failed)."""
         p = dict(event.payload)
-        if p["response"] is None:
-            self._failures.append(str(p.get("error") or "request failed"))
         return (None if p["response"] is None else self.artifact(p["response"]).decode("utf-8")), p
 
     def stopped_at(self, event: Any) -> bool:

@@ -5,7 +5,9 @@ Ollama, vLLM, llama.cpp's server, LM Studio): ``base_url`` is the API root (``..
 model's name, and ``api_key_env`` the *name* of an environment variable holding the key — the key
 itself is read at request time and never written to the spec, the ledger, the report or a log.
 
-Each generation the refiner sends ``proposals`` requests. The prompt (:func:`build_prompt`) holds the
+Each generation the refiner sends ``proposals`` requests, in waves of ``concurrency`` sent at once (each wave's
+answers read in the order its requests were built, so what is proposed never depends on which answer came
+first; each request in flight priced at its worst case before it is sent). The prompt (:func:`build_prompt`) holds the
 task (env id, observation and action spaces, success threshold), the parent's code with its tuned
 values written in as defaults, the parent's critique (failure modes with example seeds, worst seeds),
 the edits already tried with what happened to each (failed checks, not gated, rejected by the gate,
@@ -53,6 +55,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +68,7 @@ from ratchet.policy import Candidate
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
+from ratchet.refiners.registry import Reply, as_they_finish
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = [
@@ -131,6 +135,11 @@ class LLMSettings(ArchiveSettings):
         return self
     proposals: int = Field(2, ge=1, le=50, description="Requests (edited programs) per generation.",
                            json_schema_extra={"unit": "requests"})
+    concurrency: int = Field(4, ge=1, le=64, description="Requests in flight at once: a generation's requests go "
+                                                         "out in waves of this many, each wave's answers read in "
+                                                         "the order its requests were built (1: one after "
+                                                         "another, each prompt seeing the edits before it).",
+                             json_schema_extra={"unit": "requests"})
     variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.",
                           json_schema_extra={"unit": "candidates"})
     sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
@@ -802,6 +811,14 @@ def _direct(key: str, request: Mapping[str, Any], call: Callable[[], tuple[str |
     return call()
 
 
+def _each_at_once(exchange: Callable[[str, Mapping[str, Any], Callable[[], Reply]], Reply],
+                  items: Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]) -> list[Future[Reply]]:
+    """``exchange_all`` from a one-at-a-time ``exchange`` (a refiner given no run's service): every item's
+    ``exchange`` in its own thread at once; one done future per item, in the order given."""
+    done = dict(as_they_finish([functools.partial(exchange, *item) for item in items]))
+    return [done[i] for i in range(len(items))]
+
+
 @dataclass
 class _Spent:
     """What the refiner's requests used: ``requests`` counts HTTP attempts (retries included); ``failures``
@@ -815,6 +832,20 @@ class _Spent:
     failed: int = 0
     down: str | None = None
     prompt_bound: int = 0  # of the last request built: the most tokens its prompt can take
+    held_requests: int = 0  # reserved for the requests in flight: one attempt each,
+    held_tokens: int = 0  # their prompts' bounds and max_tokens,
+    held_cost: float = 0.0  # and the price of those
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A request built for a wave: the program it edits (``parent``, its source with its values written in as
+    ``base``), the JSON body, and its ledger key."""
+
+    parent: Candidate
+    base: str
+    request: dict[str, Any]
+    key: str
 
 
 class _OutOfTime(Exception):
@@ -841,14 +872,18 @@ class LLMRefiner(Refiner):
         sleep: Waits between retries (tests pass a fake).
         time_left: Seconds of the run's wall-clock budget left (None: no such budget): no request's
             deadline goes past it (:class:`~ratchet.refiners.registry.RefinerContext` ``time_left``).
+        exchange_all: The run's service for several requests at once (``RefinerContext.exchange_all``); None
+            runs ``exchange`` for each request of a wave in a thread of its own.
     """
 
     def __init__(self, settings: LLMSettings, task: Mapping[str, Any], exchange: Callable[..., Any] | None = None,
                  dims: Mapping[str, int] | None = None, name: str = "llm",
                  sleep: Callable[[float], None] = time.sleep,
-                 time_left: Callable[[], float | None] | None = None) -> None:
+                 time_left: Callable[[], float | None] | None = None,
+                 exchange_all: Callable[..., list[Future[Reply]]] | None = None) -> None:
         self.settings, self.task, self.dims, self.name = settings, dict(task), dims, name
         self.exchange = exchange or _direct
+        self.exchange_all = exchange_all or functools.partial(_each_at_once, self.exchange)
         self.sleep = sleep
         self.time_left = time_left
         self.spent = _Spent()
@@ -884,25 +919,27 @@ class LLMRefiner(Refiner):
         """Why no further request may be made, or None: the endpoint stopped the refiner (a refused key, an
         unknown model, ``max_failures`` failed requests in a row), or a budget has no room for one more
         request's worst case (``budget_requests`` attempts; ``max_tokens`` of answer plus the most tokens
-        the last prompt could take, in tokens and in money)."""
+        the last prompt could take, in tokens and in money), beside the worst case of the requests in flight."""
         s, u = self.settings, self.spent
         if u.down is not None:
             return u.down
-        if s.budget_requests is not None and u.requests >= s.budget_requests:
-            return f"llm budget: {u.requests:,} of {s.budget_requests:,} requests made ({self.name})"
+        flying = f", {u.held_requests} in flight" if u.held_requests else ""
+        if s.budget_requests is not None and u.requests + u.held_requests >= s.budget_requests:
+            return f"llm budget: {u.requests:,} of {s.budget_requests:,} requests made{flying} ({self.name})"
         most = u.prompt_bound + s.max_tokens
-        if s.budget_tokens is not None and u.tokens + most > s.budget_tokens:
-            return (f"llm budget: {u.tokens:,} of {s.budget_tokens:,} tokens used; the next request may take "
+        if s.budget_tokens is not None and u.tokens + u.held_tokens + most > s.budget_tokens:
+            return (f"llm budget: {u.tokens:,} of {s.budget_tokens:,} tokens used{flying}; the next request may take "
                     f"{most:,} (max_tokens {s.max_tokens:,} and its prompt) ({self.name})")
         price = (u.prompt_bound * s.price_prompt + s.max_tokens * s.price_completion) / 1e6
-        if s.budget_cost is not None and u.cost + price > s.budget_cost:
-            return (f"llm budget: {u.cost:.4g} of {s.budget_cost:g} spent; the next request may cost {price:.4g} "
-                    f"({self.name})")
+        if s.budget_cost is not None and u.cost + u.held_cost + price > s.budget_cost:
+            return (f"llm budget: {u.cost:.4g} of {s.budget_cost:g} spent{flying}; the next request may cost "
+                    f"{price:.4g} ({self.name})")
         return None
 
-    def _call(self, request: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
-        """One request within its deadline (``timeout_s``, cut to the run's wall clock left) and the
-        request budget's rest.
+    def _call(self, request: Mapping[str, Any], attempts: int | None = None) -> tuple[str | None, dict[str, Any]]:
+        """One request within its deadline (``timeout_s``, cut to the run's wall clock left) and at most
+        ``attempts`` HTTP attempts (None: ``1 + retries``; its share of the request budget's rest). Safe to run
+        in several threads at once: it reads the settings and the clock, and writes nothing.
 
         Raises:
             RatchetError: ``api_key_env`` is not set.
@@ -915,7 +952,6 @@ class LLMRefiner(Refiner):
         timeout = s.timeout_s if left is None else min(s.timeout_s, left)
         if timeout <= 0:
             raise _OutOfTime()
-        attempts = None if s.budget_requests is None else s.budget_requests - self.spent.requests
         body, got = _post(chat_completions_url(s.base_url), request, key, timeout, s.retries, s.backoff_s,
                           self.sleep, s.response_cap, attempts)
         if body is None and got["timed_out"] and timeout < s.timeout_s:
@@ -944,25 +980,61 @@ class LLMRefiner(Refiner):
         u.failed += 1
         error, status = str(record.get("error") or "request failed"), record.get("status")
         permanent = bool(record.get("permanent")) or status in _PERMANENT_STATUS
-        if permanent or u.failures >= s.max_failures:
+        if (permanent or u.failures >= s.max_failures) and u.down is None:  # the first reason stays
             what = error if permanent else f"{u.failures} requests in a row failed, the last: {error}"
             u.down = (f"llm endpoint ({self.name}): {what}; {fix_for(status, s, bool(record.get('timed_out')))} "
                       "(once it works, `ratchet resume` continues a run this stopped)")
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Up to ``proposals`` edited programs of ``parent`` (fewer once a budget is spent), each with up to
-        ``variants`` parameter settings; failed answers and edits are kept for :meth:`take_rejections`."""
+        ``variants`` parameter settings; failed answers and edits are kept for :meth:`take_rejections`.
+
+        The requests go out in waves of up to ``concurrency``, all of a wave at once (:meth:`_wave`); each wave's
+        answers are read in the order its requests were built, whichever came first, so what is proposed depends
+        only on the answers, never on their timing. (With ``concurrency = 1`` every request sees the edits before
+        it in this generation's history; within a wave, the requests see the history as the wave starts.)
+
+        Raises:
+            EndpointError: the endpoint stopped the refiner (``proposals`` holds what was proposed before).
+        """
         s = self.settings
         self._generation += 1
         self._pending = []
         self._incumbent, self._proposed = parent, []
         self.archive.protect(parent.id)
-        incumbent = parent
         out: list[Candidate] = []
-        for _ in range(s.proposals):
-            left = self.time_left() if self.time_left is not None else None
-            if self.idle_reason() is not None or (left is not None and left <= 0):
+        todo = s.proposals
+        while todo > 0:
+            wave, tried, stop = self._wave(parent, critique, rng, min(s.concurrency, todo))
+            todo -= tried
+            if wave:
+                stop = self._send(wave, parent, rng, out) or stop
+            if stop:
                 break
+        self._proposed = list(out)
+        return out
+
+    def _wave(self, incumbent: Candidate, critique: Critique | None, rng: np.random.Generator, most: int
+              ) -> tuple[list[_Request], int, bool]:
+        """Build up to ``most`` requests to send at once, each with its worst case (one HTTP attempt, its prompt's
+        tokens and ``max_tokens``, their price) reserved in the budgets before the next is built, so the wave
+        never takes more than a budget has left.
+
+        Returns:
+            ``(requests, slots, stop)``: ``slots`` of the generation's ``proposals`` it used (a parent whose values
+            cannot be written into its source uses one, recorded as a rejection, and sends nothing); ``stop``
+            when no further request may go out this generation (the run's wall clock is spent, or a budget has no
+            room even with nothing in flight).
+        """
+        s, u = self.settings, self.spent
+        wave: list[_Request] = []
+        slots = 0
+        for _ in range(most):
+            left = self.time_left() if self.time_left is not None else None
+            if left is not None and left <= 0:
+                return wave, slots, True
+            if self.idle_reason() is not None:
+                return wave, slots, not wave
             # the program to edit: the incumbent, or an elite of the archive; the prompt holds its own critique
             parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
             try:
@@ -970,6 +1042,7 @@ class LLMRefiner(Refiner):
             except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
                 self._rejections.append(Rejection(self.name, parent.id, f"cannot write the parent's values into its "
                                                   f"source: {exc}", None, {}))
+                slots += 1
                 continue
             request = {"model": s.model, "messages": build_prompt(self.task, base,
                                                                   self.critique_for(parent, incumbent, critique),
@@ -978,53 +1051,89 @@ class LLMRefiner(Refiner):
                                                                   trace_steps=s.trace_steps),
                        "temperature": s.temperature, "max_tokens": s.max_tokens, "seed": int(rng.integers(2**31))}
             key = self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
-            self.spent.prompt_bound = prompt_bound(request)
-            if self.idle_reason() is not None:  # no room for this request's worst case
-                break
+            u.prompt_bound = prompt_bound(request)
+            if self.idle_reason() is not None:  # no room for this request's worst case beside those in flight
+                return wave, slots, not wave
+            wave.append(_Request(parent, base, request, key))
+            slots += 1
+            u.held_requests += 1
+            u.held_tokens += u.prompt_bound + s.max_tokens
+            u.held_cost += (u.prompt_bound * s.price_prompt + s.max_tokens * s.price_completion) / 1e6
+        return wave, slots, False
+
+    def _send(self, wave: list[_Request], incumbent: Candidate, rng: np.random.Generator, out: list[Candidate]
+              ) -> bool:
+        """Send a wave's requests at once (those a resumed run recorded are read back), then take their answers in
+        the order the requests were built: each answer's edit is checked and proposed into ``out`` with its
+        variants (drawn from ``rng``), or kept as a rejection. The wave's requests share what ``budget_requests``
+        leaves for their attempts (retries included), split evenly.
+
+        Returns:
+            Whether the run's wall clock ran out during the wave (no further request this generation).
+
+        Raises:
+            EndpointError: the endpoint stopped the refiner (every answer of the wave is taken first).
+        """
+        s, u = self.settings, self.spent
+        rest = None if s.budget_requests is None else s.budget_requests - u.requests
+        caps = [None if rest is None else rest // len(wave) + (j < rest % len(wave)) for j in range(len(wave))]
+        replies = self.exchange_all([(r.key, r.request, functools.partial(self._call, r.request, cap))
+                                     for r, cap in zip(wave, caps)])
+        u.held_requests, u.held_tokens, u.held_cost = 0, 0, 0.0
+        out_of_time = False
+        for r, reply in zip(wave, replies):
             try:
-                body, record = self.exchange(key, request, functools.partial(self._call, request))
+                body, record = reply.result()
             except _OutOfTime:
-                break
-            self.spent.requests += max(1, int(record.get("attempts") or 1))
-            self.spent.tokens += int(record.get("prompt_tokens") or 0) + int(record.get("completion_tokens") or 0)
-            self.spent.cost += float(record.get("cost") or 0.0)
-            self.spent.calls.append(key)
-            detail = {"llm_call": f"llm/{key}"}
+                out_of_time = True
+                continue
+            u.requests += max(1, int(record.get("attempts") or 1))
+            u.tokens += int(record.get("prompt_tokens") or 0) + int(record.get("completion_tokens") or 0)
+            u.cost += float(record.get("cost") or 0.0)
+            u.calls.append(r.key)
             if body is None:  # an endpoint failure: its llm_call event records it (no proposal was made)
                 self._failed(record)
-                if self.spent.down is not None:
-                    self._proposed = list(out)
-                    raise EndpointError(self.spent.down, out)
                 continue
-            self.spent.failures = 0
-            new = None
-            try:
-                content, _ = _content_and_usage(body, request)
-                edits = parse_answer(content, tuple(self.functions))
-                new = edits if isinstance(edits, str) else apply_edits(base, edits)
-                if new == base:
-                    raise EditError("the edit leaves the policy unchanged")
-                program = check_source(new, dims=self.dims, functions=self.functions)
-            except (EditError, PolicyError) as exc:
-                what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
-                self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}", new, detail))
-                summary = (f"(a {len(new):,}-character program)" if new and len(new) > MAX_SOURCE_CHARS
-                           else source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}")
-                self.history.append(Attempt(summary, f"{what}: {exc}", generation=self._generation))
-                continue
-            fresh = [p.name for p in program.parameters if p.name not in parent.params]
-            ids = []
-            for values in param_variants(program, rng, s.variants, fresh, s.sigma):
-                cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name)
-                if cand.id not in ids:
-                    ids.append(cand.id)
-                    if all(c.id != cand.id for c in out) and cand.id != incumbent.id:  # the same edit twice runs once
-                        out.append(cand)
-            attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation)
-            self.history.append(attempt)
-            self._pending.append(attempt)
-        self._proposed = list(out)
-        return out
+            u.failures = 0
+            self._take(r, body, incumbent, rng, out)
+        if u.down is not None:
+            self._proposed = list(out)
+            raise EndpointError(u.down, out)
+        return out_of_time
+
+    def _take(self, r: _Request, body: str, incumbent: Candidate, rng: np.random.Generator,
+              out: list[Candidate]) -> None:
+        """One answer: its edit applied to ``r``'s program and checked, then proposed with ``variants`` parameter
+        settings (new ones appended to ``out``; the same edit twice runs once), or recorded as a rejection; the
+        history notes it either way."""
+        s, parent, base = self.settings, r.parent, r.base
+        detail = {"llm_call": f"llm/{r.key}"}
+        new = None
+        try:
+            content, _ = _content_and_usage(body, r.request)
+            edits = parse_answer(content, tuple(self.functions))
+            new = edits if isinstance(edits, str) else apply_edits(base, edits)
+            if new == base:
+                raise EditError("the edit leaves the policy unchanged")
+            program = check_source(new, dims=self.dims, functions=self.functions)
+        except (EditError, PolicyError) as exc:
+            what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
+            self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}", new, detail))
+            summary = (f"(a {len(new):,}-character program)" if new and len(new) > MAX_SOURCE_CHARS
+                       else source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}")
+            self.history.append(Attempt(summary, f"{what}: {exc}", generation=self._generation))
+            return
+        fresh = [p.name for p in program.parameters if p.name not in parent.params]
+        ids = []
+        for values in param_variants(program, rng, s.variants, fresh, s.sigma):
+            cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name)
+            if cand.id not in ids:
+                ids.append(cand.id)
+                if all(c.id != cand.id for c in out) and cand.id != incumbent.id:  # the same edit twice runs once
+                    out.append(cand)
+        attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation)
+        self.history.append(attempt)
+        self._pending.append(attempt)
 
     def critique_for(self, parent: Candidate, incumbent: Candidate, critique: Critique | None) -> Critique | None:
         """The critique of the program a request edits: its own, from the run's critique service (its latest
@@ -1122,7 +1231,7 @@ def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
 
     facts, dims = task_facts(ctx.task)
     refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name,
-                         time_left=getattr(ctx, "time_left", None))
+                         time_left=getattr(ctx, "time_left", None), exchange_all=getattr(ctx, "exchange_all", None))
     refiner.critique_of = getattr(ctx, "critique", None)
     if settings.system_prompt_file is not None:
         read = getattr(ctx, "read_input", None)
@@ -1155,7 +1264,8 @@ def _kinds() -> dict[str, Any]:
 
     return {"llm": RefinerKind(LLMSettings, ("program",), _build,
                                hint="llm edits a program policy's source", files=_files,
-                               check=_check, changes_code=True)}
+                               check=_check, changes_code=True,
+                               recorded_defaults={"concurrency": 1})}  # before it, one request at a time
 
 
 KINDS = _kinds()

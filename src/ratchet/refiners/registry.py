@@ -14,13 +14,22 @@ or through the ``ratchet.refiners`` entry-point group of an installed package (`
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-__all__ = ["KIND_MODULES", "RefinerContext", "RefinerKind", "known_kinds", "refiner_kind", "register_kind"]
+__all__ = ["KIND_MODULES", "RefinerContext", "RefinerKind", "as_they_finish", "known_kinds", "refiner_kind",
+           "register_kind"]
+
+T = TypeVar("T")
+
+#: What an outside service's call returns: the reply's text (None when it failed) and JSON-ready facts.
+Reply = tuple[str | None, dict[str, Any]]
 
 #: Refiner kind -> the module that defines it.
 KIND_MODULES: dict[str, str] = {
@@ -58,6 +67,14 @@ class RefinerContext:
             (JSON-ready, never a secret) and the body are stored as artifacts and an ``llm_call`` event
             keyed by ``key`` records them with ``info``. Afterwards, and on resume, the recorded body and
             record come back without calling. None where the loop offers no such service.
+        exchange_all: ``exchange_all([(key, request, call), …]) -> [Future, …]``: several such requests at once.
+            Those already recorded come back as recorded; the ``call`` of each other runs in its own thread, all
+            at the same time, and each reply is recorded (in the calling thread) as soon as it arrives, so a run
+            killed while others are still out never asks for it again. Returns one done
+            :class:`~concurrent.futures.Future` per item, in the order given: ``.result()`` is ``(body, record)``
+            as ``exchange`` returns it, or raises what that ``call`` raised (nothing is recorded for it). The
+            ``llm_call`` events follow the order the replies came in; everything else a refiner does with them
+            should follow the order given. None where the loop offers no such service.
         read_input: ``read_input(path) -> bytes``: a file the refiner's settings name (e.g. an expert
             policy), relative to the spec's folder. The loop stores its bytes as an artifact when the run
             starts and records the digest in ``run_started``, so a resumed run reads the same bytes from
@@ -85,11 +102,12 @@ class RefinerContext:
     train: Callable[[Any], Any]
     artifact: Callable[[str], bytes]
     training_seeds: Callable[[int], list[int]]
-    exchange: Callable[[str, Mapping[str, Any], Callable[[], tuple[str | None, dict[str, Any]]]],
-                       tuple[str | None, dict[str, Any]]] | None = None
+    exchange: Callable[[str, Mapping[str, Any], Callable[[], Reply]], Reply] | None = None
     read_input: Callable[[str], bytes] | None = None
     critique: Callable[..., Any] | None = None
     time_left: Callable[[], float | None] | None = None
+    exchange_all: Callable[[Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]],
+                           list[Future[Reply]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,30 @@ class RefinerKind:
     #: Whether the kind's candidates may carry source that differs from their parent's (``mutate``, ``llm``): a
     #: run with such a kind has a lineage of programs (``ratchet dashboard`` reads its candidates to draw it).
     changes_code: bool = False
+    #: Settings added to the kind since ledgers were first written, each with the value that behaves as the code
+    #: before it did: a spec a ledger recorded without the setting is read with that value, so it resumes and
+    #: replays as it ran (a new spec gets the setting's default).
+    recorded_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+def as_they_finish(calls: Sequence[Callable[[], T]]) -> Iterator[tuple[int, Future[T]]]:
+    """Start every call in its own thread at once and give ``(index, done future)`` for each as it finishes
+    (``.result()`` returns what the call returned or raises what it raised). The threads are daemons: a caller
+    that stops reading (an interrupt) leaves the rest to end on their own."""
+    done: queue.SimpleQueue[tuple[int, Future[T]]] = queue.SimpleQueue()
+
+    def run(i: int, call: Callable[[], T]) -> None:
+        fut: Future[T] = Future()
+        try:
+            fut.set_result(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which decides
+            fut.set_exception(exc)
+        done.put((i, fut))
+
+    for i, call in enumerate(calls):
+        threading.Thread(target=run, args=(i, call), daemon=True, name=f"ratchet-call-{i}").start()
+    for _ in calls:
+        yield done.get()
 
 
 def register_kind(kind: str, module: str) -> None:
