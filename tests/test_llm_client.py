@@ -313,6 +313,28 @@ def test_budget_requests_counts_attempts_and_has_a_default(standin):
     assert r.idle_reason().startswith("llm budget: 3 of 3 requests")
 
 
+def test_a_refiner_out_of_its_budget_retires_and_the_run_ends_on_what_ended_it(tmp_path, standin, pool):
+    """Issue 44, item 5: beside cmaes, an llm refiner whose budget_requests is spent retires and cmaes goes on until
+    the env-step budget ends the run: the stop says so (not the llm's budget), and the final decision follows, as
+    it does for the same spec without llm. A lone llm refiner whose budget is spent ends its run on a budget too."""
+    server = standin()
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 1, "variants": 1, "budget_requests": 1,
+           "retries": 0, "concurrency": 1}
+    spec = structural_spec(tmp_path / "s", [llm, {"kind": "cmaes", "popsize": 4}], budget={"env_steps": 20_000})
+    events = read_events(start_run(spec, tmp_path / "runs", "both", executor=pool).run_dir)
+    finished = events_of(events, EventType.RUN_FINISHED)[0].payload
+    assert len(server.requests) == 1
+    gens = [e.payload["refiner"] for e in events_of(events, EventType.GENERATION_FINISHED)]
+    assert gens.count("llm") == 1 and gens[-2:] == ["cmaes", "cmaes"]  # cmaes went on after the llm retired
+    assert finished["stop_kind"] == "budget" and finished["stop_reason"].startswith("budget: no room")
+    assert "llm budget" not in finished["stop_reason"]
+    assert len(events_of(events, EventType.FINAL_DECISION)) == 1
+    alone = structural_spec(tmp_path / "a", [llm], budget={"env_steps": 20_000})
+    events = read_events(start_run(alone, tmp_path / "runs", "alone", executor=pool).run_dir)
+    finished = events_of(events, EventType.RUN_FINISHED)[0].payload
+    assert finished["stop_kind"] == "budget" and finished["stop_reason"].startswith("llm budget: 1 of 1 requests")
+
+
 @pytest.mark.parametrize("budget", [{"budget_tokens": 12_000},
                                     {"budget_cost": 0.06, "price_prompt": 2.0, "price_completion": 10.0}])
 @pytest.mark.parametrize("concurrency, prompt_tokens", [(1, 3_000), (4, 2_000)])

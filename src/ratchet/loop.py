@@ -357,12 +357,19 @@ class _Run(RunServices):
         if stop is None and not fits(refiner):
             self.prices.fit(refiner, est_len, reserve)  # e.g. PPO cuts its job to the budget's rest
         cost = refiner.generation_cost()
-        idle = refiner.idle_reason()
-        stop = stop or (Stop(StopKind.IDLE, idle) if idle is not None else None)
+        stop = stop or (self.retired() if refiner.idle_reason() is not None else None)
         if stop is None and not fits(refiner):  # on the first generation, nothing would happen at all: say so
             stop = self.prices.no_room_message(self.prices.evaluations(cost), est_len, longest, first=generation == 1,
                                                training=cost.training_env_steps)
         return arm, cost, reserve, stop
+
+    def retired(self) -> Stop:
+        """Why no refiner takes another generation once every one is idle: their reasons, one line; a budget stop
+        (:attr:`~ratchet.planner.StopKind.BUDGET`, the final decision follows) when each retired on its own budget
+        (:meth:`~ratchet.refiners.Refiner.budget_spent`), else an idle one."""
+        reasons = list(dict.fromkeys(str(r.idle_reason()) for r in self.refiners.values()))
+        spent = all(r.budget_spent() for r in self.refiners.values())
+        return Stop(StopKind.BUDGET if spent else StopKind.IDLE, "; ".join(reasons))
 
     def others_available(self, arm: str, est_len: float, reserve: tuple[float, int]) -> bool:
         """Whether a refiner other than ``arm`` may still take generations (not idle, and its generation and
@@ -379,8 +386,8 @@ class _Run(RunServices):
             return next(iter(self.refiners))
         available = [a for a, r in self.refiners.items()
                      if r.idle_reason() is None and fits(r)]
-        if not available:
-            return next(iter(self.refiners))
+        if not available:  # a refiner that can go on, so the stop says what ended the run (no room), not an idle one
+            return next((a for a, r in self.refiners.items() if r.idle_reason() is None), next(iter(self.refiners)))
         arm, why = self.allocator.choose(generation, available)
         self.record(EventType.GENERATION_PLANNED, f"plan/{generation}", {"generation": generation, **why})
         return arm

@@ -8,6 +8,7 @@ overrides the hooks it needs; a kind defines nothing only for the loop.
 One generation, as the loop drives it::
 
     refiner.idle_reason()            # None: it may take this generation
+    refiner.budget_spent()           # when idle: whether its own budget retired it (the run's stop is a budget)
     refiner.generation_cost()        # priced before anything runs; fit(room) may cut it to the budget's rest
     refiner.recommend()              # its best guess so far (evaluated beside the proposals), or None
     refiner.propose(parent, critique, rng)  # new candidates (possibly after training jobs)
@@ -116,6 +117,12 @@ class Refiner(ABC):
         """Why this refiner takes no more generations (its rounds are done, its training or endpoint keeps
         failing), one line; None while it can go on. Default: None."""
         return None
+
+    def budget_spent(self) -> bool:
+        """Whether :meth:`idle_reason` is the refiner's own budget (an ``llm`` refiner's ``budget_requests``,
+        ``budget_tokens`` or ``budget_cost``): it retired, and a run that no refiner can go on with then ended on a
+        budget (``stop_kind`` ``"budget"``, followed by the final decision). Default: False."""
+        return False
 
     def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
         """What the gate said of the generation's contender (None when no contender reached a gate), and its

@@ -936,6 +936,10 @@ class LLMRefiner(Refiner):
                     f"{price:.4g} ({self.name})")
         return None
 
+    def budget_spent(self) -> bool:
+        """Whether a budget (not the endpoint) is why no further request may be made (:meth:`idle_reason`)."""
+        return self.spent.down is None and self.idle_reason() is not None
+
     def _call(self, request: Mapping[str, Any], attempts: int | None = None) -> tuple[str | None, dict[str, Any]]:
         """One request within its deadline (``timeout_s``, cut to the run's wall clock left) and at most
         ``attempts`` HTTP attempts (None: ``1 + retries``; its share of the request budget's rest). Safe to run
