@@ -107,6 +107,27 @@ def test_offer_generation_scores_proposals_against_the_incumbent_on_the_same_see
     assert draw_parent(Archive(), inc, rng, 0.0) is inc
 
 
+def test_a_program_whose_episodes_failed_is_never_a_parent_unless_the_user_says_so():
+    """Issue 44, item 3: a proposal with a crashed episode (however high its other returns) never enters the
+    archive, so neither mutate nor llm draws it as a parent; with failed_parents = true it may."""
+    from ratchet.refiners.llm import LLMSettings
+    from ratchet.refiners.mutate import MutateSettings
+
+    inc, crashed, fine = cand(0), cand(1), cand(2)
+    evs = [Evaluation(crashed.id, "train", (Episode(5, 90.0, 90, True, False),
+                                             Episode(6, 3.0, 3, False, False, error="worker crashed"))),
+           evaluation(fine, [11.0, 21.0], seeds=[5, 6]), evaluation(inc, [10.0, 20.0], seeds=[5, 6])]
+    for settings in (MutateSettings(), LLMSettings(base_url="http://127.0.0.1:9/v1", model="m")):
+        archive = settings.new_archive()
+        offer_generation(archive, inc, [crashed, fine], evs, generation=1)
+        assert crashed.id not in archive and fine.id in archive
+        rng = np.random.default_rng(0)
+        assert crashed.id not in {draw_parent(archive, inc, rng, 0.0).id for _ in range(50)}
+        allowed = type(settings).model_validate({**settings.model_dump(), "failed_parents": True}).new_archive()
+        offer_generation(allowed, inc, [crashed, fine], evs, generation=1)
+        assert crashed.id in allowed and allowed.get(crashed.id).fitness == pytest.approx(15.0 + 31.5)
+
+
 #: A CartPole program that pushes one way whatever its one number (it reads the cart's position only):
 #: CMA-ES alone is stuck near a return of 9, a mutation that adds the pole's angle or velocity helps.
 WEAK = """PARAMETERS = {"offset": {"default": 0.0, "low": -1.0, "high": 1.0}}

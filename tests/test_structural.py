@@ -489,7 +489,8 @@ def test_mutate_run_on_cartpole_improves_through_the_gate(tmp_path, pool, monkey
     monkeypatch.setattr(MutationRefiner, "propose", lambda self, *a: propose(self, *a) + [broken])
     result = start_run(spec, tmp_path / "runs", "mut", executor=pool)
     events = read_events(result.run_dir)
-    caught = [e for e in events_of(events, EventType.PROPOSAL_REJECTED) if e.payload["detail"].get("candidate_id")]
+    caught = [e for e in events_of(events, EventType.PROPOSAL_REJECTED)
+              if e.payload["detail"].get("candidate_id") == broken.id]
     assert caught and all("name 'helper' is not defined" in e.payload["reason"] for e in caught)
     assert all(broken.id not in e.key for e in events if e.type in (EventType.EPISODES_EVALUATED,
                                                                      EventType.CANDIDATE_PROPOSED))
@@ -615,3 +616,83 @@ def test_a_proposal_whose_values_leave_its_bounds_is_refused_before_any_episode(
     assert "outside its bounds" in reasons[wild.id] and "do not match the source's PARAMETERS" in reasons[stray.id]
     assert not any(wild.id in e.key or stray.id in e.key for e in events
                    if e.type in (EventType.EPISODES_EVALUATED, EventType.CANDIDATE_PROPOSED))
+
+
+# -- no duplicate evaluated (issue 44, item 1) -----------------------------------------------------------------
+
+def test_normal_forms_ignore_formatting_comments_docstrings_and_defaults():
+    from ratchet.proposals import normal_id, python_normal_form, text_normal_form
+
+    reformatted = ('"""A docstring."""\n' + POLICY.replace("def act(observation, params):",
+                                                             "def act(observation,params):\n    # a comment\n    ''' Doc. '''")
+                   .replace('"default": 0.0, "low": -1.0', '"default": 0.3,   "low": -1.0'))
+    assert python_normal_form(reformatted) == python_normal_form(POLICY)
+    assert python_normal_form(POLICY.replace("z > 0", "z >= 0")) != python_normal_form(POLICY)
+    program = load_policy(DATA / "cartpole_linear.py")
+    values = {p.name: 0.25 for p in program.parameters}
+    a, b = Candidate.create(POLICY, values), Candidate.create(reformatted, values)
+    assert a.id != b.id and normal_id(a) == normal_id(b)
+    assert normal_id(Candidate.create(reformatted, {**values, "w_angle": 0.5})) != normal_id(a)  # other values
+    # any language: comments and whitespace, not what string literals hold, nor the space between two words
+    c = 'int  x = 1; // one\n/* note */ s = "a // b";'
+    assert text_normal_form(c, ("//",), (("/*", "*/"),)) == 'int x=1;s="a // b";'
+    assert text_normal_form("x = 1  # c\ny = 2") == text_normal_form("x=1\ny=2 # other")
+
+
+def test_a_proposal_the_run_already_scored_is_refused_before_any_episode_and_its_refiner_told(
+        tmp_path, pool, monkeypatch):
+    """The incumbent again (the same candidate) and the incumbent written differently (the same normal form) are
+    recorded rejections that cost no episode; the refiner hears why. With reject_duplicates = false both run."""
+    program = load_policy(DATA / "cartpole_linear.py")
+    reformatted = POLICY.replace("def act(observation, params):", "def act(observation,params):  # same code")
+    told: list[dict] = []
+    propose = MutationRefiner.propose
+
+    def with_copies(self, parent, *a):
+        return propose(self, parent, *a) + [parent, Candidate.create(reformatted, parent.params, parent_id=parent.id,
+                                                                     refiner="mutate")]
+
+    monkeypatch.setattr(MutationRefiner, "propose", with_copies)
+    monkeypatch.setattr(MutationRefiner, "refused", lambda self, reasons: told.append(dict(reasons)), raising=False)
+    spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 1, "variants": 1}],
+                           budget={"env_steps": 6000})
+    events = read_events(start_run(spec, tmp_path / "runs", "dup", executor=pool).run_dir)
+    rejected = [e.payload for e in events_of(events, EventType.PROPOSAL_REJECTED)
+                if e.payload["detail"].get("duplicate_of")]
+    assert rejected and all(r["reason"].startswith("duplicate:") and "proposed this already" in r["reason"]
+                            for r in rejected)
+    assert any("up to formatting" in r["reason"] for r in rejected)
+    refused_ids = {r["detail"]["candidate_id"] for r in rejected}
+    assert any(set(t) & refused_ids for t in told) and all(t[i].startswith("duplicate:") for t in told for i in t
+                                                            if i in refused_ids)
+    proposed = {(e.payload["generation"], e.payload["candidate"]["id"])
+                for e in events_of(events, EventType.CANDIDATE_PROPOSED)}
+    refused = {(r["generation"], r["detail"]["candidate_id"]) for r in rejected}
+    assert not refused & proposed  # never a contender in the generation that proposed it
+    assert program.candidate().id not in {c for g, c in proposed if g > 0}
+    again = structural_spec(tmp_path / "s2", [{"kind": "mutate", "programs": 1, "variants": 1}],
+                            budget={"env_steps": 6000}, planner={"reject_duplicates": False, "train_episodes": 2})
+    events = read_events(start_run(again, tmp_path / "runs", "again", executor=pool).run_dir)
+    assert not any(e.payload["detail"].get("duplicate_of") for e in events_of(events, EventType.PROPOSAL_REJECTED))
+
+
+def test_an_llm_that_proposes_an_edit_again_hears_so_and_it_costs_no_episode(tmp_path, standin, pool):
+    """The stand-in answers one edit, then the same edit written differently, then the first again: the second and
+    third are refused as duplicates before any episode, and the third request's prompt says the second was."""
+    bad = "Rewritten:\n```python\nPARAMETERS = {}\n\n\ndef act(observation, params):\n    return 0\n```\n"
+    again = bad.replace("    return 0", "    # always left\n    return  0")
+    server = standin([bad, again, bad])
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 1, "variants": 1, "budget_requests": 3,
+           "retries": 0, "concurrency": 1}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    events = read_events(start_run(spec, tmp_path / "runs", "llm", executor=pool).run_dir)
+    assert len(server.requests) == 3
+    dups = [e.payload for e in events_of(events, EventType.PROPOSAL_REJECTED) if e.payload["detail"].get("duplicate_of")]
+    assert len(dups) == 2
+    assert "up to formatting" in dups[0]["reason"] and "the same candidate as" in dups[1]["reason"]
+    proposed = [(e.payload["generation"], e.payload["candidate"]["id"])
+                for e in events_of(events, EventType.CANDIDATE_PROPOSED)]
+    assert not {(d["generation"], d["detail"]["candidate_id"]) for d in dups} & set(proposed)  # no contender
+    assert [g for g, c in proposed if c == dups[1]["detail"]["candidate_id"]] == [1]  # the first time only
+    third = server.requests[2]["body"]["messages"][1]["content"]
+    assert "refused before any episode ran: duplicate:" in third and "you proposed this already" in third

@@ -225,7 +225,8 @@ class _Run(RunServices):
                 raise
             proposed, stopped = list(exc.proposals), str(exc)
         screened = refiner.take_rejections()
-        proposals = self.screen_proposals(step.refiner, incumbent, proposed, step.generation, screened)
+        proposals, refused = self.screen_proposals(step.refiner, incumbent, proposed, step.generation, screened)
+        refiner.refused(refused)  # so an LLM sees "you proposed this already"
         contenders = proposals + ([recommended] if recommended is not None else [])
         self.record_candidates(contenders, step.generation)
         return replace(step, contenders=tuple(contenders), recommended=recommended,
@@ -680,20 +681,22 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
 
 def spec_of(ledger: LedgerStore) -> RunSpec:
     """The run's spec as its ``run_started`` event recorded it (not the file, which may have changed since). A run
-    recorded before ``[planner] final`` existed keeps the loop it was started with (``final = false``), so resuming
-    it recomputes the same events."""
+    recorded before ``[planner] final`` or ``reject_duplicates`` existed keeps the loop it was started with (``final =
+    false``, ``reject_duplicates = false``), so resuming it recomputes the same events."""
     return recorded_spec(started_event(ledger).payload["spec"])
 
 
 def recorded_spec(data: dict[str, Any]) -> RunSpec:
     """A spec as a ledger recorded it (:meth:`RunSpec.to_dict`, every setting written out), read with the defaults of
-    the code that recorded it where they have changed since: without ``[planner] final`` it was ``false``; a
+    the code that recorded it where they have changed since: without ``[planner] final`` or ``reject_duplicates`` it
+    was ``false``; a
     ``[[refiners]]`` table without a setting its kind added later reads as the kind's ``recorded_defaults`` say (an
     ``llm`` table without ``concurrency`` sent its requests one at a time)."""
     data = copy.deepcopy(data)
     planner = data.setdefault("planner", {})
     if isinstance(planner, dict):
         planner.setdefault("final", False)
+        planner.setdefault("reject_duplicates", False)  # a run recorded before it evaluated duplicates again
     tables = data.get("refiners")
     for entry in tables if isinstance(tables, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("kind"), str):

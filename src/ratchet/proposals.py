@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,14 +29,19 @@ from ratchet.policy import ACT, Candidate, PolicyProgram, export_source, parse_p
 __all__ = [
     "ALLOWED_IMPORTS",
     "MAX_SOURCE_CHARS",
+    "NORMAL_FORMS",
     "TUNED",
     "Rejection",
     "baked_source",
     "check_source",
+    "normal_id",
     "promotion_changes",
     "promotion_diff",
+    "python_normal_form",
+    "register_normal_form",
     "source_diff",
     "structure_source",
+    "text_normal_form",
     "value_changes",
 ]
 
@@ -590,3 +595,90 @@ def promotion_diff(incumbent: Candidate, promoted: Candidate, max_lines: int = 4
     except RatchetError:
         old, new = incumbent.source, promoted.source
     return source_diff(old, new, max_lines=max_lines)
+
+
+def python_normal_form(source: str) -> str:
+    """What of a Python program's source decides what it does, as text: the :func:`ast.dump` of its tree (no
+    comments, no formatting) without docstrings and other statements that are only a constant, with each
+    ``PARAMETERS`` default replaced by :data:`TUNED` (:func:`structure_source`; a candidate's values come with it,
+    not from its defaults). Two sources that differ only in whitespace, comments, docstrings or defaults have the
+    same normal form. A source that does not parse comes back unchanged."""
+    try:
+        tree = ast.parse(structure_source(source))
+    except (SyntaxError, ValueError):
+        return source
+    for node in ast.walk(tree):
+        for name, stmts in ast.iter_fields(node):  # every statement list: bodies, else branches, finally blocks
+            if not isinstance(stmts, list) or not stmts or not isinstance(stmts[0], ast.stmt):
+                continue
+            kept = [s for s in stmts if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            setattr(node, name, kept or ([ast.Pass()] if name == "body" else []))
+    return ast.dump(tree)
+
+
+def text_normal_form(source: str, line_comments: tuple[str, ...] = ("#",),
+                     block_comments: tuple[tuple[str, str], ...] = ()) -> str:
+    """A program in any language without its comments and whitespace (a space is kept only between two words, so
+    ``int x`` stays apart): what a new language's normal form may be (:func:`register_normal_form`) when nothing
+    parses it. Text inside ``"..."`` and ``'...'`` string literals (backslash escapes) is kept as it is, comment
+    markers and spaces in it included.
+
+    Args:
+        source: The program's text.
+        line_comments: Markers that start a comment running to the end of the line (``"#"``, ``"//"``, ``"--"``).
+        block_comments: ``(start, end)`` markers of comments that may span lines (``("/*", "*/")``).
+    """
+    out: list[str] = []
+    gap = False  # whitespace (or a comment) since the last text kept
+
+    def keep(text: str) -> None:
+        nonlocal gap
+        if gap and out and (out[-1][-1].isalnum() or out[-1][-1] == "_") and (text[0].isalnum() or text[0] == "_"):
+            out.append(" ")  # only where two words would otherwise join
+        out.append(text)
+        gap = False
+
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        if c in "\"'":
+            j = i + 1
+            while j < n and source[j] != c and source[j] != "\n":
+                j += 2 if source[j] == "\\" else 1
+            keep(source[i:j + 1])
+            i = j + 1
+        elif (m := next((m for m in line_comments if source.startswith(m, i)), None)) is not None:
+            end = source.find("\n", i + len(m))
+            i, gap = (n if end < 0 else end), True
+        elif (b := next((b for b in block_comments if source.startswith(b[0], i)), None)) is not None:
+            end = source.find(b[1], i + len(b[0]))
+            i, gap = (n if end < 0 else end + len(b[1])), True
+        elif c.isspace():
+            i, gap = i + 1, True
+        else:
+            keep(c)
+            i += 1
+    return "".join(out)
+
+
+#: Each policy kind's normal form of its source (:func:`normal_id`), by kind: a kind not named here is compared
+#: by its exact content. A new kind registers its own with :func:`register_normal_form`.
+NORMAL_FORMS: dict[str, Callable[[str], str]] = {"program": python_normal_form, "residual": python_normal_form}
+
+
+def register_normal_form(kind: str, normal_form: Callable[[str], str]) -> None:
+    """Compare candidates of policy ``kind`` by ``normal_form(source)`` (with their values and artifacts) rather
+    than by their exact source: e.g. ``lambda s: text_normal_form(s, ("//",), (("/*", "*/"),))`` for C."""
+    NORMAL_FORMS[kind] = normal_form
+
+
+def normal_id(candidate: Candidate) -> str:
+    """A content id (as :attr:`~ratchet.policy.Candidate.id`, 12 hex characters) of the candidate's normal form:
+    its kind's normal form of its source (:data:`NORMAL_FORMS`; the exact source for a kind without one), its
+    parameter values and its artifacts. Two candidates with the same normal id behave the same: the run scores
+    only the first (:meth:`ratchet.services.RunServices.screen_proposals`)."""
+    form = NORMAL_FORMS.get(candidate.kind)
+    if form is None or not candidate.source:
+        return candidate.id
+    return Candidate.create(form(candidate.source), candidate.params, kind=candidate.kind,
+                            artifacts=candidate.artifacts).id

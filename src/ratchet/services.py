@@ -72,6 +72,9 @@ class RunServices:
         self.start = start or program.candidate()
         self._blobs: dict[str, bytes] = {}  # artifact bytes read or made this session, by digest
         self._checked: dict[str, Any] = {}  # new sources checked this session: digest -> program or reason
+        # every candidate recorded (the start, the contenders): normal id -> (candidate id, generation); a proposal
+        # with the same normal id is a duplicate (screen_proposals). Rebuilt by replay on resume.
+        self._scored: dict[str, tuple[str, int]] = {}
         self._training_seeds = 0
         self.executor = executor
         self.task = task if task is not None else task_from_spec(spec.task)
@@ -333,24 +336,57 @@ class RunServices:
         return fallback_level(self.gate.alpha, self._n_contested + 1, self.gate.spending, self._carry)
 
     def screen_proposals(self, arm: str, parent: Candidate, proposals: list[Candidate], generation: int,
-                         screened: Sequence[Rejection] = ()) -> list[Candidate]:
-        """Check every proposal that carries new source before any episode runs, and record what failed
-        — ``screened`` (the refiner's own failed proposals, :meth:`Refiner.take_rejections`) and those
-        failing the checks here — as ``proposal_rejected`` events (the rejected source stored as an
-        artifact). Returns the rest."""
+                         screened: Sequence[Rejection] = ()) -> tuple[list[Candidate], dict[str, str]]:
+        """Check every proposal before any episode runs — new source against the checks, and each one against what
+        the run has already scored (:meth:`duplicate_problem`, with ``[planner] reject_duplicates``) — and record
+        what failed — ``screened`` (the refiner's own failed proposals, :meth:`Refiner.take_rejections`) and those
+        refused here — as ``proposal_rejected`` events (the rejected source stored as an artifact).
+
+        Returns:
+            ``(kept, refused)``: the proposals that may run, in order, and the reason (one line) each refused one
+            was refused for, by candidate id (for :meth:`~ratchet.refiners.Refiner.refused`).
+        """
         rejected = list(screened)
-        kept = []
+        kept: list[Candidate] = []
+        refused: dict[str, str] = {}
+        batch: dict[str, tuple[str, int]] = {}  # the normal ids of the proposals kept so far
         for cand in proposals:
-            reason = self.source_problem(cand, parent)
+            reason, detail = self.source_problem(cand, parent), {"candidate_id": cand.id}
+            if reason is None and self.spec.planner.reject_duplicates:
+                reason, other = self.duplicate_problem(cand, batch, generation)
+                detail.update({"duplicate_of": other} if other is not None else {})
             if reason is None:
                 kept.append(cand)
             else:
-                rejected.append(Rejection(arm, cand.parent_id, reason, cand.source, {"candidate_id": cand.id}))
+                refused.setdefault(cand.id, reason)
+                rejected.append(Rejection(arm, cand.parent_id, reason, cand.source, detail))
         for i, r in enumerate(rejected):
             self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/{i}", {
                 "generation": generation, "refiner": r.refiner, "parent_id": r.parent_id, "reason": r.reason,
                 **self.stored_source(r.source), "detail": dict(r.detail)})
-        return kept
+        return kept, refused
+
+    def duplicate_problem(self, cand: Candidate, batch: dict[str, tuple[str, int]], generation: int
+                          ) -> tuple[str | None, str | None]:
+        """Whether ``cand`` is a candidate the run has already scored (recorded, :meth:`record_candidates`) or kept in
+        this ``batch``: the same content, or the same normal form (:func:`~ratchet.proposals.normal_id`: for Python,
+        the same code up to formatting, comments and docstrings, with the same values). Adds a new one to ``batch``.
+
+        Returns:
+            ``(reason, candidate id of the one it duplicates)``, or ``(None, None)``.
+        """
+        from ratchet.proposals import normal_id
+
+        key = normal_id(cand)
+        seen = self._scored.get(key) or batch.get(key)
+        if seen is None:
+            batch[key] = (cand.id, generation)
+            return None, None
+        other, when = seen
+        same = ("the same candidate as" if other == cand.id else
+                "the same program (up to formatting, comments and docstrings) with the same values as")
+        where = f"proposed in generation {when}" if when else "the starting policy"
+        return f"duplicate: {same} candidate {other} ({where}); you proposed this already", other
 
     def stored_source(self, source: str | None) -> dict[str, Any]:
         """How a rejected source is kept: an artifact, or for one over
@@ -446,12 +482,15 @@ class RunServices:
         Raises:
             LedgerError: a resumed run proposes a candidate its ledger never saw (it diverged).
         """
+        from ratchet.proposals import normal_id
+
         events = []
         for cand in cands:
             key = f"proposed/{generation}/{cand.id}"
             if self._replaying and self.ledger.get(key) is None:
                 raise LedgerError(f"resume diverged from the ledger at generation {generation} (candidate {cand.id} "
                                   "was never proposed before); were package versions changed since the run started?")
+            self._scored.setdefault(normal_id(cand), (cand.id, generation))
             d = cand.to_dict()
             if d["source"] == self.program.source:
                 d["source"] = None  # the run's policy source, stored once in run_started

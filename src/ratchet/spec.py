@@ -368,6 +368,11 @@ class PlannerSpec(_Section):
                                   json_schema_extra={"unit": "share of seeds"})
     pool_size: int = Field(200, ge=1, le=1_000_000, description="Most seeds the weakness pool keeps.",
                            json_schema_extra={"unit": "seeds"})
+    reject_duplicates: bool = Field(True, description="Refuse, before any episode runs, a proposal the run has "
+                                    "already scored: the same candidate, or for a program the same code up to "
+                                    "formatting, comments and docstrings with the same values; recorded as "
+                                    "proposal_rejected and told to its refiner (an LLM's next prompt says so). false: "
+                                    "evaluate it again on fresh seeds.")
     decide: Literal["powered", "every", "end"] = Field(
         "every", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
                                "shortlist and certifies one only when its expected gain makes the decision likely "

@@ -53,10 +53,14 @@ class ArchiveSettings(BaseModel):
                                                                "incumbent; the rest start from an elite.")
     archive_temperature: float = Field(0.5, gt=0, le=100, description="Softmax temperature of drawing an elite, as a "
                                                                       "fraction of the spread of their fitness.")
+    failed_parents: bool = Field(False, description="Whether a program some of whose training episodes failed "
+                                                    "(raised, crashed, timed out, gave a non-finite action) may enter "
+                                                    "the archive and so become a parent (scored by its mean return, "
+                                                    "failed episodes included); false: never.")
 
     def new_archive(self) -> Archive:
         """An empty :class:`Archive` of these settings."""
-        return Archive(self.archive, self.archive_temperature)
+        return Archive(self.archive, self.archive_temperature, self.failed_parents)
 
 
 @dataclass(frozen=True)
@@ -86,17 +90,20 @@ class Archive:
         temperature: Softmax temperature of :meth:`sample`, as a fraction of the spread of the elites'
             fitness (FunSearch's score softmax made scale-free): small values draw the best elites almost
             always, large ones draw uniformly over cells.
+        failed_parents: Whether :func:`offer_generation` offers a program some of whose episodes failed (raised,
+            crashed, timed out); by default such a program never enters, so it is never drawn as a parent.
 
     Raises:
         ValueError: ``capacity`` < 1 or ``temperature`` <= 0.
     """
 
-    def __init__(self, capacity: int = 8, temperature: float = 0.5) -> None:
+    def __init__(self, capacity: int = 8, temperature: float = 0.5, failed_parents: bool = False) -> None:
         if capacity < 1:
             raise ValueError(f"expected capacity >= 1, got {capacity}")
         if not temperature > 0:
             raise ValueError(f"expected temperature > 0, got {temperature}")
         self.capacity, self.temperature = int(capacity), float(temperature)
+        self.failed_parents = bool(failed_parents)
         self._cells: dict[tuple[int, ...], Elite] = {}
         self._protected: str | None = None
 
@@ -247,8 +254,9 @@ def offer_generation(archive: Archive, incumbent: Candidate, proposed: Sequence[
     re-estimates the incumbent: its fitness is the mean of its training means so far. A proposal's
     fitness is that estimate plus its :func:`paired_gain` over the incumbent on this generation's seeds —
     far less noisy than its own mean, because seeds change between generations and pairs do not. Without
-    the incumbent's evaluation a proposal's fitness is its own mean. Errored evaluations are left out.
-    Descriptors come from :func:`behaviour_descriptor`.
+    the incumbent's evaluation a proposal's fitness is its own mean. A proposal with a failed episode (an error:
+    raised, crashed, timed out) is left out, so it never becomes a parent, unless the archive takes such programs
+    (``failed_parents``); one without a finite mean always is. Descriptors come from :func:`behaviour_descriptor`.
 
     Returns:
         candidate id -> paired gain over the incumbent (return units), for the proposals that had one.
@@ -270,7 +278,7 @@ def offer_generation(archive: Archive, incumbent: Candidate, proposed: Sequence[
     gains: dict[str, float] = {}
     for cand in proposed:
         ev = by_id.get(cand.id)
-        if cand.id == incumbent.id or ev is None or not clean(ev):
+        if cand.id == incumbent.id or ev is None or not (clean(ev) or archive.failed_parents and np.isfinite(ev.mean)):
             continue
         gain = paired_gain(ev, inc)
         fitness = float(ev.mean) if gain is None or base is None else base + gain

@@ -13,6 +13,7 @@ One generation, as the loop drives it::
     refiner.recommend()              # its best guess so far (evaluated beside the proposals), or None
     refiner.propose(parent, critique, rng)  # new candidates (possibly after training jobs)
     refiner.take_rejections()        # what it screened out itself, recorded as proposal_rejected
+    refiner.refused(reasons)         # what the loop refused before any episode (failed checks, duplicates)
     refiner.observe(evaluations)     # training evaluations of its proposals (and recommendation), then the parent's
     refiner.verdict(candidate_id, promoted, note)  # what the gate said of the generation's contender
     refiner.summary()                # numbers for the progress line, the ledger and ``show``
@@ -21,7 +22,7 @@ One generation, as the loop drives it::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,12 @@ class Refiner(ABC):
         """Proposals the last :meth:`propose` screened out itself (e.g. an LLM's edit that does not apply),
         handed over once; the loop records them. Default: none."""
         return []
+
+    def refused(self, reasons: Mapping[str, str]) -> None:
+        """The proposals of the last :meth:`propose` the loop refused before any episode ran, by candidate id: why,
+        one line (failed checks, values out of bounds, or ``duplicate: ...`` for one the run has already scored;
+        each also recorded as ``proposal_rejected``). Called every generation, before :meth:`observe` (which gets no
+        evaluation of them). Default: nothing kept."""
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
         """Training evaluations of the candidates of the last :meth:`propose`, then of :meth:`recommend`'s candidate

@@ -1174,6 +1174,13 @@ class LLMRefiner(Refiner):
                 errs = [ep.error for e in evs for ep in e.episodes if ep.error]
                 a.verdict = f"every variant failed in its episodes (e.g. {errs[0][:120] if errs else 'error'})"
 
+    def refused(self, reasons: Mapping[str, str]) -> None:
+        """An edit whose every variant the loop refused before any episode (a duplicate of a candidate the run has
+        already scored, say) keeps the first reason as its history entry's result: later prompts show it."""
+        for a in self._pending:
+            if a.ids and all(i in reasons for i in a.ids):
+                a.verdict = f"refused before any episode ran: {reasons[a.ids[0]]}"
+
     def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
         """The gate's verdict on the generation's contender: each pending edit's history entry says what
         became of it."""
