@@ -20,7 +20,10 @@ is an episode's env steps × the step time (the time the environment itself need
   CMA-ES, the gate, the ledger, all workers idle), **barrier** (what a perfect list scheduler of each call's own
   episodes would still leave idle: ``W × max(episode time ÷ W, longest episode) − episode time`` — the per-call
   barrier, only an asynchronous loop removes it) and **executor** (the rest: the call's wall clock beyond that bound
-  — dispatch order, lockstep batches, round trips, CPU contention).
+  — dispatch order, lockstep batches, round trips, CPU contention);
+- **machine CPU**: how busy the machine's cores were during the run (``/proc/stat``: every process, not only the
+  run's): near 100 %, the workers' own CPU (a candidate's process started on each worker, the round trips) and the
+  machine's other users set the pace, not the schedule.
 
 ``--ref GIT_REF`` also measures a git ref (its ``src`` exported to a temporary folder), each worker count's two runs
 back to back, and checks both ledgers record the same evaluations.
@@ -164,9 +167,9 @@ def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool) 
             t0 = time.perf_counter()
             ex._ensure_workers(workers)  # start-up apart: every pair started and ready (libraries imported)
             startup = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), _machine_cpu()
             start_run(spec, Path(tmp) / "runs", "sched", executor=ex)
-            wall = time.perf_counter() - t0
+            wall, cpu1 = time.perf_counter() - t0, _machine_cpu()
         finally:
             ex.close()
         events = SQLiteLedger(Path(tmp) / "runs" / "sched" / "ledger.sqlite", readonly=True).read()
@@ -174,12 +177,23 @@ def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool) 
     split_of = {(p["candidate_id"], s): p["split"] for p in evals for s in p["seeds"]}
     ledger = sorted([p["split"], p["candidate_id"], [[x["seed"], x["length"], x["episode_return"]] for x in p["episodes"]]]
                     for p in evals)
-    out = {"workers": workers, "step_s": step_s, "startup_s": startup, "wall_s": wall, "ledger": ledger,
+    cpu = (cpu1[1] - cpu0[1]) / (cpu1[0] - cpu0[0]) if cpu0 and cpu1 and cpu1[0] > cpu0[0] else None
+    out = {"workers": workers, "step_s": step_s, "startup_s": startup, "wall_s": wall, "ledger": ledger, "cpu": cpu,
            "calls": [{"split": split_of.get(c["jobs"][0], "?") if c["jobs"] else "?", "wall_s": c["t1"] - c["t0"],
                       "t0": c["t0"], "lengths": c["lengths"]} for c in calls]}
     if pool:
         out["pool"] = plain_pool(evals, events, workers, step_s)
     return out
+
+
+def _machine_cpu() -> tuple[int, int] | None:
+    """(all, busy) CPU time of the whole machine so far, in clock ticks (Linux's ``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks), sum(ticks) - ticks[3] - ticks[4]  # less idle and iowait
 
 
 def plain_pool(evals: list[dict], events: list, workers: int, step_s: float) -> dict:
@@ -298,7 +312,7 @@ def main() -> None:
                 a, b = (got[name]["ledger"] for name, _ in codes)
                 assert a == b, f"{w} workers: the two checkouts' ledgers record different evaluations"
     header = ("| code | workers | start-up s | run s | ideal s | busy | × ideal | idle: outside / barrier / executor "
-              "| thread pool s | pool busy | pool × ideal |\n|---|---|---|---|---|---|---|---|---|---|---|")
+              "| machine CPU | thread pool s | pool busy | pool × ideal |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = header + "\n" + "\n".join(_row(*r) for r in rows)
     splits = _splits(rows)
     print("\n" + table + "\n\n" + splits)
@@ -312,7 +326,8 @@ def main() -> None:
             "in LunarLander's shape; then the same episodes in a plain `ThreadPool` of as many threads. Start-up (every "
             "worker pair started and ready) is timed apart and not in `run s`. `idle` splits ratchet's idle "
             "worker-seconds: the driver outside `executor.run`, the per-call barrier (what a perfect scheduler of each "
-            "call's episodes still leaves idle) and the executor's own share.\n\n"
+            "call's episodes still leaves idle) and the executor's own share. `machine CPU`: how busy the machine's "
+            "cores were during the run (every process on it, not only the run's).\n\n"
             f"Machine: {machine()}\n\n{table}\n\n{splits}\n"))
 
 
@@ -321,7 +336,7 @@ def _row(name: str, m: dict, s: dict) -> str:
             else "| |")
     return (f"| {name} | {m['workers']} | {m['startup_s']:.1f} | {m['wall_s']:.1f} | {s['episode_s'] / m['workers']:.1f} "
             f"| {s['busy']:.0%} | {s['x_ideal']:.2f} | {s['outside']:.0%} / {s['barrier']:.0%} / {s['executor']:.0%} "
-            f"| {pool} |")
+            f"| {'' if m.get('cpu') is None else format(m['cpu'], '.0%')} | {pool} |")
 
 
 def _splits(rows: list) -> str:
