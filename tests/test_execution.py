@@ -278,6 +278,19 @@ def test_jobs_go_longest_expected_first(cartpole_task, monkeypatch):
         assert [e.to_dict() for e in capped] == [e.to_dict() for e in first]
 
 
+def test_reordered_jobs_keep_each_candidate_together(cartpole_task, monkeypatch):
+    """Longest first orders the candidates by the work their jobs hold and each candidate's jobs by theirs, never the
+    jobs of several candidates by seed: a candidate's jobs stay together for one lockstep message (one process)."""
+    sent = _Sent(monkeypatch)
+    with ProcessExecutor(workers=1, episode_timeout_s=30) as ex:
+        ex.run(cartpole_task, [Job(_mixed_candidate(), s) for s in range(12)])  # lengths of two powers of two
+        sent.messages.clear()
+        two = [_mixed_candidate(), good_candidate()]
+        jobs = _jobs(two, list(range(12)))
+        ex.run(cartpole_task, jobs)
+    assert [[jobs[i].candidate.id for i in ids] for _, ids in sent.messages] == [[c.id] * 12 for c in two]
+
+
 def test_messages_leave_work_queued_for_the_first_worker_free(cartpole_task, monkeypatch):
     """A candidate's jobs that do not fit a worker's fair share of the work left go in messages of about half of it,
     the rest staying queued for whichever worker frees up first (not split between the workers up front, where the

@@ -394,13 +394,17 @@ class _Queue:
         self._jobs.extendleft(jobs)
         self.work += sum(self.expect[i] for i in jobs)
 
-    def longest_first(self, expect: Callable[[int], int]) -> None:
-        """Expect ``expect(job)`` env steps of each queued job and order the queue longest first, in powers of two
-        (jobs expected alike keep their order: a candidate's jobs stay together for lockstep batches)."""
+    def longest_first(self, expect: Callable[[int], int], group: Callable[[int], str]) -> None:
+        """Expect ``expect(job)`` env steps of each queued job and order the queue longest first: the groups
+        (``group(job)``: its candidate) by the work they hold, each group's jobs by theirs in powers of two. A
+        group's jobs stay together (for lockstep batches), and groups or jobs expected alike keep their order."""
+        work: dict[str, int] = {}
         for i in self._jobs:
             self.expect[i] = expect(i)
-        self._jobs = deque(sorted(self._jobs, key=lambda i: -self.expect[i].bit_length()))
-        self.work = sum(self.expect[i] for i in self._jobs)
+            work[group(i)] = work.get(group(i), 0) + self.expect[i]
+        rank = {g: k for k, g in enumerate(sorted(work, key=lambda g: -work[g]))}  # a stable sort: ties keep order
+        self._jobs = deque(sorted(self._jobs, key=lambda i: (rank[group(i)], -self.expect[i].bit_length())))
+        self.work = sum(work.values())
 
 
 class ProcessExecutor:
@@ -478,8 +482,9 @@ class ProcessExecutor:
 
         Scheduling (the order and size of the messages; never a result): each job is expected to take as many
         env steps as the latest clean episode this executor saw on its seed (else their mean), and the jobs go
-        longest expected first (in powers of two; jobs expected alike keep their order) unless ``max_env_steps``
-        may bind, where they keep the order given (which jobs the cap skips then depends on the order alone). A
+        longest expected first (the candidates by the work their jobs hold, each candidate's jobs by theirs in powers
+        of two; alike keep their order) unless ``max_env_steps`` may bind, where they keep the order given (which
+        jobs the cap skips then depends on the order alone). A
         lockstep message takes a candidate's jobs queued together whole where they fit the worker's fair share of
         the expected work left (the queued jobs' and those the workers hold, split evenly, less what it holds), else
         what fits about half of it; the rest stays queued for the first worker to free up, so messages shrink as
@@ -528,7 +533,7 @@ class ProcessExecutor:
         reorder = cap is None or len(jobs) * cast("int", task.step_limit) <= cap
         pending = _Queue([lengths.expect(job.seed) for job in jobs])
         if reorder and lengths.steps:
-            pending.longest_first(lambda i: lengths.expect(jobs[i].seed))
+            pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
         learned = [0]  # seeds whose expectation changed since the queue was last ordered
         hold = [0]  # env steps the jobs the workers hold are expected to take (see room)
         unreported: deque[tuple[int, Episode]] = deque()  # finished, for on_episode once idle workers have work again
@@ -756,7 +761,7 @@ class ProcessExecutor:
 
         while True:
             if pending and learned[0] and learned[0] >= len(pending) // 64:  # new lengths (every 64th of the queue)
-                pending.longest_first(lambda i: lengths.expect(jobs[i].seed))
+                pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
                 learned[0] = 0
             hold[0] = sum(pending.expect[j] for w in workers for j in w.jobs)  # env steps the workers hold, expected
             for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
