@@ -293,7 +293,11 @@ def main() -> None:
     here = Path(__file__).resolve()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        codes = [("working tree", root / "src")]
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
+                              text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "src"], check=False, capture_output=True,
+                               text=True).stdout.strip()
+        codes = [(f"working tree ({head}{' + changes' if dirty else ''})" if head else "working tree", root / "src")]
         if args.ref:  # its src only, exported (no worktree registered)
             archive = subprocess.run(["git", "-C", str(root), "archive", args.ref, "src"], check=True,
                                      capture_output=True).stdout
