@@ -528,7 +528,7 @@ class ProcessExecutor:
         cap = max_env_steps if max_env_steps is not None and task.step_limit else None
         spent, held = [0], [False]  # env steps of finished jobs; whether the cap held a job back
         # jobs go longest expected first (each seed's latest episode) unless the cap may bind: which jobs it skips
-        # then depends on the order, and the order given is the one that makes it the same for the same jobs
+        # depends on the order alone, so they keep the order given (the same jobs skip the same, whatever ran before)
         lengths = self._lengths.setdefault(task_key, _Lengths())
         reorder = cap is None or len(jobs) * cast("int", task.step_limit) <= cap
         pending = _Queue([lengths.expect(job.seed) for job in jobs])
@@ -759,33 +759,36 @@ class ProcessExecutor:
                 finish(head, ep)
             answered(w)
 
-        while True:
-            if pending and learned[0] and learned[0] >= len(pending) // 64:  # new lengths (every 64th of the queue)
-                pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
-                learned[0] = 0
-            hold[0] = sum(pending.expect[j] for w in workers for j in w.jobs)  # env steps the workers hold, expected
-            for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
-                for w in list(workers):
-                    if (len(w.batches) < depth and pending and not dispatch(w) and pending and not w.jobs
-                            and not held[0]):
-                        workers.remove(w)
-                        workers.append(self._replace(w))
-            report()
-            busy = {w.conn: w for w in workers if w.jobs}
-            if not busy:
-                if not pending:
-                    break
-                continue
-            timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            for conn in cast("list[Connection]", wait(list(busy), timeout=timeout)):  # returns what it was given
-                w = busy[conn]
-                receive(w, conn)
-                while w in workers and w.jobs and conn.poll(0):  # the rest of a batch's replies, already here
+        try:
+            while True:
+                if pending and learned[0] and learned[0] >= len(pending) // 64:  # new lengths (every 64th of the queue)
+                    pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
+                    learned[0] = 0
+                hold[0] = sum(pending.expect[j] for w in workers for j in w.jobs)  # env steps the workers hold, expected
+                for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
+                    for w in list(workers):
+                        if (len(w.batches) < depth and pending and not dispatch(w) and pending and not w.jobs
+                                and not held[0]):
+                            workers.remove(w)
+                            workers.append(self._replace(w))
+                report()
+                busy = {w.conn: w for w in workers if w.jobs}
+                if not busy:
+                    if not pending:
+                        break
+                    continue
+                timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
+                for conn in cast("list[Connection]", wait(list(busy), timeout=timeout)):  # returns what it was given
+                    w = busy[conn]
                     receive(w, conn)
-            now = time.monotonic()
-            for w in list(busy.values()):
-                if w.jobs and w in workers and now >= w.deadline:
-                    fail_head(w, f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.jobs[0]].seed}")
+                    while w in workers and w.jobs and conn.poll(0):  # the rest of a batch's replies, already here
+                        receive(w, conn)
+                now = time.monotonic()
+                for w in list(busy.values()):
+                    if w.jobs and w in workers and now >= w.deadline:
+                        fail_head(w, f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.jobs[0]].seed}")
+        finally:
+            report()  # what finished is reported, also when the run stops here (an interrupt, a failed start)
         return [r for r in results if r is not None]
 
     def _replace(self, w: _Worker) -> _Worker:
