@@ -28,7 +28,8 @@ is an episode's env steps × the step time (the time the environment itself need
 ``--ref GIT_REF`` also measures a git ref (its ``src`` exported to a temporary folder), each worker count's two runs
 back to back, and checks both ledgers record the same evaluations.
 
-Usage: python benchmarks/scheduling.py [--workers 16 32 64] [--env-steps 20000] [--step-ms 10] [--ref REF] [--write]
+Usage: python benchmarks/scheduling.py [--workers 16 32 64] [--env-steps 20000] [--step-ms 10] [--ref REF]
+[--repeats N] [--write]
 """
 
 from __future__ import annotations
@@ -281,6 +282,8 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=10.0, help="wall clock each env step sleeps (ms)")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed")
     ap.add_argument("--ref", help="a git ref to measure beside the working tree (e.g. the commit before a change)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each (code, workers), interleaved; the table shows "
+                    "the one of median wall clock")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one measurement, as JSON on stdout
     ap.add_argument("--no-pool", action="store_true", help=argparse.SUPPRESS)
@@ -290,27 +293,41 @@ def main() -> None:
     here = Path(__file__).resolve()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        codes = [("working tree", root / "src")]
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
+                              text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "src"], check=False, capture_output=True,
+                               text=True).stdout.strip()
+        codes = [(f"working tree ({head}{' + changes' if dirty else ''})" if head else "working tree", root / "src")]
         if args.ref:  # its src only, exported (no worktree registered)
             archive = subprocess.run(["git", "-C", str(root), "archive", args.ref, "src"], check=True,
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
             codes.insert(0, (args.ref, Path(tmp) / "src"))
         for w in args.workers:
-            got = {}
-            for k, (name, src) in enumerate(codes):
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(here.parent)])}
-                cmd = [sys.executable, str(here), "--one", str(w), "--env-steps", str(args.env_steps), "--step-ms",
-                       str(args.step_ms), "--seed", str(args.seed)] + ([] if k == len(codes) - 1 else ["--no-pool"])
-                res = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
-                if res.returncode:
-                    sys.exit(f"{name}, {w} workers failed:\n{res.stderr[-3000:]}")
-                got[name] = json.loads(res.stdout)
-                rows.append((name, got[name], summarize(got[name])))
-                print(_row(*rows[-1]), flush=True)
-            if len(got) == 2:
-                a, b = (got[name]["ledger"] for name, _ in codes)
-                assert a == b, f"{w} workers: the two checkouts' ledgers record different evaluations"
+            runs: dict[str, list] = {name: [] for name, _ in codes}
+            for r in range(args.repeats):
+                got = {}
+                for k, (name, src) in enumerate(codes):
+                    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(here.parent)])}
+                    pool = k == len(codes) - 1 and r == args.repeats // 2  # the plain pool once, beside the median
+                    cmd = [sys.executable, str(here), "--one", str(w), "--env-steps", str(args.env_steps), "--step-ms",
+                           str(args.step_ms), "--seed", str(args.seed)] + ([] if pool else ["--no-pool"])
+                    res = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
+                    if res.returncode:
+                        sys.exit(f"{name}, {w} workers failed:\n{res.stderr[-3000:]}")
+                    got[name] = json.loads(res.stdout)
+                    runs[name].append(got[name])
+                    print(_row(name, got[name], summarize(got[name])), flush=True)
+                if len(got) == 2:
+                    a, b = (got[name]["ledger"] for name, _ in codes)
+                    assert a == b, f"{w} workers: the two checkouts' ledgers record different evaluations"
+            for name, _ in codes:
+                ms = sorted(runs[name], key=lambda m: m["wall_s"])
+                median = ms[len(ms) // 2]
+                pools = [m["pool"] for m in ms if "pool" in m]
+                if pools:
+                    median = {**median, "pool": pools[0]}
+                rows.append((name, median, summarize(median)))
     header = ("| code | workers | start-up s | run s | ideal s | busy | × ideal | idle: outside / barrier / executor "
               "| machine CPU | thread pool s | pool busy | pool × ideal |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     table = header + "\n" + "\n".join(_row(*r) for r in rows)
@@ -319,12 +336,14 @@ def main() -> None:
     if args.write:
         cmd = ("python benchmarks/scheduling.py --workers " + " ".join(map(str, args.workers))
                + f" --env-steps {args.env_steps} --step-ms {args.step_ms:g}" + (f" --ref {args.ref}" if args.ref else "")
-               + " --write")
+               + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + " --write")
         write_section("Scheduling efficiency without a big machine", (
             f"Command: `{cmd}` — a whole run (defaults, `decide = \"every\"`, sandboxed workers under bubblewrap) on an "
             f"environment whose steps sleep {args.step_ms:g} ms and cost almost no CPU, episode lengths drawn per seed "
             "in LunarLander's shape; then the same episodes in a plain `ThreadPool` of as many threads. Start-up (every "
-            "worker pair started and ready) is timed apart and not in `run s`. `idle` splits ratchet's idle "
+            "worker pair started and ready) is timed apart and not in `run s`"
+            + (f"; each row is the run of median wall clock of {args.repeats}, the two codes' runs interleaved"
+               if args.repeats > 1 else "") + ". `idle` splits ratchet's idle "
             "worker-seconds: the driver outside `executor.run`, the per-call barrier (what a perfect scheduler of each "
             "call's episodes still leaves idle) and the executor's own share. `machine CPU`: how busy the machine's "
             "cores were during the run (every process on it, not only the run's).\n\n"

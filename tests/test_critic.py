@@ -146,3 +146,24 @@ def test_without_a_diagnoser_time_outs_are_apart_from_ends_below_the_threshold()
            "0 errored" in both.text  # the counts add up to more than the episodes: say why
     modes = {m.label: m.count for m in both.failure_modes}  # it ended by the env's rule on its last step: no time-out
     assert modes == {"time-out": 4, "ended below the success threshold": 4}
+
+
+# issue 42: the critique's k-means ran with one OpenMP thread per core; on a busy 2-core machine the threads only
+# spun (0.3 s a critique, 5 s of a 33 s run with every worker idle); the clustering now holds one thread, same labels
+def test_failure_clusters_are_found_with_one_thread(monkeypatch):
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_info
+
+    seen: list[int] = []
+    fit_predict = KMeans.fit_predict
+
+    def counted(self, *args, **kwargs):
+        seen.extend(p["num_threads"] for p in threadpool_info() if p["user_api"] == "openmp")
+        return fit_predict(self, *args, **kwargs)
+
+    monkeypatch.setattr(KMeans, "fit_predict", counted)
+    eps = [Episode(s, -150.0, 150, True, False, False,
+                   diagnostics={"final_observation": [5.0 * (s % 2) + 0.01 * s, 0.0]}) for s in range(12)]
+    crit = Critic(success_rule="return ≥ 0").critique(Evaluation("c", "test", tuple(eps)))
+    assert sorted(m.count for m in crit.failure_modes) == [6, 6]  # two clusters, as before
+    assert set(seen) <= {1}  # (no OpenMP runtime at all: nothing to limit)

@@ -233,3 +233,76 @@ def test_max_env_steps_is_a_hard_cap(pool, cartpole_task):
     assert sum(e.length for e in eps) <= 1700 and len(ran) == 3
     assert all(e.error == BUDGET_SKIP and e.length == 0 for e in eps if e.error is not None)
     assert [e.seed for e in eps] == list(range(8))
+
+
+class _Sent:
+    """Records the job ids of every message the executor sends its workers, in order (``[(kind, [ids])]``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from multiprocessing.connection import Connection
+
+        from ratchet.execution import process
+
+        self.messages: list[tuple[str, list[int]]] = []
+        sent = self.messages
+
+        class Recording(Connection):
+            def send(self, obj):
+                if isinstance(obj, tuple):
+                    sent.append((obj[0], list(obj[1]) if obj[0] == "batch" else [obj[1]]))
+                return super().send(obj)
+
+        monkeypatch.setattr(process, "Connection", Recording)
+
+
+def test_jobs_go_longest_expected_first(cartpole_task, monkeypatch):
+    """The executor expects a job to take as many env steps as the latest episode it saw on its seed: the jobs
+    go longest first, unless an env-step cap that may bind asks for the order given (which jobs it skips then
+    depends on that order alone); the episodes are the same either way."""
+    sent = _Sent(monkeypatch)
+    jobs = [Job(_mixed_candidate(), s) for s in range(12)]
+    with ProcessExecutor(workers=1, episode_timeout_s=30, lockstep=1) as ex:
+        first = ex.run(cartpole_task, jobs)
+        assert [i for _, ids in sent.messages for i in ids] == list(range(12))  # nothing seen yet: as given
+        length = {e.seed: e.length for e in first}
+        assert len({n.bit_length() for n in length.values()}) > 1  # lengths of more than one power of two
+        sent.messages.clear()
+        again = ex.run(cartpole_task, jobs)
+        order = [jobs[i].seed for _, ids in sent.messages for i in ids]
+        buckets = [length[s].bit_length() for s in order]
+        assert buckets == sorted(buckets, reverse=True) and order != list(range(12))
+        assert [e.to_dict() for e in again] == [e.to_dict() for e in first]
+        sent.messages.clear()
+        capped = ex.run(cartpole_task, jobs, max_env_steps=12 * 500 - 1)  # all twelve at the time limit: over it
+        assert [i for _, ids in sent.messages for i in ids] == list(range(12))
+        assert [e.to_dict() for e in capped] == [e.to_dict() for e in first]
+
+
+def test_reordered_jobs_keep_each_candidate_together(cartpole_task, monkeypatch):
+    """Longest first orders the candidates by the work their jobs hold and each candidate's jobs by theirs, never the
+    jobs of several candidates by seed: a candidate's jobs stay together for one lockstep message (one process)."""
+    sent = _Sent(monkeypatch)
+    with ProcessExecutor(workers=1, episode_timeout_s=30) as ex:
+        ex.run(cartpole_task, [Job(_mixed_candidate(), s) for s in range(12)])  # lengths of two powers of two
+        sent.messages.clear()
+        two = [_mixed_candidate(), good_candidate()]
+        jobs = _jobs(two, list(range(12)))
+        ex.run(cartpole_task, jobs)
+    assert [[jobs[i].candidate.id for i in ids] for _, ids in sent.messages] == [[c.id] * 12 for c in two]
+
+
+def test_messages_leave_work_queued_for_the_first_worker_free(cartpole_task, monkeypatch):
+    """A candidate's jobs that do not fit a worker's fair share of the work left go in messages of about half of it,
+    the rest staying queued for whichever worker frees up first (not split between the workers up front, where the
+    end of a heavy-tailed mix leaves the other workers waiting on one long message); a candidate's jobs that fit it
+    go whole (splitting them would start the candidate's process on another worker for nothing)."""
+    sent = _Sent(monkeypatch)
+    with ProcessExecutor(workers=2, episode_timeout_s=30) as ex:
+        eps = ex.run(cartpole_task, [Job(good_candidate(), s) for s in range(12)])
+        sizes = [len(ids) for kind, ids in sent.messages if kind == "batch"]
+        assert sum(sizes) == 12 and max(sizes) <= 4 and len(sizes) > 2, sizes  # 12 / (2 × 2 - 1) = 4; before: 6 + 6
+        sent.messages.clear()
+        four = [_mixed_candidate(), good_candidate(), zero_candidate(), candidate_of("cartpole_linear.py", {**GOOD_WEIGHTS, "w_angle": 0.8})]
+        eps += ex.run(cartpole_task, _jobs(four, SEEDS[:3]))
+        assert [len(ids) for kind, ids in sent.messages] == [3, 3, 3, 3]  # each candidate whole: 3 of 6 per worker
+    assert all(e.error is None for e in eps)

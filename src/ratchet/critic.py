@@ -303,16 +303,20 @@ class Critic:
         Z = (X - mu) / sd
         from sklearn.cluster import KMeans
         from sklearn.metrics import silhouette_score
+        from threadpoolctl import threadpool_limits  # scikit-learn brings it
 
         best_k, best_score, best_labels = 1, 0.25, np.zeros(len(failing), dtype=int)
         distinct = len(np.unique(np.round(Z, 9), axis=0))
-        for k in range(2, min(4, len(failing) // 3, distinct) + 1):
-            labels = KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit_predict(Z)
-            if len(set(labels)) < 2:
-                continue
-            score = silhouette_score(Z, labels)
-            if score > best_score:
-                best_k, best_score, best_labels = k, score, labels
+        # a few dozen points: OpenMP/BLAS threads only spin, against the run's own workers (5-10x slower on a busy
+        # 2-core machine, and every worker idle meanwhile; the labels are the same with one thread)
+        with threadpool_limits(1):
+            for k in range(2, min(4, len(failing) // 3, distinct) + 1):
+                labels = KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit_predict(Z)
+                if len(set(labels)) < 2:
+                    continue
+                score = silhouette_score(Z, labels)
+                if score > best_score:
+                    best_k, best_score, best_labels = k, score, labels
         names = self.observation_names(X.shape[1]) if callable(self.observation_names) else self.observation_names
         if not names or len(names) != X.shape[1]:
             names = [f"obs[{i}]" for i in range(X.shape[1])]

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -337,6 +337,76 @@ def _last_line(path: str, limit: int = 200) -> str:
     return clean(lines[-1], limit) if lines else ""
 
 
+class _Lengths:
+    """The env steps of the latest clean episode seen on each seed of one task (at most ``limit`` seeds, the oldest
+    dropped): what a job on that seed is expected to take. Used only for the order and size of the messages
+    :meth:`ProcessExecutor.run` sends; never for any result."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self.steps: dict[int, int] = {}
+        self.total = 0
+
+    def expect(self, seed: int) -> int:
+        """Env steps (≥ 1) a job on ``seed`` is expected to take: its latest episode's, else the mean of those seen
+        (1 when none is: every job alike)."""
+        if seed in self.steps:
+            return max(1, self.steps[seed])
+        return max(1, round(self.total / len(self.steps))) if self.steps else 1
+
+    def record(self, seed: int, steps: int) -> bool:
+        """Remember ``steps`` for ``seed``; whether it was new or changed."""
+        old = self.steps.pop(seed, None)
+        if old is not None:
+            self.total -= old
+        elif len(self.steps) >= self.limit:
+            self.total -= self.steps.pop(next(iter(self.steps)))
+        self.steps[seed] = steps
+        self.total += steps
+        return old != steps
+
+
+class _Queue:
+    """The jobs of one :meth:`ProcessExecutor.run` not yet sent, in the order they go, and the env steps they are
+    expected to take in all (:attr:`work`; each job's expectation is ``expect[job]``)."""
+
+    def __init__(self, expect: list[int]) -> None:
+        self.expect = expect
+        self._jobs: deque[int] = deque(range(len(expect)))
+        self.work = sum(expect)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._jobs)
+
+    def __getitem__(self, k: int) -> int:
+        return self._jobs[k]
+
+    def popleft(self) -> int:
+        i = self._jobs.popleft()
+        self.work -= self.expect[i]
+        return i
+
+    def extendleft(self, jobs: Iterable[int]) -> None:
+        jobs = list(jobs)
+        self._jobs.extendleft(jobs)
+        self.work += sum(self.expect[i] for i in jobs)
+
+    def longest_first(self, expect: Callable[[int], int], group: Callable[[int], str]) -> None:
+        """Expect ``expect(job)`` env steps of each queued job and order the queue longest first: the groups
+        (``group(job)``: its candidate) by the work they hold, each group's jobs by theirs in powers of two. A
+        group's jobs stay together (for lockstep batches), and groups or jobs expected alike keep their order."""
+        work: dict[str, int] = {}
+        for i in self._jobs:
+            self.expect[i] = expect(i)
+            work[group(i)] = work.get(group(i), 0) + self.expect[i]
+        rank = {g: k for k, g in enumerate(sorted(work, key=lambda g: -work[g]))}  # a stable sort: ties keep order
+        self._jobs = deque(sorted(self._jobs, key=lambda i: (rank[group(i)], -self.expect[i].bit_length())))
+        self.work = sum(work.values())
+
+
 class ProcessExecutor:
     """Runs episodes in a pool of worker processes.
 
@@ -359,10 +429,11 @@ class ProcessExecutor:
         lockstep: With trusted rollouts and a task that can (``Task.batched_rollouts``), how many episodes
             of one candidate a worker steps at once: one message to the policy process per round of
             observations instead of one per env step (:func:`ratchet.rollout.run_lockstep`). A message holds the
-            jobs of one candidate queued together (at most ``4 * lockstep``, a fair share per worker, and what the
-            env-step cap's worst case allows), so one candidate's code never runs beside another's. When a round
-            outlasts the time left (a hang, or a policy that turned slow), the batch's unfinished episodes run again
-            one at a time, each with its own timeout. 1: one episode at a time, one round trip per env step.
+            jobs of one candidate queued together (at most ``4 * lockstep``, a worker's share of the work left, and
+            what the env-step cap's worst case allows; see :meth:`run`), so one candidate's code never runs beside
+            another's. When a round outlasts the time left (a hang, or a policy that turned slow), the batch's
+            unfinished episodes run again one at a time, each with its own timeout. 1: one episode at a time, one
+            round trip per env step.
 
     Raises:
         SandboxError: the sandbox requires isolation this machine cannot give.
@@ -386,6 +457,7 @@ class ProcessExecutor:
                             else self.episode_timeout_s)
         self._workers: list[_Worker] = []
         self._opponents = False  # whether workers carry an opponent process (a game task's; see run)
+        self._lengths: dict[str, _Lengths] = {}  # per task: the latest episode's length on each seed (dispatch only)
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
@@ -408,8 +480,17 @@ class ProcessExecutor:
             render_paths: Sequence[str | None] | None = None, *, max_env_steps: int | None = None) -> list[Episode]:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor`.
 
-        Each worker holds up to two jobs (the one running and the next), so it never waits for the
-        parent between episodes. A job's timeout clock starts when the job before it on the same
+        Scheduling (the order and size of the messages; never a result): each job is expected to take as many
+        env steps as the latest clean episode this executor saw on its seed (else their mean), and the jobs go
+        longest expected first (the candidates by the work their jobs hold, each candidate's jobs by theirs in powers
+        of two; alike keep their order) unless ``max_env_steps`` may bind, where they keep the order given (which
+        jobs the cap skips then depends on the order alone). A
+        lockstep message takes a candidate's jobs queued together whole where they fit the worker's fair share of
+        the expected work left (the queued jobs' and those the workers hold, split evenly, less what it holds), else
+        what fits about half of it; the rest stays queued for the first worker to free up, so messages shrink as
+        the queue empties. A worker holds a second message behind the one running (so it need not wait for the
+        parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
+        workers have their next message. A job's timeout clock starts when the message before it on the same
         worker has finished.
 
         Args:
@@ -435,7 +516,6 @@ class ProcessExecutor:
             for w in list(self._workers):
                 w.kill()
             self._workers = []
-        pending: deque[int] = deque(range(len(jobs)))
         failed_candidates: dict[str, str] = {}
         # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may use both
         deadline_s = self._deadline_s + (self.episode_timeout_s if task.opponent_sources() else 0.0)
@@ -447,6 +527,16 @@ class ProcessExecutor:
         renders: dict[int, tuple[str, str]] = {}
         cap = max_env_steps if max_env_steps is not None and task.step_limit else None
         spent, held = [0], [False]  # env steps of finished jobs; whether the cap held a job back
+        # jobs go longest expected first (each seed's latest episode) unless the cap may bind: which jobs it skips
+        # depends on the order alone, so they keep the order given (the same jobs skip the same, whatever ran before)
+        lengths = self._lengths.setdefault(task_key, _Lengths())
+        reorder = cap is None or len(jobs) * cast("int", task.step_limit) <= cap
+        pending = _Queue([lengths.expect(job.seed) for job in jobs])
+        if reorder and lengths.steps:
+            pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
+        learned = [0]  # seeds whose expectation changed since the queue was last ordered
+        hold = [0]  # env steps the jobs the workers hold are expected to take (see room)
+        unreported: deque[tuple[int, Episode]] = deque()  # finished, for on_episode once idle workers have work again
 
         def finish(i: int, ep: Episode) -> None:
             if i in renders:
@@ -466,8 +556,16 @@ class ProcessExecutor:
                 ep = dataclasses.replace(ep, diagnostics={**ep.diagnostics, LOST_ENV_STEPS: lost[i]})
             results[i] = ep
             spent[0] += ep.length
-            if on_episode is not None:
-                on_episode(i, ep)
+            if ep.error is None and lengths.record(jobs[i].seed, ep.length) and reorder:
+                learned[0] += 1
+            unreported.append((i, ep))
+
+        def report() -> None:
+            """``on_episode`` for the episodes finished since the last call, in the order they finished."""
+            while unreported:
+                i, ep = unreported.popleft()
+                if on_episode is not None:
+                    on_episode(i, ep)
 
         deaths: dict[int, int] = {}
         lost: dict[int, int] = {}  # env steps the env host counted in lockstep attempts of a job rerun alone
@@ -521,23 +619,36 @@ class ProcessExecutor:
             elif w.batches:
                 w.deadline = time.monotonic() + deadline_s * w.batches[0]
 
+        def room(w: _Worker) -> tuple[float, float]:
+            """``w``'s fair share of the work left and about half of it, in env steps: what the queued jobs and the jobs
+            every worker holds are expected to take, split into ``W`` parts and into ``2 W - 1`` (the whole of it with
+            one worker), less what ``w`` holds."""
+            left, mine = pending.work + hold[0], sum(pending.expect[j] for j in w.jobs)
+            return left / len(workers) - mine, left / (2 * len(workers) - 1) - mine
+
         def take(w: _Worker) -> list[int]:
             """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
-            candidate queued right behind it (no renders), as many as four widths, a fair share of the queue for each
-            worker, and the env-step cap's worst case allow."""
+            candidate queued right behind it (no renders; as many as four widths and the env-step cap's worst case
+            allow): all of them where they fit ``w``'s fair share of the work left (a candidate is not split for
+            nothing: each part starts its process on another worker), else what fits about half of it (:func:`room`).
+            The rest stays queued for whichever worker frees up first, so messages shrink as the queue empties and
+            the end of a heavy-tailed mix of episodes is not left to one worker's long message while others wait."""
+            fair, half = room(w)
             first = pending.popleft()
             if lockstep == 1 or first in solo or (render_paths and render_paths[first]):
                 return [first]
             cid = jobs[first].candidate.id
-            same = 1
-            for j in itertools.islice(pending, 4 * lockstep * len(workers)):
+            run = [pending.expect[first]]  # the expected env steps of the candidate's jobs queued together
+            for j in itertools.islice(pending, 4 * lockstep - 1):
                 if jobs[j].candidate.id != cid or j in solo or (render_paths and render_paths[j]):
                     break
-                same += 1
-            # a fair share for each worker of all the work queued, so a generation's candidates go to the workers
-            # whole (each candidate's process started once) and one long validation is split between them
-            holding = sum(len(x.jobs) for x in workers)  # jobs the workers already hold count in the share
-            size = min(4 * lockstep, same, -(-(len(pending) + 1 + holding) // len(workers)))
+                run.append(pending.expect[j])
+            size, work = len(run), sum(run)
+            while size > 1 and work > fair:  # too much for one worker: what fits half its share (at least one)
+                size, work = size - 1, work - run[size - 1]
+            if size < len(run):
+                while size > 1 and work > half:
+                    size, work = size - 1, work - run[size - 1]
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 running = sum(len(x.jobs) for x in workers)
@@ -547,6 +658,8 @@ class ProcessExecutor:
         def dispatch(w: _Worker) -> bool:
             held[0] = False
             while pending:
+                if w.jobs and pending.expect[pending[0]] > room(w)[1]:  # beyond its share: for the first worker free
+                    return False
                 if cap is not None:
                     assert task.step_limit is not None  # cap is set only with a step limit
                     running = sum(len(x.jobs) for x in workers)
@@ -596,6 +709,7 @@ class ProcessExecutor:
                     w.deadline = time.monotonic() + deadline_s * len(batch)
                 w.jobs.extend(batch)
                 w.batches.append(len(batch))
+                hold[0] += sum(pending.expect[j] for j in batch)
                 return True
             return False
 
@@ -649,28 +763,36 @@ class ProcessExecutor:
                 finish(head, ep)
             answered(w)
 
-        while True:
-            for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
-                for w in list(workers):
-                    if (len(w.batches) < depth and pending and not dispatch(w) and pending and not w.jobs
-                            and not held[0]):
-                        workers.remove(w)
-                        workers.append(self._replace(w))
-            busy = {w.conn: w for w in workers if w.jobs}
-            if not busy:
-                if not pending:
-                    break
-                continue
-            timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            for conn in cast("list[Connection]", wait(list(busy), timeout=timeout)):  # returns what it was given
-                w = busy[conn]
-                receive(w, conn)
-                while w in workers and w.jobs and conn.poll(0):  # the rest of a batch's replies, already here
+        try:
+            while True:
+                if pending and learned[0] and learned[0] >= len(pending) // 64:  # new lengths (every 64th of the queue)
+                    pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
+                    learned[0] = 0
+                hold[0] = sum(pending.expect[j] for w in workers for j in w.jobs)  # env steps the workers hold, expected
+                for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
+                    for w in list(workers):
+                        if (len(w.batches) < depth and pending and not dispatch(w) and pending and not w.jobs
+                                and not held[0]):
+                            workers.remove(w)
+                            workers.append(self._replace(w))
+                report()
+                busy = {w.conn: w for w in workers if w.jobs}
+                if not busy:
+                    if not pending:
+                        break
+                    continue
+                timeout = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
+                for conn in cast("list[Connection]", wait(list(busy), timeout=timeout)):  # returns what it was given
+                    w = busy[conn]
                     receive(w, conn)
-            now = time.monotonic()
-            for w in list(busy.values()):
-                if w.jobs and w in workers and now >= w.deadline:
-                    fail_head(w, f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.jobs[0]].seed}")
+                    while w in workers and w.jobs and conn.poll(0):  # the rest of a batch's replies, already here
+                        receive(w, conn)
+                now = time.monotonic()
+                for w in list(busy.values()):
+                    if w.jobs and w in workers and now >= w.deadline:
+                        fail_head(w, f"timeout after {self.episode_timeout_s:g} s on seed {jobs[w.jobs[0]].seed}")
+        finally:
+            report()  # what finished is reported, also when the run stops here (an interrupt, a failed start)
         return [r for r in results if r is not None]
 
     def _replace(self, w: _Worker) -> _Worker:
