@@ -70,7 +70,7 @@ import numpy as np
 
 from ratchet.errors import TaskError
 
-__all__ = ["CandidateError", "EvaluatorTask", "as_array", "split_of"]
+__all__ = ["CandidateError", "EvaluatorTask", "as_array", "numbers", "split_of"]
 
 _SPLITS = ("train", "validation", "test")
 MAX_TEXT = 500
@@ -113,6 +113,43 @@ def as_array(value: Any, shape: tuple[int, ...] | None = None, name: str = "the 
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise CandidateError(f"{name} has non-finite values")
     return arr
+
+
+def numbers(text: Any, count: int | None = None, name: str = "the answer", dtype: Any = np.float64) -> np.ndarray:
+    """A program's text answer (a ``source`` policy's stdout, :mod:`ratchet.policies.source`) as a 1-D array of
+    ``dtype``: its whitespace-separated numbers, checked as :func:`as_array` checks an array, so text that does not
+    parse is the candidate's :class:`CandidateError`, never the evaluator's exception.
+
+    Args:
+        text: The answer (``str``).
+        count: How many numbers it must hold (None: any).
+        name: What to call it in the message.
+        dtype: ``np.float64``, or an integer type (each word must then be an integer).
+
+    Raises:
+        CandidateError: not text, a word that is not a number, the wrong count, or a non-finite value.
+    """
+    if not isinstance(text, str):
+        raise CandidateError(f"{name} is not text (got {type(text).__name__})")
+    words = text.split()
+    if count is not None and len(words) != count:
+        raise CandidateError(f"{name} has {len(words)} numbers, expected {count}")
+    integer = np.issubdtype(np.dtype(dtype), np.integer)
+    try:
+        values = [int(w) if integer else float(w) for w in words]
+        arr = np.asarray(values, dtype=dtype)
+    except (ValueError, OverflowError):
+        bad = next((w for w in words if not _parses(w, integer)), words[0] if words else "")
+        raise CandidateError(f"{name}: {bad[:40]!r} is not {'an integer' if integer else 'a number'}") from None
+    return as_array(arr, None, name, dtype)
+
+
+def _parses(word: str, integer: bool) -> bool:
+    try:
+        int(word) if integer else float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def split_of(seed: int) -> str:
