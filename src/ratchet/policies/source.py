@@ -404,9 +404,24 @@ class FolderPolicy:
             except OSError:  # it stopped reading: its answer says what it made of it
                 pass
 
-        writer = threading.Thread(target=feed, daemon=True)
-        writer.start()
-        out_t.join()
+        done = threading.Event()  # its output ended (or passed the cap), or it exited: whichever comes first
+
+        def wait() -> None:
+            proc.wait()
+            done.set()
+
+        def read() -> None:
+            out_t.join()
+            done.set()
+
+        for target in (feed, wait, read):
+            threading.Thread(target=target, daemon=True).start()
+        done.wait()
+        if out_t.is_alive():  # it exited: what it printed is in the pipe, unless a process it left holds it open
+            out_t.join(1.0)
+            if out_t.is_alive():
+                _kill_group(proc)
+                raise ProgramFailed(f"{name}: the program exited, but a process it started still holds its output")
         if out["over"]:
             _kill_group(proc)
             raise ProgramFailed(f"{name}: the program printed more than {cap:,} bytes (max_output_bytes)")
