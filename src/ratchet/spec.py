@@ -261,8 +261,7 @@ class PolicySpec(_Section):
                              f"{self.kind!r}; remove it")
         from ratchet.policy import FOLDER_KINDS
 
-        folder_keys = sorted({"build", "run", "build_timeout_s", "build_memory_mb", "max_output_bytes"}
-                             & self.model_fields_set)
+        folder_keys = [k for k in ("build", "run") if getattr(self, k)]  # (every setting is written out in a ledger)
         if self.kind in FOLDER_KINDS:
             if not self.run:
                 raise ValueError(f"[policy] kind = {self.kind!r} needs run = [...], the command that runs the built "

@@ -22,8 +22,8 @@ names the evaluator module, which is trusted like a Gymnasium environment:
 
 ``policy.priority(item, bins)`` calls the candidate's ``priority(item, bins, params)`` (ratchet appends the
 parameters; the evaluator never sees them). The candidate runs in the sandbox; its answers cross the boundary
-as numbers, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
-never as pickles. A non-finite number, any other object, or an exception in the candidate fails that
+as numbers, text, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
+never as pickles (a compiled ``source`` policy answers with what it printed, as text: read it with :func:`numbers`). A non-finite number, any other object, or an exception in the candidate fails that
 instance for the candidate (the call raises; the evaluator should not catch it); check an answer with
 :func:`as_array` before using it, so a ragged list or a wrong shape is the candidate's :class:`CandidateError`,
 not the evaluator's exception. Arguments must be numbers, text, numeric arrays and tuples/lists/dicts of them.
