@@ -202,6 +202,14 @@ def _beside_good(ex, task, tmp_path, bad: Candidate):
     return bad_eps
 
 
+def test_text_reaches_only_an_evaluator_that_declares_it(sandboxed, tmp_path):
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "evaluate.py").write_text(EVALUATOR.replace("params) -> str:", "params):"))
+    numeric = EvaluatorTask.from_file(tmp_path / "ev" / "evaluate.py")  # an evaluator that expects numbers
+    eps = sandboxed.run(numeric, [Job(_candidate(tmp_path / "good"), s) for s in SEEDS])
+    assert all("answer() returned str '" in e.error for e in eps), [e.error for e in eps]
+
+
 def _main(body: str, head: str = "") -> str:
     return f"#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n{head}\nint main(void) {{\n{body}\n}}\n"
 
@@ -317,3 +325,35 @@ def test_a_killed_and_resumed_run_replays_a_whole_one(tmp_path, refiner):
     assert returns[0] == returns[1]
     assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
     assert whole.incumbent.kind == "source"
+
+
+RUST = """use std::io::Read;
+// EVOLVE-BLOCK-START
+const A: f64 = 1.5; // ratchet: a 0..4
+const B: f64 = 0.5; // ratchet: b 0..2
+// EVOLVE-BLOCK-END
+fn main() {
+    let mut s = String::new();
+    std::io::stdin().read_to_string(&mut s).unwrap();
+    let x: f64 = s.trim().parse().unwrap();
+    println!("{}", A * x + B);
+}
+"""
+
+
+def test_a_rust_program_builds_and_answers(tmp_path, monkeypatch):
+    """Rust where a toolchain is installed (rustup's ~/.cargo/bin too: this runs outside the sandbox, which hides
+    the caller's home); skipped without one."""
+    cargo = os.path.expanduser("~/.cargo/bin")
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + cargo)
+    if shutil.which("rustc") is None:
+        pytest.skip("needs rustc")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.rs").write_text(RUST)
+    program = read_folder(tmp_path / "src", ["rustc -O -o prog main.rs"], ["./prog"], ["answer"])
+    assert [(p.name, p.default) for p in program.parameters] == [("a", 1.5), ("b", 0.5)]
+    monkeypatch.chdir(tmp_path)
+    policy = build(program.source, {})
+    params = {"a": 2.0, "b": 1.0}
+    policy.reset(params, 0)
+    assert float(policy.answer(3, params)) == 7.0

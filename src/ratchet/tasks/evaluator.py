@@ -23,7 +23,8 @@ names the evaluator module, which is trusted like a Gymnasium environment:
 ``policy.priority(item, bins)`` calls the candidate's ``priority(item, bins, params)`` (ratchet appends the
 parameters; the evaluator never sees them). The candidate runs in the sandbox; its answers cross the boundary
 as numbers, text, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
-never as pickles (a compiled ``source`` policy answers with what it printed, as text: read it with :func:`numbers`). A non-finite number, any other object, or an exception in the candidate fails that
+never as pickles; text only where FUNCTIONS declares ``-> str`` (a compiled ``source`` policy answers with what it
+printed, as text: read it with :func:`numbers`). A non-finite number, any other object, or an exception in the candidate fails that
 instance for the candidate (the call raises; the evaluator should not catch it); check an answer with
 :func:`as_array` before using it, so a ragged list or a wrong shape is the candidate's :class:`CandidateError`,
 not the evaluator's exception. Arguments must be numbers, text, numeric arrays and tuples/lists/dicts of them.
@@ -713,8 +714,8 @@ class _Proxy:
                 answer = self._policy.call(name, args)
             finally:
                 self.waited_s += time.perf_counter() - t0
-            answer = _checked(name, answer)
             kind = self._returns.get(name)
+            answer = _checked(name, answer, text=kind == "str")
             if not _conforms(kind, answer):
                 raise _BadAnswer(f"{name}() returned a {type(answer).__name__}; FUNCTIONS declares -> {kind} "
                                  f"({RETURN_TYPES[str(kind)]})")
@@ -740,10 +741,16 @@ def _not_plain(value: Any, depth: int = 0) -> str | None:
     return f"a {type(value).__name__}"
 
 
-def _checked(name: str, value: Any, depth: int = 0) -> Any:
-    """The candidate's answer with every number finite, or :class:`_BadAnswer` saying what is wrong."""
+def _checked(name: str, value: Any, depth: int = 0, text: bool = False) -> Any:
+    """The candidate's answer with every number finite, or :class:`_BadAnswer` saying what is wrong. Text is an
+    answer only where FUNCTIONS declares ``-> str`` (``text``), and only as the whole answer: an evaluator that
+    expects numbers never meets a string."""
     from ratchet.rollout import Opaque
 
+    if isinstance(value, str):
+        if text and depth == 0:
+            return value
+        raise _BadAnswer(f"{name}() returned str {value[:40]!r}; expected numbers or numeric arrays")
     if isinstance(value, Opaque):
         raise _BadAnswer(f"{name}() returned {value.type_name} {value.text}; expected numbers or numeric arrays")
     if isinstance(value, np.ndarray):
