@@ -107,6 +107,18 @@ def test_a_folder_is_the_candidate_and_its_regions_the_parameters(tmp_path):
     assert (tmp_path / "out" / "main.c").read_text() == GOOD.replace("A = 1.5", "A = 2.0")
 
 
+def test_a_promotions_diff_shows_the_changed_literals_by_file(tmp_path):
+    from ratchet.proposals import promotion_changes
+
+    a = _candidate(tmp_path / "f")
+    b = Candidate.create(a.source, {"a": 2.25, "b": 0.5}, kind="source", parent_id=a.id)
+    changes = promotion_changes(a, b)
+    assert changes["source_diff"].splitlines()[2:] == [
+        "@@ -3,3 +3,3 @@", " // EVOLVE-BLOCK-START", "-double A = 1.5;  // ratchet: a 0..4",
+        "+double A = 2.25;  // ratchet: a 0..4", " double B = 0.5;  // ratchet: b 0..2"]
+    assert changes["structure_diff"] == "" and changes["value_changes"] == [{"name": "a", "from": 1.5, "to": 2.25}]
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: None, "not a folder"),
     (lambda d: (d.mkdir(), (d / "a.o").write_bytes(b"\x7fELF\xff\xfe")), "not UTF-8"),

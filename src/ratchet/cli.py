@@ -914,7 +914,8 @@ def export(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
            output: Path | None = typer.Option(None, "-o", "--output", parser=_file_name, metavar="FILE",
                                               help="File to write: the policy .py (program), the model .zip (sb3); an "
                                                    "mlp writes STEM.py + STEM.npz, a residual STEM.py + "
-                                                   "STEM_correction.npz + STEM_residual.py."),
+                                                   "STEM_correction.npz + STEM_residual.py, a source policy the "
+                                                   "folder OUT/."),
            candidate: str | None = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
            runs_dir: str = RUNS_DIR_OPT,
            force: bool = typer.Option(False, "--force", help="Overwrite existing files."),

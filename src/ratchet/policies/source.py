@@ -60,8 +60,8 @@ from ratchet.errors import PolicyError
 from ratchet.policy import Candidate, Parameter, PolicyProgram
 from ratchet.regions import Literal, RegionError, extract, substitute
 
-__all__ = ["FORMAT", "Folder", "FolderPolicy", "ProgramFailed", "build", "export_folder", "program_of", "read_folder",
-           "stdin_text"]
+__all__ = ["FORMAT", "Folder", "FolderPolicy", "ProgramFailed", "build", "export_folder", "folder_text", "program_of",
+           "read_folder", "stdin_text"]
 
 #: The ``format`` of a folder candidate's source document.
 FORMAT = "ratchet-folder/1"
@@ -236,6 +236,18 @@ def export_folder(candidate: Candidate, output: str | Path) -> list[Path]:
         p.write_text(text, encoding="utf-8")
         written.append(p)
     return written
+
+
+def folder_text(candidate: Candidate) -> str:
+    """A folder candidate as one text for diffs (``show``, the report): each file, its values written in, under a
+    ``=== path ===`` line, in path order.
+
+    Raises:
+        PolicyError: not a folder document.
+    """
+    files = Folder.from_source(candidate.source).with_values(candidate.params)
+    return "".join(f"=== {rel} ===\n{text}" + ("" if text.endswith("\n") else "\n")
+                   for rel, text in sorted(files.items()))
 
 
 def stdin_text(args: Sequence[Any]) -> str:
