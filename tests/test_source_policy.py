@@ -369,3 +369,24 @@ def test_a_rust_program_builds_and_answers(tmp_path, monkeypatch):
     params = {"a": 2.0, "b": 1.0}
     policy.reset(params, 0)
     assert float(policy.answer(3, params)) == 7.0
+
+
+def test_the_cli_evaluates_a_folder_and_exports_a_run_as_a_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    spec = _spec(tmp_path / "spec", "cmaes")
+    (tmp_path / "spec" / "ratchet.toml").write_text(
+        'name = "src"\n[task]\nkind = "evaluator"\nevaluator = "evaluate.py"\n[policy]\nkind = "source"\n'
+        f'path = "prog"\nbuild = {BUILD!r}\nrun = ["./prog"]\n'.replace("'", '"'))
+    runner = CliRunner()
+    res = runner.invoke(app, ["evaluate", str(tmp_path / "spec" / "prog"), "--spec", str(tmp_path / "spec" / "ratchet.toml"),
+                              "--episodes", "2", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "errors 0" in res.output
+    with Dying() as ex:
+        start_run(spec, tmp_path / "runs", "r", executor=ex)
+    res = runner.invoke(app, ["export", "r", "--runs-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "main.c").read_text().startswith("#include <stdio.h>\n// EVOLVE-BLOCK-START\n")

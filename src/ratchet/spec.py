@@ -707,11 +707,13 @@ class RunSpec(_Section):
 
     def refiner_entries(self) -> list[dict[str, Any]]:
         """The run's refiners, one dict per ``[[refiners]]`` table (``kind``, optional ``name``, settings).
-        Without tables: one ``cmaes`` from ``[refiner]`` for a program policy, ``ppo`` for mlp and sb3
+        Without tables: one ``cmaes`` from ``[refiner]`` for a program or source policy, ``ppo`` for mlp and sb3
         policies, ``residual`` for a residual policy."""
+        from ratchet.policy import FOLDER_KINDS
+
         if self.refiners:
             return [dict(e) for e in self.refiners]
-        if self.policy.kind == "program":
+        if self.policy.kind == "program" or self.policy.kind in FOLDER_KINDS:
             r = self.refiner
             return [{"kind": "cmaes", **r.model_dump(mode="json", include=set(CMAESSettings.model_fields))}]
         from ratchet.refiners.registry import refiner_kind
