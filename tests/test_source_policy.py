@@ -337,6 +337,7 @@ def test_a_killed_and_resumed_run_replays_a_whole_one(tmp_path, refiner):
     assert returns[0] == returns[1]
     assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
     assert whole.incumbent.kind == "source"
+    assert not (tmp_path / "a" / "r" / "policy.py").exists()  # the folder is in the ledger, not a policy.py
 
 
 RUST = """use std::io::Read;

@@ -500,7 +500,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             # atomic: of two runs racing for one id, one gets it; 0700: policy code (nobody) cannot read it
             run_dir.mkdir(mode=0o700, exist_ok=run_dir.is_dir())
             lock_fd = lock_run_dir(run_dir)
-            if program.source:
+            if program.source and spec.policy.kind not in FOLDER_KINDS:  # a folder is in the ledger (`ratchet export`)
                 (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if url:
                 write_pointer(run_dir, url, run_id)
@@ -733,7 +733,7 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
     if not run_dir.exists():  # found only in the database: give it a run directory here
         try:
             run_dir.mkdir(mode=0o700, parents=True)
-            if program.source:
+            if program.source and spec.policy.kind not in FOLDER_KINDS:
                 (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if storage is not None:  # a run found only in a database (always so here: it had no directory)
                 write_pointer(run_dir, storage, started.payload["run_id"])
