@@ -240,6 +240,21 @@ def test_a_compiler_bomb_is_stopped_by_the_build_limits(sandboxed, task, tmp_pat
     assert all("build" in e.error for e in eps), [e.error for e in eps]
 
 
+@pytest.mark.parametrize("command, limits, reason", [
+    ("python3 -c 'bytearray(1 << 30)'", {"build_memory_mb": 256}, "MemoryError"),
+    ("sleep 30", {"build_timeout_s": 0.5}, "build timed out after 0.5 s"),
+])
+def test_each_build_command_has_its_memory_and_time_limit(tmp_path, monkeypatch, command, limits, reason):
+    from ratchet.policies.source import ProgramFailed
+
+    monkeypatch.chdir(tmp_path)
+    program = read_folder(_folder(tmp_path / "f", GOOD), [command], ["./prog"], ["answer"], **limits)
+    policy = build(program.source, {})
+    for _ in range(2):  # the failure is kept: a second instance does not build again
+        with pytest.raises(ProgramFailed, match=reason):
+            policy.reset(program.defaults, 0)
+
+
 @pytest.mark.parametrize("body, reason", [
     ("int *p = 0; return *p;", "killed by SIGSEGV"),
     ("return 7;", "exited with status 7"),

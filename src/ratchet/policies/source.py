@@ -282,19 +282,6 @@ def _num(x: Any) -> str:
     return str(int(v)) if v.is_integer() and abs(v) < 2**53 and not isinstance(x, float) else repr(v)
 
 
-def _limits(memory_mb: int | None, cpu_s: int | None) -> Any:
-    def apply() -> None:
-        import resource
-
-        for which, value in ((resource.RLIMIT_AS, memory_mb and memory_mb * 2**20), (resource.RLIMIT_CPU, cpu_s)):
-            if value:
-                _soft, hard = resource.getrlimit(which)
-                v = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                resource.setrlimit(which, (v, v))
-
-    return apply
-
-
 def _tail_reader(stream: Any, keep: int, cap: int | None = None) -> tuple[threading.Thread, dict[str, Any]]:
     """A thread reading ``stream`` to its end: ``box["head"]`` the first ``cap`` bytes (None: none kept),
     ``box["tail"]`` the last ``keep``, ``box["total"]`` the count; it stops reading past ``cap`` (``box["over"]``)."""
@@ -375,10 +362,12 @@ class FolderPolicy:
                 f.write(text)
         f_ = self.folder
         for command in f_.build:
-            proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=where, stdin=subprocess.DEVNULL,
+            # the limits set by the shell itself (no preexec_fn: this process may have threads), inherited by
+            # every process of the build
+            limits = f"ulimit -v {f_.build_memory_mb * 1024}; ulimit -t {math.ceil(f_.build_timeout_s) + 1}; "
+            proc = subprocess.Popen(["/bin/sh", "-c", limits + command], cwd=where, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                    close_fds=True, preexec_fn=_limits(f_.build_memory_mb,  # noqa: PLW1509 - limits only
-                                                                       math.ceil(f_.build_timeout_s) + 1))
+                                    close_fds=True)
             reader, box = _tail_reader(proc.stdout, _TAIL)
             try:
                 code = proc.wait(timeout=f_.build_timeout_s)
