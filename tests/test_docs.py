@@ -65,13 +65,16 @@ def test_annotated_spec_is_a_valid_spec():
 
 
 def test_every_example_spec_loads():
+    from ratchet.policy import FOLDER_KINDS
     from ratchet.spec import load_spec
 
     names = [p.parent.name for p in (ROOT / "examples").glob("*/ratchet.toml")]
     assert {"cartpole", "lunar_lander", "pendulum", "mountain_car_continuous"} <= set(names)
     for name in names:
         spec = load_spec(ROOT / "examples" / name)
-        assert spec.policy.kind == "mlp" or spec.policy_path.is_file()  # an mlp starts from no file
+        # an mlp starts from no file, a source policy from a folder
+        assert spec.policy.kind == "mlp" or spec.policy_path.is_file() or (
+            spec.policy.kind in FOLDER_KINDS and spec.policy_path.is_dir())
         assert (ROOT / "examples" / name / "README.md").is_file(), f"examples/{name} needs a README.md"
 
 

@@ -29,7 +29,7 @@ LAYERS = [
     "ledger",
     "critic", "diagnosers", "policy",
     "rollout",
-    "processes", "npz", "safefile", "text", "errors",
+    "processes", "npz", "safefile", "text", "regions", "errors",
 ]
 _PACKAGES = {"dashboard", "deciders", "execution", "ledger", "policies", "refiners", "report", "tasks"}
 

@@ -525,7 +525,7 @@ def report(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
 
 
 @app.command()
-def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help="Policy .py file (PARAMETERS + act); or give --run."),
+def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help="Policy .py file (PARAMETERS + act), or a source policy's folder with --spec; or give --run."),
              env: str | None = typer.Option(None, "--env", help="Gymnasium env id, e.g. LunarLander-v3 "
                                                                    "(or take the task from --spec)."),
              spec_path: Path | None = typer.Option(None, "--spec", help="A ratchet.toml whose [task] to use: env "
@@ -543,7 +543,7 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
                                                   help="Per-episode timeout (seconds, at most 86400; default: the "
                                                        "spec's [execution] episode_timeout_s with --spec, else 60)."),
              run: str | None = typer.Option(None, "--run", help="Evaluate a run's candidate (any policy kind: "
-                                               "program, mlp, sb3, residual) instead of a policy file; the task is "
+                                               "program, mlp, sb3, residual, source) instead of a policy file; the task is "
                                                "the run's unless --env or --spec is given."),
              candidate: str | None = typer.Option(None, "--candidate", help="With --run: candidate id (or prefix); "
                                                      "default the incumbent."),
@@ -598,7 +598,15 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
             label = f"candidate {cand.id} ({cand.kind}) of run {st.run_id}"
         else:
             assert policy is not None  # checked above: a policy file or --run
-            cand = load_program(policy, task).candidate()
+            from ratchet.policy import FOLDER_KINDS
+
+            if spec_path is not None and loaded.policy.kind in FOLDER_KINDS:  # a folder, built as the spec says
+                from ratchet.loop import load_start
+
+                folder = loaded.policy.model_copy(update={"path": str(Path(policy).resolve())})
+                cand = load_start(loaded.model_copy(update={"policy": folder}), task)[1]
+            else:
+                cand = load_program(policy, task).candidate()
             label = str(policy)
         task.dims()  # the env, made once with no policy code: setup problems fail here, in one line
         pools = task.seed_pools()
@@ -914,7 +922,8 @@ def export(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
            output: Path | None = typer.Option(None, "-o", "--output", parser=_file_name, metavar="FILE",
                                               help="File to write: the policy .py (program), the model .zip (sb3); an "
                                                    "mlp writes STEM.py + STEM.npz, a residual STEM.py + "
-                                                   "STEM_correction.npz + STEM_residual.py."),
+                                                   "STEM_correction.npz + STEM_residual.py, a source policy the "
+                                                   "folder OUT/."),
            candidate: str | None = typer.Option(None, "--candidate", help="Candidate id; default the incumbent."),
            runs_dir: str = RUNS_DIR_OPT,
            force: bool = typer.Option(False, "--force", help="Overwrite existing files."),

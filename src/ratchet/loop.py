@@ -37,13 +37,14 @@ from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, is_run_id, open_store, storage_url, write_pointer
 from ratchet.metrics import check_logging, metrics_tap
 from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits, Stop, StopKind
+from ratchet.policies import read_program
 from ratchet.policy import (
+    FOLDER_KINDS,
     SOURCE_KINDS,
     SPACE_KINDS,
     Candidate,
     PolicyProgram,
     load_policy,
-    parse_policy,
     uses_task_dims,
 )
 from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
@@ -507,7 +508,7 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
             # atomic: of two runs racing for one id, one gets it; 0700: policy code (nobody) cannot read it
             run_dir.mkdir(mode=0o700, exist_ok=run_dir.is_dir())
             lock_fd = lock_run_dir(run_dir)
-            if program.source:
+            if program.source and spec.policy.kind not in FOLDER_KINDS:  # a folder is in the ledger (`ratchet export`)
                 (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if url:
                 write_pointer(run_dir, url, run_id)
@@ -616,6 +617,13 @@ def load_start(spec: RunSpec, task: Task, spaces: tuple[Any, Any] | None = None
     from ratchet.policy import space_dims
 
     kind = spec.policy.kind
+    if kind in FOLDER_KINDS:  # a folder: its regions' numbers are the parameters, the task's functions its calls
+        from ratchet.policies.source import read_folder
+
+        p = spec.policy
+        folder = read_folder(spec.policy_path, p.build, p.run, tuple(task.functions), build_timeout_s=p.build_timeout_s,
+                             build_memory_mb=p.build_memory_mb, max_output_bytes=p.max_output_bytes)
+        return start_candidate(spec.policy, spec.base_dir, None, spec.seed, folder)
     if kind != "program" and "act" not in task.functions:
         from ratchet.errors import PolicyError
 
@@ -729,16 +737,13 @@ def rebuild_run(ledger: LedgerStore, run_dir: Path, lock_fd: int | None, executo
     source = started.payload["policy_source"]
     # the task as the run recorded it (an evaluator's source included), not as its files are now
     task = task_from_dict(started.payload["task"]) if "task" in started.payload else task_from_spec(spec.task)
-    if spec.policy.kind not in SOURCE_KINDS:  # a network: no program
-        program = PolicyProgram("", ())
-    else:
-        dims = task.dims() if uses_task_dims(source) else None
-        program = parse_policy(source, started.payload.get("policy_path", "<policy>"), dims=dims,
-                               functions=task.functions)
+    dims = task.dims() if spec.policy.kind in SOURCE_KINDS and uses_task_dims(source) else None
+    program = read_program(spec.policy.kind, source, started.payload.get("policy_path", "<policy>"), dims=dims,
+                           functions=task.functions)  # a network: an empty program
     if not run_dir.exists():  # found only in the database: give it a run directory here
         try:
             run_dir.mkdir(mode=0o700, parents=True)
-            if program.source:
+            if program.source and spec.policy.kind not in FOLDER_KINDS:
                 (run_dir / "policy.py").write_text(program.source, encoding="utf-8")
             if storage is not None:  # a run found only in a database (always so here: it had no directory)
                 write_pointer(run_dir, storage, started.payload["run_id"])

@@ -45,6 +45,7 @@ from typing import Any
 from ratchet.errors import PolicyError
 
 __all__ = [
+    "FOLDER_KINDS",
     "MAX_PARAMETER_NUMBERS",
     "POLICY_KINDS",
     "SOURCE_KINDS",
@@ -324,9 +325,12 @@ def _value(v: Any) -> Value:
 
 
 #: Policy kinds a candidate can be (see :mod:`ratchet.policies`).
-POLICY_KINDS = ("program", "mlp", "sb3", "residual")
+POLICY_KINDS = ("program", "mlp", "sb3", "residual", "source")
 #: Policy kinds whose candidates carry a program's source and its ``PARAMETERS`` (checked, searched, edited).
 SOURCE_KINDS = frozenset({"program", "residual"})
+#: Policy kinds whose candidate is a folder of source files in any language, its parameters the numbers of its
+#: marked regions (:mod:`ratchet.policies.source`, :mod:`ratchet.regions`).
+FOLDER_KINDS = frozenset({"source"})
 #: Policy kinds whose starting network is sized to the task's observation and action spaces.
 SPACE_KINDS = frozenset({"mlp", "residual"})
 
@@ -342,7 +346,8 @@ class Candidate:
     Attributes:
         kind: ``"program"`` (a policy file), ``"mlp"`` (a network whose weights are an artifact),
             ``"sb3"`` (a Stable-Baselines3 ``.zip``, opened only inside sandboxed workers) or
-            ``"residual"`` (a program plus a learned correction); see :mod:`ratchet.policies`.
+            ``"residual"`` (a program plus a learned correction) or ``"source"`` (a folder of source files in any
+            language, its source a JSON document of them); see :mod:`ratchet.policies`.
         artifacts: Role -> SHA-256 hex digest of immutable bytes kept in the run's artifact store
             (:meth:`ratchet.ledger.LedgerStore.put_artifact`), e.g. ``{"weights": "ab12..."}``.
     """

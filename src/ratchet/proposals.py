@@ -589,7 +589,14 @@ def describe_value_changes(changes: Any) -> str:
 def promotion_diff(incumbent: Candidate, promoted: Candidate, max_lines: int = 400) -> str:
     """The code change of a promotion: :func:`source_diff` of the two sources with each side's values
     written in as its defaults (:func:`baked_source`), so the diff shows every change, numbers included;
-    the plain sources where a side's values cannot be written in."""
+    the plain sources where a side's values cannot be written in. A source folder's diff is of its files, its
+    values written into their marked regions (:func:`ratchet.policies.source.folder_text`)."""
+    from ratchet.policy import FOLDER_KINDS
+
+    if incumbent.kind in FOLDER_KINDS and promoted.kind in FOLDER_KINDS:
+        from ratchet.policies.source import folder_text
+
+        return source_diff(folder_text(incumbent), folder_text(promoted), max_lines=max_lines)
     try:
         old, new = baked_source(incumbent), baked_source(promoted)
     except RatchetError:

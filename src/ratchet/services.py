@@ -22,7 +22,7 @@ from ratchet.execution import BUDGET_SKIP, Executor, ExecutorCapabilities, Job, 
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.planner import SeedSplits, Usage
-from ratchet.policy import SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
+from ratchet.policy import FOLDER_KINDS, SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
 from ratchet.proposals import Rejection
 from ratchet.refiners.registry import Reply, as_they_finish
 from ratchet.rollout import Episode
@@ -406,9 +406,10 @@ class RunServices:
         """Why a candidate that carries a program may not run (None when it may): new source that fails
         :func:`~ratchet.proposals.check_source`, or values that do not fit its source's ``PARAMETERS`` (names
         and bounds; checked for every proposal, so a refiner that proposes out-of-bounds values is refused)."""
-        if cand.kind not in SOURCE_KINDS:
+        if cand.kind not in SOURCE_KINDS | FOLDER_KINDS:
             return None
         from ratchet.errors import PolicyError
+        from ratchet.policies import read_program
         from ratchet.proposals import check_source
 
         digest = hashlib.sha256(cand.source.encode()).hexdigest()
@@ -416,8 +417,11 @@ class RunServices:
             self._checked.setdefault(digest, self.program)
         if digest not in self._checked:
             try:
-                dims = self.task.dims() if uses_task_dims(cand.source) else None
-                self._checked[digest] = check_source(cand.source, dims=dims, functions=self.task.functions)
+                if cand.kind in FOLDER_KINDS:  # a folder: its marked regions must read
+                    self._checked[digest] = read_program(cand.kind, cand.source)
+                else:
+                    dims = self.task.dims() if uses_task_dims(cand.source) else None
+                    self._checked[digest] = check_source(cand.source, dims=dims, functions=self.task.functions)
             except PolicyError as exc:
                 self._checked[digest] = str(exc)
         program = self._checked[digest]

@@ -208,15 +208,33 @@ class PolicySpec(_Section):
     ``normalization`` naming the ``VecNormalize`` statistics saved beside it when the model was trained in one.
     ``"residual"``: the program at ``path`` plus a learned correction network (``hidden``, ``activation``,
     ``normalize``) whose output layer starts at zero, so its correction is exactly zero at first.
+    ``"source"``: the folder at ``path`` (source files in any language with marked regions), built by ``build`` and
+    run by ``run`` in the sandbox (:mod:`ratchet.policies.source`).
     """
 
-    kind: Literal["program", "mlp", "sb3", "residual"] = Field(
+    kind: Literal["program", "mlp", "sb3", "residual", "source"] = Field(
         "program", description="What the run starts from: \"program\" a policy file (PARAMETERS + act); \"mlp\" a "
                                "feed-forward network (fresh, or the weights .npz at path); \"sb3\" a Stable-Baselines3 "
-                               "model .zip; \"residual\" the program at path plus a learned correction network.")
-    path: str = Field("policy.py", description="Policy file (program, residual base), model .zip (sb3) or "
-                                               "weights .npz (mlp; without one a fresh network), relative to the "
-                                               "spec file.")
+                               "model .zip; \"residual\" the program at path plus a learned correction network; "
+                               "\"source\" a folder of source files in any language, built and run in the sandbox.")
+    path: str = Field("policy.py", description="Policy file (program, residual base), model .zip (sb3), "
+                                               "weights .npz (mlp; without one a fresh network) or the folder of a "
+                                               "source policy, relative to the spec file.")
+    build: list[str] = Field(default_factory=list, description="source only: shell command lines that build the "
+                                                               "folder, run in order in a copy of it inside the "
+                                                               "sandbox (e.g. [\"g++ -O2 -o prog main.cpp\"]).")
+    run: list[str] = Field(default_factory=list, description="source only: the command (argv) that runs the built "
+                                                             "program in its build folder, once per call of a task "
+                                                             "function (e.g. [\"./prog\"]).")
+    build_timeout_s: float = Field(60.0, gt=0, le=3600, description="source only: wall-clock limit of each build "
+                                                                    "command (a compiler bomb is killed past it).",
+                                   json_schema_extra={"unit": "s"})
+    build_memory_mb: int = Field(2048, ge=64, le=1 << 20, description="source only: address-space limit of each "
+                                                                      "build process.",
+                                 json_schema_extra={"unit": "MiB"})
+    max_output_bytes: int = Field(1 << 20, ge=1, le=1 << 28, description="source only: most bytes a program may "
+                                                                          "print as one call's answer.",
+                                  json_schema_extra={"unit": "bytes"})
     hidden: list[int] = Field(default_factory=lambda: [64, 64], description="Hidden layer sizes of an mlp policy "
                                                                            "or a residual correction.")
     activation: Literal["tanh", "relu"] = Field("tanh", description="Hidden-layer activation of an mlp policy or a "
@@ -241,6 +259,16 @@ class PolicySpec(_Section):
         if self.normalization is not None and self.kind != "sb3":
             raise ValueError(f"[policy] normalization (VecNormalize statistics) is for kind = \"sb3\", not "
                              f"{self.kind!r}; remove it")
+        from ratchet.policy import FOLDER_KINDS
+
+        folder_keys = [k for k in ("build", "run") if getattr(self, k)]  # (every setting is written out in a ledger)
+        if self.kind in FOLDER_KINDS:
+            if not self.run:
+                raise ValueError(f"[policy] kind = {self.kind!r} needs run = [...], the command that runs the built "
+                                 "program (e.g. run = [\"./prog\"])")
+        elif folder_keys:
+            raise ValueError(f"[policy] {', '.join(folder_keys)}: only for kind = \"source\" (a folder built and run "
+                             "in the sandbox); remove it")
         return self
 
 
@@ -684,11 +712,13 @@ class RunSpec(_Section):
 
     def refiner_entries(self) -> list[dict[str, Any]]:
         """The run's refiners, one dict per ``[[refiners]]`` table (``kind``, optional ``name``, settings).
-        Without tables: one ``cmaes`` from ``[refiner]`` for a program policy, ``ppo`` for mlp and sb3
+        Without tables: one ``cmaes`` from ``[refiner]`` for a program or source policy, ``ppo`` for mlp and sb3
         policies, ``residual`` for a residual policy."""
+        from ratchet.policy import FOLDER_KINDS
+
         if self.refiners:
             return [dict(e) for e in self.refiners]
-        if self.policy.kind == "program":
+        if self.policy.kind == "program" or self.policy.kind in FOLDER_KINDS:
             r = self.refiner
             return [{"kind": "cmaes", **r.model_dump(mode="json", include=set(CMAESSettings.model_fields))}]
         from ratchet.refiners.registry import refiner_kind
@@ -986,7 +1016,13 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         if not overrides:
             raise
         raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), str(exc))) from None
-    if spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # an mlp policy starts from no file
+    from ratchet.policy import FOLDER_KINDS
+
+    if spec.policy.kind in FOLDER_KINDS:
+        if not spec.policy_path.is_dir():
+            raise SpecError(f"{p}: [policy] path: folder not found: {spec.policy_path}; point it at the folder of "
+                            "your program's source files")
+    elif spec.policy.kind != "mlp" and not spec.policy_path.is_file():  # an mlp policy starts from no file
         what = "model .zip" if spec.policy.kind == "sb3" else "policy .py file"
         path_set = [o for o in overrides if o.partition("=")[0].strip() == "policy.path"]
         where = f"--set {path_set[-1]!r}" if path_set else str(p)

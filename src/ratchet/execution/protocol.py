@@ -89,8 +89,14 @@ def encode_action(action: Any) -> bytes:
 
 
 def encode_value(value: Any, depth: int = 0) -> bytes:
-    """Policy side: the answer to a ``call``: as :func:`encode_action`, plus tuples, lists and dicts with text
-    keys of such values (nested at most 8 deep; deeper, or anything else, is an ``o`` reply)."""
+    """Policy side: the answer to a ``call``: as :func:`encode_action`, plus text (UTF-8; a ``source`` program's
+    answer is its stdout) and tuples, lists and dicts with text keys of such values (nested at most 8 deep; deeper,
+    or anything else, is an ``o`` reply)."""
+    if type(value) is str:
+        try:
+            return b"s" + value.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: not text another process can read back
+            pass
     if isinstance(value, (tuple, list)) and depth < _MAX_DEPTH and len(value) <= _MAX_ITEMS:
         parts = [encode_value(v, depth + 1) for v in value]
         return (b"t" if isinstance(value, tuple) else b"l") + _U32.pack(len(parts)) + b"".join(
@@ -139,6 +145,11 @@ def _decode_value(msg: bytes, depth: int) -> Any:
         if tag == b"m":
             return dict(zip(keys, items))
         return tuple(items) if tag == b"t" else items
+    if tag == b"s":
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadReply("undecodable text") from None
     return decode_reply(msg, "action")
 
 
@@ -169,7 +180,7 @@ def decode_reply(msg: bytes, expect: str) -> Any:
 
     Returns:
         For ``"action"``: an int, float, bool, ``numpy.ndarray`` or :class:`Opaque`; for ``"value"`` also
-        tuples, lists and dicts of those. For ``"end"``: the
+        text and tuples, lists and dicts of those. For ``"end"``: the
         number of stray processes the policy process killed. Otherwise None.
 
     Raises:

@@ -9,6 +9,8 @@ A candidate (:class:`ratchet.policy.Candidate`) has a kind:
   inside sandboxed workers, never by the driver; see :mod:`ratchet.policies.sb3`.
 - ``residual`` — a program plus a learned correction (an ``mlp`` artifact whose output layer starts at
   exactly zero, so the starting candidate *is* its base); see :mod:`ratchet.policies.residual`.
+- ``source`` — a folder of source files in any language with marked regions, built and run in the sandbox;
+  see :mod:`ratchet.policies.source`.
 
 Workers call :func:`build`; each kind module defines ``build(source, artifacts)``. Driver-side code
 (start candidates, export, descriptions) lives beside it and never unpickles anything.
@@ -22,9 +24,33 @@ from typing import Any
 
 from ratchet.errors import PolicyError
 from ratchet.npz import NpzError, load_npz, npz_headers
-from ratchet.policy import POLICY_KINDS
+from ratchet.policy import FOLDER_KINDS, POLICY_KINDS, SOURCE_KINDS, PolicyProgram, parse_policy
 
-__all__ = ["POLICY_KINDS", "build", "describe_artifact", "kind_module"]
+__all__ = ["POLICY_KINDS", "build", "describe_artifact", "kind_module", "read_program"]
+
+
+def read_program(kind: str, source: str, path: str = "<policy>", *, functions: Any = None,
+                 dims: Mapping[str, int] | None = None) -> PolicyProgram:
+    """The program a candidate of ``kind`` carries, read from its source without running anything: a policy
+    file's ``PARAMETERS`` (program, residual), a folder's marked regions (source), or an empty program (networks).
+
+    Args:
+        kind: The policy kind.
+        source: The candidate's source.
+        path: Where it came from (messages).
+        functions: The task's functions, checked in a policy file (None checks none).
+        dims: The task's sizes for array shapes written as ``"obs"``/``"act"``.
+
+    Raises:
+        PolicyError: the source is not valid for its kind.
+    """
+    if kind in SOURCE_KINDS:
+        return parse_policy(source, path, dims=dims, functions=functions)
+    if kind in FOLDER_KINDS:
+        from ratchet.policies.source import program_of
+
+        return program_of(source)
+    return PolicyProgram("", ())
 
 
 def kind_module(kind: str) -> Any:

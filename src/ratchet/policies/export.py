@@ -18,6 +18,8 @@ mlp        ``STEM.npz``: the weights exactly as stored (NumPy ``.npz``, no pickl
 residual   ``STEM.py``: the base program with the refined parameters (a plain ratchet policy file: the
            base alone); ``STEM_correction.npz``: the learned correction network; ``STEM_residual.py``: a
            standalone program (NumPy only) that loads both and acts as the residual policy did in ratchet.
+source     ``OUT/``: the candidate's folder, every file as it came, the refined values written into the
+           marked regions' literals (:func:`ratchet.policies.source.export_folder`); ``OUT`` is a folder.
 ========== ============================================================================================
 
 Nothing here executes policy code or unpickles anything; the standalone programs run only when the
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.errors import PolicyError
-from ratchet.policy import Candidate, export_source
+from ratchet.policy import FOLDER_KINDS, Candidate, export_source
 
 __all__ = ["export_candidate", "export_paths"]
 
@@ -46,6 +48,12 @@ def export_paths(candidate: Candidate, output: str | Path) -> list[Path]:
     out = Path(output)
     if candidate.kind == "program":
         return [out]
+    if candidate.kind in FOLDER_KINDS:
+        from ratchet.policies.source import Folder
+
+        if out.exists() and not out.is_dir():
+            raise PolicyError(f"a source policy is exported as a folder; {out} is a file (give -o a new folder)")
+        return [out.joinpath(*rel.split("/")) for rel in sorted(Folder.from_source(candidate.source).files)]
     if candidate.kind == "sb3":
         if out.suffix.lower() != ".zip":
             raise PolicyError(f"an sb3 policy is exported as the model's .zip (PPO.load opens it); give -o "
@@ -92,6 +100,10 @@ def export_candidate(candidate: Candidate, artifacts: Mapping[str, bytes], outpu
 
     if candidate.kind == "program":
         paths[0].write_text(export_source(candidate.source, candidate.params, header=header), encoding="utf-8")
+    elif candidate.kind in FOLDER_KINDS:  # files in any language: no header comment (its syntax is the file's)
+        from ratchet.policies.source import export_folder
+
+        return export_folder(candidate, output)
     elif candidate.kind == "sb3":
         paths[0].write_bytes(blob("model"))
         if len(paths) > 1:

@@ -9,7 +9,7 @@ from typing import Any
 from ratchet.errors import PolicyError
 from ratchet.ledger.artifacts import digest
 from ratchet.npz import NpzError, check_zip
-from ratchet.policy import Candidate, PolicyProgram
+from ratchet.policy import FOLDER_KINDS, Candidate, PolicyProgram
 
 __all__ = ["MAX_MODEL_BYTES", "read_mlp_weights", "read_sb3_zip", "read_vecnormalize", "start_candidate"]
 
@@ -112,7 +112,7 @@ def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] |
         base_dir: Folder the spec's paths are relative to.
         spaces: The task's (observation, action) spaces (needed for network kinds).
         seed: Seeds a fresh network's initial weights (the run seed).
-        program: The loaded program (program and residual kinds), else None.
+        program: The loaded program (program and residual kinds; the folder of a source policy), else None.
 
     Returns:
         ``(program, candidate, artifacts)``: the program (an empty one for network kinds), the candidate,
@@ -127,6 +127,9 @@ def start_candidate(policy: Any, base_dir: str | Path, spaces: tuple[Any, Any] |
     if kind == "program":
         assert program is not None
         return program, program.candidate(), {}
+    if kind in FOLDER_KINDS:  # a folder: no artifacts, its document is the source
+        assert program is not None
+        return program, Candidate.create(program.source, program.defaults, kind=kind), {}
     if kind == "sb3":
         blobs = {"model": read_sb3_zip(Path(base_dir) / policy.path)}
         if getattr(policy, "normalization", None):

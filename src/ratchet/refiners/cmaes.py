@@ -336,7 +336,7 @@ def _build(settings: CMAESSettings, name: str, ctx: Any) -> list[CMAESRefiner]:
 def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
-    return {"cmaes": RefinerKind(CMAESSettings, ("program", "residual"), _build,
+    return {"cmaes": RefinerKind(CMAESSettings, ("program", "residual", "source"), _build,
                                  hint="cmaes searches a program's PARAMETERS")}
 
 

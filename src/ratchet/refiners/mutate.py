@@ -35,6 +35,10 @@ promotion's diff is readable:
 - ``crossover``: one function replaced by its version in a second program drawn from the archive,
   with the parameters and helper functions it needs.
 
+A ``source`` policy (a folder of files in any language, :mod:`ratchet.policies.source`) is mutated through its
+numbers only: the literals of its marked regions, tuned around a parent's values or one of them drawn anew
+(:meth:`MutationRefiner._mutate_numbers`); its code itself is left to ``llm``.
+
 Parents come from an archive, not only the incumbent (:mod:`ratchet.refiners.archive`: MAP-Elites
 cells by behaviour, FunSearch's softmax draw). Each program starts from the incumbent with probability
 ``incumbent_share``, else from an elite of the archive; an elite drawn is, with probability
@@ -81,7 +85,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
-from ratchet.policy import Candidate, PolicyProgram, source_lines
+from ratchet.policy import FOLDER_KINDS, Candidate, PolicyProgram, source_lines
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import (
@@ -637,6 +641,10 @@ class MutationRefiner(Refiner):
                 self._proposed[cand.id] = (op, key, cand)
                 out.append(cand)
 
+        if parent.kind in FOLDER_KINDS:  # a folder in any language: its marked regions' numbers are what changes
+            self._mutate_numbers(parent, rng, add)
+            return out
+
         made, attempts = 0, 0
         while made < s.programs and attempts < 4 * s.programs:
             attempts += 1
@@ -688,6 +696,25 @@ class MutationRefiner(Refiner):
                 add(Candidate.create(new, values, parent_id=origin.id, refiner=f"{self.name}-{op}"), op, key)
         return out
 
+    def _mutate_numbers(self, parent: Candidate, rng: np.random.Generator, add: Any) -> None:
+        """The numbers of a folder's marked regions (:mod:`ratchet.regions`; the parameters of a ``source``
+        policy): ``programs`` parents drawn as for programs, each proposed with ``variants`` settings, either all
+        its numbers perturbed around its values (``tune``) or, half of the time, one number drawn anew across its
+        bounds and the others perturbed (``constant``: a literal given a new value, not only nudged)."""
+        from ratchet.policies import read_program
+
+        s = self.settings
+        for _ in range(s.programs):
+            origin = draw_parent(self.archive, parent, rng, s.incumbent_share)
+            program = read_program(origin.kind, origin.source)
+            if not program.parameters:
+                return
+            op = "constant" if rng.random() < 0.5 else "tune"
+            fresh = [program.parameters[int(rng.integers(len(program.parameters)))].name] if op == "constant" else []
+            for values in param_variants(program, rng, s.variants + 1, fresh, s.sigma, center=origin.params)[1:]:
+                add(Candidate.create(origin.source, values, parent_id=origin.id, refiner=f"{self.name}-{op}",
+                                     kind=origin.kind, artifacts=origin.artifacts), op, digest(origin.source))
+
     def take_rejections(self) -> list[Rejection]:
         """Proposals that failed their checks since the last call (the loop records them)."""
         out, self._rejections = self._rejections, []
@@ -730,8 +757,9 @@ def _build(settings: MutateSettings, name: str, ctx: Any) -> list[MutationRefine
 def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
-    return {"mutate": RefinerKind(MutateSettings, ("program",), _build,
-                                  hint="mutate rewrites a program policy's source", changes_code=True)}
+    return {"mutate": RefinerKind(MutateSettings, ("program", "source"), _build,
+                                  hint="mutate rewrites a program policy's source (a source folder's numbers)",
+                                  changes_code=True)}
 
 
 KINDS = _kinds()

@@ -22,8 +22,9 @@ names the evaluator module, which is trusted like a Gymnasium environment:
 
 ``policy.priority(item, bins)`` calls the candidate's ``priority(item, bins, params)`` (ratchet appends the
 parameters; the evaluator never sees them). The candidate runs in the sandbox; its answers cross the boundary
-as numbers, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
-never as pickles. A non-finite number, any other object, or an exception in the candidate fails that
+as numbers, text, numeric arrays, and tuples/lists/dicts of them (:func:`ratchet.execution.protocol.encode_value`),
+never as pickles; text only where FUNCTIONS declares ``-> str`` (a compiled ``source`` policy answers with what it
+printed, as text: read it with :func:`numbers`). A non-finite number, any other object, or an exception in the candidate fails that
 instance for the candidate (the call raises; the evaluator should not catch it); check an answer with
 :func:`as_array` before using it, so a ragged list or a wrong shape is the candidate's :class:`CandidateError`,
 not the evaluator's exception. Arguments must be numbers, text, numeric arrays and tuples/lists/dicts of them.
@@ -70,7 +71,7 @@ import numpy as np
 
 from ratchet.errors import TaskError
 
-__all__ = ["CandidateError", "EvaluatorTask", "as_array", "split_of"]
+__all__ = ["CandidateError", "EvaluatorTask", "as_array", "numbers", "split_of"]
 
 _SPLITS = ("train", "validation", "test")
 MAX_TEXT = 500
@@ -113,6 +114,43 @@ def as_array(value: Any, shape: tuple[int, ...] | None = None, name: str = "the 
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise CandidateError(f"{name} has non-finite values")
     return arr
+
+
+def numbers(text: Any, count: int | None = None, name: str = "the answer", dtype: Any = np.float64) -> np.ndarray:
+    """A program's text answer (a ``source`` policy's stdout, :mod:`ratchet.policies.source`) as a 1-D array of
+    ``dtype``: its whitespace-separated numbers, checked as :func:`as_array` checks an array, so text that does not
+    parse is the candidate's :class:`CandidateError`, never the evaluator's exception.
+
+    Args:
+        text: The answer (``str``).
+        count: How many numbers it must hold (None: any).
+        name: What to call it in the message.
+        dtype: ``np.float64``, or an integer type (each word must then be an integer).
+
+    Raises:
+        CandidateError: not text, a word that is not a number, the wrong count, or a non-finite value.
+    """
+    if not isinstance(text, str):
+        raise CandidateError(f"{name} is not text (got {type(text).__name__})")
+    words = text.split()
+    if count is not None and len(words) != count:
+        raise CandidateError(f"{name} has {len(words)} numbers, expected {count}")
+    integer = np.issubdtype(np.dtype(dtype), np.integer)
+    try:
+        values = [int(w) if integer else float(w) for w in words]
+        arr = np.asarray(values, dtype=dtype)
+    except (ValueError, OverflowError):
+        bad = next((w for w in words if not _parses(w, integer)), words[0] if words else "")
+        raise CandidateError(f"{name}: {bad[:40]!r} is not {'an integer' if integer else 'a number'}") from None
+    return as_array(arr, None, name, dtype)
+
+
+def _parses(word: str, integer: bool) -> bool:
+    try:
+        int(word) if integer else float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def split_of(seed: int) -> str:
@@ -676,8 +714,8 @@ class _Proxy:
                 answer = self._policy.call(name, args)
             finally:
                 self.waited_s += time.perf_counter() - t0
-            answer = _checked(name, answer)
             kind = self._returns.get(name)
+            answer = _checked(name, answer, text=kind == "str")
             if not _conforms(kind, answer):
                 raise _BadAnswer(f"{name}() returned a {type(answer).__name__}; FUNCTIONS declares -> {kind} "
                                  f"({RETURN_TYPES[str(kind)]})")
@@ -703,10 +741,16 @@ def _not_plain(value: Any, depth: int = 0) -> str | None:
     return f"a {type(value).__name__}"
 
 
-def _checked(name: str, value: Any, depth: int = 0) -> Any:
-    """The candidate's answer with every number finite, or :class:`_BadAnswer` saying what is wrong."""
+def _checked(name: str, value: Any, depth: int = 0, text: bool = False) -> Any:
+    """The candidate's answer with every number finite, or :class:`_BadAnswer` saying what is wrong. Text is an
+    answer only where FUNCTIONS declares ``-> str`` (``text``), and only as the whole answer: an evaluator that
+    expects numbers never meets a string."""
     from ratchet.rollout import Opaque
 
+    if isinstance(value, str):
+        if text and depth == 0:
+            return value
+        raise _BadAnswer(f"{name}() returned str {value[:40]!r}; expected numbers or numeric arrays")
     if isinstance(value, Opaque):
         raise _BadAnswer(f"{name}() returned {value.type_name} {value.text}; expected numbers or numeric arrays")
     if isinstance(value, np.ndarray):
