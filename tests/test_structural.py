@@ -391,7 +391,7 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
                       {"delay": 1.5, "content": GOOD_EDIT}, GOOD_EDIT.replace("0.5", "0.25")])
     settings = LLMSettings(base_url=server.url, model="stand-in", api_key_env="RATCHET_TEST_KEY", proposals=5,
                            variants=2, timeout_s=0.5, retries=2, backoff_s=0.0, hints="Mind the angle.",
-                           budget_requests=7, incumbent_share=1.0, concurrency=1)
+                           budget_requests=7, incumbent_share=1.0, concurrency=1, on_unusable="skip")
     waits = []
     r = LLMRefiner(settings, TASK_FACTS, sleep=waits.append)
     parent = load_policy(DATA / "cartpole_linear.py").candidate()
