@@ -631,8 +631,11 @@ def test_a_money_budget_is_never_exceeded_and_shown_with_its_currency(tmp_path, 
     assert 0.05 < spent <= 0.1 and len(server.requests) >= 4
     usage = llm_usage_of(events)["llm"]
     assert f"cost {spent:.4g} EUR" in llm_usage_text(usage)
-    got = CliRunner().invoke(app, ["show", str(result.run_dir)])
-    assert got.exit_code == 0 and "EUR" in got.output
+    assert "models: " in llm_usage_text(usage)  # the pool's requests per model
+    got = CliRunner().invoke(app, ["show", str(result.run_dir)], env={"COLUMNS": "300"})
+    assert got.exit_code == 0 and f"{spent:.4g} EUR" in got.output
+    got = CliRunner().invoke(app, ["report", str(result.run_dir), "--no-videos", "-o", str(tmp_path / "r.html")])
+    assert got.exit_code == 0 and f"{spent:.4g} EUR" in (tmp_path / "r.html").read_text()
     with pytest.raises(Exception, match="set currency = \"USD\""):
         start_run(structural_spec(tmp_path / "s2", [llm], budget={"env_steps": 300_000, "money": 0.1}),
                   tmp_path / "runs", "m2", executor=pool)
@@ -759,3 +762,29 @@ def test_a_pool_run_killed_with_requests_in_flight_resumes_to_the_same_choices(t
 
     assert calls(whole.run_dir) == calls(resumed.run_dir) and len(calls(whole.run_dir)) >= 12
     assert len({m for _, m in calls(whole.run_dir)}) == 2
+
+
+def test_a_models_concurrency_caps_its_share_of_a_wave(standin):
+    """A model with ``concurrency = 1`` gets at most one request of each wave, whatever the bandit prefers."""
+    server = standin()
+    models = [{"base_url": server.url, "model": "one-at-a-time", "concurrency": 1},
+              {"base_url": server.url, "model": "many"}]
+    r = LLMRefiner(LLMSettings(models=models, proposals=8, variants=1, concurrency=4, backoff_s=0.0), TASK_FACTS,
+                   sleep=lambda s: None)
+    r.propose(parent(), None, np.random.default_rng(0))
+    picks = [q["body"]["model"] for q in server.requests]
+    assert len(picks) == 8 and picks[:4].count("one-at-a-time") == 1 and picks[4:].count("one-at-a-time") <= 1
+
+
+def test_older_ledgers_resume_without_follow_ups_or_repairs(tmp_path):
+    """A spec a ledger recorded before on_unusable and repair existed reads as the code then behaved: an unusable answer
+    is recorded and left, a failed program is not sent back; a new spec records both settings."""
+    from ratchet.loop import recorded_spec
+
+    llm = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    stored = structural_spec(tmp_path / "s", [llm]).to_dict()
+    entry = recorded_spec(stored).refiner_entries()[0]
+    assert (entry["on_unusable"], entry["repair"]) == ("retry", True)
+    del stored["refiners"][0]["on_unusable"], stored["refiners"][0]["repair"]
+    entry = recorded_spec(stored).refiner_entries()[0]
+    assert (entry["on_unusable"], entry["repair"]) == ("skip", False)

@@ -1541,7 +1541,7 @@ def _kinds() -> dict[str, Any]:
     return {"llm": RefinerKind(LLMSettings, ("program",), _build,
                                hint="llm edits a program policy's source", files=_files,
                                check=_check, changes_code=True,
-                               recorded_defaults={"concurrency": 1, "on_unusable": "skip"})}  # before it, one request at a time
+                               recorded_defaults={"concurrency": 1, "on_unusable": "skip", "repair": False})}  # before it, one request at a time
 
 
 KINDS = _kinds()
