@@ -8,6 +8,7 @@ listening, a model the server does not list. Everything is local and takes secon
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import tracemalloc
@@ -590,10 +591,14 @@ def two_models(url: str) -> list[dict]:
             {"base_url": url, "model": "dear-useful", "price_prompt": 3.0, "price_completion": 15.0}]
 
 
+def pool_respond(body: dict) -> dict:
+    """The stand-in as the pool of :func:`two_models`: each answer by the model the request names."""
+    return {"content": MISSES if body["model"] == "cheap-misses" else useful_edit(body),
+            "usage": {"prompt_tokens": 2_000, "completion_tokens": 500}}
+
+
 def pool_server(standin):
-    usage = {"prompt_tokens": 2_000, "completion_tokens": 500}
-    return standin(respond=lambda body: {"content": MISSES if body["model"] == "cheap-misses" else useful_edit(body),
-                                         "usage": usage})
+    return standin(respond=pool_respond)
 
 
 def test_the_bandit_sends_most_requests_to_the_model_whose_edits_pay(tmp_path, standin, pool):
@@ -632,10 +637,14 @@ def test_a_money_budget_is_never_exceeded_and_shown_with_its_currency(tmp_path, 
     usage = llm_usage_of(events)["llm"]
     assert f"cost {spent:.4g} EUR" in llm_usage_text(usage)
     assert "models: " in llm_usage_text(usage)  # the pool's requests per model
+    # once the dear model's worst case no longer fits, the rest is not spent on the one whose edits never applied
+    assert usage["models"]["cheap-misses"] <= 4, usage["models"]
     got = CliRunner().invoke(app, ["show", str(result.run_dir)], env={"COLUMNS": "300"})
     assert got.exit_code == 0 and f"{spent:.4g} EUR" in got.output
     got = CliRunner().invoke(app, ["report", str(result.run_dir), "--no-videos", "-o", str(tmp_path / "r.html")])
     assert got.exit_code == 0 and f"{spent:.4g} EUR" in (tmp_path / "r.html").read_text()
+    got = CliRunner().invoke(app, ["llm-log", str(result.run_dir), "--last", "1"])
+    assert got.exit_code == 0 and re.search(r"cost [0-9.e-]+ EUR", got.output)
     with pytest.raises(Exception, match="set currency = \"USD\""):
         start_run(structural_spec(tmp_path / "s2", [llm], budget={"env_steps": 300_000, "money": 0.1}),
                   tmp_path / "runs", "m2", executor=pool)
@@ -651,6 +660,8 @@ def test_the_bandit_prefers_gain_per_money_and_explores_each_model_first():
     assert b.ranked()[0] == 1  # the same gain for a tenth of the money
     b.sent[1] = 50  # asked often, its bonus shrinks below the others'
     assert b.ranked()[0] != 1
+    b.sent[1] = 1  # a model that gained nothing stands in for no other: only the best-ranked may go
+    assert b.stand_ins() == [1, 0] and 2 not in b.stand_ins()
 
 
 def test_a_pool_is_checked_when_the_spec_is_read():

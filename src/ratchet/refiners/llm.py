@@ -984,6 +984,13 @@ class ModelBandit:
         sc = self.scores()
         return sorted(range(len(sc)), key=lambda i: (-sc[i], i))
 
+    def stand_ins(self) -> list[int]:
+        """The models a request may go to, in the order tried: the best-ranked, then those after it that have gained
+        at least once or have no outcome yet (a model whose edits never paid is no stand-in for one a budget or its
+        ``concurrency`` leaves no room for: it would spend the rest of the money on nothing)."""
+        first, *rest = self.ranked()
+        return [first, *(i for i in rest if self.gain[i] > 0 or not self.scored[i])]
+
 
 class _OutOfTime(Exception):
     """The run's wall-clock budget ran out before or during a request (nothing is recorded)."""
@@ -1090,10 +1097,11 @@ class LLMRefiner(Refiner):
         unknown model, ``max_failures`` failed requests in a row), or a budget has no room for one more
         request's worst case (``budget_requests`` attempts; ``max_tokens`` of answer plus the most tokens
         the last prompt could take, in tokens and in money — ``budget_cost`` and the run's ``[budget] money`` —
-        at the cheapest model of the pool), beside the worst case of the requests in flight."""
+        at the cheapest model of the pool a request may go to, :meth:`ModelBandit.stand_ins`), beside the worst case
+        of the requests in flight."""
         if self.spent.down is not None:
             return self.spent.down
-        cheapest = min(range(len(self.pool)), key=self._worst_price)
+        cheapest = min(self.bandit.stand_ins(), key=self._worst_price)
         return self._no_room(cheapest)
 
     def _hold(self, r: _Request) -> None:
@@ -1233,9 +1241,9 @@ class LLMRefiner(Refiner):
             seed = int(rng.integers(2**31))
             self.spent.prompt_bound = prompt_bound({"messages": messages})
             in_wave = [r.arm for r in wave]
-            arm = next((i for i in self.bandit.ranked()
+            arm = next((i for i in self.bandit.stand_ins()
                         if in_wave.count(i) < (self.pool[i].concurrency or most) and self._no_room(i) is None), None)
-            if arm is None:  # no model has room for this request's worst case beside those in flight
+            if arm is None:  # no model worth asking has room for this request's worst case beside those in flight
                 return wave, slots, not wave
             request = {"model": self.pool[arm].model, "messages": messages, "temperature": s.temperature,
                        "max_tokens": s.max_tokens, "seed": seed}
