@@ -8,6 +8,7 @@ listening, a model the server does not list. Everything is local and takes secon
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import tracemalloc
@@ -580,3 +581,243 @@ def test_concurrency_is_a_checked_setting_and_older_ledgers_keep_one_request_at_
     assert recorded_spec(stored).refiner_entries()[0]["concurrency"] == 4
     del stored["refiners"][0]["concurrency"]  # a ledger written before the setting: one request at a time
     assert recorded_spec(stored).refiner_entries()[0]["concurrency"] == 1
+
+
+# -- a pool of models, money as a budget, edits that land (issue 44) -------------------------------------
+
+#: A diff whose SEARCH text is nowhere in the policy: the answer of a model whose edits never apply.
+MISSES = "Tighten it.\n<<<<<<< SEARCH\n    return 2 if z > 0 else 0\n=======\n    return 1 if z >= 0 else 0\n>>>>>>> REPLACE\n"
+
+
+def policy_in(body: dict) -> str:
+    """The policy a request edits, as its prompt quotes it."""
+    text = body["messages"][1]["content"]
+    return text.split("## Current policy", 1)[1].split("## How the current policy", 1)[0]
+
+
+def useful_edit(body: dict, first: bool = True) -> str:
+    """An edit that applies to any policy the requests quote: GOOD_EDIT first (a big gain on CartPole; with
+    ``first``), then a new term with a tunable gain of its own (named by the request's seed, so no two are alike)."""
+    if first and '"boost"' not in policy_in(body):
+        return GOOD_EDIT
+    k = f"k{body['seed'] % 100_000}"
+    return (f"Add a term.\n<<<<<<< SEARCH\n    return 1 if z > 0 else 0\n=======\n"
+            f"    z = z + params[\"{k}\"] * observation[2]\n    return 1 if z > 0 else 0\n>>>>>>> REPLACE\n"
+            f"<<<<<<< SEARCH\nPARAMETERS = {{\n=======\nPARAMETERS = {{\n"
+            f"    \"{k}\": {{\"default\": 0.2, \"low\": 0.0, \"high\": 1.0}},\n>>>>>>> REPLACE\n")
+
+
+def two_models(url: str) -> list[dict]:
+    """A pool: an expensive model whose edits pay, and a cheap one whose edits never apply."""
+    return [{"base_url": url, "model": "cheap-misses", "price_prompt": 0.15, "price_completion": 0.6},
+            {"base_url": url, "model": "dear-useful", "price_prompt": 3.0, "price_completion": 15.0}]
+
+
+def pool_respond(body: dict) -> dict:
+    """The stand-in as the pool of :func:`two_models`: each answer by the model the request names."""
+    return {"content": MISSES if body["model"] == "cheap-misses" else useful_edit(body),
+            "usage": {"prompt_tokens": 2_000, "completion_tokens": 500}}
+
+
+def pool_server(standin):
+    return standin(respond=pool_respond)
+
+
+def test_the_bandit_sends_most_requests_to_the_model_whose_edits_pay(tmp_path, standin, pool):
+    """Two models on the stand-in: a cheap one whose diffs never apply and a dear one whose edits gain. Of the first 20
+    requests, at least 80 % go to the useful one; every choice is in the ledger (the request's model)."""
+    server = pool_server(standin)
+    llm = {"kind": "llm", "models": two_models(server.url), "proposals": 2, "variants": 1, "concurrency": 2,
+           "budget_requests": 20, "retries": 0, "check_endpoint": False, "on_unusable": "skip"}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 300_000})
+    result = start_run(spec, tmp_path / "runs", "b", executor=pool)
+    picks = [q["body"]["model"] for q in server.requests]
+    assert len(picks) == 20, result.stop_reason
+    share = picks.count("dear-useful") / len(picks)
+    print(f"useful model's share of 20 requests: {share:.0%} ({picks})")
+    assert share >= 0.8, picks
+    calls = events_of(read_events(result.run_dir), EventType.LLM_CALL)
+    assert [c.payload["model"] for c in calls if "pool_index" in c.payload] and len(calls) == 20
+    assert sorted(c.payload["model"] for c in calls) == sorted(picks)
+
+
+def test_a_money_budget_is_never_exceeded_and_shown_with_its_currency(tmp_path, standin, pool):
+    """``[budget] money`` caps what the run's requests cost, with four in flight at once, each priced at its worst
+    case before it is sent; the run stops on it, and ``show`` says the spend with its currency."""
+    from ratchet.cli import app
+    from ratchet.ledger.projection import llm_usage_of, llm_usage_text
+
+    server = pool_server(standin)
+    llm = {"kind": "llm", "models": two_models(server.url), "proposals": 4, "variants": 1, "concurrency": 4,
+           "max_tokens": 600, "retries": 0, "check_endpoint": False, "currency": "EUR"}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 300_000, "money": 0.1, "currency": "EUR"})
+    result = start_run(spec, tmp_path / "runs", "m", executor=pool)
+    events = read_events(result.run_dir)
+    spent = sum(c.payload["cost"] for c in events_of(events, EventType.LLM_CALL))
+    assert result.stop_reason.startswith("money budget"), result.stop_reason
+    assert 0.05 < spent <= 0.1 and len(server.requests) >= 4
+    usage = llm_usage_of(events)["llm"]
+    assert f"cost {spent:.4g} EUR" in llm_usage_text(usage)
+    assert "models: " in llm_usage_text(usage)  # the pool's requests per model
+    # once the dear model's worst case no longer fits, the rest is not spent on the one whose edits never applied
+    assert usage["models"]["cheap-misses"] <= 4, usage["models"]
+    got = CliRunner().invoke(app, ["show", str(result.run_dir)], env={"COLUMNS": "300"})
+    assert got.exit_code == 0 and f"{spent:.4g} EUR" in got.output
+    got = CliRunner().invoke(app, ["report", str(result.run_dir), "--no-videos", "-o", str(tmp_path / "r.html")])
+    assert got.exit_code == 0 and f"{spent:.4g} EUR" in (tmp_path / "r.html").read_text()
+    got = CliRunner().invoke(app, ["llm-log", str(result.run_dir), "--last", "1"])
+    assert got.exit_code == 0 and re.search(r"cost [0-9.e-]+ EUR", got.output)
+    with pytest.raises(Exception, match="set currency = \"USD\""):
+        start_run(structural_spec(tmp_path / "s2", [llm], budget={"env_steps": 300_000, "money": 0.1}),
+                  tmp_path / "runs", "m2", executor=pool)
+
+
+def test_the_bandit_prefers_gain_per_money_and_explores_each_model_first():
+    from ratchet.refiners.llm import ModelBandit
+
+    b = ModelBandit(3, explore=1.0, priced=True)
+    assert b.ranked() == [0, 1, 2]  # none asked yet: the pool's order
+    for arm, gain, cost in [(0, 1.0, 1.0), (1, 1.0, 0.1), (2, 0.0, 0.01)]:
+        b.sent[arm], b.scored[arm], b.gain[arm], b.cost[arm], b.paid[arm] = 1, 1, gain, cost, 1
+    assert b.ranked()[0] == 1  # the same gain for a tenth of the money
+    b.sent[1] = 50  # asked often, its bonus shrinks below the others'
+    assert b.ranked()[0] != 1
+    b.sent[1] = 1  # a model that gained nothing stands in for no other: only the best-ranked may go
+    assert b.stand_ins() == [1, 0] and 2 not in b.stand_ins()
+
+
+def test_a_pool_is_checked_when_the_spec_is_read():
+    url = "http://localhost:11434/v1"
+    with pytest.raises(ValueError, match="not both"):
+        LLMSettings(base_url=url, model="m", models=[{"base_url": url, "model": "m"}])
+    with pytest.raises(ValueError, match="models"):
+        LLMSettings(base_url=url)
+    with pytest.raises(ValueError, match="would be written to the run's ledger"):
+        LLMSettings(models=[{"base_url": url + "?key=sk-1", "model": "m"}])
+    s = LLMSettings(models=[{"base_url": url, "model": "a"}, {"base_url": url, "model": "b", "price_prompt": 2.0}],
+                    price_prompt=1.0, api_key_env="K")
+    assert [(m.model, m.price_prompt, m.api_key_env) for m in s.pool] == [("a", 1.0, "K"), ("b", 2.0, "K")]
+    assert [m.model for m in LLMSettings(base_url=url, model="m").pool] == ["m"]
+
+
+def whole_file(body: dict) -> str:
+    """A whole policy file, its gain set by the request's seed (no two alike)."""
+    return WHOLE_FILE.replace('"default": 1.0', f'"default": {1 + body["seed"] % 997 / 1000}')
+
+
+def never_applies(body: dict) -> str:
+    """A model whose diffs never apply, but which writes a whole file when asked for one, and a diff that applies
+    when shown why its last one did not."""
+    last = body["messages"][-1]["content"]
+    if "whole new policy file" in last:
+        return whole_file(body)
+    if "could not be used" in last:
+        return useful_edit(body, first=False)
+    return MISSES
+
+
+@pytest.mark.parametrize("mode", ["rewrite", "retry"])
+def test_with_the_fallback_on_answers_whose_diffs_never_apply_become_candidates(standin, mode):
+    """A model whose diffs never apply: each unusable answer is asked about once more (the failure quoted, and the
+    whole file asked for with ``rewrite``), and at least 90 % of the answers become candidates (none does with
+    ``skip``); the follow-ups count in budget_requests."""
+    server = standin(respond=never_applies)
+    r = refiner(server.url, proposals=10, concurrency=4, on_unusable=mode)
+    out = r.propose(parent(), None, np.random.default_rng(0))
+    firsts = [q for q in server.requests if len(q["body"]["messages"]) == 2]
+    again = [q["body"]["messages"][-1]["content"] for q in server.requests if len(q["body"]["messages"]) == 4]
+    print(f"{mode}: {len(out)} candidates of {len(firsts)} answers")
+    assert len(firsts) == 10 and len(out) / len(firsts) >= 0.9
+    assert len(again) == 10 and all("SEARCH block 1 does not match the policy" in m for m in again)
+    assert r.spent.requests == 20
+    server = standin(respond=never_applies)
+    r = refiner(server.url, proposals=10, concurrency=4, on_unusable="skip")
+    assert r.propose(parent(), None, np.random.default_rng(0)) == [] and len(server.requests) == 10
+    server = standin(respond=never_applies)
+    r = refiner(server.url, proposals=4, concurrency=4, on_unusable=mode, budget_requests=6)
+    r.propose(parent(), None, np.random.default_rng(0))
+    assert len(server.requests) == 6 and r.spent.requests == 6  # only two follow-ups fit the budget
+
+
+#: An edit whose program raises at a line of its own code in every episode.
+RAISES = ("Scale it.\n<<<<<<< SEARCH\n    return 1 if z > 0 else 0\n=======\n    return 1 if z > int(\"zero\") else 0\n"
+          ">>>>>>> REPLACE\n")
+
+
+def test_a_program_that_failed_on_a_line_of_its_code_is_sent_back_with_the_error_quoted(tmp_path, standin, pool):
+    """An edit whose every episode raises ValueError: the next generation's request edits that program, its
+    prompt quoting the error and the line that raised it; the repaired program is its child."""
+    server = standin(respond=lambda body: useful_edit(body) if "## It fails" in body["messages"][1]["content"]
+                     else RAISES)
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 1, "variants": 1, "concurrency": 1,
+           "budget_requests": 2, "retries": 0, "check_endpoint": False}
+    result = start_run(structural_spec(tmp_path / "s", [llm], budget={"env_steps": 100_000}), tmp_path / "runs", "r",
+                       executor=pool)
+    prompts = [q["body"]["messages"][1]["content"] for q in server.requests]
+    assert len(prompts) == 2 and "## It fails" not in prompts[0]
+    fails = prompts[1].split("## It fails", 1)[1]
+    assert "policy raised ValueError: invalid literal" in fails and 'line 13: return 1 if z > int("zero") else 0' in fails
+    proposed = [e.payload["candidate"] for e in events_of(read_events(result.run_dir), EventType.CANDIDATE_PROPOSED)]
+    assert len(proposed) == 2 and proposed[1]["parent_id"] == proposed[0]["id"]
+
+
+def test_a_pool_run_killed_with_requests_in_flight_resumes_to_the_same_choices(tmp_path, standin, monkeypatch, pool):
+    """The bandit's choices come from recorded answers and evaluations only: a pool run killed right after its fifth
+    answer is recorded (others in flight) resumes to the same requests, models included, as a run never killed."""
+    from conftest import SimulatedKill
+
+    from ratchet.services import RunServices
+
+    def spec(name: str, url: str):
+        llm = {"kind": "llm", "models": two_models(url), "proposals": 2, "variants": 1, "concurrency": 2,
+               "budget_requests": 12, "retries": 0, "check_endpoint": False}
+        return structural_spec(tmp_path / name, [llm], budget={"env_steps": 300_000})
+
+    whole = start_run(spec("whole", pool_server(standin).url), tmp_path / "whole" / "runs", "r", executor=pool)
+    record, recorded = RunServices.record, []
+
+    def dying(self, type, key, payload):
+        record(self, type, key, payload)
+        if type is EventType.LLM_CALL:
+            recorded.append(key)
+            if len(recorded) == 5:
+                raise SimulatedKill("killed with a request in flight")
+
+    server = pool_server(standin)
+    monkeypatch.setattr(RunServices, "record", dying)
+    with pytest.raises(SimulatedKill):
+        start_run(spec("killed", server.url), tmp_path / "killed" / "runs", "r", executor=pool)
+    monkeypatch.setattr(RunServices, "record", record)
+    resumed = resume_run(tmp_path / "killed" / "runs" / "r", executor=pool)
+
+    def calls(run_dir):
+        return sorted((e.key, e.payload["model"]) for e in events_of(read_events(run_dir), EventType.LLM_CALL))
+
+    assert calls(whole.run_dir) == calls(resumed.run_dir) and len(calls(whole.run_dir)) >= 12
+    assert len({m for _, m in calls(whole.run_dir)}) == 2
+
+
+def test_a_models_concurrency_caps_its_share_of_a_wave(standin):
+    """A model with ``concurrency = 1`` gets at most one request of each wave, whatever the bandit prefers."""
+    server = standin()
+    models = [{"base_url": server.url, "model": "one-at-a-time", "concurrency": 1},
+              {"base_url": server.url, "model": "many"}]
+    r = LLMRefiner(LLMSettings(models=models, proposals=8, variants=1, concurrency=4, backoff_s=0.0), TASK_FACTS,
+                   sleep=lambda s: None)
+    r.propose(parent(), None, np.random.default_rng(0))
+    picks = [q["body"]["model"] for q in server.requests]
+    assert len(picks) == 8 and picks[:4].count("one-at-a-time") == 1 and picks[4:].count("one-at-a-time") <= 1
+
+
+def test_older_ledgers_resume_without_follow_ups_or_repairs(tmp_path):
+    """A spec a ledger recorded before on_unusable and repair existed reads as the code then behaved: an unusable answer
+    is recorded and left, a failed program is not sent back; a new spec records both settings."""
+    from ratchet.loop import recorded_spec
+
+    llm = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    stored = structural_spec(tmp_path / "s", [llm]).to_dict()
+    entry = recorded_spec(stored).refiner_entries()[0]
+    assert (entry["on_unusable"], entry["repair"]) == ("retry", True)
+    del stored["refiners"][0]["on_unusable"], stored["refiners"][0]["repair"]
+    entry = recorded_spec(stored).refiner_entries()[0]
+    assert (entry["on_unusable"], entry["repair"]) == ("skip", False)

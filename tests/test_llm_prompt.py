@@ -360,7 +360,8 @@ def test_a_run_killed_between_trace_replays_resumes_to_the_same_prompts(tmp_path
         shutil.copy(DATA / "cartpole_linear.py", folder / "policy.py")
         d = base_spec_dict()
         d.update(refiners=[{"kind": "llm", "base_url": url, "model": "m", "proposals": 2, "variants": 1,
-                            "budget_requests": 6, "retries": 0, "incumbent_share": 0.0, "concurrency": 1}],
+                            "budget_requests": 6, "retries": 0, "incumbent_share": 0.0, "concurrency": 1,
+                            "on_unusable": "skip"}],
                  test={"episodes": 3}, execution={"workers": 2, "episode_timeout_s": 30},
                  refiner={"train_episodes": 2}, gate={"validation_episodes": 6, "max_share": 0.6},
                  budget={"env_steps": 20_000})

@@ -48,7 +48,7 @@ from ratchet.policy import (
     uses_task_dims,
 )
 from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
-from ratchet.refiners.registry import RefinerContext, arm_names, refiner_kind
+from ratchet.refiners.registry import Purse, RefinerContext, arm_names, refiner_kind
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
 from ratchet.spec import RunSpec, spec_from_dict
@@ -148,6 +148,8 @@ class _Run(RunServices):
         """One refiner (or several: variants) per ``[[refiners]]`` table, from the kinds' registry."""
         entries = self.spec.refiner_entries()
         out: dict[str, Any] = {}
+        b = self.spec.budget
+        money = None if b.money is None else Purse(b.money, b.currency)  # shared by every refiner that pays
         for i, (entry, name) in enumerate(zip(entries, arm_names(entries))):
             kind = refiner_kind(entry["kind"])
             settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
@@ -155,7 +157,8 @@ class _Run(RunServices):
                                  name=name, train=self.train, artifact=self.artifact,
                                  training_seeds=self.training_seeds, exchange=self.exchange,
                                  exchange_all=self.exchange_all,
-                                 read_input=self.read_input, critique=self.critique_of, time_left=self.time_left)
+                                 read_input=self.read_input, critique=self.critique_of, time_left=self.time_left,
+                                 money=money)
             for ref in kind.build(settings, name, ctx):
                 out[ref.name] = ref
         return out

@@ -456,6 +456,11 @@ class BudgetSpec(_Section):
     patience: int | None = Field(None, gt=0, le=1_000_000,
                                  description="Stop after this many generations without a promotion.",
                                  json_schema_extra={"unit": "generations"})
+    money: float | None = Field(None, gt=0, le=10**9, description="Money the run's LLM requests may cost in all "
+                                "(each priced by its refiner's price_prompt/price_completion before it is sent, at its "
+                                "worst case): never exceeded.", json_schema_extra={"unit": "money (currency)"})
+    currency: str = Field("USD", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,15}$",
+                          description="Unit of money; every refiner that prices its requests must name the same.")
     pricing: Literal["observed", "worst-case"] = Field(
         "observed", description="How work is priced against the env-step budget: \"observed\" (the mean episode "
                                 "length seen plus 25 %, under the executor's hard cap) or \"worst-case\" (every "

@@ -42,6 +42,7 @@ class LLMExchange:
         seconds: Seconds spent waiting on the endpoint.
         outcome: What became of the answer: ``"proposed"`` (its program was proposed), the reason its
             proposal was rejected, or the request's failure.
+        currency: The cost's unit (the refiner's ``currency``), or None where not recorded.
     """
 
     key: str
@@ -57,6 +58,7 @@ class LLMExchange:
     cost: float
     seconds: float
     outcome: str
+    currency: str | None = None
 
 
 def _cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
@@ -139,7 +141,8 @@ def llm_exchanges(events: list[Event], artifact: Callable[[str], bytes], last: i
                                e.time, _messages(read(p.get("request"))), answer, error,
                                _number(p.get("attempts"), int), _number(p.get("prompt_tokens"), int),
                                _number(p.get("completion_tokens"), int), _number(p.get("cost")),
-                               _number(p.get("seconds")), outcome))
+                               _number(p.get("seconds")), outcome,
+                               p["currency"] if isinstance(p.get("currency"), str) else None))
     return out
 
 
@@ -149,7 +152,7 @@ def format_exchange(x: LLMExchange, index: int | None = None) -> str:
     import time
 
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(x.time))
-    cost = f" · cost {x.cost:.4g}" if x.cost else ""
+    cost = f" · cost {x.cost:.4g}{' ' + x.currency if x.currency else ''}" if x.cost else ""
     head = (f"=== {'' if index is None else f'#{index} · '}{x.refiner} · {x.model or '?'} · {when} UTC · "
             f"{x.prompt_tokens + x.completion_tokens:,} tokens ({x.prompt_tokens:,} prompt + "
             f"{x.completion_tokens:,} answer){cost} · {x.seconds:.1f} s · {x.attempts} attempt"

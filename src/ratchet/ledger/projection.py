@@ -268,6 +268,11 @@ def _add_llm_call(usage: dict[str, dict[str, Any]], key: str, p: dict[str, Any])
     u["completion_tokens"] += int(_count(p.get("completion_tokens")))
     u["tokens_estimated"] = u["tokens_estimated"] or bool(p.get("tokens_estimated"))
     u["cost"] += float(_count(p.get("cost")))
+    if isinstance(p.get("currency"), str):
+        u["currency"] = p["currency"]
+    model = p.get("model")
+    if isinstance(model, str):  # a pool's requests by model (one model: one entry)
+        u.setdefault("models", {})[model] = u.get("models", {}).get(model, 0) + 1
     u["seconds"] += float(_count(p.get("seconds")))
     if p.get("response") is None:
         reason = failure_reason(p.get("error"))
@@ -280,8 +285,9 @@ def llm_usage_of(events: list[Event]) -> dict[str, dict[str, Any]]:
     """Per LLM refiner (arm name), from its ``llm_call`` events: ``model``, ``requests`` (calls made),
     ``attempts`` (HTTP attempts, retries included), ``answered`` (calls that got a reply), ``prompt_tokens``,
     ``completion_tokens``, ``tokens_estimated`` (some counts are estimates: the endpoint reported none),
-    ``cost`` (priced by the refiner's ``price_prompt``/``price_completion``, per million tokens),
-    ``seconds`` (spent waiting on the endpoint) and ``failures`` (reason -> count of calls without a reply,
+    ``cost`` (priced by the refiner's ``price_prompt``/``price_completion``, per million tokens) and its
+    ``currency`` (absent from ledgers before it was recorded, and for unpriced requests), ``models`` (model name ->
+    requests sent to it: a pool's choices), ``seconds`` (spent waiting on the endpoint) and ``failures`` (reason -> count of calls without a reply,
     :func:`failure_reason`)."""
     usage: dict[str, dict[str, Any]] = {}
     for ev in events:
@@ -290,16 +296,24 @@ def llm_usage_of(events: list[Event]) -> dict[str, dict[str, Any]]:
     return usage
 
 
+def cost_text(u: dict[str, Any]) -> str:
+    """An :func:`llm_usage_of` entry's cost with its currency where recorded (``"0.0123 USD"``)."""
+    return f"{u['cost']:.4g}" + (f" {u['currency']}" if u.get("currency") else "")
+
+
 def llm_usage_text(u: dict[str, Any]) -> str:
     """One refiner's :func:`llm_usage_of` entry for people, e.g. ``"12 requests (14 HTTP attempts), 11 answered
-    · 12,345 tokens (10,000 prompt + 2,345 answer) · cost 0.0123 · 45.6 s waiting"`` and, when some failed, a
-    second line ``"failed: 2× HTTP 503 Service Unavailable, 1× timed out"``."""
+    · 12,345 tokens (10,000 prompt + 2,345 answer) · cost 0.0123 USD · 45.6 s waiting"``, then for a pool of
+    models a line ``"models: 18× dear, 2× cheap"`` and, when some failed, a line ``"failed: 2× HTTP 503 Service
+    Unavailable, 1× timed out"``."""
     tokens = u["prompt_tokens"] + u["completion_tokens"]
     est = ", partly estimated" if u.get("tokens_estimated") else ""
     line = (f"{u['requests']:,} request{'s' if u['requests'] != 1 else ''} ({u['attempts']:,} HTTP attempt"
             f"{'s' if u['attempts'] != 1 else ''}), {u['answered']:,} answered · {tokens:,} tokens "
-            f"({u['prompt_tokens']:,} prompt + {u['completion_tokens']:,} answer{est}) · cost {u['cost']:.4g} · "
+            f"({u['prompt_tokens']:,} prompt + {u['completion_tokens']:,} answer{est}) · cost {cost_text(u)} · "
             f"{u['seconds']:.1f} s waiting")
+    if len(u.get("models") or {}) > 1:
+        line += "\nmodels: " + ", ".join(f"{n}× {m}" for m, n in sorted(u["models"].items(), key=lambda kv: -kv[1]))
     if u["failures"]:
         line += "\nfailed: " + ", ".join(f"{n}× {r}" for r, n in sorted(u["failures"].items(), key=lambda kv: -kv[1]))
     return line

@@ -39,9 +39,16 @@ per-request ``seed`` drawn from the run's random stream. A resumed or replayed r
 requests and reads the recorded responses instead of calling the endpoint: resume never pays twice,
 and a finished run replays without the endpoint. Requests time out after ``timeout_s`` and are retried
 with exponential backoff on 429, 5xx, timeouts and refused connections (``retries`` times; a
-``Retry-After`` header is honoured up to 60 s). Once ``budget_tokens``, ``budget_requests`` or
-``budget_cost`` is spent the refiner makes no further request and says so as its idle reason: a run
-whose only refiner it is stops there, like any budget; beside other refiners it sits out.
+``Retry-After`` header is honoured up to 60 s). Once ``budget_tokens``, ``budget_requests``,
+``budget_cost`` or the run's ``[budget] money`` (:class:`~ratchet.refiners.registry.Purse`; money in ``currency``)
+is spent the refiner makes no further request and says so as its idle reason: a run whose only refiner it is
+stops there, like any budget; beside other refiners it sits out.
+
+Instead of ``base_url`` and ``model``, ``models`` names a pool (:class:`ModelSettings`: endpoint, key, prices and
+concurrency each); each request goes to the model :class:`ModelBandit` picks on training gain per unit of money.
+An answer whose edit does not apply is asked about once more (``on_unusable``: the failure quoted, or the whole
+file asked for), and with ``repair`` a program that raised at a line of its own code is sent back with the error
+quoted (:func:`repair_note`).
 """
 
 from __future__ import annotations
@@ -57,10 +64,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import EndpointError, PolicyError, RatchetError
@@ -68,7 +75,7 @@ from ratchet.policy import Candidate
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
-from ratchet.refiners.registry import Reply, as_they_finish
+from ratchet.refiners.registry import Purse, Reply, as_they_finish
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = [
@@ -93,6 +100,51 @@ MAX_RESPONSE_BYTES = 16 * 2**20
 _MAX_REPLY_TOKENS = 10**9
 
 
+def _checked_url(v: str) -> str:
+    if not re.match(r"^https?://[^\s/]+", v):
+        raise ValueError(f"expected an http(s) URL such as http://localhost:11434/v1, got {redact_url(v)[:80]!r}")
+    secret = url_secret(v)
+    if secret:
+        raise ValueError(f"base_url holds {secret}, which would be written to the run's ledger; put the key in "
+                         "an environment variable and name that variable in api_key_env")
+    return v
+
+
+def _checked_env_name(v: str | None) -> str | None:
+    if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", v):
+        raise ValueError("give the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
+    return v
+
+
+class ModelSettings(BaseModel):
+    """One model of an ``llm`` refiner's pool (an entry of ``models``): where it is served, its name, key and
+    prices (per million tokens, in the refiner's ``currency``; unset: the refiner's), and the most of a wave's
+    requests it takes (``concurrency``; unset: no limit of its own)."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    base_url: str = Field(description="API root of the model's OpenAI-compatible endpoint.")
+    model: str = Field(min_length=1, max_length=200, description="Model name as the endpoint knows it.")
+    api_key_env: str | None = Field(None, description="Name of the environment variable holding its key.")
+    price_prompt: float | None = Field(None, ge=0, description="Price per million prompt tokens.")
+    price_completion: float | None = Field(None, ge=0, description="Price per million answer tokens.")
+    concurrency: int | None = Field(None, ge=1, le=64, description="Most of a wave's requests sent to it.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _checked_url(v)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        return _checked_env_name(v)
+
+    def price(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """The price of a request's tokens (money, in the refiner's currency)."""
+        return (prompt_tokens * (self.price_prompt or 0.0) + completion_tokens * (self.price_completion or 0.0)) / 1e6
+
+
 class LLMSettings(ArchiveSettings):
     """Settings of an ``llm`` refiner (a ``[[refiners]]`` table with ``kind = "llm"``).
 
@@ -109,9 +161,26 @@ class LLMSettings(ArchiveSettings):
         takes a few characters, and JSON escapes some of them), never above :data:`MAX_RESPONSE_BYTES`."""
         return min(MAX_RESPONSE_BYTES, self.max_response_bytes or 65_536 + 32 * self.max_tokens)
 
-    base_url: str = Field(description="API root of an OpenAI-compatible endpoint, e.g. http://localhost:11434/v1 "
-                                      "(Ollama); /chat/completions is appended unless given.")
-    model: str = Field(min_length=1, max_length=200, description="Model name as the endpoint knows it.")
+    base_url: str | None = Field(None, description="API root of an OpenAI-compatible endpoint, e.g. "
+                                                   "http://localhost:11434/v1 (Ollama); /chat/completions is appended "
+                                                   "unless given. Give base_url and model, or models (a pool).")
+    model: str | None = Field(None, min_length=1, max_length=200, description="Model name as the endpoint knows it.")
+    models: list[ModelSettings] | None = Field(None, min_length=1, max_length=16,
+                                               description="A pool of models instead of base_url and model: each "
+                                                           "request goes to the one a bandit picks on its training "
+                                                           "gain per unit of money (see pick_model).")
+    explore: float = Field(1.0, ge=0, le=10, description="With models: the bandit's exploration coefficient (UCB1's "
+                                                         "c; 0: always the best so far).")
+    currency: str = Field("USD", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,15}$",
+                          description="Unit of price_prompt, price_completion and budget_cost (and of [budget] "
+                                      "money, which must name the same).")
+    repair: bool = Field(True, description="An edited program whose every variant failed in its episodes on an error "
+                                           "raised at a line of its code is sent back once, in the next generation, "
+                                           "with the error and that line quoted, to be fixed.")
+    on_unusable: Literal["retry", "rewrite", "skip"] = Field(
+        "retry", description="An answer whose edit does not apply (or has no edit): \"retry\" asks once more with "
+                             "the failure quoted, \"rewrite\" asks for the whole file, \"skip\" records it and goes "
+                             "on. The second request counts in the budgets.")
     api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key "
                                                       "(sent as a Bearer token); none for local servers.")
     hints: str = Field("", max_length=20_000, description="Extra guidance for the model, added to every prompt.")
@@ -132,7 +201,24 @@ class LLMSettings(ArchiveSettings):
     def _one_system_prompt(self) -> LLMSettings:
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("give system_prompt or system_prompt_file, not both")
+        if self.models is not None and (self.base_url is not None or self.model is not None):
+            raise ValueError("give base_url and model (one model) or models (a pool), not both")
+        if self.models is None and (self.base_url is None or self.model is None):
+            raise ValueError("give base_url and model (one model), or models (a pool of them)")
         return self
+
+    @property
+    def pool(self) -> list[ModelSettings]:
+        """The models requests may go to: ``models``, or the one ``base_url`` and ``model`` name; each with its
+        ``api_key_env`` and prices (a pool's model without them takes the refiner's)."""
+        if self.models is None:
+            return [ModelSettings(base_url=self.base_url or "", model=self.model or "", api_key_env=self.api_key_env,
+                                  price_prompt=self.price_prompt, price_completion=self.price_completion)]
+        return [m.model_copy(update={"api_key_env": m.api_key_env or self.api_key_env,
+                                     "price_prompt": self.price_prompt if m.price_prompt is None else m.price_prompt,
+                                     "price_completion": (self.price_completion if m.price_completion is None
+                                                          else m.price_completion)})
+                for m in self.models]
     proposals: int = Field(2, ge=1, le=50, description="Requests (edited programs) per generation.",
                            json_schema_extra={"unit": "requests"})
     concurrency: int = Field(4, ge=1, le=64, description="Requests in flight at once: a generation's requests go "
@@ -167,8 +253,8 @@ class LLMSettings(ArchiveSettings):
                                                               "endpoint bills them).",
                                         json_schema_extra={"unit": "requests (HTTP attempts)"})
     budget_cost: float | None = Field(None, gt=0, description="Most money, priced by price_prompt/price_completion.",
-                                      json_schema_extra={"unit": "money (the unit of price_prompt)"})
-    price_prompt: float = Field(0.0, ge=0, description="Price per million prompt tokens.",
+                                      json_schema_extra={"unit": "money (currency)"})
+    price_prompt: float = Field(0.0, ge=0, description="Price per million prompt tokens (in currency).",
                                 json_schema_extra={"unit": "money per 1M tokens"})
     price_completion: float = Field(0.0, ge=0, description="Price per million answer tokens.",
                                     json_schema_extra={"unit": "money per 1M tokens"})
@@ -185,21 +271,13 @@ class LLMSettings(ArchiveSettings):
 
     @field_validator("base_url")
     @classmethod
-    def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^\s/]+", v):
-            raise ValueError(f"expected an http(s) URL such as http://localhost:11434/v1, got {redact_url(v)[:80]!r}")
-        secret = url_secret(v)
-        if secret:
-            raise ValueError(f"base_url holds {secret}, which would be written to the run's ledger; put the key in "
-                             "an environment variable and name that variable in api_key_env")
-        return v
+    def _url(cls, v: str | None) -> str | None:
+        return None if v is None else _checked_url(v)
 
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", v):
-            raise ValueError("give the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself")
-        return v
+        return _checked_env_name(v)
 
 
 #: Query parameter names taken for credentials in a URL (lower case; ``api-key``, ``access_token``, ``sig``, ...).
@@ -382,6 +460,7 @@ class Attempt:
     ids: tuple[str, ...] = ()
     train_mean: float | None = None
     generation: int = 0
+    repair: bool = False  # the answer to a repair request (never sent back again)
 
 
 def _task_text(task: Mapping[str, Any]) -> str:
@@ -438,7 +517,8 @@ def critique_text(critique: Critique | None, trace_steps: int = 10,
 
 def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None, history: Sequence[Attempt],
                  hints: str = "", max_chars: int = 40_000, max_history: int = 12, *,
-                 system_prompt: str | None = None, trace_steps: int = 10) -> list[dict[str, str]]:
+                 system_prompt: str | None = None, trace_steps: int = 10,
+                 failure: str | None = None) -> list[dict[str, str]]:
     """The chat messages of one request.
 
     Args:
@@ -455,6 +535,8 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
         max_history: Most history entries shown.
         system_prompt: The system message; None uses :data:`SYSTEM_PROMPT`.
         trace_steps: Most steps shown of each trace.
+        failure: For a repair request: the error the program raised in its episodes (and the line that raised it),
+            quoted with a request to fix it; None for an ordinary edit.
 
     Returns:
         ``[{"role": "system", ...}, {"role": "user", ...}]``.
@@ -466,6 +548,9 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
         parts = ["## Task\n" + _task_text(task),
                  "## Current policy (its tuned values are written in as the defaults)\n" + fenced(source, "python"),
                  "## How the current policy does on recent training episodes\n" + crit_text]
+        if failure:
+            parts.append("## It fails\nEvery episode of this policy stopped on this error; fix it first, keeping the "
+                         "idea of the policy:\n" + fenced(failure))
         if entries:
             parts.append("## Edits already tried (oldest first) and what became of them\n" + "\n\n".join(
                 f"Edit {i}:\n{fenced(a.summary, 'diff')}\nResult: {' '.join(a.verdict.split())}"
@@ -705,7 +790,7 @@ def models_url(base_url: str) -> str:
     return u.removesuffix("/chat/completions") + "/models"
 
 
-def _api_key(settings: LLMSettings, name: str) -> str | None:
+def _api_key(settings: ModelSettings | LLMSettings, name: str) -> str | None:
     """The key from ``api_key_env``.
 
     Raises:
@@ -722,20 +807,26 @@ def _api_key(settings: LLMSettings, name: str) -> str | None:
 
 def check_endpoint(settings: LLMSettings, name: str = "llm") -> None:
     """Look at the endpoint before a run spends anything: ``GET base_url/models`` (within ``timeout_s``,
-    at most 30 s). A server without that route (404, 405, 501) passes; so does any other reply but those
-    below.
+    at most 30 s), for each model of the pool. A server without that route (404, 405, 501) passes; so does any
+    other reply but those below.
 
     Raises:
         RatchetError: ``api_key_env`` names a variable that is not set.
         EndpointError: the endpoint cannot be reached, refuses the key (401, 403), redirects to another
             server, or lists models and ``model`` is not one of them (``name:latest`` counts as ``name``).
     """
+    for m in settings.pool:
+        _check_model(m, min(30.0, settings.timeout_s), name)
+
+
+def _check_model(settings: ModelSettings, timeout_s: float, name: str) -> None:
+    """:func:`check_endpoint` for one model of the pool."""
     key = _api_key(settings, name)
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     where = f"[[refiners]] {name}"
     try:
         body = _attempt(models_url(settings.base_url), "GET", None, headers,
-                        time.monotonic() + min(30.0, settings.timeout_s), 4 * 2**20)
+                        time.monotonic() + timeout_s, 4 * 2**20)
     except _Failed as exc:
         if exc.status in (404, 405, 501) or (exc.status is not None and exc.status not in (401, 403)
                                              and not exc.permanent):
@@ -755,7 +846,7 @@ def check_endpoint(settings: LLMSettings, name: str = "llm") -> None:
                                    "it does not list", key))
 
 
-def fix_for(status: int | None, settings: LLMSettings, timed_out: bool = False) -> str:
+def fix_for(status: int | None, settings: ModelSettings, timed_out: bool = False) -> str:
     """What to do about an endpoint failure, one clause (for messages)."""
     if status in (401, 403):
         return (f"check the key in ${settings.api_key_env} (api_key_env)" if settings.api_key_env
@@ -846,6 +937,59 @@ class _Request:
     base: str
     request: dict[str, Any]
     key: str
+    arm: int = 0  # the model of the pool it goes to
+    follow_up: bool = False  # it asks again about an unusable answer (never followed up itself)
+    repair: bool = False  # it asks to fix the error its program (``parent``, a failed edit) raised
+
+
+class ModelBandit:
+    """Which model of a pool gets the next request: UCB1 (Auer, Cesa-Bianchi and Fischer, "Finite-time Analysis of
+    the Multiarmed Bandit Problem", Machine Learning 47, 2002) on each model's training gain per unit of money, the
+    asymmetric form of ShinkaEvolve's ``AsymmetricUCB`` (SakanaAI/ShinkaEvolve, ``shinka/llm/prioritization.py``:
+    a request's reward is its improvement over the program it edited, floored at 0, so a failed or worse edit
+    counts 0 and never below).
+
+    A request's gain is the best paired training gain of its candidates over the incumbent on the same seeds
+    (:func:`~ratchet.refiners.archive.offer_generation`; return units), floored at 0; an answer that gave no
+    candidate (unusable, failed checks, an endpoint failure) gains 0. A model's efficiency is its mean gain per
+    request over its mean cost per answered request (money; with no price in the pool, per request), divided by
+    the best model's so the best is 1. Its score is that plus ``explore`` × √(2 ln N / n), where n counts the
+    requests sent to it (those in flight included, as ShinkaEvolve counts submitted ones) and N all of them; a
+    model never asked comes first, in the pool's order; ties go to the earlier model. No random draw: everything
+    it reads comes from answers and evaluations the ledger records, so a resumed run picks the same models.
+    """
+
+    def __init__(self, arms: int, explore: float, priced: bool) -> None:
+        self.explore, self.priced = explore, priced
+        self.sent = [0] * arms  # requests sent (follow-ups are part of theirs)
+        self.scored = [0] * arms  # requests whose outcome is known
+        self.gain = [0.0] * arms  # sum of their gains (return units, each at least 0)
+        self.cost = [0.0] * arms  # money their answers cost
+        self.paid = [0] * arms  # answered requests
+
+    def scores(self) -> list[float]:
+        """Each model's UCB score (``inf`` for one never asked)."""
+        n = len(self.sent)
+        mean = [self.gain[i] / self.scored[i] if self.scored[i] else 0.0 for i in range(n)]
+        eff = [mean[i] / max(self.cost[i] / self.paid[i] if self.paid[i] else 0.0, 1e-12) if self.priced else mean[i]
+               for i in range(n)]
+        best = max(eff)
+        total = max(2, sum(self.sent))
+        return [float("inf") if not self.sent[i] else
+                (eff[i] / best if best > 0 else 0.0) + self.explore * float(np.sqrt(2 * np.log(total) / self.sent[i]))
+                for i in range(n)]
+
+    def ranked(self) -> list[int]:
+        """The models, best score first (ties: the pool's order)."""
+        sc = self.scores()
+        return sorted(range(len(sc)), key=lambda i: (-sc[i], i))
+
+    def stand_ins(self) -> list[int]:
+        """The models a request may go to, in the order tried: the best-ranked, then those after it that have gained
+        at least once or have no outcome yet (a model whose edits never paid is no stand-in for one a budget or its
+        ``concurrency`` leaves no room for: it would spend the rest of the money on nothing)."""
+        first, *rest = self.ranked()
+        return [first, *(i for i in rest if self.gain[i] > 0 or not self.scored[i])]
 
 
 class _OutOfTime(Exception):
@@ -902,6 +1046,14 @@ class LLMRefiner(Refiner):
         #: The functions a policy defines for the task, with their argument counts.
         self.functions: dict[str, int] = dict(self.task.get("functions") or {"act": 2})
         self._critiques: dict[str, Critique | None] = {}
+        #: The models requests may go to (:attr:`LLMSettings.pool`) and the bandit choosing among them.
+        self.pool = settings.pool
+        self.bandit = ModelBandit(len(self.pool), settings.explore,
+                                  priced=any(m.price_prompt or m.price_completion for m in self.pool))
+        self._repairs: list[tuple[Candidate, str]] = []  # failed edits to send back with their error (``repair``)
+        self._outcomes: list[tuple[int, tuple[str, ...]]] = []  # (model, candidate ids) of proposed edits, unscored
+        #: The run's money budget (RefinerContext.money), shared with its other refiners that pay; None without one.
+        self.money: Purse | None = None
 
     @property
     def population_size(self) -> int:
@@ -911,18 +1063,19 @@ class LLMRefiner(Refiner):
     def generation_cost(self) -> GenerationCost:
         """Up to ``proposals × variants`` candidates from ``proposals`` requests of up to ``1 + retries`` HTTP
         attempts each, each answer up to ``max_tokens`` tokens; no recommendation."""
-        attempts = self.settings.proposals * (1 + self.settings.retries)
+        attempts = self.settings.proposals * (1 + self.settings.retries) * (1 if self.settings.on_unusable == "skip"
+                                                                           else 2)
         return GenerationCost(proposals=self.population_size, requests=attempts,
                               tokens=attempts * self.settings.max_tokens)
 
-    def idle_reason(self) -> str | None:
-        """Why no further request may be made, or None: the endpoint stopped the refiner (a refused key, an
-        unknown model, ``max_failures`` failed requests in a row), or a budget has no room for one more
-        request's worst case (``budget_requests`` attempts; ``max_tokens`` of answer plus the most tokens
-        the last prompt could take, in tokens and in money), beside the worst case of the requests in flight."""
+    def _worst_price(self, arm: int) -> float:
+        """The most the next request to model ``arm`` may cost (money): its prompt's bound and ``max_tokens``."""
+        return self.pool[arm].price(self.spent.prompt_bound, self.settings.max_tokens)
+
+    def _no_room(self, arm: int) -> str | None:
+        """Why a request to model ``arm`` may not go out now (a budget has no room for its worst case beside the
+        requests in flight), or None."""
         s, u = self.settings, self.spent
-        if u.down is not None:
-            return u.down
         flying = f", {u.held_requests} in flight" if u.held_requests else ""
         if s.budget_requests is not None and u.requests + u.held_requests >= s.budget_requests:
             return f"llm budget: {u.requests:,} of {s.budget_requests:,} requests made{flying} ({self.name})"
@@ -930,33 +1083,63 @@ class LLMRefiner(Refiner):
         if s.budget_tokens is not None and u.tokens + u.held_tokens + most > s.budget_tokens:
             return (f"llm budget: {u.tokens:,} of {s.budget_tokens:,} tokens used{flying}; the next request may take "
                     f"{most:,} (max_tokens {s.max_tokens:,} and its prompt) ({self.name})")
-        price = (u.prompt_bound * s.price_prompt + s.max_tokens * s.price_completion) / 1e6
+        price = self._worst_price(arm)
         if s.budget_cost is not None and u.cost + u.held_cost + price > s.budget_cost:
-            return (f"llm budget: {u.cost:.4g} of {s.budget_cost:g} spent{flying}; the next request may cost "
-                    f"{price:.4g} ({self.name})")
+            return (f"llm budget: {u.cost:.4g} of {s.budget_cost:g} {s.currency} spent{flying}; the next request may "
+                    f"cost {price:.4g} ({self.name})")
+        if self.money is not None and not self.money.has_room(price):
+            return (f"money budget: {self.money.text()}{flying}; the next request may cost {price:.4g} "
+                    f"{self.money.currency} ({self.name})")
         return None
 
     def budget_spent(self) -> bool:
         """Whether a budget (not the endpoint) is why no further request may be made (:meth:`idle_reason`)."""
         return self.spent.down is None and self.idle_reason() is not None
 
-    def _call(self, request: Mapping[str, Any], attempts: int | None = None) -> tuple[str | None, dict[str, Any]]:
-        """One request within its deadline (``timeout_s``, cut to the run's wall clock left) and at most
-        ``attempts`` HTTP attempts (None: ``1 + retries``; its share of the request budget's rest). Safe to run
-        in several threads at once: it reads the settings and the clock, and writes nothing.
+    def idle_reason(self) -> str | None:
+        """Why no further request may be made, or None: the endpoint stopped the refiner (a refused key, an
+        unknown model, ``max_failures`` failed requests in a row), or a budget has no room for one more
+        request's worst case (``budget_requests`` attempts; ``max_tokens`` of answer plus the most tokens
+        the last prompt could take, in tokens and in money — ``budget_cost`` and the run's ``[budget] money`` —
+        at the cheapest model of the pool a request may go to, :meth:`ModelBandit.stand_ins`), beside the worst case
+        of the requests in flight."""
+        if self.spent.down is not None:
+            return self.spent.down
+        cheapest = min(self.bandit.stand_ins(), key=self._worst_price)
+        return self._no_room(cheapest)
+
+    def _hold(self, r: _Request) -> None:
+        """Reserve ``r``'s worst case (one attempt, its prompt's bound and ``max_tokens``, their price) while it is
+        out."""
+        u = self.spent
+        u.prompt_bound = prompt_bound(r.request)
+        price = self._worst_price(r.arm)
+        u.held_requests += 1
+        u.held_tokens += u.prompt_bound + self.settings.max_tokens
+        u.held_cost += price
+        if self.money is not None:
+            self.money.held += price
+
+    def _call(self, request: Mapping[str, Any], attempts: int | None = None, arm: int = 0
+              ) -> tuple[str | None, dict[str, Any]]:
+        """One request to model ``arm`` of the pool within its deadline (``timeout_s``, cut to the run's wall clock
+        left) and at most ``attempts`` HTTP attempts (None: ``1 + retries``; its share of the request budget's
+        rest). Safe to run in several threads at once: it reads the settings and the clock, and writes nothing.
 
         Raises:
             RatchetError: ``api_key_env`` is not set.
             _OutOfTime: the run's wall clock ran out (the loop stops the run on it; nothing is recorded).
         """
-        s = self.settings
-        key = _api_key(s, self.name)
-        info: dict[str, Any] = {"refiner": self.name, "model": s.model}
+        s, m = self.settings, self.pool[arm]
+        key = _api_key(m, self.name)
+        info: dict[str, Any] = {"refiner": self.name, "model": m.model}
+        if len(self.pool) > 1:
+            info["pool_index"] = arm
         left = self.time_left() if self.time_left is not None else None
         timeout = s.timeout_s if left is None else min(s.timeout_s, left)
         if timeout <= 0:
             raise _OutOfTime()
-        body, got = _post(chat_completions_url(s.base_url), request, key, timeout, s.retries, s.backoff_s,
+        body, got = _post(chat_completions_url(m.base_url), request, key, timeout, s.retries, s.backoff_s,
                           self.sleep, s.response_cap, attempts)
         if body is None and got["timed_out"] and timeout < s.timeout_s:
             raise _OutOfTime()
@@ -972,11 +1155,12 @@ class LLMRefiner(Refiner):
                 _, usage = _content_and_usage(body, request)
             except EditError:
                 usage = {"prompt_tokens": 0, "completion_tokens": 0, "tokens_estimated": True}
-            info.update(usage, cost=(usage["prompt_tokens"] * s.price_prompt
-                                     + usage["completion_tokens"] * s.price_completion) / 1e6)
+            info.update(usage, cost=m.price(usage["prompt_tokens"], usage["completion_tokens"]))
+            if m.price_prompt or m.price_completion:
+                info["currency"] = s.currency
         return body, info
 
-    def _failed(self, record: Mapping[str, Any]) -> None:
+    def _failed(self, record: Mapping[str, Any], arm: int = 0) -> None:
         """Count a failed request; stop the refiner (``spent.down``) at a permanent failure or after
         ``max_failures`` in a row."""
         s, u = self.settings, self.spent
@@ -986,7 +1170,8 @@ class LLMRefiner(Refiner):
         permanent = bool(record.get("permanent")) or status in _PERMANENT_STATUS
         if (permanent or u.failures >= s.max_failures) and u.down is None:  # the first reason stays
             what = error if permanent else f"{u.failures} requests in a row failed, the last: {error}"
-            u.down = (f"llm endpoint ({self.name}): {what}; {fix_for(status, s, bool(record.get('timed_out')))} "
+            u.down = (f"llm endpoint ({self.name}): {what}; "
+                      f"{fix_for(status, self.pool[arm], bool(record.get('timed_out')))} "
                       "(once it works, `ratchet resume` continues a run this stopped)")
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
@@ -1020,9 +1205,10 @@ class LLMRefiner(Refiner):
 
     def _wave(self, incumbent: Candidate, critique: Critique | None, rng: np.random.Generator, most: int
               ) -> tuple[list[_Request], int, bool]:
-        """Build up to ``most`` requests to send at once, each with its worst case (one HTTP attempt, its prompt's
-        tokens and ``max_tokens``, their price) reserved in the budgets before the next is built, so the wave
-        never takes more than a budget has left.
+        """Build up to ``most`` requests to send at once, each to the model the bandit ranks first among those with
+        room (:class:`ModelBandit`; a model's ``concurrency`` caps its requests in one wave) and with its worst case
+        (one HTTP attempt, its prompt's tokens and ``max_tokens``, their price at that model) reserved in the
+        budgets before the next is built, so the wave never takes more than a budget has left.
 
         Returns:
             ``(requests, slots, stop)``: ``slots`` of the generation's ``proposals`` it used (a parent whose values
@@ -1030,7 +1216,7 @@ class LLMRefiner(Refiner):
             when no further request may go out this generation (the run's wall clock is spent, or a budget has no
             room even with nothing in flight).
         """
-        s, u = self.settings, self.spent
+        s = self.settings
         wave: list[_Request] = []
         slots = 0
         for _ in range(most):
@@ -1039,8 +1225,13 @@ class LLMRefiner(Refiner):
                 return wave, slots, True
             if self.idle_reason() is not None:
                 return wave, slots, not wave
-            # the program to edit: the incumbent, or an elite of the archive; the prompt holds its own critique
-            parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
+            # the program to edit: a failed edit to repair, the incumbent, or an elite of the archive; the prompt
+            # holds its own critique
+            failure = None
+            if self._repairs:
+                parent, failure = self._repairs.pop(0)
+            else:
+                parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
             try:
                 base = baked_source(parent)
             except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
@@ -1048,29 +1239,36 @@ class LLMRefiner(Refiner):
                                                   f"source: {exc}", None, {}))
                 slots += 1
                 continue
-            request = {"model": s.model, "messages": build_prompt(self.task, base,
-                                                                  self.critique_for(parent, incumbent, critique),
-                                                                  self.history, s.hints, s.max_prompt_chars,
-                                                                  s.history, system_prompt=self.system_prompt,
-                                                                  trace_steps=s.trace_steps),
-                       "temperature": s.temperature, "max_tokens": s.max_tokens, "seed": int(rng.integers(2**31))}
-            key = self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
-            u.prompt_bound = prompt_bound(request)
-            if self.idle_reason() is not None:  # no room for this request's worst case beside those in flight
+            messages = build_prompt(self.task, base, self.critique_for(parent, incumbent, critique), self.history,
+                                    s.hints, s.max_prompt_chars, s.history, system_prompt=self.system_prompt,
+                                    trace_steps=s.trace_steps, failure=failure)
+            seed = int(rng.integers(2**31))
+            self.spent.prompt_bound = prompt_bound({"messages": messages})
+            in_wave = [r.arm for r in wave]
+            arm = next((i for i in self.bandit.stand_ins()
+                        if in_wave.count(i) < (self.pool[i].concurrency or most) and self._no_room(i) is None), None)
+            if arm is None:  # no model worth asking has room for this request's worst case beside those in flight
                 return wave, slots, not wave
-            wave.append(_Request(parent, base, request, key))
+            request = {"model": self.pool[arm].model, "messages": messages, "temperature": s.temperature,
+                       "max_tokens": s.max_tokens, "seed": seed}
+            r = _Request(parent, base, request, self._key(request), arm, repair=failure is not None)
+            wave.append(r)
             slots += 1
-            u.held_requests += 1
-            u.held_tokens += u.prompt_bound + s.max_tokens
-            u.held_cost += (u.prompt_bound * s.price_prompt + s.max_tokens * s.price_completion) / 1e6
+            self.bandit.sent[arm] += 1
+            self._hold(r)
         return wave, slots, False
+
+    def _key(self, request: Mapping[str, Any]) -> str:
+        """A request's ledger key: the refiner's name and a digest of the request."""
+        return self.name + "/" + hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:24]
 
     def _send(self, wave: list[_Request], incumbent: Candidate, rng: np.random.Generator, out: list[Candidate]
               ) -> bool:
         """Send a wave's requests at once (those a resumed run recorded are read back), then take their answers in
         the order the requests were built: each answer's edit is checked and proposed into ``out`` with its
         variants (drawn from ``rng``), or kept as a rejection. The wave's requests share what ``budget_requests``
-        leaves for their attempts (retries included), split evenly.
+        leaves for their attempts (retries included), split evenly. Unusable answers are then asked about once
+        more (``on_unusable``), those follow-ups sent at once as a wave of their own where the budgets have room.
 
         Returns:
             Whether the run's wall clock ran out during the wave (no further request this generation).
@@ -1081,38 +1279,86 @@ class LLMRefiner(Refiner):
         s, u = self.settings, self.spent
         rest = None if s.budget_requests is None else s.budget_requests - u.requests
         caps = [None if rest is None else rest // len(wave) + (j < rest % len(wave)) for j in range(len(wave))]
-        replies = self.exchange_all([(r.key, r.request, functools.partial(self._call, r.request, cap))
+        replies = self.exchange_all([(r.key, r.request, functools.partial(self._call, r.request, cap, r.arm))
                                      for r, cap in zip(wave, caps)])
+        if self.money is not None:
+            self.money.held -= u.held_cost
         u.held_requests, u.held_tokens, u.held_cost = 0, 0, 0.0
         out_of_time = False
+        again: list[_Request] = []
         for r, reply in zip(wave, replies):
             try:
                 body, record = reply.result()
             except _OutOfTime:
                 out_of_time = True
                 continue
+            cost = float(record.get("cost") or 0.0)
             u.requests += max(1, int(record.get("attempts") or 1))
             u.tokens += int(record.get("prompt_tokens") or 0) + int(record.get("completion_tokens") or 0)
-            u.cost += float(record.get("cost") or 0.0)
+            u.cost += cost
+            if self.money is not None:
+                self.money.spent += cost
             u.calls.append(r.key)
+            self.bandit.cost[r.arm] += cost
             if body is None:  # an endpoint failure: its llm_call event records it (no proposal was made)
-                self._failed(record)
+                self.bandit.scored[r.arm] += 1
+                self._failed(record, r.arm)
                 continue
+            self.bandit.paid[r.arm] += 1
             u.failures = 0
-            self._take(r, body, incumbent, rng, out)
+            follow = self._take(r, body, incumbent, rng, out)
+            if follow is not None:
+                again.append(follow)
         if u.down is not None:
             self._proposed = list(out)
+            for r in again:
+                self.bandit.scored[r.arm] += 1
             raise EndpointError(u.down, out)
+        if again and not out_of_time:
+            sent: list[_Request] = []
+            for r in again:  # each follow-up only where the budgets have room for its worst case
+                u.prompt_bound = prompt_bound(r.request)
+                if self._no_room(r.arm) is None:
+                    sent.append(r)
+                    self._hold(r)
+                else:
+                    self.bandit.scored[r.arm] += 1
+            if sent:
+                out_of_time = self._send(sent, incumbent, rng, out)
+        else:
+            for r in again:
+                self.bandit.scored[r.arm] += 1
         return out_of_time
 
+    def _follow_up(self, r: _Request, content: str, error: str) -> _Request:
+        """The request that asks ``r``'s model once more about its unusable answer ``content``: the same messages,
+        the answer, and a user message quoting why it could not be used and asking for the edit again
+        (``on_unusable = "retry"``) or for the whole file (``"rewrite"``)."""
+        if self.settings.on_unusable == "rewrite":
+            ask = ("Answer with the whole new policy file in one ```python block (no SEARCH/REPLACE blocks), "
+                   "keeping the idea of your edit.")
+        else:
+            ask = ("Answer again: copy each SEARCH text exactly from the current policy quoted above (or give the "
+                   "whole new file in one ```python block).")
+        messages = [*r.request["messages"], {"role": "assistant", "content": content[:8_000]},
+                    {"role": "user", "content": f"Your answer could not be used: {error}\n{ask}"}]
+        request = {**r.request, "messages": messages}
+        return _Request(r.parent, r.base, request, self._key(request), r.arm, follow_up=True, repair=r.repair)
+
     def _take(self, r: _Request, body: str, incumbent: Candidate, rng: np.random.Generator,
-              out: list[Candidate]) -> None:
+              out: list[Candidate]) -> _Request | None:
         """One answer: its edit applied to ``r``'s program and checked, then proposed with ``variants`` parameter
         settings (new ones appended to ``out``; the same edit twice runs once), or recorded as a rejection; the
-        history notes it either way."""
+        history notes it either way.
+
+        Returns:
+            The follow-up request to send when the answer is unusable (no edit, or one that does not apply) and
+            ``on_unusable`` asks again (a follow-up's own answer is final); else None.
+        """
         s, parent, base = self.settings, r.parent, r.base
         detail = {"llm_call": f"llm/{r.key}"}
         new = None
+        content = ""
         try:
             content, _ = _content_and_usage(body, r.request)
             edits = parse_answer(content, tuple(self.functions))
@@ -1122,11 +1368,16 @@ class LLMRefiner(Refiner):
             program = check_source(new, dims=self.dims, functions=self.functions)
         except (EditError, PolicyError) as exc:
             what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
-            self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}", new, detail))
+            again = isinstance(exc, EditError) and content and not r.follow_up and s.on_unusable != "skip"
+            self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}"
+                                              + (f" (asked again: {s.on_unusable})" if again else ""), new, detail))
             summary = (f"(a {len(new):,}-character program)" if new and len(new) > MAX_SOURCE_CHARS
                        else source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}")
             self.history.append(Attempt(summary, f"{what}: {exc}", generation=self._generation))
-            return
+            if again:
+                return self._follow_up(r, content, str(exc))
+            self.bandit.scored[r.arm] += 1
+            return None
         fresh = [p.name for p in program.parameters if p.name not in parent.params]
         ids = []
         for values in param_variants(program, rng, s.variants, fresh, s.sigma):
@@ -1135,9 +1386,12 @@ class LLMRefiner(Refiner):
                 ids.append(cand.id)
                 if all(c.id != cand.id for c in out) and cand.id != incumbent.id:  # the same edit twice runs once
                     out.append(cand)
-        attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation)
+        attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation,
+                          repair=r.repair)
         self.history.append(attempt)
         self._pending.append(attempt)
+        self._outcomes.append((r.arm, tuple(ids)))
+        return None
 
     def critique_for(self, parent: Candidate, incumbent: Candidate, critique: Critique | None) -> Critique | None:
         """The critique of the program a request edits: its own, from the run's critique service (its latest
@@ -1159,13 +1413,22 @@ class LLMRefiner(Refiner):
         return out
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Note each pending edit's best training mean (over its variants; errored ones count as failures), and
-        offer the edited programs to the archive, scored against the incumbent on the same seeds
-        (:func:`~ratchet.refiners.archive.offer_generation`)."""
+        """Note each pending edit's best training mean (over its variants; errored ones count as failures), offer
+        the edited programs to the archive, scored against the incumbent on the same seeds
+        (:func:`~ratchet.refiners.archive.offer_generation`), and give each edit's gain over the incumbent to the
+        bandit that picks the models (:class:`ModelBandit`). With ``repair``, an edited program (not itself a
+        repair) whose every variant failed on an error raised at a line of its code (:func:`repair_note`) is queued
+        to be sent back, with that error, in the next generation's first requests."""
+        gains: dict[str, float] = {}
         if self._incumbent is not None:
-            offer_generation(self.archive, self._incumbent, self._proposed, evaluations, self._generation,
-                             self.task.get("step_limit"))
+            gains = offer_generation(self.archive, self._incumbent, self._proposed, evaluations, self._generation,
+                                     self.task.get("step_limit"))
+        for arm, ids in self._outcomes:  # each edit's gain for the bandit: its best variant's, at least 0
+            self.bandit.scored[arm] += 1
+            self.bandit.gain[arm] += max([0.0, *(gains[i] for i in ids if i in gains)])
+        self._outcomes = []
         by_id = {e.candidate_id: e for e in evaluations}
+        repairs: list[tuple[Candidate, str]] = []
         for a in self._pending:
             evs = [by_id[i] for i in a.ids if i in by_id]
             clean = [e.mean for e in evs if not e.n_errors and np.isfinite(e.mean)]
@@ -1173,6 +1436,12 @@ class LLMRefiner(Refiner):
             if evs and not clean:
                 errs = [ep.error for e in evs for ep in e.episodes if ep.error]
                 a.verdict = f"every variant failed in its episodes (e.g. {errs[0][:120] if errs else 'error'})"
+                failed = next((c for c in self._proposed if c.id == a.ids[0]), None)
+                if self.settings.repair and not a.repair and failed is not None and errs:
+                    failure = repair_note(failed.source, errs[0])
+                    if failure is not None and len(repairs) < self.settings.proposals:
+                        repairs.append((failed, failure))
+        self._repairs = repairs
 
     def refused(self, reasons: Mapping[str, str]) -> None:
         """An edit whose every variant the loop refused before any episode (a duplicate of a candidate the run has
@@ -1197,6 +1466,17 @@ class LLMRefiner(Refiner):
     def recommend(self) -> Candidate | None:
         """None: an editor has no distribution mean to recommend."""
         return None
+
+
+def repair_note(source: str, error: str) -> str | None:
+    """What a repair request quotes: an episode's ``error`` when it names the line of the program's code that raised it
+    (``"policy raised ZeroDivisionError: division by zero (policy line 12)"``), followed by that line of ``source``;
+    None for an error that names no line of the program (a timeout, a crash, the env's own)."""
+    m = re.search(r"\(policy line (\d+)\)", error)
+    lines = source.splitlines()
+    if m is None or not 1 <= int(m.group(1)) <= len(lines):
+        return None
+    return f"{error[:400]}\nline {m.group(1)}: {lines[int(m.group(1)) - 1].strip()[:200]}"
 
 
 def content_head(body: str, n: int = 200) -> str:
@@ -1244,6 +1524,10 @@ def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
     refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name,
                          time_left=getattr(ctx, "time_left", None), exchange_all=getattr(ctx, "exchange_all", None))
     refiner.critique_of = getattr(ctx, "critique", None)
+    refiner.money = getattr(ctx, "money", None)
+    if refiner.money is not None and refiner.bandit.priced and refiner.money.currency != settings.currency:
+        raise SpecError(f"[[refiners]] {name}: prices are in {settings.currency} (currency) but [budget] money is in "
+                        f"{refiner.money.currency}; set currency = \"{refiner.money.currency}\" with prices in it")
     if settings.system_prompt_file is not None:
         read = getattr(ctx, "read_input", None)
         if read is None:
@@ -1276,7 +1560,7 @@ def _kinds() -> dict[str, Any]:
     return {"llm": RefinerKind(LLMSettings, ("program",), _build,
                                hint="llm edits a program policy's source", files=_files,
                                check=_check, changes_code=True,
-                               recorded_defaults={"concurrency": 1})}  # before it, one request at a time
+                               recorded_defaults={"concurrency": 1, "on_unusable": "skip", "repair": False})}  # before it, one request at a time
 
 
 KINDS = _kinds()

@@ -92,6 +92,8 @@ class RefinerContext:
             no such service.
         time_left: ``time_left() -> float | None``: seconds of the run's ``[budget] wall_clock_s`` left (None
             without that budget), so a refiner waiting on an outside service stops when the run must.
+        money: The run's ``[budget] money`` (a :class:`Purse` every refiner that pays for requests shares), or
+            None without that budget.
     """
 
     program: Any
@@ -108,6 +110,28 @@ class RefinerContext:
     time_left: Callable[[], float | None] | None = None
     exchange_all: Callable[[Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]],
                            list[Future[Reply]]] | None = None
+    money: Purse | None = None
+
+
+@dataclass
+class Purse:
+    """The run's money budget (``[budget] money``, in ``currency``), shared by the refiners that pay for requests:
+    ``spent`` is what their answered requests cost, ``held`` the worst case of those in flight. A refiner sends a
+    request only when :meth:`has_room` for its worst case, holds that while it is out, then pays what it cost; a
+    resumed run replays the same payments from the recorded requests, so the purse comes back as it was."""
+
+    cap: float
+    currency: str = "USD"
+    spent: float = 0.0
+    held: float = 0.0
+
+    def has_room(self, price: float) -> bool:
+        """Whether a request that may cost ``price`` (money) fits beside what is spent and held."""
+        return self.spent + self.held + price <= self.cap
+
+    def text(self) -> str:
+        """What is spent of the cap, with the currency (for idle reasons)."""
+        return f"{self.spent:.4g} of {self.cap:g} {self.currency} spent"
 
 
 @dataclass(frozen=True)

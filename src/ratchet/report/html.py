@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ratchet.ledger.projection import RunState
+from ratchet.ledger.projection import RunState, cost_text
 from ratchet.safefile import read_bytes
 from ratchet.text import clean
 
@@ -248,7 +248,7 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
             f"<tr><td>{esc(name)}</td><td>{esc(u.get('model') or '–')}</td><td>{u['requests']:,}</td>"
             f"<td>{u['attempts']:,}</td><td>{u['answered']:,}</td><td>{u['prompt_tokens']:,}</td>"
             f"<td>{u['completion_tokens']:,}{' (est.)' if u.get('tokens_estimated') else ''}</td>"
-            f"<td>{u['cost']:.4g}</td><td>{u['seconds']:.1f}</td><td style='text-align:left'>"
+            f"<td>{esc(cost_text(u))}</td><td>{u['seconds']:.1f}</td><td style='text-align:left'>"
             + (esc(", ".join(f"{n}× {r}" for r, n in sorted(u['failures'].items(), key=lambda kv: -kv[1])))
                or "none") + "</td></tr>" for name, u in state.llm_usage.items())
         parts.append("<h2>LLM usage</h2><table><tr><th>refiner</th><th>model</th><th>requests</th>"
