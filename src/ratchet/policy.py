@@ -983,7 +983,8 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     Only the default literals change (plus an optional header comment), so the result diffs cleanly
     against the original file. An array parameter's default becomes a nested list with one row per
     line (:func:`_format_value`); an int parameter's an integer literal (``3``, never ``3.0``); a categorical
-    one's the choice's literal (``'greedy'``, ``2``, ``True``); reading the file back gives exactly the same values.
+    one's the choice's literal as its ``choices`` write it (``"greedy"``, ``2``, ``True``); reading the file back
+    gives exactly the same values.
 
     Raises:
         PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter, an
@@ -1008,11 +1009,13 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
             declared.add(name)
             if name not in params:
                 continue
-            target = None
+            target, choices = None, None
             if isinstance(val, ast.Dict):
                 for k2, v2 in zip(val.keys, val.values):
                     if k2 is not None and ast.literal_eval(k2) == "default":
                         target = v2
+                    elif k2 is not None and ast.literal_eval(k2) == "choices":
+                        choices = v2
             elif isinstance(val, (ast.Tuple, ast.List)):
                 target = val.elts[0]
             if target is None or target.end_lineno is None or target.end_col_offset is None:
@@ -1027,8 +1030,14 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
                 text = _format_value(_within_bounds(by_name[name], value), line[:len(line) - len(line.lstrip())])
             elif by_name[name].type == "float":
                 text = repr(float(_within_bounds(by_name[name], params[name])))
-            else:  # an int as an int, a choice as its literal
+            elif by_name[name].type == "int":
                 text = _literal(by_name[name].coerce(params[name]))
+            else:  # a choice as the file writes it in its choices (its quotes kept), else as repr writes it
+                p = by_name[name]
+                i = p.index(p.coerce(params[name]))
+                segment = (ast.get_source_segment(source, choices.elts[i])
+                           if isinstance(choices, (ast.List, ast.Tuple)) and len(choices.elts) == len(p.choices) else None)
+                text = segment if segment is not None else _literal(p.choices[i])
             edits.append((target.lineno, target.col_offset, target.end_lineno, target.end_col_offset, text))
     unknown = set(params) - declared
     if unknown:
