@@ -506,3 +506,13 @@ def test_materialize_gives_act_a_python_int_and_the_choice_itself():
                                        "    return type(params['depth']).__name__, params['rule']\n"))
     assert seen.act(None, materialize(parse_policy(TYPED).candidate({"depth": 4.0, "rule": "sorted"}).params)) == \
         ("int", "sorted")
+
+
+def test_the_docs_int_and_categorical_snippet_is_a_valid_policy():
+    from ratchet.policy import materialize
+
+    page = (Path(__file__).resolve().parents[1] / "docs/how-to/policies/program.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if '"type": "int"' in b)
+    prog = parse_policy(block)
+    assert [p.type for p in prog.parameters] == ["int", "int", "categorical", "float"]
+    compile_policy(block).act(None, materialize(prog.candidate().params))  # range() takes the int as it comes

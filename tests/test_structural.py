@@ -698,4 +698,4 @@ def test_a_proposal_with_a_fractional_int_or_an_unknown_choice_is_refused_before
            if e.payload["candidate"]["source"] is None}  # the run's own program (a mutant may fail on its own)
     played = [ep for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["candidate_id"] in own
               for ep in e.payload["episodes"]]
-    assert played and not any(ep.get("error") for ep in played)  # act got an int and a choice in every episode
+    assert played and not any((ep.get("error") or "").startswith("policy") for ep in played)  # act took its values
