@@ -516,3 +516,52 @@ def test_the_docs_int_and_categorical_snippet_is_a_valid_policy():
     prog = parse_policy(block)
     assert [p.type for p in prog.parameters] == ["int", "int", "categorical", "float"]
     compile_policy(block).act(None, materialize(prog.candidate().params))  # range() takes the int as it comes
+
+
+def test_a_run_shows_reports_exports_and_replays_ints_and_choices(tmp_path):
+    """A start that falls at once (only the angular velocity, with the wrong sign) is refined by CMA-ES; `show`, the
+    report and the promotion's diff print the int as an int and the choice as its literal, `export` writes them so
+    the file reads back as the incumbent, and `replay` matches the ledger."""
+    import html as html_text
+
+    from conftest import make_spec_dir, read_events
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.ledger.projection import project
+    from ratchet.loop import start_run
+    from ratchet.report.html import render_report
+    from ratchet.spec import load_spec
+
+    spec_dir = make_spec_dir(tmp_path / "spec", policy="cartpole_typed.py", budget={"env_steps": 12000},
+                             refiner={"popsize": 6, "train_episodes": 2, "sigma0": 0.4},
+                             gate={"validation_episodes": 5, "spending": "none"}, test={"episodes": 5},
+                             task={"env_id": "CartPole-v1", "max_episode_steps": 200}, execution={"workers": 1})
+    start = (spec_dir / "policy.py").read_text(encoding="utf-8")
+    start = start.replace('"default": "both"', '"default": "velocity"').replace(
+        '"w_angular_velocity": {"default": 0.5', '"w_angular_velocity": {"default": -0.5')
+    (spec_dir / "policy.py").write_text(start, encoding="utf-8")
+    with ProcessExecutor(workers=1) as ex:
+        result = start_run(load_spec(spec_dir), tmp_path / "runs", "typed", executor=ex)
+    inc, st = result.incumbent, project(read_events(tmp_path / "runs" / "typed"))
+    assert inc.id != st.baseline_id, "nothing was promoted"
+    horizon, rule = inc.params["horizon"], inc.params["rule"]
+    assert type(horizon) is int and rule in ("angle", "both", "velocity")
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["show", str(tmp_path / "runs" / "typed")])
+    assert shown.exit_code == 0 and re.search(rf"horizon {horizon} +│", shown.stdout)  # an int, not {horizon}.0
+    assert f"rule '{rule}'" in shown.stdout
+    out = tmp_path / "refined.py"
+    assert runner.invoke(app, ["export", str(tmp_path / "runs" / "typed"), "-o", str(out)]).exit_code == 0
+    exported = out.read_text(encoding="utf-8")
+    assert f'"type": "int", "default": {horizon}, "low": 0' in exported and f'"default": "{rule}"}}' in exported
+    assert load_policy(out).candidate().params == inc.params
+    seed = next(e for e in st.evaluations if e["candidate_id"] == inc.id and e["split"] == "test")["episodes"][0]["seed"]
+    replayed = runner.invoke(app, ["replay", str(tmp_path / "runs" / "typed"), "--seed", str(seed)])
+    assert replayed.exit_code == 0 and "match" in replayed.stdout, replayed.output
+    report = render_report(st)
+    table = report[report.index("<h2>Parameter changes"):report.index("<h2>Lineage")]
+    assert f"<td>horizon</td><td>1</td><td>{horizon}</td>" in table
+    assert f"<td>rule</td><td>{html_text.escape(repr('velocity'))}</td><td>{html_text.escape(repr(rule))}</td>" in table
