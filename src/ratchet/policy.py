@@ -134,14 +134,14 @@ class Parameter:
       ``from_unit(to_unit(v)) == v``. A search runs on the continuous relaxation and the candidate is its
       rounding: the integer handling of CMA-ES by rounding (N. Hansen, "A CMA-ES for Mixed-Integer Nonlinear
       Optimization", INRIA RR-7751, 2011, with a lower bound on the integer coordinates' step size, which the
-      ``cmaes`` refiner sets) and the relaxation Optuna's samplers use for ``suggest_int`` (bounds widened by
-      0.5, log space for ``log=True``). CMA-ES with margin (Hamano et al., GECCO 2022) would adapt that lower
+      ``cmaes`` refiner sets) and the relaxation Optuna's search-space transform uses for ``suggest_int``
+      (``optuna._transform._SearchSpaceTransform``: bounds widened by half a step, log space for ``log=True``). CMA-ES with margin (Hamano et al., GECCO 2022) would adapt that lower
       bound per coordinate; rounding with a fixed floor is the simpler, documented baseline.
     - categorical: ``[0, 1]`` split in ``len(choices)`` equal bins in declaration order; a choice maps to its
       bin's centre and a point to the choice whose bin holds it. One coordinate per parameter keeps the
       contract every refiner relies on (a scalar parameter is one float in ``[0, 1]``); a one-hot relaxation
-      (one coordinate per choice, the largest wins) would impose no order but make a scalar parameter many
-      numbers for every refiner. The order matters to local search (a small step moves to a neighbouring
+      (one coordinate per choice, the largest wins, as Optuna's transform encodes choices) would impose no order but
+      make a scalar parameter many numbers for every refiner. The order matters to local search (a small step moves to a neighbouring
       choice), so list ordered choices in their order.
     """
 
@@ -314,8 +314,8 @@ class Parameter:
 
 
 def _is_bool(v: Any) -> bool:
-    """A Python or NumPy bool (both compare equal to 0 and 1)."""
-    return isinstance(v, bool) or type(v).__name__ == "bool_"
+    """A Python or NumPy bool (both compare equal to 0 and 1; NumPy's is ``numpy.bool``, ``numpy.bool_`` before 2.0)."""
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
 
 
 def _kind(v: Any) -> str | None:
