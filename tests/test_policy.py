@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 from pathlib import Path
@@ -366,3 +367,201 @@ def test_the_windy_lander_policy_with_its_defaults_is_gymnasiums_heuristic():
         o[6] = o[7] = 0.0
     for o in observations:
         np.testing.assert_array_equal(policy.act(o, dict(prog.defaults)), heuristic(env, o))
+
+
+# -- int and categorical parameters ----------------------------------------------------------------
+
+TYPED = policy('{\n'
+               '    "depth": {"type": "int", "default": 3, "low": 1, "high": 8},\n'
+               '    "width": {"type": "int", "default": 64, "low": 8, "high": 512, "scale": "log"},\n'
+               '    "rule": {"type": "categorical", "choices": ["greedy", "sorted", 2, True], "default": "greedy"},\n'
+               '    "gain": {"type": "float", "default": 0.5, "low": 0.0, "high": 2.0},\n'
+               '}')
+
+
+def test_int_and_categorical_parameters_are_declared_with_their_types():
+    prog = parse_policy(TYPED)
+    by = {p.name: p for p in prog.parameters}
+    assert by["depth"] == Parameter("depth", 3, 1, 8, "linear", (), "int")
+    assert by["width"].scale == "log" and by["width"].type == "int"
+    assert by["rule"].choices == ("greedy", "sorted", 2, True) and by["rule"].type == "categorical"
+    assert by["gain"] == Parameter("gain", 0.5, 0.0, 2.0)  # "type": "float" is the default, written or not
+    assert prog.defaults == {"depth": 3, "width": 64, "rule": "greedy", "gain": 0.5}
+    assert [type(v) for v in prog.defaults.values()] == [int, int, str, float]
+    assert [p.describe() for p in prog.parameters] == [
+        "int in [1, 8]", "int in [8, 512], log scale", "one of 'greedy', 'sorted', 2, True", "float in [0, 2]"]
+
+
+@pytest.mark.parametrize("entry, fragments", [
+    ('{"k": {"type": "int", "default": 2.5, "low": 0, "high": 4}}', ("'k'", "default of an int parameter", "got 2.5")),
+    ('{"k": {"type": "int", "default": 2, "low": 0.0, "high": 4}}', ("'k'", "low", "got 0.0; write 0")),
+    ('{"k": {"type": "int", "default": True, "low": 0, "high": 4}}', ("'k'", "must be an integer, got True")),
+    ('{"k": {"type": "int", "shape": [3], "default": 2, "low": 0, "high": 4}}', ("'k'", "takes no shape")),
+    ('{"k": {"type": "int", "default": 2, "low": 0, "high": 4, "scale": "log"}}', ("'k'", "needs low >= 1")),
+    ('{"k": {"type": "int", "default": 2, "low": 0, "high": 1152921504606846976}}', ("'k'", "beyond ±2**53")),
+    ('{"k": {"type": "int", "default": 5, "low": 0, "high": 4}}', ("'k'", "outside its bounds [0, 4]")),
+    ('{"k": {"type": "int", "default": 4, "low": 4, "high": 4}}', ("'k'", "must be below high")),
+    ('{"k": {"type": "int", "default": 2, "low": 0}}', ("'k'", "missing ['high']")),
+    ('{"k": {"type": "bool", "default": 2, "low": 0, "high": 4}}', ("'k'", "type must be", "got 'bool'")),
+    ('{"k": {"default": 2, "low": 0, "high": 4, "choices": [1, 2]}}', ("'k'", "choices belong to a categorical")),
+    ('{"c": {"type": "categorical", "default": "a"}}', ("'c'", "missing ['choices']")),
+    ('{"c": {"type": "categorical", "choices": ["a", "b"]}}', ("'c'", "missing ['default']")),
+    ('{"c": {"type": "categorical", "choices": ["a"], "default": "a"}}', ("'c'", "two or more")),
+    ('{"c": {"type": "categorical", "choices": "ab", "default": "a"}}', ("'c'", "must be a list")),
+    ('{"c": {"type": "categorical", "choices": ["a", None], "default": "a"}}', ("'c'", "JSON's literals", "None")),
+    ('{"c": {"type": "categorical", "choices": ["a", [1]], "default": "a"}}', ("'c'", "JSON's literals", "[1]")),
+    ('{"c": {"type": "categorical", "choices": [1, 2.0, True], "default": 1}}', ("'c'", "choices 1 and True are equal")),
+    ('{"c": {"type": "categorical", "choices": ["a", "b"], "default": "z"}}', ("'c'", "default 'z' is not one of its choices")),
+    ('{"c": {"type": "categorical", "choices": [0, 1], "default": False}}', ("'c'", "default False is not one")),
+    ('{"c": {"type": "categorical", "choices": ["a", "b"], "default": "a", "low": 0}}', ("'c'", "not ['low']")),
+])
+def test_int_and_categorical_errors_name_the_parameter_and_the_fix(entry, fragments):
+    expect_error(policy(entry), "p.py:1", *fragments)
+
+
+def test_every_integer_owns_an_equal_bin_and_maps_back_exactly():
+    depth = Parameter("depth", 3, 1, 8, "linear", (), "int")
+    us = [i / 800 for i in range(801)]
+    counts = {v: sum(depth.from_unit(u) == v for u in us[:-1]) for v in range(1, 9)}
+    assert set(counts.values()) == {100}  # 8 integers, each an eighth of [0, 1)
+    assert all(type(depth.from_unit(u)) is int for u in us)
+    for v in range(1, 9):
+        assert depth.to_unit(v) == (v - 1 + 0.5) / 8 and depth.from_unit(depth.to_unit(v)) == v
+    assert (depth.from_unit(-5.0), depth.from_unit(9.0)) == (1, 8)
+    width = Parameter("width", 64, 8, 512, "log", (), "int")
+    assert all(width.from_unit(width.to_unit(v)) == v for v in range(8, 513))
+    assert width.from_unit(0.0) == 8 and width.from_unit(1.0) == 512
+    assert width.from_unit(0.5) == 62  # the relaxed range's geometric middle: sqrt(7.5 * 512.5) = 62.0
+
+
+def test_every_choice_owns_an_equal_bin_and_keeps_its_kind():
+    rule = parse_policy(TYPED).parameters[2]
+    assert [rule.from_unit(u) for u in (0.0, 0.24, 0.26, 0.5, 0.74, 0.76, 1.0)] == \
+        ["greedy", "greedy", "sorted", 2, 2, True, True]
+    assert [rule.to_unit(c) for c in rule.choices] == [0.125, 0.375, 0.625, 0.875]
+    assert rule.to_unit(2.0) == 0.625  # a number matches a number choice
+    assert rule.from_unit(0.875) is True and rule.from_unit(0.625) == 2 and rule.from_unit(0.625) is not True
+    with pytest.raises(PolicyError, match="'rule': 1 is not one of its choices"):
+        rule.to_unit(1)  # 1 == True in Python, but a number is not a bool
+
+
+def test_candidates_hold_ints_and_choices_in_their_parameters_form():
+    prog = parse_policy(TYPED)
+    cand = prog.candidate({"depth": 5.0, "width": 100, "rule": 2.0, "gain": 1})
+    assert dict(cand.params) == {"depth": 5, "width": 100, "rule": 2, "gain": 1.0}
+    assert [type(v) for v in cand.params.values()] == [int, int, int, float]
+    back = Candidate.from_dict(json.loads(json.dumps(cand.to_dict())))  # as the ledger keeps it
+    assert back == cand and [type(v) for v in back.params.values()] == [int, int, int, float]
+    # ids tell the kinds apart: an int, a float, a bool and text of the same value are four candidates
+    src = policy('{"c": {"type": "categorical", "choices": [1.5, 2, "2", True], "default": 2}}')
+    ids = {parse_policy(src).candidate({"c": c}).id for c in (1.5, 2, "2", True)}
+    assert len(ids) == 4
+    for bad, why in [({"depth": 2.5}, "'depth': 2.5 is not an integer"), ({"rule": "best"}, "'best' is not one of"),
+                     ({"gain": "0.5"}, "'gain': '0.5' is not a number"), ({"depth": True}, "True is not an integer")]:
+        with pytest.raises(PolicyError, match=re.escape(why)):
+            prog.candidate({**prog.defaults, **bad})
+
+
+def test_a_value_of_the_wrong_type_is_a_problem_with_a_reason():
+    depth, _, rule, gain = parse_policy(TYPED).parameters
+    assert [depth.problem(3), rule.problem("sorted"), rule.problem(True), gain.problem(0.5)] == [None] * 4
+    assert depth.problem(3.0) == "is 3.0, not an integer"
+    assert depth.problem(9) == "is outside its bounds [1, 8]"
+    assert rule.problem(1) == "is 1, not one of its choices 'greedy', 'sorted', 2, True"
+    assert gain.problem("x") == "is 'x', not a number" and gain.problem(3.0) == "is outside its bounds [0.0, 2.0]"
+
+
+def test_export_writes_an_int_as_an_int_and_a_choice_as_its_literal():
+    out = export_source(TYPED, {"depth": 5, "width": 100.0, "rule": True, "gain": 1})
+    diff = [ln for ln in difflib.unified_diff(TYPED.splitlines(), out.splitlines(), lineterm="", n=0)
+            if ln.startswith("+") and not ln.startswith("+++")]
+    assert diff == ['+    "depth": {"type": "int", "default": 5, "low": 1, "high": 8},',
+                    '+    "width": {"type": "int", "default": 100, "low": 8, "high": 512, "scale": "log"},',
+                    '+    "rule": {"type": "categorical", "choices": ["greedy", "sorted", 2, True], "default": True},',
+                    '+    "gain": {"type": "float", "default": 1.0, "low": 0.0, "high": 2.0},']
+    assert parse_policy(out).defaults == {"depth": 5, "width": 100, "rule": True, "gain": 1.0}
+    assert '"default": "sorted"}' in export_source(TYPED, {"rule": "sorted"})  # as the choices write it
+    with pytest.raises(PolicyError, match="'rule': 'best' is not one of its choices"):
+        export_source(TYPED, {"rule": "best"})
+    with pytest.raises(PolicyError, match="outside its bounds"):
+        export_source(TYPED, {"depth": 9})
+
+
+def test_show_and_diffs_name_ints_and_choices_as_written():
+    from ratchet.policy import describe_value
+    from ratchet.proposals import describe_value_changes, value_changes
+
+    assert [describe_value(v) for v in (5, 12345678, "sorted", True, 0.25)] == ["5", "12345678", "'sorted'", "True",
+                                                                                 "0.25"]
+    changes = value_changes({"depth": 3, "rule": "greedy", "gain": 0.5, "flag": True},
+                            {"depth": 12345678, "rule": "sorted", "gain": 0.5, "flag": False})
+    assert describe_value_changes(changes) == "depth: 3 → 12345678\nrule: 'greedy' → 'sorted'\nflag: True → False"
+    assert value_changes({"rule": 2}, {"rule": "2"}) != []  # a number and text are not the same choice
+
+
+def test_materialize_gives_act_a_python_int_and_the_choice_itself():
+    from ratchet.policy import materialize
+
+    seen = compile_policy(policy('{}', "\ndef act(observation, params):\n"
+                                       "    return type(params['depth']).__name__, params['rule']\n"))
+    assert seen.act(None, materialize(parse_policy(TYPED).candidate({"depth": 4.0, "rule": "sorted"}).params)) == \
+        ("int", "sorted")
+
+
+def test_the_docs_int_and_categorical_snippet_is_a_valid_policy():
+    from ratchet.policy import materialize
+
+    page = (Path(__file__).resolve().parents[1] / "docs/how-to/policies/program.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if '"type": "int"' in b)
+    prog = parse_policy(block)
+    assert [p.type for p in prog.parameters] == ["int", "int", "categorical", "float"]
+    compile_policy(block).act(None, materialize(prog.candidate().params))  # range() takes the int as it comes
+
+
+def test_a_run_shows_reports_exports_and_replays_ints_and_choices(tmp_path):
+    """A start that falls at once (only the angular velocity, with the wrong sign) is refined by CMA-ES; `show`, the
+    report and the promotion's diff print the int as an int and the choice as its literal, `export` writes them so
+    the file reads back as the incumbent, and `replay` matches the ledger."""
+    import html as html_text
+
+    from conftest import make_spec_dir, read_events
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.ledger.projection import project
+    from ratchet.loop import start_run
+    from ratchet.report.html import render_report
+    from ratchet.spec import load_spec
+
+    spec_dir = make_spec_dir(tmp_path / "spec", policy="cartpole_typed.py", budget={"env_steps": 12000},
+                             refiner={"popsize": 6, "train_episodes": 2, "sigma0": 0.4},
+                             gate={"validation_episodes": 5, "spending": "none"}, test={"episodes": 5},
+                             task={"env_id": "CartPole-v1", "max_episode_steps": 200}, execution={"workers": 1})
+    start = (spec_dir / "policy.py").read_text(encoding="utf-8")
+    start = start.replace('"default": "both"', '"default": "velocity"').replace(
+        '"w_angular_velocity": {"default": 0.5', '"w_angular_velocity": {"default": -0.5')
+    (spec_dir / "policy.py").write_text(start, encoding="utf-8")
+    with ProcessExecutor(workers=1) as ex:
+        result = start_run(load_spec(spec_dir), tmp_path / "runs", "typed", executor=ex)
+    inc, st = result.incumbent, project(read_events(tmp_path / "runs" / "typed"))
+    assert inc.id != st.baseline_id, "nothing was promoted"
+    horizon, rule = inc.params["horizon"], inc.params["rule"]
+    assert type(horizon) is int and rule in ("angle", "both", "velocity")
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["show", str(tmp_path / "runs" / "typed")])
+    assert shown.exit_code == 0 and re.search(rf"horizon {horizon} +│", shown.stdout)  # an int, not {horizon}.0
+    assert f"rule '{rule}'" in shown.stdout
+    out = tmp_path / "refined.py"
+    assert runner.invoke(app, ["export", str(tmp_path / "runs" / "typed"), "-o", str(out)]).exit_code == 0
+    exported = out.read_text(encoding="utf-8")
+    assert f'"type": "int", "default": {horizon}, "low": 0' in exported and f'"default": "{rule}"}}' in exported
+    assert load_policy(out).candidate().params == inc.params
+    seed = next(e for e in st.evaluations if e["candidate_id"] == inc.id and e["split"] == "test")["episodes"][0]["seed"]
+    replayed = runner.invoke(app, ["replay", str(tmp_path / "runs" / "typed"), "--seed", str(seed)])
+    assert replayed.exit_code == 0 and "match" in replayed.stdout, replayed.output
+    report = render_report(st)
+    table = report[report.index("<h2>Parameter changes"):report.index("<h2>Lineage")]
+    assert f"<td>horizon</td><td>1</td><td>{horizon}</td>" in table
+    assert f"<td>rule</td><td>{html_text.escape(repr('velocity'))}</td><td>{html_text.escape(repr(rule))}</td>" in table

@@ -45,9 +45,9 @@ class Dying(ProcessExecutor):
         return super().run(task, jobs, counted, **kw)
 
 
-def _spec(directory: Path, kind: str, url: str | None = None):
+def _spec(directory: Path, kind: str, url: str | None = None, policy: str = "cartpole_linear.py", **tables):
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.copy(DATA / "cartpole_linear.py", directory / "policy.py")
+    shutil.copy(DATA / policy, directory / "policy.py")
     (directory / "expert.py").write_text(EXPERT)
     d = base_spec_dict()
     d.update(test={"episodes": 3}, refiner={"train_episodes": 2}, budget={"env_steps": 6000},
@@ -61,7 +61,7 @@ def _spec(directory: Path, kind: str, url: str | None = None):
              }.get(kind)
     if kind in ("hg-dagger", "bc"):
         table = {"expert": "expert.py", "initial_episodes": 1, "episodes": 1, "rounds": 2, "updates": 5}
-    d["refiners"] = [{"kind": kind, **table}]
+    d["refiners"] = [{"kind": kind, **table, **tables}]
     if kind in ("ppo", "dagger", "hg-dagger", "bc"):
         d["policy"] = {"kind": "mlp", "hidden": [8]}
     elif kind == "residual":
@@ -129,6 +129,45 @@ def test_a_kind_replays_its_proposals_and_costs_what_it_declared(tmp_path, kind,
             assert requests[g] <= max(cost["requests"], 0), (g, cost)
             generation = g + 1
     assert generation > 1
+
+
+#: the kinds that tune a program's numbers, each run on a policy with an int and a categorical parameter
+TUNERS = {"cmaes": {}, "mutate": {"variants": 3}, "llm": {"variants": 3, "sigma": 0.4}}
+
+
+@pytest.mark.parametrize("kind", sorted(TUNERS))
+def test_a_kind_that_tunes_numbers_tunes_ints_and_choices_and_replays_them(tmp_path, kind, standin):
+    """tests/data/cartpole_typed.py declares an int (``range`` fails on anything else) and a categorical parameter;
+    every refiner that tunes numbers proposes ints and choices (several of each), its policy's episodes never fail
+    on their types, and a run killed mid-way and resumed proposes exactly what the whole run did."""
+    url = standin([GOOD_EDIT], default=GOOD_EDIT).url if kind == "llm" else None
+    spec = _spec(tmp_path / "spec", kind, url, "cartpole_typed.py", **TUNERS[kind])
+    with Dying() as ex:
+        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
+    killed = Dying(die_after=20)
+    try:
+        with pytest.raises(SimulatedKill):
+            start_run(spec, tmp_path / "b", "r", executor=killed)
+    finally:
+        killed.close()
+    with Dying() as ex:
+        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
+    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    assert _proposals(a) == _proposals(b) and len(_proposals(a)) > 1
+    assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
+    timing = ("wall_clock_s",)  # what a kill and resume may change
+    assert {k: v for k, v in a[-1].payload.items() if k not in timing} == \
+        {k: v for k, v in b[-1].payload.items() if k not in timing}  # the same final record
+
+    cands = [e.payload["candidate"] for e in a if e.type.value == "candidate_proposed"]
+    horizons, rules = {c["params"]["horizon"] for c in cands}, {c["params"]["rule"] for c in cands}
+    assert all(type(h) is int for h in horizons) and len(horizons) > 1, horizons
+    assert rules <= {"angle", "both", "velocity"} and len(rules) > 1, rules
+    own = {c["id"] for c in cands if c["source"] is None}  # the run's own program (an edit may fail on its own)
+    played = [ep for e in a if e.type.value == "episodes_evaluated" and e.payload["candidate_id"] in own
+              for ep in e.payload["episodes"]]
+    assert played and not any((ep.get("error") or "").startswith("policy") for ep in played)  # none raised
+    assert type(whole.incumbent.params["horizon"]) is int
 
 
 PLUGIN = ROOT / "examples" / "own_refiner"

@@ -76,6 +76,32 @@ def test_observe_moves_the_mean_towards_better_fitness():
     assert r.sigma is not None and r.sigma > 0
 
 
+def test_cmaes_searches_ints_and_choices_on_a_relaxed_rounded_space():
+    """Int and categorical parameters are one coordinate each, rounded to the candidate's value (act gets a Python
+    int and the choice), with a least step size there only, and CMA-ES finds the best integer and choice."""
+    prog = load_policy(DATA / "cartpole_typed.py")
+    assert CMAESRefiner(load_policy(DATA / "cartpole_linear.py")).step_floor() == [0.0] * 4  # floats: as ever
+    r = CMAESRefiner(prog, sigma0=0.3, seed=1, popsize=8)
+    assert r.step_floor() == [0.0, 0.0, 1 / 7 / 5, 1 / 3 / 5]  # a bin's width / (2m + 1), m = 2 rounded coordinates
+    parent = prog.candidate()
+
+    def score(c):
+        return (-(c.params["horizon"] - 5) ** 2 - 3 * (c.params["rule"] != "velocity")
+                - (c.params["w_angle"] - 0.2) ** 2 - (c.params["w_angular_velocity"] + 0.4) ** 2)
+
+    seen = set()
+    for _ in range(30):
+        props = r.propose(parent, None, np.random.default_rng(0))
+        assert all(type(c.params["horizon"]) is int and 0 <= c.params["horizon"] <= 6 for c in props)
+        assert all(c.params["rule"] in ("angle", "both", "velocity") for c in props)
+        seen |= {(c.params["horizon"], c.params["rule"]) for c in props}
+        r.observe([evaluation(c.id, score(c)) for c in props])
+    assert list(r._es.opts["minstd"]) == r.step_floor()
+    rec = r.recommend()
+    assert (rec.params["horizon"], rec.params["rule"]) == (5, "velocity") and score(rec) > -0.05
+    assert len(seen) > 6  # it tried several integers and choices on the way
+
+
 def test_errored_candidates_rank_last():
     prog = load_policy(DATA / "cartpole_linear.py")
     a, b = CMAESRefiner(prog, sigma0=0.3, seed=2), CMAESRefiner(prog, sigma0=0.3, seed=2)

@@ -165,6 +165,18 @@ def test_param_variants_start_at_defaults_and_stay_in_bounds():
     assert param_variants(prog, np.random.default_rng(0), 4, fresh=["b"]) == vs
 
 
+def test_param_variants_vary_ints_and_choices_in_their_types():
+    prog = load_policy(DATA / "cartpole_typed.py")
+    vs = param_variants(prog, np.random.default_rng(0), 30, fresh=["rule"], sigma=0.3)
+    assert vs[0] == prog.defaults and len(vs) > 10
+    assert all(type(v["horizon"]) is int and 0 <= v["horizon"] <= 6 for v in vs)
+    assert {v["rule"] for v in vs} == {"angle", "both", "velocity"}  # a fresh choice is drawn across all of them
+    assert len({v["horizon"] for v in vs}) > 2  # perturbed around its value, rounded
+    baked = baked_source(Candidate.create(prog.source, vs[1]))
+    assert f'"default": {vs[1]["horizon"]}, "low": 0' in baked and f'"default": "{vs[1]["rule"]}"}}' in baked
+    assert check_source(baked).defaults == vs[1]
+
+
 def test_baked_source_takes_values_off_their_bounds_by_rounding_only():
     # regression: exp(log(high)) is 100.00000000000013; writing it back as a default failed its bounds check
     src = 'PARAMETERS = {"g": {"default": 1.0, "low": 0.01, "high": 100.0, "scale": "log"}}\n' \
@@ -339,6 +351,27 @@ def test_mutation_refiner_proposes_checked_variants_and_records_rejections():
     assert len(r.archive)  # the parent and its mutants, kept to draw parents from
 
 
+def test_mutation_refiner_keeps_ints_and_choices_through_its_edits():
+    space = cartpole_space()
+    prog = load_policy(DATA / "cartpole_typed.py")
+    parent = prog.candidate({**prog.defaults, "horizon": 4, "rule": "velocity"})
+    r = MutationRefiner(space, MutateSettings(programs=4, variants=3))
+    props = r.propose(parent, None, np.random.default_rng(3))
+    assert props and [c.id for c in MutationRefiner(space, MutateSettings(programs=4, variants=3)).propose(
+        parent, None, np.random.default_rng(3))] == [c.id for c in props]
+    for c in props:
+        assert type(c.params["horizon"]) is int and c.params["rule"] in ("angle", "both", "velocity")
+        assert check_source(c.source).defaults["horizon"] == 4  # the parent's int written back as an int
+        assert '"default": "velocity"}' in c.source  # the choice as the file writes it
+    assert len({(c.params["horizon"], c.params["rule"]) for c in props}) > 1
+    r.observe([evaluation(c.id, float(i)) for i, c in enumerate(props)] + [evaluation(parent.id, 0.0)])
+    tuned = MutationRefiner(space, MutateSettings(programs=4, variants=3, tune_share=1.0, incumbent_share=0.0))
+    tuned.archive = r.archive
+    again = tuned.propose(parent, None, np.random.default_rng(4))  # elites' numbers tuned: ints and choices too
+    assert any(c.refiner == "mutate-tune" for c in again)
+    assert all(type(c.params["horizon"]) is int for c in again)
+
+
 def test_cmaes_follows_a_structural_promotion():
     prog = load_policy(DATA / "cartpole_linear.py")
     r = CMAESRefiner(prog, sigma0=0.3, seed=0)
@@ -422,6 +455,34 @@ def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
     assert r.propose(parent, None, np.random.default_rng(2)) == [] and len(server.requests) == 7
 
 
+TYPED = (DATA / "cartpole_typed.py").read_text(encoding="utf-8")
+
+
+def _typed_edit(old: str, new: str) -> str:
+    return f"Change a default.\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE\n"
+
+
+def test_the_prompt_names_int_and_categorical_parameters_and_a_bad_value_is_refused(standin):
+    horizon = '    "horizon": {"type": "int", "default": 1, "low": 0, "high": 6},'
+    rule = '    "rule": {"type": "categorical", "choices": ["angle", "both", "velocity"], "default": "both"},'
+    server = standin([_typed_edit(horizon, horizon.replace('"default": 1', '"default": 2.5')),
+                      _typed_edit(rule, rule.replace('"default": "both"', '"default": "sideways"')),
+                      _typed_edit(horizon, horizon.replace('"default": 1', '"default": 4'))])
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=3, variants=2, concurrency=1), TASK_FACTS)
+    parent = load_policy(DATA / "cartpole_typed.py").candidate()
+    props = r.propose(parent, None, np.random.default_rng(0))
+    prompt = server.requests[0]["body"]["messages"][1]["content"]
+    assert ('params["horizon"]: int in [0, 6] (a Python int)\n'
+            '- params["rule"]: one of \'angle\', \'both\', \'velocity\' (the choice itself)') in prompt
+    assert "Parameters that are not floats" not in build_prompt(TASK_FACTS, POLICY, None, [])[1]["content"]
+    reasons = [x.reason for x in r.take_rejections()]
+    assert len(reasons) == 2
+    assert "parameter 'horizon': default of an int parameter must be an integer, got 2.5" in reasons[0]
+    assert "parameter 'rule': default 'sideways' is not one of its choices 'angle', 'both', 'velocity'" in reasons[1]
+    assert props and all(check_source(c.source).defaults["horizon"] == 4 for c in props)
+    assert props[0].params["horizon"] == 4 and type(props[0].params["horizon"]) is int
+
+
 def test_llm_refiner_edits_elites_of_its_archive(standin):
     server = standin([GOOD_EDIT], default=WHOLE_FILE)
     r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=1, variants=1, incumbent_share=0.0),
@@ -468,9 +529,9 @@ def test_api_key_env_missing_stops_before_any_request(standin, monkeypatch):
 
 # -- runs end to end -----------------------------------------------------------------------------------------
 
-def structural_spec(directory: Path, refiners: list[dict], **sections):
+def structural_spec(directory: Path, refiners: list[dict], policy_file: str = "cartpole_linear.py", **sections):
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.copy(DATA / "cartpole_linear.py", directory / "policy.py")
+    shutil.copy(DATA / policy_file, directory / "policy.py")
     d = base_spec_dict()
     d.update(refiners=refiners, test={"episodes": 5}, execution={"workers": 2, "episode_timeout_s": 30})
     d["refiner"] = {"train_episodes": 2}
@@ -696,3 +757,26 @@ def test_an_llm_that_proposes_an_edit_again_hears_so_and_it_costs_no_episode(tmp
     assert [g for g, c in proposed if c == dups[1]["detail"]["candidate_id"]] == [1]  # the first time only
     third = server.requests[2]["body"]["messages"][1]["content"]
     assert "refused before any episode ran: duplicate:" in third and "you proposed this already" in third
+
+
+def test_a_proposal_with_a_fractional_int_or_an_unknown_choice_is_refused_before_any_episode(tmp_path, pool,
+                                                                                             monkeypatch):
+    spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 1, "variants": 1}], "cartpole_typed.py",
+                           budget={"env_steps": 3000}, task={"env_id": "CartPole-v1", "max_episode_steps": 100})
+    program = load_policy(DATA / "cartpole_typed.py")
+    fraction = Candidate.create(program.source, {**program.defaults, "horizon": 2.5}, refiner="mutate-fraction")
+    sideways = Candidate.create(program.source, {**program.defaults, "rule": "sideways"}, refiner="mutate-sideways")
+    propose = MutationRefiner.propose
+    monkeypatch.setattr(MutationRefiner, "propose", lambda self, *a: propose(self, *a) + [fraction, sideways])
+    events = read_events(start_run(spec, tmp_path / "runs", "typed", executor=pool).run_dir)
+    reasons = {e.payload["detail"].get("candidate_id"): e.payload["reason"]
+               for e in events_of(events, EventType.PROPOSAL_REJECTED)}
+    assert reasons[fraction.id] == "parameter 'horizon' is 2.5, not an integer"
+    assert reasons[sideways.id] == "parameter 'rule' is 'sideways', not one of its choices 'angle', 'both', 'velocity'"
+    assert not any(fraction.id in e.key or sideways.id in e.key for e in events
+                   if e.type in (EventType.EPISODES_EVALUATED, EventType.CANDIDATE_PROPOSED))
+    own = {e.payload["candidate"]["id"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)
+           if e.payload["candidate"]["source"] is None}  # the run's own program (a mutant may fail on its own)
+    played = [ep for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["candidate_id"] in own
+              for ep in e.payload["episodes"]]
+    assert played and not any((ep.get("error") or "").startswith("policy") for ep in played)  # act took its values

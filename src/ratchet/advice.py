@@ -37,7 +37,7 @@ def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
         if p.is_array and isinstance(v, (list, tuple)):
             out += _array_at_bounds(p, v, tolerance)
             continue
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or p.type == "categorical":  # choices have no bounds
             continue
         span = p.high - p.low
         for side, bound in (("lower", p.low), ("upper", p.high)):

@@ -20,6 +20,23 @@ A parameter with a ``"shape"`` is an *array parameter*: ``{"shape": [8, 2], "def
 Candidates hold array values as nested tuples of floats (immutable, JSON-ready as nested lists);
 workers turn them into arrays with :func:`materialize` just before ``reset``/``act``.
 
+A parameter may declare a ``"type"``: ``"float"`` (the default, everything above), ``"int"`` or
+``"categorical"``::
+
+    PARAMETERS = {
+        "depth": {"type": "int", "default": 3, "low": 1, "high": 8},          # act gets a Python int
+        "width": {"type": "int", "default": 64, "low": 8, "high": 512, "scale": "log"},
+        "rule": {"type": "categorical", "choices": ["greedy", "sorted", 2, True], "default": "greedy"},
+    }
+
+An int parameter's ``default``, ``low`` and ``high`` are integers (within ±2**53, so every float search maps them
+exactly); it takes no ``shape`` (declare one int per number, or a float array rounded in ``act``) and ``scale="log"``
+needs ``low >= 1``. A categorical parameter lists its ``choices`` (two or more distinct strings, numbers or booleans:
+JSON's literals) and its ``default`` among them; ``act`` gets the choice itself. Candidates hold ints as Python ints
+and choices as themselves, and :meth:`Parameter.to_unit`/:meth:`Parameter.from_unit` map both to and from a unit
+interval as floats are (a relaxed space, rounded: see :class:`Parameter`), so every refiner that tunes numbers
+tunes them unchanged.
+
 Before an episode's ``reset``/first ``act`` the worker sets the module globals ``OBSERVATION_SPACE``
 and ``ACTION_SPACE`` to the task's Gymnasium spaces (:func:`bind_spaces`), so one policy file can scale
 itself to any environment.
@@ -33,9 +50,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import hashlib
 import json
 import math
+import numbers
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +66,7 @@ from ratchet.errors import PolicyError
 __all__ = [
     "FOLDER_KINDS",
     "MAX_PARAMETER_NUMBERS",
+    "PARAMETER_TYPES",
     "POLICY_KINDS",
     "SOURCE_KINDS",
     "SPACE_KINDS",
@@ -61,11 +81,18 @@ __all__ = [
     "materialize",
     "parse_policy",
     "space_dims",
+    "typed_parameters",
     "uses_global_random",
     "uses_task_dims",
 ]
 
-_PARAM_KEYS = {"default", "low", "high", "scale", "shape"}
+_PARAM_KEYS = {"default", "low", "high", "scale", "shape", "type", "choices"}
+
+#: The types a parameter may declare (``"type"``; ``"float"`` when left out).
+PARAMETER_TYPES = ("float", "int", "categorical")
+
+#: Largest magnitude of an int parameter's bounds: every integer up to it is exact as a float (the unit mapping).
+MAX_INT = 2**53
 
 #: Most numbers all of a policy's parameters may hold together (scalars count 1, arrays their size).
 #: Every candidate's values go through the ledger as JSON, so this bounds a candidate's record (≈ 2 MB).
@@ -75,23 +102,48 @@ MAX_PARAMETER_NUMBERS = 100_000
 #: (flattened action: ``n`` for a Discrete space); see :func:`space_dims`.
 TASK_DIMS = ("obs", "act")
 
-#: A parameter value: a float (scalar parameter) or nested tuples of floats of the declared shape.
+#: A parameter value: a float (scalar parameter), nested tuples of floats of the declared shape (array parameter),
+#: an int (int parameter) or one of the choices (categorical parameter: text, a number or a bool).
 Value = Any
 
 
 @dataclass(frozen=True)
 class Parameter:
-    """One tunable number, or array of numbers, of a policy.
+    """One tunable number, array of numbers, integer or choice of a policy.
 
     Attributes:
         name: Identifier used as the key in ``params``.
         default: Starting value (the value the unrefined policy uses): a float, or for an array
-            parameter a float (every element) or nested tuples of floats of ``shape``.
-        low: Lower bound, inclusive; float or nested tuples like ``default``.
-        high: Upper bound, inclusive; ``low < high`` (elementwise).
-        scale: ``"linear"`` or ``"log"`` (log needs ``low > 0``); refiners search log-scaled
-            parameters in log space.
-        shape: ``()`` for a scalar; otherwise the array's shape (every dimension ≥ 1).
+            parameter a float (every element) or nested tuples of floats of ``shape``; an int for an int
+            parameter; one of ``choices`` for a categorical one.
+        low: Lower bound, inclusive; float or nested tuples like ``default`` (an int for an int parameter;
+            None for a categorical one).
+        high: Upper bound, inclusive; ``low < high`` (elementwise); None for a categorical parameter.
+        scale: ``"linear"`` or ``"log"`` (log needs ``low > 0``, for an int ``low >= 1``); refiners search
+            log-scaled parameters in log space.
+        shape: ``()`` for a scalar; otherwise the array's shape (every dimension ≥ 1; float parameters only).
+        type: ``"float"``, ``"int"`` or ``"categorical"`` (:data:`PARAMETER_TYPES`).
+        choices: A categorical parameter's choices in declaration order (strings, numbers, bools); ``()`` otherwise.
+
+    The unit mapping (:meth:`to_unit`, :meth:`from_unit`) is what every refiner that tunes numbers searches
+    (CMA-ES, the perturbations of ``mutate`` and ``llm``), so it is the one place that knows the types:
+
+    - float: ``[low, high]`` onto ``[0, 1]``, linearly or in log space.
+    - int: a relaxed continuous range ``[low - 0.5, high + 0.5]`` (its logarithm for ``scale="log"``) onto
+      ``[0, 1]``, rounded to the nearest integer on the way back. Each of the ``high - low + 1`` integers owns an
+      equal share of the relaxed range, and :meth:`to_unit` gives an integer its share's centre, so
+      ``from_unit(to_unit(v)) == v``. A search runs on the continuous relaxation and the candidate is its
+      rounding: the integer handling of CMA-ES by rounding (N. Hansen, "A CMA-ES for Mixed-Integer Nonlinear
+      Optimization", INRIA RR-7751, 2011, with a lower bound on the integer coordinates' step size, which the
+      ``cmaes`` refiner sets) and the relaxation Optuna's search-space transform uses for ``suggest_int``
+      (``optuna._transform._SearchSpaceTransform``: bounds widened by half a step, log space for ``log=True``). CMA-ES with margin (Hamano et al., GECCO 2022) would adapt that lower
+      bound per coordinate; rounding with a fixed floor is the simpler, documented baseline.
+    - categorical: ``[0, 1]`` split in ``len(choices)`` equal bins in declaration order; a choice maps to its
+      bin's centre and a point to the choice whose bin holds it. One coordinate per parameter keeps the
+      contract every refiner relies on (a scalar parameter is one float in ``[0, 1]``); a one-hot relaxation
+      (one coordinate per choice, the largest wins, as Optuna's transform encodes choices) would impose no order but
+      make a scalar parameter many numbers for every refiner. The order matters to local search (a small step moves to a neighbouring
+      choice), so list ordered choices in their order.
     """
 
     name: str
@@ -100,10 +152,12 @@ class Parameter:
     high: Value
     scale: str = "linear"
     shape: tuple[int, ...] = ()
+    type: str = "float"
+    choices: tuple[Any, ...] = ()
 
     @property
     def size(self) -> int:
-        """Numbers this parameter holds: 1 for a scalar, the product of ``shape`` for an array."""
+        """Numbers this parameter holds: 1 for a scalar (an int, a choice), the product of ``shape`` for an array."""
         return math.prod(self.shape)
 
     @property
@@ -112,21 +166,105 @@ class Parameter:
         return self.shape != ()
 
     def array(self, which: str) -> Any:
-        """``default``, ``low`` or ``high`` as a float64 ndarray of ``shape`` (scalars broadcast)."""
+        """``default``, ``low`` or ``high`` as a float64 ndarray of ``shape`` (scalars broadcast; float parameters)."""
         import numpy as np
 
         return np.broadcast_to(np.asarray(getattr(self, which), dtype=np.float64), self.shape).copy()
 
     @property
     def default_value(self) -> Value:
-        """The default as a candidate holds it: a float, or nested tuples of ``shape``."""
-        return _freeze(self.array("default")) if self.is_array else float(self.default)
+        """The default as a candidate holds it: a float, nested tuples of ``shape``, an int or the choice."""
+        if self.is_array:
+            return _freeze(self.array("default"))
+        return float(self.default) if self.type == "float" else self.default
+
+    def describe(self) -> str:
+        """What values the parameter takes, in words: ``float in [0, 2]``, ``float array [8, 2] in [-1, 1]``,
+        ``int in [1, 8]`` (``, log scale`` where it is), ``one of 'greedy', 'sorted', 2``."""
+        if self.type == "categorical":
+            return "one of " + _cut(", ".join(_literal(c) for c in self.choices), 300)
+        log = ", log scale" if self.scale == "log" else ""
+        if self.type == "int":
+            return f"int in [{self.low}, {self.high}]{log}"
+        if self.is_array:
+            lo, hi = self.array("low"), self.array("high")
+            return f"float array {list(self.shape)} in [{lo.min():g}, {hi.max():g}]{log}"
+        return f"float in [{self.low:g}, {self.high:g}]{log}"
+
+    def index(self, value: Any) -> int:
+        """Position of ``value`` among a categorical parameter's ``choices``: the choice equal to it and of its kind
+        (a bool matches only a bool, a number only a number, text only text: ``1 == True`` in Python).
+
+        Raises:
+            PolicyError: ``value`` is not one of the choices.
+        """
+        for i, c in enumerate(self.choices):
+            if _same_literal(c, value):
+                return i
+        raise PolicyError(f"parameter {self.name!r}: {_cut(repr(value), 60)} is not one of its choices "
+                          f"{_cut(', '.join(_literal(c) for c in self.choices), 200)}")
+
+    def coerce(self, value: Any) -> Value:
+        """``value`` as a candidate holds it: a float (any real number; nested tuples of floats for an array), an int
+        (a whole number: ``3.0`` gives ``3``) or the choice itself (``2.0`` gives an int choice ``2``).
+
+        Raises:
+            PolicyError: a value of another type: text or a bool for a number, a fraction for an int, anything
+                that is not one of the choices.
+        """
+        if self.type == "categorical":
+            return self.choices[self.index(value)]
+        if self.type == "int":
+            if isinstance(value, numbers.Integral) and not _is_bool(value):
+                return int(value)
+            if isinstance(value, numbers.Real) and not _is_bool(value) and math.isfinite(value) \
+                    and float(value).is_integer():
+                return int(float(value))
+            raise PolicyError(f"parameter {self.name!r}: {_cut(repr(value), 60)} is not an integer")
+        if self.is_array:
+            return _value(value)
+        if isinstance(value, numbers.Real) and not _is_bool(value):
+            return float(value)
+        raise PolicyError(f"parameter {self.name!r}: {_cut(repr(value), 60)} is not a number")
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value``, as a candidate holds it, is not one this parameter takes (None when it is): text that
+        follows the parameter's name, e.g. ``"is outside its bounds [0.0, 1.0]"``, ``"is 2.5, not an integer"``."""
+        if self.type == "categorical":
+            if any(_same_literal(c, value) for c in self.choices):
+                return None
+            return (f"is {_cut(repr(value), 60)}, not one of its choices "
+                    f"{_cut(', '.join(_literal(c) for c in self.choices), 200)}")
+        if self.type == "int":
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"is {_cut(repr(value), 60)}, not an integer"
+            return None if self.low <= value <= self.high else f"is outside its bounds [{self.low}, {self.high}]"
+        import numpy as np
+
+        if not self.is_array and not (isinstance(value, numbers.Real) and not _is_bool(value)):
+            return f"is {_cut(repr(value), 60)}, not a number"
+        try:
+            u = np.asarray(self.to_unit(value), dtype=np.float64)
+        except (TypeError, ValueError):
+            return f"is not an array of numbers of shape {list(self.shape)}"
+        if not np.all(np.isfinite(u)) or np.any(u < -1e-9) or np.any(u > 1 + 1e-9):
+            return f"is outside its bounds [{self.low}, {self.high}]"
+        return None
 
     def to_unit(self, value: Value) -> Any:
-        """Map ``value`` in ``[low, high]`` to ``[0, 1]`` (in log space for ``scale="log"``).
+        """Map ``value`` in ``[low, high]`` (an int, a choice) to ``[0, 1]`` (in log space for ``scale="log"``; an
+        int or a choice to the centre of its bin, see the class doc).
 
         Returns a float for a scalar parameter, a flat float64 array of ``size`` for an array one.
+
+        Raises:
+            PolicyError: a categorical parameter's value that is not one of its choices.
         """
+        if self.type == "categorical":
+            return (self.index(value) + 0.5) / len(self.choices)
+        if self.type == "int":
+            a, b = self._relaxed()
+            return ((math.log(value) if self.scale == "log" else value) - a) / (b - a)
         if not self.is_array:
             if self.scale == "log":
                 return (math.log(value) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
@@ -146,10 +284,17 @@ class Parameter:
             u: A float for a scalar parameter; ``size`` floats (any shape) for an array one.
 
         Returns:
-            A float, or nested tuples of floats of ``shape``.
+            A float, nested tuples of floats of ``shape``, a Python int within ``[low, high]`` (the relaxed value
+            rounded) or one of the choices.
         """
         if not self.is_array:
             u = min(1.0, max(0.0, float(u)))
+            if self.type == "categorical":
+                return self.choices[min(len(self.choices) - 1, int(u * len(self.choices)))]
+            if self.type == "int":
+                a, b = self._relaxed()
+                x = a + u * (b - a)
+                return min(self.high, max(self.low, math.floor((math.exp(x) if self.scale == "log" else x) + 0.5)))
             if self.scale == "log":
                 return math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
             return self.low + u * (self.high - self.low)
@@ -162,6 +307,43 @@ class Parameter:
         else:
             out = lo + u * (hi - lo)
         return _freeze(np.clip(out, lo, hi))  # rounding must never step outside the bounds
+
+    def _relaxed(self) -> tuple[float, float]:
+        """An int parameter's relaxed range ``[low - 0.5, high + 0.5]``, as logarithms for ``scale="log"``."""
+        lo, hi = self.low - 0.5, self.high + 0.5
+        return (math.log(lo), math.log(hi)) if self.scale == "log" else (lo, hi)
+
+
+def _is_bool(v: Any) -> bool:
+    """A Python or NumPy bool (both compare equal to 0 and 1; NumPy's is ``numpy.bool``, ``numpy.bool_`` before 2.0)."""
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
+
+
+def _kind(v: Any) -> str | None:
+    """A choice's kind as JSON tells them apart: ``"bool"``, ``"number"``, ``"text"``; None for anything else."""
+    if _is_bool(v):
+        return "bool"
+    if isinstance(v, numbers.Real):
+        return "number"
+    return "text" if isinstance(v, str) else None
+
+
+def _same_literal(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same choice: equal and of the same kind (:func:`_kind`)."""
+    return _kind(a) is not None and _kind(a) == _kind(b) and a == b
+
+
+def _literal(v: Any) -> str:
+    """A scalar value as Python source writes it: ``repr`` of a float, int, bool or text (reads back exactly)."""
+    if _is_bool(v):
+        return repr(bool(v))
+    if isinstance(v, numbers.Integral):
+        return repr(int(v))
+    return repr(v) if isinstance(v, str) else repr(float(v))
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def _freeze(a: Any) -> Value:
@@ -223,6 +405,19 @@ def _raw_parameters(source: str) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
+def typed_parameters(source: str) -> list[Parameter]:
+    """The int and categorical parameters ``source`` declares validly, in file order (for prompts and tables that
+    say what values they take); none for a source whose ``PARAMETERS`` do not read. Never executes the source."""
+    out: list[Parameter] = []
+    for name, spec in _raw_parameters(source).items():
+        if isinstance(spec, dict) and spec.get("type") in ("int", "categorical"):
+            try:
+                out += _validate_parameters({name: spec}, "<policy>", 0)
+            except PolicyError:
+                continue
+    return out
+
+
 def _infer_dims(source: str, params: Mapping[str, Any]) -> dict[str, int] | None:
     """The task dims implied by array values whose declared shape names ``"obs"``/``"act"`` (for export)."""
     import numpy as np
@@ -246,11 +441,13 @@ def bind_spaces(module: Any, observation_space: Any, action_space: Any) -> None:
 
 
 def describe_value(value: Any) -> str:
-    """A one-line summary of a parameter value for tables: the number itself for a scalar; the elements
-    of a small array (at most 6); otherwise ``"array [8, 2]: min -0.41, mean 0.02, max 0.93, norm 1.87"``
-    (norm: Euclidean, over all elements)."""
+    """A one-line summary of a parameter value for tables: the number itself for a scalar (6 significant digits;
+    an int in full); a choice as its literal (``'greedy'``, ``True``); the elements of a small array (at most 6);
+    otherwise ``"array [8, 2]: min -0.41, mean 0.02, max 0.93, norm 1.87"`` (norm: Euclidean, over all elements)."""
     import numpy as np
 
+    if _is_bool(value) or isinstance(value, (str, numbers.Integral)):
+        return _cut(_literal(value), 200)
     if not isinstance(value, (list, tuple, np.ndarray)):
         return f"{float(value):.6g}"
     a = np.asarray(value, dtype=np.float64)
@@ -271,28 +468,43 @@ class PolicyProgram:
 
     @property
     def defaults(self) -> dict[str, Value]:
-        """Parameter name -> default value (array defaults as nested tuples of the full shape)."""
+        """Parameter name -> default value (array defaults as nested tuples of the full shape; ints as ints,
+        choices as themselves)."""
         return {p.name: p.default_value for p in self.parameters}
 
     def candidate(self, params: Mapping[str, Any] | None = None, *, parent_id: str | None = None,
                   refiner: str = "initial") -> Candidate:
-        """Make a :class:`Candidate` of this program (defaults when ``params`` is None).
+        """Make a :class:`Candidate` of this program (defaults when ``params`` is None), each value in its
+        parameter's form (:meth:`Parameter.coerce`: ``1`` for a float parameter is ``1.0``, ``3.0`` for an int one
+        ``3``).
 
         Raises:
-            PolicyError: an array value whose shape is not the declared one.
+            PolicyError: an array value whose shape is not the declared one, or a value of another type (text for a
+                number, a fraction for an int, what is not one of a categorical parameter's choices).
         """
         values = dict(self.defaults if params is None else params)
         import numpy as np
 
         for p in self.parameters:
-            if p.is_array and p.name in values and np.shape(values[p.name]) != p.shape:
+            if p.name not in values:
+                continue
+            if p.is_array and np.shape(values[p.name]) != p.shape:
                 raise PolicyError(f"parameter {p.name!r}: expected an array of shape {list(p.shape)}, "
                                   f"got shape {list(np.shape(values[p.name]))}")
+            values[p.name] = p.coerce(values[p.name])
         return Candidate.create(self.source, values, parent_id=parent_id, refiner=refiner)
 
 
 def _id_repr(v: Any) -> Any:
-    return [_id_repr(x) for x in v] if isinstance(v, (tuple, list)) else repr(float(v))
+    """A value as its candidate's id hashes it: a float as ``repr`` (as ever: ids of float candidates never change),
+    an int, a bool or text tagged with its kind (``{"int": 3}``), so no two kinds share a form."""
+    if isinstance(v, (tuple, list)):
+        return [_id_repr(x) for x in v]
+    if isinstance(v, bool):
+        return {"bool": v}
+    if isinstance(v, int):
+        return {"int": v}
+    return {"str": v} if isinstance(v, str) else repr(float(v))
 
 
 def _candidate_id(source: str, params: Mapping[str, Any], kind: str = "program",
@@ -307,8 +519,18 @@ def _candidate_id(source: str, params: Mapping[str, Any], kind: str = "program",
 
 
 def _value(v: Any) -> Value:
-    """A candidate's stored form of a value: float, or nested tuples of floats for anything array-like."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
+    """A candidate's stored form of a value: a float, nested tuples of floats for anything array-like, and an int,
+    a bool or text as itself (an int or a categorical parameter's value; :meth:`Parameter.coerce` gives each
+    parameter's own form, and :meth:`PolicyProgram.candidate` applies it)."""
+    if type(v) is float:
+        return v
+    if _is_bool(v):
+        return bool(v)
+    if isinstance(v, str):
+        return str(v)
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
         return float(v)
     import numpy as np
 
@@ -366,9 +588,11 @@ class Candidate:
                artifacts: Mapping[str, str] | None = None) -> Candidate:
         """Build a candidate, computing its content id.
 
-        Scalar values are stored as Python floats, array values (lists, tuples, ndarrays) as nested
-        tuples of floats, so a candidate stays immutable. The id of a program candidate with scalars
-        only and no artifacts is the same as in ratchet versions without array parameters or kinds.
+        Real numbers are stored as Python floats and array values (lists, tuples, ndarrays) as nested
+        tuples of floats, so a candidate stays immutable; ints, bools and text (the values of int and categorical
+        parameters) are stored as themselves (:func:`_value`; :meth:`PolicyProgram.candidate` first gives each value
+        its parameter's form). The id of a program candidate with float scalars only and no artifacts is the same as
+        in ratchet versions without array parameters, kinds or parameter types.
 
         Raises:
             PolicyError: an unknown kind, or an artifact digest that is not 64 hex characters.
@@ -578,25 +802,100 @@ def _validate_parameters(raw: Any, path: str, lineno: int, dims: Mapping[str, in
             raise PolicyError(f"{where}: parameter {name!r} must be a dict with default, low, high (or a tuple (default, low, high))")
         unknown = set(spec) - _PARAM_KEYS
         if unknown:
-            raise PolicyError(f"{where}: parameter {name!r} has unknown key(s) {sorted(unknown)}; "
-                              "allowed: default, low, high, scale, shape")
-        missing = {"default", "low", "high"} - set(spec)
-        if missing:
-            raise PolicyError(f"{where}: parameter {name!r} is missing {sorted(missing)}; give default, low and high")
-        scale = spec.get("scale", "linear")
-        if scale not in ("linear", "log"):
-            raise PolicyError(f"{where}: parameter {name!r}: scale must be \"linear\" or \"log\", got {scale!r}")
-        if "shape" in spec:
-            shape = _validate_shape(name, spec["shape"], where, dims)
-            param = _validate_array(name, spec, shape, scale, where)
+            raise PolicyError(f"{where}: parameter {name!r} has unknown key(s) {sorted(map(str, unknown))}; "
+                              "allowed: type, default, low, high, scale, shape, choices")
+        kind = spec.get("type", "float")
+        if not isinstance(kind, str) or kind not in PARAMETER_TYPES:
+            raise PolicyError(f"{where}: parameter {name!r}: type must be \"float\", \"int\" or \"categorical\", "
+                              f"got {_cut(repr(kind), 40)}")
+        if kind == "categorical":
+            param = _validate_categorical(name, spec, where)
         else:
-            param = _validate_scalar(name, spec, scale, where)
+            param = _validate_numeric(name, spec, kind, where, dims)
         total += param.size
         if total > MAX_PARAMETER_NUMBERS:
             raise PolicyError(f"{where}: PARAMETERS hold {total:,}+ numbers (at {name!r}), more than the "
                               f"{MAX_PARAMETER_NUMBERS:,} ratchet allows; use smaller shapes")
         out.append(param)
     return tuple(out)
+
+
+def _validate_numeric(name: str, spec: dict[str, Any], kind: str, where: str,
+                      dims: Mapping[str, int] | None) -> Parameter:
+    """A float (scalar or array) or int parameter: default, low, high, and scale and shape where given."""
+    if "choices" in spec:
+        raise PolicyError(f"{where}: parameter {name!r}: choices belong to a categorical parameter (add "
+                          f"\"type\": \"categorical\"); a{'n' if kind == 'int' else ''} {kind} parameter has "
+                          "default, low and high")
+    missing = {"default", "low", "high"} - set(spec)
+    if missing:
+        raise PolicyError(f"{where}: parameter {name!r} is missing {sorted(missing)}; give default, low and high")
+    scale = spec.get("scale", "linear")
+    if scale not in ("linear", "log"):
+        raise PolicyError(f"{where}: parameter {name!r}: scale must be \"linear\" or \"log\", got {scale!r}")
+    if kind == "int":
+        return _validate_int(name, spec, scale, where)
+    if "shape" in spec:
+        return _validate_array(name, spec, _validate_shape(name, spec["shape"], where, dims), scale, where)
+    return _validate_scalar(name, spec, scale, where)
+
+
+def _validate_int(name: str, spec: dict[str, Any], scale: str, where: str) -> Parameter:
+    if "shape" in spec:
+        raise PolicyError(f"{where}: parameter {name!r}: an int parameter takes no shape; declare one int parameter "
+                          "per number, or a float array parameter that act rounds")
+    vals: dict[str, int] = {}
+    for key in ("default", "low", "high"):
+        v = spec[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            hint = (f"; write {int(v)}" if isinstance(v, float) and math.isfinite(v) and v.is_integer()
+                    and abs(v) <= MAX_INT else "")
+            raise PolicyError(f"{where}: parameter {name!r}: {key} of an int parameter must be an integer, "
+                              f"got {_cut(repr(v), 40)}{hint}")
+        if abs(v) > MAX_INT:
+            raise PolicyError(f"{where}: parameter {name!r}: {key} {_cut(repr(v), 40)} is beyond ±2**53, where "
+                              "integers stop being exact as floats; use narrower bounds")
+        vals[key] = v
+    if not vals["low"] < vals["high"]:
+        raise PolicyError(f"{where}: parameter {name!r}: low ({vals['low']}) must be below high ({vals['high']})")
+    if not vals["low"] <= vals["default"] <= vals["high"]:
+        raise PolicyError(f"{where}: parameter {name!r}: default {vals['default']} is outside its bounds "
+                          f"[{vals['low']}, {vals['high']}]; widen the bounds or change the default")
+    if scale == "log" and vals["low"] < 1:
+        raise PolicyError(f"{where}: parameter {name!r}: scale \"log\" on an int parameter needs low >= 1, "
+                          f"got {vals['low']}")
+    return Parameter(name, vals["default"], vals["low"], vals["high"], scale, (), "int")
+
+
+def _validate_categorical(name: str, spec: dict[str, Any], where: str) -> Parameter:
+    extra = sorted(set(spec) & {"low", "high", "scale", "shape"})
+    if extra:
+        raise PolicyError(f"{where}: parameter {name!r}: a categorical parameter has choices and a default, not "
+                          f"{extra}")
+    missing = {"choices", "default"} - set(spec)
+    if missing:
+        raise PolicyError(f"{where}: parameter {name!r} is missing {sorted(missing)}; give choices (a list) and a "
+                          "default among them")
+    choices = spec["choices"]
+    if not isinstance(choices, (list, tuple)) or len(choices) < 2:
+        raise PolicyError(f"{where}: parameter {name!r}: choices must be a list of two or more values, got "
+                          f"{_cut(repr(choices), 40)}")
+    for c in choices:
+        if not (isinstance(c, (str, bool)) or _finite(c)):
+            raise PolicyError(f"{where}: parameter {name!r}: every choice must be a string, a finite number or a "
+                              f"boolean (JSON's literals), got {_cut(repr(c), 40)}")
+    first: dict[Any, Any] = {}
+    for c in choices:
+        if c in first:  # 1, 1.0 and True are one key: Python compares them equal
+            raise PolicyError(f"{where}: parameter {name!r}: choices {_cut(_literal(first[c]), 40)} and "
+                              f"{_cut(_literal(c), 40)} are equal as Python compares them; keep one")
+        first[c] = c
+    param = Parameter(name, None, None, None, "linear", (), "categorical", tuple(choices))
+    default = spec["default"]
+    if not any(_same_literal(c, default) for c in choices):
+        raise PolicyError(f"{where}: parameter {name!r}: default {_cut(repr(default), 40)} is not one of its "
+                          f"choices {_cut(', '.join(_literal(c) for c in choices), 200)}")
+    return dataclasses.replace(param, default=param.choices[param.index(default)])
 
 
 def _validate_scalar(name: str, spec: dict[str, Any], scale: str, where: str) -> Parameter:
@@ -688,11 +987,14 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
 
     Only the default literals change (plus an optional header comment), so the result diffs cleanly
     against the original file. An array parameter's default becomes a nested list with one row per
-    line (:func:`_format_value`); reading the file back gives exactly the same values.
+    line (:func:`_format_value`); an int parameter's an integer literal (``3``, never ``3.0``); a categorical
+    one's the choice's literal as its ``choices`` write it (``"greedy"``, ``2``, ``True``); reading the file back
+    gives exactly the same values.
 
     Raises:
-        PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter or an
-            array value does not have its parameter's shape.
+        PolicyError: if ``source`` is not a valid policy, ``params`` names an unknown parameter, an
+            array value does not have its parameter's shape, or a value is not of its parameter's type
+            (:meth:`Parameter.coerce`).
     """
     import numpy as np
 
@@ -712,11 +1014,13 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
             declared.add(name)
             if name not in params:
                 continue
-            target = None
+            target, choices = None, None
             if isinstance(val, ast.Dict):
                 for k2, v2 in zip(val.keys, val.values):
                     if k2 is not None and ast.literal_eval(k2) == "default":
                         target = v2
+                    elif k2 is not None and ast.literal_eval(k2) == "choices":
+                        choices = v2
             elif isinstance(val, (ast.Tuple, ast.List)):
                 target = val.elts[0]
             if target is None or target.end_lineno is None or target.end_col_offset is None:
@@ -729,8 +1033,16 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
                                       f"got {'a number' if got == () else list(got or [])}")
                 line = lines[target.lineno - 1]
                 text = _format_value(_within_bounds(by_name[name], value), line[:len(line) - len(line.lstrip())])
-            else:
+            elif by_name[name].type == "float":
                 text = repr(float(_within_bounds(by_name[name], params[name])))
+            elif by_name[name].type == "int":
+                text = _literal(by_name[name].coerce(params[name]))
+            else:  # a choice as the file writes it in its choices (its quotes kept), else as repr writes it
+                p = by_name[name]
+                i = p.index(p.coerce(params[name]))
+                segment = (ast.get_source_segment(source, choices.elts[i])
+                           if isinstance(choices, (ast.List, ast.Tuple)) and len(choices.elts) == len(p.choices) else None)
+                text = segment if segment is not None else _literal(p.choices[i])
             edits.append((target.lineno, target.col_offset, target.end_lineno, target.end_col_offset, text))
     unknown = set(params) - declared
     if unknown:
@@ -748,8 +1060,13 @@ def export_source(source: str, params: Mapping[str, Any], *, header: str | None 
     reread = parse_policy(out, dims=_infer_dims(out, params), functions=None)
     written = {p.name: p.default_value for p in reread.parameters}
     for name, value in params.items():  # read back: each default is the value given (as bounded above)
-        if not np.array_equal(np.asarray(written.get(name, np.nan), dtype=np.float64),
-                              np.asarray(_within_bounds(by_name[name], _value(value)), dtype=np.float64)):
+        p = by_name[name]
+        if p.type != "float":
+            same = _same_literal(written.get(name), p.coerce(value))
+        else:
+            same = np.array_equal(np.asarray(written.get(name, np.nan), dtype=np.float64),
+                                  np.asarray(_within_bounds(p, _value(value)), dtype=np.float64))
+        if not same:
             raise PolicyError(f"export: parameter {name!r} did not read back as the value written; the policy's "
                               "PARAMETERS could not be rewritten in place (please report this file)")
     return out

@@ -536,20 +536,27 @@ def structure_source(source: str) -> str:
 
 def value_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The parameter values that differ between two candidates' ``params``, in ``new``'s order, then the
-    removed ones: ``{"name", "from", "to"}`` with a number for a scalar, a one-line summary for an array
-    (:func:`ratchet.policy.describe_value`), and None on the side that lacks the parameter."""
+    removed ones: ``{"name", "from", "to"}`` with a number for a scalar (an int as an int; a bool as a bool), a
+    one-line summary for an array and a text choice's literal (:func:`ratchet.policy.describe_value`: ``'greedy'``),
+    and None on the side that lacks the parameter."""
     import numpy as np
 
     from ratchet.policy import describe_value
 
     def shown(v: Any) -> Any:
-        return float(v) if not isinstance(v, (list, tuple, np.ndarray)) else describe_value(v)
+        if isinstance(v, (bool, int)):
+            return v
+        return float(v) if not isinstance(v, (str, list, tuple, np.ndarray)) else describe_value(v)
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, (str, bool)) or isinstance(b, (str, bool)):  # a choice: the same literal
+            return type(a) is type(b) and a == b
+        return bool(np.array_equal(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)))
 
     out = []
     for name in list(new) + [n for n in old if n not in new]:
         a, b = old.get(name), new.get(name)
-        if a is not None and b is not None and np.array_equal(np.asarray(a, dtype=np.float64),
-                                                              np.asarray(b, dtype=np.float64)):
+        if a is not None and b is not None and same(a, b):
             continue
         out.append({"name": name, "from": None if a is None else shown(a), "to": None if b is None else shown(b)})
     return out
@@ -567,10 +574,13 @@ def promotion_changes(incumbent: Candidate, promoted: Candidate, max_lines: int 
 
 
 def describe_value_changes(changes: Any) -> str:
-    """:func:`value_changes` as lines for people: ``name: 0.3 → 0.52``, ``name: 0.7 (new)``,
-    ``name: removed (was 0.3)``; entries that are not such dicts (a damaged ledger) are skipped."""
+    """:func:`value_changes` as lines for people: ``name: 0.3 → 0.52``, ``depth: 3 → 5``, ``rule: 'greedy' →
+    'sorted'``, ``name: 0.7 (new)``, ``name: removed (was 0.3)``; entries that are not such dicts (a damaged ledger)
+    are skipped."""
     def shown(v: Any) -> str:
-        return f"{v:.6g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
 
     lines = []
     for c in changes if isinstance(changes, list) else []:

@@ -405,7 +405,8 @@ class RunServices:
     def source_problem(self, cand: Candidate, parent: Candidate) -> str | None:
         """Why a candidate that carries a program may not run (None when it may): new source that fails
         :func:`~ratchet.proposals.check_source`, or values that do not fit its source's ``PARAMETERS`` (names
-        and bounds; checked for every proposal, so a refiner that proposes out-of-bounds values is refused)."""
+        and bounds, an int parameter's integer, a categorical one's choice; checked for every proposal, so a refiner that
+        proposes out-of-bounds values is refused)."""
         if cand.kind not in SOURCE_KINDS | FOLDER_KINDS:
             return None
         from ratchet.errors import PolicyError
@@ -432,9 +433,9 @@ class RunServices:
             return (f"parameter values {sorted(cand.params)} do not match the source's PARAMETERS "
                     f"{sorted(names)}")
         for p in program.parameters:
-            u = np.asarray(p.to_unit(cand.params[p.name]), dtype=np.float64)
-            if not np.all(np.isfinite(u)) or np.any(u < -1e-9) or np.any(u > 1 + 1e-9):
-                return f"parameter {p.name!r} is outside its bounds [{p.low}, {p.high}]"
+            why = p.problem(cand.params[p.name])  # bounds, an int's type, a choice among its choices
+            if why is not None:
+                return f"parameter {p.name!r} {why}"
         return None
 
     def recorded(self, key: str) -> Event:

@@ -6,7 +6,8 @@ One output path ``-o OUT`` names the main file; the others sit beside it with th
 kind       files written
 ========== ============================================================================================
 program    ``OUT`` (``.py``): the policy file, each parameter's default set to the refined value
-           (:func:`ratchet.policy.export_source`; arrays one row per line).
+           (:func:`ratchet.policy.export_source`; arrays one row per line, ints as integers, choices as
+           their literals).
 sb3        ``OUT`` (``.zip``): the Stable-Baselines3 model's bytes exactly as stored, so
            ``PPO.load(OUT)`` (or the algorithm it was saved by) opens it. The driver never unpickles it.
            A model with VecNormalize statistics also writes ``STEM_vecnormalize.pkl`` beside it (as stored;
@@ -274,11 +275,14 @@ CORRECTION = Path(__file__).with_name({npz!r})
 {_task_lines(task)}{_NETWORK}
 
 def _defaults(parameters):
-    """The base program's parameter values, as ratchet passes them: floats, float64 arrays."""
+    """The base program's parameter values, as ratchet passes them: floats, float64 arrays, ints and choices."""
     out = {{}}
     for name, spec in parameters.items():
         value = spec["default"] if isinstance(spec, dict) else spec[0]
-        out[name] = np.array(value, dtype=np.float64) if isinstance(value, (list, tuple)) else float(value)
+        if isinstance(spec, dict) and spec.get("type") in ("int", "categorical"):
+            out[name] = value
+        else:
+            out[name] = np.array(value, dtype=np.float64) if isinstance(value, (list, tuple)) else float(value)
     return out
 
 

@@ -74,6 +74,12 @@ class CMAESRefiner(Refiner):
     2008; pycma's ``CMA_diagonal``), since a full matrix costs O(n²) memory and O(n³) updates.
     Fitness is the negative mean training return; a candidate with any errored episode ranks last.
 
+    Int and categorical parameters are searched on a relaxed, rounded space: each is one continuous coordinate whose
+    rounding is the candidate's value (:meth:`ratchet.policy.Parameter.from_unit`: equal bins per integer or
+    choice), and each sample is told the fitness of the candidate it rounds to (samples that round alike share a
+    candidate, evaluated once). Their coordinates keep a least step size (:meth:`step_floor`), so the search never
+    stops trying neighbouring integers and choices.
+
     On a promotion the distribution's mean moves to the promoted candidate by default (``follow="incumbent"``),
     keeping step size and covariance: when every generation is gated the mean would otherwise drift away from an
     incumbent that stays put, and most later samples lose to it. With ``follow="own"`` the search keeps its own
@@ -138,12 +144,11 @@ class CMAESRefiner(Refiner):
         self._stale = 0
         self._restart_due = False
         self._es: Any = None  # a cma.CMAEvolutionStrategy once started (pycma is untyped)
-        self._asked: dict[str, np.ndarray] = {}
+        self._asked: list[tuple[str, np.ndarray]] = []  # (candidate id, sample) of the last population, in order
         self._parent_id: str | None = None
         self._start_id: str | None = None  # the first parent: "rescue" restarts only while it is the incumbent
         self._recommended_id: str | None = None  # the distribution mean evaluated with the current population
         self._parent: Candidate | None = None
-        self._order: list[str] = []
 
     @property
     def dimension(self) -> int:
@@ -194,7 +199,29 @@ class CMAESRefiner(Refiner):
             opts["CMA_diagonal"] = True
         if len(x0) == 1:  # pycma needs dimension >= 2; a dummy coordinate is harmless
             x0 = x0 + [0.5]
+        floor = self.step_floor()
+        if any(floor):  # int and categorical coordinates only: a float-only search runs as it always has
+            opts["minstd"] = floor + [0.0] * (len(x0) - len(floor))
         self._es = cma.CMAEvolutionStrategy(x0, self.sigma0, opts)
+
+    def step_floor(self) -> list[float]:
+        """The least standard deviation of each searched coordinate (pycma's ``minstd``): 0 for a float; for an int
+        or categorical parameter ``w / (2m + 1)``, where ``w`` is the width of one integer's (one choice's) bin in
+        unit coordinates (:class:`~ratchet.policy.Parameter`; for a log-scaled int the bins' mean width) and ``m``
+        the number of such coordinates. Without it a
+        rounded coordinate freezes once the step size falls below its bin: the lower bound of the integer handling
+        of N. Hansen, "A CMA-ES for Mixed-Integer Nonlinear Optimization" (INRIA RR-7751, 2011), as pycma's
+        ``IntegerMixedFunction`` recommends it (about a third of the samples then change an integer)."""
+        widths = []
+        for p in self.program.parameters:
+            if p.type == "int":
+                widths.append(1.0 / (p.high - p.low + 1))  # for scale "log" the bins' mean width
+            elif p.type == "categorical":
+                widths.append(1.0 / len(p.choices))
+            else:
+                widths += [0.0] * p.size
+        m = sum(1 for w in widths if w > 0)
+        return [w / (2 * m + 1) for w in widths]
 
     def _candidate(self, x: np.ndarray, refiner: str) -> Candidate:
         # the parent's kind and artifacts are kept (a residual policy's correction stays as it is)
@@ -233,13 +260,8 @@ class CMAESRefiner(Refiner):
         if self._start_id is None:
             self._start_id = parent.id
         xs = self._es.ask()
-        self._asked = {}
-        out = []
-        for x in xs:
-            cand = self._candidate(np.asarray(x), self.name)
-            self._asked.setdefault(cand.id, np.asarray(x))
-            out.append(cand)
-        self._order = [c.id for c in out]
+        out = [self._candidate(np.asarray(x), self.name) for x in xs]
+        self._asked = [(c.id, np.asarray(x)) for c, x in zip(out, xs)]  # each sample told its own candidate's fitness
         return out
 
     def _follow_structure(self, parent: Candidate) -> None:
@@ -250,7 +272,7 @@ class CMAESRefiner(Refiner):
         self.program = program_of(parent)
         self.n_programs += 1
         self.popsize = self._popsize0
-        self._es, self._asked, self._order = None, {}, []
+        self._es, self._asked = None, []
         self._restart_due, self._best, self._stale = False, float("-inf"), 0
 
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
@@ -259,14 +281,13 @@ class CMAESRefiner(Refiner):
             return
         by_id = {e.candidate_id: e for e in evaluations}
         fits = []
-        for cid in self._order:
+        for cid, _ in self._asked:
             ev = by_id.get(cid)
             fits.append(None if ev is None or ev.n_errors or not np.isfinite(ev.mean) else -ev.mean)
         finite = [f for f in fits if f is not None]
         worst = (max(finite) + abs(max(finite)) + 1.0) if finite else 0.0
-        xs = [self._asked[cid] for cid in self._order]
-        self._es.tell(xs, [worst if f is None else f for f in fits])
-        self._asked = {}
+        self._es.tell([x for _, x in self._asked], [worst if f is None else f for f in fits])
+        self._asked = []
         if self.restarts != "none" and finite and self._rescuing:  # "rescue" after a promotion: never restart
             gen_best = -min(finite)
             if self.restarts == "ipop":

@@ -135,7 +135,12 @@ class CorrectionRefiner(Refiner):
         if unknown:
             raise PolicyError(f"[[refiners]] {self.name}: expert_params {unknown} are not PARAMETERS of "
                               f"{settings.expert}")
-        self.expert_params = {**(expert.defaults if expert else {}), **settings.expert_params}
+        declared = {p.name: p for p in expert.parameters} if expert else {}
+        try:  # each value in its parameter's form: a float, an int, a choice (PolicyProgram.candidate's rule)
+            given = {k: declared[k].coerce(v) for k, v in settings.expert_params.items()}
+        except PolicyError as exc:
+            raise PolicyError(f"[[refiners]] {self.name}: expert_params: {exc}") from None
+        self.expert_params = {**(expert.defaults if expert else {}), **given}
         self._dataset: str | None = None  # digest of the newest aggregated data set
         self._rounds: list[dict[str, Any]] = []
         self._errors: list[str] = []
@@ -220,8 +225,8 @@ class CorrectionRefiner(Refiner):
 
 
 def _jsonable(params: Mapping[str, Any]) -> dict[str, Any]:
-    def thaw(v: Any) -> Any:
-        return [thaw(x) for x in v] if isinstance(v, (tuple, list)) else float(v)
+    def thaw(v: Any) -> Any:  # an int or a choice as itself
+        return [thaw(x) for x in v] if isinstance(v, (tuple, list)) else v if isinstance(v, (int, str)) else float(v)
 
     return {k: thaw(v) for k, v in params.items()}
 

@@ -88,6 +88,7 @@ __all__ = [
     "chat_completions_url",
     "check_endpoint",
     "models_url",
+    "parameter_types",
     "parse_answer",
     "redact_url",
     "url_secret",
@@ -515,6 +516,20 @@ def critique_text(critique: Critique | None, trace_steps: int = 10,
     return text
 
 
+def parameter_types(source: str) -> str:
+    """What the prompt says of ``source``'s int and categorical parameters (empty when it has none, so a float-only
+    program's prompt is what it always was): one line each with its values and what ``params`` holds, and that a
+    default of another type is refused."""
+    from ratchet.policy import typed_parameters
+
+    lines = [f'- params["{p.name}"]: {p.describe()} (' + ("a Python int" if p.type == "int" else "the choice itself")
+             + ")" for p in typed_parameters(source)]
+    if not lines:
+        return ""
+    return ("\nParameters that are not floats (a default must keep its type: an integer within its bounds, or one of "
+            "its choices written as listed; any other value is refused):\n" + "\n".join(lines))
+
+
 def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None, history: Sequence[Attempt],
                  hints: str = "", max_chars: int = 40_000, max_history: int = 12, *,
                  system_prompt: str | None = None, trace_steps: int = 10,
@@ -546,7 +561,8 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
 
     def render(entries: Sequence[Attempt], crit_text: str) -> str:
         parts = ["## Task\n" + _task_text(task),
-                 "## Current policy (its tuned values are written in as the defaults)\n" + fenced(source, "python"),
+                 "## Current policy (its tuned values are written in as the defaults)\n" + fenced(source, "python")
+                 + parameter_types(source),
                  "## How the current policy does on recent training episodes\n" + crit_text]
         if failure:
             parts.append("## It fails\nEvery episode of this policy stopped on this error; fix it first, keeping the "

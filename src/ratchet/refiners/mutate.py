@@ -539,8 +539,8 @@ def _op_crossover(source: str, tree: ast.Module, rng: np.random.Generator, space
         p = spec.get(name)
         if isinstance(p, (list, tuple)) and len(p) == 3:
             p = {"default": p[0], "low": p[1], "high": p[2]}
-        if not isinstance(p, dict) or "shape" in p:
-            return None
+        if not isinstance(p, dict) or "shape" in p or p.get("type", "float") != "float":
+            return None  # an array, int or categorical declaration is not carried over: no crossover here
         entries[name] = (float(p["default"]), float(p["low"]), float(p["high"]))
     return add_parameters(source, entries, edits), []
 

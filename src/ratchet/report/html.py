@@ -317,7 +317,8 @@ def _policy_changes(state: RunState, artifacts: Mapping[str, bytes]) -> str:
 
 def _param_row(name: str, start: Any, final: Any) -> str:
     """One table row per parameter; an array is summarised (shape, min/mean/max, norm; the change as the
-    norm of the difference and the number of elements that moved) instead of one row per element."""
+    norm of the difference and the number of elements that moved) instead of one row per element; an int is
+    shown whole, a choice as its literal (the change: ``changed`` or ``unchanged``)."""
     esc = html.escape
     if final is None:
         final = float("nan")
@@ -330,6 +331,14 @@ def _param_row(name: str, start: Any, final: Any) -> str:
         change = f"norm {float(np.linalg.norm(diff)):.4g} ({int(np.count_nonzero(diff))} of {diff.size} changed)"
         return (f"<tr><td>{esc(name)}</td><td>{esc(describe_value(start))}</td><td>{esc(describe_value(final))}</td>"
                 f"<td>{esc(change)}</td></tr>")
+    if isinstance(start, (str, bool)) or isinstance(final, (str, bool)):  # a categorical parameter's choice
+        from ratchet.policy import describe_value
+
+        change = "unchanged" if type(start) is type(final) and start == final else "changed"
+        return (f"<tr><td>{esc(name)}</td><td>{esc(describe_value(start))}</td><td>{esc(describe_value(final))}</td>"
+                f"<td>{change}</td></tr>")
+    if isinstance(start, int) and isinstance(final, int):  # an int parameter: whole numbers
+        return f"<tr><td>{esc(name)}</td><td>{start}</td><td>{final}</td><td>{final - start:+d}</td></tr>"
     return f"<tr><td>{esc(name)}</td><td>{start:.6g}</td><td>{final:.6g}</td><td>{final - start:+.4g}</td></tr>"
 
 
