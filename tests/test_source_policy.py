@@ -406,3 +406,18 @@ def test_the_cli_evaluates_a_folder_and_exports_a_run_as_a_folder(tmp_path):
     res = runner.invoke(app, ["export", "r", "--runs-dir", str(tmp_path / "runs"), "-o", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "out" / "main.c").read_text().startswith("#include <stdio.h>\n// EVOLVE-BLOCK-START\n")
+
+
+def test_an_integer_literal_is_an_int_parameter_and_written_back_as_one(tmp_path):
+    """An integer literal in a marked region is searched as an int (no two candidates write the same program); one
+    whose bounds hold no two whole numbers stays a float."""
+    main = ("// EVOLVE-BLOCK-START\nint rounds = 4;\nint depth = 3; // ratchet: depth 2.5..3.5\n"
+            "double w = 1.5;\n// EVOLVE-BLOCK-END\nint main(void) { return 0; }\n")
+    program = read_folder(_folder(tmp_path / "f", main), BUILD, ["./prog"], ["answer"])
+    kinds = {p.name: (p.type, p.default, p.low, p.high) for p in program.parameters}
+    assert kinds == {"main_c_L2": ("int", 4, 0, 8), "depth": ("float", 3.0, 2.5, 3.5),
+                     "main_c_L4": ("float", 1.5, 0.0, 3.0)}
+    rounds = next(p for p in program.parameters if p.type == "int")
+    assert {rounds.from_unit(u) for u in (0.0, 0.05, 0.5, 0.99, 1.0)} <= set(range(0, 9))
+    files = Folder.from_source(program.source).with_values({**program.defaults, "main_c_L2": 7})
+    assert "int rounds = 7;" in files["main.c"]

@@ -147,7 +147,7 @@ class Folder:
                     raise RegionError(f"{path}:{lit.line}: parameter {lit.name!r} is also named in {seen[lit.name]}; "
                                       "give one of them another name (an annotation: // ratchet: NAME)")
                 seen[lit.name] = f"{path}:{lit.line}"
-                out.append(Parameter(lit.name, lit.value, lit.low, lit.high, lit.scale))
+                out.append(_parameter(lit))
         return tuple(out)
 
     def with_values(self, params: Mapping[str, Any]) -> dict[str, str]:
@@ -155,6 +155,16 @@ class Folder:
         values = {k: float(v) for k, v in params.items()}
         return {path: substitute(text, self.literals.get(path, ()), values) if path in self.literals else text
                 for path, text in self.files.items()}
+
+
+def _parameter(lit: Any) -> Parameter:
+    """A marked literal as a parameter: an integer literal whose bounds hold whole numbers (at least 1 apart; ``LOW
+    >= 1`` for ``log``) is an ``int`` parameter, so refiners search it on a rounded space (:class:`Parameter`) and no
+    two candidates write the same program; any other literal a float one."""
+    low, high = math.ceil(lit.low), math.floor(lit.high)
+    if lit.is_int and low < high and (lit.scale != "log" or low >= 1):
+        return Parameter(lit.name, int(lit.value), low, high, lit.scale, type="int")
+    return Parameter(lit.name, lit.value, lit.low, lit.high, lit.scale)
 
 
 def read_folder(path: str | Path, build: Sequence[str], run: Sequence[str], functions: Sequence[str], *,
