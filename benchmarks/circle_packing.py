@@ -1,0 +1,104 @@
+"""Circle packing n = 26 without an LLM (examples/circle_packing, issue 43): the sum of radii each run reaches, the
+CPU it used (the run and every worker process), its evaluations, and that no candidate was scored twice.
+
+    python benchmarks/circle_packing.py --seeds 0,1,2,3,4 --write
+
+Each run is ``ratchet run examples/circle_packing --seed S`` (its spec's budget unless ``--episodes`` or
+``--wall-clock`` say otherwise). The final sum is the incumbent's test score (one more exact re-evaluation: the task
+is deterministic, so it equals its validation score). CPU seconds come from ``getrusage(RUSAGE_CHILDREN)`` around the
+run: the ratchet process and its sandboxed workers, all reaped before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import machine, write_section
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "circle_packing"
+
+
+def _cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def one_run(seed: int, runs: Path, episodes: int | None, wall_clock: float | None) -> dict:
+    """Run the example once with run seed ``seed`` and read what its ledger says."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from ratchet.ledger.projection import project
+    from ratchet.loop import open_ledger
+
+    cmd = [sys.executable, "-m", "ratchet.cli", "run", str(EXAMPLE), "--seed", str(seed), "--runs-dir", str(runs),
+           "--run-id", f"s{seed}", "--no-report"]
+    cmd += ["--set", f"budget.episodes={episodes}"] if episodes else []
+    cmd += ["--set", f"budget.wall_clock_s={wall_clock}"] if wall_clock else []
+    cpu0, t0 = _cpu(), time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cpu, wall = _cpu() - cpu0, time.monotonic() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"seed {seed} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    ledger = open_ledger(runs / f"s{seed}", readonly=True)
+    try:
+        events = ledger.read()
+    finally:
+        ledger.close()
+    st = project(events)
+    evals = [e.payload for e in events if e.type.value == "episodes_evaluated"]
+    train: dict[str, int] = {}
+    for ev in evals:
+        if ev["split"] == "train":
+            train[ev["candidate_id"]] = train.get(ev["candidate_id"], 0) + ev["summary"]["n"]
+    first = next((p["generation"] for p in st.promotions if p["validation_mean"] >= 2.630), None)
+    return {"seed": seed, "sum": st.test["mean"] if st.test else None, "start": st.baseline_test["mean"],
+            "evaluations": st.episodes, "distinct": len(train), "most_per_candidate": max(train.values(), default=0),
+            "generations": st.generations, "promotions": len(st.promotions), "first_gen_2630": first,
+            "cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "stop": st.stop_reason}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| run seed | sum of radii | start | evaluations | distinct candidates | most scores of one candidate "
+             "(training) | generations | promotions | CPU s (all processes) | wall s | stopped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | {r['sum']:.6f} | {r['start']:.4f} | {r['evaluations']:,} | {r['distinct']:,} | "
+                     f"{r['most_per_candidate']} | {r['generations']} | {r['promotions']} | {r['cpu_s']:,.0f} | "
+                     f"{r['wall_s']:,.0f} | {r['stop'][:60]} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="run seeds, comma separated")
+    ap.add_argument("--episodes", type=int, default=None, help="[budget] episodes (evaluations); default the spec's")
+    ap.add_argument("--wall-clock", type=float, default=None, help="[budget] wall_clock_s; default the spec's")
+    ap.add_argument("--runs-dir", default=None, help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--write", action="store_true", help="write the table to benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="circle-packing-"))
+    rows = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        rows.append(one_run(seed, runs, args.episodes, args.wall_clock))
+        print(json.dumps(rows[-1]), flush=True)
+    body = table(rows)
+    print(body)
+    if args.write:
+        cmd = "python benchmarks/circle_packing.py --seeds " + args.seeds + \
+              (f" --episodes {args.episodes}" if args.episodes else "") + \
+              (f" --wall-clock {args.wall_clock:g}" if args.wall_clock else "") + " --write"
+        write_section("Circle packing n = 26 without an LLM (issue 43)",
+                      f"`{cmd}`\n\nMachine: {machine()} (2 cores shared with other work: CPU and wall seconds are "
+                      f"noisy). Sum of radii of the final incumbent (AlphaEvolve 2.635, best published 2.6359).\n\n"
+                      f"{body}\n")
+
+
+if __name__ == "__main__":
+    main()
