@@ -897,6 +897,10 @@ def test_a_deterministic_task_scores_each_distinct_candidate_once_and_promotes_o
     last = [e.payload for e in events if e.type.value == "generation_finished"][-1]
     assert last["episodes"] == sum(ev["summary"]["n"] for ev in evals if ev["split"] != "test")  # counted once
     assert "no statistics were needed" in _show("d", tmp_path / "runs")
+    from ratchet.ledger.projection import project
+    from ratchet.report.html import render_report
+
+    assert "no statistics were needed" in render_report(project(events))  # the report says it too
 
 
 def test_a_deterministic_run_killed_and_resumed_writes_the_ledger_of_one_that_was_not(tmp_path: Path) -> None:
