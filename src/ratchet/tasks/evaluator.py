@@ -51,6 +51,11 @@ Seeds keep ratchet's three splits. A generated seed carries its split (``seed % 
 split ``i % 3`` unless ``SPLITS`` says otherwise; each split draws only its own instances
 (:meth:`EvaluatorTask.seed_pools`).
 
+One fixed problem whose score depends on the candidate alone (``make_instance`` ignores the seed, as circle
+packing's) is declared with ``[task] deterministic = true`` (:attr:`EvaluatorTask.deterministic`): each distinct
+candidate is then scored once, and a promotion is a strict improvement confirmed by an exact re-evaluation
+(:mod:`ratchet.deciders.exact`).
+
 The evaluator's source is stored with the task (in the ledger), so a replay or a resume runs the same code;
 a changed file starts a new run. Files the evaluator reads itself are the user's to keep unchanged.
 """
