@@ -949,6 +949,7 @@ def test_a_task_declared_deterministic_whose_re_evaluation_differs_is_said_so_an
     assert not [e for e in events if e.type.value == "incumbent_changed"]
     shown = _show("n", tmp_path / "runs")
     assert "the task is not deterministic: candidate" in shown and "on re-evaluation" in shown
+    assert "validation_episodes" not in shown  # no advice to buy statistical power for what needs none
 
 
 def test_scores_that_look_deterministic_get_a_hint_to_declare_it(tmp_path: Path) -> None:

@@ -95,7 +95,8 @@ def run_advice(state: Any) -> list[str]:
                        f"the search is not finding better candidates: {step}more [planner] train_episodes for less "
                        "noisy ranking" + (", or wider parameter bounds" if step else "") + rescue)
         # refused for want of evidence: not those a guard refused after the test passed (a game's cycle guards)
-        rejected = [g for g in state.gates if not g.get("promoted") and not (
+        # (an exact decision needs no evidence: determinism_notes speaks of those)
+        rejected = [g for g in state.gates if not g.get("promoted") and g.get("test") != "exact" and not (
             isinstance(g.get("p_value"), (int, float)) and isinstance(g.get("alpha"), (int, float))
             and g["p_value"] < g["alpha"])]
         gains = [g["mean_diff"] for g in rejected if isinstance(g.get("mean_diff"), (int, float))
