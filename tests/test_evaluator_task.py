@@ -824,3 +824,144 @@ def test_evaluate_with_a_spec_takes_its_episode_timeout(tmp_path: Path) -> None:
     res = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "-n", "1"])
     assert time.monotonic() - t0 < 40
     assert "timeout after 2 s on seed 0" in res.output and "every episode failed" in res.output, res.output
+
+
+#: One fixed problem (issue 43): the score depends on the candidate alone, so the task may be declared deterministic.
+DETERMINISTIC = '''
+FUNCTIONS = {"value": "value(x, params) -> float: a number"}
+
+def make_instance(seed):
+    return 1.0
+
+def evaluate(x, policy):
+    return -(float(policy.value(x)) - 2.0) ** 2
+'''
+
+ONE_NUMBER = '''
+PARAMETERS = {"b": {"default": 0.0, "low": -5.0, "high": 5.0}}
+
+def value(x, params):
+    return params["b"] * x
+'''
+
+
+def _deterministic_dir(tmp_path: Path, evaluator: str = DETERMINISTIC, declared: bool = True, **over: dict) -> Path:
+    task = {"kind": "evaluator", "evaluator": "evaluate.py", **({"deterministic": True} if declared else {})}
+    sections = {"task": task, "planner": {}, "gate": {"validation_episodes": 4, "max_share": 0.9},
+                "test": {}, **over}
+    return _spec_dir(tmp_path, evaluator, ONE_NUMBER, **sections)
+
+
+def _show(run: str, runs: Path) -> str:
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    res = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["show", run, "--runs-dir", str(runs)])
+    assert res.exit_code == 0, res.output
+    return " ".join(res.output.split())
+
+
+def test_a_deterministic_task_scores_each_distinct_candidate_once_and_promotes_only_strict_gains(
+        tmp_path: Path, monkeypatch) -> None:
+    """Issue 43: with [task] deterministic = true each candidate is scored once, on one instance (no repeats on the
+    same training instance, no 12 identical validation instances); a candidate proposed again is read back from the
+    ledger, never run or charged again; each promotion is a strict gain confirmed by one exact re-evaluation; show
+    says no statistics were needed."""
+    from conftest import RecordingExecutor
+    from test_refiner_contract import PLUGIN
+
+    from ratchet.refiners import registry
+
+    monkeypatch.syspath_prepend(str(PLUGIN))  # nudge: b ± 0.25 around the incumbent each round, three rounds
+    monkeypatch.setattr(registry, "KIND_MODULES", dict(registry.KIND_MODULES))
+    registry.register_kind("nudge", "nudge")
+    spec = load_spec(_deterministic_dir(tmp_path, refiners=[{"kind": "nudge", "step": 0.25}]))
+    ex = RecordingExecutor(ProcessExecutor(workers=1, episode_timeout_s=20))
+    try:
+        start_run(spec, tmp_path / "runs", run_id="d", executor=ex)
+    finally:
+        ex.inner.close()
+    events = read_events(tmp_path / "runs" / "d")
+    evals = [e.payload for e in events if e.type.value == "episodes_evaluated"]
+    assert all(ev["summary"]["n"] == 1 for ev in evals)  # one instance per evaluation, whatever the split
+    assert len({s for ev in evals if ev["split"] == "train" for s in ev["seeds"]}) == 1  # the same one each time
+    assert len(ex.jobs) == len(set(ex.jobs)) == len(evals)  # nothing ran twice
+    ids = {e.payload["candidate"]["params"]["b"]: e.payload["candidate"]["id"]
+           for e in events if e.type.value == "candidate_proposed"}
+    proposed = [e.key for e in events if e.type.value == "candidate_proposed" and e.key.endswith(ids[0.25])]
+    assert proposed == [f"proposed/1/{ids[0.25]}", f"proposed/3/{ids[0.25]}"]  # proposed twice, scored once:
+    assert sum(ev["candidate_id"] == ids[0.25] and ev["split"] == "train" for ev in evals) == 1
+    assert [(g["test"], g["promoted"], g["n"]) for g in (e.payload for e in events if e.type.value == "gate_decided")] \
+        == [("exact", True, 1)] * 3  # b 0 → 0.25 → 0.5 → 0.75: each a strict gain
+    last = [e.payload for e in events if e.type.value == "generation_finished"][-1]
+    assert last["episodes"] == sum(ev["summary"]["n"] for ev in evals if ev["split"] != "test")  # counted once
+    assert "no statistics were needed" in _show("d", tmp_path / "runs")
+    from ratchet.ledger.projection import project
+    from ratchet.report.html import render_report
+
+    assert "no statistics were needed" in render_report(project(events))  # the report says it too
+
+
+def test_a_deterministic_run_killed_and_resumed_writes_the_ledger_of_one_that_was_not(tmp_path: Path) -> None:
+    """Exact decisions and the elitist CMA-ES resume exactly: kill -9 (simulated) mid-run, resume, same events."""
+    from conftest import comparable
+
+    spec = load_spec(_deterministic_dir(tmp_path, refiners=[{"kind": "cmaes", "popsize": 4, "sigma0": 0.3}],
+                                        budget={"episodes": 40}))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        whole = start_run(spec, tmp_path / "a", run_id="r", executor=ex)
+    finally:
+        ex.close()
+    dying = Dying(die_after=17)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "b", run_id="r", executor=dying)
+    dying.close()
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        resumed = resume_run("r", tmp_path / "b", executor=ex)
+    finally:
+        ex.close()
+    assert resumed.incumbent == whole.incumbent and whole.test.mean > -0.5  # from -4 (b = 0) towards 0 (b = 2)
+    assert comparable(read_events(tmp_path / "b" / "r")) == comparable(read_events(tmp_path / "a" / "r"))
+
+
+NOISY = DETERMINISTIC.replace("return -(float(policy.value(x)) - 2.0) ** 2",
+                              "import numpy as np\n    return -(float(policy.value(x)) - 2.0) ** 2 "
+                              "+ float(np.random.default_rng().normal(0.0, 100.0))")
+
+
+def test_a_task_declared_deterministic_whose_re_evaluation_differs_is_said_so_and_not_promoted(tmp_path: Path) -> None:
+    """A re-evaluation that does not repeat the training score is recorded (not promoted, the two scores in the
+    reason), and show says clearly that the task is not deterministic."""
+    spec = load_spec(_deterministic_dir(tmp_path, NOISY, refiners=[{"kind": "cmaes", "popsize": 4, "sigma0": 0.3}],
+                                        budget={"episodes": 40}))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        start_run(spec, tmp_path / "runs", run_id="n", executor=ex)
+    finally:
+        ex.close()
+    events = read_events(tmp_path / "runs" / "n")
+    refused = [e.payload for e in events if e.type.value == "gate_decided"]
+    assert refused and all(g["stopped_because"] == "not_deterministic" and not g["promoted"] for g in refused)
+    assert f"candidate {refused[0]['candidate_id']} scored {refused[0]['training_score']!r}" in refused[0]["reason"]
+    assert not [e for e in events if e.type.value == "incumbent_changed"]
+    shown = _show("n", tmp_path / "runs")
+    assert "the task is not deterministic: candidate" in shown and "on re-evaluation" in shown
+    assert "validation_episodes" not in shown  # no advice to buy statistical power for what needs none
+
+
+def test_scores_that_look_deterministic_get_a_hint_to_declare_it(tmp_path: Path) -> None:
+    """A task not declared deterministic whose candidates score the same on every instance and every evaluation:
+    show says so, and how to declare it."""
+    spec = load_spec(_deterministic_dir(tmp_path, declared=False, planner={"train_episodes": 2},
+                                        refiners=[{"kind": "cmaes", "popsize": 4, "sigma0": 0.3}],
+                                        budget={"episodes": 40}, test={"episodes": 2}))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        start_run(spec, tmp_path / "runs", run_id="h", executor=ex)
+    finally:
+        ex.close()
+    shown = _show("h", tmp_path / "runs")
+    assert "scores look deterministic" in shown and "declare [task] deterministic = true" in shown

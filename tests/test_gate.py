@@ -438,3 +438,24 @@ def test_every_gate_is_driven_by_one_session_protocol(test):
         assert decision == gate.decide(ev("c", cand, seeds=range(60)), ev("i", inc, seeds=range(60)))
         with pytest.raises(ValueError, match="already been made"):
             session.add_evaluations(ev("c", cand), ev("i", inc))
+
+
+def test_the_exact_gate_promotes_a_strict_improvement_beyond_its_tolerance_without_statistics():
+    """A deterministic task's gate (``[gate] test = "exact"``): one validation episode each, promoted only when better
+    by more than tolerance × max(1, |incumbent|), never by rounding; an errored episode never promotes."""
+    from ratchet.gate import ExactGate, make_gate
+
+    g = make_gate("exact", 0.05, tolerance=1e-9)
+    assert isinstance(g, ExactGate) and g.first_look(50) == 1 and g.price(50) == 1
+    better = g.decide(ev("c", [2.63]), ev("i", [2.62]))
+    assert better.promoted and better.test == "exact" and better.n == 1 and "no statistics" in better.reason
+    assert not g.decide(ev("c", [1.0 + 1e-10]), ev("i", [1.0])).promoted  # rounding, not an improvement
+    assert g.decide(ev("c", [1.0 + 1e-8]), ev("i", [1.0])).promoted
+    assert not g.decide(ev("c", [1000.0 + 1e-7]), ev("i", [1000.0])).promoted  # relative: 1e-6 needed at 1000
+    assert not g.decide(ev("c", [5.0], errors=(0,)), ev("i", [1.0])).promoted
+    assert not g.decide(ev("c", [1.0]), ev("i", [1.0])).promoted
+    session = g.start(1, 50)  # the loop drives it as any gate: one batch of one seed
+    assert session.next_batch_size() == 1
+    assert session.add_evaluations(ev("c", [3.0]), ev("i", [2.0])) == "promote" and session.next_batch_size() == 0
+    with pytest.raises(ValueError, match="same seed"):
+        g.decide(ev("c", [3.0], seeds=[1]), ev("i", [2.0], seeds=[2]))

@@ -318,3 +318,27 @@ def test_the_progress_line_names_the_refiner_when_a_run_has_several():
             "budget": BudgetSpec(env_steps=100), "refiner": "residual", "gated": False, "gate_note": None}
     assert progress_line({**info, "n_refiners": 2}).startswith("gen   3 residual | best train")
     assert progress_line(info).startswith("gen   3 | best train")
+
+
+def test_an_elitist_search_draws_every_generation_around_the_incumbent():
+    """elitist (the default for a deterministic task): each generation's distribution is centred on the incumbent
+    again, however the samples before it did, so the search never drifts away from the best it has seen."""
+    from types import SimpleNamespace
+
+    from ratchet.refiners.cmaes import CMAESSettings, _build
+
+    prog = load_policy(DATA / "cartpole_linear.py")
+    parent = prog.candidate()
+    unit = [p.to_unit(parent.params[p.name]) for p in prog.parameters]
+    for elitist in (True, False):
+        r = CMAESRefiner(prog, sigma0=0.3, seed=1, elitist=elitist)
+        for _ in range(3):  # samples all worse than the incumbent; the mean moves to the best of them
+            pop = r.propose(parent, None, np.random.default_rng(0))
+            r.observe([evaluation(c.id, -10.0 + i) for i, c in enumerate(pop)])
+        r.propose(parent, None, np.random.default_rng(0))
+        assert np.allclose(r._es.mean, unit) == elitist
+    ctx = SimpleNamespace(program=prog, seed=0, task=SimpleNamespace(deterministic=True))
+    assert _build(CMAESSettings(), "cmaes", ctx)[0].elitist  # on by default for a deterministic task
+    assert not _build(CMAESSettings(elitist=False), "cmaes", ctx)[0].elitist
+    ctx.task.deterministic = False
+    assert not _build(CMAESSettings(), "cmaes", ctx)[0].elitist

@@ -418,6 +418,6 @@ def test_an_integer_literal_is_an_int_parameter_and_written_back_as_one(tmp_path
     assert kinds == {"main_c_L2": ("int", 4, 0, 8), "depth": ("float", 3.0, 2.5, 3.5),
                      "main_c_L4": ("float", 1.5, 0.0, 3.0)}
     rounds = next(p for p in program.parameters if p.type == "int")
-    assert {rounds.from_unit(u) for u in (0.0, 0.05, 0.5, 0.99, 1.0)} <= set(range(0, 9))
+    assert {rounds.from_unit(u) for u in (0.0, 0.05, 0.5, 0.99, 1.0)} <= set(range(9))
     files = Folder.from_source(program.source).with_values({**program.defaults, "main_c_L2": 7})
     assert "int rounds = 7;" in files["main.c"]

@@ -361,3 +361,27 @@ def test_spending_every_with_a_fixed_sample_test_says_which_tests_take_it(tmp_pa
                                         r"sequential tests \(test = \"betting\" or \"group-t\"\)"):
         load_spec(d, ["gate.spending=every"])
     assert load_spec(d, ["gate.spending=every", "gate.test=betting"]).gate.spending == "every"
+
+
+def test_a_deterministic_task_decides_exactly_and_scores_each_candidate_once_by_default(tmp_path):
+    """``[task] deterministic = true``: decide and test "exact", one training and one test episode per candidate;
+    a setting that asks for statistics, or "exact" on a task not declared deterministic, is refused in one line."""
+    (tmp_path / "policy.py").write_text(
+        'PARAMETERS = {"k": {"default": 0.0, "low": -1.0, "high": 1.0}}\ndef act(o, p):\n    return 0\n')
+    task = {"env_id": "CartPole-v1", "deterministic": True}
+    spec = spec_from_dict({"task": task, "budget": {"episodes": 200}}, tmp_path)
+    assert (spec.planner.decide, spec.gate.test, spec.planner.train_episodes, spec.test.episodes) == \
+        ("exact", "exact", 1, 1)
+    assert spec.gate.tolerance == 1e-9 and spec.task.deterministic
+    assert spec_from_dict(spec.to_dict(), tmp_path) == spec  # as the ledger records it
+    for extra, match in [({"planner": {"decide": "powered"}}, "decide = \"powered\" does not apply"),
+                         ({"gate": {"test": "t"}}, "test = \"t\" does not apply"),
+                         ({"planner": {"train_episodes": 5}}, "scores each candidate once"),
+                         ({"gate": {"tolerance": -1.0}}, "tolerance")]:
+        with pytest.raises(SpecError, match=match):
+            spec_from_dict({"task": task, **extra}, tmp_path)
+    for extra in ({"planner": {"decide": "exact"}}, {"gate": {"test": "exact"}}):
+        with pytest.raises(SpecError, match="needs \\[task\\] deterministic = true"):
+            spec_from_dict({"task": {"env_id": "CartPole-v1"}, **extra}, tmp_path)
+    with pytest.raises(SpecError, match="deterministic"):
+        spec_from_dict({"task": {"kind": "game", "game": "openspiel:kuhn_poker", "deterministic": True}}, tmp_path)

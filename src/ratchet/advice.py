@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["parameters_at_bounds", "run_advice"]
+__all__ = ["determinism_notes", "parameters_at_bounds", "run_advice"]
 
 _SCREEN = ("not better on training seeds", "training mean")
 _SHARE = "validation would take"
@@ -95,7 +95,8 @@ def run_advice(state: Any) -> list[str]:
                        f"the search is not finding better candidates: {step}more [planner] train_episodes for less "
                        "noisy ranking" + (", or wider parameter bounds" if step else "") + rescue)
         # refused for want of evidence: not those a guard refused after the test passed (a game's cycle guards)
-        rejected = [g for g in state.gates if not g.get("promoted") and not (
+        # (an exact decision needs no evidence: determinism_notes speaks of those)
+        rejected = [g for g in state.gates if not g.get("promoted") and g.get("test") != "exact" and not (
             isinstance(g.get("p_value"), (int, float)) and isinstance(g.get("alpha"), (int, float))
             and g["p_value"] < g["alpha"])]
         gains = [g["mean_diff"] for g in rejected if isinstance(g.get("mean_diff"), (int, float))
@@ -117,3 +118,51 @@ def run_advice(state: Any) -> list[str]:
                        f"[gate] validation_episodes (now {gate.get('validation_episodes')}), or use test = \"betting\" "
                        "with validation_episodes = 100–200 (it stops early when the evidence is clear)")
     return out + parameters_at_bounds(state)
+
+
+#: Most candidates evaluated more than once before :func:`determinism_notes` calls a task's scores deterministic.
+_SEEN_TWICE = 2
+
+
+def determinism_notes(state: Any) -> list[str]:
+    """What the run's scores say about determinism, one line each (``ratchet show`` and the report).
+
+    A task declared deterministic (``[task] deterministic``): that no statistics were needed, or — when a candidate
+    scored differently on a re-evaluation (a gate's ``stopped_because = "not_deterministic"``, or two evaluations of
+    one candidate that differ, its test included) — that the task is not deterministic, naming the candidate and the
+    two scores. Any other task whose every candidate evaluated more than once (at least two of them, no errored
+    episode) scored the same on every seed and evaluation: a hint to declare it. Empty otherwise.
+
+    Args:
+        state: A projected run (:class:`ratchet.ledger.projection.RunState`).
+    """
+    task = state.task or {}
+    scores: dict[str, list[float]] = {}  # candidate id -> every clean score, in the order recorded
+    errored = False
+    for ev in state.evaluations:
+        for ep in ev["episodes"]:
+            if ep.get("error") is None:
+                scores.setdefault(ev["candidate_id"], []).append(float(ep["episode_return"]))
+            else:
+                errored = True
+    differs = next(((cid, s[0], next(x for x in s if x != s[0])) for cid, s in scores.items() if len(set(s)) > 1),
+                   None)
+    if task.get("deterministic"):
+        refused = [g for g in state.gates if g.get("stopped_because") == "not_deterministic"]
+        if refused:
+            return [f"{len(refused)} decision(s) found a re-evaluation that differs: {refused[0]['reason']}"]
+        if differs is not None:
+            cid, a, b = differs
+            return [(f"the task is not deterministic: candidate {cid} scored {a!r} and {b!r} on re-evaluation; "
+                     "[task] deterministic = true does not hold for this task")]
+        n = sum(len(s) for s in scores.values())
+        return [(f"deterministic task ([task] deterministic): each distinct candidate was scored once ({len(scores)} "
+                 f"candidates, {n} evaluations with the exact re-evaluations and the test); a promotion needed a strict "
+                 "improvement beyond [gate] tolerance confirmed by an exact re-evaluation: no statistics were needed")]
+    repeated = [s for s in scores.values() if len(s) > 1]
+    if errored or differs is not None or len(repeated) < _SEEN_TWICE:
+        return []
+    return [(f"scores look deterministic: each of the {len(repeated)} candidates evaluated more than once scored the "
+             "same on every seed and every evaluation; if the task's score depends on the candidate alone, declare "
+             "[task] deterministic = true: each candidate is then scored once and promoted by an exact comparison, "
+             "without repeats on identical instances or statistics")]

@@ -484,9 +484,11 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row(f"correction round {c['round']}",
                   _safe(f"{c['who']} controlled {c['person_steps']:,} of {c['env_steps']:,} env steps in "
                         f"{c['episodes']} episode(s) of {c['candidate_id']}\n{verdict}", 1000, multiline=True))
-    if st.status == "finished":
-        from ratchet.advice import run_advice
+    from ratchet.advice import determinism_notes, run_advice
 
+    for line in determinism_notes(st):  # a deterministic task's decisions, or a hint to declare one
+        t.add_row("determinism", _safe(line, 1000))
+    if st.status == "finished":
         for line in run_advice(st):
             t.add_row("advice", _safe(line, 1000))
     if data["test_worst_seeds"]:

@@ -14,7 +14,7 @@ from ratchet.critic import Evaluation
 
 _NORMAL = NormalDist()
 
-__all__ = ["Decision", "FixedSession", "Gate", "GateSession", "PairedTestGate", "SequentialGate", "betting_log_capital",
+__all__ = ["Decision", "ExactGate", "FixedSession", "Gate", "GateSession", "PairedTestGate", "SequentialGate", "betting_log_capital",
            "fallback_level", "group_sequential_level", "make_gate", "spending_level", "worse_against"]
 
 
@@ -90,10 +90,11 @@ class Gate(Protocol):
 class FixedSession:
     """A fixed-n decision as a session of one batch: every seed at once, then :meth:`PairedTestGate.decide`.
 
-    Made by :meth:`PairedTestGate.start`; the same calls as :class:`GateSession`.
+    Made by :meth:`PairedTestGate.start` (and :meth:`ExactGate.start`, one seed); the same calls as
+    :class:`GateSession`.
     """
 
-    def __init__(self, gate: PairedTestGate, k: int, cap: int, carry: float) -> None:
+    def __init__(self, gate: PairedTestGate | ExactGate, k: int, cap: int, carry: float) -> None:
         self.gate, self.k, self.cap, self.carry = gate, k, cap, carry
         self._decision: Decision | None = None
         self.n = 0
@@ -724,15 +725,86 @@ class SequentialGate:
         return session.decision()
 
 
-def make_gate(test: str = "t", alpha: float = 0.05, **settings: Any) -> PairedTestGate | SequentialGate:
-    """The gate a ``[gate] test`` setting names: ``"t"`` / ``"wilcoxon"`` (:class:`PairedTestGate`, fixed n) or
-    ``"betting"`` / ``"group-t"`` (:class:`SequentialGate`). ``settings`` go to the constructor.
+class ExactGate:
+    """The gate of a deterministic task (``[gate] test = "exact"``, :attr:`ratchet.tasks.Task.deterministic`): one
+    validation episode each, no statistics. A candidate is promoted when it finished its episode without an error and
+    its score beats the incumbent's by more than ``max(min_improvement, tolerance × max(1, |incumbent's score|))``
+    (:meth:`margin`): a strict improvement, never one of rounding. The decider (:mod:`ratchet.deciders.exact`) checks
+    first that this validation episode repeats the candidate's training score exactly.
+
+    Args:
+        alpha: Kept for the :class:`Gate` protocol (alpha spending is not used: no test is made); in (0, 1).
+        min_improvement: Smallest gain that promotes (return units, ≥ 0).
+        tolerance: Relative tolerance (≥ 0; return units for scores below 1 in magnitude).
+
+    Raises:
+        ValueError: a setting out of range.
+    """
+
+    spending = "none"
+
+    def __init__(self, alpha: float = 0.05, min_improvement: float = 0.0, tolerance: float = 1e-9) -> None:
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if not (math.isfinite(min_improvement) and min_improvement >= 0 and math.isfinite(tolerance)
+                and tolerance >= 0):
+            raise ValueError(f"min_improvement and tolerance must be finite and >= 0, got {min_improvement} and "
+                             f"{tolerance}")
+        self.alpha, self.min_improvement, self.tolerance = alpha, min_improvement, tolerance
+
+    def margin(self, incumbent_score: float) -> float:
+        """How much a candidate's score must exceed ``incumbent_score`` to be promoted (return units)."""
+        return max(self.min_improvement, self.tolerance * max(1.0, abs(incumbent_score)))
+
+    def decide(self, candidate: Evaluation, incumbent: Evaluation, k: int = 1, carry: float = 0.0) -> Decision:
+        """Compare the first validation episode of each (the same seed).
+
+        Raises:
+            ValueError: either evaluation is empty, or they start on different seeds.
+        """
+        if not candidate.n or not incumbent.n or candidate.seeds[0] != incumbent.seeds[0]:
+            raise ValueError("candidate and incumbent must each have one validation episode on the same seed")
+        c, i = candidate.episodes[0], incumbent.episodes[0]
+        diff = c.episode_return - i.episode_return if c.error is None else 0.0
+        need = self.margin(i.episode_return)
+        promoted = c.error is None and diff > need
+        if c.error is not None:
+            reason = f"failed its validation episode: {' '.join(str(c.error).split())[:200]}"
+        elif promoted:
+            reason = (f"better by {diff:+.9g} ({c.episode_return:.9g} vs {i.episode_return:.9g}; exact, no statistics "
+                      "needed)")
+        else:
+            reason = (f"not better by more than the tolerance {need:.3g}: {c.episode_return:.9g} vs "
+                      f"{i.episode_return:.9g}")
+        return Decision(candidate.candidate_id, incumbent.candidate_id, promoted, 0.0 if promoted else 1.0, diff, 1,
+                        "exact", 0.0, reason, episodes_used=1, stopped_because="exact")
+
+    def start(self, k: int = 1, cap: int = 50, *, lower_bound: float | None = None, candidate_id: str = "",
+              incumbent_id: str = "", carry: float = 0.0) -> FixedSession:
+        """A session of one batch of one validation seed (``cap`` is ignored: one episode decides)."""
+        return FixedSession(self, k, 1, carry)
+
+    def first_look(self, n_validation: int) -> int:
+        """One validation episode (of ``n_validation`` seeds)."""
+        return min(1, n_validation)
+
+    def price(self, n_validation: int) -> int:
+        """One validation episode per decision."""
+        return min(1, n_validation)
+
+
+def make_gate(test: str = "t", alpha: float = 0.05, **settings: Any) -> PairedTestGate | SequentialGate | ExactGate:
+    """The gate a ``[gate] test`` setting names: ``"t"`` / ``"wilcoxon"`` (:class:`PairedTestGate`, fixed n),
+    ``"betting"`` / ``"group-t"`` (:class:`SequentialGate`) or ``"exact"`` (:class:`ExactGate`, a deterministic
+    task). ``settings`` go to the constructor.
 
     Raises:
         ValueError: an unknown ``test`` or setting.
     """
+    if test == "exact":
+        return ExactGate(alpha=alpha, **settings)
     if test in ("t", "wilcoxon"):
         return PairedTestGate(alpha=alpha, test=test, **settings)
     if test in ("betting", "group-t"):
         return SequentialGate(alpha=alpha, method=test, **settings)
-    raise ValueError(f"test must be \"t\", \"wilcoxon\", \"betting\" or \"group-t\", got {test!r}")
+    raise ValueError(f"test must be \"t\", \"wilcoxon\", \"betting\", \"group-t\" or \"exact\", got {test!r}")

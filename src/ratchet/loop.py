@@ -132,6 +132,7 @@ class _Run(RunServices):
                                         spec.planner.gate_candidate, spec.planner.weakness_share,
                                         spec.planner.pool_size)
         self.planner.unit = self.task.cost_unit
+        self.planner.same_seeds = self.task.deterministic  # a candidate proposed again is read back, not rerun
         self._trained: set[str] = set()  # candidates with a training evaluation (a new one is search, not re-evaluation)
         confirmation = spec.planner.confirmation_reserve(spec.gate.validation_episodes)
         paired = DECIDERS[spec.planner.decide].pairs_with_incumbent

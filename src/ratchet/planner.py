@@ -262,15 +262,18 @@ class IncumbentPlanner:
         self.pool = WeaknessPool(pool_size)
         #: What the env-step budget counts, for messages (the task's cost unit: ``"instances"``, ``"items"``).
         self.unit = "env steps"
+        #: Whether every generation trains on the same seeds (a deterministic task, :attr:`ratchet.tasks.Task.
+        #: deterministic`: a candidate proposed again is read back from the ledger, never scored twice).
+        self.same_seeds = False
 
     def plan(self, generation: int) -> Plan:
         """Plan ``generation`` (1-based): ``train_episodes`` seeds, a ``weakness_share`` of them from the
-        weakness pool (when it has any) and the rest fresh. Deterministic given the run seed and the
+        weakness pool (when it has any) and the rest fresh (with :attr:`same_seeds`, the first generation's). Deterministic given the run seed and the
         pool's history, so a resumed run plans the same seeds."""
         n_weak = round(self.weakness_share * self.train_episodes)
         rng = np.random.default_rng([self.splits.run_seed, generation, 7])
         weak = self.pool.sample(n_weak, rng)
-        start = (generation - 1) * self.train_episodes
+        start = 0 if self.same_seeds else (generation - 1) * self.train_episodes
         fresh = self.splits.seeds("train", start, self.train_episodes - len(weak))
         return Plan(generation, tuple(fresh + weak), tuple(weak))
 

@@ -112,6 +112,7 @@ class RunServices:
         # (the league's members: Task.after_promotion)
         self._payoffs: dict[str, dict[str, list[float]]] = {}
         self._incumbents: list[str] = [self.start.id]
+        self._counted: set[str] = set()  # a deterministic task's evaluations charged to the usage (charged once)
 
     def artifact(self, name: str) -> bytes:
         """An artifact's bytes by digest (read from the ledger's store once per session)."""
@@ -566,9 +567,15 @@ class RunServices:
                     acc[0] += row["mean"] * row["n"]
                     acc[1] += row["n"]
         # every env step of every episode counts, whatever ended it (terminated, truncated, error, timeout);
-        # a candidate listed twice ran once
+        # a candidate listed twice ran once; on a deterministic task an evaluation read back (a candidate proposed
+        # again) ran once too (a resumed run counts the same, in the same order)
         for cand_id in dict.fromkeys(c.id for c in candidates):
             ev = out[cand_id]
+            if self.task.deterministic:
+                key = eval_key(split, cand_id, seeds)
+                if key in self._counted:
+                    continue
+                self._counted.add(key)
             if split != "test":
                 self.usage.env_steps += ev.env_steps
                 self.usage.episodes += ev.n

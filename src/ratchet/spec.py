@@ -107,6 +107,12 @@ class TaskSpec(_Section):
     success_threshold: float | None = Field(None, description="Return (an evaluator's score) at or above which an "
                                             "episode succeeds; default: the env's reward_threshold.",
                                             json_schema_extra={"unit": "return units"})
+    deterministic: bool = Field(False, description="The score is deterministic: a candidate scores the same on "
+                                "every seed and every time (one fixed problem, as circle packing). Each distinct "
+                                "candidate is then scored once, and the gate promotes a strict improvement beyond "
+                                "[gate] tolerance, confirmed by one exact re-evaluation: no statistics ([planner] "
+                                "decide = \"exact\", [gate] test = \"exact\", train_episodes and [test] episodes 1 "
+                                "by default). Evaluator and gym tasks.")
     action: Literal["error", "clip"] = Field("error", description="Invalid actions: make the episode an error, or clip.")
     max_episode_steps: int | None = Field(None, gt=0, le=MAX_EPISODE_STEPS,
                                           description="Override the env's time limit (env steps per episode); "
@@ -148,6 +154,7 @@ class TaskSpec(_Section):
         game_keys += ["objective"] if self.objective != "payoff" else []
         if self.kind == "game":
             wrong = [k for k in ("env_id", "evaluator", "max_episode_steps", "description") if getattr(self, k) is not None]
+            wrong += ["deterministic"] if self.deterministic else []
             wrong += [k for k in ("env_kwargs", "options") if getattr(self, k)]
             wrong += ["action"] if self.action != "error" else []
             if wrong:
@@ -292,12 +299,17 @@ class GateSpec(_Section):
 
     alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of the one-sided paired test.",
                          json_schema_extra={"unit": "probability"})
-    test: Literal["t", "wilcoxon", "betting", "group-t"] = Field(
+    test: Literal["t", "wilcoxon", "betting", "group-t", "exact"] = Field(
         "t", description="Paired test on the validation seeds: the paired t-test (about the mean return), the "
                          "Wilcoxon signed-rank test (rank based, robust to heavy tails), or a sequential test that "
                          "reads the validation seeds in batches and stops when the evidence decides: \"betting\" "
                          "(an e-process, valid for any distribution within return_range) or \"group-t\" "
-                         "(group-sequential t-test).")
+                         "(group-sequential t-test). \"exact\" (the default of a [task] deterministic task, and "
+                         "only there): one validation episode, better by more than tolerance, no statistics.")
+    tolerance: float = Field(1e-9, ge=0, le=1, description="test = \"exact\": a candidate is promoted only when its "
+                             "score beats the incumbent's by more than tolerance × max(1, |incumbent's score|) "
+                             "(and min_improvement): rounding never promotes.",
+                             json_schema_extra={"unit": "relative (return units below 1)"})
     validation_episodes: int = Field(50, ge=2, le=MAX_EPISODES, description="Number of fixed validation seeds "
                                      "(episodes per candidate at each gate; for sequential tests the most a "
                                      "decision may read).",
@@ -338,6 +350,8 @@ class GateSpec(_Section):
         :class:`~ratchet.gate.PairedTestGate` or a :class:`~ratchet.gate.SequentialGate`."""
         from ratchet.gate import make_gate
 
+        if self.test == "exact":
+            return make_gate("exact", self.alpha, min_improvement=self.min_improvement, tolerance=self.tolerance)
         sequential = self.test in ("betting", "group-t")
         return make_gate(self.test, self.alpha, min_improvement=self.min_improvement, spending=self.spending,
                          max_new_failures=self.max_new_failures,
@@ -401,8 +415,10 @@ class PlannerSpec(_Section):
                                     "formatting, comments and docstrings with the same values; recorded as "
                                     "proposal_rejected and told to its refiner (an LLM's next prompt says so). false: "
                                     "evaluate it again on fresh seeds.")
-    decide: Literal["powered", "every", "end"] = Field(
-        "every", description="When the gate decides: \"powered\" keeps the best candidates seen so far on a "
+    decide: Literal["powered", "every", "end", "exact"] = Field(
+        "every", description="When the gate decides: \"exact\" (the default of a [task] deterministic task, and "
+                               "only there): each generation's best, when its one score beats the incumbent's "
+                               "by more than [gate] tolerance, confirmed by an exact re-evaluation; \"powered\" keeps the best candidates seen so far on a "
                                "shortlist and certifies one only when its expected gain makes the decision likely "
                                "to pass (power), and once more when the budget ends the search; \"end\" keeps the "
                                "shortlist and decides once, when the budget ends the search (the search spends the "
@@ -435,8 +451,9 @@ class PlannerSpec(_Section):
 
     def confirmation_reserve(self, validation_episodes: int) -> int:
         """Episodes of the round of confirmation the search keeps in reserve with its validation (``decide =
-        "powered"`` and ``"end"``; 0 for ``"every"``): ``confirm_top`` + 2 candidates × :meth:`confirm_seeds`."""
-        if self.decide == "every":
+        "powered"`` and ``"end"``; 0 for ``"every"`` and ``"exact"``): ``confirm_top`` + 2 candidates ×
+        :meth:`confirm_seeds`."""
+        if self.decide in ("every", "exact"):
             return 0
         return (self.confirm_top + 2) * self.confirm_seeds(validation_episodes)
 
@@ -579,7 +596,7 @@ class RunSpec(_Section):
         ledger records."""
         if not isinstance(data, dict):
             return data
-        data = _move_loop_settings(data)
+        data = _deterministic_defaults(_move_loop_settings(data))
         budget = data.get("budget")
         episodes = budget.get("episodes") if isinstance(budget, dict) else None
         if type(episodes) is not int or not 0 < episodes <= SMALL_EPISODE_BUDGET:
@@ -604,6 +621,27 @@ class RunSpec(_Section):
         mirror = {k: getattr(self.planner, k) for k in _MOVED_TO_PLANNER}
         if any(getattr(self.refiner, k) != v for k, v in mirror.items()):
             object.__setattr__(self, "refiner", self.refiner.model_copy(update=mirror))
+        return self
+
+    @model_validator(mode="after")
+    def _exact_only_when_deterministic(self) -> RunSpec:
+        """``[planner] decide = "exact"`` and ``[gate] test = "exact"`` go together, and only with ``[task]
+        deterministic = true`` (a noisy score needs the statistics); a deterministic task scores each candidate once."""
+        exact = {"[planner] decide": self.planner.decide == "exact", "[gate] test": self.gate.test == "exact"}
+        if self.task.deterministic:
+            other = [f"{k} = \"{self.planner.decide if k.startswith('[planner]') else self.gate.test}\""
+                     for k, on in exact.items() if not on]
+            if other:
+                raise ValueError(f"[task] deterministic = true decides without statistics: {', '.join(other)} does not "
+                                 "apply; remove it (the default is \"exact\")")
+            if self.planner.train_episodes != 1 or self.planner.weakness_share:
+                raise ValueError(f"[task] deterministic = true scores each candidate once: remove [planner] "
+                                 f"train_episodes = {self.planner.train_episodes} and weakness_share (the default is 1 "
+                                 "and 0)")
+        elif any(exact.values()):
+            key = next(k for k, on in exact.items() if on)
+            raise ValueError(f"{key} = \"exact\" needs [task] deterministic = true (a score that varies needs a "
+                             "statistical test)")
         return self
 
     @model_validator(mode="after")
@@ -743,6 +781,22 @@ class RunSpec(_Section):
 
 #: Loop-wide settings older specs wrote in ``[refiner]``; they belong to ``[planner]``.
 _MOVED_TO_PLANNER = ("train_episodes", "gate_candidate")
+
+
+def _deterministic_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of a ``[task] deterministic = true`` spec: ``[planner] decide`` and ``[gate] test`` ``"exact"``,
+    ``[planner] train_episodes`` and ``[test] episodes`` 1 (each candidate is scored once; the test is one more exact
+    re-evaluation). Settings the spec gives are kept (and checked by ``RunSpec._exact_only_when_deterministic``)."""
+    task = data.get("task")
+    if not isinstance(task, dict) or task.get("deterministic") is not True:
+        return data
+    out = dict(data)
+    for section, defaults in (("planner", {"decide": "exact", "train_episodes": 1}), ("gate", {"test": "exact"}),
+                              ("test", {"episodes": 1})):
+        table = out.get(section, {})
+        if isinstance(table, dict):
+            out[section] = {**defaults, **table}
+    return out
 
 
 def _refiner_beside_refiners(data: dict[str, Any]) -> str | None:

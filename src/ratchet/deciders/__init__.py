@@ -3,9 +3,11 @@
 
 - ``"every"``: :class:`~ratchet.deciders.every.EveryGeneration`, each generation's best contender;
 - ``"powered"``: :class:`~ratchet.deciders.powered.Powered`, the shortlist's best when a decision is likely to pass;
-- ``"end"``: :class:`~ratchet.deciders.powered.AtTheEnd`, once, when the search ends.
+- ``"end"``: :class:`~ratchet.deciders.powered.AtTheEnd`, once, when the search ends;
+- ``"exact"``: :class:`~ratchet.deciders.exact.Exact`, a deterministic task's: a strict improvement confirmed by an
+  exact re-evaluation, no statistics.
 
-Every mode ends with the final decision over the shortlist (:mod:`ratchet.deciders.certify`) where it concludes.
+Every statistical mode ends with the final decision over the shortlist (:mod:`ratchet.deciders.certify`) where it concludes.
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ from typing import TYPE_CHECKING
 from ratchet.deciders.base import Decider, Outcome, paired_sd
 from ratchet.deciders.certify import Certifier
 from ratchet.deciders.every import EveryGeneration
+from ratchet.deciders.exact import Exact
 from ratchet.deciders.powered import AtTheEnd, Powered
 from ratchet.planner import Budget, IncumbentPlanner, Pricing
 
 if TYPE_CHECKING:
     from ratchet.services import RunServices
 
-__all__ = ["DECIDERS", "AtTheEnd", "Certifier", "Decider", "EveryGeneration", "Outcome", "Powered", "build_decider",
-           "paired_sd"]
+__all__ = ["DECIDERS", "AtTheEnd", "Certifier", "Decider", "EveryGeneration", "Exact", "Outcome", "Powered",
+           "build_decider", "paired_sd"]
 
 #: ``[planner] decide`` → its decider.
-DECIDERS: dict[str, type[Decider]] = {"every": EveryGeneration, "powered": Powered, "end": AtTheEnd}
+DECIDERS: dict[str, type[Decider]] = {"every": EveryGeneration, "powered": Powered, "end": AtTheEnd, "exact": Exact}
 
 
 def build_decider(services: RunServices, planner: IncumbentPlanner, prices: Pricing, budget: Budget) -> Decider:

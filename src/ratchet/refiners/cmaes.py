@@ -54,6 +54,11 @@ class CMAESSettings(BaseModel):
     stagnation: int = Field(10, ge=1, le=1_000_000, description="Generations without progress before a restart "
                                                                 "(see `restarts`).",
                             json_schema_extra={"unit": "generations"})
+    elitist: bool | None = Field(
+        None, description="Elitist search: every generation's samples are drawn around the incumbent (the "
+                          "distribution's mean moves back to it before each generation; its step size and covariance "
+                          "keep adapting), and a step size that collapses restarts it there, so the search never loses "
+                          "the best it has seen. Default: on for a [task] deterministic task, off otherwise.")
     follow: Literal["own", "incumbent"] = Field(
         "incumbent", description="On a promotion: \"own\" keeps the search on its own path (the distribution as it is); "
                            "\"incumbent\" moves the distribution's mean to the promoted candidate.")
@@ -118,6 +123,10 @@ class CMAESRefiner(Refiner):
             ``"rescue"``).
         name: Name recorded as the candidates' refiner (default ``"cmaes"``).
         follow: ``"own"`` or ``"incumbent"`` (see above).
+        elitist: Draw every generation around the incumbent (the parent): the mean moves back to it before each
+            generation, so the search never loses the best it has seen; a step size below 1e-4 restarts it there with
+            ``sigma0``. The default for a deterministic task (:attr:`ratchet.tasks.Task.deterministic`), where the
+            incumbent's score is exact and a search that drifts away from it wastes evaluations.
     """
 
     name = "cmaes"
@@ -127,9 +136,10 @@ class CMAESRefiner(Refiner):
 
     def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0,
                  restarts: str = "none", stagnation: int = 10, name: str | None = None,
-                 follow: str = "incumbent") -> None:
+                 follow: str = "incumbent", elitist: bool = False) -> None:
         self.program = program
         self.follow = follow
+        self.elitist = elitist
         self.sigma0 = sigma0
         self.popsize = popsize
         self.seed = seed
@@ -253,7 +263,8 @@ class CMAESRefiner(Refiner):
                     self.popsize = 2 * self.population_size
                 self._restart_due, self._best, self._stale = False, float("-inf"), 0
             self._start(parent)
-        elif parent.id != self._parent_id and self.follow == "incumbent":  # a promotion: follow the new incumbent
+        elif self.elitist or (parent.id != self._parent_id and self.follow == "incumbent"):
+            # a promotion: follow the new incumbent (elitist: every generation starts from it)
             x = np.clip(self.flatten(parent.params), 0.0, 1.0)
             self._es.mean = np.concatenate([x, self._es.mean[len(x):]])
         self._parent_id, self._parent = parent.id, parent
@@ -288,6 +299,8 @@ class CMAESRefiner(Refiner):
         worst = (max(finite) + abs(max(finite)) + 1.0) if finite else 0.0
         self._es.tell([x for _, x in self._asked], [worst if f is None else f for f in fits])
         self._asked = []
+        if self.elitist and self._es.sigma < 1e-4:  # collapsed around the incumbent: start again there
+            self._restart_due = True
         if self.restarts != "none" and finite and self._rescuing:  # "rescue" after a promotion: never restart
             gen_best = -min(finite)
             if self.restarts == "ipop":
@@ -350,8 +363,9 @@ def _build(settings: CMAESSettings, name: str, ctx: Any) -> list[CMAESRefiner]:
     s = settings
     variants = s.sigma0_variants or [s.sigma0]
     names = [f"{name}-s{v:g}" for v in variants] if s.sigma0_variants else [name]
+    elitist = s.elitist if s.elitist is not None else ctx.task.deterministic
     return [CMAESRefiner(ctx.program, v, s.popsize, seed=ctx.seed + i, restarts=s.restarts, stagnation=s.stagnation,
-                         name=n, follow=s.follow) for i, (n, v) in enumerate(zip(names, variants))]
+                         name=n, follow=s.follow, elitist=elitist) for i, (n, v) in enumerate(zip(names, variants))]
 
 
 def _kinds() -> dict[str, Any]:

@@ -204,8 +204,13 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     if state.baseline_id and state.incumbent_id:
         parts.append(_policy_changes(state, artifacts or {}))
 
+    # a deterministic task's decisions (no statistics), or a hint to declare one
+    from ratchet.advice import determinism_notes, run_advice
+
+    notes = determinism_notes(state)
+    if notes:
+        parts.append("<h2>Determinism</h2><ul>" + "".join(f"<li>{esc(line)}</li>" for line in notes) + "</ul>")
     # what to change, when the run promoted little
-    from ratchet.advice import run_advice
 
     advice = run_advice(state) if state.status == "finished" else []
     if advice:

@@ -136,6 +136,14 @@ class Task(Protocol):
         that rival). Empty: no such check."""
 
     @property
+    def deterministic(self) -> bool:
+        """Whether the task declares its score deterministic (``[task] deterministic``): a candidate scores the same
+        on every seed and every time it is evaluated, so each distinct candidate is scored once and the gate
+        promotes a strict improvement confirmed by one exact re-evaluation (``[planner] decide = "exact"``,
+        :mod:`ratchet.deciders.exact`); training seeds are then the same every generation. False for a task
+        whose kind cannot declare it (a class attribute will do)."""
+
+    @property
     def batched_rollouts(self) -> bool:
         """Whether the task also implements :class:`BatchedRollouts` (several episodes of one policy stepped at once;
         a class attribute will do): executors with trusted rollouts then call its ``run_batch``, else

@@ -52,6 +52,11 @@ Seeds keep ratchet's three splits. A generated seed carries its split (``seed % 
 split ``i % 3`` unless ``SPLITS`` says otherwise; each split draws only its own instances
 (:meth:`EvaluatorTask.seed_pools`).
 
+One fixed problem whose score depends on the candidate alone (``make_instance`` ignores the seed, as circle
+packing's) is declared with ``[task] deterministic = true`` (:attr:`EvaluatorTask.deterministic`): each distinct
+candidate is then scored once, and a promotion is a strict improvement confirmed by an exact re-evaluation
+(:mod:`ratchet.deciders.exact`).
+
 The evaluator's source is stored with the task (in the ledger), so a replay or a resume runs the same code;
 a changed file starts a new run. Files the evaluator reads itself are the user's to keep unchanged.
 """
@@ -339,6 +344,9 @@ class EvaluatorTask:
         label: What people and prompts call the task (``[task] name``); default the evaluator file's stem.
         options: Settings for the evaluator (``[task] options``, JSON values), its module global ``OPTIONS``
             before it runs: one evaluator file may serve several instance kinds or sizes.
+        deterministic: ``[task] deterministic``: the score depends on the candidate alone, not on the instance's
+            seed nor on when it runs (one fixed problem, as circle packing), so each distinct candidate is scored
+            once (:attr:`ratchet.tasks.Task.deterministic`).
 
     Raises:
         TaskError: the module fails to load, or its declarations are malformed (one line saying which).
@@ -355,6 +363,7 @@ class EvaluatorTask:
     success_threshold: float | None = None
     label: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    deterministic: bool = False
     _digest: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -374,7 +383,7 @@ class EvaluatorTask:
 
     @classmethod
     def from_file(cls, path: str | Path, success_threshold: float | None = None, name: str | None = None,
-                  options: Mapping[str, Any] | None = None) -> EvaluatorTask:
+                  options: Mapping[str, Any] | None = None, deterministic: bool = False) -> EvaluatorTask:
         """Read the evaluator at ``path``.
 
         Raises:
@@ -390,7 +399,7 @@ class EvaluatorTask:
             source = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise TaskError(f"cannot read evaluator {p}: {exc}") from None
-        return cls(str(p.resolve()), source, success_threshold, name, dict(options or {}))
+        return cls(str(p.resolve()), source, success_threshold, name, dict(options or {}), deterministic)
 
     def _module(self) -> tuple[types.ModuleType, _Declared]:
         """The loaded module and its declarations (loaded once per process and source).
@@ -513,7 +522,8 @@ class EvaluatorTask:
         return {"kind": "evaluator", "evaluator": self.path, "source": self.source, "sha256": self._digest,
                 "cost_unit": self.cost_unit, "episode_unit": self.episode_unit, "return_name": self.return_name,
                 "success_threshold": self.success_threshold, **({"name": self.label} if self.label else {}),
-                **({"options": dict(self.options)} if self.options else {})}
+                **({"options": dict(self.options)} if self.options else {}),
+                **({"deterministic": True} if self.deterministic else {})}
 
     @classmethod
     def from_spec(cls, table: Any) -> EvaluatorTask:
@@ -525,7 +535,8 @@ class EvaluatorTask:
         if not t.get("evaluator"):
             raise TaskError("[task] kind = \"evaluator\" needs evaluator = \"evaluate.py\" (the module that scores "
                             "a policy on problem instances)")
-        return cls.from_file(t["evaluator"], t.get("success_threshold"), t.get("name"), t.get("options"))
+        return cls.from_file(t["evaluator"], t.get("success_threshold"), t.get("name"), t.get("options"),
+                             bool(t.get("deterministic")))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvaluatorTask:
@@ -534,7 +545,8 @@ class EvaluatorTask:
         Raises:
             TaskError: the stored source does not match its SHA-256.
         """
-        task = cls(str(d["evaluator"]), d["source"], d.get("success_threshold"), d.get("name"), d.get("options") or {})
+        task = cls(str(d["evaluator"]), d["source"], d.get("success_threshold"), d.get("name"), d.get("options") or {},
+                   bool(d.get("deterministic")))
         if d.get("sha256") not in (None, task._digest):
             raise TaskError("the stored evaluator source does not match its SHA-256; the ledger is corrupt")
         return task

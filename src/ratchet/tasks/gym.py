@@ -31,6 +31,9 @@ class GymTask:
         threshold_registered: Whether ``success_threshold`` is the env's registered ``reward_threshold`` (True) or
             the user's (False), for :meth:`success_rule`; None (the default) decides from ``success_threshold``:
             True when it is None and filled in from the registry, else False.
+        deterministic: ``[task] deterministic``: every episode of a policy returns the same, whatever its seed
+            (an environment whose reset ignores the seed), so each candidate is scored once
+            (:attr:`ratchet.tasks.Task.deterministic`).
 
     Raises:
         TaskError: the id is not registered (the message lists close matches), ``env_kwargs`` and
@@ -50,6 +53,7 @@ class GymTask:
     max_episode_steps: int | None = None
     description: str | None = None
     threshold_registered: bool | None = field(default=None, compare=False)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.action_mode not in ("error", "clip"):
@@ -268,7 +272,8 @@ class GymTask:
         return {"kind": "gym", "env_id": self.env_id, "env_kwargs": dict(self.env_kwargs),
                 "success_threshold": self.success_threshold, "action_mode": self.action_mode,
                 "max_episode_steps": self.max_episode_steps, "threshold_registered": self.threshold_registered,
-                **({"description": self.description} if self.description else {})}
+                **({"description": self.description} if self.description else {}),
+                **({"deterministic": True} if self.deterministic else {})}
 
     @classmethod
     def from_spec(cls, task: Any) -> GymTask:
@@ -276,7 +281,7 @@ class GymTask:
         as stored in the ledger)."""
         t = task if isinstance(task, Mapping) else task.model_dump()
         return cls(t["env_id"], t.get("env_kwargs", {}), t.get("success_threshold"), t.get("action", "error"),
-                   t.get("max_episode_steps"), t.get("description"))
+                   t.get("max_episode_steps"), t.get("description"), deterministic=bool(t.get("deterministic")))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GymTask:
@@ -287,7 +292,7 @@ class GymTask:
             reward_threshold = gym_spec(d["env_id"]).reward_threshold
             registered = reward_threshold is not None and float(reward_threshold) == float(threshold)
         return cls(d["env_id"], d.get("env_kwargs", {}), threshold, d.get("action_mode", "error"),
-                   d.get("max_episode_steps"), d.get("description"), registered)
+                   d.get("max_episode_steps"), d.get("description"), registered, bool(d.get("deterministic")))
 
 
 class _Started:
