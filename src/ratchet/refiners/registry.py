@@ -92,6 +92,9 @@ class RefinerContext:
             no such service.
         time_left: ``time_left() -> float | None``: seconds of the run's ``[budget] wall_clock_s`` left (None
             without that budget), so a refiner waiting on an outside service stops when the run must.
+        transitions: ``transitions() -> [digest, …]``: the artifacts of the transitions recorded so far on the trusted
+            side for the world model (``[model] screen``; :mod:`ratchet.worldmodel.transitions`), oldest first; None
+            where the loop records none.
     """
 
     program: Any
@@ -108,6 +111,7 @@ class RefinerContext:
     time_left: Callable[[], float | None] | None = None
     exchange_all: Callable[[Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]],
                            list[Future[Reply]]] | None = None
+    transitions: Callable[[], list[str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 from ratchet.npz import NpzError, load_npz
 from ratchet.worldmodel.transitions import Transitions
 
-__all__ = ["Fit", "WorldModel", "WorldModelError", "fit_model"]
+__all__ = ["Fit", "WorldModel", "WorldModelError", "fit_model", "held_out", "score"]
 
 
 class WorldModelError(ValueError):
@@ -173,9 +173,7 @@ def fit_model(data: Transitions, *, members: int = 5, hidden: int = 64, updates:
     if n < 10:
         raise ValueError(f"{n} transitions (a model needs at least 10)")
     rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    n_hold = max(2, round(n * holdout))
-    hold, train = order[:n_hold], order[n_hold:]
+    hold, train = held_out(n, holdout, rng)
     x = np.concatenate([data.obs, data.action], axis=1).astype(np.float64)
     y = np.concatenate([data.next_obs - data.obs, data.reward[:, None]], axis=1).astype(np.float64)
     done = data.terminated.astype(np.float64)
@@ -207,11 +205,32 @@ def fit_model(data: Transitions, *, members: int = 5, hidden: int = 64, updates:
     finally:
         torch.set_num_threads(threads)
     model = WorldModel(tuple(nets), x_mean, x_std, y_mean, y_std)
+    return model, score(model, data, hold, len(train))
+
+
+def held_out(n: int, holdout: float, rng: np.random.Generator | int) -> tuple[np.ndarray, np.ndarray]:
+    """``(held-out rows, training rows)`` of ``n`` transitions: a seeded permutation's first ``holdout`` share (at
+    least 2 rows) is held out. An int ``rng`` is a seed (as :func:`fit_model` draws it first from its seed)."""
+    order = np.random.default_rng(rng).permutation(n) if isinstance(rng, int) else rng.permutation(n)
+    n_hold = max(2, round(n * holdout))
+    return order[:n_hold], order[n_hold:]
+
+
+def score(model: WorldModel, data: Transitions, rows: np.ndarray, trained_on: int = 0) -> Fit:
+    """How well ``model`` predicts the transitions ``rows`` of ``data`` (:class:`Fit`; numbers in units of the
+    model's own output scale). Runs anywhere (NumPy only): the driver scores a model on its own held-out rows.
+
+    Raises:
+        ValueError: the data's widths do not fit the model.
+    """
+    obs, act = data.obs[rows].astype(np.float64), data.action[rows].astype(np.float64)
+    target = (np.concatenate([data.next_obs[rows] - data.obs[rows], data.reward[rows, None]], axis=1)
+              - model.y_mean) / model.y_std
     preds = []
-    for m in range(members):
-        nxt, r, _ = model.predict(data.obs[hold].astype(np.float64), data.action[hold].astype(np.float64), m)
-        preds.append((np.concatenate([nxt - data.obs[hold], r[:, None]], axis=1) - y_mean) / y_std)
+    for m in range(model.members):
+        nxt, r, _ = model.predict(obs, act, m)
+        preds.append((np.concatenate([nxt - obs, r[:, None]], axis=1) - model.y_mean) / model.y_std)
     stack = np.stack(preds)
-    err = (stack.mean(0) - yn[hold]) ** 2
-    return model, Fit(len(train), len(hold), float(err.mean()), float(err[:, -1].mean()),
-                      float(stack.std(0).mean()) if members > 1 else 0.0)
+    err = (stack.mean(0) - target) ** 2
+    return Fit(trained_on, len(rows), float(err.mean()), float(err[:, -1].mean()),
+               float(stack.std(0).mean()) if model.members > 1 else 0.0)

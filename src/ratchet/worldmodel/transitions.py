@@ -24,7 +24,7 @@ __all__ = ["MAX_TRANSITIONS", "TRANSITIONS_SUFFIX", "Transitions", "TransitionsE
            "record_transitions"]
 
 #: A render path ending so asks for an episode's transitions (``.npz``) instead of a video or a trace.
-TRANSITIONS_SUFFIX = ".transitions.npz"
+TRANSITIONS_SUFFIX = ".npz"
 #: Most transitions one data set keeps (the newest), and one recorded episode gives (its first ones).
 MAX_TRANSITIONS = 100_000
 #: Most numbers of one observation or action a data set keeps.
