@@ -120,3 +120,138 @@ def test_the_screen_keeps_the_best_with_optimism_and_switches_off_when_it_does_n
     assert state.judge(1, 0.9) and state.judge(2, None) and state.judge(3, -0.1)  # mean 0.4: still on
     assert not state.judge(4, -0.5) and state.switched_off_at == 4
     assert not state.judge(5, 1.0)  # off for the rest of the run
+
+
+# -- the screen around a refiner ------------------------------------------------------------------------------------
+
+class _Inner:
+    """A refiner that proposes ``n`` candidates of one program and keeps what it observes."""
+
+    name = "inner"
+
+    def __init__(self, n: int) -> None:
+        self.n, self.observed = n, []
+
+    def propose(self, parent, critique, rng):
+        from ratchet.policy import Candidate
+
+        return [Candidate.create("def act(o, p):\n    return 0\n", {"k": float(i)}) for i in range(self.n)]
+
+    def generation_cost(self):
+        from ratchet.refiners.base import GenerationCost
+
+        return GenerationCost(proposals=self.n, recommends=True)
+
+    def take_rejections(self):
+        return []
+
+    def observe(self, evaluations):
+        self.observed = list(evaluations)
+
+    def recommend(self):
+        return None
+
+    def fit(self, room):
+        return False
+
+    def idle_reason(self):
+        return None
+
+    def verdict(self, candidate_id, promoted, note):
+        pass
+
+    def summary(self):
+        return {"sigma": 0.1}
+
+
+def _screen_ctx(tmp_path, imagined):
+    """A context whose data set is a recorded pendulum data set and whose training job answers ``imagined``."""
+    from ratchet.execution.training import TrainingOutput, TrainingResult, accept
+
+    data = _pendulum_data(tmp_path, episodes=2)
+    model, _ = fit_model(data, members=2, hidden=8, updates=10, seed=0)
+    store = {"d" * 64: data.to_bytes(), "m" * 64: model.to_bytes()}
+    jobs = []
+
+    def train(job):
+        jobs.append(job)
+        result = accept(job, TrainingResult((TrainingOutput({"world_model": store["m" * 64]},
+                                                            {"returns": imagined}),), 0))
+        assert result.error is None, result.error
+        out = result.outputs[0]
+        return TrainingResult((TrainingOutput({}, {**out.info, "artifacts": {"world_model": "m" * 64}}),), 0)
+
+    ctx = types.SimpleNamespace(seed=3, train=train, artifact=store.__getitem__, transitions=lambda: ["d" * 64])
+    return ctx, jobs
+
+
+def _settings(**kw):
+    from ratchet.spec import ModelSpec
+
+    return ModelSpec(**{"screen": True, "min_transitions": 50, **kw})
+
+
+def _ev(cid, mean):
+    from ratchet.critic import Evaluation
+    from ratchet.rollout import Episode
+
+    return Evaluation(cid, "train", (Episode(1, mean, 10, False, True),))
+
+
+def test_the_screen_runs_the_best_ranked_and_tells_the_refiner_every_proposal(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    imagined = [[0.0, 0.0], [5.0, 5.0], [1.0, 1.0], [9.0, 9.0]]  # proposal 3 best, then 1, 2, 0
+    ctx, jobs = _screen_ctx(tmp_path, imagined)
+    inner = _Inner(4)
+    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0), ctx)
+    assert ref.generation_cost().proposals == 2 and ref.generation_cost().recommends
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    kept = ref.propose(parent, None, np.random.default_rng(0))
+    assert [c.params["k"] for c in kept] == [3.0, 1.0]
+    assert len(jobs) == 1 and jobs[0].env_steps == 0 and len(jobs[0].settings["params"]) == 4
+    rejected = ref.take_rejections()
+    assert [r.detail["candidate_id"] for r in rejected] == [inner.propose(None, None, None)[i].id for i in (2, 0)]
+    incumbent = _ev(parent.id, -1.0)
+    ref.observe([_ev(kept[0].id, -5.0), _ev(kept[1].id, -7.0), incumbent])
+    told = {e.candidate_id: e.mean for e in inner.observed}
+    assert len(inner.observed) == 5 and inner.observed[-1] is incumbent  # the parent's reference stays last
+    out = inner.propose(None, None, None)
+    assert told[out[2].id] == -8.0 and told[out[0].id] == -9.0  # below every real one, in the model's order
+    s = ref.summary()
+    assert s["sigma"] == 0.1 and s["screen_kept"] == 2 and s["screen_saved"] == 2 and s["screen_on"]
+    assert s["model_rows"] == 100 and s["model_error"] >= 0 and s["model_disagreement"] >= 0
+
+
+def test_the_screen_switches_itself_off_when_its_ranking_is_wrong(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    ctx, jobs = _screen_ctx(tmp_path, [[float(i)] * 2 for i in range(8)])  # the model prefers higher k
+    inner = _Inner(8)
+    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0, window=2, min_correlation=0.0), ctx)
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": 0.0})
+    for _ in range(2):
+        kept = ref.propose(parent, None, np.random.default_rng(0))
+        assert len(kept) == 4
+        ref.observe([_ev(c.id, c.params["k"] * -1.0) for c in kept])  # the real returns say the opposite
+    assert ref.summary()["screen_rank_correlation"] == -1.0 and not ref.summary()["screen_on"]
+    assert ref.generation_cost().proposals == 8  # off: every proposal is run
+    assert len(ref.propose(parent, None, np.random.default_rng(0))) == 8 and len(jobs) == 2
+
+
+def test_the_screen_waits_for_enough_transitions_and_skips_proposals_of_several_programs(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    ctx, jobs = _screen_ctx(tmp_path, [[0.0]] * 4)
+    ref = ScreenedRefiner(_Inner(4), _settings(min_transitions=101), ctx)  # the data set has 100
+    assert ref.generation_cost().proposals == 4
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": 0.0})
+    assert len(ref.propose(parent, None, np.random.default_rng(0))) == 4 and not jobs
+    inner = _Inner(4)
+    inner.propose = lambda *a: [Candidate.create(f"def act(o, p):\n    return {i}\n", {"k": 0.0}) for i in range(4)]
+    ref = ScreenedRefiner(inner, _settings(), ctx)
+    assert len(ref.propose(parent, None, np.random.default_rng(0))) == 4 and not jobs
+    assert "not one program" in ref.summary()["screen_note"]

@@ -534,11 +534,11 @@ class ModelSpec(_Section):
                          json_schema_extra={"unit": "env steps"})
     starts: int = Field(8, ge=1, le=256, description="Imagined episodes per proposal and member (recorded start "
                                                      "states).", json_schema_extra={"unit": "episodes"})
-    min_correlation: float = Field(0.2, ge=-1, le=1, description="The screen switches itself off when the mean rank "
+    min_correlation: float = Field(0.0, ge=-1, le=1, description="The screen switches itself off when the mean rank "
                                                                  "correlation (Spearman) of its ranking with the real "
                                                                  "training returns over `window` generations is below "
                                                                  "this.")
-    window: int = Field(3, ge=1, le=1000, description="Generations the screen's rank correlation is averaged over.",
+    window: int = Field(4, ge=1, le=1000, description="Generations the screen's rank correlation is averaged over.",
                         json_schema_extra={"unit": "generations"})
 
 

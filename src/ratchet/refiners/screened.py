@@ -49,6 +49,8 @@ from ratchet.worldmodel.screen import ScreenState, choose, optimistic, rank_corr
 
 __all__ = ["ScreenedRefiner", "screen_refiners", "train"]
 
+#: The reason a proposal the screen kept from running is recorded with (``proposal_rejected``).
+SCREENED_OUT = "screened out by the world model (ranked below the candidates run)"
 #: The trainer's name in :data:`ratchet.execution.training.TRAINERS`.
 TRAINER = "worldmodel"
 #: Most recorded episodes' transitions one job reads (the newest).
@@ -170,9 +172,9 @@ class ScreenedRefiner(Refiner):
         self._scores = {proposed[i].id: float(scores[i]) for i in order}
         self._kept = [proposed[i] for i in order[:keep]]
         self._out = [(proposed[i], float(scores[i])) for i in order[keep:]]
-        self._rejections = [Rejection(self.name, parent.id, f"screened out by the world model (imagined return "
-                                                             f"{s:.4g}, rank {keep + r + 1} of {len(proposed)})",
-                                      detail={"candidate_id": c.id, "screen_score": s})
+        self._rejections = [Rejection(self.name, parent.id, SCREENED_OUT,
+                                      detail={"candidate_id": c.id, "screen_score": s, "rank": keep + r + 1,
+                                              "of": len(proposed)})
                             for r, (c, s) in enumerate(self._out)]
         self.state.saved += len(self._out)
         self._last.update({"screen_kept": len(self._kept), "screen_saved": self.state.saved})
