@@ -255,3 +255,68 @@ def test_the_screen_waits_for_enough_transitions_and_skips_proposals_of_several_
     ref = ScreenedRefiner(inner, _settings(), ctx)
     assert len(ref.propose(parent, None, np.random.default_rng(0))) == 4 and not jobs
     assert "not one program" in ref.summary()["screen_note"]
+
+
+# -- in a run ----------------------------------------------------------------------------------------------------------
+
+_MODEL = {"screen": True, "min_transitions": 50, "members": 2, "hidden": 8, "updates": 20, "horizon": 20, "starts": 2,
+          "record_episodes": 4}
+
+
+def _screened_spec(tmp_path):
+    from conftest import make_spec_dir
+
+    from ratchet.spec import load_spec
+
+    return load_spec(make_spec_dir(tmp_path / "spec", budget={"env_steps": 100_000, "episodes": 60},
+                                   gate={"validation_episodes": 4}, test={"episodes": 3}, execution={"workers": 1},
+                                   model=_MODEL))
+
+
+def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path):
+    from conftest import RecordingExecutor, SimulatedKill, comparable, events_of, read_events
+
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.ledger import EventType
+    from ratchet.ledger.projection import project
+    from ratchet.loop import resume_run, start_run
+
+    spec = _screened_spec(tmp_path)
+    assert spec.refiner.popsize == 8  # a small budget's population, times [model] factor
+    whole = start_run(spec, tmp_path / "runs", "whole")
+    events = read_events(whole.run_dir)
+    recorded = events_of(events, EventType.TRANSITIONS_RECORDED)
+    assert recorded and all(e.payload["artifact"] and e.payload["rows"] > 0 for e in recorded)
+    gens = events_of(events, EventType.GENERATION_FINISHED)
+    screened = [g.payload for g in gens if g.payload["screen_kept"] < g.payload["screen_proposed"]]
+    assert screened and all(g["screen_kept"] == 4 and g["model_rows"] >= 50 for g in screened)
+    assert events_of(events, EventType.TRAINING_FINISHED)  # the sandboxed model job
+    wm = project(events).world_model()
+    assert wm is not None and wm["saved"] == 4 * len(screened) and wm["holdout_error"] is not None
+    # a kill in the middle of a screened run, then resume: the same ledger as the run that was never killed
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "killed",
+                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
+    resume_run("killed", tmp_path / "runs")
+    assert comparable(read_events(tmp_path / "runs" / "killed")) == comparable(events)
+
+
+@pytest.mark.parametrize(("model", "words"), [({"factor": 0}, "factor"), ({"screen": "yes"}, "screen"),
+                                              ({"horizon": 10**6}, "horizon"), ({"nope": 1}, "nope")])
+def test_a_bad_model_section_is_one_line(model, words):
+    from ratchet.errors import SpecError
+    from ratchet.spec import spec_from_dict
+
+    with pytest.raises(SpecError) as err:
+        spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 128}, "model": model}, ".")
+    assert "\n" not in str(err.value) and "model" in str(err.value) and words in str(err.value)
+
+
+def test_the_screen_is_off_by_default_and_sizes_a_small_budgets_population():
+    from ratchet.spec import spec_from_dict
+
+    plain = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 128}}, ".")
+    assert not plain.model.screen and plain.refiner.popsize == 4
+    on = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 128},
+                         "model": {"screen": True, "factor": 3}}, ".")
+    assert on.refiner.popsize == 12
