@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import gymnasium as gym
@@ -293,6 +294,18 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     assert events_of(events, EventType.TRAINING_FINISHED)  # the sandboxed model job
     wm = project(events).world_model()
     assert wm is not None and wm["saved"] == 4 * len(screened) and wm["holdout_error"] is not None
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    shown = CliRunner().invoke(app, ["show", str(whole.run_dir), "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["world_model"] == wm
+    shown = CliRunner().invoke(app, ["show", str(whole.run_dir)], env={"COLUMNS": "200"})
+    assert "world model" in shown.stdout and f"{wm['saved']} proposal(s) not run" in shown.stdout
+    from ratchet.report import write_run_report
+
+    html = write_run_report(whole.run_dir, videos=False).read_text(encoding="utf-8")
+    assert "<h2>World model</h2>" in html and "proposal(s) not run" in html
     # a kill in the middle of a screened run, then resume: the same ledger as the run that was never killed
     with pytest.raises(SimulatedKill):
         start_run(spec, tmp_path / "runs", "killed",
