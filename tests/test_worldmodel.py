@@ -306,6 +306,14 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
 
     html = write_run_report(whole.run_dir, videos=False).read_text(encoding="utf-8")
     assert "<h2>World model</h2>" in html and "proposal(s) not run" in html
+    from ratchet.dashboard import Dashboard, RunSource
+
+    dash = Dashboard(RunSource(tmp_path / "runs"))
+    try:
+        view = dash.page("whole").view()
+        assert view["world_model"]["saved"] == wm["saved"] and "proposal(s) not run" in view["world_model"]["text"]
+    finally:
+        dash.close()
     # a kill in the middle of a screened run, then resume: the same ledger as the run that was never killed
     with pytest.raises(SimulatedKill):
         start_run(spec, tmp_path / "runs", "killed",

@@ -168,17 +168,7 @@ class RunState:
             model's ``rows`` (transitions), ``holdout_error`` and ``disagreement`` (held-out, in standard deviations
             of the predicted quantities).
         """
-        gens = [g for g in self.generation_log if "screen_on" in g]
-        if not gens:
-            return None
-        rhos = [g["screen_rank_correlation"] for g in gens if isinstance(g.get("screen_rank_correlation"), (int, float))]
-        fitted = [g for g in gens if g.get("model_rows") is not None]
-        last = fitted[-1] if fitted else {}
-        return {"screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)),
-                "saved": max(int(g.get("screen_saved") or 0) for g in gens),
-                "rank_correlation": sum(rhos) / len(rhos) if rhos else None, "judged": len(rhos),
-                "on": bool(gens[-1]["screen_on"]), "rows": last.get("model_rows"),
-                "holdout_error": last.get("model_error"), "disagreement": last.get("model_disagreement")}
+        return world_model_account(self.generation_log)
 
     def used(self) -> list[tuple[str, int]]:
         """What the run has used of its budget, in its task's words, for every display (``show``, the result line,
@@ -310,6 +300,26 @@ def llm_usage_of(events: list[Event]) -> dict[str, dict[str, Any]]:
         if ev.type is EventType.LLM_CALL:
             _add_llm_call(usage, ev.key, ev.payload)
     return usage
+
+
+#: The keys of a ``generation_finished`` payload that hold the world-model screen's account (``[model] screen``).
+SCREEN_KEYS = ("screen_on", "screen_proposed", "screen_kept", "screen_saved", "screen_rank_correlation", "model_rows",
+               "model_error", "model_disagreement")
+
+
+def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """:meth:`RunState.world_model` from ``generation_finished`` payloads (or their :data:`SCREEN_KEYS`), in order."""
+    gens = [g for g in generations if "screen_on" in g]
+    if not gens:
+        return None
+    rhos = [g["screen_rank_correlation"] for g in gens if isinstance(g.get("screen_rank_correlation"), (int, float))]
+    fitted = [g for g in gens if g.get("model_rows") is not None]
+    last = fitted[-1] if fitted else {}
+    return {"screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)),
+            "saved": max(int(g.get("screen_saved") or 0) for g in gens),
+            "rank_correlation": sum(rhos) / len(rhos) if rhos else None, "judged": len(rhos),
+            "on": bool(gens[-1]["screen_on"]), "rows": last.get("model_rows"),
+            "holdout_error": last.get("model_error"), "disagreement": last.get("model_disagreement")}
 
 
 def world_model_text(wm: dict[str, Any]) -> str:
