@@ -77,9 +77,9 @@ def test_transitions_refuse_non_finite_numbers_and_pickles(tmp_path):
 
 
 def test_the_model_is_deterministic_and_predicts_held_out_steps(tmp_path):
-    data = _pendulum_data(tmp_path, episodes=6)
-    model, fit = fit_model(data, members=3, hidden=32, updates=300, seed=1)
-    again, fit2 = fit_model(data, members=3, hidden=32, updates=300, seed=1)
+    data = _pendulum_data(tmp_path, episodes=4)
+    model, fit = fit_model(data, members=3, hidden=32, updates=150, seed=1)
+    again, fit2 = fit_model(data, members=3, hidden=32, updates=150, seed=1)
     assert model.to_bytes() == again.to_bytes() and fit == fit2
     assert fit.rows + fit.holdout == len(data) and fit.holdout_error < 0.3 and fit.disagreement > 0
     back = WorldModel.from_bytes(model.to_bytes())
