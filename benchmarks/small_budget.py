@@ -5,7 +5,12 @@ For each env and run seed: promotions, where the env steps went (search / re-eva
 unused, as shares of the steps used, unused as a share of what 128 worst-case episodes allow), and the
 test mean before → after on 100 held-out seeds.
 
-Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--write]
+With ``--screen``: the generic linear policy (``examples/linear_generic``) on pendulum, acrobot, mountain car
+continuous and lunar lander (issue 45's cases), each run twice — model-free, and with ``[model] screen = true`` (the
+world model screens each generation's proposals) — and the screened run's gain over the model-free one, with the
+screen's own account (mean rank correlation with the real training returns, proposals screened out).
+
+Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--write]
 """
 
 from __future__ import annotations
@@ -26,25 +31,79 @@ CASES = {  # name -> (folder holding policy.py, env id)
     "mountain_car_continuous": (ROOT / "examples/mountain_car_continuous", "MountainCarContinuous-v0"),
     "acrobot": (ROOT / "benchmarks/small_budget/acrobot", "Acrobot-v1"),
 }
+GENERIC = ROOT / "examples/linear_generic"
+SCREEN_CASES = {"pendulum": "Pendulum-v1", "acrobot": "Acrobot-v1",
+                "mountain_car_continuous": "MountainCarContinuous-v0", "lunar_lander": "LunarLander-v3"}
+
+
+def _run(name: str, folder: Path, env_id: str, seed: int, args: argparse.Namespace, screen: bool | None = None):
+    data = {"name": name, "seed": seed, "task": {"env_id": env_id},
+            "budget": {"episodes": args.episodes, "env_steps": None}, "test": {"episodes": args.test_episodes}}
+    if screen is not None:
+        data["model"] = {"screen": screen}
+    spec = spec_from_dict(data, folder)
+    t0 = time.perf_counter()
+    tag = "" if screen is None else ("-screen" if screen else "-free")
+    result = start_run(spec, args.runs_dir, f"small-{name}{tag}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return result, project(open_ledger(result.run_dir).read()), time.perf_counter() - t0, open_ledger(result.run_dir)
+
+
+def _account(ledger) -> tuple[str, int]:
+    """The screen's mean rank correlation over the generations it judged, and the proposals it screened out."""
+    rhos, saved = [], 0
+    for e in ledger.read():
+        if e.type.value == "generation_finished":
+            rho = e.payload.get("screen_rank_correlation")
+            if rho is not None and e.payload.get("screen_kept", 0) < e.payload.get("screen_proposed", 0):
+                rhos.append(rho)
+            saved = max(saved, int(e.payload.get("screen_saved") or 0))
+    return (f"{sum(rhos) / len(rhos):+.2f} ({len(rhos)})" if rhos else "–"), saved
+
+
+def screened(args: argparse.Namespace) -> None:
+    rows = []
+    envs = args.envs.split(",") if args.envs else list(SCREEN_CASES)
+    for name in envs:
+        for seed in [int(x) for x in args.seeds.split(",")]:
+            free, _, wall_free, _ = _run(name, GENERIC, SCREEN_CASES[name], seed, args, screen=False)
+            scr, st, wall_scr, ledger = _run(name, GENERIC, SCREEN_CASES[name], seed, args, screen=True)
+            rho, saved = _account(ledger)
+            rows.append(f"| {name} | {seed} | {free.baseline_test.mean:.1f} | {free.test.mean:.1f} | {scr.test.mean:.1f} | "
+                        f"{scr.test.mean - free.test.mean:+.1f} | {len(st.promotions)} | {rho} | {saved} | "
+                        f"{wall_free:.0f} / {wall_scr:.0f} s |")
+            print(rows[-1], flush=True)
+    table = ("| env | run seed | test mean: start | model-free | screened | gain | promotions (screened) | "
+             "screen's rank correlation, mean (generations) | proposals screened out | wall: free / screened |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    print(table)
+    if args.write:
+        write_section("Small budgets with a world-model screen", (
+            f"Command: `python benchmarks/small_budget.py --screen --seeds {args.seeds} --episodes {args.episodes} "
+            f"--test-episodes {args.test_episodes}{' --envs ' + args.envs if args.envs else ''} --write` — the generic "
+            f"linear policy (`examples/linear_generic`), `[budget] episodes = {args.episodes}`, everything else "
+            "default, run model-free and with `[model] screen = true` (its defaults: factor 2, so CMA-ES proposes 8 "
+            "and 4 are run). Test means on held-out seeds; the screen's account from its `generation_finished` "
+            "events.\n\n"
+            f"Machine: {machine()} — shared with other work, so wall times are noisy.\n\n{table}"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--episodes", type=int, default=128)
+    ap.add_argument("--test-episodes", type=int, default=100)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
+    ap.add_argument("--screen", action="store_true", help="issue 45's cases, model-free against [model] screen")
+    ap.add_argument("--envs", default="", help="with --screen: a comma-separated subset of " + ",".join(SCREEN_CASES))
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    if args.screen:
+        screened(args)
+        return
     rows = []
     for name, (folder, env_id) in CASES.items():
         for seed in [int(x) for x in args.seeds.split(",")]:
-            spec = spec_from_dict({"name": name, "seed": seed, "task": {"env_id": env_id},
-                                   "budget": {"episodes": args.episodes, "env_steps": None},
-                                   "test": {"episodes": 100}}, folder)
-            t0 = time.perf_counter()
-            result = start_run(spec, args.runs_dir, f"small-{name}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
-            wall = time.perf_counter() - t0
-            st = project(open_ledger(result.run_dir).read())
+            result, st, wall, _ = _run(name, folder, env_id, seed, args)
             b = st.env_steps_breakdown or {}
             used = max(1, st.env_steps)
             gens = st.generation_log

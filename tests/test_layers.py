@@ -26,12 +26,13 @@ LAYERS = [
     "execution",
     "task",  # ratchet.task: the names older code imports, from tasks/
     "tasks", "policies", "trace",
+    "worldmodel",  # transitions, the ensemble, imagined rollouts, the screen's rules
     "ledger",
     "critic", "diagnosers", "policy",
     "rollout",
     "processes", "npz", "safefile", "text", "regions", "errors",
 ]
-_PACKAGES = {"dashboard", "deciders", "execution", "ledger", "policies", "refiners", "report", "tasks"}
+_PACKAGES = {"dashboard", "deciders", "execution", "ledger", "policies", "refiners", "report", "tasks", "worldmodel"}
 
 
 def part_of(module: str) -> str:

@@ -424,6 +424,10 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
             t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
     if rule and any(data[k] and data[k]["success_rate"] is not None for k in ("baseline_test", "test")):
         t.add_row("success", rule)
+    if data["world_model"]:  # [model] screen: what the screen saved and how well it predicted
+        from ratchet.ledger.projection import world_model_text
+
+        t.add_row("world model", _safe(world_model_text(data["world_model"]), 1000))
     if data["league"]:  # a game's self-play league: who joined, and the meta-strategy training draws from
         last = data["league"][-1]
         member = {x.get("incumbent"): f"league{i + 1}" for i, x in enumerate(data["league"])}

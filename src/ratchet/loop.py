@@ -49,6 +49,7 @@ from ratchet.policy import (
 )
 from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
 from ratchet.refiners.registry import Purse, RefinerContext, arm_names, refiner_kind
+from ratchet.refiners.screened import screen_refiners
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
 from ratchet.spec import RunSpec, spec_from_dict
@@ -159,8 +160,8 @@ class _Run(RunServices):
                                  training_seeds=self.training_seeds, exchange=self.exchange,
                                  exchange_all=self.exchange_all,
                                  read_input=self.read_input, critique=self.critique_of, time_left=self.time_left,
-                                 money=money)
-            for ref in kind.build(settings, name, ctx):
+                                 money=money, transitions=self.transitions)
+            for ref in screen_refiners(kind.build(settings, name, ctx), self.spec.model, ctx):  # [model] screen
                 out[ref.name] = ref
         return out
 

@@ -57,6 +57,20 @@ def _cut(evaluation: Evaluation) -> bool:
 _GROUP_COMMIT_S = 0.05
 
 
+class _Recording:
+    """An evaluation's episodes that record their transitions: every chosen event key (in order), the render path of
+    each job still to run (by job index), and the temporary folder that holds them."""
+
+    def __init__(self, keys: list[str], paths: dict[int, str], folder: str | None) -> None:
+        self.keys, self.paths, self.folder = keys, paths, folder
+
+    def close(self) -> None:
+        if self.folder is not None:
+            import shutil
+
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class RunServices:
     """A run's recorded services and the state they keep (usage, alpha spending, artifacts read); the loop
     subclasses it. Every method that does work first looks for its event in the ledger.
@@ -113,6 +127,7 @@ class RunServices:
         self._payoffs: dict[str, dict[str, list[float]]] = {}
         self._incumbents: list[str] = [self.start.id]
         self._counted: set[str] = set()  # a deterministic task's evaluations charged to the usage (charged once)
+        self._transitions: list[str] = []  # the world model's data set: artifact digests of recorded transitions, in order
 
     def artifact(self, name: str) -> bytes:
         """An artifact's bytes by digest (read from the ledger's store once per session)."""
@@ -516,6 +531,7 @@ class RunServices:
             else:
                 todo.append(cand)
         jobs = [Job(c, s, {h: self.artifact(h) for h in c.artifacts.values()}) for c in todo for s in seeds]
+        recording = self._recording(candidates, seeds, split, jobs)
         done: dict[str, dict[int, Episode]] = {c.id: {} for c in todo}
         faults: list[Episode] = []  # episodes the task itself failed (an evaluator that raised): never recorded
 
@@ -525,6 +541,8 @@ class RunServices:
         def on_episode(i: int, ep: Episode) -> None:  # record each candidate soon after it completes
             cand = jobs[i].candidate
             done[cand.id][i] = ep
+            if i in recording.paths:  # before the evaluation that ran it: a resumed run finds them together
+                self._record_transitions(cand, ep, recording.paths[i], generation)
             if ep.diagnostics.get("fault"):
                 faults.append(ep)
             if len(done[cand.id]) == len(seeds) and not any(e.diagnostics.get("fault") for e in done[cand.id].values()):
@@ -546,13 +564,18 @@ class RunServices:
         cap = None
         if self.caps_steps and split != "test" and self.spec.budget.env_steps is not None:
             cap = max(0, self.spec.budget.env_steps - self.usage.env_steps)
+        extra: dict[str, Any] = {} if cap is None else {"max_env_steps": cap}
+        if recording.paths:
+            extra["render_paths"] = [recording.paths.get(i) for i in range(len(jobs))]
         try:
-            if cap is None:
-                self.executor.run(self.task, jobs, on_episode)
-            else:
-                self.executor.run(self.task, jobs, on_episode, max_env_steps=cap)
+            self.executor.run(self.task, jobs, on_episode, **extra)
         finally:
             save()  # also when interrupted: what completed is kept for the resume
+            recording.close()
+        for key in recording.keys:  # the data set grows in the same order on every replay
+            event = self.ledger.get(key)
+            if event is not None and event.payload.get("artifact"):
+                self._transitions.append(event.payload["artifact"])
         if faults:
             from ratchet.errors import TaskError
 
@@ -582,6 +605,48 @@ class RunServices:
                 if split in ("validation", "league"):  # a game league's games before a promotion certify too
                     self.usage.validation_env_steps += ev.env_steps
         return out
+
+    def _recording(self, candidates: Sequence[Candidate], seeds: Sequence[int], split: str,
+                   jobs: Sequence[Job]) -> _Recording:
+        """Which of an evaluation's episodes record their transitions for the world model (``[model] screen``): the
+        first ``[model] record_episodes`` training episodes (candidates in order, then seeds), where the executor
+        records on the trusted side (``capabilities.records_traces``); the render paths of those still to run."""
+        model = self.spec.model
+        if not model.screen or split != "train" or not self.capabilities.records_traces:
+            return _Recording([], {}, None)
+        wanted = [(c.id, s) for c in dict.fromkeys(candidates) for s in seeds][:model.record_episodes]
+        keys = [f"transitions/{cid}/{seed}" for cid, seed in wanted]
+        todo = {(j.candidate.id, j.seed): i for i, j in enumerate(jobs)}
+        run = [todo[w] for w, key in zip(wanted, keys) if w in todo and self.ledger.get(key) is None]
+        if not run:
+            return _Recording(keys, {}, None)
+        import tempfile
+
+        from ratchet.worldmodel.transitions import TRANSITIONS_SUFFIX
+
+        folder = tempfile.mkdtemp(prefix="ratchet-transitions-")
+        return _Recording(keys, {i: str(Path(folder) / f"{i}{TRANSITIONS_SUFFIX}") for i in run}, folder)
+
+    def _record_transitions(self, cand: Candidate, ep: Episode, path: str, generation: int) -> None:
+        """Store one episode's transitions (written by the trusted env host; read as untrusted bytes all the same)
+        and record them (``transitions_recorded``); a file that is missing or malformed is recorded as such."""
+        from ratchet.worldmodel.transitions import Transitions, TransitionsError
+
+        digest, rows, error = None, 0, None
+        try:
+            data = Path(path).read_bytes()
+            rows = len(Transitions.from_bytes(data))
+            digest = self.store_artifact(data) if rows else None
+        except (OSError, TransitionsError) as exc:
+            error = clean(str(exc), 300)
+        self.record(EventType.TRANSITIONS_RECORDED, f"transitions/{cand.id}/{ep.seed}", {
+            "candidate_id": cand.id, "seed": ep.seed, "generation": generation, "rows": rows, "artifact": digest,
+            "error": error})
+
+    def transitions(self) -> list[str]:
+        """The world model's data set so far: artifact digests of recorded transitions, oldest first (the same list
+        at the same point of a resumed run)."""
+        return list(self._transitions)
 
     def critique_of(self, candidate_id: str, traces: int = 0, last_steps: int = 10) -> Any:
         """The critique of a candidate's latest training evaluation in this run, with traces of its worst

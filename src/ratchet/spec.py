@@ -560,6 +560,43 @@ class LoggingSpec(_Section):
                                         "global_step. Needs pip install \"policy-ratchet[logging]\".")
 
 
+class ModelSpec(_Section):
+    """``[model]``: a learned world model that screens candidates before they are run (:mod:`ratchet.worldmodel`).
+    Off by default: see the docs page "World model: what it costs and when it helps" for the measurements."""
+
+    screen: bool = Field(False, description="Screen each generation's proposals in a world model fitted on transitions "
+                                            "recorded on the trusted side; only the best-ranked are run. Needs "
+                                            "[execution] trusted_rollouts = true and a program policy.")
+    factor: int = Field(2, ge=1, le=16, description="Proposals per candidate paid for in real episodes: the refiner "
+                                                    "proposes factor times its population and the screen keeps the best "
+                                                    "1/factor.", json_schema_extra={"unit": "proposals per candidate"})
+    optimism: float = Field(1.0, ge=0, le=100, description="Bonus for what the ensemble disagrees on: a proposal is "
+                                                           "ranked by its mean imagined return plus this many standard "
+                                                           "deviations across the members.",
+                            json_schema_extra={"unit": "standard deviations"})
+    record_episodes: int = Field(4, ge=1, le=1000, description="Training episodes per generation whose transitions "
+                                                               "are recorded (the first ones run).",
+                                 json_schema_extra={"unit": "episodes"})
+    max_transitions: int = Field(20_000, ge=100, le=100_000, description="Most transitions the data set keeps (the "
+                                                                         "newest).", json_schema_extra={"unit": "steps"})
+    min_transitions: int = Field(200, ge=10, le=100_000, description="Transitions recorded before the screen starts "
+                                                                     "choosing (until then every proposal is run).",
+                                 json_schema_extra={"unit": "steps"})
+    members: int = Field(5, ge=1, le=20, description="Networks in the ensemble.")
+    hidden: int = Field(64, ge=4, le=1024, description="Units per hidden layer (two layers).")
+    updates: int = Field(300, ge=10, le=100_000, description="Gradient steps per member each time the model is fitted.")
+    horizon: int = Field(200, ge=1, le=10_000, description="Most imagined steps per imagined episode.",
+                         json_schema_extra={"unit": "env steps"})
+    starts: int = Field(8, ge=1, le=256, description="Imagined episodes per proposal and member (recorded start "
+                                                     "states).", json_schema_extra={"unit": "episodes"})
+    min_correlation: float = Field(0.0, ge=-1, le=1, description="The screen switches itself off when the mean rank "
+                                                                 "correlation (Spearman) of its ranking with the real "
+                                                                 "training returns over `window` generations is below "
+                                                                 "this.")
+    window: int = Field(4, ge=1, le=1000, description="Generations the screen's rank correlation is averaged over.",
+                        json_schema_extra={"unit": "generations"})
+
+
 #: Episode budgets up to this size get defaults sized to them (see ``RunSpec._size_to_a_small_budget``).
 SMALL_EPISODE_BUDGET = 1000
 
@@ -583,6 +620,7 @@ class RunSpec(_Section):
     test: TestSpec = TestSpec()
     execution: ExecutionSpec = ExecutionSpec()
     logging: LoggingSpec = LoggingSpec()
+    model: ModelSpec = ModelSpec()
     base_dir: str = Field(".", exclude=True)
 
     @model_validator(mode="before")
@@ -612,7 +650,11 @@ class RunSpec(_Section):
             return data
         planner.setdefault("train_episodes", min(5, max(2, episodes // 64)))
         if episodes // 32 < 12:
-            refiner.setdefault("popsize", max(4, episodes // 32))
+            model = data.get("model")
+            screened = isinstance(model, dict) and model.get("screen") is True
+            factor = model.get("factor", 2) if screened and isinstance(model, dict) else 1
+            factor = factor if type(factor) is int and factor >= 1 else 1  # a bad one: field validation says so
+            refiner.setdefault("popsize", factor * max(4, episodes // 32))  # the screen runs 1/factor of them
         return {**data, "gate": gate, "refiner": refiner, "planner": planner}
 
     @model_validator(mode="after")

@@ -254,5 +254,8 @@ def read_trace(path: str | Path) -> Trace:
 
 
 def render_mode_for(path: str | None) -> str | None:
-    """The render mode an env needs for a render path: None for no path or a trace, else ``"rgb_array"``."""
-    return None if not path or str(path).endswith(TRACE_SUFFIX) else "rgb_array"
+    """The render mode an env needs for a render path: None for no path, a trace or transitions
+    (:data:`ratchet.worldmodel.transitions.TRANSITIONS_SUFFIX`), else ``"rgb_array"``."""
+    from ratchet.worldmodel.transitions import TRANSITIONS_SUFFIX
+
+    return None if not path or str(path).endswith((TRACE_SUFFIX, TRANSITIONS_SUFFIX)) else "rgb_array"

@@ -21,7 +21,15 @@ from typing import Any
 
 from ratchet.errors import LedgerError, RatchetError, RunNotFoundError
 from ratchet.ledger import Event, EventType, LedgerStore
-from ratchet.ledger.projection import live_status, llm_usage_text, project, used_counts
+from ratchet.ledger.projection import (
+    SCREEN_KEYS,
+    live_status,
+    llm_usage_text,
+    project,
+    used_counts,
+    world_model_account,
+    world_model_text,
+)
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, RUN_ID, storage_url
 from ratchet.policy import describe_value
 
@@ -282,6 +290,7 @@ class RunPage:
     training_env_steps: int = 0
     jobs: list[dict[str, Any]] = field(default_factory=list)
     job_totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    screen: list[dict[str, Any]] = field(default_factory=list)  # [model] screen: its account per generation
     structural: bool = False  # a refiner may change code: the page shows the lineage of programs
     candidates_seq: int = 0  # the newest candidate_proposed event folded (RunPage.lineage)
     identity: tuple[int, float] | None = None  # the folded ledger's run_started (seq, time)
@@ -378,6 +387,8 @@ class RunPage:
     def _fold(self, ev: Event) -> None:
         p = ev.payload
         if ev.type is EventType.GENERATION_FINISHED:
+            if "screen_on" in p:  # [model] screen: its account, a few numbers per generation
+                self.screen.append({k: p.get(k) for k in SCREEN_KEYS})
             row = {**p, "time": ev.time, "training_env_steps": self.training_env_steps}
             for col in GEN_COLUMNS:
                 v = row.get(col)
@@ -421,6 +432,7 @@ class RunPage:
         with self.lock:
             st = self._state
             data = st.to_json()
+            wm = world_model_account(self.screen)
             n = len(self.gens["generation"])
             # the counts the loop recorded last: at the end (the final decision and the training after the last
             # generation included), else after the newest generation; the page folds no episodes to count them
@@ -453,6 +465,7 @@ class RunPage:
                 "test_by_opponent": data["test_by_opponent"], "league": data["league"][-1:],
                 "llm_usage": {k: {**v, "text": llm_usage_text(v)} for k, v in st.llm_usage.items()},
                 "rejected_proposals": len(st.rejected_proposals), "endpoint_failures": len(st.endpoint_failures),
+                "world_model": None if wm is None else {**wm, "text": world_model_text(wm)},
                 "training": {"totals": self.job_totals, "jobs": self.jobs[-50:]},
                 "corrections": data["corrections"]})
 

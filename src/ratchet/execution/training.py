@@ -56,6 +56,7 @@ TRAINERS: dict[str, str] = {
     "residual": "ratchet.refiners.ppo:train",
     "dagger": "ratchet.refiners.dagger:train",
     "cfr": "ratchet.refiners.cfr:train",
+    "worldmodel": "ratchet.refiners.screened:train",
 }
 
 _MAX_HEADER_BYTES = 1 << 20

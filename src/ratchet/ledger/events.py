@@ -31,6 +31,7 @@ class EventType(str, Enum):
     TRAINING_FINISHED = "training_finished"  # a refiner's training job: parent, settings, seeds, env steps, artifacts
     LLM_CALL = "llm_call"                  # a refiner's request to an LLM endpoint and its reply (artifacts), tokens
     EPISODE_TRACED = "episode_traced"      # a recorded training episode replayed for its last steps (a prompt's trace)
+    TRANSITIONS_RECORDED = "transitions_recorded"  # a training episode's transitions, recorded on the trusted side (artifact)
     PROPOSAL_REJECTED = "proposal_rejected"  # a proposal whose new source failed its checks (or had none): never ran
     CANDIDATE_PROPOSED = "candidate_proposed"  # a refiner proposed a candidate (full source + params)
     EPISODES_EVALUATED = "episodes_evaluated"  # one candidate's episodes on one split

@@ -158,6 +158,18 @@ class RunState:
         """What the run's task calls an episode's return: ``"return"``, an evaluator's ``"score"``."""
         return _task_words(self.task or self.spec.get("task"))[1]
 
+    def world_model(self) -> dict[str, Any] | None:
+        """The world-model screen's account (``[model] screen``), from the generations' summaries; None without one.
+
+        Returns:
+            ``screened`` (generations it chose what ran), ``saved`` (proposals screened out), ``rank_correlation``
+            (mean Spearman correlation of its ranking with the real training means, over the generations that gave
+            one; None before any), ``judged`` (how many did), ``on`` (whether it still screens), and the last fitted
+            model's ``rows`` (transitions), ``holdout_error`` and ``disagreement`` (held-out, in standard deviations
+            of the predicted quantities).
+        """
+        return world_model_account(self.generation_log)
+
     def used(self) -> list[tuple[str, int]]:
         """What the run has used of its budget, in its task's words, for every display (``show``, the result line,
         the dashboard, the report): ``[(cost_unit, env_steps), (episode_unit, episodes)]`` — ``[("env steps",
@@ -200,7 +212,7 @@ class RunState:
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
                                        for m in (self.test_critique or {}).get("failure_modes", [])],
                 "test_by_opponent": self.test_by_opponent(),
-                "league": [dict(x) for x in self.league]}
+                "league": [dict(x) for x in self.league], "world_model": self.world_model()}
 
     def task_for(self, evaluation: int) -> dict[str, Any] | None:
         """The task (:meth:`Task.to_dict`) that ran evaluation number ``evaluation`` (an index into
@@ -299,6 +311,37 @@ def llm_usage_of(events: list[Event]) -> dict[str, dict[str, Any]]:
 def cost_text(u: dict[str, Any]) -> str:
     """An :func:`llm_usage_of` entry's cost with its currency where recorded (``"0.0123 USD"``)."""
     return f"{u['cost']:.4g}" + (f" {u['currency']}" if u.get("currency") else "")
+
+
+#: The keys of a ``generation_finished`` payload that hold the world-model screen's account (``[model] screen``).
+SCREEN_KEYS = ("screen_on", "screen_proposed", "screen_kept", "screen_saved", "screen_rank_correlation", "model_rows",
+               "model_error", "model_disagreement")
+
+
+def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """:meth:`RunState.world_model` from ``generation_finished`` payloads (or their :data:`SCREEN_KEYS`), in order."""
+    gens = [g for g in generations if "screen_on" in g]
+    if not gens:
+        return None
+    rhos = [g["screen_rank_correlation"] for g in gens if isinstance(g.get("screen_rank_correlation"), (int, float))]
+    fitted = [g for g in gens if g.get("model_rows") is not None]
+    last = fitted[-1] if fitted else {}
+    return {"screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)),
+            "saved": max(int(g.get("screen_saved") or 0) for g in gens),
+            "rank_correlation": sum(rhos) / len(rhos) if rhos else None, "judged": len(rhos),
+            "on": bool(gens[-1]["screen_on"]), "rows": last.get("model_rows"),
+            "holdout_error": last.get("model_error"), "disagreement": last.get("model_disagreement")}
+
+
+def world_model_text(wm: dict[str, Any]) -> str:
+    """One line of the world-model screen's account (:meth:`RunState.world_model`), for ``show`` and the report."""
+    rho = "no rank correlation yet" if wm["rank_correlation"] is None else (
+        f"rank correlation with real training returns {wm['rank_correlation']:+.2f} (mean of {wm['judged']})")
+    model = "" if wm["rows"] is None else (f"; last model: {wm['rows']:,} transitions, held-out error "
+                                           f"{wm['holdout_error']:.3g}, disagreement {wm['disagreement']:.3g} (in "
+                                           "standard deviations)")
+    return (f"screen {'on' if wm['on'] else 'switched off (it did not predict)'}: screened {wm['screened']} "
+            f"generation(s), {wm['saved']} proposal(s) not run; {rho}{model}")
 
 
 def llm_usage_text(u: dict[str, Any]) -> str:

@@ -94,6 +94,9 @@ class RefinerContext:
             without that budget), so a refiner waiting on an outside service stops when the run must.
         money: The run's ``[budget] money`` (a :class:`Purse` every refiner that pays for requests shares), or
             None without that budget.
+        transitions: ``transitions() -> [digest, …]``: the artifacts of the transitions recorded so far on the trusted
+            side for the world model (``[model] screen``; :mod:`ratchet.worldmodel.transitions`), oldest first; None
+            where the loop records none.
     """
 
     program: Any
@@ -110,6 +113,7 @@ class RefinerContext:
     time_left: Callable[[], float | None] | None = None
     exchange_all: Callable[[Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]],
                            list[Future[Reply]]] | None = None
+    transitions: Callable[[], list[str]] | None = None
     money: Purse | None = None
 
 

@@ -260,6 +260,11 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
                      "<th>HTTP attempts</th><th>answered</th><th>prompt tokens</th><th>answer tokens</th>"
                      f"<th>cost</th><th>seconds</th><th>failed requests</th></tr>{rows}</table>"
                      f"<p class=small>Every prompt and answer: <code>ratchet llm-log {esc(state.run_id)}</code></p>")
+    world_model = state.world_model()
+    if world_model is not None:  # [model] screen: what it saved and how well it predicted
+        from ratchet.ledger.projection import world_model_text
+
+        parts.append(f"<h2>World model</h2><p>{esc(world_model_text(world_model))}</p>")
     if state.rejected_proposals:
         reasons: dict[str, int] = {}
         for r in state.rejected_proposals:

@@ -1,5 +1,6 @@
 """Recording one episode while it runs, in the process that steps the env (a worker, or the trusted env host):
-frames for ``ratchet replay --video`` and the report's GIFs, or a trace (:mod:`ratchet.trace`)."""
+frames for ``ratchet replay --video`` and the report's GIFs, a trace (:mod:`ratchet.trace`), or the episode's transitions
+for a world model (:mod:`ratchet.worldmodel.transitions`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from ratchet.rollout import Episode, run_episode
 from ratchet.trace import TRACE_SUFFIX, record_trace
+from ratchet.worldmodel.transitions import TRANSITIONS_SUFFIX, record_transitions
 
 __all__ = ["record_episode"]
 
@@ -39,10 +41,13 @@ def record_episode(env: Any, module: Any, params: Mapping[str, float], seed: int
     The episode runs through :func:`~ratchet.rollout.run_episode`, so its return equals a normal
     run's. ``path`` ending in ``.gif`` writes a GIF; ``.mp4`` needs ``imageio-ffmpeg``
     (``pip install 'policy-ratchet[video]'``); ``.json`` writes the episode's trace instead
-    (:func:`ratchet.trace.record_trace`; ``env`` is then made without a render mode).
+    (:func:`ratchet.trace.record_trace`; ``env`` is then made without a render mode), ``.npz`` its transitions
+    (:func:`ratchet.worldmodel.transitions.record_transitions`; no render mode either).
     """
     if str(path).endswith(TRACE_SUFFIX):
         return record_trace(env, module, params, seed, task, path)
+    if str(path).endswith(TRANSITIONS_SUFFIX):
+        return record_transitions(env, module, params, seed, task, path)
     import imageio.v2 as imageio
 
     rec = _FrameRecorder(env)

@@ -224,7 +224,7 @@
     const st = { data: null, gens: null, gates: [], seq: -1, gatesShown: 50, gensShown: 50, charts: null };
     const sec = {};
     for (const name of ["head", "result", "charts", "breakdown", "gates", "gens", "failures", "params", "code",
-      "lineage", "games", "llm", "training", "corrections"]) sec[name] = h("section", { id: "sec-" + name });
+      "lineage", "games", "llm", "model", "training", "corrections"]) sec[name] = h("section", { id: "sec-" + name });
     put(main, h("h1", {}, "Run ", h("span", { id: "run-id" }, id)), ...Object.values(sec));
     const diffBox = h("div", { id: "program-diff" });
 
@@ -359,6 +359,8 @@
         h("h2", {}, "LLM usage"), llm.map(([name, u]) => h("div", {}, h("h3", {}, name + (u.model ? " (" + u.model + ")" : "")),
           h("pre", {}, u.text))), h("p", { class: "muted" }, d.rejected_proposals + " rejected proposal(s) · " +
           d.endpoint_failures + " endpoint failure(s)")) : "");
+      // [model] screen: the world model's account
+      put(sec.model, d.world_model ? h("div", {}, h("h2", {}, "World model"), h("p", {}, d.world_model.text)) : "");
       // training jobs
       const tot = Object.entries((d.training || {}).totals || {});
       put(sec.training, tot.length ? h("div", {}, h("h2", {}, "Training jobs"),

@@ -1,0 +1,305 @@
+"""A refiner whose proposals are screened in a learned world model before any is run (``[model] screen = true``).
+
+:class:`ScreenedRefiner` wraps any refiner. Its inner refiner proposes ``factor`` times the candidates a generation
+pays for (``[model] factor``; a small budget's CMA-ES population is sized so); a sandboxed job (trainer
+``"worldmodel"``, :func:`train`) fits an ensemble on the run's recorded transitions and rolls every proposal out in
+it, and only the best-ranked by imagined return plus an optimism bonus for the ensemble's disagreement are run.
+This is the pre-selection scheme of metamodel-assisted evolution strategies (M. Emmerich, A. Giotis, M. Özdemir,
+T. Bäck, K. Giannakoglou, "Metamodel-assisted evolution strategies", PPSN VII, 2002; H. Ulmer, F. Streichert,
+A. Zell, "Evolution strategies assisted by Gaussian processes with improved pre-selection criterion", CEC 2003) with
+the learned dynamics and ensemble uncertainty of PETS (K. Chua et al., NeurIPS 2018) and MBPO (M. Janner et al.,
+NeurIPS 2019) as the metamodel.
+
+**What the inner refiner is told.** CMA-ES asked for its whole population and its ``tell`` needs a fitness for every
+sample it asked (pycma ranks them: only ranks matter). The inner refiner observes every proposal: those run with
+their real training evaluations, those screened out with stand-in evaluations ranked below every real one, in the
+model's order (the best-ranked of them first). So the ranking CMA-ES adapts from is the real one among what ran and
+the model's below it; with ``factor = 2`` pycma's default parent number (half the population) takes exactly the
+candidates that ran, so its mean moves on real returns only, while its active covariance update pushes away from
+what the model ranked worst. Stand-ins are never recorded and never reach the gate or the planner.
+
+**Trust.** The model is fitted on transitions recorded on the trusted side (:mod:`ratchet.worldmodel.transitions`),
+but imagined rollouts run the proposals' policy code, so they run where policy code may run: the sandboxed training
+job, never the driver. Its answer (imagined returns per proposal and member, the fitted model) is untrusted input,
+checked against the trainer's declaration before it is recorded or used; a forged answer can only choose which
+proposals run (it misleads the search at worst). The driver scores the returned model itself on held-out transitions
+(:func:`ratchet.worldmodel.model.score`). The gate reads real validation episodes only.
+
+**The screen's account.** After the real episodes, the model's ranking of the candidates that ran is compared with
+their real training means (Spearman's rank correlation); the screen switches itself off for the rest of the run when
+the mean correlation over ``[model] window`` generations is below ``[model] min_correlation``
+(:class:`~ratchet.worldmodel.screen.ScreenState`). Each generation's ``generation_finished`` carries the account
+(:meth:`ScreenedRefiner.summary`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ratchet.critic import Critique, Evaluation
+from ratchet.policy import Candidate
+from ratchet.proposals import Rejection
+from ratchet.refiners.base import GenerationCost, Refiner
+from ratchet.rollout import Episode
+from ratchet.worldmodel.screen import ScreenState, choose, optimistic, rank_correlation
+
+__all__ = ["ScreenedRefiner", "screen_refiners", "train"]
+
+#: The reason a proposal the screen kept from running is recorded with (``proposal_rejected``).
+SCREENED_OUT = "screened out by the world model (ranked below the candidates run)"
+#: The trainer's name in :data:`ratchet.execution.training.TRAINERS`.
+TRAINER = "worldmodel"
+#: Most recorded episodes' transitions one job reads (the newest).
+MAX_EPISODES_READ = 256
+_HOLDOUT = 0.2
+
+
+def screen_refiners(refiners: Sequence[Refiner], settings: Any, ctx: Any) -> list[Refiner]:
+    """``refiners`` as they are without ``[model] screen``; else each wrapped in a :class:`ScreenedRefiner`.
+
+    Args:
+        refiners: The refiners one ``[[refiners]]`` table built.
+        settings: The spec's ``[model]`` section (:class:`ratchet.spec.ModelSpec`).
+        ctx: Their :class:`~ratchet.refiners.registry.RefinerContext`.
+    """
+    if not settings.screen:
+        return list(refiners)
+    return [ScreenedRefiner(r, settings, ctx) for r in refiners]
+
+
+def _answer() -> Any:
+    from ratchet.execution.training import InfoField, Role, TrainingAnswer
+    from ratchet.worldmodel.model import WorldModel
+
+    def returns_check(value: Any) -> None:
+        if not all(isinstance(row, list) and row and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          and math.isfinite(x) for x in row) for row in value):
+            raise ValueError("each entry must be a non-empty list of finite numbers (one per member)")
+        if len({len(row) for row in value}) > 1:
+            raise ValueError("every proposal must have as many numbers (members)")
+
+    return TrainingAnswer(
+        roles=(Role("world_model", max_bytes=64 << 20, check=WorldModel.from_bytes),),
+        info=(InfoField("returns", "list", low=lambda job: len(job.settings["params"]),
+                        high=lambda job: len(job.settings["params"]), check=returns_check),),
+        max_info_bytes=8 << 20)
+
+
+class ScreenedRefiner(Refiner):
+    """A refiner whose proposals pass a world-model screen (see the module doc).
+
+    Args:
+        inner: The refiner that proposes (and is told every proposal's rank).
+        settings: ``[model]`` (:class:`ratchet.spec.ModelSpec`).
+        ctx: The inner refiner's :class:`~ratchet.refiners.registry.RefinerContext` (``train``, ``artifact`` and
+            ``transitions``).
+    """
+
+    def __init__(self, inner: Refiner, settings: Any, ctx: Any) -> None:
+        self.inner, self.settings, self.ctx = inner, settings, ctx
+        self.name = inner.name
+        self.state = ScreenState(min_correlation=settings.min_correlation, window=settings.window)
+        self._rows: dict[str, int] = {}  # transitions per recorded artifact, read once
+        self._kept: list[Candidate] = []
+        self._out: list[tuple[Candidate, float]] = []  # screened out, best first, with their scores
+        self._scores: dict[str, float] = {}
+        self._rejections: list[Rejection] = []
+        self._last: dict[str, Any] = {}
+        self._fits = 0
+
+    # ---- the data set ----------------------------------------------------------------------------------------
+    def _data(self) -> tuple[list[str], int]:
+        """The newest recorded transitions' digests (at most ``max_transitions`` rows) and their rows."""
+        from ratchet.worldmodel.transitions import Transitions
+
+        chosen, rows = [], 0
+        for digest in reversed(self.ctx.transitions()[-MAX_EPISODES_READ:]):
+            if digest not in self._rows:
+                self._rows[digest] = len(Transitions.from_bytes(self.ctx.artifact(digest)))
+            if rows >= self.settings.max_transitions:
+                break
+            chosen.append(digest)
+            rows += self._rows[digest]
+        return chosen[::-1], rows
+
+    def _screening(self) -> bool:
+        """Whether the next generation is screened: the screen is on and the data set is big enough."""
+        return self.state.on and self.ctx.transitions is not None and self._data()[1] >= self.settings.min_transitions
+
+    # ---- the Refiner contract ------------------------------------------------------------------------------
+    def generation_cost(self) -> GenerationCost:
+        """The inner refiner's cost with only the candidates the screen keeps paid for (all of them while it does
+        not screen)."""
+        cost = self.inner.generation_cost()
+        if not self._screening():
+            return cost
+        from dataclasses import replace
+
+        return replace(cost, proposals=self._keep(cost.proposals))
+
+    def _keep(self, n: int) -> int:
+        return min(n, max(1, math.ceil(n / self.settings.factor)))
+
+    def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
+        """The inner refiner's proposals, screened: the best ``1/factor`` by imagined return plus the optimism bonus.
+        Unscreened (all of them) while the screen is off, the data set is small, the proposals are not one program's
+        parameter values, or the model job failed (its error is in :meth:`summary`)."""
+        proposed = self.inner.propose(parent, critique, rng)
+        self._kept, self._out, self._scores, self._rejections = list(proposed), [], {}, []
+        self._last = {"screen_on": self.state.on, "screen_proposed": len(proposed), "screen_kept": len(proposed),
+                      "screen_saved": self.state.saved}
+        keep = self._keep(len(proposed))
+        if not self._screening() or keep >= len(proposed):
+            return proposed
+        if any(c.kind != "program" or c.artifacts or c.source != proposed[0].source for c in proposed):
+            self._last["screen_note"] = "not screened: the proposals are not one program's parameter values"
+            return proposed
+        digests, rows = self._data()
+        job = self._job(proposed, digests)
+        result = self.ctx.train(job)
+        if result.error is not None or not result.outputs:
+            self._last["screen_note"] = f"not screened: {result.error or 'no answer'}"[:300]
+            return proposed
+        out = result.outputs[0]
+        returns = np.asarray(out.info["returns"], np.float64)
+        self._fit_account(out.info["artifacts"]["world_model"], digests, rows)
+        scores = optimistic(returns, self.settings.optimism)
+        order = choose(scores.tolist(), len(proposed))
+        self._scores = {proposed[i].id: float(scores[i]) for i in order}
+        self._kept = [proposed[i] for i in order[:keep]]
+        self._out = [(proposed[i], float(scores[i])) for i in order[keep:]]
+        self._rejections = [Rejection(self.name, parent.id, SCREENED_OUT,
+                                      detail={"candidate_id": c.id, "screen_score": s, "rank": keep + r + 1,
+                                              "of": len(proposed)})
+                            for r, (c, s) in enumerate(self._out)]
+        self.state.saved += len(self._out)
+        self._last.update({"screen_kept": len(self._kept), "screen_saved": self.state.saved})
+        return self._kept
+
+    def _job(self, proposed: Sequence[Candidate], digests: Sequence[str]) -> Any:
+        from ratchet.execution.training import TrainingJob
+        from ratchet.policy import _thaw
+
+        s = self.settings
+        self._fits += 1
+        carrier = Candidate.create(proposed[0].source, dict(proposed[0].params), kind="program",
+                                   artifacts={f"t{i:04d}": d for i, d in enumerate(digests)})
+        settings = {"params": [{k: _thaw(v) for k, v in c.params.items()} for c in proposed],
+                    "members": s.members, "hidden": s.hidden, "updates": s.updates, "horizon": s.horizon,
+                    "starts": s.starts, "holdout": _HOLDOUT, "seed": int(self.ctx.seed) + self._fits,
+                    "max_transitions": s.max_transitions}
+        return TrainingJob(TRAINER, carrier, settings, (), 0, answer=_answer())
+
+    def _fit_account(self, model_digest: str, digests: Sequence[str], rows: int) -> None:
+        """The driver's own score of the returned model on the held-out transitions (never the job's word)."""
+        from ratchet.worldmodel.model import WorldModel, WorldModelError, held_out, score
+
+        try:
+            model = WorldModel.from_bytes(self.ctx.artifact(model_digest))
+            data = _joined([self.ctx.artifact(d) for d in digests], self.settings.max_transitions)
+            hold, train_rows = held_out(len(data), _HOLDOUT, int(self.ctx.seed) + self._fits)
+            fit = score(model, data, hold, len(train_rows))
+        except (WorldModelError, ValueError) as exc:
+            self._last["model_note"] = str(exc)[:200]
+            return
+        self._last.update({"model_rows": rows, "model_error": round(fit.holdout_error, 6),
+                           "model_reward_error": round(fit.reward_error, 6),
+                           "model_disagreement": round(fit.disagreement, 6)})
+
+    def take_rejections(self) -> list[Rejection]:
+        """The inner refiner's rejections, then the proposals the screen kept from running."""
+        out, self._rejections = self.inner.take_rejections() + self._rejections, []
+        return out
+
+    def observe(self, evaluations: Sequence[Evaluation]) -> None:
+        """Judge the screen on the real training means of what ran, then tell the inner refiner every proposal:
+        stand-ins for the screened-out ones right after the real ones (see the module doc)."""
+        evaluations = list(evaluations)
+        if self._out:
+            by_id = {e.candidate_id: e for e in evaluations}
+            ran = [(self._scores[c.id], by_id[c.id].mean) for c in self._kept
+                   if c.id in by_id and not by_id[c.id].n_errors and math.isfinite(by_id[c.id].mean)]
+            rho = rank_correlation([p for p, _ in ran], [r for _, r in ran])
+            self.state.judge(len(self.state.correlations) + 1, rho)
+            self._last.update({"screen_rank_correlation": None if rho is None else round(rho, 4),
+                               "screen_on": self.state.on})
+            floor = min((r for _, r in ran), default=0.0)
+            stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
+                         for i, (c, _) in enumerate(self._out)]
+            n = len(self._kept)
+            evaluations = evaluations[:n] + stand_ins + evaluations[n:]
+        self.inner.observe(evaluations)
+        self._out = []
+
+    def recommend(self) -> Candidate | None:
+        """The inner refiner's recommendation (never screened: it is one candidate)."""
+        return self.inner.recommend()
+
+    def fit(self, room_env_steps: int) -> bool:
+        """The inner refiner's :meth:`~ratchet.refiners.base.Refiner.fit`."""
+        return self.inner.fit(room_env_steps)
+
+    def idle_reason(self) -> str | None:
+        """The inner refiner's."""
+        return self.inner.idle_reason()
+
+    def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
+        """Passed to the inner refiner."""
+        self.inner.verdict(candidate_id, promoted, note)
+
+    def summary(self) -> dict[str, Any]:
+        """The inner refiner's summary and the screen's account of the last generation: ``screen_on``,
+        ``screen_proposed``/``screen_kept`` (candidates), ``screen_saved`` (proposals screened out so far),
+        ``screen_rank_correlation`` (Spearman, model vs real training means of what ran; None where it says
+        nothing), ``model_rows`` (transitions fitted on), ``model_error``/``model_reward_error`` (held-out mean
+        squared error, in standard deviations of the predicted quantities) and ``model_disagreement`` (mean std
+        across members, same units)."""
+        return {**self.inner.summary(), **self._last}
+
+
+def _joined(blobs: Sequence[bytes], limit: int) -> Any:
+    from ratchet.worldmodel.transitions import Transitions
+
+    parts = [Transitions.from_bytes(b) for b in blobs]
+    data = parts[0]
+    for p in parts[1:]:
+        data = data.joined(p, limit)
+    return data.tail(limit)
+
+
+def train(task: Any, parent: Mapping[str, Any], settings: Mapping[str, Any], seeds: Sequence[int],
+          env_steps: int) -> tuple[list[Any], int]:
+    """Trainer ``"worldmodel"`` (see :mod:`ratchet.execution.training`), in the sandbox: fit the ensemble on the
+    transitions (``parent["artifacts"]``, oldest first) and roll each proposal (``settings["params"]``, the parent's
+    program) out in it from recorded start states.
+
+    Returns:
+        One output: artifact ``world_model`` (:meth:`~ratchet.worldmodel.model.WorldModel.to_bytes`), info
+        ``returns`` (per proposal, the mean imagined return per member); no env steps.
+    """
+    from ratchet.execution.training import TrainingOutput
+    from ratchet.policy import bind_spaces, compile_policy, materialize
+    from ratchet.worldmodel.imagine import action_encoder, imagined_returns
+    from ratchet.worldmodel.model import fit_model
+
+    arts = parent["artifacts"]
+    data = _joined([arts[k] for k in sorted(arts)], int(settings["max_transitions"]))
+    model, _ = fit_model(data, members=int(settings["members"]), hidden=int(settings["hidden"]),
+                         updates=int(settings["updates"]), holdout=float(settings["holdout"]),
+                         seed=int(settings["seed"]))
+    env = task.make_env()
+    try:
+        spaces = (env.observation_space, env.action_space)
+    finally:
+        env.close()
+    module = compile_policy(parent["source"])
+    bind_spaces(module, *spaces)
+    starts = data.starts()
+    pick = np.random.default_rng(int(settings["seed"])).permutation(len(starts))[:int(settings["starts"])]
+    returns = imagined_returns(model, module.act, [materialize(p) for p in settings["params"]], starts[pick],
+                               int(settings["horizon"]), action_encoder(spaces[1]))
+    return [TrainingOutput({"world_model": model.to_bytes()}, {"returns": returns.tolist()})], 0
