@@ -559,3 +559,53 @@ def test_a_sequential_gate_reads_validation_in_batches_and_resumes_exactly(tmp_p
         return {e.key: e.payload["episodes"] for e in events_of(read_events(tmp_path / "runs" / run),
                                                                EventType.EPISODES_EVALUATED)}
     assert evaluations("killed") == evaluations("ref")
+
+
+def test_a_cascade_drops_contenders_after_their_first_stage_and_resumes_exactly(tmp_path):
+    """[planner] cascade_episodes: every contender and the incumbent run the first training seeds; a dropped
+    contender is a recorded rejection that cost only those episodes (and their env steps), the rest run the other
+    seeds under their own evaluation key, the gate reads only validation seeds, and a run killed mid-way resumes
+    to the uninterrupted run's ledger."""
+    d = make_spec_dir(tmp_path / "s", budget={"env_steps": 12_000}, test={"episodes": 2},
+                      gate={"validation_episodes": 6}, planner={"cascade_episodes": 1, "cascade_margin": 0.0},
+                      refiner={"train_episodes": 4, "popsize": 6, "sigma0": 0.5}, execution={"workers": 1})
+    policy = (d / "policy.py").read_text()  # a start that balances a while: most samples around it do worse
+    (d / "policy.py").write_text(policy.replace('"w_angle": {"default": 0.0', '"w_angle": {"default": 0.3'))
+    spec = load_spec(d)
+    ref = start_run(spec, tmp_path / "runs", "ref")
+    events = read_events(tmp_path / "runs" / "ref")
+    train = [e.payload for e in events_of(events, EventType.EPISODES_EVALUATED) if e.payload["split"] == "train"]
+    dropped = [e.payload for e in events_of(events, EventType.PROPOSAL_REJECTED)
+               if e.payload["reason"].startswith("cascade:")]
+    assert dropped, "nothing dropped: the test shows nothing"
+    for p in dropped:  # one evaluation, on the generation's first training seed, and the rejection says what it cost
+        own = [t for t in train if t["candidate_id"] == p["detail"]["candidate_id"] and t["generation"] == p["generation"]]
+        assert len(own) == 1 and len(own[0]["seeds"]) == 1
+        assert p["detail"]["episodes"] == 1 and p["detail"]["env_steps"] == own[0]["summary"]["env_steps"]
+    out = {(p["generation"], p["detail"]["candidate_id"]) for p in dropped}
+    for g in (e.payload for e in events_of(events, EventType.GENERATION_FINISHED)):  # stage 1, then the rest
+        seeds = g["train_seeds"]
+        first = {t["candidate_id"] for t in train if t["seeds"] == seeds[:1]}
+        rest = {t["candidate_id"] for t in train if t["seeds"] == seeds[1:]}
+        assert g["incumbent_id"] in first | rest and rest and rest < first
+        assert first - rest == {c for gen, c in out if gen == g["generation"]}
+        assert not [t for t in train if t["seeds"] == seeds]
+    # the budget counts exactly what ran: the dropped contenders' first stage only
+    st = project(events)
+    assert st.env_steps == sum(e.payload["summary"]["env_steps"] for e in events_of(events, EventType.EPISODES_EVALUATED)
+                               if e.payload["split"] != "test")
+    # the gate reads only validation seeds, and no training seed is one of them
+    validation = set(events[0].payload["seeds"]["validation"])
+    assert events_of(events, EventType.GATE_DECIDED)
+    assert all(set(e.payload["seeds"]) <= validation for e in events_of(events, EventType.EPISODES_EVALUATED)
+               if e.payload["split"] == "validation")
+    assert not {s for t in train for s in t["seeds"]} & validation
+    # kill mid-run, resume: the same ledger
+    dying = RecordingExecutor(ProcessExecutor(workers=1, episode_timeout_s=30), die_after=len(train) + 4)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "killed", executor=dying)
+    result = resume_run("killed", tmp_path / "runs")
+    assert result.incumbent == ref.incumbent and result.test.summary() == ref.test.summary()
+    ref_events = {key: (t, p) for t, key, p in normalized(events)}
+    got = {key: (t, p) for t, key, p in normalized(read_events(tmp_path / "runs" / "killed")) if t != "run_resumed"}
+    assert got == ref_events

@@ -118,6 +118,23 @@ def test_errored_candidates_rank_last():
     assert a.recommend().id == before
 
 
+def test_candidates_the_cascade_dropped_rank_below_every_survivor_by_their_first_stage_means():
+    """[planner] cascade_episodes: a sample dropped after the first stage ranks below every sample that ran all the
+    seeds, however high its first-stage mean, and above failed ones; among the dropped, by first-stage mean."""
+    prog = load_policy(DATA / "cartpole_linear.py")
+    a, b = CMAESRefiner(prog, sigma0=0.3, seed=2), CMAESRefiner(prog, sigma0=0.3, seed=2)
+    pa = a.propose(prog.candidate(), None, np.random.default_rng(0))
+    pb = b.propose(prog.candidate(), None, np.random.default_rng(0))
+    assert len(pa) >= 6
+    # in a, samples 0 and 1 were dropped with first-stage means far above every survivor's (1000 > 900); sample 2
+    # failed. In b the same order is given by plain means: survivors 3.. by i, then 1 above 0, then 2 failed.
+    a.dropped({pa[0].id: "cascade: ...", pa[1].id: "cascade: ..."})
+    a.observe([evaluation(c.id, {0: 1000.0, 1: 2000.0}.get(i, float(i)), error=(i == 2)) for i, c in enumerate(pa)])
+    b.observe([evaluation(c.id, {0: -20.0, 1: -10.0}.get(i, float(i)), error=(i == 2)) for i, c in enumerate(pb)])
+    assert a.recommend().id == b.recommend().id
+    assert a.sigma == b.sigma
+
+
 # -- several refiners, one budget ------------------------------------------------------------------
 
 def test_thompson_allocator_favours_the_arm_with_real_gains():

@@ -385,3 +385,19 @@ def test_a_deterministic_task_decides_exactly_and_scores_each_candidate_once_by_
             spec_from_dict({"task": {"env_id": "CartPole-v1"}, **extra}, tmp_path)
     with pytest.raises(SpecError, match="deterministic"):
         spec_from_dict({"task": {"kind": "game", "game": "openspiel:kuhn_poker", "deterministic": True}}, tmp_path)
+
+
+def test_a_cascade_must_leave_a_second_stage_and_older_ledgers_read_as_without_one(tmp_path):
+    """[planner] cascade_episodes below train_episodes (one line otherwise); a ledger spec recorded before the key
+    existed resumes with no cascade (every contender on every training seed, as it ran)."""
+    from ratchet.loop import recorded_spec
+
+    spec_error(tmp_path, MINIMAL + "[planner]\ntrain_episodes = 4\ncascade_episodes = 4\n",
+               "[planner] cascade_episodes = 4", "below train_episodes")
+    spec_error(tmp_path, MINIMAL + "[planner]\ncascade_margin = -1\n", "cascade_margin")
+    spec = load_spec(write(tmp_path, MINIMAL + "[planner]\ntrain_episodes = 4\ncascade_episodes = 1\n"))
+    assert (spec.planner.cascade_episodes, spec.planner.cascade_margin) == (1, 1.0)
+    data = spec.to_dict()
+    assert recorded_spec(data).planner.cascade_episodes == 1
+    del data["planner"]["cascade_episodes"], data["planner"]["cascade_margin"]
+    assert recorded_spec(data).planner.cascade_episodes == 0

@@ -341,3 +341,28 @@ def test_the_screen_is_off_by_default_and_sizes_a_small_budgets_population():
     on = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "budget": {"episodes": 128},
                          "model": {"screen": True, "factor": 3}}, ".")
     assert on.refiner.popsize == 12
+
+
+def test_the_screen_passes_the_loops_word_on_refusals_drops_and_budgets_to_its_refiner():
+    """What the loop tells a refiner (duplicates refused, cascade drops, its own budget spent) reaches the refiner the
+    screen wraps: a CMA-ES behind the screen ranks cascade-dropped samples last as it does alone."""
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    heard: list[tuple[str, dict]] = []
+
+    class Told(_Inner):
+        def refused(self, reasons):
+            heard.append(("refused", dict(reasons)))
+
+        def dropped(self, reasons):
+            heard.append(("dropped", dict(reasons)))
+
+        def budget_spent(self):
+            return True
+
+    ctx = types.SimpleNamespace(seed=0, train=None, artifact=None, transitions=list)
+    ref = ScreenedRefiner(Told(2), _settings(), ctx)
+    ref.refused({"a": "duplicate: x"})
+    ref.dropped({"b": "cascade: y"})
+    assert heard == [("refused", {"a": "duplicate: x"}), ("dropped", {"b": "cascade: y"})]
+    assert ref.budget_spent()

@@ -139,7 +139,8 @@ class _Run(RunServices):
         paired = DECIDERS[spec.planner.decide].pairs_with_incumbent
         self.prices = Pricing(spec.budget, self.usage, self.planner, self.task.step_limit, self.price_limit,
                               self.validation_price(), spec.planner.train_episodes,
-                              reference=paired or spec.planner.weakness_share > 0,
+                              reference=paired or spec.planner.weakness_share > 0  # a cascade's threshold: the incumbent
+                              or spec.planner.cascade_episodes > 0,
                               confirmation_episodes=confirmation)
         self.decider = build_decider(self, self.planner, self.prices, self.budget)
         self.refiners = self._build_refiners()
@@ -242,12 +243,21 @@ class _Run(RunServices):
 
     def execute(self, step: GenerationStep) -> GenerationStep:
         """The contenders' (and the paired incumbent's) training episodes, recorded; a candidate evaluated before
-        counts as re-evaluation."""
-        train = self.evaluate(list(step.contenders) + [step.incumbent] * step.rerun, step.plan.train_seeds, "train",
-                              step.generation)
-        self.usage.reeval_env_steps += sum(e.env_steps for c, e in train.items() if c in self._trained)
-        self._trained.update(train)
-        return replace(step, train=train, cut=any(_cut(e) for e in train.values()))
+        counts as re-evaluation. With ``[planner] cascade_episodes`` they run in two stages
+        (:meth:`~ratchet.services.RunServices.evaluate_cascade`): the contenders dropped after the first leave
+        ``contenders`` (and ``recommended``) for ``dropped``, with their first-stage evaluations."""
+        if self.spec.planner.cascade_episodes and step.rerun:
+            train, dropped = self.evaluate_cascade(step.refiner, step.contenders, step.incumbent,
+                                                   step.plan.train_seeds, step.generation)
+        else:
+            train, dropped = self.evaluate(list(step.contenders) + [step.incumbent] * step.rerun,
+                                           step.plan.train_seeds, "train", step.generation), {}
+        ran = {**{cid: ev for cid, (_, ev) in dropped.items()}, **train}
+        self.usage.reeval_env_steps += sum(e.env_steps for c, e in ran.items() if c in self._trained)
+        self._trained.update(ran)
+        recommended = step.recommended if step.recommended is None or step.recommended.id not in dropped else None
+        return replace(step, train=train, cut=any(_cut(e) for e in train.values()), dropped=dropped,
+                       contenders=tuple(c for c in step.contenders if c.id not in dropped), recommended=recommended)
 
     def critique(self, step: GenerationStep) -> GenerationStep:
         """What the generation's episodes say: the refiner observes them (its recommendation after the proposals,
@@ -256,8 +266,10 @@ class _Run(RunServices):
         and its kept gate will cost."""
         train, incumbent = step.train, step.incumbent
         evaluations = list(train.values())
-        self.refiners[step.refiner].observe([train[c.id] for c in step.contenders]
-                                            + ([train[incumbent.id]] if step.rerun else []))
+        refiner = self.refiners[step.refiner]
+        refiner.dropped({cid: why for cid, (why, _) in step.dropped.items()})
+        refiner.observe([train[c.id] for c in step.contenders] + [ev for _, ev in step.dropped.values()]
+                        + ([train[incumbent.id]] if step.rerun else []))
         self.see_training_returns(evaluations)
         est_len = step.est_len
         if evaluations:  # else the last generation's lengths still price the next
@@ -694,15 +706,16 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
 
 def spec_of(ledger: LedgerStore) -> RunSpec:
     """The run's spec as its ``run_started`` event recorded it (not the file, which may have changed since). A run
-    recorded before ``[planner] final`` or ``reject_duplicates`` existed keeps the loop it was started with (``final =
-    false``, ``reject_duplicates = false``), so resuming it recomputes the same events."""
+    recorded before ``[planner] final``, ``reject_duplicates`` or ``cascade_episodes`` existed keeps the loop it was
+    started with (``final = false``, ``reject_duplicates = false``, ``cascade_episodes = 0``), so resuming it
+    recomputes the same events."""
     return recorded_spec(started_event(ledger).payload["spec"])
 
 
 def recorded_spec(data: dict[str, Any]) -> RunSpec:
     """A spec as a ledger recorded it (:meth:`RunSpec.to_dict`, every setting written out), read with the defaults of
     the code that recorded it where they have changed since: without ``[planner] final`` or ``reject_duplicates`` it
-    was ``false``; a
+    was ``false``, without ``cascade_episodes`` 0 (no cascade); a
     ``[[refiners]]`` table without a setting its kind added later reads as the kind's ``recorded_defaults`` say (an
     ``llm`` table without ``concurrency`` sent its requests one at a time)."""
     data = copy.deepcopy(data)
@@ -710,6 +723,7 @@ def recorded_spec(data: dict[str, Any]) -> RunSpec:
     if isinstance(planner, dict):
         planner.setdefault("final", False)
         planner.setdefault("reject_duplicates", False)  # a run recorded before it evaluated duplicates again
+        planner.setdefault("cascade_episodes", 0)  # a run recorded before cascades evaluated every seed
     tables = data.get("refiners")
     for entry in tables if isinstance(tables, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("kind"), str):

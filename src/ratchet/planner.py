@@ -350,6 +350,30 @@ class IncumbentPlanner:
                     f"{incumbent_validation_mean:.2f}")
         return None
 
+    @staticmethod
+    def cascade_drop(candidate_stage: Evaluation, incumbent_stage: Evaluation, margin: float) -> str | None:
+        """Whether the cascade drops a contender after its first stage (``[planner] cascade_episodes``): it failed an
+        episode there (it could never go to a gate), or its mean on the stage's seeds is below the incumbent's mean on
+        the same seeds minus ``margin`` × the incumbent's standard deviation over them (population std, return units).
+
+        The threshold is in units of that spread, not a share of the incumbent's mean: returns may be negative or
+        near zero (bin packing's −excess %, a game's payoff), where a relative margin flips sign or vanishes, and a
+        spread does not change when returns are shifted or scaled. Where the incumbent scores the same on every seed
+        of the stage (std 0) a contender must at least match it.
+
+        Returns:
+            None when the contender goes on to the next stage, else why not (one line, with the numbers).
+        """
+        k = candidate_stage.n
+        if candidate_stage.n_errors:
+            return f"cascade: failed {candidate_stage.n_errors} of its first {k} training episodes"
+        threshold = incumbent_stage.mean - margin * incumbent_stage.std
+        if candidate_stage.mean >= threshold:
+            return None
+        return (f"cascade: mean {candidate_stage.mean:.4g} on its first {k} training episodes is below "
+                f"{threshold:.4g} (the incumbent's {incumbent_stage.mean:.4g} on the same seeds − {margin:g} × its std "
+                f"{incumbent_stage.std:.3g})")
+
     def should_gate(self, usage: Usage, n_validation: int, est_episode_steps: float,
                     next_generation_steps: float = 0.0, step_limit: int | None = None,
                     next_generation_episodes: int = 0) -> bool:

@@ -648,6 +648,42 @@ class RunServices:
         at the same point of a resumed run)."""
         return list(self._transitions)
 
+    def evaluate_cascade(self, arm: str, contenders: Sequence[Candidate], incumbent: Candidate, seeds: Sequence[int],
+                         generation: int) -> tuple[dict[str, Evaluation], dict[str, tuple[str, Evaluation]]]:
+        """A generation's training evaluations in two stages (``[planner] cascade_episodes`` = k > 0): every contender
+        and ``incumbent`` on the first k ``seeds``, then only the contenders the cascade keeps
+        (:meth:`~ratchet.planner.IncumbentPlanner.cascade_drop`) and the incumbent on the rest, each stage recorded
+        under its own evaluation key (:func:`eval_key` of its seeds), so a resumed run reads both back. Each dropped
+        contender is recorded as ``proposal_rejected`` (key ``rejected/GEN/ARM/cascade/ID``; ``detail``: the stage's
+        ``episodes`` and ``env_steps``, its ``mean`` and the ``threshold``). Nothing is dropped when the env-step cap
+        cut the first stage short (the loop judges nothing from it).
+
+        Returns:
+            ``(train, dropped)``: every evaluation on all of ``seeds`` (the kept contenders' and the incumbent's; the
+            first stage's only, when it was cut short), and the dropped contenders' ``(why, first-stage evaluation)``,
+            by candidate id.
+        """
+        from ratchet.planner import IncumbentPlanner
+
+        k, margin = self.spec.planner.cascade_episodes, self.spec.planner.cascade_margin
+        first = self.evaluate([*contenders, incumbent], seeds[:k], "train", generation)
+        if any(_cut(e) for e in first.values()):
+            return first, {}
+        reasons = {c.id: why for c in dict.fromkeys(contenders) if c.id != incumbent.id
+                   and (why := IncumbentPlanner.cascade_drop(first[c.id], first[incumbent.id], margin)) is not None}
+        parents = {c.id: c.parent_id for c in contenders}
+        for cid, why in reasons.items():
+            ev = first[cid]
+            self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/cascade/{cid}", {
+                "generation": generation, "refiner": arm, "parent_id": parents[cid], "reason": why, "source": None,
+                "detail": {"candidate_id": cid, "stage": 1, "episodes": ev.n, "env_steps": ev.env_steps,
+                           "mean": ev.mean, "threshold": first[incumbent.id].mean - margin * first[incumbent.id].std}})
+        kept = [c for c in [*contenders, incumbent] if c.id not in reasons]
+        rest = self.evaluate(kept, seeds[k:], "train", generation)
+        train = {cid: Evaluation(cid, "train", first[cid].episodes + ev.episodes) for cid, ev in rest.items()}
+        self._latest_train.update({c.id: (c, train[c.id]) for c in kept})  # the critique service reads all seeds
+        return train, {cid: (why, first[cid]) for cid, why in reasons.items()}
+
     def critique_of(self, candidate_id: str, traces: int = 0, last_steps: int = 10) -> Any:
         """The critique of a candidate's latest training evaluation in this run, with traces of its worst
         episodes (see :class:`~ratchet.refiners.registry.RefinerContext` ``critique``), or None.

@@ -415,6 +415,18 @@ class PlannerSpec(_Section):
                                     "formatting, comments and docstrings with the same values; recorded as "
                                     "proposal_rejected and told to its refiner (an LLM's next prompt says so). false: "
                                     "evaluate it again on fresh seeds.")
+    cascade_episodes: int = Field(0, ge=0, le=MAX_EPISODES, description="Cascade evaluation: every contender (of "
+                                  "any refiner) and the incumbent first run this many of the generation's training "
+                                  "seeds; a contender whose mean there is below the incumbent's mean on the same seeds "
+                                  "minus cascade_margin × the incumbent's standard deviation over them (or that failed "
+                                  "an episode) is dropped — recorded as proposal_rejected with the episodes and env "
+                                  "steps it cost — and only the rest run the other seeds. 0 = off; else below "
+                                  "train_episodes. The gate still reads only validation seeds.",
+                                  json_schema_extra={"unit": "episodes"})
+    cascade_margin: float = Field(1.0, ge=0, le=1e6, description="How far below the incumbent a contender's "
+                                  "first-stage mean may be and go on, in units of the incumbent's standard deviation "
+                                  "over the first-stage seeds (population std): 0 = it must at least match the "
+                                  "incumbent there.", json_schema_extra={"unit": "incumbent standard deviations"})
     decide: Literal["powered", "every", "end", "exact"] = Field(
         "every", description="When the gate decides: \"exact\" (the default of a [task] deterministic task, and "
                                "only there): each generation's best, when its one score beats the incumbent's "
@@ -443,6 +455,14 @@ class PlannerSpec(_Section):
         "at most [gate] validation_episodes / (confirm_top + 2) (and at least 2). The final decision reads more: "
         "what the budget leaves once its validation is paid for."),
                                          json_schema_extra={"unit": "episodes"})
+
+    @model_validator(mode="after")
+    def _cascade_has_a_rest(self) -> PlannerSpec:
+        if self.cascade_episodes >= self.train_episodes:
+            raise ValueError(f"[planner] cascade_episodes = {self.cascade_episodes} leaves no second stage of "
+                             f"[planner] train_episodes = {self.train_episodes}; set it below train_episodes (or 0 "
+                             "for no cascade)")
+        return self
 
     def confirm_seeds(self, validation_episodes: int) -> int:
         """Fresh training seeds per confirmed candidate in a round of confirmation (episodes): ``confirm_episodes``,

@@ -32,13 +32,16 @@ class GenerationStep:
         rerun: Whether the incumbent runs on the training seeds beside the contenders: a paired reference (plan;
             False again when no contender is left, propose).
         contenders: The candidates evaluated on the training seeds: the proposals that passed their checks, then the
-            refiner's recommendation (propose).
+            refiner's recommendation (propose); those the cascade kept (execute).
         recommended: The refiner's recommendation (CMA-ES's distribution mean) among them, or None (propose).
         refused: Proposals refused before any episode ran, by their checks or the refiner's own (propose).
         failures: Requests to outside services (an LLM endpoint) that failed while the refiner proposed (propose).
         stopped: Why the refiner stopped when its outside service failed and the run goes on without it, or None
             (propose).
-        train: Each evaluated candidate's training evaluation, by candidate id (execute).
+        train: Each evaluated candidate's training evaluation on all the training seeds, by candidate id (execute).
+        dropped: The contenders the cascade dropped after its first stage (``[planner] cascade_episodes``; execute
+            takes them out of ``contenders`` and ``recommended``): why (one line) and their first-stage evaluation,
+            by candidate id (execute).
         cut: Whether the executor's env-step cap cut the training episodes short: nothing is judged from them
             (execute).
         broken: Whether every episode of the generation failed before its first env step: the run stops after it
@@ -69,6 +72,7 @@ class GenerationStep:
     failures: tuple[str, ...] = ()
     stopped: str | None = None
     train: Mapping[str, Evaluation] = field(default_factory=dict)
+    dropped: Mapping[str, tuple[str, Evaluation]] = field(default_factory=dict)
     cut: bool = False
     broken: bool = False
     longest: float = 1.0

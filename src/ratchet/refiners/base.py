@@ -14,6 +14,7 @@ One generation, as the loop drives it::
     refiner.propose(parent, critique, rng)  # new candidates (possibly after training jobs)
     refiner.take_rejections()        # what it screened out itself, recorded as proposal_rejected
     refiner.refused(reasons)         # what the loop refused before any episode (failed checks, duplicates)
+    refiner.dropped(reasons)         # what the cascade dropped after its first stage ([planner] cascade_episodes)
     refiner.observe(evaluations)     # training evaluations of its proposals (and recommendation), then the parent's
     refiner.verdict(candidate_id, promoted, note)  # what the gate said of the generation's contender
     refiner.summary()                # numbers for the progress line, the ledger and ``show``
@@ -104,10 +105,18 @@ class Refiner(ABC):
         each also recorded as ``proposal_rejected``). Called every generation, before :meth:`observe` (which gets no
         evaluation of them). Default: nothing kept."""
 
+    def dropped(self, reasons: Mapping[str, str]) -> None:
+        """The candidates of the last :meth:`propose` (or :meth:`recommend`) the cascade dropped after its first stage
+        (``[planner] cascade_episodes``), by candidate id: why, one line (each also recorded as
+        ``proposal_rejected``). Called every generation, before :meth:`observe`, which gets their first-stage
+        evaluations (fewer episodes than the others'; they rank below every candidate that went on). Default:
+        nothing kept."""
+
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
         """Training evaluations of the candidates of the last :meth:`propose`, then of :meth:`recommend`'s candidate
-        when it was evaluated beside them, then the parent's on the same seeds (a reference for paired comparisons;
-        present when the incumbent ran, always with ``generation_cost().reference``). Default: nothing learnt."""
+        when it was evaluated beside them, then those the cascade dropped (:meth:`dropped`: on the first-stage seeds
+        only), then the parent's on the same seeds (a reference for paired comparisons; present when the incumbent
+        ran, always with ``generation_cost().reference`` or a cascade). Default: nothing learnt."""
 
     def recommend(self) -> Candidate | None:
         """The refiner's current best guess (CMA-ES's distribution mean), evaluated beside the proposals when

@@ -159,6 +159,7 @@ class CMAESRefiner(Refiner):
         self._start_id: str | None = None  # the first parent: "rescue" restarts only while it is the incumbent
         self._recommended_id: str | None = None  # the distribution mean evaluated with the current population
         self._parent: Candidate | None = None
+        self._dropped: set[str] = set()  # samples the cascade dropped after its first stage (observe ranks them last)
 
     @property
     def dimension(self) -> int:
@@ -286,8 +287,17 @@ class CMAESRefiner(Refiner):
         self._es, self._asked = None, []
         self._restart_due, self._best, self._stale = False, float("-inf"), 0
 
+    def dropped(self, reasons: Mapping[str, str]) -> None:
+        """The samples the cascade dropped after its first stage: :meth:`observe` ranks them below the rest."""
+        self._dropped = set(reasons)
+
     def observe(self, evaluations: Sequence[Evaluation]) -> None:
-        """Tell pycma the population's fitness (negative mean return). Other evaluations are ignored."""
+        """Tell pycma the population's fitness (negative mean return). Other evaluations are ignored.
+
+        The order pycma's update reads (it uses ranks only): the samples that ran every training seed by their mean;
+        below all of them those the cascade dropped after its first stage (:meth:`dropped`), by their first-stage
+        mean (it was on fewer, other seeds, and below the bar the others passed); below those, samples that failed an
+        episode or have no evaluation."""
         if self._es is None or not self._asked:
             return
         by_id = {e.candidate_id: e for e in evaluations}
@@ -295,8 +305,16 @@ class CMAESRefiner(Refiner):
         for cid, _ in self._asked:
             ev = by_id.get(cid)
             fits.append(None if ev is None or ev.n_errors or not np.isfinite(ev.mean) else -ev.mean)
-        finite = [f for f in fits if f is not None]
-        worst = (max(finite) + abs(max(finite)) + 1.0) if finite else 0.0
+        dropped, self._dropped = self._dropped, set()
+        ids = [cid for cid, _ in self._asked]
+        finite = [f for cid, f in zip(ids, fits) if f is not None and cid not in dropped]  # ran every seed
+        cut = [f for cid, f in zip(ids, fits) if f is not None and cid in dropped]
+        if finite and cut:  # shift the dropped samples' fitness above (worse than) every other's, keeping their order
+            shift = max(finite) - min(cut) + 1.0
+            fits = [f + shift if f is not None and cid in dropped else f for cid, f in zip(ids, fits)]
+        finite = finite or cut
+        everything = [f for f in fits if f is not None]
+        worst = (max(everything) + abs(max(everything)) + 1.0) if everything else 0.0
         self._es.tell([x for _, x in self._asked], [worst if f is None else f for f in fits])
         self._asked = []
         if self.elitist and self._es.sigma < 1e-4:  # collapsed around the incumbent: start again there
@@ -309,7 +327,7 @@ class CMAESRefiner(Refiner):
             else:  # "local" (and "rescue" before a promotion): did any sample, or the mean, beat the incumbent?
                 inc = by_id.get(self._parent_id) if self._parent_id is not None else None
                 mean = by_id.get(self._recommended_id) if self._recommended_id is not None else None
-                if mean is not None and not mean.n_errors and np.isfinite(mean.mean):
+                if mean is not None and mean.candidate_id not in dropped and not mean.n_errors and np.isfinite(mean.mean):
                     gen_best = max(gen_best, mean.mean)
                 progress = inc is None or inc.n_errors > 0 or not np.isfinite(inc.mean) or gen_best > inc.mean
             self._stale = 0 if progress else self._stale + 1

@@ -1466,6 +1466,13 @@ class LLMRefiner(Refiner):
             if a.ids and all(i in reasons for i in a.ids):
                 a.verdict = f"refused before any episode ran: {reasons[a.ids[0]]}"
 
+    def dropped(self, reasons: Mapping[str, str]) -> None:
+        """An edit whose every variant the cascade dropped after its first training episodes keeps the first reason
+        as its history entry's result: later prompts show it."""
+        for a in self._pending:
+            if a.ids and all(i in reasons for i in a.ids):
+                a.verdict = f"dropped after its first training episodes: {reasons[a.ids[0]]}"
+
     def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
         """The gate's verdict on the generation's contender: each pending edit's history entry says what
         became of it."""

@@ -247,6 +247,18 @@ class ScreenedRefiner(Refiner):
         """The inner refiner's."""
         return self.inner.idle_reason()
 
+    def refused(self, reasons: Mapping[str, str]) -> None:
+        """Passed to the inner refiner (proposals refused before any episode: duplicates, failed checks)."""
+        self.inner.refused(reasons)
+
+    def dropped(self, reasons: Mapping[str, str]) -> None:
+        """Passed to the inner refiner (contenders the cascade dropped after its first stage)."""
+        self.inner.dropped(reasons)
+
+    def budget_spent(self) -> bool:
+        """The inner refiner's."""
+        return self.inner.budget_spent()
+
     def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
         """Passed to the inner refiner."""
         self.inner.verdict(candidate_id, promoted, note)
