@@ -155,3 +155,30 @@ def test_the_vendored_circle_packing_example_runs_as_published(tmp_path):
     start = next(x for e in evals for x in e.payload["episodes"])
     assert start["error"] is None and abs(start["episode_return"] - 0.95979 / 2.635) < 1e-3
     assert os.path.exists(tmp_path / "runs" / "r")
+
+
+def test_import_writes_a_spec_that_runs(tmp_path):
+    """`ratchet import openevolve FOLDER` on the example's files as published writes a ratchet.toml that evaluates
+    the program; a second import refuses to overwrite it, an unknown tool is one line."""
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    folder = tmp_path / "circle_packing"
+    folder.mkdir()
+    for name in ("initial_program.py", "evaluator.py", "config_phase_1.yaml"):
+        shutil.copy(EXAMPLE / name, folder / name)
+    runner = CliRunner()
+    res = runner.invoke(app, ["import", "openevolve", str(folder)])
+    assert res.exit_code == 0, res.output
+    assert 'kind = "openevolve"' in (folder / "ratchet.toml").read_text()
+    res = runner.invoke(app, ["evaluate", str(folder), "--spec", str(folder / "ratchet.toml"), "--episodes", "1",
+                              "--workers", "1"])
+    assert res.exit_code == 0 and "errors 0" in res.output and "0.36" in res.output, res.output
+    res = runner.invoke(app, ["import", "openevolve", str(folder)])
+    assert res.exit_code == 1 and "give --force" in res.output
+    res = runner.invoke(app, ["import", "shinka", str(folder)])
+    assert res.exit_code == 1 and "unknown tool 'shinka'" in res.output
+    (folder / "evaluator.py").unlink()
+    res = runner.invoke(app, ["import", "openevolve", str(folder), "--force"])
+    assert res.exit_code == 1 and "no evaluator.py" in res.output

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 from ratchet.errors import TaskError
 from ratchet.tasks.evaluator import MAX_SCORES, MAX_SOURCE_BYTES, CandidateError, EvaluatorTask
 
-__all__ = ["ADAPTER", "OpenEvolveTask", "driver_script", "metrics_of"]
+__all__ = ["ADAPTER", "OpenEvolveTask", "driver_script", "metrics_of", "spec_text"]
 
 #: The trusted evaluator module every OpenEvolve task runs (an :mod:`ratchet.tasks.evaluator` module): its OPTIONS
 #: hold the user's evaluator source, the program file's name and the score metric.
@@ -205,3 +205,71 @@ class OpenEvolveTask(EvaluatorTask):
     def to_dict(self) -> dict[str, Any]:
         """As :meth:`EvaluatorTask.to_dict`, with ``"kind": "openevolve"``."""
         return {**super().to_dict(), "kind": self.kind}
+
+
+def spec_text(folder: str | Path, evaluator: str = "evaluator.py", program: str | None = None,
+              budget: int = 600) -> str:
+    """The ``ratchet.toml`` that runs an OpenEvolve example folder as it is (``ratchet import openevolve``): an
+    ``openevolve`` task of ``evaluator``, the program file as a ``source`` policy, CMA-ES over its ``EVOLVE-BLOCK``
+    numbers with a small step (structural integers such as array sizes break a program when moved), one evaluation
+    per candidate, ``budget`` evaluations.
+
+    ``program``: the program file; default ``initial_program.py``, else the one ``.py`` file of the folder with an
+    ``EVOLVE-BLOCK-START`` marker.
+
+    Raises:
+        TaskError: no evaluator, or no program file (or several candidates for it) in the folder.
+    """
+    from ratchet.regions import START
+
+    root = Path(folder)
+    if not (root / evaluator).is_file():
+        raise TaskError(f"{root}: no {evaluator} (an OpenEvolve example folder has the evaluator with "
+                        "evaluate(program_path); name another with --evaluator)")
+    if program is None:
+        if (root / "initial_program.py").is_file():
+            program = "initial_program.py"
+        else:
+            found = sorted(p.name for p in root.glob("*.py") if p.name != evaluator and p.is_file()
+                           and START in p.read_text(encoding="utf-8", errors="replace"))
+            if len(found) != 1:
+                raise TaskError(f"{root}: {'no' if not found else 'several'} .py files with an EVOLVE-BLOCK-START "
+                                f"marker ({', '.join(found)}); name the program file with --program")
+            program = found[0]
+    elif not (root / program).is_file():
+        raise TaskError(f"{root}: no program file {program}")
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (root.resolve().name or "openevolve"))
+    return f"""# Written by `ratchet import openevolve`: runs this OpenEvolve example as it is. Their {evaluator} runs in the
+# sandbox beside {program}, so the score is forgeable by the program (docs/how-to/tasks/openevolve.md).
+name = {json.dumps(name)}
+seed = 0
+
+[task]
+kind = "openevolve"
+evaluator = {json.dumps(evaluator)}
+program = {json.dumps(program)}
+metric = "combined_score"
+
+[policy]
+kind = "source"
+path = "."
+files = [{json.dumps(program)}]
+run = ["sh", "-c", "exec \\"$RATCHET_PYTHON\\" -"]
+
+[[refiners]]
+kind = "cmaes"
+sigma0 = 0.01
+popsize = 8
+
+[planner]
+train_episodes = 1
+
+[gate]
+validation_episodes = 2
+
+[budget]
+episodes = {int(budget)}
+
+[test]
+episodes = 1
+"""
