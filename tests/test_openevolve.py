@@ -182,3 +182,34 @@ def test_import_writes_a_spec_that_runs(tmp_path):
     (folder / "evaluator.py").unlink()
     res = runner.invoke(app, ["import", "openevolve", str(folder), "--force"])
     assert res.exit_code == 1 and "no evaluator.py" in res.output
+
+
+HONEST = """import numpy as np
+
+PARAMETERS = {"r": {"default": 0.08, "low": 0.01, "high": 0.5}}
+
+
+def construct_packing(params):
+    r = params["r"]
+    centers = np.array([[(2 * i + 1) / 12, (2 * j + 1) / 10] for j in range(5) for i in range(6)][:26])
+    return centers, np.full(26, min(r, 0.1 - 1e-9))
+"""
+
+
+@pytest.mark.parametrize("radius, result, code", [(0.08, "2.08", 0), (0.5, "a circle leaves the unit square", 1)])
+def test_the_docs_split_evaluator_scores_a_packing_the_candidate_cannot_forge(tmp_path, radius, result, code):
+    """The trusted evaluator docs/how-to/tasks/openevolve.md shows (the split that makes the score unforgeable)
+    runs as written: it scores an honest packing, and a candidate that claims big circles is its failure."""
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    page = (ROOT / "docs" / "how-to" / "tasks" / "openevolve.md").read_text()
+    trusted = page.split("# evaluate.py: trusted")[1].split("\n", 1)[1].split("```")[0]
+    (tmp_path / "evaluate.py").write_text(trusted)
+    (tmp_path / "policy.py").write_text(HONEST.replace("min(r, 0.1 - 1e-9)", "min(r, 0.1 - 1e-9)" if radius < 0.5
+                                                      else "0.5"))
+    (tmp_path / "ratchet.toml").write_text('[task]\nkind = "evaluator"\nevaluator = "evaluate.py"\n')
+    res = CliRunner().invoke(app, ["evaluate", str(tmp_path / "policy.py"), "--spec", str(tmp_path / "ratchet.toml"),
+                                   "--episodes", "1", "--workers", "1"])
+    assert res.exit_code == code and result in res.output, res.output
