@@ -213,3 +213,39 @@ def test_the_docs_split_evaluator_scores_a_packing_the_candidate_cannot_forge(tm
     res = CliRunner().invoke(app, ["evaluate", str(tmp_path / "policy.py"), "--spec", str(tmp_path / "ratchet.toml"),
                                    "--episodes", "1", "--workers", "1"])
     assert res.exit_code == code and result in res.output, res.output
+
+
+def test_a_killed_and_resumed_openevolve_run_replays_a_whole_one(tmp_path):
+    """kill -9 mid-run and resume: the same candidates and scores as a whole run (the evaluator stored in the
+    ledger runs after resume, not the file, which is changed here between the two)."""
+    from conftest import SimulatedKill, read_events
+    from test_refiner_contract import Dying
+
+    from ratchet.loop import resume_run
+
+    _example(tmp_path / "spec")
+    (tmp_path / "spec" / "initial_program.py").write_text(PROGRAM.replace("X = 1.5", "X = 1.5 + 0 * 2"))
+    d = {"name": "oe", "seed": 0, "task": {"kind": "openevolve", "evaluator": "evaluator.py"},
+         "policy": {"kind": "source", "path": ".", "files": ["initial_program.py"], "run": RUN},
+         "refiners": [{"kind": "cmaes", "popsize": 4}], "planner": {"train_episodes": 1},
+         "gate": {"validation_episodes": 2, "max_share": 0.9, "spending": "none"}, "budget": {"episodes": 20},
+         "test": {"episodes": 1}, "execution": {"workers": 1, "episode_timeout_s": 60}}
+    spec = spec_from_dict(d, tmp_path / "spec")
+    with Dying() as ex:
+        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
+    killed = Dying(die_after=5)
+    try:
+        with pytest.raises(SimulatedKill):
+            start_run(spec, tmp_path / "b", "r", executor=killed)
+    finally:
+        killed.close()
+    (tmp_path / "spec" / "evaluator.py").write_text(EVALUATOR.format(mode="raise"))  # the ledger's copy runs
+    with Dying() as ex:
+        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
+    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    returns = [sorted((e.payload["candidate_id"], e.payload["split"], tuple(e.payload["seeds"]),
+                       tuple(x["episode_return"] for x in e.payload["episodes"]))
+                      for e in ev if e.type.value == "episodes_evaluated") for ev in (a, b)]
+    assert returns[0] == returns[1] and len(returns[0]) > 3
+    assert not any(x["error"] for e in b if e.type.value == "episodes_evaluated" for x in e.payload["episodes"])
+    assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
