@@ -175,6 +175,7 @@ def test_import_writes_a_spec_that_runs(tmp_path):
     res = runner.invoke(app, ["evaluate", str(folder), "--spec", str(folder / "ratchet.toml"), "--episodes", "1",
                               "--workers", "1"])
     assert res.exit_code == 0 and "errors 0" in res.output and "0.36" in res.output, res.output
+    assert "instance" in res.output and "terminated" not in res.output  # an evaluator's table: scores, no env endings
     res = runner.invoke(app, ["import", "openevolve", str(folder)])
     assert res.exit_code == 1 and "give --force" in res.output
     res = runner.invoke(app, ["import", "shinka", str(folder)])

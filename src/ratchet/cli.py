@@ -630,7 +630,7 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     ev = Evaluation(cand.id, "evaluate", tuple(eps))
     title = f"{label} on {task.name}"
     t = Table(title=title, min_width=min(len(title), out.width))  # a narrow table would wrap its title
-    scored = task.kind == "evaluator"  # one call per instance: a score and its cost, no env endings to show
+    scored = task.return_name == "score"  # an evaluator's: one call per instance, a score and its cost, no env endings
     # how the task labelled a failing episode (an evaluator's ``failure``): a column of its own, and counted below
     labels = Counter(str(e.diagnostics["failure"]) for e in eps if e.diagnostics.get("failure"))
     cols = (("instance", "score", "cost", "success", *(("failure",) if labels else ()), "error") if scored
