@@ -636,7 +636,7 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
     ev = Evaluation(cand.id, "evaluate", tuple(eps))
     title = f"{label} on {task.name}"
     t = Table(title=title, min_width=min(len(title), out.width))  # a narrow table would wrap its title
-    scored = task.kind == "evaluator"  # one call per instance: a score and its cost, no env endings to show
+    scored = task.return_name == "score"  # an evaluator's: one call per instance, a score and its cost, no env endings
     # how the task labelled a failing episode (an evaluator's ``failure``): a column of its own, and counted below
     labels = Counter(str(e.diagnostics["failure"]) for e in eps if e.diagnostics.get("failure"))
     cols = (("instance", "score", "cost", "success", *(("failure",) if labels else ()), "error") if scored
@@ -881,6 +881,34 @@ def llm_log(run: str = typer.Argument(..., metavar="RUN", help="Run id or run di
     total = sum(e.type.value == "llm_call" for e in events)
     for i, x in enumerate(exchanges, total - len(exchanges) + 1):  # the answers are untrusted text: made safe
         sys.stdout.write(clean(format_exchange(x, i), None, multiline=True) + "\n\n")
+
+
+@app.command("import")
+def import_(tool: str = typer.Argument(..., metavar="TOOL", help="The tool the example comes from: openevolve (an "
+                                                                 "OpenEvolve example folder)."),
+            folder: str = typer.Argument(..., metavar="FOLDER", help="The example's folder."),
+            evaluator: str = typer.Option("evaluator.py", "--evaluator", help="The evaluator file in FOLDER."),
+            program: str | None = typer.Option(None, "--program", help="The program file in FOLDER; default "
+                                               "initial_program.py, else the one .py file with an EVOLVE-BLOCK."),
+            force: bool = typer.Option(False, "--force", help="Overwrite FOLDER/ratchet.toml.")) -> None:
+    """Write FOLDER/ratchet.toml that runs another tool's example as it is (its files unchanged)."""
+    from ratchet.spec import load_spec
+    from ratchet.tasks.openevolve import spec_text
+
+    target = Path(folder) / "ratchet.toml"
+    try:
+        if tool != "openevolve":
+            raise RatchetError(f"ratchet import: unknown tool {tool!r}; known: openevolve (ShinkaEvolve's contract "
+                               "is not supported yet)")
+        if target.exists() and not force:
+            raise RatchetError(f"{target} exists; give --force to overwrite it")
+        text = spec_text(folder, evaluator, program)
+        target.write_text(text, encoding="utf-8")
+        load_spec(target)  # what was written runs
+    except (RatchetError, OSError) as exc:
+        _fail(exc)
+        return
+    out.print(f"wrote {target}\nrun it: ratchet run {target}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -639,7 +639,8 @@ def load_start(spec: RunSpec, task: Task, spaces: tuple[Any, Any] | None = None
 
         p = spec.policy
         folder = read_folder(spec.policy_path, p.build, p.run, tuple(task.functions), build_timeout_s=p.build_timeout_s,
-                             build_memory_mb=p.build_memory_mb, max_output_bytes=p.max_output_bytes)
+                             build_memory_mb=p.build_memory_mb, max_output_bytes=p.max_output_bytes,
+                             only=p.files)
         return start_candidate(spec.policy, spec.base_dir, None, spec.seed, folder)
     if kind != "program" and "act" not in task.functions:
         from ratchet.errors import PolicyError

@@ -58,7 +58,7 @@ class TaskSpec(_Section):
     :mod:`ratchet.tasks.evaluator`), scoring the policy's functions on problem instances.
     """
 
-    kind: Literal["gym", "evaluator", "game"] = Field(
+    kind: Literal["gym", "evaluator", "game", "openevolve"] = Field(
         "gym", description="\"gym\": a Gymnasium environment (env_id); \"evaluator\": a module that scores a policy "
                            "on problem instances (evaluator); \"game\": a PettingZoo or OpenSpiel game against a pool "
                            "of opponents (game, opponents).")
@@ -101,6 +101,10 @@ class TaskSpec(_Section):
     name: str | None = Field(None, min_length=1, max_length=80, description="kind = \"evaluator\": what people and "
                                                                            "prompts call the task; default the "
                                                                            "evaluator file's name.")
+    program: str | None = Field(None, min_length=1, description="kind = \"openevolve\": the program file the "
+                                "evaluator is given, in the policy's folder (default \"initial_program.py\").")
+    metric: str | None = Field(None, min_length=1, max_length=40, description="kind = \"openevolve\": the metric "
+                               "of evaluate()'s dict that is the score (default \"combined_score\").")
     options: dict[str, Any] = Field(default_factory=dict, description="kind = \"evaluator\": settings for the "
                                     "evaluator, its module global OPTIONS (e.g. which instances to make).")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make.")
@@ -145,6 +149,8 @@ class TaskSpec(_Section):
 
     @model_validator(mode="after")
     def _one_kind(self) -> TaskSpec:
+        if self.kind != "openevolve" and (self.program is not None or self.metric is not None):
+            raise ValueError("program and metric belong to OpenEvolve tasks; add kind = \"openevolve\" or remove them")
         game_keys = [k for k in ("game", "train_opponents", "validation_opponents", "test_opponents", "seats",
                                  "max_moves") if getattr(self, k) is not None]
         game_keys += [k for k in ("opponents", "game_kwargs") if getattr(self, k)]
@@ -170,6 +176,23 @@ class TaskSpec(_Section):
             return self
         if game_keys:
             raise ValueError(f"{game_keys[0]} belongs to game tasks; add kind = \"game\" or remove it")
+        if self.kind == "openevolve":
+            if self.evaluator is None:
+                raise ValueError("kind = \"openevolve\" needs evaluator = \"evaluator.py\" (OpenEvolve's evaluator, "
+                                 "evaluate(program_path) -> dict of metrics)")
+            wrong = [k for k in ("env_id", "max_episode_steps", "description") if getattr(self, k) is not None]
+            wrong += [k for k in ("env_kwargs", "options") if getattr(self, k)]
+            wrong += ["action"] if self.action != "error" else []
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} do(es) not apply to OpenEvolve tasks; an OpenEvolve task takes "
+                                 "evaluator, program, metric, name and success_threshold")
+            from ratchet.tasks import task_from_spec
+
+            try:
+                task_from_spec(self)
+            except TaskError as exc:
+                raise ValueError(str(exc)) from None
+            return self
         if self.kind == "evaluator":
             if self.evaluator is None:
                 raise ValueError("kind = \"evaluator\" needs evaluator = \"evaluate.py\" (the module that scores a "
@@ -227,6 +250,8 @@ class PolicySpec(_Section):
     path: str = Field("policy.py", description="Policy file (program, residual base), model .zip (sb3), "
                                                "weights .npz (mlp; without one a fresh network) or the folder of a "
                                                "source policy, relative to the spec file.")
+    files: list[str] = Field(default_factory=list, description="source only: the files of the folder that are the "
+                                                               "candidate (paths relative to it); default every file.")
     build: list[str] = Field(default_factory=list, description="source only: shell command lines that build the "
                                                                "folder, run in order in a copy of it inside the "
                                                                "sandbox (e.g. [\"g++ -O2 -o prog main.cpp\"]).")
@@ -268,7 +293,7 @@ class PolicySpec(_Section):
                              f"{self.kind!r}; remove it")
         from ratchet.policy import FOLDER_KINDS
 
-        folder_keys = [k for k in ("build", "run") if getattr(self, k)]  # (every setting is written out in a ledger)
+        folder_keys = [k for k in ("build", "run", "files") if getattr(self, k)]  # (every setting is written out in a ledger)
         if self.kind in FOLDER_KINDS:
             if not self.run:
                 raise ValueError(f"[policy] kind = {self.kind!r} needs run = [...], the command that runs the built "

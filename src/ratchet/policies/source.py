@@ -31,8 +31,9 @@ it, is ever seen by another candidate.
 
 **Calls.** A task's functions (an evaluator's ``FUNCTIONS``) are answered by running the built program: each call
 ``name(x, ...)`` starts ``run`` in the build folder with the arguments as text on its stdin (:func:`stdin_text`)
-and ``RATCHET_FUNCTION=name`` in its environment, and returns what it printed on stdout, as text (at most
-``max_output_bytes``). An evaluator declares such functions ``-> str`` and parses the answer
+and ``RATCHET_FUNCTION=name`` in its environment (and ``RATCHET_PYTHON``, the Python interpreter running ratchet,
+for programs in Python: ``run = ["sh", "-c", "exec \\"$RATCHET_PYTHON\\" main.py"]``), and returns what it printed
+on stdout, as text (at most ``max_output_bytes``). An evaluator declares such functions ``-> str`` and parses the answer
 (:func:`ratchet.tasks.evaluator.numbers` reads numbers). A program that exits with a non-zero status, is killed by a
 signal, prints more than the limit or what is not UTF-8 fails the call: the instance is the candidate's recorded
 failure. A program that hangs runs out the instance's clock (``[execution] episode_timeout_s``), as a Python
@@ -50,6 +51,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -169,7 +171,7 @@ def _parameter(lit: Any) -> Parameter:
 
 def read_folder(path: str | Path, build: Sequence[str], run: Sequence[str], functions: Sequence[str], *,
                 build_timeout_s: float = 60.0, build_memory_mb: int = 2048,
-                max_output_bytes: int = 1 << 20) -> PolicyProgram:
+                max_output_bytes: int = 1 << 20, only: Sequence[str] = ()) -> PolicyProgram:
     """Read a source folder (driver side: nothing is built or run) into the program a run starts from.
 
     Returns:
@@ -178,7 +180,10 @@ def read_folder(path: str | Path, build: Sequence[str], run: Sequence[str], func
 
     Raises:
         PolicyError: not a folder, a link or a file that is not UTF-8 text in it, too many or too large files,
-            no ``run`` command, or marked regions that cannot be read.
+            no ``run`` command, a file of ``only`` missing, or marked regions that cannot be read.
+
+    ``only``: the files (relative paths) that are the candidate, the folder's other files left out (``[policy]
+    files``: an OpenEvolve example's program file beside its evaluator); empty: every file.
     """
     root = Path(path)
     if not root.is_dir():
@@ -196,6 +201,8 @@ def read_folder(path: str | Path, build: Sequence[str], run: Sequence[str], func
                 continue
             p = Path(dirpath) / name
             rel = p.relative_to(root).as_posix()
+            if only and rel not in only:
+                continue
             if p.is_symlink() or not p.is_file():
                 raise PolicyError(f"{p}: a link or special file; a source folder holds plain files only")
             if len(files) >= MAX_FILES:
@@ -210,6 +217,9 @@ def read_folder(path: str | Path, build: Sequence[str], run: Sequence[str], func
             except UnicodeDecodeError:
                 raise PolicyError(f"{p}: not UTF-8 text (a build output or data file?); a source folder holds "
                                   "source files only") from None
+    missing = sorted(set(only) - set(files))
+    if missing:
+        raise PolicyError(f"[policy] files: {', '.join(missing)} not found in {root} (plain files, relative to it)")
     if not files:
         raise PolicyError(f"{root}: the folder has no files")
     folder = Folder(files, tuple(build), tuple(run), tuple(functions), float(build_timeout_s), int(build_memory_mb),
@@ -398,7 +408,7 @@ class FolderPolicy:
             raise ProgramFailed("the program was called before it was built")
         data = stdin_text(args[:-1]).encode("utf-8")
         cap = self.folder.max_output_bytes
-        env = dict(os.environ, RATCHET_FUNCTION=name)
+        env = dict(os.environ, RATCHET_FUNCTION=name, RATCHET_PYTHON=sys.executable)
         try:
             proc = subprocess.Popen(list(self.folder.run), cwd=self._dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, close_fds=True, env=env)

@@ -6,7 +6,8 @@ task only through :class:`Task` and never names a kind. A kind is a class regist
 :func:`task_from_dict` build one. Today: ``"gym"`` (:class:`~ratchet.tasks.gym.GymTask`, any registered
 Gymnasium environment) and ``"evaluator"`` (:class:`~ratchet.tasks.evaluator.EvaluatorTask`, a user's
 evaluator scoring the policy's functions on problem instances) and ``"game"`` (:class:`~ratchet.tasks.game.GameTask`,
-a PettingZoo or OpenSpiel game against a pool of opponents).
+a PettingZoo or OpenSpiel game against a pool of opponents) and ``"openevolve"``
+(:class:`~ratchet.tasks.openevolve.OpenEvolveTask`, an OpenEvolve example's evaluator, run in the sandbox).
 
 An episode of any task: a seed in; out a return (higher is better), a length in the task's cost unit (env
 steps for an environment), how it ended (terminated, truncated — kept apart, as Gymnasium does — or an
@@ -29,7 +30,8 @@ __all__ = ["TASK_KINDS", "BatchedRollouts", "PolicyHandle", "Task", "kind_class"
 #: Task kind -> ``"module:Class"``; the class has ``from_spec(table)`` and ``from_dict(d)``.
 TASK_KINDS: dict[str, str] = {"gym": "ratchet.tasks.gym:GymTask",
                               "evaluator": "ratchet.tasks.evaluator:EvaluatorTask",
-                              "game": "ratchet.tasks.game:GameTask"}
+                              "game": "ratchet.tasks.game:GameTask",
+                              "openevolve": "ratchet.tasks.openevolve:OpenEvolveTask"}
 
 
 class PolicyHandle(Protocol):
