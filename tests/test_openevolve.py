@@ -155,6 +155,8 @@ def test_the_vendored_circle_packing_example_runs_as_published(tmp_path):
     start = next(x for e in evals for x in e.payload["episodes"])
     assert start["error"] is None and abs(start["episode_return"] - 0.95979 / 2.635) < 1e-3
     assert os.path.exists(tmp_path / "runs" / "r")
+    started = next(e for e in read_events(tmp_path / "runs" / "r") if e.type.value == "run_started")
+    assert started.payload["task"]["deterministic"] is True  # the example declares it: one evaluation per program
 
 
 def test_import_writes_a_spec_that_runs(tmp_path):

@@ -172,7 +172,8 @@ class OpenEvolveTask(EvaluatorTask):
 
     @classmethod
     def from_spec(cls, table: Any) -> OpenEvolveTask:
-        """From a spec's ``[task]`` table (``evaluator``, ``program``, ``metric``, ``name``, ``success_threshold``);
+        """From a spec's ``[task]`` table (``evaluator``, ``program``, ``metric``, ``name``, ``success_threshold``,
+        ``deterministic``);
         the ledger's stored form (with ``source``) is read as :meth:`from_dict`.
 
         Raises:
@@ -200,7 +201,7 @@ class OpenEvolveTask(EvaluatorTask):
         options = {"evaluator_source": source, "evaluator_name": p.name,
                    "program": t.get("program") or "initial_program.py", "metric": t.get("metric") or "combined_score"}
         return cls(str(p.resolve()), ADAPTER, t.get("success_threshold"), t.get("name") or p.parent.name or None,
-                   options)
+                   options, bool(t.get("deterministic")))
 
     def to_dict(self) -> dict[str, Any]:
         """As :meth:`EvaluatorTask.to_dict`, with ``"kind": "openevolve"``."""
