@@ -49,6 +49,13 @@ concurrency each); each request goes to the model :class:`ModelBandit` picks on 
 An answer whose edit does not apply is asked about once more (``on_unusable``: the failure quoted, or the whole
 file asked for), and with ``repair`` a program that raised at a line of its own code is sent back with the error
 quoted (:func:`repair_note`).
+
+A ``source`` policy (a folder of files in any language, :mod:`ratchet.policies.source`) is shown file by file
+(:func:`folder_prompt_text`, with :data:`FOLDER_SYSTEM_PROMPT`), its values written into its marked regions; the
+answer gives whole files or SEARCH/REPLACE blocks per path (:func:`parse_folder_answer`), applied to the folder's
+existing files only (:func:`apply_folder_answer`: no new file, nothing outside the folder), and the edited folder's
+regions are read again (:func:`ratchet.policies.source.program_of`; regions that cannot be read make the answer
+unusable, so it is asked about again). The new candidate's parameters are those regions' numbers.
 """
 
 from __future__ import annotations
