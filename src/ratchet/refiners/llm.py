@@ -588,8 +588,6 @@ def folder_prompt_text(source: str, max_chars: int) -> str:
     Raises:
         PolicyError: not a folder document, or regions that cannot be read.
     """
-    from ratchet.policies.source import Folder
-
     folder = Folder.from_source(source)
     head = [f"Build: {' && '.join(folder.build) or '(nothing to build)'}", f"Run: {' '.join(folder.run)}"]
     order = sorted(folder.files, key=lambda path: (path not in folder.literals, path))
