@@ -385,3 +385,19 @@ def test_a_run_killed_between_trace_replays_resumes_to_the_same_prompts(tmp_path
         keys.append([e.key for e in events_of(events, EventType.LLM_CALL)])
         assert events_of(events, EventType.EPISODE_TRACED)
     assert keys[0] == keys[1]  # the same requests (prompts, traces included) as an uninterrupted run
+
+
+def test_a_source_folders_prompt_shows_its_files_by_path_within_the_size_limit():
+    from ratchet.policies.source import Folder
+    from ratchet.refiners.llm import FOLDER_SYSTEM_PROMPT
+
+    main = "// EVOLVE-BLOCK-START\nint k = 3;  // ratchet: k 1..9\n// EVOLVE-BLOCK-END\nint main(void) { return k; }\n"
+    folder = Folder({"main.c": main, "table.h": "int t[] = {" + "1, " * 20_000 + "};\n", "util.h": "#define U 1\n"},
+                    ("cc -o prog main.c",), ("./prog",), ("answer",))
+    facts = {"name": "t", "description": "d", "functions": {"answer": 2}, "success_threshold": None}
+    system, user = (m["content"] for m in build_prompt(facts, folder.to_source(), None, [], max_chars=20_000,
+                                                       kind="source"))
+    assert system == FOLDER_SYSTEM_PROMPT and "```python" not in user
+    assert "=== main.c ===\n```c\n// EVOLVE-BLOCK-START" in user and "=== util.h ===\n```h\n#define U 1" in user
+    assert "Files not shown (the prompt's size limit" in user and "table.h (60,014 characters)" in user
+    assert "- k (main.c line 2): 3, bounds 1..9, integer" in user and len(user) < 20_000

@@ -310,10 +310,12 @@ def test_a_program_cannot_read_files_outside_or_reach_the_network(sandboxed, tas
 
 # -- runs: the kind through the loop, and the refiners that claim it ------------------------------------------
 
-def _spec(directory: Path, refiner: str):
+def _spec(directory: Path, refiner: str, url: str | None = None):
     _folder(directory / "prog", GOOD)
     (directory / "evaluate.py").write_text(EVALUATOR)
-    table = {"cmaes": {"popsize": 4}}.get(refiner, {})
+    table = {"cmaes": {"popsize": 4},
+             "llm": {"base_url": url, "model": "stand-in", "proposals": 2, "variants": 2, "retries": 0,
+                     "check_endpoint": False}}.get(refiner, {})
     d = {"name": "src", "seed": 0, "task": {"kind": "evaluator", "evaluator": "evaluate.py"},
          "policy": {"kind": "source", "path": "prog", "build": BUILD, "run": ["./prog"]},
          "refiners": [{"kind": refiner, **table}], "planner": {"train_episodes": 2},
@@ -327,12 +329,21 @@ CLAIMING = [k for k in known_kinds() if "source" in refiner_kind(k).policy_kinds
 
 
 def test_some_refiner_claims_the_kind():
-    assert {"cmaes", "mutate"} <= set(CLAIMING)
+    assert {"cmaes", "mutate", "llm"} <= set(CLAIMING)
+
+
+def _edit_by_seed(body):
+    """A stand-in model's answer to a request for a source folder: a per-path edit of main.c that depends only on the
+    request (its seed), so a resumed run is answered as the whole one was."""
+    k = body["seed"] % 7 + 1
+    return (f"Scale b.\nmain.c\n<<<<<<< SEARCH\n    printf(\"%.17g\\n\", A * x + B);\n=======\n"
+            f"    printf(\"%.17g\\n\", A * x + B * {k});\n>>>>>>> REPLACE\n")
 
 
 @pytest.mark.parametrize("refiner", CLAIMING)
-def test_a_killed_and_resumed_run_replays_a_whole_one(tmp_path, refiner):
-    spec = _spec(tmp_path / "spec", refiner)
+def test_a_killed_and_resumed_run_replays_a_whole_one(tmp_path, refiner, request):
+    url = request.getfixturevalue("standin")(respond=_edit_by_seed).url if refiner == "llm" else None
+    spec = _spec(tmp_path / "spec", refiner, url)
     with Dying() as ex:
         whole = start_run(spec, tmp_path / "a", "r", executor=ex)
     killed = Dying(die_after=14)  # after the first validation and part of the first generation
@@ -421,3 +432,76 @@ def test_an_integer_literal_is_an_int_parameter_and_written_back_as_one(tmp_path
     assert {rounds.from_unit(u) for u in (0.0, 0.05, 0.5, 0.99, 1.0)} <= set(range(9))
     files = Folder.from_source(program.source).with_values({**program.defaults, "main_c_L2": 7})
     assert "int rounds = 7;" in files["main.c"]
+
+
+# -- llm: a model edits the folder's files ----------------------------------------------------------------------
+
+PRINT = '    printf("%.17g\\n", A * x + B);\n'
+WHOLE = "Double b.\n```c path=main.c\n" + GOOD.replace("A * x + B)", "A * x + 2 * B)") + "```\n"
+PER_PATH = ("Add b once more.\n=== main.c ===\n<<<<<<< SEARCH\n" + PRINT + "=======\n"
+            + PRINT.replace("+ B)", "+ B + B)") + ">>>>>>> REPLACE\n")
+
+
+def _llm(server, **settings):
+    from ratchet.refiners.llm import FOLDER_SYSTEM_PROMPT, LLMRefiner, LLMSettings, task_facts
+
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", concurrency=1, incumbent_share=1.0, **settings),
+                   task_facts(EvaluatorTask.from_file(Path(server.evaluator)))[0])
+    r.system_prompt = FOLDER_SYSTEM_PROMPT  # as the kind's build sets it for a source folder
+    return r
+
+
+def test_llm_edits_a_c_folder_whole_and_per_path_and_each_edit_builds_and_scores(sandboxed, task, tmp_path,
+                                                                                 standin):
+    outside = "Use the system's.\n```c path=../main.c\nint main(void) { return 0; }\n```\n"
+    missing = "A helper.\n=== util.c ===\n```c\nint helper(void) { return 1; }\n```\n"
+    broken = WHOLE.replace("// EVOLVE-BLOCK-END\n", "")
+    server = standin([WHOLE, PER_PATH, outside, missing, broken, PER_PATH.replace("+ B + B)", "+ B * 1.5)")])
+    server.evaluator = str(tmp_path / "ev" / "evaluate.py")
+    r = _llm(server, proposals=4, variants=1, on_unusable="retry")
+    parent = _candidate(tmp_path / "f")
+    props = r.propose(parent, None, np.random.default_rng(0))
+    system, prompt = (m["content"] for m in server.requests[0]["body"]["messages"])
+    assert "=== main.c ===\n```c\n#include <stdio.h>" in prompt and "Build: cc -O1 -o prog main.c" in prompt
+    assert "- a (main.c line 3): 1.5, bounds 0..4" in prompt and "EVOLVE-BLOCK-START" in system
+    # the path outside the folder and the file that does not exist are unusable; the first is asked about again
+    reasons = [x.reason for x in r.take_rejections()]
+    assert "'../main.c' is outside the program's folder" in reasons[0] and "(asked again: retry)" in reasons[0]
+    assert "'util.c' is not a file of the program's folder (no file may be added)" in reasons[1]
+    assert "outside the program's folder" in server.requests[3]["body"]["messages"][-1]["content"]
+    # a region left open is unusable too, its reason quoted when the model is asked again
+    assert "marked regions cannot be read" in reasons[2] and "never closed" in reasons[2]
+    assert "never closed" in server.requests[5]["body"]["messages"][-1]["content"]
+    assert len(reasons) == 3 and len(server.requests) == 6
+    assert [c.kind for c in props] == ["source"] * 3 and all(c.parent_id == parent.id for c in props)
+    assert all(set(c.params) == {"a", "b"} for c in props)  # the parameters come from the new regions
+    assert "+    printf(\"%.17g\\n\", A * x + 2 * B);" in r.history[0].summary  # the history diffs the files
+    eps = sandboxed.run(task, [Job(c, s) for c in props for s in SEEDS])
+    assert all(e.error is None for e in eps), [e.error for e in eps]
+    got = [e.episode_return for e in eps]
+    want = [-abs(1.5 * (s % 5) + k - (2.0 * (s % 5) + 1.0)) for k in (1.0, 1.0, 0.75) for s in SEEDS]
+    assert got == pytest.approx(want)
+
+
+def test_llm_edits_start_from_the_parents_values_and_a_comment_only_edit_is_a_duplicate(tmp_path, standin):
+    from ratchet.proposals import file_normal_form, normal_id
+
+    comments = ("Explain.\nmain.c\n<<<<<<< SEARCH\nint main(void) {\n=======\n/* the answer */\nint main(void)  {"
+                "  // a * x + b\n>>>>>>> REPLACE\n")
+    server = standin([comments])
+    server.evaluator = str(tmp_path / "ev" / "evaluate.py")
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "evaluate.py").write_text(EVALUATOR)
+    start = _candidate(tmp_path / "f")
+    parent = Candidate.create(start.source, {"a": 2.0, "b": 0.5}, kind="source")
+    [new] = _llm(server, proposals=1, variants=1).propose(parent, None, np.random.default_rng(0))
+    assert "double A = 2.0;" in Folder.from_source(new.source).files["main.c"]  # the parent's value written in
+    assert new.id != parent.id and normal_id(new) == normal_id(parent)  # the run scores only the first
+    assert normal_id(Candidate.create(new.source, {"a": 2.5, "b": 0.5}, kind="source")) != normal_id(parent)
+    # what the normal form keeps, by language: C's preprocessor lines, Go's line breaks, any other file's text
+    assert file_normal_form("m.c", "#include <math.h>\nint x;") != file_normal_form("m.c", "#include <time.h>\nint x;")
+    assert file_normal_form("m.c", "#define F (x)\n") != file_normal_form("m.c", "#define F(x)\n")
+    assert file_normal_form("m.go", "return\nx // c") == "return\nx" != file_normal_form("m.go", "return x")
+    assert file_normal_form("m.sh", "#!/bin/sh\n# c\nx=1\n") == "#!/bin/sh\nx=1"
+    assert file_normal_form("m.py", "x = 1  # c\n") == file_normal_form("m.py", "x=1\n")
+    assert file_normal_form("data.txt", "a  b # c") == "a  b # c"

@@ -34,6 +34,8 @@ __all__ = [
     "Rejection",
     "baked_source",
     "check_source",
+    "file_normal_form",
+    "folder_normal_form",
     "normal_id",
     "promotion_changes",
     "promotion_diff",
@@ -678,9 +680,89 @@ def text_normal_form(source: str, line_comments: tuple[str, ...] = ("#",),
     return "".join(out)
 
 
+#: File extensions (lower case) of languages with ``//`` and ``/* */`` comments whose line breaks matter only in
+#: preprocessor lines (C, C++, CUDA): those lines are kept as they are (``#include`` is code, not a comment).
+_C_EXTENSIONS = frozenset({"c", "h", "cc", "cpp", "cxx", "c++", "hpp", "hh", "hxx", "h++", "cu", "cuh", "ino"})
+#: ... and those where a line break may end a statement (Go's and JavaScript's semicolon insertion): kept.
+_BRACE_EXTENSIONS = frozenset({"rs", "go", "java", "js", "mjs", "cjs", "ts", "kt", "scala", "cs", "swift", "dart",
+                               "zig"})
+#: Shell scripts: ``#`` comment lines dropped (a ``#!`` line kept), line breaks kept.
+_SHELL_EXTENSIONS = frozenset({"sh", "bash"})
+
+
+def _c_normal_form(text: str) -> str:
+    """A C-family file without comments and whitespace (:func:`text_normal_form`), each preprocessor line (with its
+    ``\\`` continuations) kept as it is on a line of its own: their words and line breaks are what they mean."""
+    out: list[str] = []
+    chunk: list[str] = []
+    directive = False
+    for line in text.split("\n"):
+        if directive or line.lstrip().startswith("#"):
+            if chunk:
+                out.append(text_normal_form("\n".join(chunk), ("//",), (("/*", "*/"),)))
+                chunk = []
+            out.append(line.rstrip())
+            directive = line.rstrip().endswith("\\")
+        else:
+            chunk.append(line)
+    if chunk:
+        out.append(text_normal_form("\n".join(chunk), ("//",), (("/*", "*/"),)))
+    return "\n".join(x for x in out if x)
+
+
+def _lines_normal_form(text: str) -> str:
+    """A ``//`` and ``/* */`` file whose line breaks may matter, without its comments and other whitespace: each
+    line's :func:`text_normal_form`, empty lines dropped (a block comment spanning lines loses only its first line's
+    part: the rest is kept as text, so nothing that may be code is ever dropped)."""
+    lines = (text_normal_form(line, ("//",), (("/*", "*/"),)) for line in text.split("\n"))
+    return "\n".join(x for x in lines if x)
+
+
+def file_normal_form(path: str, text: str) -> str:
+    """One file of a source folder without what does not change what it does, by its extension: Python the
+    :func:`python_normal_form` of its tree; C, C++ and CUDA without ``//`` and ``/* */`` comments and whitespace,
+    preprocessor lines kept as they are; Rust, Go, Java, JavaScript (and other ``//`` languages) the same with their
+    line breaks kept; shell scripts without ``#`` comment lines; any other file its exact text. A normal form never
+    joins two programs that behave differently only through the comments or whitespace it removes (a literal's text
+    in a string is kept)."""
+    ext = path.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    if ext == "py":
+        return python_normal_form(text)
+    if ext in _C_EXTENSIONS:
+        return _c_normal_form(text)
+    if ext in _BRACE_EXTENSIONS:
+        return _lines_normal_form(text)
+    if ext in _SHELL_EXTENSIONS:
+        return "\n".join(ln.rstrip() for ln in text.split("\n")
+                         if ln.strip() and not (ln.lstrip().startswith("#") and not ln.startswith("#!")))
+    return text
+
+
+def folder_normal_form(source: str) -> str:
+    """A source folder's document (:class:`ratchet.policies.source.Folder`) with each file in its normal form
+    (:func:`file_normal_form`) and the numbers of its marked regions written as :data:`TUNED` (a candidate's values
+    come with it, not from its literals); its paths, commands and limits as they are. A document that is not a
+    folder, or whose regions cannot be read, comes back unchanged."""
+    import dataclasses
+
+    from ratchet.policies.source import Folder
+
+    try:
+        folder = Folder.from_source(source)
+        files = {}
+        for path, text in folder.files.items():
+            for lit in sorted(folder.literals.get(path, ()), key=lambda x: x.start, reverse=True):
+                text = text[:lit.start] + TUNED + text[lit.end:]
+            files[path] = file_normal_form(path, text)
+    except RatchetError:
+        return source
+    return dataclasses.replace(folder, files=files).to_source()
+
+
 #: Each policy kind's normal form of its source (:func:`normal_id`), by kind: a kind not named here is compared
 #: by its exact content. A new kind registers its own with :func:`register_normal_form`.
-NORMAL_FORMS: dict[str, Callable[[str], str]] = {"program": python_normal_form, "residual": python_normal_form}
+NORMAL_FORMS: dict[str, Callable[[str], str]] = {"program": python_normal_form, "residual": python_normal_form,
+                                                 "source": folder_normal_form}
 
 
 def register_normal_form(kind: str, normal_form: Callable[[str], str]) -> None:

@@ -43,6 +43,7 @@ and they count as failed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -62,8 +63,8 @@ from ratchet.errors import PolicyError
 from ratchet.policy import Candidate, Parameter, PolicyProgram
 from ratchet.regions import Literal, RegionError, extract, substitute
 
-__all__ = ["FORMAT", "Folder", "FolderPolicy", "ProgramFailed", "build", "export_folder", "folder_text", "program_of",
-           "read_folder", "stdin_text"]
+__all__ = ["FORMAT", "Folder", "FolderPolicy", "ProgramFailed", "baked", "build", "export_folder", "files_text",
+           "folder_text", "program_of", "read_folder", "stdin_text"]
 
 #: The ``format`` of a folder candidate's source document.
 FORMAT = "ratchet-folder/1"
@@ -265,9 +266,24 @@ def folder_text(candidate: Candidate) -> str:
     Raises:
         PolicyError: not a folder document.
     """
-    files = Folder.from_source(candidate.source).with_values(candidate.params)
+    return files_text(Folder.from_source(candidate.source).with_values(candidate.params))
+
+
+def files_text(files: Mapping[str, str]) -> str:
+    """Files (path -> text) as one text: each under a ``=== path ===`` line, in path order (:func:`folder_text`)."""
     return "".join(f"=== {rel} ===\n{text}" + ("" if text.endswith("\n") else "\n")
                    for rel, text in sorted(files.items()))
+
+
+def baked(candidate: Candidate) -> str:
+    """A folder candidate's document with its values written into its files' marked regions (the starting point of
+    an edit: the new folder's literals are the parent's values).
+
+    Raises:
+        PolicyError: not a folder document, or a value that cannot be written as a literal.
+    """
+    folder = Folder.from_source(candidate.source)
+    return dataclasses.replace(folder, files=folder.with_values(candidate.params)).to_source()
 
 
 def stdin_text(args: Sequence[Any]) -> str:

@@ -49,10 +49,18 @@ concurrency each); each request goes to the model :class:`ModelBandit` picks on 
 An answer whose edit does not apply is asked about once more (``on_unusable``: the failure quoted, or the whole
 file asked for), and with ``repair`` a program that raised at a line of its own code is sent back with the error
 quoted (:func:`repair_note`).
+
+A ``source`` policy (a folder of files in any language, :mod:`ratchet.policies.source`) is shown file by file
+(:func:`folder_prompt_text`, with :data:`FOLDER_SYSTEM_PROMPT`), its values written into its marked regions; the
+answer gives whole files or SEARCH/REPLACE blocks per path (:func:`parse_folder_answer`), applied to the folder's
+existing files only (:func:`apply_folder_answer`: no new file, nothing outside the folder), and the edited folder's
+regions are read again (:func:`ratchet.policies.source.program_of`; regions that cannot be read make the answer
+unusable, so it is asked about again). The new candidate's parameters are those regions' numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import http.client
@@ -71,7 +79,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import EndpointError, PolicyError, RatchetError
-from ratchet.policy import Candidate
+from ratchet.policies.source import Folder, baked, files_text, program_of
+from ratchet.policy import FOLDER_KINDS, Candidate
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
@@ -84,12 +93,14 @@ __all__ = [
     "LLMRefiner",
     "LLMSettings",
     "apply_edits",
+    "apply_folder_answer",
     "build_prompt",
     "chat_completions_url",
     "check_endpoint",
     "models_url",
     "parameter_types",
     "parse_answer",
+    "parse_folder_answer",
     "redact_url",
     "url_secret",
 ]
@@ -412,6 +423,95 @@ def apply_edits(source: str, blocks: Sequence[tuple[str, str]]) -> str:
     return source
 
 
+
+_HEADER = re.compile(r"^[ \t]*={3}[ \t]*(\S[^\n]*?)[ \t]*={3}[ \t]*$", re.MULTILINE)
+_PATH_FENCE = re.compile(r"^(`{3,})[ \t]*[\w+#.-]*[ \t]+path=(\S+)[ \t]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_ANY_FENCE = re.compile(r"^(`{3,})[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def _path_line(line: str) -> str:
+    """A path written on a line of its own before a SEARCH block: ``main.c``, ``=== main.c ===``, ```main.c```,
+    ``File: main.c``, ``### src/x.rs:``."""
+    m = _HEADER.match(line)
+    text = m.group(1) if m else line.strip()
+    text = re.sub(r"^(?:#+\s*|(?:file|path)\s*:\s*)", "", text, flags=re.IGNORECASE).strip().strip("`*\"'").strip()
+    return text.removesuffix(":")
+
+
+def parse_folder_answer(text: str) -> list[tuple[str, str | list[tuple[str, str]]]]:
+    """A source folder's edits in an answer: ``(path, whole new text)`` for each whole file (a fenced block whose info
+    string names it, ```` ```cpp path=main.cpp ````, or a ``=== path ===`` header followed by the file, fenced or
+    not, up to the next header) and ``(path, [(search, replace), …])`` for the SEARCH/REPLACE blocks under each path
+    line (the path on the last line before the block that is not a code fence), in the answer's order. The paths are
+    as written (checked by :func:`apply_folder_answer`).
+
+    Raises:
+        EditError: SEARCH markers that do not form blocks, a block with no path line before it, or no edit at all.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise EditError("empty answer")
+    text = text.replace("\r\n", "\n")
+    blocks = list(_BLOCK.finditer(text))
+    markers = len(re.findall(r"^[ \t]*<{5,9}[ \t]*SEARCH", text, re.MULTILINE))
+    if markers != len(blocks):
+        raise EditError(f"{markers} SEARCH markers but {len(blocks)} complete SEARCH/=======/REPLACE blocks")
+    out: list[tuple[str, str | list[tuple[str, str]]]] = []
+    if blocks:
+        for k, m in enumerate(blocks, 1):
+            before = [ln for ln in text[:m.start()].split("\n") if ln.strip() and not ln.strip().startswith("```")]
+            path = _path_line(before[-1]) if before else ""
+            if not path or re.search(r"[>=]{5}", path):  # the end of the block before: no path of its own
+                if out and not isinstance(out[-1][1], str):
+                    path = out[-1][0]
+                else:
+                    raise EditError(f"SEARCH block {k} has no path line before it; write the file's path (as in "
+                                    "its === path === header) on the line before each SEARCH block")
+            if out and out[-1][0] == path and not isinstance(out[-1][1], str):
+                out[-1][1].append((m.group(1), m.group(2)))
+            else:
+                out.append((path, [(m.group(1), m.group(2))]))
+        return out
+    out = [(m.group(2), m.group(3)) for m in _PATH_FENCE.finditer(text)]
+    if out:
+        return out
+    heads = list(_HEADER.finditer(text))
+    for i, h in enumerate(heads):
+        body = text[h.end() + 1:heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        fence = _ANY_FENCE.search(body)
+        whole = fence.group(2) if fence else body.strip("\n") + "\n"
+        out.append((h.group(1).strip(), whole))
+    if out:
+        return out
+    raise EditError("no SEARCH/REPLACE block under a path line, no ```lang path=FILE block and no === FILE === "
+                    "header with a whole file")
+
+
+def apply_folder_answer(files: Mapping[str, str], edits: Sequence[tuple[str, str | list[tuple[str, str]]]]
+                        ) -> dict[str, str]:
+    """The folder's files (path -> text) with an answer's edits (:func:`parse_folder_answer`) applied in order. Only
+    the folder's existing files may be edited (no file is added or removed: the build commands name the files).
+
+    Raises:
+        EditError: a path that is absolute, climbs out of the folder (``..``) or is not one of the folder's files,
+            or a SEARCH text not found in its file.
+    """
+    new = dict(files)
+    for path, edit in edits:
+        p = path.replace("\\", "/")
+        if p.startswith(("/", "~")) or re.match(r"^[A-Za-z]:", p) or ".." in p.split("/"):
+            raise EditError(f"{path[:120]!r} is outside the program's folder (an absolute path or '..'); edit only "
+                            f"its files: {', '.join(sorted(files))[:400]}")
+        p = p.removeprefix("./")
+        if p not in files:
+            raise EditError(f"{path[:120]!r} is not a file of the program's folder (no file may be added); edit only "
+                            f"its files: {', '.join(sorted(files))[:400]}")
+        try:
+            new[p] = edit if isinstance(edit, str) else apply_edits(new[p], edit)
+        except EditError as exc:
+            raise EditError(f"{p}: {exc}") from None
+    return new
+
+
 # -- prompts -------------------------------------------------------------------------------------------
 
 #: How every answer is written (the end of both system messages).
@@ -450,6 +550,65 @@ Every edit is tested on fresh instances and kept only if it is significantly bet
 Put new tunable numbers in PARAMETERS with sensible bounds: an optimiser tunes them after your edit.
 
 """ + ANSWER_FORMAT
+
+
+#: How an answer edits a source folder (the end of :data:`FOLDER_SYSTEM_PROMPT`).
+FOLDER_ANSWER_FORMAT = """\
+Answer with edit blocks, each under a line naming the file it edits (its path as in its === path === header),
+each quoting lines of that file exactly:
+main.cpp
+<<<<<<< SEARCH
+lines copied from the current file
+=======
+the lines that replace them
+>>>>>>> REPLACE
+or, for a rewrite, each new whole file in a block whose info string names it: ```cpp path=main.cpp
+Only the folder's existing files may be edited (no new files, no paths outside the folder). Keep the
+EVOLVE-BLOCK-START / EVOLVE-BLOCK-END markers and their annotations readable. Explain your idea in one or two
+sentences first."""
+
+FOLDER_SYSTEM_PROMPT = """\
+You improve programs by editing their source files (any language). The program is a folder of files, built
+and run by the commands shown; an evaluator scores it on problem instances (higher is better) by running it
+on each call of the functions the task names (the arguments on its stdin, the answer on its stdout).
+Numbers between EVOLVE-BLOCK-START and EVOLVE-BLOCK-END comments are tunable parameters (a comment
+"ratchet: NAME LOW..HIGH" on a number's line names it and gives its bounds): an optimiser tunes them after
+your edit, so put new tunable numbers in a marked region.
+Every edit is tested on fresh instances and kept only if it is better on held-out instances.
+
+""" + FOLDER_ANSWER_FORMAT
+
+
+def folder_prompt_text(source: str, max_chars: int) -> str:
+    """The current program of a source folder as the prompt shows it: its build and run commands, its files each
+    under a ``=== path ===`` header in a code fence (files with marked regions first, then in path order; those that
+    no longer fit in ``max_chars`` characters are named as left out, with their sizes), and its marked regions'
+    parameters (name, file and line, value, bounds, type).
+
+    Raises:
+        PolicyError: not a folder document, or regions that cannot be read.
+    """
+    folder = Folder.from_source(source)
+    head = [f"Build: {' && '.join(folder.build) or '(nothing to build)'}", f"Run: {' '.join(folder.run)}"]
+    order = sorted(folder.files, key=lambda path: (path not in folder.literals, path))
+    shown, cut, used = [], [], 0
+    for path in order:
+        ext = path.rsplit(".", 1)[-1] if "." in path.rsplit("/", 1)[-1] else ""
+        part = f"=== {path} ===\n" + fenced(folder.files[path], ext)
+        if used + len(part) > max_chars:
+            cut.append(f"{path} ({len(folder.files[path]):,} characters)")
+            continue
+        shown.append(part)
+        used += len(part)
+    lines = [f"- {lit.name} ({path} line {lit.line}): {lit.text}, bounds {lit.low:g}..{lit.high:g}"
+             + (", integer" if lit.is_int else "") + (", log scale" if lit.scale == "log" else "")
+             for path, lits in folder.literals.items() for lit in lits]
+    text = "\n".join(head) + "\n\n" + "\n\n".join(shown)
+    if cut:
+        text += ("\n\nFiles not shown (the prompt's size limit; they may still be edited with SEARCH/REPLACE blocks): "
+                 + ", ".join(cut))
+    return text + "\n\nMarked regions' parameters (their tuned values are written in):\n" + ("\n".join(lines)
+                                                                                            or "(none)")
 
 
 @dataclass
@@ -533,7 +692,7 @@ def parameter_types(source: str) -> str:
 def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None, history: Sequence[Attempt],
                  hints: str = "", max_chars: int = 40_000, max_history: int = 12, *,
                  system_prompt: str | None = None, trace_steps: int = 10,
-                 failure: str | None = None) -> list[dict[str, str]]:
+                 failure: str | None = None, kind: str = "program") -> list[dict[str, str]]:
     """The chat messages of one request.
 
     Args:
@@ -552,17 +711,26 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
         trace_steps: Most steps shown of each trace.
         failure: For a repair request: the error the program raised in its episodes (and the line that raised it),
             quoted with a request to fix it; None for an ordinary edit.
+        kind: The parent's policy kind: a source folder (:data:`~ratchet.policy.FOLDER_KINDS`; ``source`` its
+            document) is shown file by file (:func:`folder_prompt_text`, its files within half of ``max_chars``),
+            with :data:`FOLDER_SYSTEM_PROMPT` as the default system message.
 
     Returns:
         ``[{"role": "system", ...}, {"role": "user", ...}]``.
     """
+    from ratchet.policy import FOLDER_KINDS
+
     crit = critique_text(critique, trace_steps, task.get("observation_names"))
     shown = list(history)[-max_history:] if max_history else []
+    folder = kind in FOLDER_KINDS
+    current = ("## Current program (a folder of files)\n" + folder_prompt_text(source, max_chars // 2) if folder else
+               "## Current policy (its tuned values are written in as the defaults)\n" + fenced(source, "python")
+               + parameter_types(source))
+    how = ("Use SEARCH/REPLACE blocks, each under a line naming its file (or whole files in ```lang path=FILE blocks)."
+           if folder else "Use SEARCH/REPLACE blocks (or a whole file in a ```python block).")
 
     def render(entries: Sequence[Attempt], crit_text: str) -> str:
-        parts = ["## Task\n" + _task_text(task),
-                 "## Current policy (its tuned values are written in as the defaults)\n" + fenced(source, "python")
-                 + parameter_types(source),
+        parts = ["## Task\n" + _task_text(task), current,
                  "## How the current policy does on recent training episodes\n" + crit_text]
         if failure:
             parts.append("## It fails\nEvery episode of this policy stopped on this error; fix it first, keeping the "
@@ -574,7 +742,7 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
         if hints.strip():
             parts.append("## Hints\n" + hints.strip())
         parts.append("## Your answer\nPropose one edit that fixes the failures above and differs from the edits "
-                     "already tried. Use SEARCH/REPLACE blocks (or a whole file in a ```python block).")
+                     "already tried. " + how)
         return "\n\n".join(parts)
 
     text = render(shown, crit)
@@ -584,7 +752,7 @@ def build_prompt(task: Mapping[str, Any], source: str, critique: Critique | None
     if len(text) > max_chars:
         keep = max(200, len(crit) - (len(text) - max_chars))
         text = render(shown, crit[:keep] + " [cut]")
-    default = EVALUATOR_SYSTEM_PROMPT if task.get("functions") else SYSTEM_PROMPT
+    default = FOLDER_SYSTEM_PROMPT if folder else EVALUATOR_SYSTEM_PROMPT if task.get("functions") else SYSTEM_PROMPT
     return [{"role": "system", "content": default if system_prompt is None else system_prompt},
             {"role": "user", "content": text}]
 
@@ -1249,7 +1417,7 @@ class LLMRefiner(Refiner):
             else:
                 parent = draw_parent(self.archive, incumbent, rng, s.incumbent_share)
             try:
-                base = baked_source(parent)
+                base = _baked(parent)
             except PolicyError as exc:  # its values cannot be written back as defaults: not a parent
                 self._rejections.append(Rejection(self.name, parent.id, f"cannot write the parent's values into its "
                                                   f"source: {exc}", None, {}))
@@ -1257,7 +1425,7 @@ class LLMRefiner(Refiner):
                 continue
             messages = build_prompt(self.task, base, self.critique_for(parent, incumbent, critique), self.history,
                                     s.hints, s.max_prompt_chars, s.history, system_prompt=self.system_prompt,
-                                    trace_steps=s.trace_steps, failure=failure)
+                                    trace_steps=s.trace_steps, failure=failure, kind=parent.kind)
             seed = int(rng.integers(2**31))
             self.spent.prompt_bound = prompt_bound({"messages": messages})
             in_wave = [r.arm for r in wave]
@@ -1350,7 +1518,13 @@ class LLMRefiner(Refiner):
         """The request that asks ``r``'s model once more about its unusable answer ``content``: the same messages,
         the answer, and a user message quoting why it could not be used and asking for the edit again
         (``on_unusable = "retry"``) or for the whole file (``"rewrite"``)."""
-        if self.settings.on_unusable == "rewrite":
+        if r.parent.kind in FOLDER_KINDS:
+            ask = ("Answer with each file you change whole, in a block whose info string names it (```cpp "
+                   "path=main.cpp; no SEARCH/REPLACE blocks), keeping the idea of your edit."
+                   if self.settings.on_unusable == "rewrite" else
+                   "Answer again: put the file's path on the line before each SEARCH block and copy each SEARCH text "
+                   "exactly from that file as quoted above (or give whole files in ```lang path=FILE blocks).")
+        elif self.settings.on_unusable == "rewrite":
             ask = ("Answer with the whole new policy file in one ```python block (no SEARCH/REPLACE blocks), "
                    "keeping the idea of your edit.")
         else:
@@ -1377,18 +1551,27 @@ class LLMRefiner(Refiner):
         content = ""
         try:
             content, _ = _content_and_usage(body, r.request)
-            edits = parse_answer(content, tuple(self.functions))
-            new = edits if isinstance(edits, str) else apply_edits(base, edits)
-            if new == base:
-                raise EditError("the edit leaves the policy unchanged")
-            program = check_source(new, dims=self.dims, functions=self.functions)
+            if parent.kind in FOLDER_KINDS:
+                new = _edit_folder(base, content)
+                if new == base:
+                    raise EditError("the edit leaves the program unchanged")
+                try:
+                    program = program_of(new)
+                except PolicyError as exc:  # an answer whose regions cannot be read is unusable: asked again
+                    raise EditError(f"the edited folder's marked regions cannot be read: {exc}") from None
+            else:
+                edits = parse_answer(content, tuple(self.functions))
+                new = edits if isinstance(edits, str) else apply_edits(base, edits)
+                if new == base:
+                    raise EditError("the edit leaves the policy unchanged")
+                program = check_source(new, dims=self.dims, functions=self.functions)
         except (EditError, PolicyError) as exc:
             what = "failed checks" if isinstance(exc, PolicyError) else "unusable answer"
             again = isinstance(exc, EditError) and content and not r.follow_up and s.on_unusable != "skip"
             self._rejections.append(Rejection(self.name, parent.id, f"{what}: {exc}"
                                               + (f" (asked again: {s.on_unusable})" if again else ""), new, detail))
             summary = (f"(a {len(new):,}-character program)" if new and len(new) > MAX_SOURCE_CHARS
-                       else source_diff(base, new, max_lines=30) if new else f"(answer) {content_head(body)}")
+                       else _diff(parent, base, new) if new else f"(answer) {content_head(body)}")
             self.history.append(Attempt(summary, f"{what}: {exc}", generation=self._generation))
             if again:
                 return self._follow_up(r, content, str(exc))
@@ -1397,12 +1580,12 @@ class LLMRefiner(Refiner):
         fresh = [p.name for p in program.parameters if p.name not in parent.params]
         ids = []
         for values in param_variants(program, rng, s.variants, fresh, s.sigma):
-            cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name)
+            cand = Candidate.create(new, values, parent_id=parent.id, refiner=self.name, kind=parent.kind)
             if cand.id not in ids:
                 ids.append(cand.id)
                 if all(c.id != cand.id for c in out) and cand.id != incumbent.id:  # the same edit twice runs once
                     out.append(cand)
-        attempt = Attempt(source_diff(base, new, max_lines=30), "proposed", tuple(ids), generation=self._generation,
+        attempt = Attempt(_diff(parent, base, new), "proposed", tuple(ids), generation=self._generation,
                           repair=r.repair)
         self.history.append(attempt)
         self._pending.append(attempt)
@@ -1491,6 +1674,33 @@ class LLMRefiner(Refiner):
         return None
 
 
+def _baked(parent: Candidate) -> str:
+    """What an edit of ``parent`` starts from: its source with its values written in (a program's as its defaults,
+    :func:`baked_source`; a source folder's into its marked regions, :func:`ratchet.policies.source.baked`)."""
+    return baked(parent) if parent.kind in FOLDER_KINDS else baked_source(parent)
+
+
+def _edit_folder(base: str, answer: str) -> str:
+    """A source folder's document (``base``, its values written in) with an answer's edits applied to its files
+    (:func:`parse_folder_answer`, :func:`apply_folder_answer`); the commands and limits as they were.
+
+    Raises:
+        EditError: an unusable answer (see those functions).
+    """
+    folder = Folder.from_source(base)
+    files = apply_folder_answer(folder.files, parse_folder_answer(answer))
+    return dataclasses.replace(folder, files=files).to_source()
+
+
+def _diff(parent: Candidate, base: str, new: str) -> str:
+    """What an edit changed, for the history: a diff of the files (``=== path ===`` headers) for a source folder,
+    of the program's text otherwise."""
+    if parent.kind in FOLDER_KINDS:
+        return source_diff(files_text(Folder.from_source(base).files), files_text(Folder.from_source(new).files),
+                           max_lines=30)
+    return source_diff(base, new, max_lines=30)
+
+
 def repair_note(source: str, error: str) -> str | None:
     """What a repair request quotes: an episode's ``error`` when it names the line of the program's code that raised it
     (``"policy raised ZeroDivisionError: division by zero (policy line 12)"``), followed by that line of ``source``;
@@ -1546,6 +1756,8 @@ def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
     facts, dims = task_facts(ctx.task)
     refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name,
                          time_left=getattr(ctx, "time_left", None), exchange_all=getattr(ctx, "exchange_all", None))
+    if ctx.start.kind in FOLDER_KINDS and settings.system_prompt is None:  # a folder of files in any language
+        refiner.system_prompt = FOLDER_SYSTEM_PROMPT
     refiner.critique_of = getattr(ctx, "critique", None)
     refiner.money = getattr(ctx, "money", None)
     if refiner.money is not None and refiner.bandit.priced and refiner.money.currency != settings.currency:
@@ -1580,8 +1792,8 @@ def _files(settings: LLMSettings) -> list[str]:
 def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
-    return {"llm": RefinerKind(LLMSettings, ("program",), _build,
-                               hint="llm edits a program policy's source", files=_files,
+    return {"llm": RefinerKind(LLMSettings, ("program", "source"), _build,
+                               hint="llm edits a program policy's source (or a source folder's files)", files=_files,
                                check=_check, changes_code=True,
                                recorded_defaults={"concurrency": 1, "on_unusable": "skip", "repair": False})}  # before it, one request at a time
 
