@@ -225,6 +225,27 @@ def test_the_screen_runs_the_best_ranked_and_tells_the_refiner_every_proposal(tm
     assert s["model_rows"] == 100 and s["model_error"] >= 0 and s["model_disagreement"] >= 0
 
 
+def test_the_screens_account_ranks_the_recommendation_it_did_not_choose_beside_what_it_kept(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    imagined = [[0.0, 0.0], [5.0, 5.0], [1.0, 1.0], [9.0, 9.0], [3.0, 3.0]]  # the last: the recommendation
+    ctx, jobs = _screen_ctx(tmp_path, imagined)
+    inner = _Inner(4)
+    mean = Candidate.create("def act(o, p):\n    return 0\n", {"k": 1.5})
+    inner.recommend = lambda: mean
+    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0), ctx)
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    assert ref.recommend() is mean  # the loop asks before it proposes
+    kept = ref.propose(parent, None, np.random.default_rng(0))
+    assert [c.params["k"] for c in kept] == [3.0, 1.0]  # ranked among the proposals only
+    assert [p["k"] for p in jobs[0].settings["params"]] == [0.0, 1.0, 2.0, 3.0, 1.5]
+    ref.observe([_ev(kept[0].id, -5.0), _ev(kept[1].id, -7.0), _ev(mean.id, -8.0)])
+    assert ref.summary()["screen_rank_correlation"] == 1.0  # three that ran, the model's order is the real one
+    told = {e.candidate_id: e.mean for e in inner.observed}
+    assert told[inner.propose(None, None, None)[2].id] == -8.0  # stand-ins below the kept ones, as before
+
+
 def test_the_screen_switches_itself_off_when_its_ranking_is_wrong(tmp_path):
     from ratchet.policy import Candidate
     from ratchet.refiners.screened import ScreenedRefiner
