@@ -246,6 +246,31 @@ def test_the_screens_account_ranks_the_recommendation_it_did_not_choose_beside_w
     assert told[inner.propose(None, None, None)[2].id] == -8.0  # stand-ins below the kept ones, as before
 
 
+def test_the_screens_controls_run_screened_out_proposals_drawn_at_random(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    ctx, _ = _screen_ctx(tmp_path, [[float(i)] * 2 for i in range(8)])  # the model prefers higher k
+    inner = _Inner(8)
+    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0, controls=1), ctx)
+    assert ref.generation_cost().proposals == 5  # the best 4 and one control
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    kept = ref.propose(parent, None, np.random.default_rng(0))
+    ks = [c.params["k"] for c in kept]
+    assert ks[:4] == [7.0, 6.0, 5.0, 4.0] and ks[4] in (3.0, 2.0, 1.0, 0.0)
+    rejected = ref.take_rejections()
+    assert len(rejected) == 3 and {r.detail["rank"] for r in rejected} == {1, 2, 3, 4, 5, 6, 7, 8} - set(
+        range(1, 5)) - {8 - int(ks[4])}  # each rejection carries the model's own rank
+    again = ScreenedRefiner(_Inner(8), _settings(factor=2, optimism=0.0, controls=1), _screen_ctx(tmp_path, [
+        [float(i)] * 2 for i in range(8)])[0])
+    assert [c.id for c in again.propose(parent, None, np.random.default_rng(5))] == [c.id for c in kept]  # seeded
+    ref.observe([_ev(c.id, c.params["k"]) for c in kept])
+    assert ref.summary()["screen_rank_correlation"] == 1.0 and ref.summary()["screen_kept"] == 5
+    told = {e.candidate_id: e.mean for e in inner.observed}
+    stand_ins = [told[r.detail["candidate_id"]] for r in rejected]
+    assert len(told) == 8 and stand_ins == [ks[4] - 1, ks[4] - 2, ks[4] - 3]  # below every real one, the control's too
+
+
 def test_the_screen_switches_itself_off_when_its_ranking_is_wrong(tmp_path):
     from ratchet.policy import Candidate
     from ratchet.refiners.screened import ScreenedRefiner
@@ -344,7 +369,8 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
 
 
 @pytest.mark.parametrize(("model", "words"), [({"factor": 0}, "factor"), ({"screen": "yes"}, "screen"),
-                                              ({"horizon": 10**6}, "horizon"), ({"nope": 1}, "nope")])
+                                              ({"horizon": 10**6}, "horizon"), ({"nope": 1}, "nope"),
+                                              ({"controls": 17}, "controls")])
 def test_a_bad_model_section_is_one_line(model, words):
     from ratchet.errors import SpecError
     from ratchet.spec import spec_from_dict

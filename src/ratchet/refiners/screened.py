@@ -29,7 +29,8 @@ proposals run (it misleads the search at worst). The driver scores the returned 
 their real training means (Spearman's rank correlation). The candidates that ran are the kept proposals and the inner
 refiner's recommendation (CMA-ES's distribution mean, run beside them): the job imagines the recommendation too
 but never ranks it, so it is the one candidate the screen did not choose, and the correlation is not measured only
-among the model's best-ranked (a range that narrow hides a ranking that predicts across the population). The screen switches itself off for the rest of the run when
+among the model's best-ranked (a range that narrow hides a ranking that predicts across the population);
+``[model] controls`` also runs that many screened-out proposals, drawn at random, as controls. The screen switches itself off for the rest of the run when
 the mean correlation over ``[model] window`` generations is below ``[model] min_correlation``
 (:class:`~ratchet.worldmodel.screen.ScreenState`). Each generation's ``generation_finished`` carries the account
 (:meth:`ScreenedRefiner.summary`).
@@ -145,8 +146,13 @@ class ScreenedRefiner(Refiner):
 
         return replace(cost, proposals=self._keep(cost.proposals))
 
-    def _keep(self, n: int) -> int:
+    def _best(self, n: int) -> int:
         return min(n, max(1, math.ceil(n / self.settings.factor)))
+
+    def _keep(self, n: int) -> int:
+        """Of ``n`` proposals, how many run: the best ``1/factor`` and ``[model] controls`` of the rest."""
+        best = self._best(n)
+        return best + min(self.settings.controls, n - best)
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """The inner refiner's proposals, screened: the best ``1/factor`` by imagined return plus the optimism bonus.
@@ -176,14 +182,21 @@ class ScreenedRefiner(Refiner):
         self._fit_account(out.info["artifacts"]["world_model"], digests, rows)
         scores = optimistic(returns, self.settings.optimism)
         order = choose(scores[:len(proposed)].tolist(), len(proposed))  # the recommendation is scored, never ranked
+        ranked, best = {i: r + 1 for r, i in enumerate(order)}, self._best(len(proposed))
+        if best < keep:  # controls: drawn from the rest at random, then the rest keeps the model's order
+            drawn = np.random.default_rng([int(self.ctx.seed), self._fits]).choice(len(order) - best, keep - best,
+                                                                                   replace=False)
+            rest = order[best:]
+            picked = [rest[i] for i in sorted(drawn.tolist())]
+            order = order[:best] + picked + [i for i in rest if i not in picked]
         self._scores = {c.id: float(scores[len(proposed) + i]) for i, c in enumerate(also)}
         self._scores.update({proposed[i].id: float(scores[i]) for i in order})
         self._kept = [proposed[i] for i in order[:keep]]
         self._out = [(proposed[i], float(scores[i])) for i in order[keep:]]
         self._rejections = [Rejection(self.name, parent.id, SCREENED_OUT,
-                                      detail={"candidate_id": c.id, "screen_score": s, "rank": keep + r + 1,
-                                              "of": len(proposed)})
-                            for r, (c, s) in enumerate(self._out)]
+                                      detail={"candidate_id": proposed[i].id, "screen_score": float(scores[i]),
+                                              "rank": ranked[i], "of": len(proposed)})
+                            for i in order[keep:]]
         self.state.saved += len(self._out)
         self._last.update({"screen_kept": len(self._kept), "screen_saved": self.state.saved})
         return self._kept
@@ -237,7 +250,7 @@ class ScreenedRefiner(Refiner):
             self._last.update({"screen_rank_correlation": None if rho is None else round(rho, 4),
                                "screen_on": self.state.on})
             floor = min((by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
-                         and math.isfinite(by_id[c.id].mean)), default=0.0)
+                         and math.isfinite(by_id[c.id].mean)), default=0.0)  # the controls are among the kept
             stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
                          for i, (c, _) in enumerate(self._out)]
             n = len(self._kept)
