@@ -10,7 +10,13 @@ fit the ensemble with the ``[model]`` defaults, and compare, over ALL the polici
 2. the same through :class:`~ratchet.refiners.screened.ScreenedRefiner`'s path: the optimistic scores, which are kept,
    and the correlation its account computes among the kept ones only (range restriction).
 
+With ``--ledger RUN_DIR`` (a screened run of the generic linear policy, e.g. one ``small_budget.py --screen`` made):
+for each of its ``worldmodel`` jobs, the proposals (and the recommendation) it imagined, their imagined returns as
+the job answered them, against real mean returns over ``--real-episodes`` fresh seeds, over all of them and among
+the ones the screen kept.
+
 Usage: python benchmarks/screen_diagnostic.py [--env Pendulum-v1] [--policies 20] [--seeds 0,1,2]
+       python benchmarks/screen_diagnostic.py --ledger RUN_DIR --env Pendulum-v1 [--real-episodes 16]
 """
 
 from __future__ import annotations
@@ -81,6 +87,46 @@ def one(env_id: str, seed: int, args: argparse.Namespace) -> tuple[float | None,
     return rho_mean, rho_all, rho_kept
 
 
+def from_ledger(run_dir: str, env_id: str, episodes: int) -> None:
+    from ratchet.loop import open_ledger
+    from ratchet.policy import materialize
+    from ratchet.spec import ModelSpec
+
+    task = GymTask(env_id)
+    env = task.make_env()
+    spaces = (env.observation_space, env.action_space)
+    env.close()
+    module = compile_policy((ROOT / "examples/linear_generic/policy.py").read_text())
+    bind_spaces(module, *spaces)
+    tmp = Path(tempfile.mkdtemp())
+    m = ModelSpec()
+    alls, kepts, gains = [], [], []
+    for e in open_ledger(run_dir).read():
+        if e.type.value != "training_finished" or e.payload.get("trainer") != "worldmodel" or e.payload.get("error"):
+            continue
+        params = e.payload["settings"]["params"]
+        imagined = np.asarray(e.payload["outputs"][0]["info"]["returns"])
+        real = [float(np.mean([record_transitions(task.make_env(), module, materialize(p), 30_000 + s, task,
+                                                  str(tmp / "r.npz")).episode_return for s in range(episodes)]))
+                for p in params]
+        scores = optimistic(imagined, m.optimism)
+        n = len(params) - 1  # the proposals; the last one imagined is the recommendation (run, never ranked)
+        kept = choose(scores[:n].tolist(), max(1, -(-n // m.factor)))
+        ran = [*kept, n]
+        rho_all, rho_ran = rank_correlation(scores, real), rank_correlation(scores[ran], [real[i] for i in ran])
+        alls.append(rho_all)
+        kepts.append(rho_ran)
+        gains.append(float(np.mean([real[i] for i in kept]) - np.mean(real[:n])))
+        print(f"job {len(alls)}: Spearman over all {len(params)}: {rho_all if rho_all is None else f'{rho_all:+.2f}'}; "
+              f"over the {len(ran)} that ran: {rho_ran if rho_ran is None else f'{rho_ran:+.2f}'}; real mean of the kept "
+              f"minus all proposals': {gains[-1]:+.1f}", flush=True)
+    for name, vals in (("all imagined", alls), ("those that ran", kepts)):
+        ok = [v for v in vals if v is not None]
+        print(f"mean Spearman vs {episodes}-episode real means, {name}: " + (f"{np.mean(ok):+.2f} ({len(ok)})" if ok
+                                                                             else "–"))
+    print(f"mean real return of the kept minus that of all proposals: {np.mean(gains):+.1f} ({len(gains)} jobs)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="Pendulum-v1")
@@ -88,7 +134,11 @@ def main() -> None:
     ap.add_argument("--data-episodes", type=int, default=4)
     ap.add_argument("--real-episodes", type=int, default=4)
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--ledger", default="", help="a screened run's folder: re-judge its world-model jobs")
     args = ap.parse_args()
+    if args.ledger:
+        from_ledger(args.ledger, args.env, args.real_episodes)
+        return
     res = [one(args.env, int(s), args) for s in args.seeds.split(",")]
     for name, k in (("imagined mean, all", 0), ("optimistic score, all", 1), ("among the kept", 2)):
         vals = [r[k] for r in res if r[k] is not None]
