@@ -310,14 +310,14 @@ _MODEL = {"screen": True, "min_transitions": 50, "members": 2, "hidden": 8, "upd
           "record_episodes": 4}
 
 
-def _screened_spec(tmp_path):
+def _screened_spec(tmp_path, **model):
     from conftest import make_spec_dir
 
     from ratchet.spec import load_spec
 
     return load_spec(make_spec_dir(tmp_path / "spec", budget={"env_steps": 100_000, "episodes": 60},
                                    gate={"validation_episodes": 4}, test={"episodes": 3}, execution={"workers": 1},
-                                   model=_MODEL))
+                                   model={**_MODEL, **model}))
 
 
 def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path):
@@ -361,6 +361,24 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     finally:
         dash.close()
     # a kill in the middle of a screened run, then resume: the same ledger as the run that was never killed
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "killed",
+                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
+    resume_run("killed", tmp_path / "runs")
+    assert comparable(read_events(tmp_path / "runs" / "killed")) == comparable(events)
+
+
+def test_a_screened_run_with_a_control_runs_it_and_resumes_exactly(tmp_path):
+    from conftest import RecordingExecutor, SimulatedKill, comparable, events_of, read_events
+
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.ledger import EventType
+    from ratchet.loop import resume_run, start_run
+
+    spec = _screened_spec(tmp_path, controls=1)
+    events = read_events(start_run(spec, tmp_path / "runs", "whole").run_dir)
+    gens = [g.payload for g in events_of(events, EventType.GENERATION_FINISHED)]
+    assert any(g["screen_kept"] == 5 and g["screen_proposed"] == 8 for g in gens)  # the best 4 and a control
     with pytest.raises(SimulatedKill):
         start_run(spec, tmp_path / "runs", "killed",
                   executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
