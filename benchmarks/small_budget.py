@@ -10,7 +10,8 @@ continuous and lunar lander (issue 45's cases), each run twice — model-free, a
 world model screens each generation's proposals) — and the screened run's gain over the model-free one, with the
 screen's own account (mean rank correlation with the real training returns, proposals screened out).
 
-Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--write]
+Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--controls 1]
+       [--write]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _run(name: str, folder: Path, env_id: str, seed: int, args: argparse.Namespa
     data = {"name": name, "seed": seed, "task": {"env_id": env_id},
             "budget": {"episodes": args.episodes, "env_steps": None}, "test": {"episodes": args.test_episodes}}
     if screen is not None:
-        data["model"] = {"screen": screen}
+        data["model"] = {"screen": screen, **({"controls": args.controls} if screen and args.controls else {})}
     spec = spec_from_dict(data, folder)
     t0 = time.perf_counter()
     tag = "" if screen is None else ("-screen" if screen else "-free")
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "benchmarks"))
     ap.add_argument("--screen", action="store_true", help="issue 45's cases, model-free against [model] screen")
     ap.add_argument("--envs", default="", help="with --screen: a comma-separated subset of " + ",".join(SCREEN_CASES))
+    ap.add_argument("--controls", type=int, default=0, help="with --screen: [model] controls of the screened run")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     if args.screen:

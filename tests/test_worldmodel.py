@@ -225,6 +225,52 @@ def test_the_screen_runs_the_best_ranked_and_tells_the_refiner_every_proposal(tm
     assert s["model_rows"] == 100 and s["model_error"] >= 0 and s["model_disagreement"] >= 0
 
 
+def test_the_screens_account_ranks_the_recommendation_it_did_not_choose_beside_what_it_kept(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    imagined = [[0.0, 0.0], [5.0, 5.0], [1.0, 1.0], [9.0, 9.0], [3.0, 3.0]]  # the last: the recommendation
+    ctx, jobs = _screen_ctx(tmp_path, imagined)
+    inner = _Inner(4)
+    mean = Candidate.create("def act(o, p):\n    return 0\n", {"k": 1.5})
+    inner.recommend = lambda: mean
+    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0), ctx)
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    assert ref.recommend() is mean  # the loop asks before it proposes
+    kept = ref.propose(parent, None, np.random.default_rng(0))
+    assert [c.params["k"] for c in kept] == [3.0, 1.0]  # ranked among the proposals only
+    assert [p["k"] for p in jobs[0].settings["params"]] == [0.0, 1.0, 2.0, 3.0, 1.5]
+    ref.observe([_ev(kept[0].id, -5.0), _ev(kept[1].id, -7.0), _ev(mean.id, -8.0)])
+    assert ref.summary()["screen_rank_correlation"] == 1.0  # three that ran, the model's order is the real one
+    told = {e.candidate_id: e.mean for e in inner.observed}
+    assert told[inner.propose(None, None, None)[2].id] == -8.0  # stand-ins below the kept ones, as before
+
+
+def test_the_screens_controls_run_screened_out_proposals_drawn_at_random(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+
+    ctx, _ = _screen_ctx(tmp_path, [[float(i)] * 2 for i in range(8)])  # the model prefers higher k
+    inner = _Inner(8)
+    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0, controls=1), ctx)
+    assert ref.generation_cost().proposals == 5  # the best 4 and one control
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    kept = ref.propose(parent, None, np.random.default_rng(0))
+    ks = [c.params["k"] for c in kept]
+    assert ks[:4] == [7.0, 6.0, 5.0, 4.0] and ks[4] in (3.0, 2.0, 1.0, 0.0)
+    rejected = ref.take_rejections()
+    assert len(rejected) == 3 and {r.detail["rank"] for r in rejected} == {1, 2, 3, 4, 5, 6, 7, 8} - set(
+        range(1, 5)) - {8 - int(ks[4])}  # each rejection carries the model's own rank
+    again = ScreenedRefiner(_Inner(8), _settings(factor=2, optimism=0.0, controls=1), _screen_ctx(tmp_path, [
+        [float(i)] * 2 for i in range(8)])[0])
+    assert [c.id for c in again.propose(parent, None, np.random.default_rng(5))] == [c.id for c in kept]  # seeded
+    ref.observe([_ev(c.id, c.params["k"]) for c in kept])
+    assert ref.summary()["screen_rank_correlation"] == 1.0 and ref.summary()["screen_kept"] == 5
+    told = {e.candidate_id: e.mean for e in inner.observed}
+    stand_ins = [told[r.detail["candidate_id"]] for r in rejected]
+    assert len(told) == 8 and stand_ins == [ks[4] - 1, ks[4] - 2, ks[4] - 3]  # below every real one, the control's too
+
+
 def test_the_screen_switches_itself_off_when_its_ranking_is_wrong(tmp_path):
     from ratchet.policy import Candidate
     from ratchet.refiners.screened import ScreenedRefiner
@@ -264,14 +310,14 @@ _MODEL = {"screen": True, "min_transitions": 50, "members": 2, "hidden": 8, "upd
           "record_episodes": 4}
 
 
-def _screened_spec(tmp_path):
+def _screened_spec(tmp_path, **model):
     from conftest import make_spec_dir
 
     from ratchet.spec import load_spec
 
     return load_spec(make_spec_dir(tmp_path / "spec", budget={"env_steps": 100_000, "episodes": 60},
                                    gate={"validation_episodes": 4}, test={"episodes": 3}, execution={"workers": 1},
-                                   model=_MODEL))
+                                   model={**_MODEL, **model}))
 
 
 def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path):
@@ -322,8 +368,27 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     assert comparable(read_events(tmp_path / "runs" / "killed")) == comparable(events)
 
 
+def test_a_screened_run_with_a_control_runs_it_and_resumes_exactly(tmp_path):
+    from conftest import RecordingExecutor, SimulatedKill, comparable, events_of, read_events
+
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.ledger import EventType
+    from ratchet.loop import resume_run, start_run
+
+    spec = _screened_spec(tmp_path, controls=1)
+    events = read_events(start_run(spec, tmp_path / "runs", "whole").run_dir)
+    gens = [g.payload for g in events_of(events, EventType.GENERATION_FINISHED)]
+    assert any(g["screen_kept"] == 5 and g["screen_proposed"] == 8 for g in gens)  # the best 4 and a control
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "killed",
+                  executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
+    resume_run("killed", tmp_path / "runs")
+    assert comparable(read_events(tmp_path / "runs" / "killed")) == comparable(events)
+
+
 @pytest.mark.parametrize(("model", "words"), [({"factor": 0}, "factor"), ({"screen": "yes"}, "screen"),
-                                              ({"horizon": 10**6}, "horizon"), ({"nope": 1}, "nope")])
+                                              ({"horizon": 10**6}, "horizon"), ({"nope": 1}, "nope"),
+                                              ({"controls": 17}, "controls")])
 def test_a_bad_model_section_is_one_line(model, words):
     from ratchet.errors import SpecError
     from ratchet.spec import spec_from_dict

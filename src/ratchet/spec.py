@@ -619,6 +619,10 @@ class ModelSpec(_Section):
                                                            "ranked by its mean imagined return plus this many standard "
                                                            "deviations across the members.",
                             json_schema_extra={"unit": "standard deviations"})
+    controls: int = Field(0, ge=0, le=16, description="Screened-out proposals run anyway each screened generation, "
+                                                      "drawn at random (seeded): the screen's rank correlation then "
+                                                      "covers proposals it ranked low too. Each costs a candidate's "
+                                                      "training episodes.", json_schema_extra={"unit": "candidates"})
     record_episodes: int = Field(4, ge=1, le=1000, description="Training episodes per generation whose transitions "
                                                                "are recorded (the first ones run).",
                                  json_schema_extra={"unit": "episodes"})

@@ -26,7 +26,11 @@ proposals run (it misleads the search at worst). The driver scores the returned 
 (:func:`ratchet.worldmodel.model.score`). The gate reads real validation episodes only.
 
 **The screen's account.** After the real episodes, the model's ranking of the candidates that ran is compared with
-their real training means (Spearman's rank correlation); the screen switches itself off for the rest of the run when
+their real training means (Spearman's rank correlation). The candidates that ran are the kept proposals and the inner
+refiner's recommendation (CMA-ES's distribution mean, run beside them): the job imagines the recommendation too
+but never ranks it, so it is the one candidate the screen did not choose, and the correlation is not measured only
+among the model's best-ranked (a range that narrow hides a ranking that predicts across the population);
+``[model] controls`` also runs that many screened-out proposals, drawn at random, as controls. The screen switches itself off for the rest of the run when
 the mean correlation over ``[model] window`` generations is below ``[model] min_correlation``
 (:class:`~ratchet.worldmodel.screen.ScreenState`). Each generation's ``generation_finished`` carries the account
 (:meth:`ScreenedRefiner.summary`).
@@ -107,6 +111,7 @@ class ScreenedRefiner(Refiner):
         self._kept: list[Candidate] = []
         self._out: list[tuple[Candidate, float]] = []  # screened out, best first, with their scores
         self._scores: dict[str, float] = {}
+        self._recommended: Candidate | None = None  # the inner refiner's recommendation this generation
         self._rejections: list[Rejection] = []
         self._last: dict[str, Any] = {}
         self._fits = 0
@@ -141,14 +146,20 @@ class ScreenedRefiner(Refiner):
 
         return replace(cost, proposals=self._keep(cost.proposals))
 
-    def _keep(self, n: int) -> int:
+    def _best(self, n: int) -> int:
         return min(n, max(1, math.ceil(n / self.settings.factor)))
+
+    def _keep(self, n: int) -> int:
+        """Of ``n`` proposals, how many run: the best ``1/factor`` and ``[model] controls`` of the rest."""
+        best = self._best(n)
+        return best + min(self.settings.controls, n - best)
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """The inner refiner's proposals, screened: the best ``1/factor`` by imagined return plus the optimism bonus.
         Unscreened (all of them) while the screen is off, the data set is small, the proposals are not one program's
         parameter values, or the model job failed (its error is in :meth:`summary`)."""
         proposed = self.inner.propose(parent, critique, rng)
+        recommended, self._recommended = self._recommended, None
         self._kept, self._out, self._scores, self._rejections = list(proposed), [], {}, []
         self._last = {"screen_on": self.state.on, "screen_proposed": len(proposed), "screen_kept": len(proposed),
                       "screen_saved": self.state.saved}
@@ -159,7 +170,9 @@ class ScreenedRefiner(Refiner):
             self._last["screen_note"] = "not screened: the proposals are not one program's parameter values"
             return proposed
         digests, rows = self._data()
-        job = self._job(proposed, digests)
+        also = [recommended] if (recommended is not None and recommended.kind == "program" and not recommended.artifacts
+                                 and recommended.source == proposed[0].source) else []
+        job = self._job([*proposed, *also], digests)
         result = self.ctx.train(job)
         if result.error is not None or not result.outputs:
             self._last["screen_note"] = f"not screened: {result.error or 'no answer'}"[:300]
@@ -168,14 +181,22 @@ class ScreenedRefiner(Refiner):
         returns = np.asarray(out.info["returns"], np.float64)
         self._fit_account(out.info["artifacts"]["world_model"], digests, rows)
         scores = optimistic(returns, self.settings.optimism)
-        order = choose(scores.tolist(), len(proposed))
-        self._scores = {proposed[i].id: float(scores[i]) for i in order}
+        order = choose(scores[:len(proposed)].tolist(), len(proposed))  # the recommendation is scored, never ranked
+        ranked, best = {i: r + 1 for r, i in enumerate(order)}, self._best(len(proposed))
+        if best < keep:  # controls: drawn from the rest at random, then the rest keeps the model's order
+            drawn = np.random.default_rng([int(self.ctx.seed), self._fits]).choice(len(order) - best, keep - best,
+                                                                                   replace=False)
+            rest = order[best:]
+            picked = [rest[i] for i in sorted(drawn.tolist())]
+            order = order[:best] + picked + [i for i in rest if i not in picked]
+        self._scores = {c.id: float(scores[len(proposed) + i]) for i, c in enumerate(also)}
+        self._scores.update({proposed[i].id: float(scores[i]) for i in order})
         self._kept = [proposed[i] for i in order[:keep]]
         self._out = [(proposed[i], float(scores[i])) for i in order[keep:]]
         self._rejections = [Rejection(self.name, parent.id, SCREENED_OUT,
-                                      detail={"candidate_id": c.id, "screen_score": s, "rank": keep + r + 1,
-                                              "of": len(proposed)})
-                            for r, (c, s) in enumerate(self._out)]
+                                      detail={"candidate_id": proposed[i].id, "screen_score": float(scores[i]),
+                                              "rank": ranked[i], "of": len(proposed)})
+                            for i in order[keep:]]
         self.state.saved += len(self._out)
         self._last.update({"screen_kept": len(self._kept), "screen_saved": self.state.saved})
         return self._kept
@@ -221,13 +242,15 @@ class ScreenedRefiner(Refiner):
         evaluations = list(evaluations)
         if self._out:
             by_id = {e.candidate_id: e for e in evaluations}
-            ran = [(self._scores[c.id], by_id[c.id].mean) for c in self._kept
-                   if c.id in by_id and not by_id[c.id].n_errors and math.isfinite(by_id[c.id].mean)]
+            ran = [(self._scores[cid], by_id[cid].mean) for cid in dict.fromkeys([*(c.id for c in self._kept),
+                                                                                   *self._scores])
+                   if cid in by_id and not by_id[cid].n_errors and math.isfinite(by_id[cid].mean)]
             rho = rank_correlation([p for p, _ in ran], [r for _, r in ran])
             self.state.judge(len(self.state.correlations) + 1, rho)
             self._last.update({"screen_rank_correlation": None if rho is None else round(rho, 4),
                                "screen_on": self.state.on})
-            floor = min((r for _, r in ran), default=0.0)
+            floor = min((by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
+                         and math.isfinite(by_id[c.id].mean)), default=0.0)  # the controls are among the kept
             stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
                          for i, (c, _) in enumerate(self._out)]
             n = len(self._kept)
@@ -236,8 +259,10 @@ class ScreenedRefiner(Refiner):
         self._out = []
 
     def recommend(self) -> Candidate | None:
-        """The inner refiner's recommendation (never screened: it is one candidate)."""
-        return self.inner.recommend()
+        """The inner refiner's recommendation (never screened: it is one candidate). The loop asks for it before
+        :meth:`propose`, which has the job imagine it too, for the screen's account."""
+        self._recommended = self.inner.recommend()
+        return self._recommended
 
     def fit(self, room_env_steps: int) -> bool:
         """The inner refiner's :meth:`~ratchet.refiners.base.Refiner.fit`."""

@@ -3,8 +3,10 @@
 A screen ranks a generation's proposals by their imagined returns (:mod:`ratchet.worldmodel.imagine`) plus an
 optimism bonus for what the ensemble disagrees on (an upper confidence bound: the mean over members plus
 ``optimism`` standard deviations), and keeps the best. After their real episodes it compares the model's ranking of
-the kept ones with the real one (Spearman's rank correlation, ``scipy.stats.spearmanr``) and switches itself off for
-the rest of the run when the correlation stays low: a screen that does not predict must not choose what is run.
+the ones that ran with the real one (Spearman's rank correlation, ``scipy.stats.spearmanr``) and switches itself off
+for the rest of the run when the correlation stays low: a screen that does not predict must not choose what is run.
+Measured only among the best-ranked, the correlation reads low even for a model that ranks a whole generation well
+(range restriction: benchmarks/RESULTS.md); unchosen candidates that ran (a recommendation, controls) widen it.
 It never judges: the gate reads real validation episodes only.
 """
 
