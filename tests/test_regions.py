@@ -76,3 +76,13 @@ def test_mistakes_are_one_line_naming_file_and_line(text, message):
     with pytest.raises(RegionError, match=message) as info:
         extract(text, "m.c")
     assert str(info.value).startswith("m.c:") and "\n" not in str(info.value)
+
+
+def test_numbers_in_a_docstring_spanning_lines_are_not_parameters():
+    """A Python docstring (or any triple-quoted string of a ``#`` file) spanning lines is text, as a one-line string
+    is: OpenEvolve's circle-packing program documents ``shape (26, 2)`` inside its region."""
+    from ratchet.regions import extract
+
+    text = ('# EVOLVE-BLOCK-START\ndef f():\n    """Place 26 circles.\n\n    Returns: shape (26, 2)\n    """\n'
+            '    n = 26\n    s = \'\'\'x 3\ny 4\'\'\' ; k = 5\n    return n\n# EVOLVE-BLOCK-END\n')
+    assert [(lit.line, lit.text) for lit in extract(text, "p.py")] == [(7, "26"), (9, "5")]

@@ -16,7 +16,8 @@ knows no language by name, so a C++ program, a Rust crate and an OpenEvolve Pyth
 **Comment syntax** is read from the marker line itself: the comment token written before ``EVOLVE-BLOCK-START``
 (``//``, ``/*``, ``#``, ``--`` or ``;``) is the file's line comment (``/*`` and ``//`` also mean C-style ``/* */``
 block comments). Inside a region, numbers in comments and in string literals (``"..."``; ``'...'`` too, except in a
-C-style file, where only a short character literal such as ``'x'`` is one) are not parameters.
+C-style file, where only a short character literal such as ``'x'`` is one; in a ``#`` file, triple-quoted strings
+spanning lines, such as Python docstrings) are not parameters.
 
 **Literals.** An unsigned decimal number: ``42``, ``0.5``, ``.5``, ``3.``, ``1e-3``, ``2.5E+4``, with ``_`` between
 digits (Rust, Python) and a type suffix kept as written (C's ``f``/``F``/``L``/``u``/``U``, Rust's ``f64``, ``i32``,
@@ -162,33 +163,43 @@ def find_regions(text: str, path: str = "<text>") -> list[Region]:
     return regions
 
 
-def _code_spans(line: str, comment: str, in_block: bool) -> tuple[list[tuple[int, int]], str, bool]:
-    """The spans of ``line`` that are code (not comments or strings), the comment text of the line, and whether a
-    C-style block comment is still open at its end."""
+def _code_spans(line: str, comment: str, open_: str | None) -> tuple[list[tuple[int, int]], str, str | None]:
+    """The spans of ``line`` that are code (not comments or strings), the comment text of the line, and what is still
+    open at its end: ``*/`` for a C-style block comment, the three quotes of a triple-quoted string of a ``#``-comment
+    language (a Python docstring spanning lines), else None."""
     spans: list[tuple[int, int]] = []
     notes: list[str] = []
     c_style = comment == "//"
     i, n, begin = 0, len(line), 0
-    if in_block:
-        close = line.find("*/")
+    if open_ is not None:
+        close = line.find(open_)
         if close < 0:
-            return [], line, True
-        notes.append(line[:close])
-        i = begin = close + 2
+            return [], (line if open_ == "*/" else ""), open_
+        if open_ == "*/":
+            notes.append(line[:close])
+        i = begin = close + len(open_)
     while i < n:
         ch = line[i]
         if line.startswith(comment, i):
             spans.append((begin, i))
             notes.append(line[i + len(comment):])
-            return spans, " ".join(notes), False
+            return spans, " ".join(notes), None
         if c_style and line.startswith("/*", i):
             spans.append((begin, i))
             close = line.find("*/", i + 2)
             if close < 0:
                 notes.append(line[i + 2:])
-                return spans, " ".join(notes), True
+                return spans, " ".join(notes), "*/"
             notes.append(line[i + 2:close])
             i = begin = close + 2
+            continue
+        triple = line[i:i + 3]
+        if comment == "#" and triple in ('"""', "'''"):
+            spans.append((begin, i))
+            close = line.find(triple, i + 3)
+            if close < 0:
+                return spans, " ".join(notes), triple
+            i = begin = close + 3
             continue
         if ch == '"' or ch == "'":
             close = i + 1
@@ -202,7 +213,7 @@ def _code_spans(line: str, comment: str, in_block: bool) -> tuple[list[tuple[int
             continue
         i += 1
     spans.append((begin, n))
-    return spans, " ".join(notes), False
+    return spans, " ".join(notes), None
 
 
 def _number_value(core: str) -> tuple[float, bool]:
@@ -268,9 +279,9 @@ def extract(text: str, path: str = "<text>") -> list[Literal]:
         body = text[region.start:region.end]
         line_no = region.line + 1
         offset = region.start
-        in_block = False
+        open_: str | None = None
         for line in body.splitlines(keepends=True):
-            spans, notes, in_block = _code_spans(line, region.comment, in_block)
+            spans, notes, open_ = _code_spans(line, region.comment, open_)
             found: list[Literal] = []
             for a, b in spans:
                 for m in _NUMBER.finditer(line, a, b):

@@ -250,6 +250,9 @@ kind = "openevolve"
 evaluator = {json.dumps(evaluator)}
 program = {json.dumps(program)}
 metric = "combined_score"
+# If their score is the same every time for the same program (most OpenEvolve examples), uncomment: each distinct
+# program is then scored once and promoted by an exact comparison, with no statistics.
+# deterministic = true
 
 [policy]
 kind = "source"
