@@ -182,6 +182,13 @@ def test_import_writes_a_spec_that_runs(tmp_path):
     assert res.exit_code == 1 and "give --force" in res.output
     res = runner.invoke(app, ["import", "shinka", str(folder)])
     assert res.exit_code == 1 and "unknown tool 'shinka'" in res.output
+    (folder / "evaluator.py").write_text("def score(program_path):\n    return {}\n")
+    res = runner.invoke(app, ["import", "openevolve", str(folder), "--force"])
+    assert res.exit_code == 1 and "no top-level evaluate(program_path)" in res.output
+    program = (folder / "initial_program.py").read_text()
+    (folder / "initial_program.py").write_text(program.replace("EVOLVE-BLOCK-START", "start"))
+    res = runner.invoke(app, ["import", "openevolve", str(folder), "--force"])
+    assert res.exit_code == 1 and "no EVOLVE-BLOCK-START marker" in res.output
     (folder / "evaluator.py").unlink()
     res = runner.invoke(app, ["import", "openevolve", str(folder), "--force"])
     assert res.exit_code == 1 and "no evaluator.py" in res.output

@@ -761,7 +761,10 @@ def replay(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
             if video.is_dir():
                 raise RatchetError(f"--video {video} is a folder; give a file name")
         blobs = _artifacts_of(run, runs_dir, storage, [cand])
-        ex = ProcessExecutor(workers=1, episode_timeout_s=max(60.0, float(st.spec["execution"]["episode_timeout_s"])))
+        limit = max(60.0, float(st.spec["execution"]["episode_timeout_s"]))
+        ex = ProcessExecutor(workers=1, episode_timeout_s=limit)
+        err.print(f"replaying candidate {cand.id} on seed {seed} (at most {limit:g} s: the run's episode_timeout_s, at "
+                  "least 60 s on a replaying machine)", highlight=False, soft_wrap=True)
         try:
             ep = ex.run(task, [Job(cand, seed, blobs)], render_paths=[str(video.resolve()) if video else None])[0]
         finally:

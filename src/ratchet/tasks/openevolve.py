@@ -239,6 +239,18 @@ def spec_text(folder: str | Path, evaluator: str = "evaluator.py", program: str 
             program = found[0]
     elif not (root / program).is_file():
         raise TaskError(f"{root}: no program file {program}")
+    if START not in (root / program).read_text(encoding="utf-8", errors="replace"):
+        raise TaskError(f"{root / program}: no {START} marker: nothing in it to refine; mark the region to evolve "
+                        f"(# {START} ... # EVOLVE-BLOCK-END)")
+    import ast
+
+    try:
+        tree = ast.parse((root / evaluator).read_text(encoding="utf-8", errors="replace"))
+    except SyntaxError as exc:
+        raise TaskError(f"{root / evaluator}:{exc.lineno}: not valid Python: {exc.msg}") from None
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "evaluate" for n in tree.body):
+        raise TaskError(f"{root / evaluator}: no top-level evaluate(program_path) function (OpenEvolve's evaluator "
+                        "contract)")
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (root.resolve().name or "openevolve"))
     return f"""# Written by `ratchet import openevolve`: runs this OpenEvolve example as it is. Their {evaluator} runs in the
 # sandbox beside {program}, so the score is forgeable by the program (docs/how-to/tasks/openevolve.md).
