@@ -86,3 +86,16 @@ def test_numbers_in_a_docstring_spanning_lines_are_not_parameters():
     text = ('# EVOLVE-BLOCK-START\ndef f():\n    """Place 26 circles.\n\n    Returns: shape (26, 2)\n    """\n'
             '    n = 26\n    s = \'\'\'x 3\ny 4\'\'\' ; k = 5\n    return n\n# EVOLVE-BLOCK-END\n')
     assert [(lit.line, lit.text) for lit in extract(text, "p.py")] == [(7, "26"), (9, "5")]
+
+
+@pytest.mark.parametrize("annotation, message", [
+    ("gap banana", "gives a name twice"),
+    ("gap 0..0.1 0..0.2", "gives a LOW..HIGH twice"),
+    ("gap fixed 0..0.1", "fixed stands alone"),
+])
+def test_an_annotation_that_says_a_thing_twice_is_one_clear_line(annotation, message):
+    from ratchet.regions import RegionError, extract
+
+    text = f"// EVOLVE-BLOCK-START\ndouble gap = 0.02; // ratchet: {annotation}\n// EVOLVE-BLOCK-END\n"
+    with pytest.raises(RegionError, match=message):
+        extract(text, "main.c")

@@ -234,18 +234,28 @@ def _default_bounds(value: float, is_int: bool) -> tuple[float, float]:
 def _apply_item(item: str, lit: Literal, where: str) -> Literal | None:
     """``lit`` as an annotation item says (None for ``fixed``)."""
     name, low, high, scale = lit.name, lit.low, lit.high, lit.scale
-    for word in item.split():
+    words = item.split()
+    if any(w in ("fixed", "-") for w in words):
+        if len(words) > 1:
+            raise RegionError(f"{where}: annotation {item.strip()!r}: fixed stands alone (a fixed number has no name, "
+                              "bounds or scale)")
+        return None
+    seen: dict[str, str] = {}
+    for word in words:
         m = _RANGE.match(word)
-        if word in ("fixed", "-"):
-            return None
-        if word == "log":
+        what = "log" if word == "log" else "LOW..HIGH" if m else "name" if word.isidentifier() else None
+        if what is None:
+            raise RegionError(f"{where}: annotation word {word!r} is not a name, LOW..HIGH, log or fixed")
+        if what in seen:
+            raise RegionError(f"{where}: annotation {item.strip()!r} gives a {what} twice ({seen[what]!r} and "
+                              f"{word!r}); one item per number, separated by ';'")
+        seen[what] = word
+        if what == "log":
             scale = "log"
         elif m:
             low, high = float(m.group(1)), float(m.group(2))
-        elif word.isidentifier():
-            name = word
         else:
-            raise RegionError(f"{where}: annotation word {word!r} is not a name, LOW..HIGH, log or fixed")
+            name = word
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise RegionError(f"{where}: parameter {name!r}: bounds {low:g}..{high:g} must be finite with LOW < HIGH")
     if not low <= lit.value <= high:
