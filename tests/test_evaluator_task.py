@@ -890,7 +890,10 @@ def test_a_deterministic_task_scores_each_distinct_candidate_once_and_promotes_o
     ids = {e.payload["candidate"]["params"]["b"]: e.payload["candidate"]["id"]
            for e in events if e.type.value == "candidate_proposed"}
     proposed = [e.key for e in events if e.type.value == "candidate_proposed" and e.key.endswith(ids[0.25])]
-    assert proposed == [f"proposed/1/{ids[0.25]}", f"proposed/3/{ids[0.25]}"]  # proposed twice, scored once:
+    assert proposed == [f"proposed/1/{ids[0.25]}"]  # proposed again in round 3: refused as a duplicate, never run
+    again = [e.payload for e in events if e.type.value == "proposal_rejected"
+             and e.payload["detail"].get("candidate_id") == ids[0.25]]
+    assert [r["generation"] for r in again] == [3] and again[0]["detail"]["duplicate_of"]
     assert sum(ev["candidate_id"] == ids[0.25] and ev["split"] == "train" for ev in evals) == 1
     assert [(g["test"], g["promoted"], g["n"]) for g in (e.payload for e in events if e.type.value == "gate_decided")] \
         == [("exact", True, 1)] * 3  # b 0 → 0.25 → 0.5 → 0.75: each a strict gain

@@ -18,7 +18,7 @@ from ratchet.task import GymTask
 
 ROOT = Path(__file__).resolve().parents[1]
 GYM_EXAMPLES = sorted(p.parent.name for p in ROOT.glob("examples/*/ratchet.toml")
-                      if 'kind = "evaluator"' not in p.read_text() and 'kind = "game"' not in p.read_text())
+                      if not any(f'kind = "{k}"' in p.read_text() for k in ("evaluator", "game", "openevolve")))
 
 
 def _both(task, cands_and_seeds, lockstep=8, workers=1, timeout_s=60.0):
