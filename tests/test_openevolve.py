@@ -111,7 +111,7 @@ def test_the_candidate_is_the_program_file_and_the_metrics_are_checked(tmp_path)
     ("hang", "timeout"),
     ("flood", "printed more than"),
     ("nan", "not a finite number"),
-    ("text", "no number 'combined_score'"),
+    ("text", "combined_score = 'very high', a str, not a number"),
     ("missing", "no number 'combined_score'"),
     ("list", "not a dict of metrics"),
 ])

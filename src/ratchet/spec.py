@@ -790,7 +790,7 @@ class RunSpec(_Section):
             raise ValueError(f"[budget] episodes = {b.episodes:,} cannot pay for a single generation: {first:,} for "
                              f"the starting policy's first validation + {policies * train:,} for a generation "
                              f"({policies} candidates × {train} training episodes) + {gate:,} for its gate{kept} = "
-                             f"{need:,}; raise [budget] episodes to at least {need:,}, or lower [refiner] popsize / "
+                             f"{need:,}; raise [budget] episodes to at least {need:,}, or lower the refiners' popsize / "
                              "[planner] train_episodes or [gate] validation_episodes")
         return self
 

@@ -134,7 +134,10 @@ def metrics_of(text: Any, metric: str) -> tuple[float, dict[str, float]]:
         what = metrics[:40] if isinstance(metrics, str) else f"a {type(metrics).__name__}"
         raise CandidateError(f"the OpenEvolve evaluator returned {what}, not a dict of metrics")
     value = metrics.get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if metric in metrics and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise CandidateError(f"the OpenEvolve evaluator returned {metric} = {str(value)[:40]!r}, a "
+                             f"{type(value).__name__}, not a number (the score metric)")
+    if not isinstance(value, (int, float)):
         raise CandidateError(f"the OpenEvolve evaluator returned no number {metric!r} (the score metric; got "
                              f"{sorted(map(str, metrics))[:8]})")
     if not math.isfinite(value):
