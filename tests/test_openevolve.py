@@ -228,10 +228,7 @@ def test_the_docs_split_evaluator_scores_a_packing_the_candidate_cannot_forge(tm
 def test_a_killed_and_resumed_openevolve_run_replays_a_whole_one(tmp_path):
     """kill -9 mid-run and resume: the same candidates and scores as a whole run (the evaluator stored in the
     ledger runs after resume, not the file, which is changed here between the two)."""
-    from conftest import SimulatedKill, read_events
-    from test_refiner_contract import Dying
-
-    from ratchet.loop import resume_run
+    from test_refiner_contract import whole_and_resumed
 
     _example(tmp_path / "spec")
     (tmp_path / "spec" / "initial_program.py").write_text(PROGRAM.replace("X = 1.5", "X = 1.5 + 0 * 2"))
@@ -241,18 +238,9 @@ def test_a_killed_and_resumed_openevolve_run_replays_a_whole_one(tmp_path):
          "gate": {"validation_episodes": 2, "max_share": 0.9, "spending": "none"}, "budget": {"episodes": 20},
          "test": {"episodes": 1}, "execution": {"workers": 1, "episode_timeout_s": 60}}
     spec = spec_from_dict(d, tmp_path / "spec")
-    with Dying() as ex:
-        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
-    killed = Dying(die_after=5)
-    try:
-        with pytest.raises(SimulatedKill):
-            start_run(spec, tmp_path / "b", "r", executor=killed)
-    finally:
-        killed.close()
-    (tmp_path / "spec" / "evaluator.py").write_text(EVALUATOR.format(mode="raise"))  # the ledger's copy runs
-    with Dying() as ex:
-        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
-    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    hostile = tmp_path / "spec" / "evaluator.py"  # changed before the resume: the ledger's copy runs
+    whole, resumed, a, b = whole_and_resumed(spec, tmp_path, die_after=5,
+                                             before_resume=lambda: hostile.write_text(EVALUATOR.format(mode="raise")))
     returns = [sorted((e.payload["candidate_id"], e.payload["split"], tuple(e.payload["seeds"]),
                        tuple(x["episode_return"] for x in e.payload["episodes"]))
                       for e in ev if e.type.value == "episodes_evaluated") for ev in (a, b)]

@@ -69,6 +69,25 @@ def _spec(directory: Path, kind: str, url: str | None = None, policy: str = "car
     return spec_from_dict(d, directory)
 
 
+def whole_and_resumed(spec, tmp_path: Path, die_after: int, before_resume=None):
+    """Run ``spec`` whole (under ``tmp_path/a``) and again killed after ``die_after`` episodes then resumed (under
+    ``tmp_path/b``; ``before_resume()`` runs between the kill and the resume): ``(whole, resumed, events_a,
+    events_b)``, the two results and the two ledgers' events."""
+    with Dying() as ex:
+        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
+    killed = Dying(die_after=die_after)
+    try:
+        with pytest.raises(SimulatedKill):
+            start_run(spec, tmp_path / "b", "r", executor=killed)
+    finally:
+        killed.close()
+    if before_resume is not None:
+        before_resume()
+    with Dying() as ex:
+        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
+    return whole, resumed, read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+
+
 def _proposals(events) -> list[str]:
     return [e.payload["candidate"]["id"] for e in events if e.type.value == "candidate_proposed"]
 
@@ -96,17 +115,7 @@ def test_every_registered_kind_is_covered_here_and_is_a_refiner():
 def test_a_kind_replays_its_proposals_and_costs_what_it_declared(tmp_path, kind, standin):
     url = standin([GOOD_EDIT], default=GOOD_EDIT).url if kind == "llm" else None
     spec = _spec(tmp_path / "spec", kind, url)
-    with Dying() as ex:
-        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
-    killed = Dying(die_after=20)  # after the first validation (6) and part of the first generations
-    try:
-        with pytest.raises(SimulatedKill):
-            start_run(spec, tmp_path / "b", "r", executor=killed)
-    finally:
-        killed.close()
-    with Dying() as ex:
-        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
-    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    whole, resumed, a, b = whole_and_resumed(spec, tmp_path, die_after=20)  # after the first validation (6) and part of the first generations
     assert _proposals(a) == _proposals(b) and len(_proposals(a)) > 1
     assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
 
@@ -142,17 +151,7 @@ def test_a_kind_that_tunes_numbers_tunes_ints_and_choices_and_replays_them(tmp_p
     on their types, and a run killed mid-way and resumed proposes exactly what the whole run did."""
     url = standin([GOOD_EDIT], default=GOOD_EDIT).url if kind == "llm" else None
     spec = _spec(tmp_path / "spec", kind, url, "cartpole_typed.py", **TUNERS[kind])
-    with Dying() as ex:
-        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
-    killed = Dying(die_after=20)
-    try:
-        with pytest.raises(SimulatedKill):
-            start_run(spec, tmp_path / "b", "r", executor=killed)
-    finally:
-        killed.close()
-    with Dying() as ex:
-        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
-    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    whole, resumed, a, b = whole_and_resumed(spec, tmp_path, die_after=20)
     assert _proposals(a) == _proposals(b) and len(_proposals(a)) > 1
     assert (resumed.incumbent.id, resumed.stop_reason) == (whole.incumbent.id, whole.stop_reason)
     timing = ("wall_clock_s",)  # what a kill and resume may change

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SimulatedKill, read_events
-from test_refiner_contract import Dying
+from test_refiner_contract import Dying, whole_and_resumed
 
 from ratchet.errors import PolicyError
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.execution.sandbox import Sandbox, isolation
-from ratchet.loop import resume_run, start_run
+from ratchet.loop import start_run
 from ratchet.policies.source import Folder, build, export_folder, read_folder, stdin_text
 from ratchet.policy import Candidate
 from ratchet.refiners.registry import known_kinds, refiner_kind
@@ -344,17 +343,8 @@ def _edit_by_seed(body):
 def test_a_killed_and_resumed_run_replays_a_whole_one(tmp_path, refiner, request):
     url = request.getfixturevalue("standin")(respond=_edit_by_seed).url if refiner == "llm" else None
     spec = _spec(tmp_path / "spec", refiner, url)
-    with Dying() as ex:
-        whole = start_run(spec, tmp_path / "a", "r", executor=ex)
-    killed = Dying(die_after=14)  # after the first validation and part of the first generation
-    try:
-        with pytest.raises(SimulatedKill):
-            start_run(spec, tmp_path / "b", "r", executor=killed)
-    finally:
-        killed.close()
-    with Dying() as ex:
-        resumed = resume_run(tmp_path / "b" / "r", executor=ex)
-    a, b = read_events(tmp_path / "a" / "r"), read_events(tmp_path / "b" / "r")
+    # killed after the first validation and part of the first generation
+    whole, resumed, a, b = whole_and_resumed(spec, tmp_path, die_after=14)
     ids = [[e.payload["candidate"]["id"] for e in ev if e.type.value == "candidate_proposed"] for ev in (a, b)]
     assert ids[0] == ids[1] and len(ids[0]) > 1
     returns = [sorted((e.payload["candidate_id"], e.payload["split"], tuple(e.payload["seeds"]),
