@@ -456,15 +456,23 @@ class StandIn:
                             outer.script.pop(0) if outer.script else outer.default)
                     outer.at_once += 1
                     outer.most_at_once = max(outer.most_at_once, outer.at_once)
+                self.counted = True
                 try:
                     self.answer(item if isinstance(item, dict) else {"content": item}, body, auth)
                 finally:
-                    with outer.lock:
-                        outer.at_once -= 1
+                    self.uncount()
+
+            def uncount(self):
+                """The request stops counting as answered at once before its reply is sent: a client that retries
+                the moment it reads a reply must not find its finished request still counted."""
+                with outer.lock:
+                    if self.counted:
+                        outer.at_once, self.counted = outer.at_once - 1, False
 
             def answer(self, item, body, auth):
                 if item.get("delay") or outer.latency:
                     time.sleep(item.get("delay", 0.0) + outer.latency)
+                self.uncount()
                 status = item.get("status", 302 if item.get("redirect") else 200)
                 content = item.get("content", GOOD_EDIT) + (f"\nAuthorization: {auth}" if item.get("echo_auth") else "")
                 if status != 200 or item.get("redirect"):
