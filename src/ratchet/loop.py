@@ -159,7 +159,7 @@ class _Run(RunServices):
             ctx = RefinerContext(program=self.program, start=self.start, task=self.task, seed=self.spec.seed + 1000 * i,
                                  name=name, train=self.train, artifact=self.artifact,
                                  training_seeds=self.training_seeds, exchange=self.exchange,
-                                 exchange_all=self.exchange_all,
+                                 exchange_all=self.exchange_all, exchange_ahead=self.exchange_ahead,
                                  read_input=self.read_input, critique=self.critique_of, time_left=self.time_left,
                                  money=money, transitions=self.transitions)
             for ref in screen_refiners(kind.build(settings, name, ctx), self.spec.model, ctx):  # [model] screen
@@ -236,6 +236,8 @@ class _Run(RunServices):
         refiner.refused(refused)  # so an LLM sees "you proposed this already"
         contenders = proposals + ([recommended] if recommended is not None else [])
         self.record_candidates(contenders, step.generation)
+        for r in self.refiners.values():  # work for later generations starts now (an llm's requests sent ahead)
+            r.prepare(incumbent, now.critique, self.rng)
         return replace(step, contenders=tuple(contenders), recommended=recommended,
                        rerun=step.rerun and bool(contenders),  # no contender: nothing to compare the incumbent with
                        refused=len(screened) + len(proposed) - len(proposals), failures=self.failed_requests(),
@@ -343,6 +345,7 @@ class _Run(RunServices):
         if self.decider.concludes(stop):
             incumbent, inc_val = self.decider.conclude(now.completed, incumbent, inc_val)
         test = self.evaluate([incumbent, baseline], self.test_seeds, "test", now.completed)
+        settled = {name: facts for name, r in self.refiners.items() if (facts := r.finish())}
         self.tick_clock()
         self.record(EventType.RUN_FINISHED, "run_finished",
                     {"stop_reason": str(stop), "stop_kind": stop.kind.value, "generations": now.completed,
@@ -353,7 +356,8 @@ class _Run(RunServices):
                      "baseline_test_critique": self.critic.critique(test[baseline.id]).to_dict(),
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                      "wall_clock_s": self.usage.wall_clock_s,
-                     "env_steps_breakdown": self.usage.breakdown(self.spec.budget.env_steps)})
+                     "env_steps_breakdown": self.usage.breakdown(self.spec.budget.env_steps),
+                     **({"refiners_at_end": settled} if settled else {})})
         return RunResult(self.run_dir, str(stop), incumbent, test[baseline.id], test[incumbent.id])
 
     def choose_and_price(self, generation: int, est_len: float, longest: float, stop: Stop | None

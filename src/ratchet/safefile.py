@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["UnsafeFile", "copy_out", "read_bytes", "read_tail"]
+__all__ = ["UnsafeFile", "copy_out", "read_bytes", "read_tail", "write_bytes"]
 
 _CHUNK = 1 << 20
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
@@ -163,3 +163,35 @@ def copy_out(src: str | os.PathLike[str], dst: str | os.PathLike[str], max_bytes
             raise
     finally:
         os.close(fd)
+
+
+def write_bytes(dst: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``dst`` atomically and durably: a temporary file in ``dst``'s folder (created if missing),
+    flushed to disk (``fsync``), then renamed over ``dst``, so a kill at any moment leaves ``dst`` as it was or
+    whole. A symbolic link at ``dst`` is refused, not followed or replaced.
+
+    Raises:
+        UnsafeFile: ``dst`` is a symbolic link.
+        OSError: the folder cannot be written.
+    """
+    dst = Path(dst)
+    if dst.is_symlink():
+        raise UnsafeFile(0, "is a symbolic link; not overwriting it", str(dst))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, dst)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

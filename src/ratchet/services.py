@@ -5,9 +5,11 @@ of doing the work again; the loop (:mod:`ratchet.loop`) only decides what to ask
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -24,7 +26,7 @@ from ratchet.ledger import Event, EventType, LedgerStore
 from ratchet.planner import SeedSplits, Usage
 from ratchet.policy import FOLDER_KINDS, SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
 from ratchet.proposals import Rejection
-from ratchet.refiners.registry import Reply, as_they_finish
+from ratchet.refiners.registry import Reply, Sent, as_they_finish
 from ratchet.rollout import Episode
 from ratchet.spec import RunSpec
 from ratchet.tasks import Task, task_from_spec
@@ -38,6 +40,21 @@ def eval_key(split: str, candidate_id: str, seeds: Sequence[int]) -> str:
     digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:12]
     return f"eval/{split}/{candidate_id}/{digest}"
 
+
+
+def _journaled(path: Path, ekey: str) -> Reply | None:
+    """The answer to request ``ekey`` that a session received and wrote to the journal at ``path`` (see
+    :meth:`RunServices.exchange_ahead`), or None (none there, or one that cannot be read: the request is made again)."""
+    from ratchet.safefile import read_bytes
+
+    try:
+        got = json.loads(read_bytes(path, 4 * 2**26))
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(got, dict) or got.get("key") != ekey or not isinstance(got.get("body"), str)
+            or not isinstance(got.get("info"), dict)):
+        return None
+    return got["body"], got["info"]
 
 
 #: :meth:`RunServices._loses_to_a_rival`'s answer when the env-step budget cut the league games short
@@ -252,12 +269,7 @@ class RunServices:
         out: list[Future[Reply]] = [Future() for _ in items]
         todo: list[tuple[int, str, Any, Callable[[], Reply]]] = []
         for i, (key, request, call) in enumerate(items):
-            ekey = f"llm/{key}"
-            event, n = self.ledger.get(ekey), 1
-            while event is not None and (again := self.ledger.get(f"{ekey}~{n + 1}")) is not None:
-                event, n = again, n + 1  # a failed request the run stopped at, tried again by a later session
-            if event is not None and event.payload.get("response") is None and self.stopped_at(event):
-                event, ekey = None, f"{ekey}~{n + 1}"
+            event, ekey = self._exchanged(key)
             if event is None:
                 todo.append((i, ekey, request, call))
             else:
@@ -277,6 +289,72 @@ class RunServices:
             if fut.exception() is None and fut.result()[0] is None:
                 self._failures.append(str(fut.result()[1].get("error") or "request failed"))
         return out
+
+    def _exchanged(self, key: str) -> tuple[Event | None, str]:
+        """A request's recorded ``llm_call`` event (None: to be made) and its ledger key: ``llm/KEY``, or ``KEY~N``
+        for a failed request the run stopped at, made again (see :meth:`exchange`)."""
+        ekey = f"llm/{key}"
+        event, n = self.ledger.get(ekey), 1
+        while event is not None and (again := self.ledger.get(f"{ekey}~{n + 1}")) is not None:
+            event, n = again, n + 1  # a failed request the run stopped at, tried again by a later session
+        if event is not None and event.payload.get("response") is None and self.stopped_at(event):
+            event, ekey = None, f"{ekey}~{n + 1}"
+        return event, ekey
+
+    def exchange_ahead(self, items: Sequence[tuple[str, Any, Callable[[], Reply]]]) -> list[Sent]:
+        """Requests as :meth:`exchange` makes them, sent without waiting: see
+        :class:`~ratchet.refiners.registry.RefinerContext` ``exchange_ahead``. A recorded reply comes back at once,
+        and so does one an earlier session received (the journal ``run_dir/received/``); each other ``call`` runs in a
+        thread of its own, which writes its answer (a body, not a failure) to the journal atomically as soon as it has
+        it. Recording (``llm_call``, the failures counted for the generation's note) happens in :meth:`Sent.take`,
+        called in the loop's thread: the ledger and the usage are never touched by those threads."""
+        from ratchet.safefile import write_bytes
+
+        out: list[Sent] = []
+        for key, request, call in items:
+            event, ekey = self._exchanged(key)
+            reply: Future[Reply] = Future()
+            if event is not None:
+                reply.set_result(self._recorded_reply(event))
+                out.append(Sent(reply, self._count_failure))
+                continue
+            journal = self.run_dir / "received" / (hashlib.sha256(ekey.encode()).hexdigest()[:32] + ".json")
+            got = _journaled(journal, ekey)
+            if got is not None:
+                reply.set_result(got)
+            else:
+                def receive(call: Callable[[], Reply] = call, reply: Future[Reply] = reply, journal: Path = journal,
+                            ekey: str = ekey) -> None:
+                    try:
+                        body, info = call()
+                    except BaseException as exc:  # noqa: BLE001 - the caller's to judge when it takes the reply
+                        reply.set_exception(exc)
+                        return
+                    if body is not None:
+                        try:
+                            write_bytes(journal, json.dumps({"key": ekey, "body": body, "info": info}).encode())
+                        except (OSError, TypeError, ValueError):  # no journal: the answer is still taken from here
+                            pass
+                    reply.set_result((body, info))
+
+                threading.Thread(target=receive, daemon=True, name="ratchet-ahead").start()
+            out.append(Sent(reply, functools.partial(self._record_reply, ekey, request)))
+        return out
+
+    def _record_reply(self, ekey: str, request: Any, reply: Reply) -> Reply:
+        """Record a reply as :meth:`exchange_all` does (``llm_call`` under ``ekey``, request and body as artifacts)
+        and return it as recorded; a failure counts for the generation's note."""
+        body, info = reply
+        request_digest = self.store_artifact(json.dumps(request, sort_keys=True).encode())
+        body_digest = None if body is None else self.store_artifact(body.encode("utf-8"))
+        self.record(EventType.LLM_CALL, ekey, {**info, "request": request_digest, "response": body_digest})
+        return self._count_failure(self._recorded_reply(self.recorded(ekey)))
+
+    def _count_failure(self, reply: Reply) -> Reply:
+        """``reply``, its failure (no body) counted for the generation's note."""
+        if reply[0] is None:
+            self._failures.append(str(reply[1].get("error") or "request failed"))
+        return reply
 
     def _recorded_reply(self, event: Event) -> Reply:
         """The ``(body, record)`` an ``llm_call`` event records (the body read from its artifact; None when the

@@ -12,12 +12,17 @@ One generation, as the loop drives it::
     refiner.generation_cost()        # priced before anything runs; fit(room) may cut it to the budget's rest
     refiner.recommend()              # its best guess so far (evaluated beside the proposals), or None
     refiner.propose(parent, critique, rng)  # new candidates (possibly after training jobs)
+    every_refiner.prepare(parent, critique, rng)  # start work for a later propose now (default: nothing)
     refiner.take_rejections()        # what it screened out itself, recorded as proposal_rejected
     refiner.refused(reasons)         # what the loop refused before any episode (failed checks, duplicates)
     refiner.dropped(reasons)         # what the cascade dropped after its first stage ([planner] cascade_episodes)
     refiner.observe(evaluations)     # training evaluations of its proposals (and recommendation), then the parent's
     refiner.verdict(candidate_id, promoted, note)  # what the gate said of the generation's contender
     refiner.summary()                # numbers for the progress line, the ledger and ``show``
+
+and once, when the run ends (before ``run_finished``)::
+
+    every_refiner.finish()           # work still out is settled and recorded; facts for ``run_finished``
 """
 
 from __future__ import annotations
@@ -93,6 +98,19 @@ class Refiner(ABC):
     @abstractmethod
     def generation_cost(self) -> GenerationCost:
         """What the next generation will cost (asked before :meth:`propose`; the same until it runs)."""
+
+    def prepare(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> None:
+        """Start work for a later :meth:`propose` now, in the background (an ``llm`` refiner's ``ahead``: the next
+        generation's requests go out while this generation's episodes run). Called on every refiner right after each
+        generation's :meth:`propose` (whichever refiner took it), before its episodes, with the same incumbent,
+        critique and run generator: fixed points, so a resumed run calls it at the same points with the same draws.
+        It must not block on outside services (send, never wait). Default: nothing."""
+
+    def finish(self) -> dict[str, Any]:
+        """The run ends: work :meth:`prepare` started and no :meth:`propose` took is settled and recorded (an ``llm``
+        refiner's requests sent ahead: awaited and recorded, making no candidates). Returns JSON-ready facts for
+        ``run_finished`` (empty: nothing to say). Default: nothing to settle."""
+        return {}
 
     def take_rejections(self) -> list[Rejection]:
         """Proposals the last :meth:`propose` screened out itself (e.g. an LLM's edit that does not apply),

@@ -68,6 +68,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -84,7 +85,7 @@ from ratchet.policy import FOLDER_KINDS, Candidate
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
-from ratchet.refiners.registry import Purse, Reply, as_they_finish
+from ratchet.refiners.registry import Purse, Reply, Sent, as_they_finish
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
 __all__ = [
@@ -238,6 +239,13 @@ class LLMSettings(ArchiveSettings):
                                                          "the order its requests were built (1: one after "
                                                          "another, each prompt seeing the edits before it).",
                              json_schema_extra={"unit": "requests"})
+    ahead: int = Field(0, ge=0, le=4, description="Waves of requests sent ahead: right after each generation's "
+                                                  "proposals, one more wave (up to concurrency requests) goes out "
+                                                  "while that generation's episodes run, if fewer than this many are "
+                                                  "out; the next generation takes their answers first. Their prompts "
+                                                  "see the history one generation stale (0: every request is sent "
+                                                  "and answered within its generation).",
+                       json_schema_extra={"unit": "waves"})
     variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.",
                           json_schema_extra={"unit": "candidates"})
     sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
@@ -1094,6 +1102,25 @@ def _each_at_once(exchange: Callable[[str, Mapping[str, Any], Callable[[], Reply
     return [done[i] for i in range(len(items))]
 
 
+def _ahead_in_threads(exchange: Callable[[str, Mapping[str, Any], Callable[[], Reply]], Reply],
+                      items: Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]) -> list[Sent]:
+    """``exchange_ahead`` from a one-at-a-time ``exchange`` (a refiner given no run's service): every item's
+    ``exchange`` in its own thread, not waited for; one :class:`Sent` per item, in the order given."""
+    out = []
+    for item in items:
+        reply: Future[Reply] = Future()
+
+        def run(item: tuple[str, Mapping[str, Any], Callable[[], Reply]] = item, reply: Future[Reply] = reply) -> None:
+            try:
+                reply.set_result(exchange(*item))
+            except BaseException as exc:  # noqa: BLE001 - raised where the reply is taken
+                reply.set_exception(exc)
+
+        threading.Thread(target=run, daemon=True, name="ratchet-ahead").start()
+        out.append(Sent(reply))
+    return out
+
+
 @dataclass
 class _Spent:
     """What the refiner's requests used: ``requests`` counts HTTP attempts (retries included); ``failures``
@@ -1124,6 +1151,18 @@ class _Request:
     arm: int = 0  # the model of the pool it goes to
     follow_up: bool = False  # it asks again about an unusable answer (never followed up itself)
     repair: bool = False  # it asks to fix the error its program (``parent``, a failed edit) raised
+
+
+@dataclass
+class _Ahead:
+    """A wave sent ahead by :meth:`LLMRefiner.prepare`: its requests (in the order built) and their replies, the
+    generation's ``proposals`` slots it used, and what it holds in the budgets while out (HTTP attempts: the caps
+    its requests were given; tokens; money)."""
+
+    requests: list[_Request]
+    sent: list[Sent]
+    slots: int
+    held: tuple[int, int, float]
 
 
 class ModelBandit:
@@ -1202,16 +1241,21 @@ class LLMRefiner(Refiner):
             deadline goes past it (:class:`~ratchet.refiners.registry.RefinerContext` ``time_left``).
         exchange_all: The run's service for several requests at once (``RefinerContext.exchange_all``); None
             runs ``exchange`` for each request of a wave in a thread of its own.
+        exchange_ahead: The run's service for requests sent without waiting (``RefinerContext.exchange_ahead``,
+            used with ``ahead``); None runs ``exchange`` for each in a thread of its own.
     """
 
     def __init__(self, settings: LLMSettings, task: Mapping[str, Any], exchange: Callable[..., Any] | None = None,
                  dims: Mapping[str, int] | None = None, name: str = "llm",
                  sleep: Callable[[float], None] = time.sleep,
                  time_left: Callable[[], float | None] | None = None,
-                 exchange_all: Callable[..., list[Future[Reply]]] | None = None) -> None:
+                 exchange_all: Callable[..., list[Future[Reply]]] | None = None,
+                 exchange_ahead: Callable[..., list[Sent]] | None = None) -> None:
         self.settings, self.task, self.dims, self.name = settings, dict(task), dims, name
         self.exchange = exchange or _direct
         self.exchange_all = exchange_all or functools.partial(_each_at_once, self.exchange)
+        self.exchange_ahead = exchange_ahead or functools.partial(_ahead_in_threads, self.exchange)
+        self._ahead: list[_Ahead] = []  # waves sent ahead (``ahead``), oldest first
         self.sleep = sleep
         self.time_left = time_left
         self.spent = _Spent()
@@ -1286,7 +1330,14 @@ class LLMRefiner(Refiner):
         request's worst case (``budget_requests`` attempts; ``max_tokens`` of answer plus the most tokens
         the last prompt could take, in tokens and in money — ``budget_cost`` and the run's ``[budget] money`` —
         at the cheapest model of the pool a request may go to, :meth:`ModelBandit.stand_ins`), beside the worst case
-        of the requests in flight."""
+        of the requests in flight. Waves sent ahead (``ahead``) whose answers no generation took yet make the
+        refiner able to take one whatever the budgets say: those answers are already paid for."""
+        if self._ahead and self.spent.down is None:
+            return None
+        return self._no_request()
+
+    def _no_request(self) -> str | None:
+        """Why no further request may be sent now (:meth:`idle_reason` without the waves sent ahead), or None."""
         if self.spent.down is not None:
             return self.spent.down
         cheapest = min(self.bandit.stand_ins(), key=self._worst_price)
@@ -1297,12 +1348,34 @@ class LLMRefiner(Refiner):
         out."""
         u = self.spent
         u.prompt_bound = prompt_bound(r.request)
-        price = self._worst_price(r.arm)
+        _, tokens, price = self._held_by([r])
         u.held_requests += 1
-        u.held_tokens += u.prompt_bound + self.settings.max_tokens
+        u.held_tokens += tokens
         u.held_cost += price
         if self.money is not None:
             self.money.held += price
+
+    def _held_by(self, wave: Sequence[_Request]) -> tuple[int, int, float]:
+        """What :meth:`_hold` reserves for ``wave``'s requests: (HTTP attempts, tokens, money)."""
+        tokens = sum(prompt_bound(r.request) + self.settings.max_tokens for r in wave)
+        price = sum(self.pool[r.arm].price(prompt_bound(r.request), self.settings.max_tokens) for r in wave)
+        return len(wave), tokens, price
+
+    def _release(self, held: tuple[int, int, float]) -> None:
+        """Give back what a wave held in the budgets (its answers are in); with no wave left out, nothing is held."""
+        u = self.spent
+        if self.money is not None:
+            self.money.held -= held[2] if self._ahead else u.held_cost
+        if self._ahead:
+            u.held_requests -= held[0]
+            u.held_tokens -= held[1]
+            u.held_cost -= held[2]
+        else:
+            u.held_requests, u.held_tokens, u.held_cost = 0, 0, 0.0
+
+    def _reserved(self) -> int:
+        """HTTP attempts the waves sent ahead may still use (their requests' caps)."""
+        return sum(w.held[0] for w in self._ahead)
 
     def _call(self, request: Mapping[str, Any], attempts: int | None = None, arm: int = 0
               ) -> tuple[str | None, dict[str, Any]]:
@@ -1367,6 +1440,10 @@ class LLMRefiner(Refiner):
         only on the answers, never on their timing. (With ``concurrency = 1`` every request sees the edits before
         it in this generation's history; within a wave, the requests see the history as the wave starts.)
 
+        With ``ahead``, the waves :meth:`prepare` sent come first: their answers are taken in the order their requests
+        were built (waiting only for those not yet in) and used as a wave's are, as long as each wave fits in the
+        generation's ``proposals``; fresh waves then go out for the proposals still missing.
+
         Raises:
             EndpointError: the endpoint stopped the refiner (``proposals`` holds what was proposed before).
         """
@@ -1377,6 +1454,11 @@ class LLMRefiner(Refiner):
         self.archive.protect(parent.id)
         out: list[Candidate] = []
         todo = s.proposals
+        while self._ahead and self._ahead[0].slots <= todo:
+            w = self._ahead.pop(0)
+            todo -= w.slots
+            if w.requests and self._settle(w.requests, [x.take for x in w.sent], w.held, parent, rng, out):
+                todo = 0  # the run's wall clock ran out
         while todo > 0:
             wave, tried, stop = self._wave(parent, critique, rng, min(s.concurrency, todo))
             todo -= tried
@@ -1407,7 +1489,7 @@ class LLMRefiner(Refiner):
             left = self.time_left() if self.time_left is not None else None
             if left is not None and left <= 0:
                 return wave, slots, True
-            if self.idle_reason() is not None:
+            if self._no_request() is not None:
                 return wave, slots, not wave
             # the program to edit: a failed edit to repair, the incumbent, or an elite of the archive; the prompt
             # holds its own critique
@@ -1460,19 +1542,36 @@ class LLMRefiner(Refiner):
         Raises:
             EndpointError: the endpoint stopped the refiner (every answer of the wave is taken first).
         """
-        s, u = self.settings, self.spent
-        rest = None if s.budget_requests is None else s.budget_requests - u.requests
-        caps = [None if rest is None else rest // len(wave) + (j < rest % len(wave)) for j in range(len(wave))]
         replies = self.exchange_all([(r.key, r.request, functools.partial(self._call, r.request, cap, r.arm))
-                                     for r, cap in zip(wave, caps)])
-        if self.money is not None:
-            self.money.held -= u.held_cost
-        u.held_requests, u.held_tokens, u.held_cost = 0, 0, 0.0
+                                     for r, cap in zip(wave, self._caps(wave))])
+        return self._settle(wave, [f.result for f in replies], self._held_by(wave), incumbent, rng, out)
+
+    def _caps(self, wave: Sequence[_Request], most: int | None = None) -> list[int | None]:
+        """Each of ``wave``'s requests' share of the HTTP attempts ``budget_requests`` leaves beside the waves sent
+        ahead (split evenly; each at most ``most``); None each without that budget."""
+        s, n = self.settings, len(wave)
+        if s.budget_requests is None:
+            return [None] * n
+        rest = s.budget_requests - self.spent.requests - self._reserved()
+        caps: list[int | None] = [rest // n + (j < rest % n) if most is None else min(rest // n + (j < rest % n), most)
+                                  for j in range(n)]
+        return caps
+
+    def _settle(self, wave: list[_Request], replies: Sequence[Callable[[], Reply]], held: tuple[int, int, float],
+                incumbent: Candidate, rng: np.random.Generator, out: list[Candidate]) -> bool:
+        """A sent wave's answers (``replies``: each waits for its request's, in the order the requests were built),
+        with what the wave held in the budgets (:meth:`_held_by`) given back first: see :meth:`_send`.
+
+        Raises:
+            EndpointError: the endpoint stopped the refiner (every answer of the wave is taken first).
+        """
+        u = self.spent
+        self._release(held)
         out_of_time = False
         again: list[_Request] = []
         for r, reply in zip(wave, replies):
             try:
-                body, record = reply.result()
+                body, record = reply()
             except _OutOfTime:
                 out_of_time = True
                 continue
@@ -1513,6 +1612,58 @@ class LLMRefiner(Refiner):
             for r in again:
                 self.bandit.scored[r.arm] += 1
         return out_of_time
+
+    def prepare(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> None:
+        """With ``ahead``: send one wave (up to ``concurrency`` requests, at most ``proposals``) without waiting, built
+        as :meth:`propose` builds one from ``parent`` (the incumbent) and ``critique``, when fewer than ``ahead`` waves
+        are out and a request may go out; the next :meth:`propose` takes its answers. Its requests hold their worst
+        case in the budgets while out, their HTTP attempts capped at their share of what ``budget_requests`` leaves.
+        Its prompts see the history as it stands now: this generation's edits are in it, their episodes' results not
+        yet (one generation stale: the price of the overlap, as in ShinkaEvolve's asynchronous evaluation)."""
+        s = self.settings
+        if not s.ahead or len(self._ahead) >= s.ahead or self._no_request() is not None:
+            return
+        self._critiques = {}  # the programs' latest critiques (another refiner's generations may have run since)
+        wave, slots, _ = self._wave(parent, critique, rng, min(s.concurrency, s.proposals))
+        if not slots:
+            return
+        caps = self._caps(wave, 1 + s.retries)
+        held = self._held_by(wave)
+        if s.budget_requests is not None:  # held: the attempts its requests may make, not one each
+            self.spent.held_requests += sum(c or 0 for c in caps) - len(wave)
+            held = (sum(c or 0 for c in caps), *held[1:])
+        sent = self.exchange_ahead([(r.key, r.request, functools.partial(self._call, r.request, cap, r.arm))
+                                    for r, cap in zip(wave, caps)]) if wave else []
+        self._ahead.append(_Ahead(wave, sent, slots, held))
+
+    def finish(self) -> dict[str, Any]:
+        """The run ends: the answers of the waves sent ahead that no generation took are awaited and recorded (their
+        requests were made and are paid for; they make no candidates) and counted in the budgets' spending.
+
+        Returns:
+            ``{"unused_requests": n, "note": ...}`` when there were any, else ``{}``.
+        """
+        u, n = self.spent, 0
+        while self._ahead:
+            w = self._ahead.pop(0)
+            self._release(w.held)
+            for r, x in zip(w.requests, w.sent):
+                try:
+                    _, record = x.take()
+                except Exception:  # noqa: BLE001, S112 - out of time, or no key: nothing was recorded
+                    continue
+                n += 1
+                cost = float(record.get("cost") or 0.0)
+                u.requests += max(1, int(record.get("attempts") or 1))
+                u.tokens += int(record.get("prompt_tokens") or 0) + int(record.get("completion_tokens") or 0)
+                u.cost += cost
+                if self.money is not None:
+                    self.money.spent += cost
+                u.calls.append(r.key)
+        if not n:
+            return {}
+        return {"unused_requests": n, "note": f"{n} requests sent ahead (ahead) were answered after the last "
+                                              "generation took its proposals: recorded and paid for, no candidates"}
 
     def _follow_up(self, r: _Request, content: str, error: str) -> _Request:
         """The request that asks ``r``'s model once more about its unusable answer ``content``: the same messages,
@@ -1755,7 +1906,8 @@ def _build(settings: LLMSettings, name: str, ctx: Any) -> list[LLMRefiner]:
 
     facts, dims = task_facts(ctx.task)
     refiner = LLMRefiner(settings, facts, getattr(ctx, "exchange", None), dims, name,
-                         time_left=getattr(ctx, "time_left", None), exchange_all=getattr(ctx, "exchange_all", None))
+                         time_left=getattr(ctx, "time_left", None), exchange_all=getattr(ctx, "exchange_all", None),
+                         exchange_ahead=getattr(ctx, "exchange_ahead", None))
     if ctx.start.kind in FOLDER_KINDS and settings.system_prompt is None:  # a folder of files in any language
         refiner.system_prompt = FOLDER_SYSTEM_PROMPT
     refiner.critique_of = getattr(ctx, "critique", None)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-__all__ = ["KIND_MODULES", "RefinerContext", "RefinerKind", "as_they_finish", "known_kinds", "refiner_kind",
+__all__ = ["KIND_MODULES", "RefinerContext", "RefinerKind", "Sent", "as_they_finish", "known_kinds", "refiner_kind",
            "register_kind"]
 
 T = TypeVar("T")
@@ -94,6 +94,14 @@ class RefinerContext:
             without that budget), so a refiner waiting on an outside service stops when the run must.
         money: The run's ``[budget] money`` (a :class:`Purse` every refiner that pays for requests shares), or
             None without that budget.
+        exchange_ahead: ``exchange_ahead([(key, request, call), …]) -> [Sent, …]``: such requests sent without
+            waiting (an ``llm`` refiner's ``ahead``), one :class:`Sent` per item in the order given. Those recorded come
+            back as recorded, and so does an answer an earlier session received but did not record (each answer is
+            written to a journal under the run's folder, ``received/``, by the thread that receives it, so a kill -9
+            never loses one: it is recorded from there, never asked for again). The ``call`` of each other runs in a
+            thread of its own that only waits on the service; its ``llm_call`` event is recorded when the refiner
+            takes it (:meth:`Sent.take`, in the loop's thread), so the events follow the order the refiner takes
+            them. None where the loop offers no such service.
         transitions: ``transitions() -> [digest, …]``: the artifacts of the transitions recorded so far on the trusted
             side for the world model (``[model] screen``; :mod:`ratchet.worldmodel.transitions`), oldest first; None
             where the loop records none.
@@ -115,6 +123,33 @@ class RefinerContext:
                            list[Future[Reply]]] | None = None
     transitions: Callable[[], list[str]] | None = None
     money: Purse | None = None
+    exchange_ahead: Callable[[Sequence[tuple[str, Mapping[str, Any], Callable[[], Reply]]]], list[Sent]] | None = None
+
+
+class Sent:
+    """A request sent without waiting for its reply (:class:`RefinerContext` ``exchange_ahead``).
+
+    Args:
+        reply: What the call returns once it is in: ``(body, info)``, or the exception it raised.
+        record: Turns that into ``(body, record)`` as ``exchange`` returns it, recording it (run once, by
+            :meth:`take`; default: as it is, for a reply already recorded or no ledger at all).
+    """
+
+    def __init__(self, reply: Future[Reply], record: Callable[[Reply], Reply] | None = None) -> None:
+        self._reply, self._record = reply, record
+        self._taken: Reply | None = None
+
+    def done(self) -> bool:
+        """Whether the reply is in (taking it will not wait)."""
+        return self._reply.done()
+
+    def take(self) -> Reply:
+        """Wait for the reply, record it the first time (in the calling thread: the loop's), and return ``(body,
+        record)`` as ``exchange`` does; raises what the call raised (nothing recorded)."""
+        if self._taken is None:
+            got = self._reply.result()
+            self._taken = got if self._record is None else self._record(got)
+        return self._taken
 
 
 @dataclass

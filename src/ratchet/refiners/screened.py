@@ -288,6 +288,14 @@ class ScreenedRefiner(Refiner):
         """Passed to the inner refiner."""
         self.inner.verdict(candidate_id, promoted, note)
 
+    def prepare(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> None:
+        """Passed to the inner refiner."""
+        self.inner.prepare(parent, critique, rng)
+
+    def finish(self) -> dict[str, Any]:
+        """Passed to the inner refiner."""
+        return self.inner.finish()
+
     def summary(self) -> dict[str, Any]:
         """The inner refiner's summary and the screen's account of the last generation: ``screen_on``,
         ``screen_proposed``/``screen_kept`` (candidates), ``screen_saved`` (proposals screened out so far),

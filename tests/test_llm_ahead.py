@@ -1,0 +1,254 @@
+"""An ``llm`` refiner's requests sent ahead (``ahead``, issue 42): the next generation's requests are out while this
+generation's episodes run, and nothing about that changes what a run proposes, what its budgets allow, or what a
+run killed at any moment resumes to."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import GOOD_EDIT, children_of, comparable, events_of, make_spec_dir, read_events
+from test_llm_client import parent
+from test_structural import TASK_FACTS, structural_spec
+
+from ratchet.ledger import EventType
+from ratchet.loop import start_run
+from ratchet.refiners.llm import LLMRefiner, LLMSettings
+
+CLI = [sys.executable, "-m", "ratchet.cli"]
+
+
+def answer(body: dict) -> dict:
+    """The stand-in's answer to a request: GOOD_EDIT with a default that depends on the request's seed (every answer
+    its own program), by the request alone, whatever order the requests come in."""
+    return {"content": GOOD_EDIT.replace('"default": 0.5', f'"default": {0.1 + (body["seed"] % 19) / 10:.1f}')}
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class SlowExecutor:
+    """Wraps the run's executor: every call first sleeps ``pause`` seconds (a slow evaluator), and each call's
+    (start, end) is kept (``time.time()``)."""
+
+    def __init__(self, inner, pause: float) -> None:
+        self.inner, self.pause, self.calls = inner, pause, []
+
+    @property
+    def capabilities(self):
+        return self.inner.capabilities
+
+    def train(self, task, job, timeout_s=3600.0):
+        return self.inner.train(task, job, timeout_s)
+
+    def run(self, task, jobs, on_episode=None, **kw):
+        t0 = time.time()
+        try:
+            time.sleep(self.pause)
+            return self.inner.run(task, jobs, on_episode, **kw)
+        finally:
+            self.calls.append((t0, time.time()))
+
+    def describe(self):
+        return self.inner.describe()
+
+    def close(self):
+        pass
+
+
+def _llm(url: str, **kw) -> dict:
+    return {"kind": "llm", "base_url": url, "model": "m", "proposals": 2, "variants": 1, "concurrency": 2,
+            "retries": 0, "on_unusable": "skip", "repair": False, **kw}
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_with_ahead_the_next_generations_requests_are_out_while_this_generations_episodes_run(
+        tmp_path, standin, pool, ahead):
+    """Every executor call sleeps 0.5 s first and the stand-in takes 1 s to answer. With ``ahead = 0`` no request is
+    out during any executor call (the workers wait for the answers); with ``ahead = 1`` the requests sent right
+    after a generation's proposals are out while its episodes run."""
+    arrived: list[float] = []
+
+    def respond(body):
+        arrived.append(time.time())
+        return answer(body)
+
+    latency = 1.0
+    server = standin(respond=respond, latency=latency)
+    spec = structural_spec(tmp_path / "s", [_llm(server.url, ahead=ahead, budget_requests=4)],
+                           budget={"env_steps": 40_000})
+    ex = SlowExecutor(pool, pause=0.5)
+    start_run(spec, tmp_path / "runs", "r", executor=ex)
+    overlapping = [t for t in arrived if any(a < t + latency and t < b for a, b in ex.calls)]
+    assert len(arrived) == 4
+    if ahead:
+        assert len(overlapping) >= 2, (arrived, ex.calls)
+    else:
+        assert not overlapping, (arrived, ex.calls)
+
+
+def test_the_same_spec_and_seed_give_the_same_ledger_whatever_the_answers_timing(tmp_path, standin, pool):
+    """Two runs with ``ahead = 1`` against endpoints giving the same answers at opposite speeds (what is fast in one
+    is slow in the other, so an answer sent ahead is in before the next generation in one run and still out in the
+    other): the same events under the same keys with the same payloads (but each request's seconds and the endpoint's
+    address), and the same proposals in the same order."""
+    from conftest import normalized
+
+    def run(name: str, flip: bool):
+        def respond(body):
+            slow = (body["seed"] % 5) / 5
+            return {**answer(body), "delay": (0.8 - slow) if flip else slow}
+
+        server = standin(respond=respond)
+        spec = structural_spec(tmp_path / name, [_llm(server.url, ahead=1, budget_requests=8)],
+                               budget={"env_steps": 30_000})
+        events = normalized(read_events(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir))
+        by_key = {key: (t, {k: v for k, v in p.items() if k != "seconds"} if t == EventType.LLM_CALL.value else p)
+                  for t, key, p in events if t != EventType.RUN_STARTED.value}
+        in_order = [key for t, key, _ in events if t in (EventType.CANDIDATE_PROPOSED.value,
+                                                          EventType.PROPOSAL_REJECTED.value)]
+        return by_key, in_order
+
+    (a, order_a), (b, order_b) = run("a", False), run("b", True)
+    assert sum(t == EventType.LLM_CALL.value for t, _ in a.values()) == 8 and order_a
+    assert a == b and order_a == order_b
+
+
+def test_budgets_hold_with_waves_sent_ahead(standin):
+    """Waves out ahead hold their worst case: their requests' HTTP attempts (retries included, capped at their share
+    of what budget_requests leaves) and their tokens; no wave is sent past a budget, and the answers of waves no
+    generation took are recorded at the end (``finish``)."""
+    server = standin(default={"status": 429}, latency=0.1)
+    s = {"model": "m", "variants": 1, "backoff_s": 0.0, "proposals": 2, "concurrency": 2, "retries": 3,
+         "budget_requests": 7, "max_failures": 100, "ahead": 2}
+    r = LLMRefiner(LLMSettings(base_url=server.url, **s), TASK_FACTS, None, sleep=lambda s: None)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        if r.idle_reason() is not None:
+            break
+        r.propose(parent(), None, rng)
+        r.prepare(parent(), None, rng)
+        assert r.spent.requests + r.spent.held_requests <= 7
+    r.finish()
+    assert len(server.requests) == r.spent.requests <= 7 and r.spent.held_requests == 0
+    assert r.idle_reason().startswith("llm budget: 7 of 7 requests")
+
+    server = standin(latency=0.1)  # answers of 120 tokens; each request's worst case is far more
+    s = {**s, "retries": 0, "budget_requests": None, "budget_tokens": 60_000, "max_tokens": 4096}
+    r = LLMRefiner(LLMSettings(base_url=server.url, **s), TASK_FACTS, None, sleep=lambda s: None)
+    for _ in range(20):
+        if r.idle_reason() is not None:
+            break
+        r.propose(parent(), None, rng)
+        r.prepare(parent(), None, rng)
+        assert r.spent.tokens + r.spent.held_tokens <= 60_000
+    r.finish()
+    assert r.spent.tokens <= 60_000 and r.spent.held_tokens == 0 and len(server.requests) >= 2
+
+
+def test_prepare_changes_nothing_without_ahead(standin):
+    """``ahead = 0`` (the default): prepare sends nothing and draws nothing."""
+    server = standin()
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=2, variants=1), TASK_FACTS, None)
+    rng = np.random.default_rng(0)
+    r.propose(parent(), None, rng)
+    state = rng.bit_generator.state
+    r.prepare(parent(), None, rng)
+    assert rng.bit_generator.state == state and len(server.requests) == 2 and r.finish() == {}
+
+
+def _reap(pids: set[int]) -> None:
+    """kill -9 what the killed run left (its workers exit on their own once their socket closes)."""
+    deadline = time.monotonic() + 10
+    for p in pids:
+        while time.monotonic() < deadline and Path(f"/proc/{p}").exists():
+            try:
+                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except (OSError, IndexError):
+                break
+            time.sleep(0.05)
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_run_killed_at_20_random_moments_resumes_exactly_and_never_asks_again_for_an_answer_received(
+        tmp_path, standin):
+    """``ratchet run`` with ``ahead = 1``, killed with SIGKILL at 20 random moments (its resumes too), then resumed to
+    the end: the same ledger as the run never interrupted, and the stand-in was never asked again for a request whose
+    answer had been received (each answer is journaled under the run's folder by the thread that receives it)."""
+    arrivals: list[tuple[str, float]] = []
+
+    def respond(body):
+        arrivals.append((_digest(body), time.time()))
+        return answer(body)
+
+    server = standin(respond=respond, latency=0.4)
+    llm = _llm(server.url, ahead=1, budget_requests=24, check_endpoint=False)
+    spec_dir = make_spec_dir(tmp_path / "spec", refiners=[llm], budget={"env_steps": 60_000},
+                             gate={"validation_episodes": 6}, test={"episodes": 4}, execution={"workers": 1})
+    clean = subprocess.run([*CLI, "run", str(spec_dir), "--runs-dir", str(tmp_path / "clean"), "--run-id", "k",
+                            "--no-report"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                           check=False)
+    assert clean.returncode == 0, clean.stderr
+    whole = read_events(tmp_path / "clean" / "k")
+    arrivals.clear()
+
+    runs, rnd, kills = tmp_path / "runs", random.Random(7), 0
+    log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
+    try:
+        while kills < 20:
+            first = not (runs / "k").exists()
+            cmd = ([*CLI, "run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"] if first
+                   else [*CLI, "resume", "k", "--runs-dir", str(runs), "--no-report"])
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            kids: set[int] = set()
+            deadline = time.monotonic() + rnd.uniform(1.0, 4.0)
+            while time.monotonic() < deadline and proc.poll() is None:
+                kids |= children_of(proc.pid)
+                time.sleep(0.01)
+            if proc.poll() is not None:  # it finished before its kill
+                assert proc.returncode == 0, (tmp_path / "run.log").read_text()[-3000:]
+                break
+            os.kill(proc.pid, signal.SIGKILL)
+            assert proc.wait(10) == -signal.SIGKILL
+            kills += 1
+            _reap(kids)
+    finally:
+        log.close()
+    done = subprocess.run([*CLI, "resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0 or "already finished" in done.stdout + done.stderr, done.stderr
+    assert kills >= 20, f"the run finished after {kills} kills; make it longer"
+
+    after = read_events(runs / "k")
+
+    def same(events):
+        return {k: (t, {f: v for f, v in p.items() if f != "seconds"} if t == EventType.LLM_CALL.value else p)
+                for k, (t, p) in comparable(events).items()}
+
+    assert same(after) == same(whole)
+    assert [e.payload["candidate"]["id"] for e in events_of(after, EventType.CANDIDATE_PROPOSED)] == \
+        [e.payload["candidate"]["id"] for e in events_of(whole, EventType.CANDIDATE_PROPOSED)]
+    # an answer received (journaled, or recorded) is never asked for again
+    received: dict[str, float] = {}
+    for e in events_of(after, EventType.LLM_CALL):
+        received[e.key.split("/")[-1]] = e.time
+    for path in (runs / "k" / "received").glob("*.json"):
+        key = json.loads(path.read_text())["key"].split("/")[-1]
+        received[key] = min(received.get(key, float("inf")), path.stat().st_mtime)
+    again = [(d, t) for d, t in arrivals if d in received and t > received[d] + 0.2]
+    assert not again, again
