@@ -167,6 +167,41 @@ def test_prepare_changes_nothing_without_ahead(standin):
     assert rng.bit_generator.state == state and len(server.requests) == 2 and r.finish() == {}
 
 
+def test_an_answer_received_ahead_is_never_asked_for_again_after_a_kill(tmp_path, standin, pool, monkeypatch):
+    """The run dies (like kill -9) right after the answers of a wave sent ahead came in, before any generation took
+    them (so no llm_call event records them): the resumed run records them from the journal (``received/``) and
+    asks for none of them again."""
+    from conftest import SimulatedKill
+
+    server = standin(respond=answer)
+    spec = structural_spec(tmp_path / "s", [_llm(server.url, ahead=1, budget_requests=6)],
+                           budget={"env_steps": 30_000})
+    prepare = LLMRefiner.prepare
+
+    def dying(self, *args):
+        prepare(self, *args)
+        if self._ahead and self._generation == 2:
+            for sent in self._ahead[-1].sent:
+                sent._reply.result(timeout=30)  # its answer is in (and journaled)
+            raise SimulatedKill("killed with answers received but not recorded")
+
+    monkeypatch.setattr(LLMRefiner, "prepare", dying)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "k", executor=pool)
+    monkeypatch.setattr(LLMRefiner, "prepare", prepare)
+    run_dir = tmp_path / "runs" / "k"
+    journaled = {json.loads(p.read_text())["key"] for p in (run_dir / "received").glob("*.json")}
+    recorded = {e.key for e in events_of(read_events(run_dir), EventType.LLM_CALL)}
+    assert len(journaled - recorded) == 2 and len(server.requests) == 6
+    from ratchet.loop import resume_run
+
+    resume_run(run_dir, executor=pool)
+    asked = [_digest(q["body"]) for q in server.requests]
+    assert len(asked) == len(set(asked)) == 6  # nothing asked twice
+    calls = {e.key for e in events_of(read_events(run_dir), EventType.LLM_CALL)}
+    assert journaled <= calls and len(calls) == 6
+
+
 def _reap(pids: set[int]) -> None:
     """kill -9 what the killed run left (its workers exit on their own once their socket closes)."""
     deadline = time.monotonic() + 10
@@ -184,41 +219,62 @@ def _reap(pids: set[int]) -> None:
             pass
 
 
+def _last_seq(db: Path) -> int:
+    """The ledger's last event number (0 while it is being created), read while another process writes it."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(con.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0)
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_a_run_killed_at_20_random_moments_resumes_exactly_and_never_asks_again_for_an_answer_received(
         tmp_path, standin):
-    """``ratchet run`` with ``ahead = 1``, killed with SIGKILL at 20 random moments (its resumes too), then resumed to
-    the end: the same ledger as the run never interrupted, and the stand-in was never asked again for a request whose
-    answer had been received (each answer is journaled under the run's folder by the thread that receives it)."""
+    """``ratchet run`` with ``ahead = 1``, killed with SIGKILL at 20 random moments (each life, the first ``run`` and
+    then each ``resume``, is killed 0.05 to 0.6 s after it records its first event), then resumed to the end: the same
+    ledger as the run never interrupted, and the stand-in was never asked again for a request whose answer had been
+    received (each answer is journaled under the run's folder by the thread that receives it)."""
     arrivals: list[tuple[str, float]] = []
 
     def respond(body):
         arrivals.append((_digest(body), time.time()))
         return answer(body)
 
-    server = standin(respond=respond, latency=0.4)
-    llm = _llm(server.url, ahead=1, budget_requests=24, check_endpoint=False)
-    spec_dir = make_spec_dir(tmp_path / "spec", refiners=[llm], budget={"env_steps": 60_000},
-                             gate={"validation_episodes": 6}, test={"episodes": 4}, execution={"workers": 1})
+    server = standin(respond=respond, latency=0.5)
+    llm = _llm(server.url, ahead=1, budget_requests=48, check_endpoint=False)
+    spec_dir = make_spec_dir(tmp_path / "spec", budget={"env_steps": 300_000}, gate={"validation_episodes": 6},
+                             test={"episodes": 4}, execution={"workers": 1})
+    with open(spec_dir / "ratchet.toml", "a", encoding="utf-8") as f:  # TOML's values as JSON writes them
+        f.write("\n[[refiners]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in llm.items()))
     clean = subprocess.run([*CLI, "run", str(spec_dir), "--runs-dir", str(tmp_path / "clean"), "--run-id", "k",
-                            "--no-report"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                            "--no-report"], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
                            check=False)
     assert clean.returncode == 0, clean.stderr
     whole = read_events(tmp_path / "clean" / "k")
     arrivals.clear()
 
     runs, rnd, kills = tmp_path / "runs", random.Random(7), 0
+    db = runs / "k" / "ledger.sqlite"
     log = open(tmp_path / "run.log", "wb")  # noqa: SIM115
     try:
         while kills < 20:
-            first = not (runs / "k").exists()
-            cmd = ([*CLI, "run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"] if first
-                   else [*CLI, "resume", "k", "--runs-dir", str(runs), "--no-report"])
+            cmd = ([*CLI, "run", str(spec_dir), "--runs-dir", str(runs), "--run-id", "k", "--no-report"]
+                   if _last_seq(db) == 0 else [*CLI, "resume", "k", "--runs-dir", str(runs), "--no-report"])
+            seen = _last_seq(db)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             kids: set[int] = set()
-            deadline = time.monotonic() + rnd.uniform(1.0, 4.0)
-            while time.monotonic() < deadline and proc.poll() is None:
+            deadline = None
+            while proc.poll() is None and (deadline is None or time.monotonic() < deadline):
                 kids |= children_of(proc.pid)
+                if deadline is None and _last_seq(db) > seen:  # the life is under way: its kill comes at random
+                    deadline = time.monotonic() + rnd.uniform(0.05, 0.6)
                 time.sleep(0.01)
             if proc.poll() is not None:  # it finished before its kill
                 assert proc.returncode == 0, (tmp_path / "run.log").read_text()[-3000:]
@@ -229,10 +285,10 @@ def test_a_run_killed_at_20_random_moments_resumes_exactly_and_never_asks_again_
             _reap(kids)
     finally:
         log.close()
-    done = subprocess.run([*CLI, "resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
-    assert done.returncode == 0 or "already finished" in done.stdout + done.stderr, done.stderr
     assert kills >= 20, f"the run finished after {kills} kills; make it longer"
+    done = subprocess.run([*CLI, "resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, done.stderr
 
     after = read_events(runs / "k")
 
