@@ -1,5 +1,7 @@
 """Waiting on the model: an ``llm`` run against a local stand-in endpoint that answers in a fixed time, at
-``concurrency = 1`` (one request after another) and ``concurrency = 4`` (a generation's requests at once).
+``concurrency = 1`` (one request after another) and ``concurrency = 4`` (a generation's requests at once), and with
+``ahead = 0`` (a generation's requests answered before its episodes) or ``ahead = 1`` (the next generation's requests
+out while this generation's episodes run).
 
 The endpoint is the stand-in server the tests use (``tests/conftest.py`` ``StandIn``): a real HTTP server on
 127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with the example's policy
@@ -11,16 +13,17 @@ every generation.
 Reported per concurrency, from the run's ledger and a wrapper around its executor:
 
 - wall clock of the whole run (start-up, validation of the starting policy, the search, the test evaluation);
-- the requests' own seconds (``llm_call`` events, summed), the wall clock with at least one request out, and the
+- the requests' own seconds (each out from its arrival at the stand-in for ``--latency``, summed; their ``llm_call``
+  events are recorded when the refiner takes the answers), the wall clock with at least one request out, and the
   requests in flight on average over that time and over the whole run (summed seconds ÷ that time);
 - the workers' busy share: worker-seconds with an episode to run ÷ (workers × wall clock), where a call to the
   executor with ``r`` episodes left keeps ``min(workers, r)`` workers busy (each episode's end is reported).
 
 Issue 42's goal: with the stand-in answering in 10 s, an ``llm`` + ``cmaes`` run keeps the workers busy ≥ 80 % of
-its wall clock with ≥ 3 requests in flight on average at a concurrency of 4. (Episodes overlapping requests is not
-built yet: while a generation's requests are out, no episode runs.)
+its wall clock with ≥ 3 requests in flight on average at a concurrency of 4 (``--latency 10 --cmaes --concurrency 4
+--ahead 0,1``).
 
-Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--requests 12] [--cmaes] [--write]
+Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--requests 12] [--cmaes] [--ahead 0,1] [--write]
 """
 
 from __future__ import annotations
@@ -84,24 +87,28 @@ class TimedExecutor:
         self.inner.close()
 
 
-def answer(source: str) -> Any:
-    """The stand-in's answer to a request: the example's policy rewritten, marked by the request's seed."""
+def answer(source: str, arrivals: list[float]) -> Any:
+    """The stand-in's answer to a request: the example's policy rewritten, marked by the request's seed; each
+    request's arrival (``time.monotonic()``) is appended to ``arrivals``."""
     def respond(body: dict[str, Any]) -> dict[str, Any]:
+        arrivals.append(time.monotonic())
         return {"content": f"Rewritten.\n```python\n# variant {body['seed']}\n{source}```\n",
                 "usage": {"prompt_tokens": 2000, "completion_tokens": 500}}
     return respond
 
 
-def one_run(concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(concurrency: int, ahead: int, args: argparse.Namespace) -> dict[str, Any]:
     source = (EXAMPLE / "policy.py").read_text(encoding="utf-8")
-    server = StandIn(latency=args.latency, respond=answer(source))
+    arrivals: list[float] = []
+    server = StandIn(latency=args.latency, respond=answer(source, arrivals))
     try:
         d = tomllib.loads((EXAMPLE / "ratchet.toml").read_text(encoding="utf-8"))
         llm = {"kind": "llm", "base_url": server.url, "model": "stand-in", "proposals": args.proposals,
-               "variants": 1, "concurrency": concurrency, "budget_requests": args.requests, "retries": 0}
+               "variants": 1, "concurrency": concurrency, "budget_requests": args.requests, "retries": 0,
+               "ahead": ahead}
         d["refiners"] = [llm] + ([{"kind": "cmaes", "popsize": 6}] if args.cmaes else [])
         d.pop("refiner", None)
-        d["planner"] = {"train_episodes": 5, "decide": "every"}
+        d["planner"] = {"train_episodes": args.train_episodes, "decide": "every"}
         d["gate"] = {"validation_episodes": 30}
         d["test"] = {"episodes": 20}
         d["budget"] = {"env_steps": args.env_steps}
@@ -119,14 +126,18 @@ def one_run(concurrency: int, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         server.stop()
     calls = [e for e in events if e.type is EventType.LLM_CALL]
-    spans = sorted((e.time - e.payload["seconds"], e.time) for e in calls)
+    # each request is out from its arrival at the stand-in for its latency (an llm_call event is recorded when the
+    # refiner takes the answer, which for a request sent ahead can be long after it came in)
+    spans = sorted((a, a + args.latency) for a in arrivals)
     out_s, end = 0.0, float("-inf")
     for a, b in spans:  # the wall clock with at least one request out: the union of the requests' spans
         out_s += max(0.0, b - max(a, end))
         end = max(end, b)
-    seconds = sum(e.payload["seconds"] for e in calls)
+    seconds = sum(b - a for a, b in spans)
     gens = [e for e in events if e.type is EventType.GENERATION_FINISHED]
-    return {"concurrency": concurrency, "wall": wall, "requests": len(calls), "seconds": seconds, "out": out_s,
+    end = next(e.payload for e in events if e.type is EventType.RUN_FINISHED)
+    return {"concurrency": concurrency, "ahead": ahead, "wall": wall,
+            "unused": sum(f.get("unused_requests", 0) for f in end.get("refiners_at_end", {}).values()), "requests": len(calls), "seconds": seconds, "out": out_s,
             "in_flight_out": seconds / out_s if out_s else 0.0, "in_flight": seconds / wall,
             "busy": ex.busy / (args.workers * wall), "generations": len(gens),
             "llm_generations": sum(1 for g in gens if g.payload["refiner"] == "llm"),
@@ -143,29 +154,33 @@ def main() -> None:
     ap.add_argument("--cmaes", action="store_true", help="A cmaes refiner beside the llm one.")
     ap.add_argument("--env-steps", type=int, default=400_000, help="[budget] env_steps.")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--train-episodes", type=int, default=5, help="[planner] train_episodes (episodes per candidate "
+                                                                   "per generation).")
     ap.add_argument("--concurrency", default="1,4", help="Comma-separated concurrency settings to compare.")
+    ap.add_argument("--ahead", default="0", help="Comma-separated ahead settings to compare (each with every "
+                                                  "concurrency).")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    rows = [one_run(int(c), args) for c in args.concurrency.split(",")]
-    table = ("| concurrency | wall clock (s) | generations (llm) | episodes | env steps (budget used) | requests | "
-             "requests' seconds (sum) | wall clock with a request out (s) | in flight on average (while out / whole "
-             "run) | workers busy |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = [one_run(int(c), int(a), args) for c in args.concurrency.split(",") for a in args.ahead.split(",")]
+    table = ("| concurrency | ahead | wall clock (s) | generations (llm) | episodes | env steps (budget used) | requests "
+             "(answered after the last generation) | requests' seconds (sum) | wall clock with a request out (s) | in "
+             "flight on average (while out / whole run) | workers busy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
-        table += (f"| {r['concurrency']} | {r['wall']:.1f} | {r['generations']} ({r['llm_generations']}) | "
-                  f"{r['episodes']:,} | {r['env_steps']:,} of {args.env_steps:,} | {r['requests']} | "
+        table += (f"| {r['concurrency']} | {r['ahead']} | {r['wall']:.1f} | {r['generations']} ({r['llm_generations']}) "
+                  f"| {r['episodes']:,} | {r['env_steps']:,} of {args.env_steps:,} | {r['requests']} ({r['unused']}) | "
                   f"{r['seconds']:.1f} | {r['out']:.1f} | "
                   f"{r['in_flight_out']:.2f} / {r['in_flight']:.2f} | {100 * r['busy']:.0f} % |\n")
-    stops = "; ".join(f"concurrency {r['concurrency']}: {r['stop']}" for r in rows)
+    stops = "; ".join(f"concurrency {r['concurrency']}, ahead {r['ahead']}: {r['stop']}" for r in rows)
     print(table + "\nStopped: " + stops)
     if args.write:
         cmd = (f"python benchmarks/llm_overlap.py --latency {args.latency:g} --proposals {args.proposals} "
                f"--requests {args.requests}{' --cmaes' if args.cmaes else ''} --env-steps {args.env_steps} "
-               f"--workers {args.workers} --concurrency {args.concurrency} --write")
+               f"--workers {args.workers} --train-episodes {args.train_episodes} --concurrency {args.concurrency} --ahead {args.ahead} --write")
         write_section(f"Waiting on the model: LLM requests in flight (stand-in answering in {args.latency:g} s"
-                      f"{', llm + cmaes' if args.cmaes else ''})", (
+                      f"{', llm + cmaes' if args.cmaes else ''}{', ahead ' + args.ahead if args.ahead != '0' else ''})", (
             f"Command: `{cmd}` — the lunar_lander example with an `llm` refiner"
             f"{' beside a `cmaes` one' if args.cmaes else ''} ({args.proposals} requests per generation, one variant "
-            f"each, budget_requests {args.requests}) against the tests' stand-in endpoint answering every request in "
+            f"each, budget_requests {args.requests}, {args.train_episodes} training episodes per candidate) against the tests' stand-in endpoint answering every request in "
             f"{args.latency:g} s, {args.workers} sandboxed workers, a gate every generation.\n\n"
             f"Machine: {machine()}\n\n{table}\nStopped: {stops}\n"))
 
