@@ -156,6 +156,21 @@ def test_budgets_hold_with_waves_sent_ahead(standin):
     assert r.spent.tokens <= 60_000 and r.spent.held_tokens == 0 and len(server.requests) >= 2
 
 
+def test_answers_no_generation_took_are_recorded_when_the_run_ends(tmp_path, standin, pool):
+    """A run that ends on its env-step budget with a wave still out ahead: its answers are awaited and recorded
+    (``llm_call``) before ``run_finished``, which says how many made no candidates."""
+    server = standin(respond=answer, latency=0.3)
+    spec = structural_spec(tmp_path / "s", [_llm(server.url, ahead=1, budget_requests=100)],
+                           budget={"env_steps": 6_000})
+    events = read_events(start_run(spec, tmp_path / "runs", "r", executor=pool).run_dir)
+    calls = events_of(events, EventType.LLM_CALL)
+    end = events_of(events, EventType.RUN_FINISHED)[0]
+    assert len(calls) == len(server.requests) and end.seq > max(e.seq for e in calls)
+    assert end.payload["refiners_at_end"]["llm"]["unused_requests"] == 2
+    proposed = {e.payload["candidate"]["id"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)}
+    assert len(calls) == 2 * len(events_of(events, EventType.GENERATION_FINISHED)) + 2 and proposed
+
+
 def test_prepare_changes_nothing_without_ahead(standin):
     """``ahead = 0`` (the default): prepare sends nothing and draws nothing."""
     server = standin()
