@@ -30,7 +30,7 @@ import numpy as np
 from ratchet.policy import bind_spaces, compile_policy
 from ratchet.spec import ModelSpec
 from ratchet.tasks.gym import GymTask
-from ratchet.worldmodel.screen import choose, optimistic, rank_correlation
+from ratchet.worldmodel.screen import choose, horizon_for, optimistic, rank_correlation
 from ratchet.worldmodel.transitions import Transitions, record_transitions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def one(env_id: str, seed: int, args: argparse.Namespace) -> tuple[float | None,
                                    for s in range(args.real_episodes)])))
     m = ModelSpec()
     settings = {"params": [{k: v.tolist() for k, v in p.items()} for p in policies], "members": m.members,
-                "hidden": m.hidden, "updates": m.updates, "horizon": m.horizon, "starts": m.starts, "holdout": 0.2,
+                "hidden": m.hidden, "updates": m.updates, "horizon": m.horizon or horizon_for(task.step_limit), "starts": m.starts, "holdout": 0.2,
                 "seed": seed + 1, "max_transitions": m.max_transitions}
     out, _ = train(task, {"source": source, "artifacts": arts}, settings, (), 0)
     imagined = np.asarray(out[0].info["returns"])

@@ -621,9 +621,10 @@ class ModelSpec(_Section):
                                                            "deviations across the members.",
                             json_schema_extra={"unit": "standard deviations"})
     controls: int = Field(0, ge=0, le=16, description="Screened-out proposals run anyway each screened generation, "
-                                                      "drawn at random (seeded): the screen's rank correlation then "
-                                                      "covers proposals it ranked low too. Each costs a candidate's "
-                                                      "training episodes.", json_schema_extra={"unit": "candidates"})
+                                                      "drawn at random (seeded): the screen is judged by whether what "
+                                                      "it kept beats them (see judge); with 0 nothing judges it and it "
+                                                      "stays on. Each costs a candidate's training episodes.",
+                          json_schema_extra={"unit": "candidates"})
     record_episodes: int = Field(4, ge=1, le=1000, description="Training episodes per generation whose transitions "
                                                                "are recorded (the first ones run).",
                                  json_schema_extra={"unit": "episodes"})
