@@ -313,9 +313,9 @@ class ScreenedRefiner(Refiner):
         nothing; biased low), ``screen_advantage`` (over the kept-versus-control pairs so far, (wins - losses) /
         pairs, -1 to 1; None before any; absent with ``judge = "kept"``), ``screen_pairs`` (those pairs),
         ``screen_margin`` (this generation's kept candidates' mean real training return minus the controls', in
-        the task's return units; only where both ran), ``model_rows`` (transitions fitted on), ``model_error``/``model_reward_error`` (held-out mean
-        squared error, in standard deviations of the predicted quantities) and ``model_disagreement`` (mean std
-        across members, same units)."""
+        the task's return units; only where both ran), ``model_rows`` (transitions fitted on),
+        ``model_error``/``model_reward_error`` (held-out mean squared error, in standard deviations of the predicted
+        quantities) and ``model_disagreement`` (mean std across members, same units)."""
         return {**self.inner.summary(), **self._last}
 
 
