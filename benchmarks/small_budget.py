@@ -8,7 +8,9 @@ test mean before → after on 100 held-out seeds.
 With ``--screen``: the generic linear policy (``examples/linear_generic``) on pendulum, acrobot, mountain car
 continuous and lunar lander (issue 45's cases), each run twice — model-free, and with ``[model] screen = true`` (the
 world model screens each generation's proposals) — and the screened run's gain over the model-free one, with the
-screen's own account (mean rank correlation with the real training returns, proposals screened out).
+screen's own account: its advantage over its controls (with ``--controls``; over the pairs of a kept candidate and a
+control, (wins - losses) / pairs, and the mean margin, kept minus controls), its mean rank correlation with the real
+training returns among the candidates that ran (biased low), and the proposals screened out.
 
 Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--controls 1]
        [--write]

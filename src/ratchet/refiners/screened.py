@@ -259,7 +259,7 @@ class ScreenedRefiner(Refiner):
             self.state.judge_generation(len(self.state.correlations) + 1, rho, kept, controls)
             self._last.update({"screen_rank_correlation": None if rho is None else round(rho, 4),
                                "screen_on": self.state.on, **self._judged()})
-            if kept and controls:
+            if kept and controls and self.state.judge == "controls":  # a run recorded before: its payload as it was
                 self._last["screen_margin"] = round(float(np.mean(kept) - np.mean(controls)), 6)
             floor = min(real.values(), default=0.0)  # the controls are among the kept
             stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
