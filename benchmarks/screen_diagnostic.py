@@ -15,7 +15,7 @@ for each of its ``worldmodel`` jobs, the proposals (and the recommendation) it i
 the job answered them, against real mean returns over ``--real-episodes`` fresh seeds, over all of them and among
 the ones the screen kept.
 
-Usage: python benchmarks/screen_diagnostic.py [--env Pendulum-v1] [--policies 20] [--seeds 0,1,2]
+Usage: python benchmarks/screen_diagnostic.py [--env Pendulum-v1] [--policies 20] [--seeds 0,1,2] [--horizon 200]
        python benchmarks/screen_diagnostic.py --ledger RUN_DIR --env Pendulum-v1 [--real-episodes 16]
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from ratchet.policy import bind_spaces, compile_policy
 from ratchet.spec import ModelSpec
 from ratchet.tasks.gym import GymTask
-from ratchet.worldmodel.screen import choose, optimistic, rank_correlation
+from ratchet.worldmodel.screen import choose, horizon_for, optimistic, rank_correlation
 from ratchet.worldmodel.transitions import Transitions, record_transitions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def one(env_id: str, seed: int, args: argparse.Namespace) -> tuple[float | None,
                                    for s in range(args.real_episodes)])))
     m = ModelSpec()
     settings = {"params": [{k: v.tolist() for k, v in p.items()} for p in policies], "members": m.members,
-                "hidden": m.hidden, "updates": m.updates, "horizon": m.horizon, "starts": m.starts, "holdout": 0.2,
+                "hidden": m.hidden, "updates": m.updates, "horizon": args.horizon or m.horizon or horizon_for(task.step_limit), "starts": m.starts, "holdout": 0.2,
                 "seed": seed + 1, "max_transitions": m.max_transitions}
     out, _ = train(task, {"source": source, "artifacts": arts}, settings, (), 0)
     imagined = np.asarray(out[0].info["returns"])
@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--data-episodes", type=int, default=4)
     ap.add_argument("--real-episodes", type=int, default=4)
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--horizon", type=int, default=0, help="imagined steps (0: [model] horizon's default, the task's "
+                                                           "step limit at most 1000)")
     ap.add_argument("--ledger", default="", help="a screened run's folder: re-judge its world-model jobs")
     args = ap.parse_args()
     if args.ledger:

@@ -8,7 +8,9 @@ test mean before → after on 100 held-out seeds.
 With ``--screen``: the generic linear policy (``examples/linear_generic``) on pendulum, acrobot, mountain car
 continuous and lunar lander (issue 45's cases), each run twice — model-free, and with ``[model] screen = true`` (the
 world model screens each generation's proposals) — and the screened run's gain over the model-free one, with the
-screen's own account (mean rank correlation with the real training returns, proposals screened out).
+screen's own account: its advantage over its controls (with ``--controls``; over the pairs of a kept candidate and a
+control, (wins - losses) / pairs, and the mean margin, kept minus controls), its mean rank correlation with the real
+training returns among the candidates that ran (biased low), and the proposals screened out.
 
 Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--controls 1]
        [--write]
@@ -49,16 +51,21 @@ def _run(name: str, folder: Path, env_id: str, seed: int, args: argparse.Namespa
     return result, project(open_ledger(result.run_dir).read()), time.perf_counter() - t0, open_ledger(result.run_dir)
 
 
-def _account(ledger) -> tuple[str, int]:
-    """The screen's mean rank correlation over the generations it judged, and the proposals it screened out."""
-    rhos, saved = [], 0
-    for e in ledger.read():
-        if e.type.value == "generation_finished":
-            rho = e.payload.get("screen_rank_correlation")
-            if rho is not None and e.payload.get("screen_kept", 0) < e.payload.get("screen_proposed", 0):
-                rhos.append(rho)
-            saved = max(saved, int(e.payload.get("screen_saved") or 0))
-    return (f"{sum(rhos) / len(rhos):+.2f} ({len(rhos)})" if rhos else "–"), saved
+def _account(ledger) -> tuple[str, int, str]:
+    """The screen's mean rank correlation over the generations it judged (among what ran), the proposals it screened
+    out, and its advantage over its controls (``[model] controls``: (wins - losses) / pairs of a kept candidate and
+    a control; its pairs; the mean margin, kept minus controls, in real training return; where it switched off)."""
+    from ratchet.ledger.projection import world_model_account
+
+    gens = [e.payload for e in ledger.read() if e.type.value == "generation_finished"]
+    rhos = [g["screen_rank_correlation"] for g in gens if g.get("screen_rank_correlation") is not None
+            and g.get("screen_kept", 0) < g.get("screen_proposed", 0)]
+    wm = world_model_account(gens) or {}
+    saved = int(wm.get("saved") or 0)
+    margin = "–" if wm.get("margin") is None else f"{wm['margin']:+.1f}"
+    adv = "–" if wm.get("advantage") is None else f"{wm['advantage']:+.2f} ({wm['pairs']} pairs; margin {margin})"
+    adv += "" if wm.get("on", True) else ", switched off"
+    return (f"{sum(rhos) / len(rhos):+.2f} ({len(rhos)})" if rhos else "–"), saved, adv
 
 
 def screened(args: argparse.Namespace) -> None:
@@ -68,14 +75,15 @@ def screened(args: argparse.Namespace) -> None:
         for seed in [int(x) for x in args.seeds.split(",")]:
             free, _, wall_free, _ = _run(name, GENERIC, SCREEN_CASES[name], seed, args, screen=False)
             scr, st, wall_scr, ledger = _run(name, GENERIC, SCREEN_CASES[name], seed, args, screen=True)
-            rho, saved = _account(ledger)
+            rho, saved, adv = _account(ledger)
             rows.append(f"| {name} | {seed} | {free.baseline_test.mean:.1f} | {free.test.mean:.1f} | {scr.test.mean:.1f} | "
-                        f"{scr.test.mean - free.test.mean:+.1f} | {len(st.promotions)} | {rho} | {saved} | "
+                        f"{scr.test.mean - free.test.mean:+.1f} | {len(st.promotions)} | {adv} | {rho} | {saved} | "
                         f"{wall_free:.0f} / {wall_scr:.0f} s |")
             print(rows[-1], flush=True)
     table = ("| env | run seed | test mean: start | model-free | screened | gain | promotions (screened) | "
-             "screen's rank correlation, mean (generations) | proposals screened out | wall: free / screened |\n"
-             "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+             "advantage over controls (pairs; margin) | rank correlation among those run, mean (generations) | "
+             "proposals screened out | wall: free / screened |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     print(table)
     if args.write:
         write_section("Small budgets with a world-model screen", (

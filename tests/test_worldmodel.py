@@ -117,10 +117,11 @@ def test_the_screen_keeps_the_best_with_optimism_and_switches_off_when_it_does_n
     assert choose([1.0, float("nan"), 1.0], 3) == [0, 2, 1]
     assert rank_correlation([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert rank_correlation([1, 2], [1, 2]) is None and rank_correlation([1, 1, 1], [1, 2, 3]) is None
-    state = ScreenState(min_correlation=0.2, window=2)
-    assert state.judge(1, 0.9) and state.judge(2, None) and state.judge(3, -0.1)  # mean 0.4: still on
-    assert not state.judge(4, -0.5) and state.switched_off_at == 4
-    assert not state.judge(5, 1.0)  # off for the rest of the run
+    state = ScreenState(min_correlation=0.2, window=2, judge="kept")  # the rule of runs recorded before controls
+    assert state.judge_generation(1, 0.9, [], []) and state.judge_generation(2, None, [], [])
+    assert state.judge_generation(3, -0.1, [], [])  # mean 0.4: still on
+    assert not state.judge_generation(4, -0.5, [], []) and state.switched_off_at == 4
+    assert not state.judge_generation(5, 1.0, [], [])  # off for the rest of the run
 
 
 # -- the screen around a refiner ------------------------------------------------------------------------------------
@@ -182,7 +183,8 @@ def _screen_ctx(tmp_path, imagined):
         out = result.outputs[0]
         return TrainingResult((TrainingOutput({}, {**out.info, "artifacts": {"world_model": "m" * 64}}),), 0)
 
-    ctx = types.SimpleNamespace(seed=3, train=train, artifact=store.__getitem__, transitions=lambda: ["d" * 64])
+    ctx = types.SimpleNamespace(seed=3, train=train, artifact=store.__getitem__, transitions=lambda: ["d" * 64],
+                                task=types.SimpleNamespace(step_limit=200))
     return ctx, jobs
 
 
@@ -271,21 +273,48 @@ def test_the_screens_controls_run_screened_out_proposals_drawn_at_random(tmp_pat
     assert len(told) == 8 and stand_ins == [ks[4] - 1, ks[4] - 2, ks[4] - 3]  # below every real one, the control's too
 
 
-def test_the_screen_switches_itself_off_when_its_ranking_is_wrong(tmp_path):
+def test_the_screen_switches_itself_off_when_what_it_kept_does_no_better_than_its_controls(tmp_path):
     from ratchet.policy import Candidate
     from ratchet.refiners.screened import ScreenedRefiner
 
-    ctx, jobs = _screen_ctx(tmp_path, [[float(i)] * 2 for i in range(8)])  # the model prefers higher k
-    inner = _Inner(8)
-    ref = ScreenedRefiner(inner, _settings(factor=2, optimism=0.0, window=2, min_correlation=0.0), ctx)
     parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": 0.0})
-    for _ in range(2):
-        kept = ref.propose(parent, None, np.random.default_rng(0))
-        assert len(kept) == 4
-        ref.observe([_ev(c.id, c.params["k"] * -1.0) for c in kept])  # the real returns say the opposite
-    assert ref.summary()["screen_rank_correlation"] == -1.0 and not ref.summary()["screen_on"]
-    assert ref.generation_cost().proposals == 8  # off: every proposal is run
-    assert len(ref.propose(parent, None, np.random.default_rng(0))) == 8 and len(jobs) == 2
+
+    def screened(sign: float, **settings):
+        ctx, jobs = _screen_ctx(tmp_path, [[float(i)] * 2 for i in range(8)])  # the model prefers higher k
+        ref = ScreenedRefiner(_Inner(8), _settings(factor=2, optimism=0.0, window=2, **settings), ctx)
+        for generation in range(2):
+            kept = ref.propose(parent, None, np.random.default_rng(0))
+            ref.observe([_ev(c.id, sign * c.params["k"]) for c in kept])
+            if generation == 0:  # one generation is too few to judge by, whatever it says
+                assert ref.summary()["screen_on"]
+        return ref, jobs
+
+    wrong, jobs = screened(-1.0, controls=1)  # the real returns say the opposite: every control beats the kept
+    s = wrong.summary()
+    assert s["screen_advantage"] == -1.0 and s["screen_pairs"] == 8 and s["screen_margin"] < 0
+    assert not s["screen_on"] and wrong.generation_cost().proposals == 8  # off: every proposal is run
+    assert len(wrong.propose(parent, None, np.random.default_rng(0))) == 8 and len(jobs) == 2
+    right, _ = screened(1.0, controls=1)
+    assert right.summary()["screen_advantage"] == 1.0 and right.summary()["screen_on"]
+    # without controls the rank correlation among what ran (biased low) switches nothing off ...
+    blind, _ = screened(-1.0)
+    s = blind.summary()
+    assert s["screen_rank_correlation"] == -1.0 and s["screen_on"] and s["screen_advantage"] is None
+    # ... except in a run recorded before controls judged the screen
+    old, _ = screened(-1.0, judge="kept", controls=1)
+    assert not old.summary()["screen_on"] and not {"screen_advantage", "screen_pairs", "screen_margin"} & set(
+        old.summary())  # its generation_finished as it was recorded
+
+
+def test_the_screens_defaults_are_the_specs(tmp_path):
+    from ratchet.refiners.screened import ScreenedRefiner
+    from ratchet.spec import ModelSpec
+
+    state, spec = ScreenState(), ModelSpec()
+    assert (state.min_correlation, state.window, state.judge) == (spec.min_correlation, spec.window, spec.judge)
+    ctx, _ = _screen_ctx(tmp_path, [])
+    ref = ScreenedRefiner(_Inner(4), _settings(), ctx)
+    assert (ref.state.min_correlation, ref.state.window) == (spec.min_correlation, spec.window)
 
 
 def test_the_screen_waits_for_enough_transitions_and_skips_proposals_of_several_programs(tmp_path):
@@ -376,9 +405,32 @@ def test_a_screened_run_with_a_control_runs_it_and_resumes_exactly(tmp_path):
     from ratchet.loop import resume_run, start_run
 
     spec = _screened_spec(tmp_path, controls=1)
-    events = read_events(start_run(spec, tmp_path / "runs", "whole").run_dir)
+    whole = start_run(spec, tmp_path / "runs", "whole")
+    events = read_events(whole.run_dir)
     gens = [g.payload for g in events_of(events, EventType.GENERATION_FINISHED)]
     assert any(g["screen_kept"] == 5 and g["screen_proposed"] == 8 for g in gens)  # the best 4 and a control
+    judged = [g for g in gens if g["screen_kept"] == 5]
+    assert judged[-1]["screen_pairs"] == 4 * len(judged) and -1 <= judged[-1]["screen_advantage"] <= 1
+    # the account against the controls, where show, the report and the dashboard show the screen's
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+    from ratchet.dashboard import Dashboard, RunSource
+    from ratchet.ledger.projection import project
+    from ratchet.report import write_run_report
+
+    wm = project(events).world_model()
+    assert wm is not None and wm["pairs"] == 4 * len(judged) and wm["advantage"] == judged[-1]["screen_advantage"]
+    shown = CliRunner().invoke(app, ["show", str(whole.run_dir)], env={"COLUMNS": "300"})
+    assert "advantage over random screened-out controls" in " ".join(shown.stdout.split())
+    html = write_run_report(whole.run_dir, videos=False).read_text(encoding="utf-8")
+    assert f"advantage over random screened-out controls {wm['advantage']:+.2f} over {wm['pairs']} pair(s)" in html
+    dash = Dashboard(RunSource(tmp_path / "runs"))
+    try:
+        view = dash.page("whole").view()
+        assert view["world_model"]["advantage"] == wm["advantage"] and "controls" in view["world_model"]["text"]
+    finally:
+        dash.close()
     with pytest.raises(SimulatedKill):
         start_run(spec, tmp_path / "runs", "killed",
                   executor=RecordingExecutor(ProcessExecutor(workers=1), die_after=30))
@@ -386,9 +438,57 @@ def test_a_screened_run_with_a_control_runs_it_and_resumes_exactly(tmp_path):
     assert comparable(read_events(tmp_path / "runs" / "killed")) == comparable(events)
 
 
+def test_the_screens_account_reads_its_controls_and_an_older_run_keeps_its_own():
+    from ratchet.ledger.projection import world_model_account, world_model_text
+
+    base = {"screen_on": True, "screen_proposed": 8, "screen_kept": 5, "screen_saved": 3, "model_rows": 400,
+            "model_error": 0.01, "model_disagreement": 0.02}
+    new = [{**base, "screen_rank_correlation": -0.5, "screen_advantage": 0.25, "screen_pairs": 4, "screen_margin": 10.0},
+           {**base, "screen_rank_correlation": -0.3, "screen_advantage": 0.5, "screen_pairs": 8, "screen_margin": 30.0}]
+    wm = world_model_account(new)
+    assert wm is not None and (wm["judge"], wm["advantage"], wm["pairs"], wm["margin"]) == ("controls", 0.5, 8, 20.0)
+    text = world_model_text(wm)
+    assert "advantage over random screened-out controls +0.50 over 8 pair(s) (kept won 75 %)" in text
+    assert "kept minus controls +20" in text and "biased low" in text
+    off = world_model_text(world_model_account([*new, {**new[-1], "screen_on": False, "screen_advantage": -0.1}]) or {})
+    assert "switched off (its kept candidates did no better than the controls)" in off
+    none = world_model_text(world_model_account([{**base, "screen_advantage": None, "screen_pairs": 0}]) or {})
+    assert "no controls run yet" in none
+    old = world_model_account([{**base, "screen_on": False, "screen_rank_correlation": -0.5}])  # an older ledger
+    assert old is not None and old["judge"] == "kept" and old["advantage"] is None
+    assert "switched off (it did not predict)" in world_model_text(old) and "controls" not in world_model_text(old)
+
+
+def test_a_run_recorded_before_controls_judged_the_screen_resumes_with_its_rule():
+    from ratchet.loop import recorded_spec
+    from ratchet.spec import spec_from_dict
+
+    data = spec_from_dict({"task": {"env_id": "Pendulum-v1"}, "budget": {"episodes": 128},
+                           "model": {"screen": True}}, ".").to_dict()
+    assert data["model"]["judge"] == "controls" and recorded_spec(data).model.judge == "controls"
+    del data["model"]["judge"]  # as a ledger recorded it before the key
+    assert recorded_spec(data).model.judge == "kept"
+
+
+def test_the_imagined_horizon_is_the_tasks_step_limit_at_most_the_cap(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import ScreenedRefiner
+    from ratchet.worldmodel.screen import HORIZON_CAP, horizon_for
+
+    assert horizon_for(200) == 200 and horizon_for(999) == 999 and horizon_for(10**6) == HORIZON_CAP == 1000
+    assert horizon_for(None) == HORIZON_CAP
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    for step_limit, horizon, used in [(999, None, 999), (5000, None, 1000), (999, 20, 20)]:
+        ctx, jobs = _screen_ctx(tmp_path, [[float(i)] * 2 for i in range(4)])
+        ctx.task = types.SimpleNamespace(step_limit=step_limit)
+        ScreenedRefiner(_Inner(4), _settings(horizon=horizon), ctx).propose(parent, None, np.random.default_rng(0))
+        assert jobs[0].settings["horizon"] == used
+
+
 @pytest.mark.parametrize(("model", "words"), [({"factor": 0}, "factor"), ({"screen": "yes"}, "screen"),
                                               ({"horizon": 10**6}, "horizon"), ({"nope": 1}, "nope"),
-                                              ({"controls": 17}, "controls")])
+                                              ({"controls": 17}, "controls"), ({"judge": "best"}, "judge"),
+                                              ({"horizon": 0}, "horizon")])
 def test_a_bad_model_section_is_one_line(model, words):
     from ratchet.errors import SpecError
     from ratchet.spec import spec_from_dict

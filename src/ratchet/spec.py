@@ -33,6 +33,7 @@ from ratchet.errors import SpecError, TaskError
 from ratchet.execution.sandbox import Sandbox
 from ratchet.refiners.cmaes import CMAESSettings
 from ratchet.rollout import LOCKSTEP_EPISODES
+from ratchet.worldmodel.screen import HORIZON_CAP, MIN_CORRELATION, WINDOW
 
 __all__ = ["RunSpec", "load_spec", "spec_from_dict"]
 
@@ -620,9 +621,10 @@ class ModelSpec(_Section):
                                                            "deviations across the members.",
                             json_schema_extra={"unit": "standard deviations"})
     controls: int = Field(0, ge=0, le=16, description="Screened-out proposals run anyway each screened generation, "
-                                                      "drawn at random (seeded): the screen's rank correlation then "
-                                                      "covers proposals it ranked low too. Each costs a candidate's "
-                                                      "training episodes.", json_schema_extra={"unit": "candidates"})
+                                                      "drawn at random (seeded): the screen is judged by whether what "
+                                                      "it kept beats them (see judge); with 0 nothing judges it and it "
+                                                      "stays on. Each costs a candidate's training episodes.",
+                          json_schema_extra={"unit": "candidates"})
     record_episodes: int = Field(4, ge=1, le=1000, description="Training episodes per generation whose transitions "
                                                                "are recorded (the first ones run).",
                                  json_schema_extra={"unit": "episodes"})
@@ -634,16 +636,23 @@ class ModelSpec(_Section):
     members: int = Field(5, ge=1, le=20, description="Networks in the ensemble.")
     hidden: int = Field(64, ge=4, le=1024, description="Units per hidden layer (two layers).")
     updates: int = Field(300, ge=10, le=100_000, description="Gradient steps per member each time the model is fitted.")
-    horizon: int = Field(200, ge=1, le=10_000, description="Most imagined steps per imagined episode.",
-                         json_schema_extra={"unit": "env steps"})
+    horizon: int | None = Field(None, ge=1, le=10_000, description="Most imagined steps per imagined episode; unset: "
+                                                                 f"the task's episode step limit, at most {HORIZON_CAP}.",
+                                json_schema_extra={"unit": "env steps"})
     starts: int = Field(8, ge=1, le=256, description="Imagined episodes per proposal and member (recorded start "
                                                      "states).", json_schema_extra={"unit": "episodes"})
-    min_correlation: float = Field(0.0, ge=-1, le=1, description="The screen switches itself off when the mean rank "
-                                                                 "correlation (Spearman) of its ranking with the real "
-                                                                 "training returns over `window` generations is below "
-                                                                 "this.")
-    window: int = Field(4, ge=1, le=1000, description="Generations the screen's rank correlation is averaged over.",
-                        json_schema_extra={"unit": "generations"})
+    judge: Literal["controls", "kept"] = Field(
+        "controls", description="What switches the screen off. \"controls\": its advantage over the controls (the "
+                                "rank-biserial correlation of 'kept' with the real training return over every pair of a "
+                                "kept candidate and a control: (wins - losses) / pairs) is below min_correlation after "
+                                "`window` generations with controls; with controls = 0 it stays on. \"kept\": the "
+                                "mean rank correlation among the candidates that ran over `window` generations is below "
+                                "min_correlation (biased low; the rule of runs recorded before this key).")
+    min_correlation: float = Field(MIN_CORRELATION, ge=-1, le=1, description="The screen switches itself off when "
+                                                                             "what `judge` reads is below this (0: no "
+                                                                             "better than chance).")
+    window: int = Field(WINDOW, ge=1, le=1000, description="Generations the screen is judged over before it may switch "
+                                                           "itself off.", json_schema_extra={"unit": "generations"})
 
 
 #: Episode budgets up to this size get defaults sized to them (see ``RunSpec._size_to_a_small_budget``).

@@ -166,7 +166,10 @@ class RunState:
             (mean Spearman correlation of its ranking with the real training means, over the generations that gave
             one; None before any), ``judged`` (how many did), ``on`` (whether it still screens), and the last fitted
             model's ``rows`` (transitions), ``holdout_error`` and ``disagreement`` (held-out, in standard deviations
-            of the predicted quantities).
+            of the predicted quantities); ``judge`` (``"controls"``, or ``"kept"`` for a run recorded before controls
+            judged the screen), ``advantage`` (over the kept-versus-control pairs, (wins - losses) / pairs, -1 to 1;
+            None before any) and ``pairs``, ``margin`` (mean over generations of the kept candidates' mean real
+            training return minus the controls', in return units; None before any) and ``margins`` (how many).
         """
         return world_model_account(self.generation_log)
 
@@ -315,7 +318,7 @@ def cost_text(u: dict[str, Any]) -> str:
 
 #: The keys of a ``generation_finished`` payload that hold the world-model screen's account (``[model] screen``).
 SCREEN_KEYS = ("screen_on", "screen_proposed", "screen_kept", "screen_saved", "screen_rank_correlation", "model_rows",
-               "model_error", "model_disagreement")
+               "model_error", "model_disagreement", "screen_advantage", "screen_pairs", "screen_margin")
 
 
 def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -326,7 +329,13 @@ def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | N
     rhos = [g["screen_rank_correlation"] for g in gens if isinstance(g.get("screen_rank_correlation"), (int, float))]
     fitted = [g for g in gens if g.get("model_rows") is not None]
     last = fitted[-1] if fitted else {}
-    return {"screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)),
+    margins = [g["screen_margin"] for g in gens if isinstance(g.get("screen_margin"), (int, float))]
+    judged = [g for g in gens if "screen_pairs" in g]  # absent: recorded before controls judged the screen
+    return {"judge": "controls" if judged else "kept",
+            "advantage": judged[-1].get("screen_advantage") if judged else None,
+            "pairs": int(judged[-1].get("screen_pairs") or 0) if judged else 0,
+            "margin": sum(margins) / len(margins) if margins else None, "margins": len(margins),
+            "screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)),
             "saved": max(int(g.get("screen_saved") or 0) for g in gens),
             "rank_correlation": sum(rhos) / len(rhos) if rhos else None, "judged": len(rhos),
             "on": bool(gens[-1]["screen_on"]), "rows": last.get("model_rows"),
@@ -336,12 +345,22 @@ def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | N
 def world_model_text(wm: dict[str, Any]) -> str:
     """One line of the world-model screen's account (:meth:`RunState.world_model`), for ``show`` and the report."""
     rho = "no rank correlation yet" if wm["rank_correlation"] is None else (
-        f"rank correlation with real training returns {wm['rank_correlation']:+.2f} (mean of {wm['judged']})")
+        f"rank correlation with real training returns {wm['rank_correlation']:+.2f} (mean of {wm['judged']}"
+        f"{', among the candidates run: biased low' if wm['judge'] == 'controls' else ''})")
+    judged, off = "", "it did not predict"
+    if wm["judge"] == "controls" and wm["advantage"] is None:
+        judged = "no controls run yet, so nothing unbiased judges it ([model] controls); "
+    elif wm["judge"] == "controls":
+        margin = "" if wm["margin"] is None else (f", kept minus controls {wm['margin']:+.4g} real training return "
+                                                  f"(mean of {wm['margins']})")
+        judged = (f"advantage over random screened-out controls {wm['advantage']:+.2f} over {wm['pairs']} pair(s) "
+                  f"(kept won {50 * (1 + wm['advantage']):.0f} %){margin}; ")
+        off = "its kept candidates did no better than the controls"
     model = "" if wm["rows"] is None else (f"; last model: {wm['rows']:,} transitions, held-out error "
                                            f"{wm['holdout_error']:.3g}, disagreement {wm['disagreement']:.3g} (in "
                                            "standard deviations)")
-    return (f"screen {'on' if wm['on'] else 'switched off (it did not predict)'}: screened {wm['screened']} "
-            f"generation(s), {wm['saved']} proposal(s) not run; {rho}{model}")
+    return (f"screen {'on' if wm['on'] else f'switched off ({off})'}: screened {wm['screened']} "
+            f"generation(s), {wm['saved']} proposal(s) not run; {judged}{rho}{model}")
 
 
 def llm_usage_text(u: dict[str, Any]) -> str:

@@ -25,15 +25,16 @@ checked against the trainer's declaration before it is recorded or used; a forge
 proposals run (it misleads the search at worst). The driver scores the returned model itself on held-out transitions
 (:func:`ratchet.worldmodel.model.score`). The gate reads real validation episodes only.
 
-**The screen's account.** After the real episodes, the model's ranking of the candidates that ran is compared with
-their real training means (Spearman's rank correlation). The candidates that ran are the kept proposals and the inner
-refiner's recommendation (CMA-ES's distribution mean, run beside them): the job imagines the recommendation too
-but never ranks it, so it is the one candidate the screen did not choose, and the correlation is not measured only
-among the model's best-ranked (a range that narrow hides a ranking that predicts across the population);
-``[model] controls`` also runs that many screened-out proposals, drawn at random, as controls. The screen switches itself off for the rest of the run when
-the mean correlation over ``[model] window`` generations is below ``[model] min_correlation``
-(:class:`~ratchet.worldmodel.screen.ScreenState`). Each generation's ``generation_finished`` carries the account
-(:meth:`ScreenedRefiner.summary`).
+**The screen's account.** ``[model] controls`` runs that many screened-out proposals, drawn at random, beside the
+kept ones (the best-ranked). After the real episodes the kept ones' real training means are compared with the
+controls': the screen's advantage (:meth:`~ratchet.worldmodel.screen.ScreenState.advantage`: over every pair of a
+kept candidate and a control so far, (wins - losses) / pairs; 0 is a random pick) is what switches it off for the rest
+of the run, when below ``[model] min_correlation`` after ``[model] window`` generations with controls; without
+controls it stays on. The model's ranking of the candidates that ran (the kept ones, the controls and the inner
+refiner's recommendation, which the job imagines but never ranks) is compared with their real training means too
+(Spearman's rank correlation), but that range is mostly the model's best-ranked, which biases it low; it switches
+nothing off (except in runs recorded with ``[model] judge = "kept"``, before controls judged the screen). Each
+generation's ``generation_finished`` carries the account (:meth:`ScreenedRefiner.summary`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from ratchet.policy import Candidate
 from ratchet.proposals import Rejection
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.rollout import Episode
-from ratchet.worldmodel.screen import ScreenState, choose, optimistic, rank_correlation
+from ratchet.worldmodel.screen import ScreenState, choose, horizon_for, optimistic, rank_correlation
 
 __all__ = ["ScreenedRefiner", "screen_refiners", "train"]
 
@@ -106,9 +107,11 @@ class ScreenedRefiner(Refiner):
     def __init__(self, inner: Refiner, settings: Any, ctx: Any) -> None:
         self.inner, self.settings, self.ctx = inner, settings, ctx
         self.name = inner.name
-        self.state = ScreenState(min_correlation=settings.min_correlation, window=settings.window)
+        self.state = ScreenState(min_correlation=settings.min_correlation, window=settings.window,
+                                 judge=settings.judge)
         self._rows: dict[str, int] = {}  # transitions per recorded artifact, read once
         self._kept: list[Candidate] = []
+        self._controls: set[str] = set()  # the ids of this generation's controls (among the kept)
         self._out: list[tuple[Candidate, float]] = []  # screened out, best first, with their scores
         self._scores: dict[str, float] = {}
         self._recommended: Candidate | None = None  # the inner refiner's recommendation this generation
@@ -161,8 +164,9 @@ class ScreenedRefiner(Refiner):
         proposed = self.inner.propose(parent, critique, rng)
         recommended, self._recommended = self._recommended, None
         self._kept, self._out, self._scores, self._rejections = list(proposed), [], {}, []
+        self._controls = set()
         self._last = {"screen_on": self.state.on, "screen_proposed": len(proposed), "screen_kept": len(proposed),
-                      "screen_saved": self.state.saved}
+                      "screen_saved": self.state.saved, **self._judged()}
         keep = self._keep(len(proposed))
         if not self._screening() or keep >= len(proposed):
             return proposed
@@ -192,6 +196,7 @@ class ScreenedRefiner(Refiner):
         self._scores = {c.id: float(scores[len(proposed) + i]) for i, c in enumerate(also)}
         self._scores.update({proposed[i].id: float(scores[i]) for i in order})
         self._kept = [proposed[i] for i in order[:keep]]
+        self._controls = {proposed[i].id for i in order[best:keep]}
         self._out = [(proposed[i], float(scores[i])) for i in order[keep:]]
         self._rejections = [Rejection(self.name, parent.id, SCREENED_OUT,
                                       detail={"candidate_id": proposed[i].id, "screen_score": float(scores[i]),
@@ -210,7 +215,8 @@ class ScreenedRefiner(Refiner):
         carrier = Candidate.create(proposed[0].source, dict(proposed[0].params), kind="program",
                                    artifacts={f"t{i:04d}": d for i, d in enumerate(digests)})
         settings = {"params": [{k: _thaw(v) for k, v in c.params.items()} for c in proposed],
-                    "members": s.members, "hidden": s.hidden, "updates": s.updates, "horizon": s.horizon,
+                    "members": s.members, "hidden": s.hidden, "updates": s.updates,
+                    "horizon": s.horizon if s.horizon is not None else horizon_for(self.ctx.task.step_limit),
                     "starts": s.starts, "holdout": _HOLDOUT, "seed": int(self.ctx.seed) + self._fits,
                     "max_transitions": s.max_transitions}
         return TrainingJob(TRAINER, carrier, settings, (), 0, answer=_answer())
@@ -246,17 +252,29 @@ class ScreenedRefiner(Refiner):
                                                                                    *self._scores])
                    if cid in by_id and not by_id[cid].n_errors and math.isfinite(by_id[cid].mean)]
             rho = rank_correlation([p for p, _ in ran], [r for _, r in ran])
-            self.state.judge(len(self.state.correlations) + 1, rho)
+            real = {c.id: by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
+                    and math.isfinite(by_id[c.id].mean)}
+            kept = [m for cid, m in real.items() if cid not in self._controls]
+            controls = [m for cid, m in real.items() if cid in self._controls]
+            self.state.judge_generation(len(self.state.correlations) + 1, rho, kept, controls)
             self._last.update({"screen_rank_correlation": None if rho is None else round(rho, 4),
-                               "screen_on": self.state.on})
-            floor = min((by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
-                         and math.isfinite(by_id[c.id].mean)), default=0.0)  # the controls are among the kept
+                               "screen_on": self.state.on, **self._judged()})
+            if kept and controls and self.state.judge == "controls":  # a run recorded before: its payload as it was
+                self._last["screen_margin"] = round(float(np.mean(kept) - np.mean(controls)), 6)
+            floor = min(real.values(), default=0.0)  # the controls are among the kept
             stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
                          for i, (c, _) in enumerate(self._out)]
             n = len(self._kept)
             evaluations = evaluations[:n] + stand_ins + evaluations[n:]
         self.inner.observe(evaluations)
         self._out = []
+
+    def _judged(self) -> dict[str, Any]:
+        """The screen's advantage over its controls so far (see :class:`ScreenState`), for the ledger."""
+        if self.state.judge != "controls":
+            return {}
+        adv = self.state.advantage()
+        return {"screen_advantage": None if adv is None else round(adv, 4), "screen_pairs": self.state.pairs}
 
     def recommend(self) -> Candidate | None:
         """The inner refiner's recommendation (never screened: it is one candidate). The loop asks for it before
@@ -300,9 +318,12 @@ class ScreenedRefiner(Refiner):
         """The inner refiner's summary and the screen's account of the last generation: ``screen_on``,
         ``screen_proposed``/``screen_kept`` (candidates), ``screen_saved`` (proposals screened out so far),
         ``screen_rank_correlation`` (Spearman, model vs real training means of what ran; None where it says
-        nothing), ``model_rows`` (transitions fitted on), ``model_error``/``model_reward_error`` (held-out mean
-        squared error, in standard deviations of the predicted quantities) and ``model_disagreement`` (mean std
-        across members, same units)."""
+        nothing; biased low), ``screen_advantage`` (over the kept-versus-control pairs so far, (wins - losses) /
+        pairs, -1 to 1; None before any; absent with ``judge = "kept"``), ``screen_pairs`` (those pairs),
+        ``screen_margin`` (this generation's kept candidates' mean real training return minus the controls', in
+        the task's return units; only where both ran), ``model_rows`` (transitions fitted on),
+        ``model_error``/``model_reward_error`` (held-out mean squared error, in standard deviations of the predicted
+        quantities) and ``model_disagreement`` (mean std across members, same units)."""
         return {**self.inner.summary(), **self._last}
 
 
