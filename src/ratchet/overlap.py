@@ -17,6 +17,10 @@ Budgets stay hard caps: the work run ahead is priced before it starts (the whole
 gate may read and the incumbent's extension, the next generation, its kept gate and one more incumbent run), and the
 executor's env-step cap leaves room for it until it is read back
 (:attr:`~ratchet.services.RunServices.ahead`).
+
+Determinism: whether a generation runs ahead depends only on what the ledger records (usage, patience, the contender,
+the prices), never on timing (a wall-clock budget turns the overlap off), so the same spec and seed give the same
+decisions with it, and a resumed run runs ahead where the first session did.
 """
 
 from __future__ import annotations

@@ -474,9 +474,10 @@ class PlannerSpec(_Section):
                                "promotion does not change (no self-play league), no cascade, no [model] screen, no "
                                "[budget] target or wall_clock_s, patience not at its last generation, and room in the "
                                "budget for the whole validation, the next generation, its gate and one more incumbent "
-                               "run. The same candidates and promotions as without it; a promotion costs one extra "
-                               "run of the new incumbent on the next generation's training seeds (the old one's is "
-                               "charged as re-evaluation). Otherwise each generation waits for its gate.")
+                               "run. The same candidates and promotions as without it, save where the budget binds: "
+                               "a promotion costs one extra run of the new incumbent on the next generation's "
+                               "training seeds (the old one's, run ahead, is charged as re-evaluation), so the budget "
+                               "may end the run a little sooner. Otherwise each generation waits for its gate.")
     power: float = Field(0.8, gt=0, lt=1, description="With decide = \"powered\": the chance of passing (normal "
                                                          "approximation, at the next decision's level) a candidate "
                                                          "needs before validation is spent on it before the end.",
