@@ -215,6 +215,7 @@ def plain_pool(evals: list[dict], events: list, workers: int, step_s: float) -> 
 
     from _common import plain_episode
 
+    from ratchet.execution import BUDGET_SKIP
     from ratchet.ledger.events import EventType
     from ratchet.policy import compile_policy
 
@@ -222,7 +223,9 @@ def plain_pool(evals: list[dict], events: list, workers: int, step_s: float) -> 
     cands = {started["start_candidate"]["id"]: started["start_candidate"]["params"]}
     cands.update({e.payload["candidate"]["id"]: e.payload["candidate"]["params"] for e in events
                   if e.type is EventType.CANDIDATE_PROPOSED})
-    jobs = [(cands[p["candidate_id"]], x["seed"], x["episode_return"]) for p in evals for x in p["episodes"]]
+    # an episode the env-step cap skipped never ran (the final decision's confirmation may be cut so)
+    jobs = [(cands[p["candidate_id"]], x["seed"], x["episode_return"]) for p in evals for x in p["episodes"]
+            if x["error"] != BUDGET_SKIP]
     source = started["policy_source"]
 
     def one(job):

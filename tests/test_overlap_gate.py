@@ -82,9 +82,11 @@ def _run_steps(events) -> int:
                if e.type.value == "episodes_evaluated" and e.payload["split"] != "test")
 
 
-def test_the_gate_runs_beside_the_next_generation_with_the_same_candidates_and_promotions(tmp_path):
-    off, plain = _run(_cartpole(tmp_path / "s", False), tmp_path / "off")
-    on, ahead = _run(_cartpole(tmp_path / "s", True), tmp_path / "on")
+@pytest.mark.parametrize("gate", [{}, {"test": "group-t", "batch": 2, "min_episodes": 2}], ids=["fixed", "sequential"])
+def test_the_gate_runs_beside_the_next_generation_with_the_same_candidates_and_promotions(tmp_path, gate):
+    """A sequential gate's first batch runs ahead; its later batches (and the incumbent's extension) as usual."""
+    off, plain = _run(_cartpole(tmp_path / "s", False, gate=gate), tmp_path / "off")
+    on, ahead = _run(_cartpole(tmp_path / "s", True, gate=gate), tmp_path / "on")
     assert BOTH not in plain.calls and ahead.calls.count(BOTH) >= 2  # validations ran beside training episodes
     assert _decisions(on) == _decisions(off)
     assert len(_decisions(on)[2]) >= 2  # promotions happened: the new incumbent's reference ran after its verdict
