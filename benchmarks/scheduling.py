@@ -28,7 +28,11 @@ is an episode's env steps × the step time (the time the environment itself need
 ``--ref GIT_REF`` also measures a git ref (its ``src`` exported to a temporary folder), each worker count's two runs
 back to back, and checks both ledgers record the same evaluations.
 
-Usage: python benchmarks/scheduling.py [--workers 16 32 64] [--env-steps 20000] [--step-ms 10] [--ref REF]
+``--overlap`` instead measures ``[planner] overlap_gate`` (a generation's validation in one executor call with the next
+generation's training episodes): the working tree with CMA-ES on its own path (``follow = "own"``), the setting off
+against on, each worker count's two runs back to back, and checks both runs took the same gate decisions.
+
+Usage: python benchmarks/scheduling.py [--workers 16 32 64] [--env-steps 20000] [--step-ms 10] [--ref REF | --overlap]
 [--repeats N] [--write]
 """
 
@@ -116,18 +120,19 @@ path = "policy.py"
 
 [refiner]
 sigma0 = 0.3
-
+{follow}
 [budget]
 env_steps = {env_steps}
 
 [execution]
 workers = {workers}
-"""
+{planner}"""
 
 
-def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool) -> dict:
+def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool, overlap: bool | None = None) -> dict:
     """One whole run with ``workers`` workers (their start-up timed apart), instrumented; with ``pool``, then its
-    episodes in a plain thread pool. Returns the figures as a dict (see :func:`summarize`)."""
+    episodes in a plain thread pool; with ``overlap`` (True or False), CMA-ES on its own path (``follow = "own"``) and
+    ``[planner] overlap_gate = overlap``. Returns the figures as a dict (see :func:`summarize`)."""
     import tempfile
     from pathlib import Path
 
@@ -160,8 +165,11 @@ def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool) 
         spec_dir = Path(tmp) / "spec"
         spec_dir.mkdir()
         (spec_dir / "policy.py").write_text(POLICY)
-        (spec_dir / "ratchet.toml").write_text(SPEC.format(seed=seed, env_id=ENV_ID, step_s=step_s,
-                                                            env_steps=env_steps, workers=workers))
+        own = overlap is not None
+        (spec_dir / "ratchet.toml").write_text(SPEC.format(
+            seed=seed, env_id=ENV_ID, step_s=step_s, env_steps=env_steps, workers=workers,
+            follow='follow = "own"\n' if own else "",
+            planner=f"\n[planner]\noverlap_gate = {str(overlap).lower()}\n" if own else ""))
         spec = load_spec(spec_dir)
         ex = Instrumented(workers=workers, episode_timeout_s=spec.execution.episode_timeout_s)
         try:
@@ -179,7 +187,10 @@ def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool) 
     ledger = sorted([p["split"], p["candidate_id"], [[x["seed"], x["length"], x["episode_return"]] for x in p["episodes"]]]
                     for p in evals)
     cpu = (cpu1[1] - cpu0[1]) / (cpu1[0] - cpu0[0]) if cpu0 and cpu1 and cpu1[0] > cpu0[0] else None
+    gates = [[e.payload["generation"], e.payload["candidate_id"], e.payload["promoted"]] for e in events
+             if e.type is EventType.GATE_DECIDED]
     out = {"workers": workers, "step_s": step_s, "startup_s": startup, "wall_s": wall, "ledger": ledger, "cpu": cpu,
+           "gates": gates,
            "calls": [{"split": split_of.get(c["jobs"][0], "?") if c["jobs"] else "?", "wall_s": c["t1"] - c["t0"],
                       "t0": c["t0"], "lengths": c["lengths"]} for c in calls]}
     if pool:
@@ -204,6 +215,7 @@ def plain_pool(evals: list[dict], events: list, workers: int, step_s: float) -> 
 
     from _common import plain_episode
 
+    from ratchet.execution import BUDGET_SKIP
     from ratchet.ledger.events import EventType
     from ratchet.policy import compile_policy
 
@@ -211,7 +223,9 @@ def plain_pool(evals: list[dict], events: list, workers: int, step_s: float) -> 
     cands = {started["start_candidate"]["id"]: started["start_candidate"]["params"]}
     cands.update({e.payload["candidate"]["id"]: e.payload["candidate"]["params"] for e in events
                   if e.type is EventType.CANDIDATE_PROPOSED})
-    jobs = [(cands[p["candidate_id"]], x["seed"], x["episode_return"]) for p in evals for x in p["episodes"]]
+    # an episode the env-step cap skipped never ran (the final decision's confirmation may be cut so)
+    jobs = [(cands[p["candidate_id"]], x["seed"], x["episode_return"]) for p in evals for x in p["episodes"]
+            if x["error"] != BUDGET_SKIP]
     source = started["policy_source"]
 
     def one(job):
@@ -261,7 +275,8 @@ def _child(args) -> None:
     import json
     import sys
 
-    json.dump(measure(args.one, args.env_steps, args.step_ms / 1000, args.seed, not args.no_pool), sys.stdout)
+    overlap = None if args.overlap_gate is None else bool(args.overlap_gate)
+    json.dump(measure(args.one, args.env_steps, args.step_ms / 1000, args.seed, not args.no_pool, overlap), sys.stdout)
 
 
 def main() -> None:
@@ -284,7 +299,10 @@ def main() -> None:
     ap.add_argument("--ref", help="a git ref to measure beside the working tree (e.g. the commit before a change)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each (code, workers), interleaved; the table shows "
                     "the one of median wall clock")
+    ap.add_argument("--overlap", action="store_true", help="measure [planner] overlap_gate instead: the working tree "
+                    "with CMA-ES on its own path (follow = \"own\"), overlap_gate off against on")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--overlap-gate", type=int, choices=(0, 1), help=argparse.SUPPRESS)  # internal, with --one
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one measurement, as JSON on stdout
     ap.add_argument("--no-pool", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -297,8 +315,13 @@ def main() -> None:
                               text=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "src"], check=False, capture_output=True,
                                text=True).stdout.strip()
-        codes = [(f"working tree ({head}{' + changes' if dirty else ''})" if head else "working tree", root / "src")]
-        if args.ref:  # its src only, exported (no worktree registered)
+        tree = f"working tree ({head}{' + changes' if dirty else ''})" if head else "working tree"
+        codes = [(tree, root / "src")]
+        gate_of: dict[str, list[str]] = {tree: []}
+        if args.overlap:
+            codes = [("overlap_gate = false", root / "src"), ("overlap_gate = true", root / "src")]
+            gate_of = {"overlap_gate = false": ["--overlap-gate", "0"], "overlap_gate = true": ["--overlap-gate", "1"]}
+        elif args.ref:  # its src only, exported (no worktree registered)
             archive = subprocess.run(["git", "-C", str(root), "archive", args.ref, "src"], check=True,
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
@@ -312,13 +335,17 @@ def main() -> None:
                     pool = k == len(codes) - 1 and r == args.repeats // 2  # the plain pool once, beside the median
                     cmd = [sys.executable, str(here), "--one", str(w), "--env-steps", str(args.env_steps), "--step-ms",
                            str(args.step_ms), "--seed", str(args.seed)] + ([] if pool else ["--no-pool"])
+                    cmd += gate_of.get(name, [])
                     res = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
                     if res.returncode:
                         sys.exit(f"{name}, {w} workers failed:\n{res.stderr[-3000:]}")
                     got[name] = json.loads(res.stdout)
                     runs[name].append(got[name])
                     print(_row(name, got[name], summarize(got[name])), flush=True)
-                if len(got) == 2:
+                if len(got) == 2 and args.overlap:  # the same decisions (overlap also runs a promoted-away reference)
+                    a, b = (got[name]["gates"] for name, _ in codes)  # the budget may end one a gate sooner
+                    assert a[:len(b)] == b[:len(a)], f"{w} workers: overlap_gate changed the gate's decisions"
+                elif len(got) == 2:
                     a, b = (got[name]["ledger"] for name, _ in codes)
                     assert a == b, f"{w} workers: the two checkouts' ledgers record different evaluations"
             for name, _ in codes:
@@ -336,8 +363,10 @@ def main() -> None:
     if args.write:
         cmd = ("python benchmarks/scheduling.py --workers " + " ".join(map(str, args.workers))
                + f" --env-steps {args.env_steps} --step-ms {args.step_ms:g}" + (f" --ref {args.ref}" if args.ref else "")
-               + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + " --write")
-        write_section("Scheduling efficiency without a big machine", (
+               + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + (" --overlap" if args.overlap else "")
+               + " --write")
+        write_section("The gate beside the next generation ([planner] overlap_gate)" if args.overlap else
+                      "Scheduling efficiency without a big machine", (
             f"Command: `{cmd}` — a whole run (defaults, `decide = \"every\"`, sandboxed workers under bubblewrap) on an "
             f"environment whose steps sleep {args.step_ms:g} ms and cost almost no CPU, episode lengths drawn per seed "
             "in LunarLander's shape; then the same episodes in a plain `ThreadPool` of as many threads. Start-up (every "

@@ -645,3 +645,10 @@ def test_cfr_refuses_a_policy_it_cannot_tabulate(tmp_path: Path) -> None:
     (d / "policy.py").write_text(KUHN_POLICY.read_text().replace('"shape": [12, 2]', '"shape": [12, 3]'))
     with pytest.raises(SpecError, match="cfr needs a PARAMETERS array \"logits\" of shape \\[12, 2\\]"):
         start_run(load_spec(d), tmp_path / "runs", run_id="x")
+
+
+def test_a_league_declares_that_promotions_change_the_task() -> None:
+    """Issue 42: the Task contract says whether a promotion may change the task (``changes_on_promotion``), so a run
+    never plans work ahead of a verdict on a task the verdict would change ([planner] overlap_gate)."""
+    assert _c4(_opp("random", RANDOM), league=True).changes_on_promotion
+    assert not _c4(_opp("random", RANDOM)).changes_on_promotion

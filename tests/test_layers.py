@@ -16,6 +16,7 @@ LAYERS = [
     "dashboard", "report", "correct", "progress", "advice",
     "correction_round",
     "loop",
+    "overlap",  # [planner] overlap_gate: the next generation's episodes beside the gate
     "deciders",  # [planner] decide: one decider per mode, behind one contract
     "services",
     "step",  # the record of one generation the loop's phases pass on

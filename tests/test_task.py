@@ -122,3 +122,17 @@ def test_every_task_kind_declares_whether_it_batches_rollouts():
         assert isinstance(cls.batched_rollouts, bool), kind
         assert callable(getattr(cls, "run_batch", None)) == cls.batched_rollouts, kind
     assert GymTask("CartPole-v1").batched_rollouts
+
+
+def test_every_task_kind_declares_whether_a_promotion_changes_it():
+    """Issue 42: whether a promotion may change the task (a game's league) is declared in the Task contract
+    (``changes_on_promotion``), read by ``[planner] overlap_gate`` instead of probing ``after_promotion``."""
+    import importlib
+
+    from ratchet.tasks import TASK_KINDS
+
+    for kind, where in TASK_KINDS.items():
+        module, _, name = where.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert hasattr(cls, "changes_on_promotion"), kind
+    assert GymTask("CartPole-v1").changes_on_promotion is False

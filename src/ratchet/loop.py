@@ -36,6 +36,7 @@ from ratchet.ledger.projection import active_seconds
 from ratchet.ledger.rounds import unfinished_round
 from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE, is_run_id, open_store, storage_url, write_pointer
 from ratchet.metrics import check_logging, metrics_tap
+from ratchet.overlap import GateOverlap
 from ratchet.planner import Budget, IncumbentPlanner, Pricing, SeedSplits, Stop, StopKind
 from ratchet.policies import read_program
 from ratchet.policy import (
@@ -146,6 +147,7 @@ class _Run(RunServices):
         self.refiners = self._build_refiners()
         names = list(self.refiners)
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
+        self.overlap = GateOverlap(self, self.refiners, self.decider, self.planner, self.prices, self.budget, self.ask)
 
     def _build_refiners(self) -> dict[str, Any]:
         """One refiner (or several: variants) per ``[[refiners]]`` table, from the kinds' registry."""
@@ -179,6 +181,7 @@ class _Run(RunServices):
                 return self.finish(now, Stop(StopKind.BUDGET, "env-step budget used (the last generation was cut "
                                                               "short by the cap; it was not judged)"))
             step = self.critique(step)
+            self.overlap.ahead(step, now.stale, now.critique)  # [planner] overlap_gate: the next generation beside the gate
             outcome = self.decider.decide(step)
             now, stop = self.record_generation(step, outcome, now)
         return self.finish(now, stop)
@@ -219,6 +222,15 @@ class _Run(RunServices):
         runs); the contenders are recorded. A refiner whose outside service is down stops, and the run goes on
         without it while another refiner can (else :class:`~ratchet.errors.EndpointError` stops the run,
         resumable)."""
+        step = self.overlap.take(step) or self.ask(step, now.critique)
+        self.record_candidates(step.contenders, step.generation)
+        for r in self.refiners.values():  # work for later generations starts now (an llm's requests sent ahead)
+            r.prepare(step.incumbent, now.critique, self.rng)
+        return step
+
+    def ask(self, step: GenerationStep, critique: Critique | None) -> GenerationStep:
+        """:meth:`propose` without recording the contenders: the refiner's screened proposals and recommendation from
+        ``step``'s incumbent and ``critique`` (also asked ahead of the verdict, :mod:`ratchet.overlap`)."""
         refiner, incumbent = self.refiners[step.refiner], step.incumbent
         recommended = refiner.recommend()
         if recommended is not None and recommended.source != incumbent.source:
@@ -226,7 +238,7 @@ class _Run(RunServices):
         self.begin_requests()  # the generation's failed requests to outside services
         stopped = None
         try:
-            proposed = refiner.propose(incumbent, now.critique, self.rng)
+            proposed = refiner.propose(incumbent, critique, self.rng)
         except EndpointError as exc:  # its service is down: go on without it, or stop (resumable)
             if not self.others_available(step.refiner, step.est_len, step.reserve):
                 raise
@@ -235,9 +247,6 @@ class _Run(RunServices):
         proposals, refused = self.screen_proposals(step.refiner, incumbent, proposed, step.generation, screened)
         refiner.refused(refused)  # so an LLM sees "you proposed this already"
         contenders = proposals + ([recommended] if recommended is not None else [])
-        self.record_candidates(contenders, step.generation)
-        for r in self.refiners.values():  # work for later generations starts now (an llm's requests sent ahead)
-            r.prepare(incumbent, now.critique, self.rng)
         return replace(step, contenders=tuple(contenders), recommended=recommended,
                        rerun=step.rerun and bool(contenders),  # no contender: nothing to compare the incumbent with
                        refused=len(screened) + len(proposed) - len(proposals), failures=self.failed_requests(),
@@ -342,6 +351,7 @@ class _Run(RunServices):
         (:meth:`~ratchet.deciders.Decider.concludes`), the report-only test evaluation of the incumbent and the
         starting policy (never used for selection), and ``run_finished``."""
         incumbent, inc_val, baseline = now.incumbent, now.validation, self.start
+        self.overlap.drop()  # work run ahead for a generation that never came is charged
         if self.decider.concludes(stop):
             incumbent, inc_val = self.decider.conclude(now.completed, incumbent, inc_val)
         test = self.evaluate([incumbent, baseline], self.test_seeds, "test", now.completed)
@@ -729,6 +739,7 @@ def recorded_spec(data: dict[str, Any]) -> RunSpec:
         planner.setdefault("final", False)
         planner.setdefault("reject_duplicates", False)  # a run recorded before it evaluated duplicates again
         planner.setdefault("cascade_episodes", 0)  # a run recorded before cascades evaluated every seed
+        planner.setdefault("overlap_gate", False)  # a run recorded before validation overlapped the next generation
     model = data.get("model")
     if isinstance(model, dict):
         model.setdefault("judge", "kept")  # a screen recorded before controls judged it: its rank correlation did

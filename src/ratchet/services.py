@@ -145,6 +145,8 @@ class RunServices:
         self._incumbents: list[str] = [self.start.id]
         self._counted: set[str] = set()  # a deterministic task's evaluations charged to the usage (charged once)
         self._transitions: list[str] = []  # the world model's data set: artifact digests of recorded transitions, in order
+        #: evaluations run ahead (:meth:`run_ahead`) and not read back yet: their env steps by evaluation key
+        self.ahead: dict[str, int] = {}
 
     def artifact(self, name: str) -> bytes:
         """An artifact's bytes by digest (read from the ledger's store once per session)."""
@@ -599,57 +601,14 @@ class RunServices:
     def evaluate(self, candidates: Sequence[Candidate], seeds: Sequence[int], split: str,
                  generation: int) -> dict[str, Evaluation]:
         """Execute (or read back from the ledger) each candidate's episodes on ``seeds``."""
-        out: dict[str, Evaluation] = {}
-        todo: list[Candidate] = []
-        for cand in dict.fromkeys(candidates):  # unique, in order
-            event = self.ledger.get(eval_key(split, cand.id, seeds))
-            if event is not None:
-                eps = tuple(Episode.from_dict(e) for e in event.payload["episodes"])
-                out[cand.id] = Evaluation(cand.id, split, eps)
-            else:
-                todo.append(cand)
-        jobs = [Job(c, s, {h: self.artifact(h) for h in c.artifacts.values()}) for c in todo for s in seeds]
+        out, todo = self._read_back(candidates, seeds, split)
+        jobs = self._jobs(todo, seeds)
         recording = self._recording(candidates, seeds, split, jobs)
-        done: dict[str, dict[int, Episode]] = {c.id: {} for c in todo}
-        faults: list[Episode] = []  # episodes the task itself failed (an evaluator that raised): never recorded
-
-        unsaved: list[tuple[EventType, str, dict[str, Any]]] = []  # evaluations not yet committed
-        since = [0.0]  # when the first of them completed
-
-        def on_episode(i: int, ep: Episode) -> None:  # record each candidate soon after it completes
-            cand = jobs[i].candidate
-            done[cand.id][i] = ep
-            if i in recording.paths:  # before the evaluation that ran it: a resumed run finds them together
-                self._record_transitions(cand, ep, recording.paths[i], generation)
-            if ep.diagnostics.get("fault"):
-                faults.append(ep)
-            if len(done[cand.id]) == len(seeds) and not any(e.diagnostics.get("fault") for e in done[cand.id].values()):
-                eps = tuple(done[cand.id][k] for k in sorted(done[cand.id]))
-                ev = Evaluation(cand.id, split, eps)
-                if not unsaved:
-                    since[0] = time.monotonic()
-                unsaved.append((EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
-                                {"candidate_id": cand.id, "split": split, "generation": generation,
-                                 "seeds": list(seeds), "summary": ev.summary(), "episodes": [e.to_dict() for e in eps]}))
-                out[cand.id] = ev
-            if unsaved and time.monotonic() - since[0] >= _GROUP_COMMIT_S:
-                save()
-
-        def save() -> None:  # one commit for the evaluations completed within the last _GROUP_COMMIT_S
-            self.record_many(unsaved)
-            unsaved.clear()
-
-        cap = None
-        if self.caps_steps and split != "test" and self.spec.budget.env_steps is not None:
-            cap = max(0, self.spec.budget.env_steps - self.usage.env_steps)
-        extra: dict[str, Any] = {} if cap is None else {"max_env_steps": cap}
-        if recording.paths:
-            extra["render_paths"] = [recording.paths.get(i) for i in range(len(jobs))]
         try:
-            self.executor.run(self.task, jobs, on_episode, **extra)
+            ran, faults = self._execute([(todo, seeds, split, generation)], recording.paths)
         finally:
-            save()  # also when interrupted: what completed is kept for the resume
             recording.close()
+        out.update(ran[0])
         for key in recording.keys:  # the data set grows in the same order on every replay
             event = self.ledger.get(key)
             if event is not None and event.payload.get("artifact"):
@@ -683,6 +642,104 @@ class RunServices:
                 if split in ("validation", "league"):  # a game league's games before a promotion certify too
                     self.usage.validation_env_steps += ev.env_steps
         return out
+
+    def _read_back(self, candidates: Sequence[Candidate], seeds: Sequence[int], split: str
+                   ) -> tuple[dict[str, Evaluation], list[Candidate]]:
+        """The candidates' evaluations on ``seeds`` the ledger holds, by candidate id, and the (unique) candidates it
+        does not hold yet, in order. An evaluation run ahead (:meth:`run_ahead`) is counted in the usage from here
+        on (:attr:`ahead` no longer holds it)."""
+        out: dict[str, Evaluation] = {}
+        todo: list[Candidate] = []
+        for cand in dict.fromkeys(candidates):  # unique, in order
+            key = eval_key(split, cand.id, seeds)
+            event = self.ledger.get(key)
+            if event is not None:
+                eps = tuple(Episode.from_dict(e) for e in event.payload["episodes"])
+                out[cand.id] = Evaluation(cand.id, split, eps)
+                self.ahead.pop(key, None)
+            else:
+                todo.append(cand)
+        return out, todo
+
+    def _jobs(self, candidates: Sequence[Candidate], seeds: Sequence[int]) -> list[Job]:
+        return [Job(c, s, {h: self.artifact(h) for h in c.artifacts.values()}) for c in candidates for s in seeds]
+
+    def _execute(self, groups: Sequence[tuple[Sequence[Candidate], Sequence[int], str, int]],
+                 render: Mapping[int, str] | None = None) -> tuple[list[dict[str, Evaluation]], list[Episode]]:
+        """Run every group's ``(candidates, seeds, split, generation)`` episodes in one executor call, each candidate's
+        evaluation recorded under its group's key (:func:`eval_key`) soon after its last episode completes (committed
+        together within :data:`_GROUP_COMMIT_S`, and on the way out, even interrupted). Nothing is counted in the usage
+        here. ``render``: the transitions' file of a job (by job index, the groups' jobs in order) where it records
+        them (:meth:`_recording`). The executor's env-step cap is what the budget leaves after the usage and the work
+        run ahead (:attr:`ahead`).
+
+        Returns:
+            ``(evaluations, faults)``: each group's evaluations by candidate id (those whose episodes all completed
+            with no task fault), and the episodes the task itself failed (never recorded).
+        """
+        jobs: list[Job] = []
+        where: list[int] = []  # job index -> group index
+        for g, (cands, seeds, _, _) in enumerate(groups):
+            jobs += self._jobs(cands, seeds)
+            where += [g] * (len(cands) * len(seeds))
+        out: list[dict[str, Evaluation]] = [{} for _ in groups]
+        done: dict[tuple[int, str], dict[int, Episode]] = {}
+        faults: list[Episode] = []  # episodes the task itself failed (an evaluator that raised): never recorded
+        unsaved: list[tuple[EventType, str, dict[str, Any]]] = []  # evaluations not yet committed
+        since = [0.0]  # when the first of them completed
+
+        def on_episode(i: int, ep: Episode) -> None:  # record each candidate soon after it completes
+            g, cand = where[i], jobs[i].candidate
+            _, seeds, split, generation = groups[g]
+            mine = done.setdefault((g, cand.id), {})
+            mine[i] = ep
+            if render and i in render:  # before the evaluation that ran it: a resumed run finds them together
+                self._record_transitions(cand, ep, render[i], generation)
+            if ep.diagnostics.get("fault"):
+                faults.append(ep)
+            if len(mine) == len(seeds) and not any(e.diagnostics.get("fault") for e in mine.values()):
+                eps = tuple(mine[k] for k in sorted(mine))
+                ev = Evaluation(cand.id, split, eps)
+                if not unsaved:
+                    since[0] = time.monotonic()
+                unsaved.append((EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
+                                {"candidate_id": cand.id, "split": split, "generation": generation,
+                                 "seeds": list(seeds), "summary": ev.summary(), "episodes": [e.to_dict() for e in eps]}))
+                out[g][cand.id] = ev
+            if unsaved and time.monotonic() - since[0] >= _GROUP_COMMIT_S:
+                save()
+
+        def save() -> None:  # one commit for the evaluations completed within the last _GROUP_COMMIT_S
+            self.record_many(unsaved)
+            unsaved.clear()
+
+        cap = None
+        if self.caps_steps and any(split != "test" for _, _, split, _ in groups) and self.spec.budget.env_steps is not None:
+            cap = max(0, self.spec.budget.env_steps - self.usage.env_steps - sum(self.ahead.values()))
+        extra: dict[str, Any] = {} if cap is None else {"max_env_steps": cap}
+        if render:
+            extra["render_paths"] = [render.get(i) for i in range(len(jobs))]
+        try:
+            self.executor.run(self.task, jobs, on_episode, **extra)
+        finally:
+            save()  # also when interrupted: what completed is kept for the resume
+        return out, faults
+
+    def run_ahead(self, groups: Sequence[tuple[Sequence[Candidate], Sequence[int], str, int]]) -> None:
+        """Run several evaluations in one executor call (``[planner] overlap_gate``: a validation beside the next
+        generation's training episodes), each recorded under its own key as :meth:`evaluate` records it, and counted
+        nowhere yet: the loop reads each back with :meth:`evaluate` (which counts it then) when its turn comes, so a
+        run killed between the two reads them back on resume. What the ledger holds already is not run again. Until
+        read back, their env steps are kept in :attr:`ahead` (the executor's env-step cap leaves room for nothing
+        beyond them). A task fault leaves that evaluation unrecorded (the read-back runs it, and stops there)."""
+        todo = []
+        for cands, seeds, split, generation in groups:
+            got, missing = self._read_back(cands, seeds, split)
+            self.ahead.update({eval_key(split, cid, seeds): ev.env_steps for cid, ev in got.items()})
+            todo.append((missing, seeds, split, generation))
+        ran, _ = self._execute(todo)
+        for (_, seeds, split, _), evs in zip(todo, ran):
+            self.ahead.update({eval_key(split, cid, seeds): ev.env_steps for cid, ev in evs.items()})
 
     def _recording(self, candidates: Sequence[Candidate], seeds: Sequence[int], split: str,
                    jobs: Sequence[Job]) -> _Recording:
@@ -939,9 +996,7 @@ class RunServices:
         validation does not reach that far yet) until the gate decides. Returns the decision (None when the
         budget cut validation short), the candidate's validation evaluation on the seeds read, and the
         incumbent's (possibly extended) one."""
-        n = len(self.validation_seeds) if cap is None else max(1, min(cap, len(self.validation_seeds)))
-        session = self.gate.start(self._n_contested + 1, n, lower_bound=self.lower_bound(),
-                                  candidate_id=best.id, incumbent_id=incumbent.id, carry=self._carry)
+        session = self.gate_session(best, incumbent, cap)
         parts: list[Evaluation] = []
         while (b := session.next_batch_size()) > 0:
             lo, hi = session.n, session.n + b
@@ -953,6 +1008,14 @@ class RunServices:
             session.add_evaluations(part, Evaluation(incumbent.id, "validation", inc_val.episodes[lo:hi]))
         cand_val = Evaluation(best.id, "validation", tuple(e for p in parts for e in p.episodes))
         return session.decision(), cand_val, inc_val
+
+    def gate_session(self, best: Candidate, incumbent: Candidate, cap: int | None = None) -> Any:
+        """The gate's session (:meth:`~ratchet.gate.Gate.start`) of the run's next decision on ``best`` against
+        ``incumbent``, reading at most ``cap`` validation seeds (default all); opening it changes nothing, so its first
+        batch (``next_batch_size()``) is known before the decision is taken."""
+        n = len(self.validation_seeds) if cap is None else max(1, min(cap, len(self.validation_seeds)))
+        return self.gate.start(self._n_contested + 1, n, lower_bound=self.lower_bound(),
+                               candidate_id=best.id, incumbent_id=incumbent.id, carry=self._carry)
 
     def extend_validation(self, cand: Candidate, val: Evaluation, upto: int, generation: int) -> Evaluation:
         """``val`` (``cand`` on the first validation seeds) extended to the first ``upto`` seeds. When the

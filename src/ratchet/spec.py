@@ -468,6 +468,17 @@ class PlannerSpec(_Section):
                         "kept for the next gate is then priced at the shortlist's and the incumbent's episode lengths "
                         "(not the longest seen), since a candidate left ungated still gets the final decision. "
                         "false: stop when the next generation and a validation at the longest lengths seen no longer fit.")
+    overlap_gate: bool = Field(False, description="With decide = \"every\": validate a generation's contender in one "
+                               "executor call with the next generation's training episodes, where nothing the verdict "
+                               "says can change that generation: one refiner that proposes without the verdict "
+                               "(cmaes with follow = \"own\", restarts = \"none\", not elitist), a task that "
+                               "promotion does not change (no self-play league), no cascade, no [model] screen, no "
+                               "[budget] target or wall_clock_s, patience not at its last generation, and room in the "
+                               "budget for the whole validation, the next generation, its gate and one more incumbent "
+                               "run. The same candidates and promotions as without it, save where the budget binds: "
+                               "a promotion costs one extra run of the new incumbent on the next generation's "
+                               "training seeds (the old one's, run ahead, is charged as re-evaluation), so the budget "
+                               "may end the run a little sooner. Otherwise each generation waits for its gate.")
     power: float = Field(0.8, gt=0, lt=1, description="With decide = \"powered\": the chance of passing (normal "
                                                          "approximation, at the next decision's level) a candidate "
                                                          "needs before validation is spent on it before the end.",

@@ -110,6 +110,13 @@ class Decider(ABC):
         inc_val, top = step.incumbent_validation, self.services.spec.planner.confirm_top
         return max(self.shortlist.longest(top), inc_val.env_steps / max(1, inc_val.n))
 
+    def gated(self, step: GenerationStep) -> Candidate | None:
+        """The candidate :meth:`decide` will validate for ``step``, known before any of its validation runs (its first
+        look is then the gate's first batch, against ``step``'s incumbent), or None: none, or not known ahead (a
+        decision that confirms a shortlist first). Lets the run start that validation beside the next generation's
+        episodes (``[planner] overlap_gate``, :mod:`ratchet.overlap`). Default: None."""
+        return None
+
     @abstractmethod
     def decide(self, step: GenerationStep) -> Outcome:
         """This generation's decision (or why none was taken), recorded in the ledger by the services it calls."""

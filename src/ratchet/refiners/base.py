@@ -18,6 +18,7 @@ One generation, as the loop drives it::
     refiner.dropped(reasons)         # what the cascade dropped after its first stage ([planner] cascade_episodes)
     refiner.observe(evaluations)     # training evaluations of its proposals (and recommendation), then the parent's
     refiner.verdict(candidate_id, promoted, note)  # what the gate said of the generation's contender
+    refiner.proposes_without_verdict()  # True: the next propose may come before the verdict ([planner] overlap_gate)
     refiner.summary()                # numbers for the progress line, the ledger and ``show``
 
 and once, when the run ends (before ``run_finished``)::
@@ -161,6 +162,15 @@ class Refiner(ABC):
     def verdict(self, candidate_id: str | None, promoted: bool, note: str) -> None:
         """What the gate said of the generation's contender (None when no contender reached a gate), and its
         one-line note. Default: nothing kept."""
+
+    def proposes_without_verdict(self) -> bool:
+        """Whether the next :meth:`propose` (and :meth:`recommend`, :meth:`generation_cost`, :meth:`idle_reason`) may
+        come before :meth:`verdict` of the last generation, with the incumbent from before that verdict, and return the
+        same candidates (ids) as after it: the refiner follows its own path and a promotion changes nothing it does.
+        Lets the run validate a generation's contender beside the next generation's episodes (``[planner]
+        overlap_gate``); the proposals' ``parent_id`` then names the incumbent they were proposed from. Default:
+        False."""
+        return False
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready numbers of the refiner's state for the progress line, ``generation_finished`` and

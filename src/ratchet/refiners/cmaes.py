@@ -362,6 +362,12 @@ class CMAESRefiner(Refiner):
         """Current step size (normalised units), or None before the first generation."""
         return None if self._es is None else float(self._es.sigma)
 
+    def proposes_without_verdict(self) -> bool:
+        """With ``follow="own"``, ``restarts="none"`` and no elitist search: a promotion moves nothing (the samples come
+        from the distribution's own path; the parent gives only their ``parent_id``), so the next population may be
+        asked for before the gate's verdict on this one's contender."""
+        return self.follow == "own" and self.restarts == "none" and not self.elitist
+
     def generation_cost(self) -> GenerationCost:
         """A population of samples plus the distribution mean (:meth:`recommend`); twice the population when an
         IPOP restart is due (the next :meth:`propose` restarts with it). CMA-ES ranks its samples by their own training

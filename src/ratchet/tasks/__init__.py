@@ -131,6 +131,12 @@ class Task(Protocol):
         return per opponent, by candidate id (empty for tasks without opponents). The loop records a changed task
         with its notes (``task_updated``) and evaluates with it from then on."""
 
+    @property
+    def changes_on_promotion(self) -> bool:
+        """Whether :meth:`after_promotion` may return another task (a game's self-play league) or :meth:`rival_seeds`
+        grow with the incumbents: work planned before a promotion would then run on the wrong task (``[planner]
+        overlap_gate`` is off for it). A class attribute or property."""
+
     def rival_seeds(self) -> Mapping[str, Sequence[int]]:
         """Seeds of the games a candidate the gate would promote must not lose, by rival (a game league's members:
         the run's incumbents so far). The loop runs them (recorded as split ``"league"``, charged as validation)

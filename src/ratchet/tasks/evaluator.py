@@ -356,6 +356,7 @@ class EvaluatorTask:
     episode_unit: ClassVar[str] = "instances"
     return_name: ClassVar[str] = "score"
     batched_rollouts: ClassVar[bool] = False  # no run_batch: one instance at a time
+    changes_on_promotion: ClassVar[bool] = False  # an evaluator does not change with the run
     action_mode: ClassVar[str] = "error"
 
     path: str

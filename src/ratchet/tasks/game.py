@@ -564,6 +564,12 @@ class GameTask:
         notes = {"rows": rows, "columns": cols, "table": table.round(4).tolist(), "meta_strategy": dict(weights or {})}
         return replace(grown, weights=weights), notes
 
+    @property
+    def changes_on_promotion(self) -> bool:
+        """With ``league``: each promotion adds the incumbent to the training pool and the rivals
+        (:meth:`after_promotion`, :meth:`rival_seeds`)."""
+        return self.league
+
     def rival_seeds(self) -> dict[str, list[int]]:
         """The league games a candidate plays before a promotion, by member name: ``league_games`` seeds per member
         (2 per seat by default), seats in turn (:meth:`matchup` reads them). The loop refuses a candidate whose mean

@@ -45,6 +45,7 @@ class GymTask:
     episode_unit: ClassVar[str] = "episodes"
     return_name: ClassVar[str] = "return"
     batched_rollouts: ClassVar[bool] = True  # run_batch: several episodes of one policy stepped at once (lockstep)
+    changes_on_promotion: ClassVar[bool] = False  # an environment does not change with the run
 
     env_id: str
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
