@@ -472,7 +472,7 @@ class Pricing:
         """The settings that size a generation and its kept decision, in words (the end of a no-room message)."""
         kept = "[gate] validation_episodes" + (", [planner] confirm_top / confirm_episodes" if self.confirmation_episodes
                                                else "")
-        return f"[refiner] popsize (refiners.N.popsize with [[refiners]]) / [planner] train_episodes / {kept}"
+        return f"the refiners' popsize / [planner] train_episodes / {kept}"
 
     def _kept(self) -> str:
         """What the reserve of :meth:`gate_reserve` pays for, in words."""
