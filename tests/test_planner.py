@@ -237,6 +237,13 @@ def _pricing(**kw):
                    train_episodes=2)
 
 
+# new-user pass: "no room for a single generation (10 episodes: 5 candidates × 2 training episodes, and 6 for its
+# gate ...)": the count named must be the total the generation and its gate need (16), not the training part
+def test_the_episode_budget_stop_names_the_total_a_generation_and_its_gate_need():
+    stop = _pricing(episodes=20, env_steps=None).no_room_message(5, 50.0, 50.0, first=True)
+    assert "(16 episodes: 5 candidates × 2 training episodes, and 6 for its gate;" in stop
+
+
 # new-user pass: the env-step budget's stop advised "[refiner] popsize" for a spec written with [[refiners]] tables
 def test_the_budget_stop_names_the_refiners_popsize_whatever_the_spec_calls_it():
     for kw in ({"episodes": 20, "env_steps": None}, {"env_steps": 1000}):

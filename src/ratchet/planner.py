@@ -508,10 +508,11 @@ class Pricing:
         episodes = n_candidates * self.train_episodes
         b, u = self.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
-        if b.episodes is not None and u.episodes + episodes + self.gate_reserve(longest)[1] > b.episodes:
+        gate = self.gate_reserve(longest)[1]
+        if b.episodes is not None and u.episodes + episodes + gate > b.episodes:
             return Stop(StopKind.BUDGET,
-                        f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
-                        f"{self.train_episodes} training episodes, and {self.gate_reserve(longest)[1]} for its "
+                        f"budget: no room for {what} ({episodes + gate} episodes: {n_candidates} candidates × "
+                        f"{self.train_episodes} training episodes, and {gate} for its "
                         f"gate; {spent} used {u.episodes} of "
                         f"[budget] episodes = {b.episodes})" + (f"; raise [budget] episodes or lower {self._levers()}"
                                                                  if first else ""))
