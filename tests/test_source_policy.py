@@ -331,6 +331,19 @@ def test_some_refiner_claims_the_kind():
     assert {"cmaes", "mutate", "llm"} <= set(CLAIMING)
 
 
+# new-user pass: cmaes on a folder without marked regions advised "declare them in its PARAMETERS", which a source
+# folder has not; it names the regions and the `ratchet:` annotations instead
+def test_cmaes_on_a_folder_without_regions_says_how_to_mark_them(tmp_path):
+    from ratchet.refiners.cmaes import NO_FOLDER_PARAMETERS
+
+    spec = _spec(tmp_path / "spec", "cmaes")
+    (tmp_path / "spec" / "prog" / "main.c").write_text(GOOD.replace("// EVOLVE-BLOCK-START\n", "")
+                                                       .replace("// EVOLVE-BLOCK-END\n", ""))
+    result = start_run(spec, tmp_path / "runs", "r")
+    assert result.stop_reason == NO_FOLDER_PARAMETERS
+    assert "EVOLVE-BLOCK-START" in result.stop_reason and "PARAMETERS" not in result.stop_reason
+
+
 def _edit_by_seed(body):
     """A stand-in model's answer to a request for a source folder: a per-path edit of main.c that depends only on the
     request (its seed), so a resumed run is answered as the whole one was."""
