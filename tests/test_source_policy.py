@@ -122,12 +122,20 @@ def test_a_promotions_diff_shows_the_changed_literals_by_file(tmp_path):
     (lambda d: None, "not a folder"),
     (lambda d: (d.mkdir(), (d / "a.o").write_bytes(b"\x7fELF\xff\xfe")), "not UTF-8"),
     (lambda d: (d.mkdir(), os.symlink("/etc/passwd", d / "x")), "a link"),
+    (lambda d: (_folder(d, GOOD), os.symlink("/etc", d / "etc")), "etc: a link to a folder"),  # was skipped
     (lambda d: (d.mkdir(), (d / "m.c").write_text("// EVOLVE-BLOCK-START\nx=1;\n")), "never closed"),
 ])
 def test_a_bad_folder_is_one_clear_line(tmp_path, make, message):
     make(tmp_path / "f")
     with pytest.raises(PolicyError, match=message):
         read_folder(tmp_path / "f", BUILD, ["./prog"], ["answer"])
+
+
+def test_a_linked_folder_beside_the_files_named_in_only_is_left_out(tmp_path):
+    os.symlink("/etc", _folder(tmp_path / "f", GOOD) / "etc")
+    assert len(read_folder(tmp_path / "f", BUILD, ["./prog"], ["answer"], only=["main.c"]).parameters) == 2
+    with pytest.raises(PolicyError, match="a link to a folder"):
+        read_folder(tmp_path / "f", BUILD, ["./prog"], ["answer"], only=["main.c", "etc/hosts"])
 
 
 def test_call_arguments_and_numbers_in_answers():
