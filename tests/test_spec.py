@@ -401,3 +401,21 @@ def test_a_cascade_must_leave_a_second_stage_and_older_ledgers_read_as_without_o
     assert recorded_spec(data).planner.cascade_episodes == 1
     del data["planner"]["cascade_episodes"], data["planner"]["cascade_margin"]
     assert recorded_spec(data).planner.cascade_episodes == 0
+
+
+# new-user pass: [budget] money with an llm refiner that sets no price ran without a word, and the money limited nothing
+def test_a_money_budget_no_refiner_draws_on_gets_a_note(tmp_path):
+    from ratchet.spec import unpriced_money
+
+    note = ("note: [budget] money = 5 EUR limits nothing: no refiner prices its requests; set price_prompt and "
+            "price_completion (EUR per million tokens) in the llm refiner's table")
+    notes: list[str] = []
+    load_spec(make_spec_dir(tmp_path / "s", budget={"money": 5.0, "currency": "EUR"}), notes=notes)  # cmaes only
+    assert note in notes
+    llm = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m", "check_endpoint": False}
+    base = {"task": {"env_id": "CartPole-v1"}, "policy": {"path": str(DATA / "cartpole_linear.py")},
+            "budget": {"money": 5.0, "currency": "EUR"}}
+    assert unpriced_money(spec_from_dict({**base, "refiners": [llm]})) == [note]
+    priced = {**llm, "price_completion": 2.0, "currency": "EUR"}
+    assert unpriced_money(spec_from_dict({**base, "refiners": [{"kind": "cmaes"}, priced]})) == []
+    assert unpriced_money(spec_from_dict({**base, "budget": {}, "refiners": [llm]})) == []

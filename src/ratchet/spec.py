@@ -951,6 +951,23 @@ def moved_settings(data: Any) -> list[str]:
             for key in _MOVED_TO_PLANNER if key in refiner and key not in planner]
 
 
+def unpriced_money(spec: RunSpec) -> list[str]:
+    """A note when ``[budget] money`` is set but no refiner prices its requests (no ``price_prompt`` /
+    ``price_completion``): nothing is ever drawn from it, so it limits nothing. Empty otherwise."""
+    from ratchet.refiners.registry import refiner_kind
+
+    b = spec.budget
+    if b.money is None:
+        return []
+    for entry in spec.refiner_entries():
+        kind = refiner_kind(entry["kind"])
+        if kind.pays is not None and kind.pays(kind.settings(**{k: v for k, v in entry.items()
+                                                                  if k not in ("kind", "name")})):
+            return []
+    return [(f"note: [budget] money = {b.money:g} {b.currency} limits nothing: no refiner prices its requests; set "
+             f"price_prompt and price_completion ({b.currency} per million tokens) in the llm refiner's table")]
+
+
 def _format_error(err: Mapping[str, Any], where: str) -> str:
     loc = [str(x) for x in err["loc"]]
     section, key = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("", loc[0] if loc else "")
@@ -1129,7 +1146,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         path: The spec file or its folder.
         overrides: ``SECTION.KEY=VALUE`` settings applied on top of the file (:func:`apply_overrides`).
         seed: The run seed, instead of the file's ``seed``.
-        notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`).
+        notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`), and
+            one for a ``[budget] money`` no refiner draws on (:func:`unpriced_money`).
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
@@ -1166,6 +1184,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         if not overrides:
             raise
         raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), str(exc))) from None
+    if notes is not None:
+        notes += unpriced_money(spec)
     from ratchet.policy import FOLDER_KINDS
 
     if spec.policy.kind in FOLDER_KINDS:
