@@ -211,6 +211,18 @@ def test_a_budget_too_small_for_one_generation_is_refused_in_numbers(tmp_path):
     assert load_spec(write(tmp_path, MINIMAL + "[budget]\nenv_steps = 30000\n")).budget.episodes is None
 
 
+# new-user pass: mutate (and llm) were counted as one proposal, so a budget too small for their programs × variants was
+# found only after the first validation ("no room for a single generation"); cmaes was refused up front
+def test_a_budget_too_small_for_one_mutate_or_llm_generation_is_refused_up_front(tmp_path):
+    mutate = '[[refiners]]\nkind = "mutate"\nprograms = 3\nvariants = 2\n'
+    spec_error(tmp_path, MINIMAL + mutate + "[budget]\nepisodes = 29\n", "8 for the starting policy's first "
+               "validation + 14 for a generation (7 candidates × 2 training episodes) + 8 for its gate = 30")
+    assert load_spec(write(tmp_path, MINIMAL + mutate + "[budget]\nepisodes = 30\n")).budget.episodes == 30
+    llm = ('[[refiners]]\nkind = "llm"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\nproposals = 2\n'
+           "variants = 2\n")
+    spec_error(tmp_path, MINIMAL + llm + "[budget]\nepisodes = 25\n", "(5 candidates × 2 training episodes)")
+
+
 # regression (was a bug): on CliffWalking-v1 (no time limit) a run spent 91 s in episodes nobody bounded
 def test_an_env_without_a_time_limit_needs_max_episode_steps(tmp_path):
     spec_error(tmp_path, '[task]\nenv_id = "CliffWalking-v1"\n', "[task] max_episode_steps",

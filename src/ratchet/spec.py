@@ -773,15 +773,24 @@ class RunSpec(_Section):
     def _first_generation_fits(self) -> RunSpec:
         """``[budget] episodes`` must pay for one generation and its gate after the first validation: a run
         that can only validate the starting policy would spend its test episodes and improve nothing. The
-        cheapest refiner's generation is counted from what the spec says: CMA-ES evaluates its population
-        (``popsize``; pycma's default is at least 4), its distribution mean and the incumbent on each
-        training seed; any other kind at least one proposal and the incumbent."""
+        cheapest refiner's generation is counted from what the spec says: each kind's
+        :attr:`~ratchet.refiners.registry.RefinerKind.generation_size` (CMA-ES its population, ``popsize``, pycma's
+        default at least 4, and its distribution mean; ``mutate`` ``programs × variants``; ``llm`` ``proposals ×
+        variants``; one proposal by default) and the incumbent on each training seed."""
+        from ratchet.refiners.registry import refiner_kind
+
         b, g = self.budget, self.gate
         if b.episodes is None:
             return self
         built = g.build()
         first, gate = built.first_look(g.validation_episodes), built.price(g.validation_episodes)
-        policies = min((e.get("popsize") or 4) + 2 if e["kind"] == "cmaes" else 2 for e in self.refiner_entries())
+        sizes = []
+        for e in self.refiner_entries():
+            kind = refiner_kind(e["kind"])
+            size = kind.generation_size
+            sizes.append(1 if size is None else size(kind.settings(**{k: v for k, v in e.items()
+                                                                       if k not in ("kind", "name")})))
+        policies = min(sizes) + 1
         train = self.planner.train_episodes
         confirm = self.planner.confirmation_reserve(g.validation_episodes)
         need = first + policies * train + gate + confirm

@@ -400,7 +400,8 @@ def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
     return {"cmaes": RefinerKind(CMAESSettings, ("program", "residual", "source"), _build,
-                                 hint="cmaes searches a program's PARAMETERS")}
+                                 hint="cmaes searches a program's PARAMETERS",
+                                 generation_size=lambda s: (s.popsize or 4) + 1)}  # pycma's least population, the mean
 
 
 KINDS = _kinds()

@@ -1799,6 +1799,7 @@ def _kinds() -> dict[str, Any]:
     return {"llm": RefinerKind(LLMSettings, ("program", "source"), _build,
                                hint="llm edits a program policy's source (or a source folder's files)", files=_files,
                                check=_check, changes_code=True, pays=_pays,
+                               generation_size=lambda s: s.proposals * s.variants,
                                recorded_defaults={"concurrency": 1, "on_unusable": "skip", "repair": False})}  # before it, one request at a time
 
 
