@@ -66,6 +66,27 @@ def test_parameters_at_a_bound_are_named():
     assert "w_angle = -1 sits at its lower bound -1" in lines[1]
 
 
+# new-user pass: "w_angle = -1 sits at its lower bound -1: the search wanted to go further" for a parameter the
+# starting policy already had there and the search never moved
+def test_a_parameter_at_its_bound_from_the_start_is_not_named():
+    st = _state([None], params={"w_position": 0.1, "w_velocity": 1.0, "w_angle": -1.0, "w_angular_velocity": 0.5})
+    st.candidates["base"]["params"]["w_angle"] = -1.0
+    lines = parameters_at_bounds(st)
+    assert len(lines) == 1 and "w_velocity = 1 sits at its upper bound 1" in lines[0]
+
+
+def test_only_array_elements_moved_to_a_bound_are_counted():
+    from ratchet.policy import parse_policy
+
+    st = _state([None], params={"w": [1.0, -1.0, 0.5]})
+    st.policy_source = ('PARAMETERS = {"w": {"shape": [3], "default": 0.0, "low": -1.0, "high": 1.0}}\n\n\n'
+                        "def act(observation, params):\n    return 0\n")
+    parse_policy(st.policy_source, "<policy>", functions=None)  # (a valid policy)
+    st.candidates["base"]["params"] = {"w": [1.0, 0.0, 0.0]}
+    (line,) = parameters_at_bounds(st)
+    assert line.startswith("parameter w: 1 of 3 elements sit at a bound (1 lower, 0 upper): the search wanted")
+
+
 # regression (issue 18 §6): the same run was told both "lower [gate] validation_episodes (now 200)" (gates skipped
 # for their cost) and "raise [gate] validation_episodes (now 200)" (gains the test could not certify), and one gain
 # was given as the range "+1.63 to +1.63"

@@ -672,6 +672,24 @@ def test_a_money_budget_is_never_exceeded_and_shown_with_its_currency(tmp_path, 
                   tmp_path / "runs", "m2", executor=pool)
 
 
+# new-user pass: when [budget] money had no room left for the next request's worst case (its prompt longer than the
+# last one's), the generation's line said "no contender finished its training episodes without an error"
+def test_a_generation_no_request_was_affordable_for_says_so(tmp_path, standin, pool):
+    server = standin(respond=lambda body: {"content": useful_edit(body, first=False),
+                                           "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 1, "variants": 1, "max_tokens": 100,
+           "retries": 0, "check_endpoint": False, "price_prompt": 1.0}
+    # the first prompt's worst case (about 4,000 tokens at 1 USD per million) fits 0.005 USD; the second's (the first
+    # edit in its history: about 5,500) does not
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 300_000, "money": 0.005}, test={"episodes": 1})
+    result = start_run(spec, tmp_path / "runs", "m", executor=pool)
+    notes = [e.payload["gate_note"] for e in events_of(read_events(result.run_dir), EventType.GENERATION_FINISHED)]
+    assert len(server.requests) == 1 and result.stop_reason.startswith("money budget"), result.stop_reason
+    assert notes[-1].startswith("no contender: no request of llm was affordable (money budget: 0 of 0.005 USD "
+                                "spent; the next request may cost "), notes
+    assert not any("without an error" in n for n in notes)
+
+
 def test_the_bandit_prefers_gain_per_money_and_explores_each_model_first():
     from ratchet.refiners.llm import ModelBandit
 

@@ -128,6 +128,28 @@ def test_a_hostile_evaluator_or_program_is_the_candidates_recorded_failure(sandb
     assert eps[0].error is None and eps[0].episode_return == 1.5
 
 
+# new-user pass: `ratchet run` on a folder whose evaluate() raises stopped with "…the program exited with status 1: lots
+# of chatter…\\nTraceback (most recent call last):\\n  File \"/tmp/ratchet-worker-…/ratchet-builds/…" cut before the
+# exception; the line names it (type, message, where), on one line, with no sandbox path
+@pytest.mark.parametrize("program, raised", [
+    (PROGRAM, "the OpenEvolve evaluator raised RuntimeError: evaluator blew up (at evaluator.py:11 in evaluate)"),
+    (PROGRAM.replace("X = 1.5", "X = 1.5 / 0"), ("the OpenEvolve evaluator raised ZeroDivisionError: float division by "
+                                                "zero (at evaluator.py:9 in evaluate; initial_program.py:2 in <module>)")),
+    (PROGRAM.replace("X = 1.5", "X = (1.5"), ("the OpenEvolve evaluator raised SyntaxError: '(' was never closed "
+                                             "(initial_program.py, line 2) (at evaluator.py:9 in evaluate)")),
+])
+def test_a_start_whose_evaluator_raises_stops_naming_the_exception(tmp_path, program, raised):
+    _example(tmp_path / "spec", "raise")
+    (tmp_path / "spec" / "initial_program.py").write_text(program)
+    d = {"name": "oe", "seed": 0, "task": {"kind": "openevolve", "evaluator": "evaluator.py"},
+         "policy": {"kind": "source", "path": ".", "files": ["initial_program.py"], "run": RUN},
+         "refiners": [{"kind": "cmaes", "popsize": 4}], "planner": {"train_episodes": 1},
+         "gate": {"validation_episodes": 2}, "test": {"episodes": 1}, "execution": {"workers": 1}}
+    result = start_run(spec_from_dict(d, tmp_path / "spec"), tmp_path / "runs", "r")
+    assert f"so nothing was searched: {raised}; see the episodes" in result.stop_reason, result.stop_reason
+    assert "\\n" not in result.stop_reason and "ratchet-builds" not in result.stop_reason
+
+
 def test_the_spec_checks_openevolve_keys_in_one_line(tmp_path):
     with pytest.raises(SpecError, match="program and metric belong to OpenEvolve tasks"):
         spec_from_dict({"task": {"kind": "evaluator", "evaluator": "e.py", "metric": "m"}}, tmp_path)

@@ -226,3 +226,26 @@ def test_the_screen_says_why_a_candidate_is_not_gated():
     assert "not above the incumbent's validation mean 30.00" in IncumbentPlanner.screen(ev("c", [20.0, 30.0]), inc,
                                                                                           30.0)
     assert IncumbentPlanner.screen(ev("c", [40.0, 30.0]), inc, 30.0) is None
+
+
+def _pricing(**kw):
+    from ratchet.planner import Pricing
+
+    spec = BudgetSpec(**kw)
+    planner = IncumbentPlanner(SeedSplits(0), train_episodes=2, max_share=0.3, budget=Budget(spec))
+    return Pricing(spec, Usage(env_steps=500, episodes=10), planner, 100, 100, validation_episodes=6,
+                   train_episodes=2)
+
+
+# new-user pass: "no room for a single generation (10 episodes: 5 candidates × 2 training episodes, and 6 for its
+# gate ...)": the count named must be the total the generation and its gate need (16), not the training part
+def test_the_episode_budget_stop_names_the_total_a_generation_and_its_gate_need():
+    stop = _pricing(episodes=20, env_steps=None).no_room_message(5, 50.0, 50.0, first=True)
+    assert "(16 episodes: 5 candidates × 2 training episodes, and 6 for its gate;" in stop
+
+
+# new-user pass: the env-step budget's stop advised "[refiner] popsize" for a spec written with [[refiners]] tables
+def test_the_budget_stop_names_the_refiners_popsize_whatever_the_spec_calls_it():
+    for kw in ({"episodes": 20, "env_steps": None}, {"env_steps": 1000}):
+        stop = _pricing(**kw).no_room_message(5, 50.0, 50.0, first=True)
+        assert "lower the refiners' popsize / [planner] train_episodes" in stop and "[refiner]" not in stop

@@ -122,12 +122,20 @@ def test_a_promotions_diff_shows_the_changed_literals_by_file(tmp_path):
     (lambda d: None, "not a folder"),
     (lambda d: (d.mkdir(), (d / "a.o").write_bytes(b"\x7fELF\xff\xfe")), "not UTF-8"),
     (lambda d: (d.mkdir(), os.symlink("/etc/passwd", d / "x")), "a link"),
+    (lambda d: (_folder(d, GOOD), os.symlink("/etc", d / "etc")), "etc: a link to a folder"),  # was skipped
     (lambda d: (d.mkdir(), (d / "m.c").write_text("// EVOLVE-BLOCK-START\nx=1;\n")), "never closed"),
 ])
 def test_a_bad_folder_is_one_clear_line(tmp_path, make, message):
     make(tmp_path / "f")
     with pytest.raises(PolicyError, match=message):
         read_folder(tmp_path / "f", BUILD, ["./prog"], ["answer"])
+
+
+def test_a_linked_folder_beside_the_files_named_in_only_is_left_out(tmp_path):
+    os.symlink("/etc", _folder(tmp_path / "f", GOOD) / "etc")
+    assert len(read_folder(tmp_path / "f", BUILD, ["./prog"], ["answer"], only=["main.c"]).parameters) == 2
+    with pytest.raises(PolicyError, match="a link to a folder"):
+        read_folder(tmp_path / "f", BUILD, ["./prog"], ["answer"], only=["main.c", "etc/hosts"])
 
 
 def test_call_arguments_and_numbers_in_answers():
@@ -329,6 +337,19 @@ CLAIMING = [k for k in known_kinds() if "source" in refiner_kind(k).policy_kinds
 
 def test_some_refiner_claims_the_kind():
     assert {"cmaes", "mutate", "llm"} <= set(CLAIMING)
+
+
+# new-user pass: cmaes on a folder without marked regions advised "declare them in its PARAMETERS", which a source
+# folder has not; it names the regions and the `ratchet:` annotations instead
+def test_cmaes_on_a_folder_without_regions_says_how_to_mark_them(tmp_path):
+    from ratchet.refiners.cmaes import NO_FOLDER_PARAMETERS
+
+    spec = _spec(tmp_path / "spec", "cmaes")
+    (tmp_path / "spec" / "prog" / "main.c").write_text(GOOD.replace("// EVOLVE-BLOCK-START\n", "")
+                                                       .replace("// EVOLVE-BLOCK-END\n", ""))
+    result = start_run(spec, tmp_path / "runs", "r")
+    assert result.stop_reason == NO_FOLDER_PARAMETERS
+    assert "EVOLVE-BLOCK-START" in result.stop_reason and "PARAMETERS" not in result.stop_reason
 
 
 def _edit_by_seed(body):

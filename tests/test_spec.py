@@ -211,6 +211,18 @@ def test_a_budget_too_small_for_one_generation_is_refused_in_numbers(tmp_path):
     assert load_spec(write(tmp_path, MINIMAL + "[budget]\nenv_steps = 30000\n")).budget.episodes is None
 
 
+# new-user pass: mutate (and llm) were counted as one proposal, so a budget too small for their programs × variants was
+# found only after the first validation ("no room for a single generation"); cmaes was refused up front
+def test_a_budget_too_small_for_one_mutate_or_llm_generation_is_refused_up_front(tmp_path):
+    mutate = '[[refiners]]\nkind = "mutate"\nprograms = 3\nvariants = 2\n'
+    spec_error(tmp_path, MINIMAL + mutate + "[budget]\nepisodes = 29\n", "8 for the starting policy's first "
+               "validation + 14 for a generation (7 candidates × 2 training episodes) + 8 for its gate = 30")
+    assert load_spec(write(tmp_path, MINIMAL + mutate + "[budget]\nepisodes = 30\n")).budget.episodes == 30
+    llm = ('[[refiners]]\nkind = "llm"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\nproposals = 2\n'
+           "variants = 2\n")
+    spec_error(tmp_path, MINIMAL + llm + "[budget]\nepisodes = 25\n", "(5 candidates × 2 training episodes)")
+
+
 # regression (was a bug): on CliffWalking-v1 (no time limit) a run spent 91 s in episodes nobody bounded
 def test_an_env_without_a_time_limit_needs_max_episode_steps(tmp_path):
     spec_error(tmp_path, '[task]\nenv_id = "CliffWalking-v1"\n', "[task] max_episode_steps",
@@ -401,3 +413,21 @@ def test_a_cascade_must_leave_a_second_stage_and_older_ledgers_read_as_without_o
     assert recorded_spec(data).planner.cascade_episodes == 1
     del data["planner"]["cascade_episodes"], data["planner"]["cascade_margin"]
     assert recorded_spec(data).planner.cascade_episodes == 0
+
+
+# new-user pass: [budget] money with an llm refiner that sets no price ran without a word, and the money limited nothing
+def test_a_money_budget_no_refiner_draws_on_gets_a_note(tmp_path):
+    from ratchet.spec import unpriced_money
+
+    note = ("note: [budget] money = 5 EUR limits nothing: no refiner prices its requests; set price_prompt and "
+            "price_completion (EUR per million tokens) in the llm refiner's table")
+    notes: list[str] = []
+    load_spec(make_spec_dir(tmp_path / "s", budget={"money": 5.0, "currency": "EUR"}), notes=notes)  # cmaes only
+    assert note in notes
+    llm = {"kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m", "check_endpoint": False}
+    base = {"task": {"env_id": "CartPole-v1"}, "policy": {"path": str(DATA / "cartpole_linear.py")},
+            "budget": {"money": 5.0, "currency": "EUR"}}
+    assert unpriced_money(spec_from_dict({**base, "refiners": [llm]})) == [note]
+    priced = {**llm, "price_completion": 2.0, "currency": "EUR"}
+    assert unpriced_money(spec_from_dict({**base, "refiners": [{"kind": "cmaes"}, priced]})) == []
+    assert unpriced_money(spec_from_dict({**base, "budget": {}, "refiners": [llm]})) == []

@@ -17,9 +17,10 @@ _BUDGET = "the budget cannot pay for validation"
 
 
 def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
-    """One line per scalar parameter of the final incumbent that sits at (within ``tolerance`` of its
-    range) a bound, and one per array parameter with elements there (counted, not listed): the search
-    wanted to go further than the declared range allows."""
+    """One line per scalar parameter of the final incumbent that the search moved to (within ``tolerance`` of its
+    range) a bound, and one per array parameter with elements moved there (counted, not listed): the search
+    wanted to go further than the declared range allows. A value the starting policy already had (at its bound from
+    the start) is no sign of that and is not named."""
     from ratchet.policy import _infer_dims, parse_policy
 
     if not state.incumbent_id or state.incumbent_id == state.baseline_id or not state.policy_source:
@@ -31,13 +32,16 @@ def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
     except Exception:  # noqa: BLE001 - advice is a hint: a source or parameters it cannot read give none, never a failed report
         return []
     values = state.candidates.get(state.incumbent_id, {}).get("params", {})
+    start = state.candidates.get(state.baseline_id, {}).get("params", {})
     out = []
     for p in program.parameters:
         v = values.get(p.name)
         if p.is_array and isinstance(v, (list, tuple)):
-            out += _array_at_bounds(p, v, tolerance)
+            out += _array_at_bounds(p, v, tolerance, start.get(p.name))
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool) or p.type == "categorical":  # choices have no bounds
+            continue
+        if v == start.get(p.name):  # never moved
             continue
         span = p.high - p.low
         for side, bound in (("lower", p.low), ("upper", p.high)):
@@ -47,17 +51,22 @@ def parameters_at_bounds(state: Any, tolerance: float = 1e-3) -> list[str]:
     return out
 
 
-def _array_at_bounds(p: Any, value: Any, tolerance: float) -> list[str]:
-    """One line for an array parameter with elements at a bound (how many, of how many), none otherwise."""
+def _array_at_bounds(p: Any, value: Any, tolerance: float, start: Any = None) -> list[str]:
+    """One line for an array parameter with elements moved to a bound (how many, of how many; elements equal to
+    ``start``'s, the starting policy's value, never moved), none otherwise."""
     import numpy as np
 
     try:
         v = np.asarray(value, dtype=np.float64).reshape(p.shape)
     except ValueError:
         return []
+    try:
+        moved = v != np.asarray(start, dtype=np.float64).reshape(p.shape)
+    except (TypeError, ValueError):  # no start value of that shape: every element counts
+        moved = np.ones(p.shape, dtype=bool)
     lo, hi = p.array("low"), p.array("high")
     span = hi - lo
-    low, high = int(np.sum(v - lo <= tolerance * span)), int(np.sum(hi - v <= tolerance * span))
+    low, high = int(np.sum(moved & (v - lo <= tolerance * span))), int(np.sum(moved & (hi - v <= tolerance * span)))
     if not low + high:
         return []
     return [(f"parameter {p.name}: {low + high} of {v.size} elements sit at a bound ({low} lower, {high} upper): "

@@ -190,7 +190,7 @@ def run(spec: Path = typer.Argument(..., metavar="SPEC", help="A ratchet.toml fi
     except RatchetError as exc:
         _fail(exc)
         return
-    for note in notes:  # a setting written where older specs kept it
+    for note in notes:  # a setting written where older specs kept it, a [budget] money nothing draws on
         out.print(Text(note), soft_wrap=True)
     run_id = run_id or new_run_id(s.name)
     _with_progress(lambda progress: start_run(s, runs_dir, run_id, progress=progress, storage=storage),

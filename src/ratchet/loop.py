@@ -247,10 +247,13 @@ class _Run(RunServices):
         proposals, refused = self.screen_proposals(step.refiner, incumbent, proposed, step.generation, screened)
         refiner.refused(refused)  # so an LLM sees "you proposed this already"
         contenders = proposals + ([recommended] if recommended is not None else [])
+        why = refiner.idle_reason() if not proposed and not screened else None  # it tried and proposed nothing
+        idle = why and (f"no request of {step.refiner} was affordable ({why})" if refiner.budget_spent()
+                        else f"{step.refiner} proposed nothing ({why})")
         return replace(step, contenders=tuple(contenders), recommended=recommended,
                        rerun=step.rerun and bool(contenders),  # no contender: nothing to compare the incumbent with
                        refused=len(screened) + len(proposed) - len(proposals), failures=self.failed_requests(),
-                       stopped=stopped)
+                       stopped=stopped, idle=idle)
 
     def execute(self, step: GenerationStep) -> GenerationStep:
         """The contenders' (and the paired incumbent's) training episodes, recorded; a candidate evaluated before

@@ -472,7 +472,7 @@ class Pricing:
         """The settings that size a generation and its kept decision, in words (the end of a no-room message)."""
         kept = "[gate] validation_episodes" + (", [planner] confirm_top / confirm_episodes" if self.confirmation_episodes
                                                else "")
-        return f"[refiner] popsize (refiners.N.popsize with [[refiners]]) / [planner] train_episodes / {kept}"
+        return f"the refiners' popsize / [planner] train_episodes / {kept}"
 
     def _kept(self) -> str:
         """What the reserve of :meth:`gate_reserve` pays for, in words."""
@@ -508,10 +508,11 @@ class Pricing:
         episodes = n_candidates * self.train_episodes
         b, u = self.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
-        if b.episodes is not None and u.episodes + episodes + self.gate_reserve(longest)[1] > b.episodes:
+        gate = self.gate_reserve(longest)[1]
+        if b.episodes is not None and u.episodes + episodes + gate > b.episodes:
             return Stop(StopKind.BUDGET,
-                        f"budget: no room for {what} ({episodes} episodes: {n_candidates} candidates × "
-                        f"{self.train_episodes} training episodes, and {self.gate_reserve(longest)[1]} for its "
+                        f"budget: no room for {what} ({episodes + gate} episodes: {n_candidates} candidates × "
+                        f"{self.train_episodes} training episodes, and {gate} for its "
                         f"gate; {spent} used {u.episodes} of "
                         f"[budget] episodes = {b.episodes})" + (f"; raise [budget] episodes or lower {self._levers()}"
                                                                  if first else ""))

@@ -793,15 +793,24 @@ class RunSpec(_Section):
     def _first_generation_fits(self) -> RunSpec:
         """``[budget] episodes`` must pay for one generation and its gate after the first validation: a run
         that can only validate the starting policy would spend its test episodes and improve nothing. The
-        cheapest refiner's generation is counted from what the spec says: CMA-ES evaluates its population
-        (``popsize``; pycma's default is at least 4), its distribution mean and the incumbent on each
-        training seed; any other kind at least one proposal and the incumbent."""
+        cheapest refiner's generation is counted from what the spec says: each kind's
+        :attr:`~ratchet.refiners.registry.RefinerKind.generation_size` (CMA-ES its population, ``popsize``, pycma's
+        default at least 4, and its distribution mean; ``mutate`` ``programs × variants``; ``llm`` ``proposals ×
+        variants``; one proposal by default) and the incumbent on each training seed."""
+        from ratchet.refiners.registry import refiner_kind
+
         b, g = self.budget, self.gate
         if b.episodes is None:
             return self
         built = g.build()
         first, gate = built.first_look(g.validation_episodes), built.price(g.validation_episodes)
-        policies = min((e.get("popsize") or 4) + 2 if e["kind"] == "cmaes" else 2 for e in self.refiner_entries())
+        sizes = []
+        for e in self.refiner_entries():
+            kind = refiner_kind(e["kind"])
+            size = kind.generation_size
+            sizes.append(1 if size is None else size(kind.settings(**{k: v for k, v in e.items()
+                                                                       if k not in ("kind", "name")})))
+        policies = min(sizes) + 1
         train = self.planner.train_episodes
         confirm = self.planner.confirmation_reserve(g.validation_episodes)
         need = first + policies * train + gate + confirm
@@ -969,6 +978,23 @@ def moved_settings(data: Any) -> list[str]:
     planner = planner if isinstance(planner, dict) else {}
     return [f"note: [refiner] {key} is now [planner] {key} (read from [refiner] this time)"
             for key in _MOVED_TO_PLANNER if key in refiner and key not in planner]
+
+
+def unpriced_money(spec: RunSpec) -> list[str]:
+    """A note when ``[budget] money`` is set but no refiner prices its requests (no ``price_prompt`` /
+    ``price_completion``): nothing is ever drawn from it, so it limits nothing. Empty otherwise."""
+    from ratchet.refiners.registry import refiner_kind
+
+    b = spec.budget
+    if b.money is None:
+        return []
+    for entry in spec.refiner_entries():
+        kind = refiner_kind(entry["kind"])
+        if kind.pays is not None and kind.pays(kind.settings(**{k: v for k, v in entry.items()
+                                                                  if k not in ("kind", "name")})):
+            return []
+    return [(f"note: [budget] money = {b.money:g} {b.currency} limits nothing: no refiner prices its requests; set "
+             f"price_prompt and price_completion ({b.currency} per million tokens) in the llm refiner's table")]
 
 
 def _format_error(err: Mapping[str, Any], where: str) -> str:
@@ -1149,7 +1175,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         path: The spec file or its folder.
         overrides: ``SECTION.KEY=VALUE`` settings applied on top of the file (:func:`apply_overrides`).
         seed: The run seed, instead of the file's ``seed``.
-        notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`).
+        notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`), and
+            one for a ``[budget] money`` no refiner draws on (:func:`unpriced_money`).
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
@@ -1186,6 +1213,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         if not overrides:
             raise
         raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), str(exc))) from None
+    if notes is not None:
+        notes += unpriced_money(spec)
     from ratchet.policy import FOLDER_KINDS
 
     if spec.policy.kind in FOLDER_KINDS:

@@ -38,6 +38,9 @@ class GenerationStep:
         failures: Requests to outside services (an LLM endpoint) that failed while the refiner proposed (propose).
         stopped: Why the refiner stopped when its outside service failed and the run goes on without it, or None
             (propose).
+        idle: Why the refiner proposed nothing at all, in one line, when it can say (its
+            :meth:`~ratchet.refiners.Refiner.idle_reason` once it had tried: e.g. no request was affordable, the
+            ``[budget] money`` having no room for the next one's worst case), or None (propose).
         train: Each evaluated candidate's training evaluation on all the training seeds, by candidate id (execute).
         dropped: The contenders the cascade dropped after its first stage (``[planner] cascade_episodes``; execute
             takes them out of ``contenders`` and ``recommended``): why (one line) and their first-stage evaluation,
@@ -71,6 +74,7 @@ class GenerationStep:
     refused: int = 0
     failures: tuple[str, ...] = ()
     stopped: str | None = None
+    idle: str | None = None
     train: Mapping[str, Evaluation] = field(default_factory=dict)
     dropped: Mapping[str, tuple[str, Evaluation]] = field(default_factory=dict)
     cut: bool = False

@@ -26,7 +26,8 @@ class EveryGeneration(Decider):
 
     def decide(self, step: GenerationStep) -> Outcome:
         """The gate's decision on the generation's best contender (:attr:`GenerationStep.best`), or why none was taken:
-        no contender (an outside service failed, every proposal was refused, or every contender errored), it is not
+        no contender (an outside service failed, every proposal was refused, the refiner proposed nothing (e.g. no
+        request was affordable), or every contender errored), it is not
         better on the training seeds, or its validation would not fit the budget (:meth:`~ratchet.planner.
         IncumbentPlanner.validation_hold`). A decided candidate leaves the shortlist."""
         best, inc_val = step.best, step.incumbent_validation
@@ -38,6 +39,8 @@ class EveryGeneration(Decider):
                 return Outcome(None, f"no contender: all {step.refused} proposal(s) were refused before any episode "
                                      "ran (`ratchet show` counts them; an LLM's answers and why: `ratchet llm-log`)",
                                inc_val)
+            if step.idle is not None:  # it proposed nothing (e.g. no request was affordable): say so, not "errors"
+                return Outcome(None, f"no contender: {step.idle}", inc_val)
             return Outcome(None, "no contender finished its training episodes without an error", inc_val)
         note = self._hold(step, best)
         if note is not None:

@@ -48,6 +48,8 @@ class Exact(Decider):
             if step.failures:
                 return Outcome(None, f"the LLM endpoint failed {len(step.failures)} request(s) this generation "
                                      f"(last: {step.failures[-1][:200]})", inc_val)
+            if step.idle is not None:  # it proposed nothing (e.g. no request was affordable): say so, not "errors"
+                return Outcome(None, f"no contender: {step.idle}", inc_val)
             return Outcome(None, "no contender scored without an error", inc_val)
         score, incumbent = step.train[best.id].mean, inc_val.mean
         gate = self.services.gate

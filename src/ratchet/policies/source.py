@@ -197,6 +197,10 @@ def read_folder(path: str | Path, build: Sequence[str], run: Sequence[str], func
     total = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for d in dirnames:  # os.walk lists a link to a folder here and never enters it
+            rel = (Path(dirpath) / d).relative_to(root).as_posix()
+            if (Path(dirpath) / d).is_symlink() and (not only or any(f.startswith(rel + "/") for f in only)):
+                raise PolicyError(f"{Path(dirpath) / d}: a link to a folder; a source folder holds plain files only")
         for name in sorted(filenames):
             if name.startswith("."):
                 continue

@@ -9,14 +9,20 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ratchet.critic import Critique, Evaluation
-from ratchet.policy import Candidate, PolicyProgram
+from ratchet.policy import FOLDER_KINDS, Candidate, PolicyProgram
 from ratchet.refiners.base import GenerationCost, Refiner
 
-__all__ = ["MIN_SIGMA0", "NO_PARAMETERS", "CMAESRefiner", "CMAESSettings"]
+__all__ = ["MIN_SIGMA0", "NO_FOLDER_PARAMETERS", "NO_PARAMETERS", "CMAESRefiner", "CMAESSettings"]
 
 #: Why a ``cmaes`` refiner has nothing to search (its :meth:`CMAESRefiner.idle_reason`), with the fix.
 NO_PARAMETERS = ("the policy declares no parameters for cmaes to search; declare them in its PARAMETERS "
                  "(name -> {\"default\", \"low\", \"high\"}) or use a refiner that edits the code (mutate, llm)")
+
+#: :data:`NO_PARAMETERS` for a source folder (``[policy] kind = "source"``): its parameters are its marked regions' numbers.
+NO_FOLDER_PARAMETERS = ("the source folder has no numbers in marked regions for cmaes to search; put the code to tune "
+                        "between EVOLVE-BLOCK-START and EVOLVE-BLOCK-END comments (each number in them is a parameter; "
+                        "a `ratchet:` comment on its line names it and sets its bounds, e.g. `// ratchet: gain 0..2`) "
+                        "or use llm, which edits the files")
 
 #: Smallest initial step size accepted (fraction of a parameter's range).
 MIN_SIGMA0 = 1e-6
@@ -127,6 +133,8 @@ class CMAESRefiner(Refiner):
             generation, so the search never loses the best it has seen; a step size below 1e-4 restarts it there with
             ``sigma0``. The default for a deterministic task (:attr:`ratchet.tasks.Task.deterministic`), where the
             incumbent's score is exact and a search that drifts away from it wastes evaluations.
+        no_parameters: Why it has nothing to search when ``program`` declares no parameters (:meth:`idle_reason`):
+            :data:`NO_PARAMETERS` for a policy file, :data:`NO_FOLDER_PARAMETERS` for a source folder.
     """
 
     name = "cmaes"
@@ -136,8 +144,9 @@ class CMAESRefiner(Refiner):
 
     def __init__(self, program: PolicyProgram, sigma0: float = 0.2, popsize: int | None = None, seed: int = 0,
                  restarts: str = "none", stagnation: int = 10, name: str | None = None,
-                 follow: str = "incumbent", elitist: bool = False) -> None:
+                 follow: str = "incumbent", elitist: bool = False, no_parameters: str = NO_PARAMETERS) -> None:
         self.program = program
+        self.no_parameters = no_parameters
         self.follow = follow
         self.elitist = elitist
         self.sigma0 = sigma0
@@ -243,7 +252,7 @@ class CMAESRefiner(Refiner):
 
     def idle_reason(self) -> str | None:
         """Why this refiner cannot propose anything (None when it can)."""
-        return None if self.program.parameters else NO_PARAMETERS
+        return None if self.program.parameters else self.no_parameters
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Ask pycma for one population (``popsize`` candidates) around the current distribution.
@@ -388,15 +397,17 @@ def _build(settings: CMAESSettings, name: str, ctx: Any) -> list[CMAESRefiner]:
     variants = s.sigma0_variants or [s.sigma0]
     names = [f"{name}-s{v:g}" for v in variants] if s.sigma0_variants else [name]
     elitist = s.elitist if s.elitist is not None else ctx.task.deterministic
+    why = NO_FOLDER_PARAMETERS if ctx.start.kind in FOLDER_KINDS else NO_PARAMETERS
     return [CMAESRefiner(ctx.program, v, s.popsize, seed=ctx.seed + i, restarts=s.restarts, stagnation=s.stagnation,
-                         name=n, follow=s.follow, elitist=elitist) for i, (n, v) in enumerate(zip(names, variants))]
+                         name=n, follow=s.follow, elitist=elitist, no_parameters=why) for i, (n, v) in enumerate(zip(names, variants))]
 
 
 def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
     return {"cmaes": RefinerKind(CMAESSettings, ("program", "residual", "source"), _build,
-                                 hint="cmaes searches a program's PARAMETERS")}
+                                 hint="cmaes searches a program's PARAMETERS",
+                                 generation_size=lambda s: (s.popsize or 4) + 1)}  # pycma's least population, the mean
 
 
 KINDS = _kinds()

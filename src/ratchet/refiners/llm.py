@@ -1941,12 +1941,17 @@ def _files(settings: LLMSettings) -> list[str]:
     return [settings.system_prompt_file] if settings.system_prompt_file else []
 
 
+def _pays(settings: LLMSettings) -> bool:
+    return any(m.price_prompt or m.price_completion for m in settings.pool)
+
+
 def _kinds() -> dict[str, Any]:
     from ratchet.refiners.registry import RefinerKind
 
     return {"llm": RefinerKind(LLMSettings, ("program", "source"), _build,
                                hint="llm edits a program policy's source (or a source folder's files)", files=_files,
-                               check=_check, changes_code=True,
+                               check=_check, changes_code=True, pays=_pays,
+                               generation_size=lambda s: s.proposals * s.variants,
                                recorded_defaults={"concurrency": 1, "on_unusable": "skip", "repair": False})}  # before it, one request at a time
 
 

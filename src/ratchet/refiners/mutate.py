@@ -759,7 +759,7 @@ def _kinds() -> dict[str, Any]:
 
     return {"mutate": RefinerKind(MutateSettings, ("program", "source"), _build,
                                   hint="mutate rewrites a program policy's source (a source folder's numbers)",
-                                  changes_code=True)}
+                                  changes_code=True, generation_size=lambda s: s.programs * s.variants)}
 
 
 KINDS = _kinds()

@@ -193,6 +193,14 @@ class RefinerKind:
     #: Whether the kind's candidates may carry source that differs from their parent's (``mutate``, ``llm``): a
     #: run with such a kind has a lineage of programs (``ratchet dashboard`` reads its candidates to draw it).
     changes_code: bool = False
+    #: ``pays(settings) -> bool``: whether a table's requests are priced in money, so that ``[budget] money`` limits
+    #: them (an ``llm`` table with prices); None: the kind never pays.
+    pays: Callable[[Any], bool] | None = None
+    #: ``generation_size(settings) -> int``: the fewest candidates a generation of a table evaluates on its training
+    #: seeds besides the incumbent (its proposals and its recommendation), as the loop prices one before it runs
+    #: (:meth:`Refiner.generation_cost`): what the spec counts to refuse up front a ``[budget] episodes`` too small
+    #: for a single generation. None: 1.
+    generation_size: Callable[[Any], int] | None = None
     #: Settings added to the kind since ledgers were first written, each with the value that behaves as the code
     #: before it did: a spec a ledger recorded without the setting is read with that value, so it resumes and
     #: replays as it ran (a new spec gets the setting's default).

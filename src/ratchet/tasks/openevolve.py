@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 from ratchet.errors import TaskError
 from ratchet.tasks.evaluator import MAX_SCORES, MAX_SOURCE_BYTES, CandidateError, EvaluatorTask
 
-__all__ = ["ADAPTER", "OpenEvolveTask", "driver_script", "metrics_of", "spec_text"]
+__all__ = ["ADAPTER", "MARKER", "RAISED", "OpenEvolveTask", "driver_script", "metrics_of", "spec_text"]
 
 #: The trusted evaluator module every OpenEvolve task runs (an :mod:`ratchet.tasks.evaluator` module): its OPTIONS
 #: hold the user's evaluator source, the program file's name and the score metric.
@@ -71,14 +71,19 @@ def evaluate(instance, policy):
 
 #: The line before the metrics in the driver's output (what precedes it is ignored).
 MARKER = "RATCHET-OPENEVOLVE-METRICS"
+#: The line before what the evaluator raised, in the driver's output: ``{"raised": "TYPE: message", "at": "file:line
+#: in function; …"}`` (the traceback's last line and its frames in the evaluator's and program's files, innermost last).
+RAISED = "RATCHET-OPENEVOLVE-RAISED"
 
 
 def driver_script(evaluator_source: str, evaluator_name: str, program: str) -> str:
     """The Python script the candidate's ``run`` command executes in the sandbox (stdin): writes the evaluator to
     ``.openevolve-evaluator/<evaluator_name>`` in the build folder, runs ``evaluate(<program path>)`` with stdout
     (the file descriptor: subprocesses too) sent to stderr, and prints :data:`MARKER` and the metrics as JSON
-    (numbers as floats; anything else as text, which the trusted side drops)."""
-    return f'''import json, os, sys
+    (numbers as floats; anything else as text, which the trusted side drops), or, when loading the evaluator or
+    ``evaluate`` raised, :data:`RAISED` and what it raised (the traceback's last line, and its frames by file name:
+    no sandbox path)."""
+    return f'''import json, os, sys, traceback
 src, name, program = {evaluator_source!r}, {evaluator_name!r}, {program!r}
 here = os.getcwd()
 folder = os.path.join(here, ".openevolve-evaluator")
@@ -91,11 +96,21 @@ sys.stdout.flush()
 out = os.dup(1)
 os.dup2(2, 1)
 import importlib.util
-spec = importlib.util.spec_from_file_location("openevolve_evaluator", path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-result = module.evaluate(os.path.join(here, program))
-result = getattr(result, "metrics", result)
+try:
+    spec = importlib.util.spec_from_file_location("openevolve_evaluator", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.evaluate(os.path.join(here, program))
+    result = getattr(result, "metrics", result)
+except BaseException as exc:
+    traceback.print_exc()
+    sys.stdout.flush()
+    at = [f"{{os.path.basename(f.filename)}}:{{f.lineno}} in {{f.name}}" for f in traceback.extract_tb(exc.__traceback__)
+          if not f.filename.startswith("<")]
+    raised = " ".join(f"{{type(exc).__name__}}: {{exc}}".split()).rstrip(":")
+    raised = raised.replace(folder + os.sep, "").replace(here + os.sep, "")  # no sandbox paths
+    os.write(out, ("\\n{RAISED}\\n" + json.dumps({{"raised": raised[:300], "at": "; ".join(at)[-300:]}}) + "\\n").encode())
+    sys.exit(0)
 sys.stdout.flush()
 def plain(v):
     try:
@@ -118,10 +133,21 @@ def metrics_of(text: Any, metric: str) -> tuple[float, dict[str, float]]:
         cut to 40 characters); text values and ``bool``s are left out.
 
     Raises:
-        CandidateError: no metrics line, not a JSON object, the metric missing, not a number or not finite.
+        CandidateError: the evaluator raised (its exception's type and message, and where), no metrics line, not a
+            JSON object, the metric missing, not a number or not finite.
     """
     if not isinstance(text, str):
         raise CandidateError(f"the evaluator's output is not text (got {type(text).__name__})")
+    _, raised, what = text.rpartition(RAISED)
+    if raised and MARKER not in what:  # the evaluator (or the program it ran) raised
+        try:
+            got = json.loads(what.strip())
+        except ValueError:
+            got = None
+        if isinstance(got, dict) and isinstance(got.get("raised"), str):
+            at = got.get("at") if isinstance(got.get("at"), str) else ""
+            raise CandidateError(f"the OpenEvolve evaluator raised {got['raised'][:300]}"
+                                 + (f" (at {at[-300:]})" if at else ""))
     _, found, tail = text.rpartition(MARKER)
     if not found:
         raise CandidateError("the OpenEvolve evaluator printed no metrics (it, or the program, failed before "
