@@ -27,7 +27,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _reap(pids: set[int], within_s: float = 10) -> bool:
+def _reap(pids: set[int], within_s: float = 60) -> bool:
     """Wait for orphaned ``pids`` to exit on their own (kill -9 the rest); whether they all did in time."""
     t0 = time.monotonic()
     while any(_alive(p) for p in pids) and time.monotonic() - t0 < within_s:
@@ -100,7 +100,7 @@ def test_ctrl_c_then_resume(tmp_path, signum):
             time.sleep(0.01)
         workers |= children_of(proc.pid)
         os.kill(proc.pid, signum)
-        _out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -110,7 +110,7 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     assert "Traceback" not in err
     # Ctrl-C closes the pool: no worker outlives the run
     t0 = time.monotonic()
-    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 5:
+    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 60:
         time.sleep(0.05)
     leftover = [w for w in workers if _alive(w)]
     for w in leftover:
@@ -173,7 +173,7 @@ def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
 
 def test_kill_9_with_llm_requests_in_flight_then_resume(tmp_path, standin):
     """An llm run sends a generation's 4 requests at once; kill -9 it once 3 answers are recorded, the 4th still out
-    (its answer takes 30 s). Resuming reads the 3 back (never asking for them again), asks for the 4th again and
+    (its answer takes 120 s). Resuming reads the 3 back (never asking for them again), asks for the 4th again and
     finishes; every request ends up recorded once."""
     import hashlib
     import json
@@ -184,7 +184,7 @@ def test_kill_9_with_llm_requests_in_flight_then_resume(tmp_path, standin):
 
     def respond(body):  # the 4th request to arrive is the slow one
         arrivals.append(body["seed"])
-        return {"content": GOOD_EDIT, **({"delay": 30.0} if len(arrivals) == 4 else {})}
+        return {"content": GOOD_EDIT, **({"delay": 120.0} if len(arrivals) == 4 else {})}
 
     server = standin(respond=respond, latency=0.1)
     llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 4, "variants": 1, "concurrency": 4,
