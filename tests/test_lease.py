@@ -48,9 +48,9 @@ def test_format_age():
 
 def test_heartbeat_keeps_the_lease_and_release_frees_it(tmp_path):
     a = SQLiteLedger(tmp_path / "r" / "ledger.sqlite")
-    lease = WriterLease.acquire(a, "r", ttl_s=2)
+    lease = WriterLease.acquire(a, "r", ttl_s=6)  # lost only if the heartbeat thread waits 4 s for a CPU
     try:
-        time.sleep(4)  # two time-to-lives: alive only thanks to the heartbeat (every 0.67 s)
+        time.sleep(9)  # past its time-to-live: alive only thanks to the heartbeat (every 2 s)
         other = SQLiteLedger(tmp_path / "r" / "ledger.sqlite")
         with pytest.raises(WriterLeaseError, match=rf"run r is being written by pid {os.getpid()} on host .* \(last "
                                                    r"heartbeat \d s ago\); wait for it to end or stop it"):
@@ -71,7 +71,7 @@ def test_a_lost_lease_is_noticed_by_the_heartbeat_and_stops_appends(tmp_path):
     b = SQLiteLedger(tmp_path / "r" / "ledger.sqlite")
     lease = WriterLease.acquire(a, "r", ttl_s=0.3)
     b.acquire_lease(LeaseHolder("thief", "elsewhere", 7), 30, take_over=lease.holder.token)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while not lease.lost and time.monotonic() < deadline:
         time.sleep(0.02)
     assert lease.lost
