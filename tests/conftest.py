@@ -317,7 +317,7 @@ def children_of(pid: int) -> set[int]:
 
 
 def run_then_kill_9(tmp_path: Path, spec_dir: Path, runs: Path, ready: Callable[[set[int]], bool], what: str,
-                    timeout_s: float = 60, run_id: str = "k", extra: Sequence[str] = ()) -> set[int]:
+                    timeout_s: float = 240, run_id: str = "k", extra: Sequence[str] = ()) -> set[int]:
     """Start ``ratchet run`` of ``spec_dir`` as ``run_id`` in a process (``extra``: more CLI options), wait until ``ready(pids)`` (``pids``: the
     run's direct children) holds, and ``kill -9`` it. Returns the children it had started (its workers, a
     trainer), which outlive it in their own sessions."""
