@@ -317,7 +317,7 @@ def children_of(pid: int) -> set[int]:
 
 
 def run_then_kill_9(tmp_path: Path, spec_dir: Path, runs: Path, ready: Callable[[set[int]], bool], what: str,
-                    timeout_s: float = 60, run_id: str = "k", extra: Sequence[str] = ()) -> set[int]:
+                    timeout_s: float = 240, run_id: str = "k", extra: Sequence[str] = ()) -> set[int]:
     """Start ``ratchet run`` of ``spec_dir`` as ``run_id`` in a process (``extra``: more CLI options), wait until ``ready(pids)`` (``pids``: the
     run's direct children) holds, and ``kill -9`` it. Returns the children it had started (its workers, a
     trainer), which outlive it in their own sessions."""
@@ -422,14 +422,17 @@ class StandIn:
     ``{"size": N}`` (an answer of N characters, streamed without a length), ``{"echo_auth": True}`` (the
     Authorization header written into the answer). When the script runs out it repeats ``default``; with
     ``respond`` (a function of the request's JSON body) each answer is ``respond(body)`` instead, whatever order the
-    requests come in. Every answer takes ``latency`` seconds more (a model's time to answer). Every
+    requests come in. Every answer takes ``latency`` seconds more (a model's time to answer). With ``gather``, the
+    first ``gather`` requests are held until that many have come in (or 60 s passed): a client that sends them at
+    once has them all in flight at once, however late a loaded machine schedules its threads. Every
     request (body and Authorization header) is kept in ``requests``; ``most_at_once`` is the most it answered at
     one time; ``GET .../models`` lists ``models`` (404 when None), and is kept in ``gets``."""
 
-    def __init__(self, script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None):
+    def __init__(self, script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None, gather=0):
         self.script, self.default, self.requests, self.gets, self.models = list(script), default, [], [], models
         self.latency, self.respond, self.at_once, self.most_at_once = latency, respond, 0, 0
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -456,7 +459,9 @@ class StandIn:
                             outer.script.pop(0) if outer.script else outer.default)
                     outer.at_once += 1
                     outer.most_at_once = max(outer.most_at_once, outer.at_once)
-                self.counted = True
+                    self.counted = True
+                    outer.arrived.notify_all()
+                    outer.arrived.wait_for(lambda: len(outer.requests) >= gather, timeout=60)
                 try:
                     self.answer(item if isinstance(item, dict) else {"content": item}, body, auth)
                 finally:
@@ -529,8 +534,8 @@ class StandIn:
 def standin():
     servers = []
 
-    def make(script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None):
-        servers.append(StandIn(script, default, models, latency, respond))
+    def make(script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None, gather=0):
+        servers.append(StandIn(script, default, models, latency, respond, gather))
         return servers[-1]
 
     yield make

@@ -354,7 +354,7 @@ def test_a_run_being_written_updates_in_a_headless_browser(finished_run, tmp_pat
         options.add_argument(arg)
     browser = webdriver.Chrome(service=Service(driver), options=options)
 
-    def wait(js: str, timeout: float = 30) -> None:
+    def wait(js: str, timeout: float = 120) -> None:  # a loaded machine's chromium is slow
         end = time.monotonic() + timeout
         while not browser.execute_script(f"return !!({js})"):
             assert time.monotonic() < end, f"page never satisfied {js}"

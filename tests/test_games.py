@@ -214,11 +214,12 @@ def test_each_player_is_charged_only_its_own_time_on_a_clock_of_its_own() -> Non
     def job(source: str, seed: int) -> Job:
         return Job(parse_policy(source).candidate({}), seed)
 
-    patient = _c4(_opp("patient", _sleeper(first=1.8)), seats=(0,))  # its first move: 1.8 s of its 3 s
-    slowbot = _c4(_opp("slowbot", _sleeper(each=1.0)), seats=(0,))  # 1 s a move: past its 3 s by its fourth move
-    ex = ProcessExecutor(workers=1, episode_timeout_s=3)
+    # margins of seconds, not tenths: a loaded machine may leave a process unscheduled for a second or two
+    patient = _c4(_opp("patient", _sleeper(first=3.6)), seats=(0,))  # its first move: 3.6 s of its 6 s
+    slowbot = _c4(_opp("slowbot", _sleeper(each=2.0)), seats=(0,))  # 2 s a move: past its 6 s by its third move
+    ex = ProcessExecutor(workers=1, episode_timeout_s=6)
     try:
-        (both,) = ex.run(patient, [job(_sleeper(first=1.8), 3)])  # 3.6 s in all: each within its own clock
+        (both,) = ex.run(patient, [job(_sleeper(first=3.6), 3)])  # 7.2 s in all: each within its own clock
         (forfeit,) = ex.run(slowbot, [job(_sleeper(each=0.1), 3)])
         (late,) = ex.run(_c4(_opp("quick", _sleeper()), seats=(0,)), [job(_sleeper(first=60), 3)])
     finally:
@@ -229,10 +230,10 @@ def test_each_player_is_charged_only_its_own_time_on_a_clock_of_its_own() -> Non
     assert forfeit.error is None and forfeit.diagnostics.get("fault") is None and forfeit.episode_return == 1.0
     assert forfeit.success and forfeit.diagnostics["outcome"] == "win" and 4 <= forfeit.length <= 8
     assert "opponent slowbot failed: move" in forfeit.diagnostics["forfeit"]
-    assert "ran out of its clock (3 s of its own start and moves)" in forfeit.diagnostics["forfeit"]
+    assert "ran out of its clock (6 s of its own start and moves)" in forfeit.diagnostics["forfeit"]
     # a candidate that used up its own clock loses, as its failure, never the opponent's
     assert late.diagnostics.get("fault") is None and "forfeit" not in late.diagnostics
-    assert late.error is not None and "timeout after 3 s of its own clock" in late.error, late.error
+    assert late.error is not None and "timeout after 6 s of its own clock" in late.error, late.error
     assert late.episode_return == -1.0 and late.success is False
 
 

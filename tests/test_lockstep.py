@@ -188,29 +188,30 @@ def act(obs, params):
     return int(obs[2] + obs[3] > 0)
 """
     good = _program(LINEAR)
-    with ProcessExecutor(workers=1, episode_timeout_s=2, lockstep=16) as ex:
+    with ProcessExecutor(workers=1, episode_timeout_s=4, lockstep=16) as ex:
         t0 = time.monotonic()
         eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(14)] + [Job(good, 0)])
         took = time.monotonic() - t0
-    assert took < 20, took  # two timeouts and the episodes (about 6 s alone); a timeout per episode would be 28 s
+    assert took < 40, took  # two timeouts and the episodes (about 6 s alone); a timeout per episode would be 56 s
     assert eps[0].error is None and eps[1].error is None
-    assert eps[2].error == "timeout after 2 s on seed 2" and eps[2].length == 19
-    assert all(e.error == "skipped: timeout after 2 s on seed 2" for e in eps[3:14])
+    assert eps[2].error == "timeout after 4 s on seed 2" and eps[2].length == 19
+    assert all(e.error == "skipped: timeout after 4 s on seed 2" for e in eps[3:14])
     assert eps[14].error is None
 
 
 def test_a_slow_policy_is_not_timed_out_for_answering_a_whole_round():
-    """A policy taking 0.1 s per action, 16 episodes of 5 steps and a 1 s timeout: a round of all 16 would take
-    1.6 s, but rounds grow only while they take under a tenth of the timeout, so no episode times out."""
+    """A policy taking 0.2 s per action, 16 episodes of 5 steps and a 2.5 s timeout: a round of all 16 would take
+    3.2 s, but rounds grow only while they take under a tenth of the timeout, so no episode times out (each has
+    1.5 s to spare: a loaded machine may leave a process unscheduled for a second)."""
     source = """
 import time
 PARAMETERS = {}
 def act(obs, params):
-    time.sleep(0.1)
+    time.sleep(0.2)
     return int(obs[2] > 0)
 """
     task = GymTask("CartPole-v1", max_episode_steps=5)
-    with ProcessExecutor(workers=1, episode_timeout_s=1.0, lockstep=16) as ex:
+    with ProcessExecutor(workers=1, episode_timeout_s=2.5, lockstep=16) as ex:
         eps = ex.run(task, [Job(_program(source), s) for s in range(16)])
     assert [e.error for e in eps] == [None] * 16
     assert all(e.length == 5 for e in eps)
@@ -295,7 +296,7 @@ def act_batch(observations, params):
 
 
 def test_a_slow_phase_after_fast_rounds_reruns_the_batch_one_at_a_time():
-    """A policy fast for 20 steps and then 0.1 s per action: rounds had grown to all 12 episodes (1.2 s > the 1 s
+    """A policy fast for 20 steps and then 0.25 s on one action: rounds had grown to all 12 episodes (3 s > the 2.5 s
     timeout), so the batch is rerun one episode at a time, where each episode fits its own timeout."""
     source = """
 import time
@@ -306,11 +307,11 @@ def reset(params, seed):
 def act(obs, params):
     STATE["t"] += 1
     if STATE["t"] == 20:
-        time.sleep(0.1)
+        time.sleep(0.25)
     return int(obs[2] + obs[3] > 0)
 """
     task = GymTask("CartPole-v1", max_episode_steps=30)
-    with ProcessExecutor(workers=1, episode_timeout_s=1.0, lockstep=16) as ex:
+    with ProcessExecutor(workers=1, episode_timeout_s=2.5, lockstep=16) as ex:
         eps = ex.run(task, [Job(_program(source), s) for s in range(12)])
     assert [e.error for e in eps] == [None] * 12
 

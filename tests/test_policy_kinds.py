@@ -132,7 +132,7 @@ def test_residual_run_kill_9_resume_replay_export(tmp_path, storage, request):
 
             return SQLAlchemyLedger(url, run_id, create=False, readonly=True)
     run_then_kill_9(tmp_path, spec_dir, runs, lambda _: _count(open_ledger, "episodes_evaluated") >= 3,
-                    "no evaluations recorded", 120, run_id=run_id, extra=extra)
+                    "no evaluations recorded", run_id=run_id, extra=extra)
     runner = CliRunner(env={"COLUMNS": "250"})
 
     def cli(*args: str):

@@ -36,8 +36,17 @@ LANDER = Path(__file__).resolve().parents[1] / "examples" / "lunar_lander" / "po
 
 @pytest.fixture(scope="module")
 def ray_runtime():
-    """A local Ray with 2 CPUs; executors in this file join it (and so never shut it down)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    """A local Ray with 2 CPUs; executors in this file join it (and so never shut it down). Ray gives its node a fixed
+    30 s to start, which a loaded machine can use up: three tries."""
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
+            break
+        except Exception as exc:
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
     yield ray
     ray.shutdown()
 

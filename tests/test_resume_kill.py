@@ -16,7 +16,9 @@ from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
 
 CLI = [sys.executable, "-m", "ratchet.cli"]
-pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+# a whole run, killed, and its resume: on a loaded machine the CLI's start alone took over a minute
+pytestmark = [pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc"),
+              pytest.mark.timeout(900)]
 
 
 def _alive(pid: int) -> bool:
@@ -27,7 +29,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _reap(pids: set[int], within_s: float = 10) -> bool:
+def _reap(pids: set[int], within_s: float = 60) -> bool:
     """Wait for orphaned ``pids`` to exit on their own (kill -9 the rest); whether they all did in time."""
     t0 = time.monotonic()
     while any(_alive(p) for p in pids) and time.monotonic() - t0 < within_s:
@@ -56,7 +58,7 @@ def test_kill_9_then_resume(tmp_path):
     assert project(before).status == "interrupted"
 
     done = subprocess.run(CLI + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
 
@@ -92,7 +94,7 @@ def test_ctrl_c_then_resume(tmp_path, signum):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509 - only this call runs in the child
     workers: set[int] = set()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240
         while count_events(db, "episodes_evaluated") < 4:
             workers |= children_of(proc.pid)
             assert proc.poll() is None, "run ended before it could be interrupted"
@@ -100,7 +102,7 @@ def test_ctrl_c_then_resume(tmp_path, signum):
             time.sleep(0.01)
         workers |= children_of(proc.pid)
         os.kill(proc.pid, signum)
-        _out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -110,7 +112,7 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     assert "Traceback" not in err
     # Ctrl-C closes the pool: no worker outlives the run
     t0 = time.monotonic()
-    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 5:
+    while any(_alive(w) for w in workers) and time.monotonic() - t0 < 60:
         time.sleep(0.05)
     leftover = [w for w in workers if _alive(w)]
     for w in leftover:
@@ -121,7 +123,7 @@ def test_ctrl_c_then_resume(tmp_path, signum):
     assert project(before).status == "interrupted"
 
     done = subprocess.run(CLI + ["resume", str(runs / "c"), "--no-report"], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, check=False)
+                          timeout=300, stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stderr
     after = read_events(runs / "c")
     assert project(after).status == "finished"
@@ -152,14 +154,14 @@ def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
         return any("ratchet.execution.training" in _cmdline(k) for k in kids) and \
             count_events(db, "training_finished") == 1
 
-    helpers = run_then_kill_9(tmp_path, spec_dir, runs, training, "round 1's training job never started", 120)
+    helpers = run_then_kill_9(tmp_path, spec_dir, runs, training, "round 1's training job never started")
     _reap(helpers)  # the trainer and the workers are in their own sessions: they exit on their own
 
     before = read_events(runs / "k")
     assert [e.payload["settings"]["round"] for e in events_of(before, EventType.TRAINING_FINISHED)] == [0]
     assert not events_of(before, EventType.RUN_FINISHED) and project(before).status == "interrupted"
     done = subprocess.run(CLI + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     after = read_events(runs / "k")
     by_key = {e.key: e for e in after}
@@ -173,7 +175,7 @@ def test_kill_9_during_a_dagger_training_job_then_resume(tmp_path):
 
 def test_kill_9_with_llm_requests_in_flight_then_resume(tmp_path, standin):
     """An llm run sends a generation's 4 requests at once; kill -9 it once 3 answers are recorded, the 4th still out
-    (its answer takes 30 s). Resuming reads the 3 back (never asking for them again), asks for the 4th again and
+    (its answer takes 120 s). Resuming reads the 3 back (never asking for them again), asks for the 4th again and
     finishes; every request ends up recorded once."""
     import hashlib
     import json
@@ -184,7 +186,7 @@ def test_kill_9_with_llm_requests_in_flight_then_resume(tmp_path, standin):
 
     def respond(body):  # the 4th request to arrive is the slow one
         arrivals.append(body["seed"])
-        return {"content": GOOD_EDIT, **({"delay": 30.0} if len(arrivals) == 4 else {})}
+        return {"content": GOOD_EDIT, **({"delay": 120.0} if len(arrivals) == 4 else {})}
 
     server = standin(respond=respond, latency=0.1)
     llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 4, "variants": 1, "concurrency": 4,
@@ -195,12 +197,12 @@ def test_kill_9_with_llm_requests_in_flight_then_resume(tmp_path, standin):
     runs = tmp_path / "runs"
     db = runs / "k" / "ledger.sqlite"
     workers = run_then_kill_9(tmp_path, spec_dir, runs, lambda kids: count_events(db, "llm_call") >= 3,
-                              "3 answers not recorded", 120)
+                              "3 answers not recorded")
     _reap(workers)
     before = events_of(read_events(runs / "k"), EventType.LLM_CALL)
     assert len(before) == 3 and len(server.requests) == 4
     done = subprocess.run(CLI + ["resume", "k", "--runs-dir", str(runs), "--no-report"], capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     asked: dict[str, int] = {}
     for q in server.requests:

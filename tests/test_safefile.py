@@ -77,4 +77,4 @@ def test_a_fifo_never_blocks(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(UnsafeFile):
         read_tail(fifo, 4096)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10  # a blocking open would wait for a writer forever

@@ -428,9 +428,9 @@ def test_prompt_holds_task_code_critique_history_and_hints():
 def test_llm_refiner_against_the_stand_in_server(standin, monkeypatch):
     monkeypatch.setenv("RATCHET_TEST_KEY", SECRET)
     server = standin([GOOD_EDIT, MALFORMED, BREAKS_CONTRACT, {"status": 429}, WHOLE_FILE,
-                      {"delay": 1.5, "content": GOOD_EDIT}, GOOD_EDIT.replace("0.5", "0.25")])
+                      {"delay": 60.0, "content": GOOD_EDIT}, GOOD_EDIT.replace("0.5", "0.25")])
     settings = LLMSettings(base_url=server.url, model="stand-in", api_key_env="RATCHET_TEST_KEY", proposals=5,
-                           variants=2, timeout_s=0.5, retries=2, backoff_s=0.0, hints="Mind the angle.",
+                           variants=2, timeout_s=5.0, retries=2, backoff_s=0.0, hints="Mind the angle.",
                            budget_requests=7, incumbent_share=1.0, concurrency=1, on_unusable="skip")
     waits = []
     r = LLMRefiner(settings, TASK_FACTS, sleep=waits.append)
@@ -618,7 +618,7 @@ def test_llm_run_records_exchanges_and_resume_never_calls_again(tmp_path, standi
     monkeypatch.setenv("RATCHET_TEST_KEY", SECRET)
     server = standin([GOOD_EDIT, MALFORMED, BREAKS_CONTRACT, WHOLE_FILE], default=WHOLE_FILE)
     llm = {"kind": "llm", "base_url": server.url, "model": "stand-in", "api_key_env": "RATCHET_TEST_KEY",
-           "proposals": 2, "variants": 2, "budget_requests": 4, "timeout_s": 5, "retries": 0,
+           "proposals": 2, "variants": 2, "budget_requests": 4, "timeout_s": 60, "retries": 0,
            "concurrency": 1}
     spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
     test_seeds = SeedSplits(spec.seed).seeds("test", 0, spec.test.episodes)
