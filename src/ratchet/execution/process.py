@@ -366,6 +366,11 @@ class ProcessExecutor:
             unfinished episodes run again one at a time, each with its own timeout. 1: one episode at a time, one
             round trip per env step.
 
+    Attributes:
+        failed_candidates: The candidates the latest :meth:`run` failed as a whole (a timeout, a final death, a policy
+            that interfered with its worker), id → reason: their jobs not started by then were skipped. The Ray
+            executor reads it on its nodes, to skip such a candidate's jobs across its tasks.
+
     Raises:
         SandboxError: the sandbox requires isolation this machine cannot give.
         RatchetError: ``lockstep`` is not an int from 1 to 4096.
@@ -389,6 +394,7 @@ class ProcessExecutor:
         self._workers: list[_Worker] = []
         self._opponents = False  # whether workers carry an opponent process (a game task's; see run)
         self._lengths: dict[str, Lengths] = {}  # per task: the latest episode's length on each seed (dispatch only)
+        self.failed_candidates: dict[str, str] = {}
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
@@ -448,6 +454,7 @@ class ProcessExecutor:
                 w.kill()
             self._workers = []
         failed_candidates: dict[str, str] = {}
+        self.failed_candidates = failed_candidates
         # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may use both
         deadline_s = self._deadline_s + (self.episode_timeout_s if task.opponent_sources() else 0.0)
         self._ensure_workers(min(self.n_workers, len(jobs)))
