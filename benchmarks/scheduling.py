@@ -287,8 +287,8 @@ def _child(args) -> None:
     import json
     import sys
 
-    json.dump(measure(args.one, args.env_steps, args.step_ms / 1000, args.seed, not args.no_pool, args.executor),
-              sys.stdout)
+    out = measure(args.one, args.env_steps, args.step_ms / 1000, args.seed, not args.no_pool, args.executor)
+    sys.stdout.write("\n" + json.dumps(out) + "\n")  # a line of its own
 
 
 def main() -> None:
@@ -345,7 +345,7 @@ def main() -> None:
                     res = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
                     if res.returncode:
                         sys.exit(f"{name}, {w} workers failed:\n{res.stderr[-3000:]}")
-                    got[name] = json.loads(res.stdout)
+                    got[name] = json.loads(res.stdout.strip().splitlines()[-1])  # the last line: Ray may print before
                     runs[name].append(got[name])
                     print(_row(name, got[name], summarize(got[name])), flush=True)
                 if len(got) == 2:

@@ -340,16 +340,17 @@ def test_one_queue_longest_first_keeps_every_cpu_fed(ray_runtime, pool, cartpole
 
 def test_a_crashing_candidate_is_blamed_and_its_queued_jobs_skipped(ray_runtime, pool, cartpole_task):
     """A policy process that dies on every attempt fails its own candidate, whichever task it is in: the
-    candidate's jobs still queued are skipped with that reason (as on the process pool), never run, and the other
-    candidates' episodes are the process pool's. Before: each task found the crash again."""
-    crash = candidate_of("policy_exits.py")
-    others = [Job(good_candidate(), s) for s in (1, 2)]
-    jobs = [Job(crash, s) for s in range(5, 11)] + others  # 8 one-job tasks; the first 4 (crashes) in flight
-    with RayExecutor(batch_episodes=1, episode_timeout_s=30) as ex:
+    candidate's jobs still queued are skipped with that reason (as on the process pool), never run, also where a task
+    would have taken one beside another candidate's job; the other candidates' episodes are the process pool's.
+    Before: each task found the crash again."""
+    crash, good = candidate_of("policy_exits.py"), good_candidate()
+    jobs = [Job(crash, s) for s in range(5, 13)] + [Job(good, 1), Job(crash, 13), Job(good, 2), Job(crash, 14)]
+    with RayExecutor(batch_episodes=2, episode_timeout_s=30) as ex:  # 4 tasks of two crashes in flight first
         eps = ex.run(cartpole_task, jobs)
-    crashed = eps[:6]
+    crashed = [e for j, e in zip(jobs, eps, strict=True) if j.candidate.id == crash.id]
     assert all(e.error is not None and e.success is False for e in crashed)
     died = [e for e in crashed if not e.error.startswith("skipped: ")]
-    assert len(died) == 4 and all(e.error.startswith(f"worker died (exit code 3) on seed {e.seed}") for e in died)
-    assert all(e.error.startswith("skipped: worker died (exit code 3) on seed ") for e in crashed[4:])  # never ran
-    assert _dicts(eps[6:]) == _dicts(pool.run(cartpole_task, others))
+    assert [(e.seed - 5) // 2 for e in died] == [0, 1, 2, 3]  # one of each task in flight (its other skipped)
+    assert all(e.error.startswith(f"worker died (exit code 3) on seed {e.seed}") for e in died)
+    assert all(e.error.startswith("skipped: worker died (exit code 3) on seed ") for e in crashed[-2:])  # never ran
+    assert _dicts([eps[8], eps[10]]) == _dicts(pool.run(cartpole_task, [jobs[8], jobs[10]]))

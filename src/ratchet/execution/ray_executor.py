@@ -316,10 +316,12 @@ class RayExecutor:
             unreported.append((i, ep))
 
         def take() -> list[int]:
-            """The next task's jobs (none when the cap holds them back or skipped them all)."""
+            """The next task's jobs: from the head of the queue, none of a candidate that failed (none at all when the
+            cap holds them back or skipped them all)."""
             held = sum(queue.expect[i] for b in in_flight.values() for i in b)
             fair, half = shares(queue.work + held, cpus)
-            n = fit([queue.expect[i] for i in itertools.islice(queue, size)], fair, half)
+            run = list(itertools.takewhile(lambda i: jobs[i].candidate.id not in failed, itertools.islice(queue, size)))
+            n = fit([queue.expect[i] for i in run], fair, half)  # the head's candidate has not failed (fill)
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 room = (cap - spent) // task.step_limit - sum(len(b) for b in in_flight.values())
