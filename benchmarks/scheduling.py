@@ -32,8 +32,13 @@ back to back, and checks both ledgers record the same evaluations.
 generation's training episodes): the working tree with CMA-ES on its own path (``follow = "own"``), the setting off
 against on, each worker count's two runs back to back, and checks both runs took the same gate decisions.
 
+``--executor ray`` runs the same on the Ray executor instead: a local Ray with as many CPUs as workers (each Ray worker
+runs its sandboxed worker pair), its workers at normal priority (``RAY_worker_niceness=0``, as
+``ray_throughput.py``); start-up is Ray's own, the node probe and a warm-up call of two one-episode tasks per CPU on
+seeds the run never uses (so Ray's workers and their pairs are started), timed apart. Needs the ``ray`` extra.
+
 Usage: python benchmarks/scheduling.py [--workers 16 32 64] [--env-steps 20000] [--step-ms 10] [--ref REF | --overlap]
-[--repeats N] [--write]
+[--repeats N] [--executor process|ray] [--write]
 """
 
 from __future__ import annotations
@@ -129,23 +134,35 @@ workers = {workers}
 {planner}"""
 
 
-def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool, overlap: bool | None = None) -> dict:
-    """One whole run with ``workers`` workers (their start-up timed apart), instrumented; with ``pool``, then its
-    episodes in a plain thread pool; with ``overlap`` (True or False), CMA-ES on its own path (``follow = "own"``) and
-    ``[planner] overlap_gate = overlap``. Returns the figures as a dict (see :func:`summarize`)."""
+def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool, overlap: bool | None = None,
+            executor: str = "process") -> dict:
+    """One whole run with ``workers`` workers (their start-up timed apart), instrumented, on the ``executor`` backend
+    (``"process"`` or ``"ray"``); with ``pool``, then its episodes in a plain thread pool; with ``overlap`` (True or
+    False), CMA-ES on its own path (``follow = "own"``) and ``[planner] overlap_gate = overlap``. Returns the figures as
+    a dict (see :func:`summarize`)."""
+    import os
     import tempfile
     from pathlib import Path
 
+    from ratchet.execution import Job
     from ratchet.execution.process import ProcessExecutor
     from ratchet.ledger.events import EventType
     from ratchet.ledger.sqlite import SQLiteLedger
     from ratchet.loop import start_run
     from ratchet.spec import load_spec
+    from ratchet.tasks import task_from_spec
 
     calls: list[dict] = []
 
-    class Instrumented(ProcessExecutor):
-        """The process executor, timing each ``run`` call and each episode's finish (behaviour unchanged)."""
+    base: type = ProcessExecutor
+    if executor == "ray":
+        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's workers at the process pool's priority
+        from ratchet.execution.ray_executor import RayExecutor
+
+        base = RayExecutor
+
+    class Instrumented(base):  # type: ignore[misc,valid-type]
+        """The executor, timing each ``run`` call and each episode's finish (behaviour unchanged)."""
 
         def run(self, task, jobs, on_episode=None, *args, **kwargs):
             call = {"t0": time.perf_counter(), "jobs": [(j.candidate.id, j.seed) for j in jobs], "lengths": []}
@@ -171,10 +188,20 @@ def measure(workers: int, env_steps: int, step_s: float, seed: int, pool: bool, 
             follow='follow = "own"\n' if own else "",
             planner=f"\n[planner]\noverlap_gate = {str(overlap).lower()}\n" if own else ""))
         spec = load_spec(spec_dir)
+        t0 = time.perf_counter()
         ex = Instrumented(workers=workers, episode_timeout_s=spec.execution.episode_timeout_s)
         try:
-            t0 = time.perf_counter()
-            ex._ensure_workers(workers)  # start-up apart: every pair started and ready (libraries imported)
+            if executor == "ray":  # start-up apart: Ray, its probe, and two one-episode tasks per CPU (pairs started)
+                from ratchet.policy import load_policy, space_dims
+
+                env = gym.make(ENV_ID, step_s=step_s)
+                warm = load_policy(spec_dir / "policy.py", dims=space_dims(env.observation_space, env.action_space))
+                ex.batch_episodes = 1
+                ex.run(task_from_spec(spec.task), [Job(warm.candidate(), 10**6 + k) for k in range(2 * workers)])
+                ex.batch_episodes = spec.execution.batch_episodes
+                calls.clear()
+            else:
+                ex._ensure_workers(workers)  # start-up apart: every pair started and ready (libraries imported)
             startup = time.perf_counter() - t0
             t0, cpu0 = time.perf_counter(), _machine_cpu()
             start_run(spec, Path(tmp) / "runs", "sched", executor=ex)
@@ -276,7 +303,8 @@ def _child(args) -> None:
     import sys
 
     overlap = None if args.overlap_gate is None else bool(args.overlap_gate)
-    json.dump(measure(args.one, args.env_steps, args.step_ms / 1000, args.seed, not args.no_pool, overlap), sys.stdout)
+    out = measure(args.one, args.env_steps, args.step_ms / 1000, args.seed, not args.no_pool, overlap, args.executor)
+    sys.stdout.write("\n" + json.dumps(out) + "\n")  # a line of its own
 
 
 def main() -> None:
@@ -301,6 +329,8 @@ def main() -> None:
                     "the one of median wall clock")
     ap.add_argument("--overlap", action="store_true", help="measure [planner] overlap_gate instead: the working tree "
                     "with CMA-ES on its own path (follow = \"own\"), overlap_gate off against on")
+    ap.add_argument("--executor", choices=["process", "ray"], default="process",
+                    help="the backend the run's episodes go to (ray: a local Ray with as many CPUs as workers)")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--overlap-gate", type=int, choices=(0, 1), help=argparse.SUPPRESS)  # internal, with --one
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one measurement, as JSON on stdout
@@ -334,12 +364,12 @@ def main() -> None:
                     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(here.parent)])}
                     pool = k == len(codes) - 1 and r == args.repeats // 2  # the plain pool once, beside the median
                     cmd = [sys.executable, str(here), "--one", str(w), "--env-steps", str(args.env_steps), "--step-ms",
-                           str(args.step_ms), "--seed", str(args.seed)] + ([] if pool else ["--no-pool"])
-                    cmd += gate_of.get(name, [])
+                           str(args.step_ms), "--seed", str(args.seed), "--executor", args.executor]
+                    cmd += ([] if pool else ["--no-pool"]) + gate_of.get(name, [])
                     res = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
                     if res.returncode:
                         sys.exit(f"{name}, {w} workers failed:\n{res.stderr[-3000:]}")
-                    got[name] = json.loads(res.stdout)
+                    got[name] = json.loads(res.stdout.strip().splitlines()[-1])  # the last line: Ray may print before
                     runs[name].append(got[name])
                     print(_row(name, got[name], summarize(got[name])), flush=True)
                 if len(got) == 2 and args.overlap:  # the same decisions (overlap also runs a promoted-away reference)
@@ -364,13 +394,16 @@ def main() -> None:
         cmd = ("python benchmarks/scheduling.py --workers " + " ".join(map(str, args.workers))
                + f" --env-steps {args.env_steps} --step-ms {args.step_ms:g}" + (f" --ref {args.ref}" if args.ref else "")
                + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + (" --overlap" if args.overlap else "")
-               + " --write")
+               + (" --executor ray" if args.executor == "ray" else "") + " --write")
+        ray = args.executor == "ray"
         write_section("The gate beside the next generation ([planner] overlap_gate)" if args.overlap else
-                      "Scheduling efficiency without a big machine", (
-            f"Command: `{cmd}` — a whole run (defaults, `decide = \"every\"`, sandboxed workers under bubblewrap) on an "
+                      "Scheduling efficiency on Ray" if ray else "Scheduling efficiency without a big machine", (
+            f"Command: `{cmd}` — a whole run (defaults, `decide = \"every\"`, sandboxed workers under bubblewrap"
+            + (", on a local Ray with as many CPUs as workers, Ray's workers at nice 0" if ray else "") + ") on an "
             f"environment whose steps sleep {args.step_ms:g} ms and cost almost no CPU, episode lengths drawn per seed "
-            "in LunarLander's shape; then the same episodes in a plain `ThreadPool` of as many threads. Start-up (every "
-            "worker pair started and ready) is timed apart and not in `run s`"
+            "in LunarLander's shape; then the same episodes in a plain `ThreadPool` of as many threads. Start-up ("
+            + ("Ray's, its node probe and a warm-up call of two one-episode tasks per CPU" if ray
+               else "every worker pair started and ready") + ") is timed apart and not in `run s`"
             + (f"; each row is the run of median wall clock of {args.repeats}, the two codes' runs interleaved"
                if args.repeats > 1 else "") + ". `idle` splits ratchet's idle "
             "worker-seconds: the driver outside `executor.run`, the per-call barrier (what a perfect scheduler of each "

@@ -20,8 +20,8 @@ from conftest import candidate_of, events_of, good_candidate, make_spec_dir, rea
 from test_loop import RecordingExecutor, SimulatedKill
 
 from ratchet.errors import RatchetError
-from ratchet.execution import Job, make_executor
-from ratchet.execution.ray_executor import RayExecutor, default_batch_episodes, split_batches
+from ratchet.execution import Job, make_executor, ray_executor
+from ratchet.execution.ray_executor import RayExecutor, default_batch_episodes
 from ratchet.execution.sandbox import SandboxError
 from ratchet.ledger import EventType
 from ratchet.loop import resume_run, start_run
@@ -206,7 +206,8 @@ def test_errors_raised_by_a_batch_task(ray_pool, cartpole_task):
             raise exc
         return ray.remote(body).options(max_retries=0).remote()
 
-    (ep,) = ray_pool._collect(failing(ValueError("bad\nsecond line")), [7], cartpole_task, deque())
+    (ep,), failed = ray_pool._collect(failing(ValueError("bad\nsecond line")), [7], cartpole_task, deque())
+    assert failed == {}  # a task that failed as a whole blames no candidate: its episodes are errored
     assert ep.error == "ray task failed: ValueError: bad" and ep.seed == 7 and ep.success is False
     # ratchet refusing to run policy code on a node (e.g. the sandbox cannot isolate it) stops the run
     with pytest.raises(SandboxError, match="no isolation"):
@@ -215,10 +216,7 @@ def test_errors_raised_by_a_batch_task(ray_pool, cartpole_task):
 
 # -- batching and set-up -----------------------------------------------------------------------------
 
-def test_batches_are_consecutive_and_even():
-    assert [len(b) for b in split_batches(14, 4)] == [3, 4, 3, 4]
-    assert [i for b in split_batches(14, 4) for i in b] == list(range(14))
-    assert split_batches(3, 100) == [range(3)] and len(split_batches(5, 1)) == 5
+def test_default_batch_size():
     assert default_batch_episodes(1, 2) == 1 and default_batch_episodes(200, 2) == 25  # 4 tasks per CPU
     assert default_batch_episodes(200, 2, episode_s=0.001) == 100  # ≥ 0.1 s per task, but every CPU busy
     assert default_batch_episodes(200, 2, episode_s=0.02) == 25 and default_batch_episodes(20, 2, 0.02) == 5
@@ -299,3 +297,69 @@ def test_an_evaluator_task_runs_on_ray_as_on_the_process_pool(ray_pool, pool, tm
     got = ray_pool.run(task, jobs)
     assert _dicts(got) == _dicts(expected)
     assert all(e.error is None and e.length == 3 for e in got)
+
+
+# -- one queue, longest first, every CPU fed ---------------------------------------------------------
+
+class _Submitted:
+    """Records every Ray task the executor submits: its jobs ``[(candidate id, seed)]`` and how many episodes had
+    been reported to ``on_episode`` (:meth:`seen`) when it was submitted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tasks: list[tuple[list[tuple[str, int]], int]] = []
+        self.reported = 0
+        real, tasks, me = ray_executor._remote_batch, self.tasks, self
+
+        class Options:
+            def __init__(self, remote):
+                self._remote = remote
+
+            def options(self, **kwargs):
+                return Options(self._remote.options(**kwargs))
+
+            def remote(self, task_ref, candidates, jobs, *args):
+                tasks.append((list(jobs), me.reported))
+                return self._remote.remote(task_ref, candidates, jobs, *args)
+
+        monkeypatch.setattr(ray_executor, "_remote_batch", lambda ray_: Options(real(ray_)))
+
+    def seen(self, i, ep):
+        self.reported += 1
+
+
+def test_one_queue_longest_first_keeps_every_cpu_fed(ray_runtime, pool, cartpole_task, monkeypatch):
+    """A call's jobs wait in one queue across its candidates, the longest expected first (the latest episode seen on
+    each seed), with two Ray tasks in flight per CPU: each task that finishes is replaced before its episodes are
+    reported, so the short jobs go to the other CPU one after another while the long one runs. Before: every batch
+    submitted up front, in the order given (the long job last). The episodes are the process pool's, in job order."""
+    long, short = good_candidate(), zero_candidate()  # 500 env steps vs about 10
+    jobs = [Job(short, s) for s in range(2, 10)] + [Job(long, 1)]
+    expected = pool.run(cartpole_task, jobs)
+    with RayExecutor(batch_episodes=1, episode_timeout_s=30) as ex:
+        first = ex.run(cartpole_task, jobs)  # nothing seen yet: the order given
+        sent = _Submitted(monkeypatch)
+        again = ex.run(cartpole_task, jobs, sent.seen)
+    assert _dicts(first) == _dicts(again) == _dicts(expected)
+    order = [j for batch, _ in sent.tasks for j in batch]
+    assert order[0] == (long.id, 1) and sorted(order) == sorted((j.candidate.id, j.seed) for j in jobs)
+    # 4 tasks in flight (2 CPUs x 2), then one more as each finishes, submitted before that one is reported
+    assert [reported for _, reported in sent.tasks] == [0, 0, 0, 0, 0, 1, 2, 3, 4]
+    assert sent.reported == len(jobs)
+
+
+def test_a_crashing_candidate_is_blamed_and_its_queued_jobs_skipped(ray_runtime, pool, cartpole_task):
+    """A policy process that dies on every attempt fails its own candidate, whichever task it is in: the
+    candidate's jobs still queued are skipped with that reason (as on the process pool), never run, also where a task
+    would have taken one beside another candidate's job; the other candidates' episodes are the process pool's.
+    Before: each task found the crash again."""
+    crash, good = candidate_of("policy_exits.py"), good_candidate()
+    jobs = [Job(crash, s) for s in range(5, 13)] + [Job(good, 1), Job(crash, 13), Job(good, 2), Job(crash, 14)]
+    with RayExecutor(batch_episodes=2, episode_timeout_s=30) as ex:  # 4 tasks of two crashes in flight first
+        eps = ex.run(cartpole_task, jobs)
+    crashed = [e for j, e in zip(jobs, eps, strict=True) if j.candidate.id == crash.id]
+    assert all(e.error is not None and e.success is False for e in crashed)
+    died = [e for e in crashed if not e.error.startswith("skipped: ")]
+    assert [(e.seed - 5) // 2 for e in died] == [0, 1, 2, 3]  # one of each task in flight (its other skipped)
+    assert all(e.error.startswith(f"worker died (exit code 3) on seed {e.seed}") for e in died)
+    assert all(e.error.startswith("skipped: worker died (exit code 3) on seed ") for e in crashed[-2:])  # never ran
+    assert _dicts([eps[8], eps[10]]) == _dicts(pool.run(cartpole_task, [jobs[8], jobs[10]]))

@@ -560,7 +560,7 @@ class ExecutionSpec(_Section):
     backend: Literal["process", "ray"] = Field(
         "process", description='"process": a local pool of sandboxed workers; "ray": Ray tasks (pip install ".[ray]").')
     address: str | None = Field(None, description='Ray only: "auto", "ray://host:10001", or unset to start a local Ray.')
-    batch_episodes: int = Field(0, ge=0, le=MAX_EPISODES, description="Ray only: episodes per Ray task; 0 picks one from the batch.",
+    batch_episodes: int = Field(0, ge=0, le=MAX_EPISODES, description="Ray only: the most episodes per Ray task; 0 picks one from the batch.",
                                 json_schema_extra={"unit": "episodes"})
     workers: int = Field(0, ge=0, le=MAX_WORKERS, description="Worker processes (process backend) or CPUs (local Ray); 0 means one "
                                               "per CPU core.",

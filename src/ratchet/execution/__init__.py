@@ -143,7 +143,7 @@ def make_executor(workers: int = 0, episode_timeout_s: float = 60.0, *, backend:
         backend: ``"process"`` (local pool) or ``"ray"`` (needs ``pip install "policy-ratchet[ray]"``).
         sandbox: How policy code is confined; default :class:`Sandbox()` (on).
         address: Ray only: cluster address (``"auto"``, ``"ray://host:10001"``); None starts a local Ray.
-        batch_episodes: Ray only: episodes per Ray task; 0 picks one.
+        batch_episodes: Ray only: the most episodes per Ray task; 0 picks one.
         death_retries: Process backend: reruns of an episode whose worker died before its death is an error.
         lockstep: Episodes of one candidate a worker steps at once with trusted rollouts (one message per round
             to the policy process); 1 runs them one at a time.

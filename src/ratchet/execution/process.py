@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -27,6 +27,7 @@ from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, ExecutorCapabilities, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, hide_from_policies, remove_cgroup, sweep_leftovers
+from ratchet.execution.schedule import JobQueue, Lengths, fit, shares
 from ratchet.rollout import LOCKSTEP_EPISODES, LOST_ENV_STEPS, Episode
 from ratchet.tasks import Task
 
@@ -337,76 +338,6 @@ def _last_line(path: str, limit: int = 200) -> str:
     return clean(lines[-1], limit) if lines else ""
 
 
-class _Lengths:
-    """The env steps of the latest clean episode seen on each seed of one task (at most ``limit`` seeds, the oldest
-    dropped): what a job on that seed is expected to take. Used only for the order and size of the messages
-    :meth:`ProcessExecutor.run` sends; never for any result."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self.limit = limit
-        self.steps: dict[int, int] = {}
-        self.total = 0
-
-    def expect(self, seed: int) -> int:
-        """Env steps (≥ 1) a job on ``seed`` is expected to take: its latest episode's, else the mean of those seen
-        (1 when none is: every job alike)."""
-        if seed in self.steps:
-            return max(1, self.steps[seed])
-        return max(1, round(self.total / len(self.steps))) if self.steps else 1
-
-    def record(self, seed: int, steps: int) -> bool:
-        """Remember ``steps`` for ``seed``; whether it was new or changed."""
-        old = self.steps.pop(seed, None)
-        if old is not None:
-            self.total -= old
-        elif len(self.steps) >= self.limit:
-            self.total -= self.steps.pop(next(iter(self.steps)))
-        self.steps[seed] = steps
-        self.total += steps
-        return old != steps
-
-
-class _Queue:
-    """The jobs of one :meth:`ProcessExecutor.run` not yet sent, in the order they go, and the env steps they are
-    expected to take in all (:attr:`work`; each job's expectation is ``expect[job]``)."""
-
-    def __init__(self, expect: list[int]) -> None:
-        self.expect = expect
-        self._jobs: deque[int] = deque(range(len(expect)))
-        self.work = sum(expect)
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._jobs)
-
-    def __getitem__(self, k: int) -> int:
-        return self._jobs[k]
-
-    def popleft(self) -> int:
-        i = self._jobs.popleft()
-        self.work -= self.expect[i]
-        return i
-
-    def extendleft(self, jobs: Iterable[int]) -> None:
-        jobs = list(jobs)
-        self._jobs.extendleft(jobs)
-        self.work += sum(self.expect[i] for i in jobs)
-
-    def longest_first(self, expect: Callable[[int], int], group: Callable[[int], str]) -> None:
-        """Expect ``expect(job)`` env steps of each queued job and order the queue longest first: the groups
-        (``group(job)``: its candidate) by the work they hold, each group's jobs by theirs in powers of two. A
-        group's jobs stay together (for lockstep batches), and groups or jobs expected alike keep their order."""
-        work: dict[str, int] = {}
-        for i in self._jobs:
-            self.expect[i] = expect(i)
-            work[group(i)] = work.get(group(i), 0) + self.expect[i]
-        rank = {g: k for k, g in enumerate(sorted(work, key=lambda g: -work[g]))}  # a stable sort: ties keep order
-        self._jobs = deque(sorted(self._jobs, key=lambda i: (rank[group(i)], -self.expect[i].bit_length())))
-        self.work = sum(work.values())
-
-
 class ProcessExecutor:
     """Runs episodes in a pool of worker processes.
 
@@ -435,6 +366,11 @@ class ProcessExecutor:
             unfinished episodes run again one at a time, each with its own timeout. 1: one episode at a time, one
             round trip per env step.
 
+    Attributes:
+        failed_candidates: The candidates the latest :meth:`run` failed as a whole (a timeout, a final death, a policy
+            that interfered with its worker), id → reason: their jobs not started by then were skipped. The Ray
+            executor reads it on its nodes, to skip such a candidate's jobs across its tasks.
+
     Raises:
         SandboxError: the sandbox requires isolation this machine cannot give.
         RatchetError: ``lockstep`` is not an int from 1 to 4096.
@@ -457,7 +393,8 @@ class ProcessExecutor:
                             else self.episode_timeout_s)
         self._workers: list[_Worker] = []
         self._opponents = False  # whether workers carry an opponent process (a game task's; see run)
-        self._lengths: dict[str, _Lengths] = {}  # per task: the latest episode's length on each seed (dispatch only)
+        self._lengths: dict[str, Lengths] = {}  # per task: the latest episode's length on each seed (dispatch only)
+        self.failed_candidates: dict[str, str] = {}
 
     def _ensure_workers(self, n: int) -> None:
         self._workers = [w for w in self._workers if w.alive()]
@@ -517,6 +454,7 @@ class ProcessExecutor:
                 w.kill()
             self._workers = []
         failed_candidates: dict[str, str] = {}
+        self.failed_candidates = failed_candidates
         # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may use both
         deadline_s = self._deadline_s + (self.episode_timeout_s if task.opponent_sources() else 0.0)
         self._ensure_workers(min(self.n_workers, len(jobs)))
@@ -527,14 +465,8 @@ class ProcessExecutor:
         renders: dict[int, tuple[str, str]] = {}
         cap = max_env_steps if max_env_steps is not None and task.step_limit else None
         spent, held = [0], [False]  # env steps of finished jobs; whether the cap held a job back
-        # jobs go longest expected first (each seed's latest episode) unless the cap may bind: which jobs it skips
-        # depends on the order alone, so they keep the order given (the same jobs skip the same, whatever ran before)
-        lengths = self._lengths.setdefault(task_key, _Lengths())
-        reorder = cap is None or len(jobs) * cast("int", task.step_limit) <= cap
-        pending = _Queue([lengths.expect(job.seed) for job in jobs])
-        if reorder and lengths.steps:
-            pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
-        learned = [0]  # seeds whose expectation changed since the queue was last ordered
+        # jobs go longest expected first (each seed's latest episode) unless the cap may bind (JobQueue)
+        pending = JobQueue(jobs, self._lengths.setdefault(task_key, Lengths()), cap, task.step_limit)
         hold = [0]  # env steps the jobs the workers hold are expected to take (see room)
         unreported: deque[tuple[int, Episode]] = deque()  # finished, for on_episode once idle workers have work again
 
@@ -556,8 +488,7 @@ class ProcessExecutor:
                 ep = dataclasses.replace(ep, diagnostics={**ep.diagnostics, LOST_ENV_STEPS: lost[i]})
             results[i] = ep
             spent[0] += ep.length
-            if ep.error is None and lengths.record(jobs[i].seed, ep.length) and reorder:
-                learned[0] += 1
+            pending.finished(i, ep.length, ep.error is None)
             unreported.append((i, ep))
 
         def report() -> None:
@@ -620,11 +551,9 @@ class ProcessExecutor:
                 w.deadline = time.monotonic() + deadline_s * w.batches[0]
 
         def room(w: _Worker) -> tuple[float, float]:
-            """``w``'s fair share of the work left and about half of it, in env steps: what the queued jobs and the jobs
-            every worker holds are expected to take, split into ``W`` parts and into ``2 W - 1`` (the whole of it with
-            one worker), less what ``w`` holds."""
-            left, mine = pending.work + hold[0], sum(pending.expect[j] for j in w.jobs)
-            return left / len(workers) - mine, left / (2 * len(workers) - 1) - mine
+            """``w``'s fair share of the work left and about half of it, in env steps (:func:`shares` of what the
+            queued jobs and the jobs every worker holds are expected to take, less what ``w`` holds)."""
+            return shares(pending.work + hold[0], len(workers), sum(pending.expect[j] for j in w.jobs))
 
         def take(w: _Worker) -> list[int]:
             """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
@@ -643,12 +572,7 @@ class ProcessExecutor:
                 if jobs[j].candidate.id != cid or j in solo or (render_paths and render_paths[j]):
                     break
                 run.append(pending.expect[j])
-            size, work = len(run), sum(run)
-            while size > 1 and work > fair:  # too much for one worker: what fits half its share (at least one)
-                size, work = size - 1, work - run[size - 1]
-            if size < len(run):
-                while size > 1 and work > half:
-                    size, work = size - 1, work - run[size - 1]
+            size = fit(run, fair, half)
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 running = sum(len(x.jobs) for x in workers)
@@ -765,9 +689,7 @@ class ProcessExecutor:
 
         try:
             while True:
-                if pending and learned[0] and learned[0] >= len(pending) // 64:  # new lengths (every 64th of the queue)
-                    pending.longest_first(lambda i: lengths.expect(jobs[i].seed), lambda i: jobs[i].candidate.id)
-                    learned[0] = 0
+                pending.relearn()  # new lengths (every 64th of the queue): longest first again
                 hold[0] = sum(pending.expect[j] for w in workers for j in w.jobs)  # env steps the workers hold, expected
                 for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
                     for w in list(workers):

@@ -1,9 +1,12 @@
 """Ray executor: batches of (candidate, seed) jobs run as Ray tasks, on a local Ray or a cluster.
 
-Each Ray task runs one batch (consecutive jobs: seeds of one or a few candidates) through a one-worker
+Each Ray task runs one batch (jobs taken from the head of one queue across the call's candidates, longest expected
+first: :mod:`ratchet.execution.schedule`, as on the process pool) through a one-worker
 :class:`~ratchet.execution.process.ProcessExecutor` that lives in the Ray worker process, so policy code
 stays in a sandboxed subprocess on every node, a per-episode timeout still kills it, and a crashing
-policy fails only its own episodes, exactly as on the process backend.
+policy fails only its own episodes, exactly as on the process backend. The driver keeps two tasks in flight per CPU
+and submits the next as each finishes, so no CPU waits for the driver and none is left holding a long batch queued
+up front.
 
 **Exactly once.** A task returns its batch's episodes only when the whole batch is done; nothing is
 streamed. If a Ray worker or node dies, Ray re-runs the task (``max_retries``) and the driver sees only
@@ -32,6 +35,7 @@ from typing import Any, Self
 from ratchet.errors import RatchetError
 from ratchet.execution import BUDGET_SKIP, ExecutorCapabilities, Job
 from ratchet.execution.sandbox import Sandbox
+from ratchet.execution.schedule import JobQueue, Lengths, fit, shares
 from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
 
@@ -40,6 +44,10 @@ __all__ = ["RayExecutor", "default_batch_episodes"]
 #: Tasks per CPU the default batch size aims for: enough to balance uneven episode lengths, few enough
 #: that Ray's per-task overhead stays small (see benchmarks/ray_throughput.py).
 TASKS_PER_CPU = 4
+#: Ray tasks in flight per CPU of the cluster: the one running and the next, waiting at its node, so a CPU that
+#: finishes a task starts another without waiting for the driver; the rest of the work stays in the driver's queue
+#: for whichever CPU frees up first (a call's long episodes do not hold work queued behind them on one CPU).
+IN_FLIGHT_PER_CPU = 2
 #: Seconds of work a task should hold at least: ratchet's Ray task path costs about 3 ms per task
 #: (benchmarks/ray_throughput.py), so 0.1 s keeps Ray's overhead under 5 %.
 MIN_TASK_S = 0.1
@@ -69,14 +77,6 @@ def default_batch_episodes(n_jobs: int, cpus: int, episode_s: float | None = Non
     return max(1, min(size, math.ceil(n_jobs / cpus)))
 
 
-def split_batches(n_jobs: int, batch_episodes: int) -> list[range]:
-    """Split job indices ``0..n_jobs-1`` into runs of consecutive jobs, at most ``batch_episodes`` each,
-    of equal sizes (differing by at most one)."""
-    pieces = math.ceil(n_jobs / batch_episodes)
-    bounds = [(n_jobs * k) // pieces for k in range(pieces + 1)]
-    return [range(a, b) for a, b in itertools.pairwise(bounds)]
-
-
 # -- inside Ray workers -------------------------------------------------------------------------------
 
 _POOL: tuple[tuple[float, Sandbox, int], Any] | None = None  # this Ray worker's ProcessExecutor, reused across tasks
@@ -86,7 +86,7 @@ _REMOTE: Any = None  # the driver's Ray remote function for _run_batch
 def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]], jobs: list[tuple[str, int]],
                episode_timeout_s: float, sandbox: Sandbox,
                artifacts: dict[str, bytes] | None = None, lockstep: int = LOCKSTEP_EPISODES
-               ) -> tuple[list[dict[str, Any]], float]:
+               ) -> tuple[list[dict[str, Any]], float, dict[str, str]]:
     """Ray task body: ``jobs`` (candidate id, seed) through a one-worker sandboxed process pool.
 
     Args:
@@ -95,7 +95,8 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
         lockstep: Episodes at once per worker (:class:`~ratchet.execution.process.ProcessExecutor`).
 
     Returns:
-        The episodes (:meth:`Episode.to_dict`) in job order, and the batch's wall-clock seconds.
+        The episodes (:meth:`Episode.to_dict`) in job order, the batch's wall-clock seconds, and the candidates it
+        failed as a whole (:attr:`ProcessExecutor.failed_candidates`: id → reason).
     """
     global _POOL
     from ratchet.execution.process import ProcessExecutor
@@ -116,7 +117,7 @@ def _run_batch(task_dict: dict[str, Any], candidates: dict[str, dict[str, Any]],
         _POOL[1].close()
         _POOL = None
         raise
-    return [e.to_dict() for e in eps], time.perf_counter() - t0
+    return [e.to_dict() for e in eps], time.perf_counter() - t0, dict(_POOL[1].failed_candidates)
 
 
 def _train_remote(sandbox: Sandbox, task_dict: dict[str, Any], wire: tuple, timeout_s: float) -> Any:
@@ -168,7 +169,8 @@ class RayExecutor:
             ``"ray://host:10001"`` (Ray Client) or ``"host:6379"``; None starts a local Ray with
             ``workers`` CPUs. If Ray is already initialised in this process it is used as it is.
         workers: CPUs of a local Ray; 0 means ``os.cpu_count()``. Ignored when joining a cluster.
-        batch_episodes: Episodes per Ray task; 0 picks :func:`default_batch_episodes` for each call.
+        batch_episodes: The most episodes per Ray task (fewer where a CPU's share of the work left is smaller;
+            see :meth:`run`); 0 picks :func:`default_batch_episodes` for each call.
         episode_timeout_s: Per-episode wall-clock limit in seconds (enforced on the node).
         sandbox: How policy code is confined on the nodes; default :class:`Sandbox()`.
         max_retries: Times Ray re-runs a task whose worker process or node died.
@@ -193,6 +195,7 @@ class RayExecutor:
         self.max_retries, self.lockstep = int(max_retries), int(lockstep)
         self._owns_ray = self._checked = False
         self._episode_s: dict[str, deque[float]] = {}  # per task: recent batches' seconds per episode
+        self._lengths: dict[str, Lengths] = {}  # per task: the latest episode's length on each seed (scheduling only)
         self._connect()
 
     def _connect(self) -> None:
@@ -248,7 +251,7 @@ class RayExecutor:
         return int(self._ray.cluster_resources().get("CPU", 1))
 
     def batch_size(self, task_dict: dict[str, Any], n_jobs: int) -> int:
-        """Episodes per Ray task for ``n_jobs`` episodes of a task (:meth:`Task.to_dict`): ``batch_episodes``,
+        """The most episodes per Ray task for ``n_jobs`` episodes of a task (:meth:`Task.to_dict`): ``batch_episodes``,
         or :func:`default_batch_episodes` with the median episode duration this executor saw on that task."""
         if self.batch_episodes:
             return self.batch_episodes
@@ -265,11 +268,22 @@ class RayExecutor:
         """Run ``jobs``; see :class:`~ratchet.execution.Executor` (``render_paths`` is ignored: Ray workers do not
         record episodes).
 
-        ``on_episode`` is called for a batch's jobs (in job order) when the whole batch has finished.
-        With ``max_env_steps`` (and a task time limit) a batch is submitted only when the env steps taken
-        plus the time limit of each of its jobs and of every job still running fit; a batch that does not
-        fit is shortened to the jobs that do, and when none can start the rest are recorded as
-        ``"skipped: env-step budget used"``.
+        Scheduling is the process pool's (:mod:`ratchet.execution.schedule`; never a result): the jobs wait in one
+        queue across the call's candidates, longest expected first (the latest clean episode this executor saw on
+        each seed) unless ``max_env_steps`` may bind; each Ray task takes the jobs at the head of the queue, at most
+        :meth:`batch_size` of them and what fits a CPU's fair share of the expected work left (else about half of
+        it), so tasks shrink as the queue empties. :data:`IN_FLIGHT_PER_CPU` tasks per CPU are in flight (one
+        running, one waiting at its node), and each task that finishes is replaced at once (``ray.wait``), so no
+        CPU waits for the driver; the rest of the queue waits for whichever CPU frees up first.
+
+        A task's episodes are reported to ``on_episode`` (in job order) when the task has finished, once its
+        replacement is submitted. A candidate that a task failed as a whole (a timeout, a policy process that died on
+        every attempt, one that interfered with its worker) has its jobs still queued recorded as
+        ``"skipped: <reason>"``, as on the process pool (tasks of it already running finish). With
+        ``max_env_steps`` (and a task time limit) a task is submitted only when the env steps taken plus the time
+        limit of each of its jobs and of every job still running fit; a task that does not fit is shortened to the
+        jobs that do, and when none can start the rest are recorded as ``"skipped: env-step budget used"``.
+        Episodes come back in job order, whatever order they finished in.
 
         Raises:
             RatchetError: a node refused to run policy code (for example the sandbox requires isolation
@@ -280,70 +294,96 @@ class RayExecutor:
         self._connect()
         ray = self._ray
         task_dict = task.to_dict()
+        task_key = json.dumps(task_dict, sort_keys=True)
         size = self.batch_size(task_dict, len(jobs))
-        durations = self._episode_s.setdefault(json.dumps(task_dict, sort_keys=True), deque(maxlen=64))
+        cpus = max(1, self.cpus())
+        durations = self._episode_s.setdefault(task_key, deque(maxlen=64))
         task_ref = ray.put(task_dict)
         submit = _remote_batch(ray).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False).remote
-        limit = task.step_limit if max_env_steps is not None else None
-        waiting = deque(list(b) for b in split_batches(len(jobs), size))
-        pending: dict[Any, list[int]] = {}
+        cap = max_env_steps if max_env_steps is not None and task.step_limit else None
+        queue = JobQueue(jobs, self._lengths.setdefault(task_key, Lengths()), cap, task.step_limit)
+        in_flight: dict[Any, list[int]] = {}
         results: list[Episode | None] = [None] * len(jobs)
+        failed: dict[str, str] = {}  # candidate id -> why a task failed it as a whole: its queued jobs are skipped
+        unreported: deque[tuple[int, Episode]] = deque()  # finished, for on_episode once the CPUs have work again
         spent = 0
 
         def finish(i: int, ep: Episode) -> None:
             nonlocal spent
             results[i] = ep
             spent += ep.length
-            if on_episode is not None:
-                on_episode(i, ep)
+            queue.finished(i, ep.length, ep.error is None)
+            unreported.append((i, ep))
 
-        def submit_what_fits() -> None:
-            while waiting:
-                batch = waiting[0]
-                if limit:
-                    assert max_env_steps is not None  # limit is set only with it
-                    running = sum(len(b) for b in pending.values())
-                    room = (max_env_steps - spent) // limit - running
-                    if room < 1:
-                        if not pending:  # nothing will free room: the rest cannot run
-                            for i in (i for b in waiting for i in b):
-                                finish(i, Episode.failed(jobs[i].seed, BUDGET_SKIP, task=task))
-                            waiting.clear()
-                        return
-                    if room < len(batch):
-                        waiting[0] = batch[room:]
-                        batch = batch[:room]
-                    else:
-                        waiting.popleft()
-                else:
-                    waiting.popleft()
+        def take() -> list[int]:
+            """The next task's jobs: from the head of the queue, none of a candidate that failed (none at all when the
+            cap holds them back or skipped them all)."""
+            held = sum(queue.expect[i] for b in in_flight.values() for i in b)
+            fair, half = shares(queue.work + held, cpus)
+            run = list(itertools.takewhile(lambda i: jobs[i].candidate.id not in failed, itertools.islice(queue, size)))
+            n = fit([queue.expect[i] for i in run], fair, half)  # the head's candidate has not failed (fill)
+            if cap is not None:
+                assert task.step_limit is not None  # cap is set only with a step limit
+                room = (cap - spent) // task.step_limit - sum(len(b) for b in in_flight.values())
+                if room < 1:
+                    if not in_flight:  # nothing will free room: the rest cannot run
+                        while queue:
+                            i = queue.popleft()
+                            finish(i, Episode.failed(jobs[i].seed, BUDGET_SKIP, task=task))
+                    return []
+                n = min(n, room)
+            return [queue.popleft() for _ in range(n)]
+
+        def fill() -> None:
+            """Submit tasks until every CPU has :data:`IN_FLIGHT_PER_CPU` of them, or the queue is empty."""
+            while queue and len(in_flight) < IN_FLIGHT_PER_CPU * cpus:
+                while queue and jobs[queue[0]].candidate.id in failed:
+                    i = queue.popleft()
+                    finish(i, Episode.failed(jobs[i].seed, f"skipped: {failed[jobs[i].candidate.id]}", task=task))
+                batch = take() if queue else []
+                if not batch:
+                    return
                 cands = {jobs[i].candidate.id: jobs[i].candidate for i in batch}
                 blobs = {h: b for i in batch for h, b in jobs[i].artifacts.items()}
                 ref = submit(task_ref, {cid: c.to_dict() for cid, c in cands.items()},
                              [(jobs[i].candidate.id, jobs[i].seed) for i in batch], self.episode_timeout_s,
                              self.sandbox, blobs, self.lockstep)
-                pending[ref] = batch
+                in_flight[ref] = batch
+
+        def report() -> None:
+            """``on_episode`` for the episodes finished since the last call, in the order they finished."""
+            while unreported:
+                i, ep = unreported.popleft()
+                if on_episode is not None:
+                    on_episode(i, ep)
 
         try:
-            submit_what_fits()
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    batch = pending.pop(ref)
-                    for i, ep in zip(batch, self._collect(ref, [jobs[i].seed for i in batch], task, durations)):
-                        finish(i, ep)
-                submit_what_fits()
+            while True:
+                queue.relearn()  # new lengths (every 64th of the queue): longest first again
+                fill()
+                report()
+                if not in_flight:
+                    break
+                (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+                batch = in_flight.pop(ref)
+                eps, lost = self._collect(ref, [jobs[i].seed for i in batch], task, durations)
+                for i, ep in zip(batch, eps, strict=True):
+                    finish(i, ep)
+                failed.update((cid, why) for cid, why in lost.items() if cid not in failed)
         finally:
-            for ref in pending:  # interrupted (an exception in on_episode, Ctrl-C): stop the rest
+            for ref in in_flight:  # interrupted (an exception in on_episode, Ctrl-C): stop the rest
                 ray.cancel(ref, force=True)
+            report()
         return [r for r in results if r is not None]
 
-    def _collect(self, ref: Any, seeds: list[int], task: Task, durations: deque[float]) -> list[Episode]:
-        """A finished task's episodes (its seconds per episode go to ``durations``), or errored ones if it
-        failed for good."""
+    def _collect(self, ref: Any, seeds: list[int], task: Task,
+                 durations: deque[float]) -> tuple[list[Episode], dict[str, str]]:
+        """A finished task's episodes (its seconds per episode go to ``durations``) and the candidates it failed as a
+        whole (id → reason; :attr:`ProcessExecutor.failed_candidates <ratchet.execution.process.ProcessExecutor>`), or
+        errored episodes and none if the task failed for good."""
         ray = self._ray
         try:
-            dicts, seconds = ray.get(ref)
+            dicts, seconds, failed = ray.get(ref)
             eps = [Episode.from_dict(d) for d in dicts]
         except ray.exceptions.RayTaskError as exc:  # raised by our task body: not retried
             cause = getattr(exc, "cause", None) or exc
@@ -355,9 +395,9 @@ class RayExecutor:
         else:
             if [e.seed for e in eps] == seeds:
                 durations.append(seconds / len(seeds))
-                return eps
+                return eps, {str(cid): str(why) for cid, why in failed.items()}
             reason = f"ray task returned seeds {[e.seed for e in eps]}, expected {seeds}"
-        return [Episode.failed(s, reason[:500], task=task) for s in seeds]
+        return [Episode.failed(s, reason[:500], task=task) for s in seeds], {}
 
     def train(self, task: Task, job: Any, timeout_s: float = 3600.0) -> Any:
         """Run a training job as one Ray task (one CPU) on the cluster, under this executor's sandbox;

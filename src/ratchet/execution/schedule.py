@@ -1,0 +1,140 @@
+"""How executors order and size the work of one call: the same rule on every backend (the process pool, Ray).
+
+Each job is expected to take as many env steps as the latest clean episode seen on its seed (:class:`Lengths`); the
+jobs not yet sent wait in one queue across the call's candidates (:class:`JobQueue`), longest expected first; and a
+message (or Ray task) takes the jobs at the head of the queue that fit a worker's fair share of the work left, else
+about half of it (:func:`fit`), so messages shrink as the queue empties. Only the order and size of the messages
+depend on it, never a result.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ratchet.execution import Job
+
+__all__ = ["JobQueue", "Lengths", "fit", "shares"]
+
+
+class Lengths:
+    """The env steps of the latest clean episode seen on each seed of one task (at most ``limit`` seeds, the oldest
+    dropped): what a job on that seed is expected to take. Used only for the order and size of the messages
+    an executor sends; never for any result."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self.steps: dict[int, int] = {}
+        self.total = 0
+
+    def expect(self, seed: int) -> int:
+        """Env steps (≥ 1) a job on ``seed`` is expected to take: its latest episode's, else the mean of those seen
+        (1 when none is: every job alike)."""
+        if seed in self.steps:
+            return max(1, self.steps[seed])
+        return max(1, round(self.total / len(self.steps))) if self.steps else 1
+
+    def record(self, seed: int, steps: int) -> bool:
+        """Remember ``steps`` for ``seed``; whether it was new or changed."""
+        old = self.steps.pop(seed, None)
+        if old is not None:
+            self.total -= old
+        elif len(self.steps) >= self.limit:
+            self.total -= self.steps.pop(next(iter(self.steps)))
+        self.steps[seed] = steps
+        self.total += steps
+        return old != steps
+
+
+class JobQueue:
+    """The jobs of one executor's ``run`` call not yet sent, in the order they go, and the env steps they are expected
+    to take in all (:attr:`work`; each job's expectation is ``expect[job]``, from ``lengths``).
+
+    The jobs go longest expected first (:meth:`longest_first`) unless an env-step cap may bind (``cap`` below the
+    jobs' worst case, ``len(jobs) × step_limit``): which jobs the cap skips then depends on the order alone, so they
+    keep the order given (the same jobs skip the same, whatever ran before).
+
+    Args:
+        jobs: The call's jobs (indices into it are what the queue holds).
+        lengths: The task's expected lengths (:class:`Lengths`), updated by :meth:`finished`.
+        cap: The call's env-step cap, or None.
+        step_limit: The task's time limit in env steps (needed with ``cap``).
+    """
+
+    def __init__(self, jobs: Sequence[Job], lengths: Lengths, cap: int | None = None,
+                 step_limit: int | None = None) -> None:
+        self.jobs, self.lengths = jobs, lengths
+        self.reorder = cap is None or step_limit is None or len(jobs) * step_limit <= cap
+        self.expect = [lengths.expect(job.seed) for job in jobs]
+        self._jobs: deque[int] = deque(range(len(jobs)))
+        self.work = sum(self.expect)
+        self.learned = 0  # seeds whose expectation changed since the queue was last ordered
+        if self.reorder and lengths.steps:
+            self.longest_first()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._jobs)
+
+    def __getitem__(self, k: int) -> int:
+        return self._jobs[k]
+
+    def popleft(self) -> int:
+        i = self._jobs.popleft()
+        self.work -= self.expect[i]
+        return i
+
+    def extendleft(self, jobs: Iterable[int]) -> None:
+        jobs = list(jobs)
+        self._jobs.extendleft(jobs)
+        self.work += sum(self.expect[i] for i in jobs)
+
+    def finished(self, i: int, steps: int, clean: bool) -> None:
+        """Job ``i`` finished after ``steps`` env steps; a ``clean`` one (no error) teaches its seed's length."""
+        if clean and self.lengths.record(self.jobs[i].seed, steps) and self.reorder:
+            self.learned += 1
+
+    def relearn(self) -> None:
+        """Order the queue again by what was learned, once lengths changed for a 64th of it (and the order may
+        change)."""
+        if self._jobs and self.learned and self.learned >= len(self._jobs) // 64:
+            self.longest_first()
+            self.learned = 0
+
+    def longest_first(self) -> None:
+        """Expect each queued job's seed to take what :attr:`lengths` says and order the queue longest first: the
+        candidates by the work their jobs hold, each candidate's jobs by theirs in powers of two. A candidate's jobs
+        stay together (for lockstep batches), and candidates or jobs expected alike keep their order."""
+        work: dict[str, int] = {}
+        for i in self._jobs:
+            self.expect[i] = self.lengths.expect(self.jobs[i].seed)
+            cid = self.jobs[i].candidate.id
+            work[cid] = work.get(cid, 0) + self.expect[i]
+        rank = {g: k for k, g in enumerate(sorted(work, key=lambda g: -work[g]))}  # a stable sort: ties keep order
+        self._jobs = deque(sorted(self._jobs, key=lambda i: (rank[self.jobs[i].candidate.id],
+                                                             -self.expect[i].bit_length())))
+        self.work = sum(work.values())
+
+
+def shares(left: float, workers: int, mine: float = 0.0) -> tuple[float, float]:
+    """A worker's fair share of the work ``left`` (the queued jobs' and those every worker holds, expected env steps)
+    and about half of it: ``left`` split into ``workers`` parts and into ``2 workers - 1`` (the whole of it with one
+    worker), less ``mine`` (what the worker holds)."""
+    return left / workers - mine, left / (2 * workers - 1) - mine
+
+
+def fit(run: Sequence[int], fair: float, half: float) -> int:
+    """How many of the jobs at the head of the queue go in the next message: all of ``run`` (their expected env steps,
+    in queue order) where they fit ``fair`` (a worker's fair share of the work left), else the longest prefix that
+    fits ``half`` (about half of it); at least one."""
+    size, work = len(run), sum(run)
+    while size > 1 and work > fair:  # too much for one worker: what fits half its share (at least one)
+        size, work = size - 1, work - run[size - 1]
+    if size < len(run):
+        while size > 1 and work > half:
+            size, work = size - 1, work - run[size - 1]
+    return size
