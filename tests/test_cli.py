@@ -806,7 +806,7 @@ def test_an_env_step_budget_that_buys_no_generation_exits_1_and_says_which_budge
     res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
     assert res.exit_code == 1, res.output
     assert "no room for a single generation" in res.stdout
-    assert "raise [budget] env_steps or lower [refiner] popsize" in res.stdout
+    assert "raise [budget] env_steps or lower the refiners' popsize" in res.stdout
     events = read_events(tmp_path / "runs" / "small")
     assert not events_of(events, EventType.GENERATION_FINISHED) and project(events).status == "finished"
     show = invoke(runner, "show", tmp_path / "runs" / "small")

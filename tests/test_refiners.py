@@ -354,7 +354,7 @@ def test_an_elitist_search_draws_every_generation_around_the_incumbent():
             r.observe([evaluation(c.id, -10.0 + i) for i, c in enumerate(pop)])
         r.propose(parent, None, np.random.default_rng(0))
         assert np.allclose(r._es.mean, unit) == elitist
-    ctx = SimpleNamespace(program=prog, seed=0, task=SimpleNamespace(deterministic=True))
+    ctx = SimpleNamespace(program=prog, start=parent, seed=0, task=SimpleNamespace(deterministic=True))
     assert _build(CMAESSettings(), "cmaes", ctx)[0].elitist  # on by default for a deterministic task
     assert not _build(CMAESSettings(elitist=False), "cmaes", ctx)[0].elitist
     ctx.task.deterministic = False
