@@ -250,7 +250,7 @@ def plain_pool(evals: list[dict], events: list, workers: int, step_s: float) -> 
     cands = {started["start_candidate"]["id"]: started["start_candidate"]["params"]}
     cands.update({e.payload["candidate"]["id"]: e.payload["candidate"]["params"] for e in events
                   if e.type is EventType.CANDIDATE_PROPOSED})
-    # an episode the env-step cap skipped never ran (the final decision's confirmation may be cut so)
+    # an episode the env-step cap skipped never ran (a generation the cap cuts short)
     jobs = [(cands[p["candidate_id"]], x["seed"], x["episode_return"]) for p in evals for x in p["episodes"]
             if x["error"] != BUDGET_SKIP]
     source = started["policy_source"]

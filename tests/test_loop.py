@@ -503,6 +503,35 @@ class _CappingScriptedExecutor(_ScriptedExecutor):
         return eps
 
 
+# regression (was a bug): with decide = "every" the search keeps no confirmation in reserve, and the final decision's
+# first round of confirmation was sized by the episode budget alone: a budget that ends just so had the executor's cap
+# skip some of its episodes (1640 env steps with 5 validation seeds: 4 of 8; 3800 with 25: 2 of 20; 2800 with
+# confirm_episodes = 20: 47 of 80) and the decision read nothing. A round the env steps left cannot pay for whole is now
+# sized to what the budget leaves once the final validation is paid for (2800: 6 seeds a candidate), or not run.
+@pytest.mark.parametrize(("validation", "confirm", "env_steps"), [(5, None, 1640), (25, None, 3800), (5, 20, 2800)])
+def test_the_final_confirmation_is_sized_within_the_env_step_budget(tmp_path, validation, confirm, env_steps):
+    from ratchet.execution import BUDGET_SKIP
+
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": env_steps}, test={"episodes": 3},
+                                   gate={"validation_episodes": validation}, execution={"workers": 1},
+                                   task={"env_id": "CartPole-v1", "max_episode_steps": 40},
+                                   planner={"decide": "every", **({"confirm_episodes": confirm} if confirm else {})}))
+    start_run(spec, tmp_path / "runs", "end", executor=_CappingScriptedExecutor())
+    events = read_events(tmp_path / "runs" / "end")
+    (final,) = events_of(events, EventType.FINAL_DECISION)
+    assert "cut short" not in final.payload["note"]
+    assert not [ep for e in events_of(events, EventType.EPISODES_EVALUATED) for ep in e.payload["episodes"]
+                if ep["error"] == BUDGET_SKIP]  # every episode a decision reads ran
+    last = max(i for i, e in enumerate(events) if e.type is EventType.GENERATION_FINISHED)
+    rounds = {len(e.payload["episodes"]) for e in events[last:] if e.type is EventType.EPISODES_EVALUATED
+              and e.payload["split"] == "train"}
+    if confirm:  # a smaller round than confirm_episodes, read at its real size
+        assert len(rounds) == 1 and 1 <= rounds.pop() < confirm
+    else:  # no room for a round and the final validation: none
+        assert not rounds and "cannot pay for a confirmation" in final.payload["note"]
+    assert project(events).env_steps <= env_steps
+
+
 def test_an_executor_declares_what_it_does_and_the_run_reads_it_once(tmp_path):
     """Issue 42: capabilities are declared in the Executor contract (ExecutorCapabilities), never probed by name: a
     scripted executor that caps nothing says so and gets worst-case pricing, one that declares an exact cap gets

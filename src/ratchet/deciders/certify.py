@@ -112,9 +112,9 @@ class Certifier:
             if hold is not None:
                 return Outcome(None, hold, inc_val)
         entries = [e for e in top if e.against != incumbent.id]
-        n_first = min(self.confirm_episodes, self._episode_room(len(entries) + 1)) if final else self.confirm_episodes
-        if n_first < 1:  # an episode budget has no hard cap in the executor: never run past it
-            return Outcome(None, "the episode budget left cannot pay for a confirmation", inc_val)
+        n_first = self.first_round(entries, inc_val) if final else self.confirm_episodes
+        if n_first < 1:  # never start a round the budget cannot pay for: the executor's cap would cut it
+            return Outcome(None, "the budget left cannot pay for a confirmation and the final validation", inc_val)
         cut = self.confirm(generation, entries, incumbent, inc_val, n_first)
         pool = list(top)
         while final and not cut:  # successive halving: the better half again, on what validation leaves of the budget
@@ -164,6 +164,26 @@ class Certifier:
             e.length = float(np.mean(lengths))
             e.length_sd = float(np.std(lengths)) if len(lengths) > 1 else e.length
         return False
+
+    def first_round(self, entries: Sequence[Any], inc_val: Evaluation) -> int:
+        """Seeds per candidate for the final decision's first round of confirmation of ``entries`` (shortlist entries
+        not yet confirmed against the incumbent, which runs with them): ``confirm_episodes`` while the episode budget
+        leaves them with a validation (:meth:`_episode_room`) and the env steps left pay for the whole round (each
+        candidate's episodes priced at its mean length, the incumbent's at its validation's, with a 10 % margin, and
+        the time limit the executor's cap keeps free to start the last); else what the budget leaves once the final
+        validation is paid for (:meth:`confirmation_size`; 0: none). With ``decide = "every"`` the search keeps no
+        confirmation in reserve, so its last gate may leave less than a round; a smaller round is read at its real
+        size."""
+        runs, b = len(entries) + 1, self.budget.spec
+        n = min(self.confirm_episodes, self._episode_room(runs))
+        if b.env_steps is None or not entries or n < 1:
+            return n
+        inc_len = inc_val.env_steps / max(1, inc_val.n)
+        price = _VALIDATION_MARGIN * n * (sum(e.length for e in entries) + inc_len) + (self.services.task.step_limit or 0)
+        if price <= b.env_steps - self.services.usage.env_steps:
+            return n
+        length = max([e.length for e in entries] + [inc_len])
+        return min(n, self.confirmation_size(runs, length, max(e.length_sd for e in entries)))
 
     def confirmation_size(self, runs: int, length: float, length_sd: float = 0.0) -> int:
         """Seeds per candidate for the final confirmation of ``runs`` candidates (the incumbent among them): what the
