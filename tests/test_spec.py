@@ -112,6 +112,22 @@ def test_wrong_types_and_values(tmp_path, text, fragments):
     spec_error(tmp_path, text, *fragments)
 
 
+def test_an_overlap_gate_the_spec_rules_out_gets_a_note_saying_why(tmp_path):
+    """new-user pass: `overlap_gate = true` in the cartpole example (it has a [budget] target) ran exactly as without
+    it and said nothing. `ratchet run` now notes at the start which settings rule it out; none without them."""
+    on = '[planner]\noverlap_gate = true\n'
+    notes: list[str] = []
+    load_spec(write(tmp_path, MINIMAL + on + "[budget]\nenv_steps = 100_000\ntarget = 500\nwall_clock_s = 600\n"),
+              notes=notes)
+    assert len(notes) == 1 and "\n" not in notes[0], notes
+    assert "overlap_gate has no effect" in notes[0] and "[budget] target" in notes[0] and "wall_clock_s" in notes[0]
+    notes = []
+    load_spec(write(tmp_path, MINIMAL + on + "[refiner]\nfollow = \"own\"\n"), notes=notes)
+    assert notes == []
+    load_spec(write(tmp_path, MINIMAL + "[budget]\ntarget = 500\n"), notes=notes)  # off: nothing to say
+    assert notes == []
+
+
 def test_missing_task_section(tmp_path):
     spec_error(tmp_path, 'name = "x"\n', "missing [task] section", "env_id")
 

@@ -997,6 +997,26 @@ def unpriced_money(spec: RunSpec) -> list[str]:
              f"price_prompt and price_completion ({b.currency} per million tokens) in the llm refiner's table")]
 
 
+def overlap_gate_unused(spec: RunSpec) -> list[str]:
+    """A note when ``[planner] overlap_gate`` is on but a setting of the spec rules it out for the whole run
+    (:class:`ratchet.overlap.GateOverlap`): every generation then waits for its gate, and the note says why. Empty
+    otherwise (the refiner, the task, patience and the budget still decide each generation)."""
+    p, b = spec.planner, spec.budget
+    if not p.overlap_gate:
+        return []
+    why = [text for ruled_out, text in [
+        (p.decide != "every", f'[planner] decide = "{p.decide}" (it needs "every")'),
+        (len(spec.refiner_entries()) != 1, f"the run has {len(spec.refiner_entries())} refiners (it needs one)"),
+        (p.cascade_episodes > 0, "[planner] cascade_episodes is set"),
+        (spec.model.screen, "[model] screen is on"),
+        (b.target is not None, "[budget] target is set (a stop the verdict decides)"),
+        (b.wall_clock_s is not None, "[budget] wall_clock_s is set (a stop the clock decides)")] if ruled_out]
+    if not why:
+        return []
+    return [(f"note: [planner] overlap_gate has no effect in this run: {'; '.join(why)}; every generation waits for "
+             "its gate")]
+
+
 def _format_error(err: Mapping[str, Any], where: str) -> str:
     loc = [str(x) for x in err["loc"]]
     section, key = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("", loc[0] if loc else "")
@@ -1176,7 +1196,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         overrides: ``SECTION.KEY=VALUE`` settings applied on top of the file (:func:`apply_overrides`).
         seed: The run seed, instead of the file's ``seed``.
         notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`), and
-            one for a ``[budget] money`` no refiner draws on (:func:`unpriced_money`).
+            one for a ``[budget] money`` no refiner draws on (:func:`unpriced_money`) or an ``overlap_gate`` the spec
+            rules out (:func:`overlap_gate_unused`).
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
@@ -1214,7 +1235,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
             raise
         raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), str(exc))) from None
     if notes is not None:
-        notes += unpriced_money(spec)
+        notes += unpriced_money(spec) + overlap_gate_unused(spec)
     from ratchet.policy import FOLDER_KINDS
 
     if spec.policy.kind in FOLDER_KINDS:
