@@ -377,6 +377,9 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     assert shown.exit_code == 0 and json.loads(shown.stdout)["world_model"] == wm
     shown = CliRunner().invoke(app, ["show", str(whole.run_dir)], env={"COLUMNS": "200"})
     assert "world model" in shown.stdout and f"{wm['saved']} proposal(s) not run" in shown.stdout
+    # new-user pass: the proposals it screened out were counted as "no usable new source, a duplicate, or dropped by
+    # the cascade", naming every cause but the one that rejected them
+    assert "or screened out by the world model)" in " ".join(shown.stdout.split())
     from ratchet.report import write_run_report
 
     html = write_run_report(whole.run_dir, videos=False).read_text(encoding="utf-8")
