@@ -128,6 +128,30 @@ def test_an_overlap_gate_the_spec_rules_out_gets_a_note_saying_why(tmp_path):
     assert notes == []
 
 
+LLM_TABLE = '[[refiners]]\nkind = "llm"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
+
+
+@pytest.mark.parametrize("text, fragments", [
+    (LLM_TABLE + "ahead = true\n", ("[[refiners]] table 1 (llm): ahead", "integer")),
+    (LLM_TABLE + 'ahead = "1"\n', ("[[refiners]] table 1 (llm): ahead", "integer")),
+    (LLM_TABLE + "proposals = 1979-05-27\n", ("[[refiners]] table 1 (llm): proposals", "integer")),
+    ('[[refiners]]\nkind = "cmaes"\npopsize = "8"\n', ("[[refiners]] table 1 (cmaes): popsize", "integer")),
+])
+def test_a_refiner_tables_wrong_types_are_refused_as_a_sections_are(tmp_path, text, fragments):
+    """new-user pass: `ahead = true` ran with one wave ahead and `popsize = "8"` with 8 (pydantic's lax coercion),
+    though [planner] train_episodes = true or "2" is refused: a [[refiners]] table is as strict as a [section]."""
+    spec_error(tmp_path, MINIMAL + text, *fragments)
+
+
+def test_a_refiner_tables_numbers_still_pass(tmp_path):
+    """Strict, not stricter: an integer for a float setting and a list of tables (a pool of models) still pass."""
+    pool = ('[[refiners]]\nkind = "llm"\nbudget_cost = 2\n[[refiners.models]]\nbase_url = "http://127.0.0.1:9/v1"\n'
+            'model = "a"\nprice_prompt = 1\n[[refiners.models]]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "b"\n')
+    spec = load_spec(write(tmp_path, MINIMAL + '[[refiners]]\nkind = "cmaes"\nsigma0 = 1\npopsize = 8\n' + pool))
+    assert spec.refiners[0]["sigma0"] == 1.0 and spec.refiners[0]["popsize"] == 8
+    assert [m["model"] for m in spec.refiners[1]["models"]] == ["a", "b"] and spec.refiners[1]["budget_cost"] == 2.0
+
+
 def test_missing_task_section(tmp_path):
     spec_error(tmp_path, 'name = "x"\n', "missing [task] section", "env_id")
 

@@ -997,6 +997,31 @@ def unpriced_money(spec: RunSpec) -> list[str]:
              f"price_prompt and price_completion ({b.currency} per million tokens) in the llm refiner's table")]
 
 
+def _coerced_refiner_setting(data: Mapping[str, Any]) -> str | None:
+    """Why a ``[[refiners]]`` table of a spec written by hand holds a value of the wrong type that lax validation
+    would have coerced (``ahead = true`` read as 1, ``popsize = "8"`` as 8), in one line; None when every table is
+    well typed. Checked as strictly as a ``[section]`` (pydantic's strict JSON mode: an integer for a float setting
+    still passes). Only for specs a user wrote: a ledger's recorded spec holds what validation made of them."""
+    import json
+
+    from ratchet.refiners.registry import refiner_kind
+
+    tables = data.get("refiners")
+    for i, entry in enumerate(tables if isinstance(tables, list) else []):
+        if not isinstance(entry, dict):
+            continue
+        body = {k: x for k, x in entry.items() if k not in ("kind", "name")}
+        try:
+            refiner_kind(str(entry.get("kind"))).settings.model_validate_json(json.dumps(body, default=str),
+                                                                              strict=True)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            return f"[[refiners]] table {i + 1} ({entry.get('kind')}): {'.'.join(map(str, e['loc']))}: {e['msg']}"
+        except KeyError:  # an unknown kind: validation said so already
+            continue
+    return None
+
+
 def overlap_gate_unused(spec: RunSpec) -> list[str]:
     """A note when ``[planner] overlap_gate`` is on but a setting of the spec rules it out for the whole run
     (:class:`ratchet.overlap.GateOverlap`): every generation then waits for its gate, and the note says why. Empty
@@ -1234,6 +1259,9 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         if not overrides:
             raise
         raise SpecError(_blame_overrides(file_data, overrides, seed, p.parent.resolve(), str(p), str(exc))) from None
+    coerced = _coerced_refiner_setting(data)
+    if coerced is not None:  # a fresh spec only: a recorded one holds the settings as validated, well typed
+        raise SpecError(f"{p}: {coerced}")
     if notes is not None:
         notes += unpriced_money(spec) + overlap_gate_unused(spec)
     from ratchet.policy import FOLDER_KINDS
