@@ -146,6 +146,18 @@ def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
     return [(e.type.value, e.key, strip(e.payload)) for e in events]
 
 
+def keyed_and_proposed(run_dir: Path) -> tuple[dict[str, tuple[str, Any]], list[str]]:
+    """A run's :func:`normalized` events by key (an ``llm_call``'s without its ``seconds``; ``run_started`` left out)
+    and the keys of its proposals and rejections in ledger order: what two runs whose answers came at different
+    times must share."""
+    events = normalized(read_events(run_dir))
+    by_key = {key: (t, {k: v for k, v in p.items() if k != "seconds"} if t == EventType.LLM_CALL.value else p)
+              for t, key, p in events if t != EventType.RUN_STARTED.value}
+    in_order = [key for t, key, _ in events if t in (EventType.CANDIDATE_PROPOSED.value,
+                                                      EventType.PROPOSAL_REJECTED.value)]
+    return by_key, in_order
+
+
 def comparable(events: list[Event]) -> dict[str, tuple[str, Any]]:
     """A run's events by key, without what differs between sessions (times, pids, resume markers, how long
     a training job took): what a resumed run shares with one that was never interrupted."""

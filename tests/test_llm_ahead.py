@@ -102,7 +102,7 @@ def test_the_same_spec_and_seed_give_the_same_ledger_whatever_the_answers_timing
     is slow in the other, so an answer sent ahead is in before the next generation in one run and still out in the
     other): the same events under the same keys with the same payloads (but each request's seconds and the endpoint's
     address), and the same proposals in the same order."""
-    from conftest import normalized
+    from conftest import keyed_and_proposed
 
     def run(name: str, flip: bool):
         def respond(body):
@@ -112,12 +112,7 @@ def test_the_same_spec_and_seed_give_the_same_ledger_whatever_the_answers_timing
         server = standin(respond=respond)
         spec = structural_spec(tmp_path / name, [_llm(server.url, ahead=1, budget_requests=8)],
                                budget={"env_steps": 30_000})
-        events = normalized(read_events(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir))
-        by_key = {key: (t, {k: v for k, v in p.items() if k != "seconds"} if t == EventType.LLM_CALL.value else p)
-                  for t, key, p in events if t != EventType.RUN_STARTED.value}
-        in_order = [key for t, key, _ in events if t in (EventType.CANDIDATE_PROPOSED.value,
-                                                          EventType.PROPOSAL_REJECTED.value)]
-        return by_key, in_order
+        return keyed_and_proposed(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir)
 
     (a, order_a), (b, order_b) = run("a", False), run("b", True)
     assert sum(t == EventType.LLM_CALL.value for t, _ in a.values()) == 8 and order_a

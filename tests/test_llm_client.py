@@ -546,7 +546,7 @@ def test_the_ledger_does_not_depend_on_which_answer_came_first(tmp_path, standin
     endpoint's address in run_started), and the same proposals in the same order. (The ledger's order of events
     that finish at their own pace — each wave's llm_call events, recorded as the answers come, and the candidates'
     evaluations — is the timing's.)"""
-    from conftest import normalized
+    from conftest import keyed_and_proposed
 
     def run(name: str, flip: bool):
         def respond(body):
@@ -557,12 +557,7 @@ def test_the_ledger_does_not_depend_on_which_answer_came_first(tmp_path, standin
         llm = {"kind": "llm", "base_url": server.url, "model": "m", "proposals": 4, "variants": 1,
                "concurrency": 4, "budget_requests": 8, "retries": 0}
         spec = structural_spec(tmp_path / name, [llm], budget={"env_steps": 20_000})
-        events = normalized(read_events(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir))
-        by_key = {key: (t, {k: v for k, v in p.items() if k != "seconds"} if t == EventType.LLM_CALL.value else p)
-                  for t, key, p in events if t != EventType.RUN_STARTED.value}
-        in_order = [key for t, key, _ in events if t in (EventType.CANDIDATE_PROPOSED.value,
-                                                          EventType.PROPOSAL_REJECTED.value)]
-        return by_key, in_order
+        return keyed_and_proposed(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir)
 
     (a, order_a), (b, order_b) = run("a", False), run("b", True)
     assert sum(t == EventType.LLM_CALL.value for t, _ in a.values()) == 8 and order_a
