@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -769,6 +770,15 @@ def register_normal_form(kind: str, normal_form: Callable[[str], str]) -> None:
     """Compare candidates of policy ``kind`` by ``normal_form(source)`` (with their values and artifacts) rather
     than by their exact source: e.g. ``lambda s: text_normal_form(s, ("//",), (("/*", "*/"),))`` for C."""
     NORMAL_FORMS[kind] = normal_form
+    _normal_form.cache_clear()
+
+
+@functools.lru_cache(maxsize=256)
+def _normal_form(kind: str, source: str) -> str:
+    """``NORMAL_FORMS[kind](source)``, remembered: a search that moves only values (CMA-ES: a generation of 20
+    candidates of one source) parses and dumps that source once, not once per candidate (3.8 s of a 35 s
+    lunar_lander run did that)."""
+    return NORMAL_FORMS[kind](source)
 
 
 def normal_id(candidate: Candidate) -> str:
@@ -776,8 +786,7 @@ def normal_id(candidate: Candidate) -> str:
     its kind's normal form of its source (:data:`NORMAL_FORMS`; the exact source for a kind without one), its
     parameter values and its artifacts. Two candidates with the same normal id behave the same: the run scores
     only the first (:meth:`ratchet.services.RunServices.screen_proposals`)."""
-    form = NORMAL_FORMS.get(candidate.kind)
-    if form is None or not candidate.source:
+    if candidate.kind not in NORMAL_FORMS or not candidate.source:
         return candidate.id
-    return Candidate.create(form(candidate.source), candidate.params, kind=candidate.kind,
+    return Candidate.create(_normal_form(candidate.kind, candidate.source), candidate.params, kind=candidate.kind,
                             artifacts=candidate.artifacts).id
