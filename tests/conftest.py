@@ -32,6 +32,7 @@ os.environ.pop("LINES", None)
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import Event, EventType, SQLiteLedger
+from ratchet.ledger.projection import project
 from ratchet.loop import LEDGER_FILE, start_run
 from ratchet.policy import Candidate, load_policy
 from ratchet.rollout import Episode
@@ -113,6 +114,18 @@ def read_events(run_dir: Path) -> list[Event]:
 
 def events_of(events: list[Event], type: EventType) -> list[Event]:
     return [e for e in events if e.type is type]
+
+
+def incumbent_test_episode(run_dir: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """``(state, episodes)``: a finished run's state and its incumbent's test episodes (what ``ratchet replay
+    --seed`` replays by default). The incumbent's and the start's test evaluations are recorded in the order they
+    complete, which the executor's scheduling decides: never take the first test evaluation for the incumbent's."""
+    events = read_events(run_dir)
+    st = project(events)
+    for e in events_of(events, EventType.EPISODES_EVALUATED):
+        if e.payload["candidate_id"] == st.incumbent_id and e.payload["split"] == "test":
+            return st, e.payload["episodes"]
+    raise AssertionError("no test evaluation of the incumbent")
 
 
 def count_events(db_path: Path, type: str) -> int:

@@ -8,7 +8,7 @@ import re
 import shutil
 
 import pytest
-from conftest import DATA, events_of, read_events
+from conftest import DATA, events_of, incumbent_test_episode, read_events
 from typer.testing import CliRunner
 
 from ratchet.cli import app
@@ -36,15 +36,6 @@ def assert_one_line_error(res, *fragments: str) -> str:
     for frag in fragments:
         assert frag in lines[0], (frag, lines[0])
     return lines[0]
-
-
-def incumbent_test_episode(run_dir):
-    events = read_events(run_dir)
-    st = project(events)
-    for e in events_of(events, EventType.EPISODES_EVALUATED):
-        if e.payload["candidate_id"] == st.incumbent_id and e.payload["split"] == "test":
-            return st, e.payload["episodes"]
-    raise AssertionError("no test evaluation of the incumbent")
 
 
 # -- run ------------------------------------------------------------------------------------------

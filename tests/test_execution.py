@@ -291,6 +291,26 @@ def test_reordered_jobs_keep_each_candidate_together(cartpole_task, monkeypatch)
     assert [[jobs[i].candidate.id for i in ids] for _, ids in sent.messages] == [[c.id] * 12 for c in two]
 
 
+def test_a_candidate_partly_sent_may_finish_after_one_given_behind_it():
+    """Longest first ranks the candidates by the work their queued jobs hold: once some of the first candidate's jobs
+    are sent and their lengths learned, a candidate given after it with more work queued goes first. So the
+    evaluations of one call complete (and are recorded) in an order the messages' sizes decide, not the order given:
+    a run's test evaluations of the incumbent and the start may be recorded either way (read them by candidate)."""
+    from ratchet.execution.schedule import JobQueue, Lengths
+
+    first, second = good_candidate(), zero_candidate()
+    jobs = [Job(c, s) for c in (first, second) for s in range(6)]
+    lengths = Lengths()
+    lengths.record(100, 3)  # seen before: every job is expected to take 3 env steps
+    queue = JobQueue(jobs, lengths)
+    assert [jobs[i].candidate.id for i in queue] == [first.id] * 6 + [second.id] * 6  # alike: as given
+    for _ in range(3):  # a message of half the first candidate's jobs, run and learned
+        i = queue.popleft()
+        queue.finished(i, 3, True)
+    queue.relearn()
+    assert [jobs[i].candidate.id for i in queue] == [second.id] * 6 + [first.id] * 3
+
+
 def test_messages_leave_work_queued_for_the_first_worker_free(cartpole_task, monkeypatch):
     """A candidate's jobs that do not fit a worker's fair share of the work left go in messages of about half of it,
     the rest staying queued for whichever worker frees up first (not split between the workers up front, where the
