@@ -1225,3 +1225,17 @@ def test_a_no_gate_note_is_said_once(monkeypatch):
     assert lines[0].endswith(f"| no gate: {end}"), lines[0]
     assert "no gate" not in lines[1] and "no gate" not in lines[2]
     assert lines[3].endswith("| no gate: not better on training seeds")
+
+
+def test_python_dash_m_ratchet_is_the_same_command_line():
+    """``python -m ratchet`` works where the ``ratchet`` script is not on PATH: the same commands, the same one-line
+    error and exit status for a bad option."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "ratchet", "--help"], capture_output=True, text=True, timeout=120,
+                        check=False)
+    assert ok.returncode == 0 and "run" in ok.stdout and "resume" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "ratchet", "show", "--no-such-option"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
