@@ -159,6 +159,17 @@ def normalized(events: list[Event]) -> list[tuple[str, str, Any]]:
     return [(e.type.value, e.key, strip(e.payload)) for e in events]
 
 
+class LastFirst(ProcessExecutor):
+    """Runs each call's jobs last given first and reports them so, as a schedule may (a candidate partly sent goes
+    behind one with more work queued): a call's candidates complete in the reverse of the order given."""
+
+    def run(self, task, jobs, on_episode=None, render_paths=None, **kw):
+        n = len(jobs)
+        back = None if on_episode is None else (lambda i, ep: on_episode(n - 1 - i, ep))
+        paths = None if render_paths is None else list(reversed(render_paths))
+        return list(reversed(super().run(task, list(reversed(jobs)), back, paths, **kw)))
+
+
 def keyed_and_proposed(run_dir: Path) -> tuple[dict[str, tuple[str, Any]], list[str]]:
     """A run's :func:`normalized` events by key (an ``llm_call``'s without its ``seconds``; ``run_started`` left out)
     and the keys of its proposals and rejections in ledger order: what two runs whose answers came at different

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from conftest import events_of, normalized, read_events
+from conftest import LastFirst, events_of, normalized, read_events
 
 from ratchet.execution import Job
 from ratchet.execution.process import ProcessExecutor
 from ratchet.ledger import EventType
 from ratchet.ledger.projection import project
+from ratchet.loop import start_run
 from ratchet.rollout import Episode
+from ratchet.spec import load_spec
 from ratchet.task import GymTask
 
 
@@ -43,12 +45,7 @@ def test_same_spec_same_seed_same_ledger(finished_run, cli_run):
     assert res.exit_code == 0, res.output
     _, lib_dir, _ = finished_run
     a, b = read_events(lib_dir), read_events(cli_dir)
-    # evaluations are appended in completion order, which depends on worker scheduling: compare by key
-    na = {key: (t, p) for t, key, p in normalized(a)}
-    nb = {key: (t, p) for t, key, p in normalized(b)}
-    assert na.keys() == nb.keys()
-    for key, value in na.items():
-        assert value == nb[key], key
+    assert normalized(a) == normalized(b)  # event for event, in order (evaluations in each call's order)
     ids = lambda evs: [e.payload["candidate"]["id"] for e in events_of(evs, EventType.CANDIDATE_PROPOSED)]
     assert ids(a) == ids(b)  # proposals are recorded in the same order
     returns = lambda evs: sorted((e.key, [x["episode_return"] for x in e.payload["episodes"]])
@@ -56,3 +53,15 @@ def test_same_spec_same_seed_same_ledger(finished_run, cli_run):
     assert returns(a) == returns(b)
     # and the two runs really are separate runs
     assert project(a).run_id != project(b).run_id
+
+
+def test_the_ledger_is_the_same_in_order_whatever_order_episodes_complete_in(finished_run, tmp_path):
+    """Each executor call's evaluations are recorded in the call's order of candidates, not in the order they
+    completed: a run whose every call completes backwards records the same events in the same order."""
+    _, run_dir, spec_dir = finished_run
+    with LastFirst(workers=1, episode_timeout_s=60) as ex:
+        start_run(load_spec(spec_dir), tmp_path, "backwards", executor=ex)
+    a, b = normalized(read_events(run_dir)), normalized(read_events(tmp_path / "backwards"))
+    assert sum(t == EventType.EPISODES_EVALUATED.value for t, _, _ in a) > 3
+    assert [(t, key) for t, key, _ in a] == [(t, key) for t, key, _ in b]
+    assert a == b

@@ -668,7 +668,10 @@ class RunServices:
                  render: Mapping[int, str] | None = None) -> tuple[list[dict[str, Evaluation]], list[Episode]]:
         """Run every group's ``(candidates, seeds, split, generation)`` episodes in one executor call, each candidate's
         evaluation recorded under its group's key (:func:`eval_key`) soon after its last episode completes (committed
-        together within :data:`_GROUP_COMMIT_S`, and on the way out, even interrupted). Nothing is counted in the usage
+        together within :data:`_GROUP_COMMIT_S`, and on the way out, even interrupted). Evaluations are recorded in
+        the call's order of candidates, never in the order they happened to complete: one that completes before an
+        earlier one waits for it (on the way out, whatever completed is recorded, still in that order), so a run's
+        ledger is the same event for event whatever the timing of its episodes. Nothing is counted in the usage
         here. ``render``: the transitions' file of a job (by job index, the groups' jobs in order) where it records
         them (:meth:`_recording`). The executor's env-step cap is what the budget leaves after the usage and the work
         run ahead (:attr:`ahead`).
@@ -687,29 +690,43 @@ class RunServices:
         faults: list[Episode] = []  # episodes the task itself failed (an evaluator that raised): never recorded
         unsaved: list[tuple[EventType, str, dict[str, Any]]] = []  # evaluations not yet committed
         since = [0.0]  # when the first of them completed
+        order = list(dict.fromkeys((where[i], job.candidate.id) for i, job in enumerate(jobs)))  # the call's order
+        ready: dict[tuple[int, str], list[tuple[EventType, str, dict[str, Any]]]] = {}  # complete, not yet released
+        released = [0]  # how many of ``order`` went to ``unsaved``
 
         def on_episode(i: int, ep: Episode) -> None:  # record each candidate soon after it completes
             g, cand = where[i], jobs[i].candidate
             _, seeds, split, generation = groups[g]
             mine = done.setdefault((g, cand.id), {})
             mine[i] = ep
-            if render and i in render:  # before the evaluation that ran it: a resumed run finds them together
-                self._record_transitions(cand, ep, render[i], generation)
             if ep.diagnostics.get("fault"):
                 faults.append(ep)
-            if len(mine) == len(seeds) and not any(e.diagnostics.get("fault") for e in mine.values()):
+            if len(mine) < len(seeds):
+                return
+            # its episodes' transitions before the evaluation that ran them: a resumed run finds them together
+            events = [self._transitions_event(cand, mine[k], render[k], generation)
+                      for k in sorted(mine) if render and k in render]
+            if not any(e.diagnostics.get("fault") for e in mine.values()):
                 eps = tuple(mine[k] for k in sorted(mine))
                 ev = Evaluation(cand.id, split, eps)
-                if not unsaved:
-                    since[0] = time.monotonic()
-                unsaved.append((EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
-                                {"candidate_id": cand.id, "split": split, "generation": generation,
-                                 "seeds": list(seeds), "summary": ev.summary(), "episodes": [e.to_dict() for e in eps]}))
+                events.append((EventType.EPISODES_EVALUATED, eval_key(split, cand.id, seeds),
+                               {"candidate_id": cand.id, "split": split, "generation": generation,
+                                "seeds": list(seeds), "summary": ev.summary(), "episodes": [e.to_dict() for e in eps]}))
                 out[g][cand.id] = ev
+            ready[(g, cand.id)] = events
+            release()
             if unsaved and time.monotonic() - since[0] >= _GROUP_COMMIT_S:
                 save()
 
-        def save() -> None:  # one commit for the evaluations completed within the last _GROUP_COMMIT_S
+        def release(everything: bool = False) -> None:  # the complete ones at the head of the call's order
+            while released[0] < len(order) and (everything or order[released[0]] in ready):
+                events = ready.pop(order[released[0]], [])
+                if events and not unsaved:
+                    since[0] = time.monotonic()
+                unsaved.extend(events)
+                released[0] += 1
+
+        def save() -> None:  # one commit for the evaluations released within the last _GROUP_COMMIT_S
             self.record_many(unsaved)
             unsaved.clear()
 
@@ -722,7 +739,8 @@ class RunServices:
         try:
             self.executor.run(self.task, jobs, on_episode, **extra)
         finally:
-            save()  # also when interrupted: what completed is kept for the resume
+            release(everything=True)  # also when interrupted or capped: what completed is kept for the resume
+            save()
         return out, faults
 
     def run_ahead(self, groups: Sequence[tuple[Sequence[Candidate], Sequence[int], str, int]]) -> None:
@@ -762,9 +780,11 @@ class RunServices:
         folder = tempfile.mkdtemp(prefix="ratchet-transitions-")
         return _Recording(keys, {i: str(Path(folder) / f"{i}{TRANSITIONS_SUFFIX}") for i in run}, folder)
 
-    def _record_transitions(self, cand: Candidate, ep: Episode, path: str, generation: int) -> None:
+    def _transitions_event(self, cand: Candidate, ep: Episode, path: str, generation: int
+                           ) -> tuple[EventType, str, dict[str, Any]]:
         """Store one episode's transitions (written by the trusted env host; read as untrusted bytes all the same)
-        and record them (``transitions_recorded``); a file that is missing or malformed is recorded as such."""
+        and return the event that records them (``transitions_recorded``); a file that is missing or malformed is
+        recorded as such."""
         from ratchet.worldmodel.transitions import Transitions, TransitionsError
 
         digest, rows, error = None, 0, None
@@ -774,7 +794,7 @@ class RunServices:
             digest = self.store_artifact(data) if rows else None
         except (OSError, TransitionsError) as exc:
             error = clean(str(exc), 300)
-        self.record(EventType.TRANSITIONS_RECORDED, f"transitions/{cand.id}/{ep.seed}", {
+        return (EventType.TRANSITIONS_RECORDED, f"transitions/{cand.id}/{ep.seed}", {
             "candidate_id": cand.id, "seed": ep.seed, "generation": generation, "rows": rows, "artifact": digest,
             "error": error})
 
