@@ -13,7 +13,7 @@ control, (wins - losses) / pairs, and the mean margin, kept minus controls), its
 training returns among the candidates that ran (biased low), and the proposals screened out.
 
 Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--controls 1]
-       [--model "factor=4,optimism=0.5"] [--write]
+       [--model "factor=4,unscreened=all"] [--write]
 """
 
 from __future__ import annotations
@@ -52,12 +52,16 @@ def _run(name: str, folder: Path, env_id: str, seed: int, args: argparse.Namespa
     return result, project(open_ledger(result.run_dir).read()), time.perf_counter() - t0, open_ledger(result.run_dir)
 
 
-def _model_settings(text: str) -> dict[str, int | float]:
-    """``--model "factor=4,optimism=0.5"`` → the screened run's further ``[model]`` keys (numbers only)."""
-    out: dict[str, int | float] = {}
+def _model_settings(text: str) -> dict[str, int | float | str]:
+    """``--model "factor=4,optimism=0.5,unscreened=all"`` → the screened run's further ``[model]`` keys (a number
+    where the value reads as one, else the word)."""
+    out: dict[str, int | float | str] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
-        key, _, value = item.partition("=")
-        out[key.strip()] = float(value) if "." in value else int(value)
+        key, _, value = (x.strip() for x in item.partition("="))
+        try:
+            out[key] = float(value) if "." in value else int(value)
+        except ValueError:
+            out[key] = value
     return out
 
 
