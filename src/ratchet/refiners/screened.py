@@ -150,7 +150,7 @@ class ScreenedRefiner(Refiner):
     # ---- the Refiner contract ------------------------------------------------------------------------------
     def generation_cost(self) -> GenerationCost:
         """The inner refiner's cost with only the candidates the screen keeps paid for (all of them while it does
-        not screen)."""
+        not screen, except before the model can screen with ``[model] unscreened = "kept"``)."""
         cost = self.inner.generation_cost()
         if not self._screening() and not self._waiting():
             return cost
@@ -267,9 +267,9 @@ class ScreenedRefiner(Refiner):
         evaluations = list(evaluations)
         if self._out and not self._scores:  # nothing screened yet (unscreened = "kept"): nothing to judge
             by_id = {e.candidate_id: e for e in evaluations}
-            real = [by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
-                    and math.isfinite(by_id[c.id].mean)]
-            evaluations = self._told(evaluations, min(real, default=0.0))
+            ran_means = [by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
+                         and math.isfinite(by_id[c.id].mean)]
+            evaluations = self._told(evaluations, min(ran_means, default=0.0))
         elif self._out:
             by_id = {e.candidate_id: e for e in evaluations}
             ran = [(self._scores[cid], by_id[cid].mean) for cid in dict.fromkeys([*(c.id for c in self._kept),
