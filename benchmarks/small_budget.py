@@ -13,7 +13,7 @@ control, (wins - losses) / pairs, and the mean margin, kept minus controls), its
 training returns among the candidates that ran (biased low), and the proposals screened out.
 
 Usage: python benchmarks/small_budget.py [--seeds 0,1,2] [--episodes 128] [--screen] [--envs a,b] [--controls 1]
-       [--write]
+       [--model "factor=4,unscreened=all"] [--write]
 """
 
 from __future__ import annotations
@@ -43,12 +43,26 @@ def _run(name: str, folder: Path, env_id: str, seed: int, args: argparse.Namespa
     data = {"name": name, "seed": seed, "task": {"env_id": env_id},
             "budget": {"episodes": args.episodes, "env_steps": None}, "test": {"episodes": args.test_episodes}}
     if screen is not None:
-        data["model"] = {"screen": screen, **({"controls": args.controls} if screen and args.controls else {})}
+        data["model"] = {"screen": screen, **({"controls": args.controls} if screen and args.controls else {}),
+                         **(_model_settings(args.model) if screen else {})}
     spec = spec_from_dict(data, folder)
     t0 = time.perf_counter()
     tag = "" if screen is None else ("-screen" if screen else "-free")
     result = start_run(spec, args.runs_dir, f"small-{name}{tag}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     return result, project(open_ledger(result.run_dir).read()), time.perf_counter() - t0, open_ledger(result.run_dir)
+
+
+def _model_settings(text: str) -> dict[str, int | float | str]:
+    """``--model "factor=4,optimism=0.5,unscreened=all"`` → the screened run's further ``[model]`` keys (a number
+    where the value reads as one, else the word)."""
+    out: dict[str, int | float | str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, value = (x.strip() for x in item.partition("="))
+        try:
+            out[key] = float(value) if "." in value else int(value)
+        except ValueError:
+            out[key] = value
+    return out
 
 
 def _account(ledger) -> tuple[str, int, str]:
@@ -105,6 +119,8 @@ def main() -> None:
     ap.add_argument("--screen", action="store_true", help="issue 45's cases, model-free against [model] screen")
     ap.add_argument("--envs", default="", help="with --screen: a comma-separated subset of " + ",".join(SCREEN_CASES))
     ap.add_argument("--controls", type=int, default=0, help="with --screen: [model] controls of the screened run")
+    ap.add_argument("--model", default="", help="with --screen: further [model] keys of the screened run, "
+                                                 "e.g. \"factor=4,optimism=0.5\"")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     if args.screen:

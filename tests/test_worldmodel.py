@@ -306,6 +306,28 @@ def test_the_screen_switches_itself_off_when_what_it_kept_does_no_better_than_it
         old.summary())  # its generation_finished as it was recorded
 
 
+def test_before_the_model_can_screen_only_as_many_proposals_run_as_in_a_screened_generation(tmp_path):
+    from ratchet.policy import Candidate
+    from ratchet.refiners.screened import NOT_YET_SCREENED, ScreenedRefiner
+
+    ctx, jobs = _screen_ctx(tmp_path, [[0.0]] * 8)
+    inner = _Inner(8)
+    ref = ScreenedRefiner(inner, _settings(min_transitions=101, controls=1, unscreened="kept"), ctx)  # has 100
+    assert ref.generation_cost().proposals == 5  # the 4 a screened generation keeps and its control, not all 8
+    parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": -1.0})
+    ran = ref.propose(parent, None, np.random.default_rng(0))
+    assert [c.params["k"] for c in ran] == [0.0, 1.0, 2.0, 3.0, 4.0] and not jobs  # the first ones; no model job
+    rejected = ref.take_rejections()
+    assert [r.detail["candidate_id"] for r in rejected] == [c.id for c in inner.propose(None, None, None)[5:]]
+    assert all(r.reason == NOT_YET_SCREENED for r in rejected)
+    ref.observe([_ev(c.id, -c.params["k"]) for c in ran])  # nothing was screened: nothing judges the screen
+    s = ref.summary()
+    assert s["screen_waiting"] and s["screen_kept"] == 5 and s["screen_saved"] == 3 and s["screen_on"]
+    assert s.get("screen_advantage") is None and s.get("screen_pairs") == 0 and "screen_rank_correlation" not in s
+    told = {e.candidate_id: e.mean for e in inner.observed}
+    assert len(told) == 8 and [told[r.detail["candidate_id"]] for r in rejected] == [-5.0, -6.0, -7.0]  # below all
+
+
 def test_the_screens_defaults_are_the_specs(tmp_path):
     from ratchet.refiners.screened import ScreenedRefiner
     from ratchet.spec import ModelSpec
@@ -322,7 +344,7 @@ def test_the_screen_waits_for_enough_transitions_and_skips_proposals_of_several_
     from ratchet.refiners.screened import ScreenedRefiner
 
     ctx, jobs = _screen_ctx(tmp_path, [[0.0]] * 4)
-    ref = ScreenedRefiner(_Inner(4), _settings(min_transitions=101), ctx)  # the data set has 100
+    ref = ScreenedRefiner(_Inner(4), _settings(min_transitions=101, unscreened="all"), ctx)  # the data set has 100
     assert ref.generation_cost().proposals == 4
     parent = Candidate.create("def act(o, p):\n    return 0\n", {"k": 0.0})
     assert len(ref.propose(parent, None, np.random.default_rng(0))) == 4 and not jobs
@@ -357,18 +379,22 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     from ratchet.ledger.projection import project
     from ratchet.loop import resume_run, start_run
 
-    spec = _screened_spec(tmp_path)
+    spec = _screened_spec(tmp_path, unscreened="kept")
     assert spec.refiner.popsize == 8  # a small budget's population, times [model] factor
     whole = start_run(spec, tmp_path / "runs", "whole")
     events = read_events(whole.run_dir)
     recorded = events_of(events, EventType.TRANSITIONS_RECORDED)
     assert recorded and all(e.payload["artifact"] and e.payload["rows"] > 0 for e in recorded)
     gens = events_of(events, EventType.GENERATION_FINISHED)
-    screened = [g.payload for g in gens if g.payload["screen_kept"] < g.payload["screen_proposed"]]
+    first = gens[0].payload  # before the model has min_transitions: as many run as in a screened generation
+    assert first["screen_waiting"] and (first["screen_kept"], first["screen_proposed"]) == (4, 8)
+    screened = [g.payload for g in gens if g.payload["screen_kept"] < g.payload["screen_proposed"]
+                and not g.payload.get("screen_waiting")]
     assert screened and all(g["screen_kept"] == 4 and g["model_rows"] >= 50 for g in screened)
     assert events_of(events, EventType.TRAINING_FINISHED)  # the sandboxed model job
     wm = project(events).world_model()
-    assert wm is not None and wm["saved"] == 4 * len(screened) and wm["holdout_error"] is not None
+    assert wm is not None and wm["saved"] == 4 * (len(screened) + 1) and wm["holdout_error"] is not None
+    assert wm["screened"] == len(screened)
     from typer.testing import CliRunner
 
     from ratchet.cli import app
@@ -471,6 +497,17 @@ def test_a_run_recorded_before_controls_judged_the_screen_resumes_with_its_rule(
     assert data["model"]["judge"] == "controls" and recorded_spec(data).model.judge == "controls"
     del data["model"]["judge"]  # as a ledger recorded it before the key
     assert recorded_spec(data).model.judge == "kept"
+
+
+def test_a_run_recorded_before_unscreened_ran_every_proposal_before_the_model_could_screen_and_resumes_so():
+    from ratchet.loop import recorded_spec
+    from ratchet.spec import spec_from_dict
+
+    data = spec_from_dict({"task": {"env_id": "Pendulum-v1"}, "budget": {"episodes": 128},
+                           "model": {"screen": True, "unscreened": "kept"}}, ".").to_dict()
+    assert data["model"]["unscreened"] == "kept" and recorded_spec(data).model.unscreened == "kept"
+    del data["model"]["unscreened"]  # as a ledger recorded it before the key
+    assert recorded_spec(data).model.unscreened == "all"
 
 
 def test_the_imagined_horizon_is_the_tasks_step_limit_at_most_the_cap(tmp_path):

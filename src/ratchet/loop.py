@@ -733,7 +733,8 @@ def spec_of(ledger: LedgerStore) -> RunSpec:
 def recorded_spec(data: dict[str, Any]) -> RunSpec:
     """A spec as a ledger recorded it (:meth:`RunSpec.to_dict`, every setting written out), read with the defaults of
     the code that recorded it where they have changed since: without ``[planner] final`` or ``reject_duplicates`` it
-    was ``false``, without ``cascade_episodes`` 0 (no cascade), without ``[model] judge`` ``"kept"``; a
+    was ``false``, without ``cascade_episodes`` 0 (no cascade), without ``[model] judge`` ``"kept"``, without
+    ``unscreened`` ``"all"``; a
     ``[[refiners]]`` table without a setting its kind added later reads as the kind's ``recorded_defaults`` say (an
     ``llm`` table without ``concurrency`` sent its requests one at a time)."""
     data = copy.deepcopy(data)
@@ -746,6 +747,7 @@ def recorded_spec(data: dict[str, Any]) -> RunSpec:
     model = data.get("model")
     if isinstance(model, dict):
         model.setdefault("judge", "kept")  # a screen recorded before controls judged it: its rank correlation did
+        model.setdefault("unscreened", "all")  # recorded before: its first generation ran every proposal
     tables = data.get("refiners")
     for entry in tables if isinstance(tables, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("kind"), str):

@@ -642,8 +642,13 @@ class ModelSpec(_Section):
     max_transitions: int = Field(20_000, ge=100, le=100_000, description="Most transitions the data set keeps (the "
                                                                          "newest).", json_schema_extra={"unit": "steps"})
     min_transitions: int = Field(200, ge=10, le=100_000, description="Transitions recorded before the screen starts "
-                                                                     "choosing (until then every proposal is run).",
+                                                                     "choosing (until then see unscreened).",
                                  json_schema_extra={"unit": "steps"})
+    unscreened: Literal["all", "kept"] = Field(
+        "all", description="Generations before the model has min_transitions (the first): \"all\" runs every "
+                           "proposal (factor times a screened generation's episodes), \"kept\" only as many as a "
+                           "screened generation runs (the refiner's first ones, independent draws; the rest are told "
+                           "to it ranked below them).")
     members: int = Field(5, ge=1, le=20, description="Networks in the ensemble.")
     hidden: int = Field(64, ge=4, le=1024, description="Units per hidden layer (two layers).")
     updates: int = Field(300, ge=10, le=100_000, description="Gradient steps per member each time the model is fitted.")

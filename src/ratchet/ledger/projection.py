@@ -318,7 +318,7 @@ def cost_text(u: dict[str, Any]) -> str:
 
 #: The keys of a ``generation_finished`` payload that hold the world-model screen's account (``[model] screen``).
 SCREEN_KEYS = ("screen_on", "screen_proposed", "screen_kept", "screen_saved", "screen_rank_correlation", "model_rows",
-               "model_error", "model_disagreement", "screen_advantage", "screen_pairs", "screen_margin")
+               "model_error", "model_disagreement", "screen_advantage", "screen_pairs", "screen_margin", "screen_waiting")
 
 
 def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -335,7 +335,8 @@ def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | N
             "advantage": judged[-1].get("screen_advantage") if judged else None,
             "pairs": int(judged[-1].get("screen_pairs") or 0) if judged else 0,
             "margin": sum(margins) / len(margins) if margins else None, "margins": len(margins),
-            "screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)),
+            "screened": sum(1 for g in gens if (g.get("screen_kept") or 0) < (g.get("screen_proposed") or 0)
+                            and not g.get("screen_waiting")),  # waiting: fewer ran, but nothing screened them
             "saved": max(int(g.get("screen_saved") or 0) for g in gens),
             "rank_correlation": sum(rhos) / len(rhos) if rhos else None, "judged": len(rhos),
             "on": bool(gens[-1]["screen_on"]), "rows": last.get("model_rows"),

@@ -56,6 +56,8 @@ __all__ = ["ScreenedRefiner", "screen_refiners", "train"]
 
 #: The reason a proposal the screen kept from running is recorded with (``proposal_rejected``).
 SCREENED_OUT = "screened out by the world model (ranked below the candidates run)"
+#: The reason a proposal not run before the model could screen is recorded with (``[model] unscreened = "kept"``).
+NOT_YET_SCREENED = "not run: the world model has too few transitions yet (as many run as in a screened generation)"
 #: The trainer's name in :data:`ratchet.execution.training.TRAINERS`.
 TRAINER = "worldmodel"
 #: Most recorded episodes' transitions one job reads (the newest).
@@ -138,12 +140,19 @@ class ScreenedRefiner(Refiner):
         """Whether the next generation is screened: the screen is on and the data set is big enough."""
         return self.state.on and self.ctx.transitions is not None and self._data()[1] >= self.settings.min_transitions
 
+    def _waiting(self) -> bool:
+        """Whether the next generation runs only as many proposals as a screened one although nothing screens it
+        yet (``[model] unscreened = "kept"``): the screen is on and transitions are recorded, but fewer than
+        ``min_transitions``."""
+        return (self.settings.unscreened == "kept" and self.state.on and self.ctx.transitions is not None
+                and not self._screening())
+
     # ---- the Refiner contract ------------------------------------------------------------------------------
     def generation_cost(self) -> GenerationCost:
         """The inner refiner's cost with only the candidates the screen keeps paid for (all of them while it does
-        not screen)."""
+        not screen, except before the model can screen with ``[model] unscreened = "kept"``)."""
         cost = self.inner.generation_cost()
-        if not self._screening():
+        if not self._screening() and not self._waiting():
             return cost
         from dataclasses import replace
 
@@ -168,11 +177,21 @@ class ScreenedRefiner(Refiner):
         self._last = {"screen_on": self.state.on, "screen_proposed": len(proposed), "screen_kept": len(proposed),
                       "screen_saved": self.state.saved, **self._judged()}
         keep = self._keep(len(proposed))
-        if not self._screening() or keep >= len(proposed):
+        waiting = self._waiting()
+        if (not self._screening() and not waiting) or keep >= len(proposed):
             return proposed
         if any(c.kind != "program" or c.artifacts or c.source != proposed[0].source for c in proposed):
             self._last["screen_note"] = "not screened: the proposals are not one program's parameter values"
             return proposed
+        if waiting:  # the refiner's samples are independent draws: its first `keep` are a random pick
+            self._kept, self._out = list(proposed[:keep]), [(c, -math.inf) for c in proposed[keep:]]
+            self._rejections = [Rejection(self.name, parent.id, NOT_YET_SCREENED, detail={"candidate_id": c.id})
+                                for c in proposed[keep:]]
+            self.state.saved += len(self._out)
+            self._last.update({"screen_kept": keep, "screen_saved": self.state.saved, "screen_waiting": True,
+                               "screen_note": f"the model has too few transitions yet: the first {keep} of "
+                                              f"{len(proposed)} proposals ran"})
+            return self._kept
         digests, rows = self._data()
         also = [recommended] if (recommended is not None and recommended.kind == "program" and not recommended.artifacts
                                  and recommended.source == proposed[0].source) else []
@@ -246,7 +265,12 @@ class ScreenedRefiner(Refiner):
         """Judge the screen on the real training means of what ran, then tell the inner refiner every proposal:
         stand-ins for the screened-out ones right after the real ones (see the module doc)."""
         evaluations = list(evaluations)
-        if self._out:
+        if self._out and not self._scores:  # nothing screened yet (unscreened = "kept"): nothing to judge
+            by_id = {e.candidate_id: e for e in evaluations}
+            ran_means = [by_id[c.id].mean for c in self._kept if c.id in by_id and not by_id[c.id].n_errors
+                         and math.isfinite(by_id[c.id].mean)]
+            evaluations = self._told(evaluations, min(ran_means, default=0.0))
+        elif self._out:
             by_id = {e.candidate_id: e for e in evaluations}
             ran = [(self._scores[cid], by_id[cid].mean) for cid in dict.fromkeys([*(c.id for c in self._kept),
                                                                                    *self._scores])
@@ -261,13 +285,17 @@ class ScreenedRefiner(Refiner):
                                "screen_on": self.state.on, **self._judged()})
             if kept and controls and self.state.judge == "controls":  # a run recorded before: its payload as it was
                 self._last["screen_margin"] = round(float(np.mean(kept) - np.mean(controls)), 6)
-            floor = min(real.values(), default=0.0)  # the controls are among the kept
-            stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
-                         for i, (c, _) in enumerate(self._out)]
-            n = len(self._kept)
-            evaluations = evaluations[:n] + stand_ins + evaluations[n:]
+            evaluations = self._told(evaluations, min(real.values(), default=0.0))  # the controls are among the kept
         self.inner.observe(evaluations)
         self._out = []
+
+    def _told(self, evaluations: list[Evaluation], floor: float) -> list[Evaluation]:
+        """``evaluations`` with a stand-in for each proposal not run right after the real ones: below ``floor`` (the
+        lowest real training mean), in the order of :attr:`_out`."""
+        stand_ins = [Evaluation(c.id, "train", (Episode(0, floor - 1.0 - i, 0, False, False),))
+                     for i, (c, _) in enumerate(self._out)]
+        n = len(self._kept)
+        return evaluations[:n] + stand_ins + evaluations[n:]
 
     def _judged(self) -> dict[str, Any]:
         """The screen's advantage over its controls so far (see :class:`ScreenState`), for the ledger."""
@@ -316,7 +344,9 @@ class ScreenedRefiner(Refiner):
 
     def summary(self) -> dict[str, Any]:
         """The inner refiner's summary and the screen's account of the last generation: ``screen_on``,
-        ``screen_proposed``/``screen_kept`` (candidates), ``screen_saved`` (proposals screened out so far),
+        ``screen_proposed``/``screen_kept`` (candidates), ``screen_saved`` (proposals not run so far: screened out,
+        or before the model could screen), ``screen_waiting`` (True where the model had too few transitions and only
+        the refiner's first proposals ran: ``[model] unscreened = "kept"``),
         ``screen_rank_correlation`` (Spearman, model vs real training means of what ran; None where it says
         nothing; biased low), ``screen_advantage`` (over the kept-versus-control pairs so far, (wins - losses) /
         pairs, -1 to 1; None before any; absent with ``judge = "kept"``), ``screen_pairs`` (those pairs),
