@@ -11,6 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ratchet"
 
 #: The package's parts, top first. A module may import its own part and the parts below it, never above.
 LAYERS = [
+    "__main__",
     "cli",
     "ratchet",  # the package's public API (__init__)
     "dashboard", "report", "correct", "progress", "advice",
