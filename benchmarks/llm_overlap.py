@@ -3,10 +3,13 @@
 ``ahead = 0`` (a generation's requests answered before its episodes) or ``ahead = 1`` (the next generation's requests
 out while this generation's episodes run).
 
+With ``--ahead A:L`` the ``llm`` refiner also has ``lag = L``: the wave sent after generation g is taken by
+generation g + L, which the allocator gives the ``llm``, the other refiner taking the generations between.
+
 The endpoint is the stand-in server the tests use (``tests/conftest.py`` ``StandIn``): a real HTTP server on
-127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with the example's policy
-file rewritten (a comment that differs per request, so every answer is a new program that passes its checks). The
-run is the ``lunar_lander`` example with ``[[refiners]]`` an ``llm`` (``--proposals`` requests per generation, one
+127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with an edit of the program
+it was sent (the side engines' threshold scaled by a factor drawn from the request's seed, so every answer is a new
+program that passes its checks and keeps its parent's values). The run is the ``lunar_lander`` example with ``[[refiners]]`` an ``llm`` (``--proposals`` requests per generation, one
 variant each, ``--requests`` in all; with ``--cmaes`` a ``cmaes`` refiner beside it), 2 sandboxed workers, gating
 every generation.
 
@@ -21,9 +24,10 @@ Reported per concurrency, from the run's ledger and a wrapper around its executo
 
 Issue 42's goal: with the stand-in answering in 10 s, an ``llm`` + ``cmaes`` run keeps the workers busy ≥ 80 % of
 its wall clock with ≥ 3 requests in flight on average at a concurrency of 4 (``--latency 10 --cmaes --concurrency 4
---ahead 0,1``).
+--ahead 0,1:2``). Each row also gives the final incumbent's test mean (report only).
 
-Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--requests 12] [--cmaes] [--ahead 0,1] [--write]
+Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--requests 12] [--cmaes] [--ahead 0,1,1:2]
+[--seed N] [--write]
 """
 
 from __future__ import annotations

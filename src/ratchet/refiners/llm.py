@@ -1650,12 +1650,16 @@ class LLMRefiner(Refiner):
         self._ahead.append(_Ahead(wave, sent, slots, held, self._prepared + s.lag if s.lag else 0))
 
     def turn(self, generation: int) -> Turn:
-        """With ``lag`` and a wave sent ahead: :attr:`~Turn.DUE` from the generation the oldest wave is due at (the one
-        it was sent in plus ``lag``), :attr:`~Turn.WAIT` before it; else :attr:`~Turn.FREE` (without ``lag``, once the
-        endpoint stopped the refiner, or with no wave out). Only generation numbers decide, never the answers'
-        timing."""
-        if not self.settings.lag or not self._ahead or self.spent.down is not None:
+        """With ``lag``: :attr:`~Turn.DUE` from the generation the oldest wave sent ahead is due at (the one it was sent
+        in plus ``lag``), :attr:`~Turn.WAIT` before it, and :attr:`~Turn.WAIT` too with no wave out while a request may
+        go out (this generation's :meth:`prepare` sends one, instead of the workers waiting for a fresh wave, as at
+        the first generation); else :attr:`~Turn.FREE` (without ``lag``, once the endpoint stopped the refiner, or
+        with no wave out and no request possible). Only generation numbers and the budgets decide, never the
+        answers' timing."""
+        if not self.settings.lag or self.spent.down is not None:
             return Turn.FREE
+        if not self._ahead:
+            return Turn.WAIT if self._no_request() is None else Turn.FREE
         return Turn.DUE if generation >= self._ahead[0].due else Turn.WAIT
 
     def finish(self) -> dict[str, Any]:
