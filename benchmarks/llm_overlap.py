@@ -3,10 +3,13 @@
 ``ahead = 0`` (a generation's requests answered before its episodes) or ``ahead = 1`` (the next generation's requests
 out while this generation's episodes run).
 
+With ``--ahead A:L`` the ``llm`` refiner also has ``lag = L``: the wave sent after generation g is taken by
+generation g + L, which the allocator gives the ``llm``, the other refiner taking the generations between.
+
 The endpoint is the stand-in server the tests use (``tests/conftest.py`` ``StandIn``): a real HTTP server on
-127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with the example's policy
-file rewritten (a comment that differs per request, so every answer is a new program that passes its checks). The
-run is the ``lunar_lander`` example with ``[[refiners]]`` an ``llm`` (``--proposals`` requests per generation, one
+127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with an edit of the program
+it was sent (the side engines' threshold scaled by a factor drawn from the request's seed, so every answer is a new
+program that passes its checks and keeps its parent's values). The run is the ``lunar_lander`` example with ``[[refiners]]`` an ``llm`` (``--proposals`` requests per generation, one
 variant each, ``--requests`` in all; with ``--cmaes`` a ``cmaes`` refiner beside it), 2 sandboxed workers, gating
 every generation.
 
@@ -21,9 +24,10 @@ Reported per concurrency, from the run's ledger and a wrapper around its executo
 
 Issue 42's goal: with the stand-in answering in 10 s, an ``llm`` + ``cmaes`` run keeps the workers busy ≥ 80 % of
 its wall clock with ≥ 3 requests in flight on average at a concurrency of 4 (``--latency 10 --cmaes --concurrency 4
---ahead 0,1``).
+--ahead 0,1:2``). Each row also gives the final incumbent's test mean (report only).
 
-Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--requests 12] [--cmaes] [--ahead 0,1] [--write]
+Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--requests 12] [--cmaes] [--ahead 0,1,1:2]
+[--seed N] [--write]
 """
 
 from __future__ import annotations
@@ -87,25 +91,28 @@ class TimedExecutor:
         self.inner.close()
 
 
-def answer(source: str, arrivals: list[float]) -> Any:
-    """The stand-in's answer to a request: the example's policy rewritten, marked by the request's seed; each
-    request's arrival (``time.monotonic()``) is appended to ``arrivals``."""
+def answer(arrivals: list[float]) -> Any:
+    """The stand-in's answer to a request: an edit of the program it was sent (SEARCH/REPLACE) that scales the
+    side engines' threshold by a factor from 0.9 to 1.1 drawn from the request's seed, so every answer is a new program
+    that keeps the parent's values; each request's arrival (``time.monotonic()``) is appended to ``arrivals``."""
     def respond(body: dict[str, Any]) -> dict[str, Any]:
         arrivals.append(time.monotonic())
-        return {"content": f"Rewritten.\n```python\n# variant {body['seed']}\n{source}```\n",
+        factor = 1 + (body["seed"] % 1999 - 999) / 10_000
+        return {"content": ("Scale the side engines' threshold.\n<<<<<<< SEARCH\n    if angle_todo < -side_thr:\n"
+                            f"=======\n    side_thr = side_thr * {factor:.4f}\n    if angle_todo < -side_thr:\n"
+                            ">>>>>>> REPLACE\n"),
                 "usage": {"prompt_tokens": 2000, "completion_tokens": 500}}
     return respond
 
 
-def one_run(concurrency: int, ahead: int, args: argparse.Namespace) -> dict[str, Any]:
-    source = (EXAMPLE / "policy.py").read_text(encoding="utf-8")
+def one_run(concurrency: int, ahead: int, lag: int, args: argparse.Namespace) -> dict[str, Any]:
     arrivals: list[float] = []
-    server = StandIn(latency=args.latency, respond=answer(source, arrivals))
+    server = StandIn(latency=args.latency, respond=answer(arrivals))
     try:
         d = tomllib.loads((EXAMPLE / "ratchet.toml").read_text(encoding="utf-8"))
         llm = {"kind": "llm", "base_url": server.url, "model": "stand-in", "proposals": args.proposals,
                "variants": 1, "concurrency": concurrency, "budget_requests": args.requests, "retries": 0,
-               "ahead": ahead}
+               "ahead": ahead, "lag": lag}
         d["refiners"] = [llm] + ([{"kind": "cmaes", "popsize": 6}] if args.cmaes else [])
         d.pop("refiner", None)
         d["planner"] = {"train_episodes": args.train_episodes, "decide": "every"}
@@ -113,6 +120,8 @@ def one_run(concurrency: int, ahead: int, args: argparse.Namespace) -> dict[str,
         d["test"] = {"episodes": 20}
         d["budget"] = {"env_steps": args.env_steps}
         d["execution"] = {"workers": args.workers}
+        if args.seed is not None:
+            d["seed"] = args.seed
         spec = spec_from_dict(d, EXAMPLE)
         with tempfile.TemporaryDirectory() as runs:
             ex = TimedExecutor(executor_from_spec(spec.execution), args.workers)  # as `ratchet run` makes it
@@ -136,7 +145,7 @@ def one_run(concurrency: int, ahead: int, args: argparse.Namespace) -> dict[str,
     seconds = sum(b - a for a, b in spans)
     gens = [e for e in events if e.type is EventType.GENERATION_FINISHED]
     end = next(e.payload for e in events if e.type is EventType.RUN_FINISHED)
-    return {"concurrency": concurrency, "ahead": ahead, "wall": wall,
+    return {"concurrency": concurrency, "ahead": ahead, "lag": lag, "wall": wall, "test": result.test.mean,
             "unused": sum(f.get("unused_requests", 0) for f in end.get("refiners_at_end", {}).values()), "requests": len(calls), "seconds": seconds, "out": out_s,
             "in_flight_out": seconds / out_s if out_s else 0.0, "in_flight": seconds / wall,
             "busy": ex.busy / (args.workers * wall), "generations": len(gens),
@@ -158,24 +167,28 @@ def main() -> None:
                                                                    "per generation).")
     ap.add_argument("--concurrency", default="1,4", help="Comma-separated concurrency settings to compare.")
     ap.add_argument("--ahead", default="0", help="Comma-separated ahead settings to compare (each with every "
-                                                  "concurrency).")
+                                                  "concurrency), each A or A:L (ahead A, lag L generations).")
+    ap.add_argument("--seed", type=int, default=None, help="The run's seed (default: the example's).")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    rows = [one_run(int(c), int(a), args) for c in args.concurrency.split(",") for a in args.ahead.split(",")]
-    table = ("| concurrency | ahead | wall clock (s) | generations (llm) | episodes | env steps (budget used) | requests "
+    modes = [(int(a.split(":")[0]), int(a.split(":")[1]) if ":" in a else 0) for a in args.ahead.split(",")]
+    rows = [one_run(int(c), a, lag, args) for c in args.concurrency.split(",") for a, lag in modes]
+    table = ("| concurrency | ahead | lag | wall clock (s) | generations (llm) | episodes | env steps (budget used) | requests "
              "(answered after the last generation) | requests' seconds (sum) | wall clock with a request out (s) | in "
-             "flight on average (while out / whole run) | workers busy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+             "flight on average (while out / whole run) | workers busy | test mean |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
-        table += (f"| {r['concurrency']} | {r['ahead']} | {r['wall']:.1f} | {r['generations']} ({r['llm_generations']}) "
+        table += (f"| {r['concurrency']} | {r['ahead']} | {r['lag']} | {r['wall']:.1f} | {r['generations']} ({r['llm_generations']}) "
                   f"| {r['episodes']:,} | {r['env_steps']:,} of {args.env_steps:,} | {r['requests']} ({r['unused']}) | "
                   f"{r['seconds']:.1f} | {r['out']:.1f} | "
-                  f"{r['in_flight_out']:.2f} / {r['in_flight']:.2f} | {100 * r['busy']:.0f} % |\n")
+                  f"{r['in_flight_out']:.2f} / {r['in_flight']:.2f} | {100 * r['busy']:.0f} % | {r['test']:.1f} |\n")
     stops = "; ".join(f"concurrency {r['concurrency']}, ahead {r['ahead']}: {r['stop']}" for r in rows)
     print(table + "\nStopped: " + stops)
     if args.write:
         cmd = (f"python benchmarks/llm_overlap.py --latency {args.latency:g} --proposals {args.proposals} "
                f"--requests {args.requests}{' --cmaes' if args.cmaes else ''} --env-steps {args.env_steps} "
-               f"--workers {args.workers} --train-episodes {args.train_episodes} --concurrency {args.concurrency} --ahead {args.ahead} --write")
+               f"--workers {args.workers} --train-episodes {args.train_episodes} --concurrency {args.concurrency} "
+               f"--ahead {args.ahead}{'' if args.seed is None else f' --seed {args.seed}'} --write")
         write_section(f"Waiting on the model: LLM requests in flight (stand-in answering in {args.latency:g} s"
                       f"{', llm + cmaes' if args.cmaes else ''}{', ahead ' + args.ahead if args.ahead != '0' else ''})", (
             f"Command: `{cmd}` — the lunar_lander example with an `llm` refiner"

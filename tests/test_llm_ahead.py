@@ -5,6 +5,7 @@ run killed at any moment resumes to."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -97,11 +98,16 @@ def test_with_ahead_the_next_generations_requests_are_out_while_this_generations
         assert not overlapping, (arrived, ex.calls)
 
 
-def test_the_same_spec_and_seed_give_the_same_ledger_whatever_the_answers_timing(tmp_path, standin, pool):
+CMAES = {"kind": "cmaes", "popsize": 4}
+
+
+@pytest.mark.parametrize("lag", [0, 2])
+def test_the_same_spec_and_seed_give_the_same_ledger_whatever_the_answers_timing(tmp_path, standin, pool, lag):
     """Two runs with ``ahead = 1`` against endpoints giving the same answers at opposite speeds (what is fast in one
     is slow in the other, so an answer sent ahead is in before the next generation in one run and still out in the
     other): the same events under the same keys with the same payloads (but each request's seconds and the endpoint's
-    address), and the same proposals in the same order."""
+    address), and the same proposals in the same order. With ``lag`` beside ``cmaes``, the same generations go to the
+    same refiners as well."""
     from conftest import keyed_and_proposed
 
     def run(name: str, flip: bool):
@@ -110,13 +116,77 @@ def test_the_same_spec_and_seed_give_the_same_ledger_whatever_the_answers_timing
             return {**answer(body), "delay": (0.8 - slow) if flip else slow}
 
         server = standin(respond=respond)
-        spec = structural_spec(tmp_path / name, [_llm(server.url, ahead=1, budget_requests=8)],
-                               budget={"env_steps": 30_000})
+        spec = structural_spec(tmp_path / name, [_llm(server.url, ahead=1, lag=lag, budget_requests=8)]
+                               + ([CMAES] if lag else []), budget={"env_steps": 30_000 + 20_000 * bool(lag)})
         return keyed_and_proposed(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir)
 
     (a, order_a), (b, order_b) = run("a", False), run("b", True)
     assert sum(t == EventType.LLM_CALL.value for t, _ in a.values()) == 8 and order_a
     assert a == b and order_a == order_b
+    if lag:
+        assert [p["refiner"] for t, p in a.values() if t == EventType.GENERATION_FINISHED.value][:5] == \
+            ["cmaes", "cmaes", "llm", "cmaes", "llm"]
+
+
+def _refiner_of_each_generation(events) -> list[str]:
+    return [e.payload["refiner"] for e in events_of(events, EventType.GENERATION_FINISHED)]
+
+
+def test_with_lag_the_answers_sent_ahead_are_taken_lag_generations_later_beside_another_refiners(
+        tmp_path, standin, pool):
+    """``ahead = 1, lag = 3`` beside ``cmaes``: the llm's wave sent after generation g is taken by generation g + 3,
+    which the allocator gives the llm (``generation_planned`` says why), and the generations between go to cmaes while
+    the wave is out (but at the end, when only the llm is left); every llm generation after the first takes a wave
+    sent ahead and sends no request of its own,
+    so requests keep going out until the budget is spent, each taken by a generation or recorded at the end. Without
+    ``lag`` the same spec leaves the allocator free: the llm takes generations when its samples say so."""
+    def run(name: str, lag: int):
+        server = standin(respond=answer, latency=0.2)
+        spec = structural_spec(tmp_path / name, [_llm(server.url, ahead=1, lag=lag, budget_requests=12), CMAES],
+                               budget={"env_steps": 60_000})
+        return read_events(start_run(spec, tmp_path / name / "runs", "r", executor=pool).run_dir), server
+
+    events, server = run("lag", 3)
+    by = _refiner_of_each_generation(events)
+    llm_gens = [g for g, r in enumerate(by, start=1) if r == "llm"]
+    # the last llm generation may come early: once cmaes's generation no longer fits the env-step budget, the llm is
+    # the only refiner left and takes its wave before it is due
+    assert llm_gens[:4] == [4, 7, 10, 13] and all(b - a == 3 for a, b in itertools.pairwise(llm_gens[:-1])), by
+    planned = {e.payload["generation"]: e.payload for e in events_of(events, EventType.GENERATION_PLANNED)}
+    assert all(planned[g]["reason"] == "its work prepared ahead is due at this generation" for g in llm_gens[:-1])
+    calls = events_of(events, EventType.LLM_CALL)
+    end = events_of(events, EventType.RUN_FINISHED)[0].payload
+    unused = end.get("refiners_at_end", {}).get("llm", {}).get("unused_requests", 0)
+    assert len(server.requests) == len(calls) == 2 * len(llm_gens) + unused, (len(calls), llm_gens, unused)
+    assert planned[1]["arm"] == "cmaes"  # the llm sat out the first generation: its first wave went out then
+    assert len(calls) == 12 or end["stop_kind"] == "budget"
+
+    free = _refiner_of_each_generation(run("free", 0)[0])
+    assert free != by  # the allocator's own choices: not every third generation
+
+
+def test_lag_needs_ahead_and_an_llm_refiner_says_when_its_wave_is_due(standin):
+    """``lag`` without ``ahead`` is refused (one line); with ``ahead = 1, lag = 2`` the llm sits out the first
+    generation (``Turn.WAIT``: no wave is out yet, and one goes out at its prepare point instead of the workers
+    waiting for it), the wave sent at the first generation's prepare point claims generation 3 (``Turn.DUE``) and
+    keeps the llm out of generation 2 (``Turn.WAIT``); without ``lag`` the allocator is free (``Turn.FREE``)."""
+    from pydantic import ValidationError
+
+    from ratchet.refiners.base import Turn
+
+    with pytest.raises(ValidationError, match="lag needs ahead"):
+        LLMSettings(base_url="http://127.0.0.1:1/v1", model="m", lag=2)
+    server = standin(respond=answer)
+    settings = {"base_url": server.url, "model": "m", "proposals": 2, "variants": 1, "concurrency": 2, "ahead": 1}
+    rng = np.random.default_rng(0)
+    for lag, turns in ((2, [Turn.WAIT, Turn.DUE, Turn.DUE]), (0, [Turn.FREE] * 3)):
+        r = LLMRefiner(LLMSettings(**settings, lag=lag), TASK_FACTS, None)
+        assert r.turn(1) is (Turn.WAIT if lag else Turn.FREE)
+        r.prepare(parent(), None, rng)  # generation 1's: a wave out, due at 1 + lag
+        assert [r.turn(g) for g in (2, 3, 4)] == turns
+        assert len(r.propose(parent(), None, rng)) == 2 and len(server.requests) == 2  # takes it
+        r.finish()
+        server.requests.clear()
 
 
 def test_budgets_hold_with_waves_sent_ahead(standin):
@@ -210,6 +280,51 @@ def test_an_answer_received_ahead_is_never_asked_for_again_after_a_kill(tmp_path
     assert len(asked) == len(set(asked)) == 6  # nothing asked twice
     calls = {e.key for e in events_of(read_events(run_dir), EventType.LLM_CALL)}
     assert journaled <= calls and len(calls) == 6
+
+
+def test_a_run_with_lag_killed_while_its_wave_is_out_resumes_to_the_ledger_of_a_run_never_killed(
+        tmp_path, standin, pool, monkeypatch):
+    """``ahead = 1, lag = 3`` beside ``cmaes``, killed (like kill -9) at the prepare point of generation 5 (a cmaes
+    generation, the llm's wave sent at generation 4 out and its answers in, not yet taken): the resumed run gives the
+    same generations to the same refiners, asks for no answer it received, and ends with the ledger of the run never
+    killed."""
+    from conftest import SimulatedKill
+
+    from ratchet.loop import resume_run
+    from ratchet.refiners.base import Turn
+
+    def spec(name: str, server):
+        return structural_spec(tmp_path / name, [_llm(server.url, ahead=1, lag=3, budget_requests=10), CMAES],
+                               budget={"env_steps": 40_000})
+
+    server = standin(respond=answer)
+    clean = read_events(start_run(spec("clean", server), tmp_path / "clean", "r", executor=pool).run_dir)
+    server = standin(respond=answer)
+    prepare = LLMRefiner.prepare
+
+    def dying(self, *args):
+        prepare(self, *args)
+        if self._prepared == 5:
+            assert self._ahead and self.turn(6) is Turn.WAIT
+            for sent in self._ahead[-1].sent:
+                sent._reply.result(timeout=30)  # its answers are in (and journaled)
+            raise SimulatedKill("killed with a wave out")
+
+    monkeypatch.setattr(LLMRefiner, "prepare", dying)
+    with pytest.raises(SimulatedKill):
+        start_run(spec("killed", server), tmp_path / "runs", "r", executor=pool)
+    monkeypatch.setattr(LLMRefiner, "prepare", prepare)
+    resume_run(tmp_path / "runs" / "r", executor=pool)
+    after = read_events(tmp_path / "runs" / "r")
+
+    def same(events):  # run_started holds the spec, whose base_url names each run's own stand-in
+        return {k: (t, {f: v for f, v in p.items() if f != "seconds"} if t == EventType.LLM_CALL.value else p)
+                for k, (t, p) in comparable(events).items() if t != EventType.RUN_STARTED.value}
+
+    assert _refiner_of_each_generation(after)[:7] == ["cmaes", "cmaes", "cmaes", "llm", "cmaes", "cmaes", "llm"]
+    assert same(after) == same(clean)
+    asked = [_digest(q["body"]) for q in server.requests]
+    assert len(asked) == len(set(asked)) == len(events_of(after, EventType.LLM_CALL))
 
 
 def _reap(pids: set[int]) -> None:

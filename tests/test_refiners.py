@@ -156,6 +156,27 @@ def test_thompson_allocator_favours_the_arm_with_real_gains():
         again.record(arm, gains[arm] if gen % 2 else 0.0)
 
 
+def test_a_refiners_due_work_claims_the_generation_and_work_still_coming_keeps_it_out():
+    """An arm whose prepared work is due (``Turn.DUE``) gets the generation before an untried arm and whatever the
+    samples say; one whose work is still coming (``Turn.WAIT``) is passed over while another is available, and taken
+    when it is the only one; with every arm ``FREE`` the choice and its reasons are those without turns."""
+    from ratchet.refiners import ThompsonAllocator
+    from ratchet.refiners.base import Turn
+
+    alloc = ThompsonAllocator(["a", "b", "c"], seed=0)
+    alloc.record("a", 5.0)
+    assert alloc.choose(2, turns={"c": Turn.DUE})[0] == "c"  # b is untried: without turns it would come first
+    assert alloc.choose(2, turns={"c": Turn.DUE})[1]["reason"] == "its work prepared ahead is due at this generation"
+    assert alloc.choose(2, turns={"b": Turn.WAIT})[0] == "c"
+    assert alloc.choose(2, ["b"], {"b": Turn.WAIT})[0] == "b"
+    for arm in "bc":
+        alloc.record(arm, 0.0)
+    for gen in range(3, 30):
+        free = alloc.choose(gen, turns={a: Turn.FREE for a in "abc"})
+        assert free == alloc.choose(gen)
+        assert alloc.choose(gen, turns={"a": Turn.WAIT})[0] != "a"
+
+
 def test_ipop_restart_doubles_the_population_after_stagnation():
     import numpy as np
 

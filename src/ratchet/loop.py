@@ -417,14 +417,16 @@ class _Run(RunServices):
         """Which refiner configuration gets this generation (Thompson sampling when there are several);
         the choice and its reasons are recorded in the ledger. A refiner that is idle, or whose generation
         no longer ``fits`` the budget (a training job priced above what is left), sits out while another
-        can go on, so a cheap refiner may spend what an expensive one leaves."""
+        can go on, so a cheap refiner may spend what an expensive one leaves; a refiner's prepared work that is due
+        claims the generation, and one still coming keeps it out (:meth:`~ratchet.refiners.Refiner.turn`)."""
         if self.allocator is None:
             return next(iter(self.refiners))
         available = [a for a, r in self.refiners.items()
                      if r.idle_reason() is None and fits(r)]
         if not available:  # a refiner that can go on, so the stop says what ended the run (no room), not an idle one
             return next((a for a, r in self.refiners.items() if r.idle_reason() is None), next(iter(self.refiners)))
-        arm, why = self.allocator.choose(generation, available)
+        turns = {a: self.refiners[a].turn(generation) for a in available}  # prepared work due, or still coming
+        arm, why = self.allocator.choose(generation, available, turns)
         self.record(EventType.GENERATION_PLANNED, f"plan/{generation}", {"generation": generation, **why})
         return arm
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from ratchet.refiners.base import Turn
 
 __all__ = ["ThompsonAllocator"]
 
@@ -23,6 +25,10 @@ class ThompsonAllocator:
 
     Sampling is seeded by (run seed, generation), so a resumed run makes the same choices.
 
+    A refiner's word on the generation (:meth:`~ratchet.refiners.base.Refiner.turn`) comes first: one whose prepared
+    work is due takes it (an ``llm`` refiner's ``lag``: the answers it sent ahead are used at a fixed generation,
+    whichever refiner the samples favour), and one whose work is still coming sits out while another can go on.
+
     Args:
         arms: Arm names, e.g. ``["cmaes-s0.1", "cmaes-s0.2", "cmaes-s0.4"]``.
         seed: The run seed.
@@ -35,15 +41,21 @@ class ThompsonAllocator:
         self.seed = seed
         self.rewards: dict[str, list[float]] = {a: [] for a in self.arms}
 
-    def choose(self, generation: int, available: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+    def choose(self, generation: int, available: Sequence[str] | None = None,
+               turns: Mapping[str, Turn] | None = None) -> tuple[str, dict[str, Any]]:
         """The arm for ``generation`` and why (JSON-ready: per-arm n, mean gain, posterior sample).
 
         Args:
             generation: The generation number (seeds the posterior samples).
             available: The arms that may be chosen (default all; e.g. not those whose refiner is idle).
                 Every arm's sample is drawn either way, so the choice among the others does not change.
+            turns: Each arm's :class:`~ratchet.refiners.base.Turn` for this generation (missing: ``FREE``): the first
+                available arm that is ``DUE`` is chosen; ``WAIT`` arms are passed over while another is available.
         """
         pick = [a for a in self.arms if available is None or a in available] or self.arms
+        turns = turns or {}
+        due = [a for a in pick if turns.get(a) is Turn.DUE]
+        pick = [a for a in pick if turns.get(a) is not Turn.WAIT] or pick
         untried = [a for a in pick if not self.rewards[a]]
         all_rewards = [r for rs in self.rewards.values() for r in rs]
         scale = float(np.std(all_rewards)) if len(all_rewards) > 1 and np.std(all_rewards) > 0 else 1.0
@@ -56,7 +68,9 @@ class ThompsonAllocator:
             sample = float(rng.normal(mean, scale / math.sqrt(n + 1)))
             stats[a] = {"generations": n, "mean_gain": (sum(rs) / n) if n else None,
                         "posterior_mean": mean, "sample": sample}
-        if untried:
+        if due:
+            arm, why = due[0], "its work prepared ahead is due at this generation"
+        elif untried:
             arm, why = untried[0], "not tried yet"
         else:
             arm = max(pick, key=lambda a: stats[a]["sample"])

@@ -7,6 +7,7 @@ overrides the hooks it needs; a kind defines nothing only for the loop.
 
 One generation, as the loop drives it::
 
+    refiner.turn(generation)         # several refiners: whether work it prepared claims this generation (or waits)
     refiner.idle_reason()            # None: it may take this generation
     refiner.budget_spent()           # when idle: whether its own budget retired it (the run's stop is a budget)
     refiner.generation_cost()        # priced before anything runs; fit(room) may cut it to the budget's rest
@@ -31,6 +32,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -39,7 +41,7 @@ from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate
 from ratchet.proposals import Rejection
 
-__all__ = ["GenerationCost", "Refiner"]
+__all__ = ["GenerationCost", "Refiner", "Turn"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ class GenerationCost:
         return self.evaluations_with(self.reference)
 
 
+class Turn(Enum):
+    """A refiner's word on who takes a generation when several share a run (:meth:`Refiner.turn`), read by the
+    allocator (:class:`~ratchet.refiners.allocation.ThompsonAllocator`)."""
+
+    FREE = "free"  #: the allocator chooses as it would (the default)
+    DUE = "due"  #: work the refiner prepared is due at this generation: it takes it (the first such, in order)
+    WAIT = "wait"  #: work it prepared is still coming: it sits out while another refiner can take the generation
+
+
 class Refiner(ABC):
     """Proposes candidates from a parent and its critique; learns from their evaluations.
 
@@ -106,6 +117,14 @@ class Refiner(ABC):
         generation's :meth:`propose` (whichever refiner took it), before its episodes, with the same incumbent,
         critique and run generator: fixed points, so a resumed run calls it at the same points with the same draws.
         It must not block on outside services (send, never wait). Default: nothing."""
+
+    def turn(self, generation: int) -> Turn:
+        """Whether work :meth:`prepare` started claims ``generation`` (:attr:`Turn.DUE`: the allocator gives it this
+        refiner), keeps it out of this one (:attr:`Turn.WAIT`: its work is still coming; it takes the generation only
+        where no other refiner can), or neither (:attr:`Turn.FREE`). Asked before each generation where several
+        refiners share the run; it must depend only on what the run records (generations, proposals), never on
+        timing, so a resumed run gives the same generations to the same refiners. Default: :attr:`Turn.FREE`."""
+        return Turn.FREE
 
     def finish(self) -> dict[str, Any]:
         """The run ends: work :meth:`prepare` started and no :meth:`propose` took is settled and recorded (an ``llm``

@@ -84,7 +84,7 @@ from ratchet.policies.source import Folder, baked, files_text, program_of
 from ratchet.policy import FOLDER_KINDS, Candidate
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
-from ratchet.refiners.base import GenerationCost, Refiner
+from ratchet.refiners.base import GenerationCost, Refiner, Turn
 from ratchet.refiners.registry import Purse, Reply, Sent, as_they_finish
 from ratchet.refiners.structural import Rejection, baked_source, check_source, param_variants, source_diff
 
@@ -218,6 +218,8 @@ class LLMSettings(ArchiveSettings):
             raise ValueError("give base_url and model (one model) or models (a pool), not both")
         if self.models is None and (self.base_url is None or self.model is None):
             raise ValueError("give base_url and model (one model), or models (a pool of them)")
+        if self.lag and not self.ahead:
+            raise ValueError("lag needs ahead = 1 or more (it says which generation takes a wave sent ahead)")
         return self
 
     @property
@@ -246,6 +248,14 @@ class LLMSettings(ArchiveSettings):
                                                   "see the history one generation stale (0: every request is sent "
                                                   "and answered within its generation).",
                        json_schema_extra={"unit": "waves"})
+    lag: int = Field(0, ge=0, le=64, description="With ahead and several refiners: the generations (any refiner's) "
+                                                 "from a wave sent ahead to the generation that takes its answers, "
+                                                 "which is then this refiner's (the allocator gives it); until then "
+                                                 "this refiner sits out while another can take generations, so the "
+                                                 "model answers beside their episodes. Set it near the model's "
+                                                 "answer time over a generation's. 0: a wave waits for this "
+                                                 "refiner's next generation, whenever the allocator gives it one.",
+                     json_schema_extra={"unit": "generations"})
     variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.",
                           json_schema_extra={"unit": "candidates"})
     sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
@@ -1163,6 +1173,7 @@ class _Ahead:
     sent: list[Sent]
     slots: int
     held: tuple[int, int, float]
+    due: int = 0  # with ``lag``: the generation that takes it (the one it was sent in, plus ``lag``)
 
 
 class ModelBandit:
@@ -1256,6 +1267,7 @@ class LLMRefiner(Refiner):
         self.exchange_all = exchange_all or functools.partial(_each_at_once, self.exchange)
         self.exchange_ahead = exchange_ahead or functools.partial(_ahead_in_threads, self.exchange)
         self._ahead: list[_Ahead] = []  # waves sent ahead (``ahead``), oldest first
+        self._prepared = 0  # calls of :meth:`prepare`: one per generation of the run (any refiner's)
         self.sleep = sleep
         self.time_left = time_left
         self.spent = _Spent()
@@ -1621,6 +1633,7 @@ class LLMRefiner(Refiner):
         Its prompts see the history as it stands now: this generation's edits are in it, their episodes' results not
         yet (one generation stale: the price of the overlap, as in ShinkaEvolve's asynchronous evaluation)."""
         s = self.settings
+        self._prepared += 1
         if not s.ahead or len(self._ahead) >= s.ahead or self._no_request() is not None:
             return
         self._critiques = {}  # the programs' latest critiques (another refiner's generations may have run since)
@@ -1634,7 +1647,20 @@ class LLMRefiner(Refiner):
             held = (sum(c or 0 for c in caps), *held[1:])
         sent = self.exchange_ahead([(r.key, r.request, functools.partial(self._call, r.request, cap, r.arm))
                                     for r, cap in zip(wave, caps)]) if wave else []
-        self._ahead.append(_Ahead(wave, sent, slots, held))
+        self._ahead.append(_Ahead(wave, sent, slots, held, self._prepared + s.lag if s.lag else 0))
+
+    def turn(self, generation: int) -> Turn:
+        """With ``lag``: :attr:`~Turn.DUE` from the generation the oldest wave sent ahead is due at (the one it was sent
+        in plus ``lag``), :attr:`~Turn.WAIT` before it, and :attr:`~Turn.WAIT` too with no wave out while a request may
+        go out (this generation's :meth:`prepare` sends one, instead of the workers waiting for a fresh wave, as at
+        the first generation); else :attr:`~Turn.FREE` (without ``lag``, once the endpoint stopped the refiner, or
+        with no wave out and no request possible). Only generation numbers and the budgets decide, never the
+        answers' timing."""
+        if not self.settings.lag or self.spent.down is not None:
+            return Turn.FREE
+        if not self._ahead:
+            return Turn.WAIT if self._no_request() is None else Turn.FREE
+        return Turn.DUE if generation >= self._ahead[0].due else Turn.WAIT
 
     def finish(self) -> dict[str, Any]:
         """The run ends: the answers of the waves sent ahead that no generation took are awaited and recorded (their

@@ -48,7 +48,7 @@ import numpy as np
 from ratchet.critic import Critique, Evaluation
 from ratchet.policy import Candidate
 from ratchet.proposals import Rejection
-from ratchet.refiners.base import GenerationCost, Refiner
+from ratchet.refiners.base import GenerationCost, Refiner, Turn
 from ratchet.rollout import Episode
 from ratchet.worldmodel.screen import ScreenState, choose, horizon_for, optimistic, rank_correlation
 
@@ -337,6 +337,10 @@ class ScreenedRefiner(Refiner):
     def prepare(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> None:
         """Passed to the inner refiner."""
         self.inner.prepare(parent, critique, rng)
+
+    def turn(self, generation: int) -> Turn:
+        """The inner refiner's."""
+        return self.inner.turn(generation)
 
     def finish(self) -> dict[str, Any]:
         """Passed to the inner refiner."""
