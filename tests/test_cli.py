@@ -1239,3 +1239,25 @@ def test_python_dash_m_ratchet_is_the_same_command_line():
     bad = subprocess.run([sys.executable, "-m", "ratchet", "show", "--no-such-option"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_resuming_a_run_whose_folder_cannot_be_written_is_one_line(finished_run, runner, tmp_path, monkeypatch):
+    """A read-only runs folder (a mount, another user's runs): `ratchet resume` says so in one line, no traceback."""
+    import errno
+
+    from ratchet import runs
+
+    _, run_dir, _ = finished_run
+    shutil.copytree(run_dir, tmp_path / run_dir.name)
+    real_open = os.open
+
+    def read_only(path, *args, **kw):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(runs.os, "open", read_only)
+    res = runner.invoke(app, ["resume", run_dir.name, "--runs-dir", str(tmp_path)])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip().startswith(f"error: cannot write run {run_dir.name}: Read-only file system"), res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output

@@ -31,14 +31,19 @@ def lock_run_dir(run_dir: Path) -> int:
     guarded across machines by the run's writer lease (:class:`~ratchet.ledger.lease.WriterLease`).
 
     Raises:
-        LedgerError: another process on this machine is writing this run.
+        LedgerError: another process on this machine is writing this run, or the run directory cannot be written
+            (read-only, another user's).
     """
     try:  # the ledger, report and policies of runs are not for policy code to read (see docs/concepts/trust.md)
         os.chmod(run_dir, 0o700)
     except OSError:
         pass
     hide_from_policies(run_dir.parent, run_dir)
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # a read-only folder, another user's run: nothing can be written, so nothing is lost
+        raise LedgerError(f"cannot write run {run_dir.name}: {exc.strerror or exc} ({run_dir}); a run is resumed "
+                          "where its folder can be written") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
