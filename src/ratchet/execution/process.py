@@ -421,14 +421,15 @@ class ProcessExecutor:
 
         Scheduling (the order and size of the messages; never a result): each job is expected to take as many
         env steps as the latest clean episode this executor saw on its seed (else their mean), and the jobs go
-        longest expected first (the candidates by the work their jobs hold, each candidate's jobs by theirs in powers
-        of two; alike keep their order) unless ``max_env_steps`` may bind, where they keep the order given (which
-        jobs the cap skips then depends on the order alone). A
-        lockstep message takes a candidate's jobs queued together whole where they fit the worker's fair share of
-        the expected work left (the queued jobs' and those the workers hold, split evenly, less what it holds), else
-        what fits about half of it; the rest stays queued for the first worker to free up, so messages shrink as
-        the queue empties. A worker holds a second message behind the one running (so it need not wait for the
-        parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
+        longest expected first (:meth:`~ratchet.execution.schedule.JobQueue.longest_first`: a job too long to share a
+        message first whichever candidate it is of, then each candidate's jobs together; alike keep their order)
+        unless ``max_env_steps`` may bind, where they keep the order given (which jobs the cap skips then depends on
+        the order alone). A lockstep message takes a candidate's jobs queued together whole where they fit the
+        worker's fair share of the expected work left (the queued jobs' and what the workers hold has left: a running
+        message's jobs less its time so far at the measured seconds per env step; split evenly, less what it holds)
+        and none of the candidate's jobs went out yet, else what fits about half of it; the rest stays queued for the
+        first worker to free up, so messages shrink as the queue empties. A worker holds a second message behind the
+        one running (so it need not wait for the parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
         workers have their next message. A job's timeout clock starts when the message before it on the same
         worker has finished.
 
