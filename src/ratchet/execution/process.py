@@ -576,12 +576,17 @@ class ProcessExecutor:
         def take(w: _Worker) -> list[int]:
             """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
             candidate queued right behind it (no renders; as many as four widths and the env-step cap's worst case
-            allow): all of them where they fit ``w``'s fair share of the work left and none of the candidate's jobs
-            went out yet (a candidate is not split for nothing: each part starts its process on another worker), else
-            what fits about half of it (:func:`room`). The rest stays queued for whichever worker frees up first, so
+            allow): all of them where none of the candidate's jobs went out yet and they fit ``w``'s fair share of
+            the work (the queued jobs' and all the workers hold, counted in full: a candidate is not split for nothing,
+            each part starts its process on another worker), else what fits about half of the work left
+            (:func:`room`). The rest stays queued for whichever worker frees up first, so
             messages shrink as the queue empties and the end of a heavy-tailed mix of episodes is not left to one
             worker's long message while others wait (nor to a split candidate's last part, taken whole)."""
-            fair, half = room(w)
+            _, half = room(w)
+            # a candidate not split yet goes whole where it fits a share of the work counted in full, as if nothing
+            # had run: the work left shrinks as a call ends, and splitting starts its process on another worker
+            whole = shares(pending.work + sum(pending.expect[j] for x in workers for j in x.jobs), len(workers),
+                           sum(pending.expect[j] for j in w.jobs))[0]
             first = pending.popleft()
             if lockstep == 1 or first in solo or (render_paths and render_paths[first]):
                 return [first]
@@ -591,7 +596,7 @@ class ProcessExecutor:
                 if jobs[j].candidate.id != cid or j in solo or (render_paths and render_paths[j]):
                     break
                 run.append(pending.expect[j])
-            size = fit(run, half if cid in split else fair, half)
+            size = fit(run, half if cid in split else whole, half)
             split.add(cid)
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
