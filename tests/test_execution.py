@@ -326,3 +326,63 @@ def test_messages_leave_work_queued_for_the_first_worker_free(cartpole_task, mon
         eps += ex.run(cartpole_task, _jobs(four, SEEDS[:3]))
         assert [len(ids) for kind, ids in sent.messages] == [3, 3, 3, 3]  # each candidate whole: 3 of 6 per worker
     assert all(e.error is None for e in eps)
+
+
+def test_work_left_counts_what_running_messages_did():
+    """The work a worker has left is its jobs' expected env steps less what its running message did since it started,
+    at the seconds per env step measured on finished messages (never more than that message's own jobs); nothing is
+    taken off before a message was timed."""
+    from ratchet.execution.schedule import Lengths, remaining
+
+    lengths = Lengths()
+    assert lengths.step_s is None and remaining(150, 100, 0.5, lengths.step_s) == 150
+    lengths.timed(1.0, 100)
+    assert lengths.step_s == pytest.approx(0.01)
+    assert remaining(150, 100, 0.5, lengths.step_s) == pytest.approx(100)  # half the running message done
+    assert remaining(150, 100, 5.0, lengths.step_s) == pytest.approx(50)  # at most all of it: the queued 50 are left
+
+
+def test_long_jobs_of_every_candidate_go_first(cartpole_task, monkeypatch):
+    """A job expected to take more than about half a worker's share of the call's work goes alone in its message all
+    the same, so such jobs go first whichever candidate they are of: the first message to each of four workers holds
+    one of the two candidates' four long jobs (before, the second candidate's waited behind the first's short ones, and
+    a worker could end the call with two long jobs while another idled)."""
+    import json
+
+    from ratchet.execution.schedule import Lengths
+
+    sent = _Sent(monkeypatch)
+    two = [zero_candidate(), _mixed_candidate()]
+    jobs = _jobs(two, list(range(6)))
+    with ProcessExecutor(workers=4, episode_timeout_s=30) as ex:
+        ex._ensure_workers(4)
+        lengths = ex._lengths.setdefault(json.dumps(cartpole_task.to_dict(), sort_keys=True), Lengths())
+        for seed, steps in enumerate([400, 400, 10, 10, 10, 10]):  # expected: seeds 0 and 1 long, the rest short
+            lengths.record(seed, steps)
+        eps = ex.run(cartpole_task, jobs)
+    first = sent.messages[:4]
+    assert sorted(i for _, ids in first for i in ids) == [0, 1, 6, 7], first  # each candidate's seeds 0 and 1, alone
+    assert all(e.error is None for e in eps)
+
+
+def test_a_split_candidates_last_part_is_not_taken_whole(cartpole_task, monkeypatch):
+    """A candidate's jobs go whole in one message only while none of them went out yet (splitting them then would
+    start its process on another worker for nothing): once it is split, its last part goes in messages of about half
+    a worker's share, not whole because it fits a full share (where a heavy-tailed last part held the call's end)."""
+    import json
+
+    from ratchet.execution.schedule import Lengths
+
+    sent = _Sent(monkeypatch)
+    jobs = [Job(_mixed_candidate(), 1000)] + [Job(zero_candidate(), s) for s in range(40)]
+    with ProcessExecutor(workers=3, episode_timeout_s=30) as ex:
+        ex._ensure_workers(3)
+        lengths = ex._lengths.setdefault(json.dumps(cartpole_task.to_dict(), sort_keys=True), Lengths())
+        lengths.record(1000, 400)  # expected: one job of 400 env steps, 40 of 10 (800 in all)
+        for seed in range(40):
+            lengths.record(seed, 10)
+        eps = ex.run(cartpole_task, jobs)
+    # the long job alone; 16 of the 40 (their 400 are over a share, 800 / 3: about half of it, 800 / 5); then the 24
+    # left fit a share but the candidate is split already: about half a share again (before: all 24)
+    assert [len(ids) for _, ids in sent.messages[:3]] == [1, 16, 16], sent.messages[:3]
+    assert all(e.error is None for e in eps)

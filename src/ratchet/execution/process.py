@@ -27,7 +27,7 @@ from ratchet.errors import RatchetError, SandboxError
 from ratchet.execution import BUDGET_SKIP, ExecutorCapabilities, Job, policy_payload
 from ratchet.execution.replies import BadReply, decode_reply
 from ratchet.execution.sandbox import Sandbox, hide_from_policies, remove_cgroup, sweep_leftovers
-from ratchet.execution.schedule import JobQueue, Lengths, fit, shares
+from ratchet.execution.schedule import JobQueue, Lengths, fit, remaining, shares
 from ratchet.rollout import LOCKSTEP_EPISODES, LOST_ENV_STEPS, Episode
 from ratchet.tasks import Task
 
@@ -102,6 +102,8 @@ class _Worker:
         self.doomed = False  # a reply said the pair must be replaced (after the running message's last reply)
         self.again: list[int] = []  # jobs of the running message to run again on a fresh pair (died, stale)
         self.deadline = 0.0
+        self.since = 0.0  # when the running message could start (monotonic): sent to an idle worker, or the last ended
+        self.stepped = 0  # env steps the running message's replies so far took
 
     @property
     def outdir(self) -> str:
@@ -419,14 +421,15 @@ class ProcessExecutor:
 
         Scheduling (the order and size of the messages; never a result): each job is expected to take as many
         env steps as the latest clean episode this executor saw on its seed (else their mean), and the jobs go
-        longest expected first (the candidates by the work their jobs hold, each candidate's jobs by theirs in powers
-        of two; alike keep their order) unless ``max_env_steps`` may bind, where they keep the order given (which
-        jobs the cap skips then depends on the order alone). A
-        lockstep message takes a candidate's jobs queued together whole where they fit the worker's fair share of
-        the expected work left (the queued jobs' and those the workers hold, split evenly, less what it holds), else
-        what fits about half of it; the rest stays queued for the first worker to free up, so messages shrink as
-        the queue empties. A worker holds a second message behind the one running (so it need not wait for the
-        parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
+        longest expected first (:meth:`~ratchet.execution.schedule.JobQueue.longest_first`: a job too long to share a
+        message first whichever candidate it is of, then each candidate's jobs together; alike keep their order)
+        unless ``max_env_steps`` may bind, where they keep the order given (which jobs the cap skips then depends on
+        the order alone). A lockstep message takes a candidate's jobs queued together whole where they fit the
+        worker's fair share of the expected work left (the queued jobs' and what the workers hold has left: a running
+        message's jobs less its time so far at the measured seconds per env step; split evenly, less what it holds)
+        and none of the candidate's jobs went out yet, else what fits about half of it; the rest stays queued for the
+        first worker to free up, so messages shrink as the queue empties. A worker holds a second message behind the
+        one running (so it need not wait for the parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
         workers have their next message. A job's timeout clock starts when the message before it on the same
         worker has finished.
 
@@ -466,8 +469,9 @@ class ProcessExecutor:
         cap = max_env_steps if max_env_steps is not None and task.step_limit else None
         spent, held = [0], [False]  # env steps of finished jobs; whether the cap held a job back
         # jobs go longest expected first (each seed's latest episode) unless the cap may bind (JobQueue)
-        pending = JobQueue(jobs, self._lengths.setdefault(task_key, Lengths()), cap, task.step_limit)
-        hold = [0]  # env steps the jobs the workers hold are expected to take (see room)
+        pending = JobQueue(jobs, self._lengths.setdefault(task_key, Lengths()), cap, task.step_limit, len(workers))
+        hold = [0.0]  # env steps the jobs the workers hold are expected to take from now (see room)
+        split: set[str] = set()  # the candidates a lockstep message of this call went out with (see take)
         unreported: deque[tuple[int, Episode]] = deque()  # finished, for on_episode once idle workers have work again
 
         def finish(i: int, ep: Episode) -> None:
@@ -544,25 +548,45 @@ class ProcessExecutor:
             if w.batches[0]:
                 return
             w.batches.popleft()
+            now = time.monotonic()
             if w.doomed:
                 replace(w)
                 pending.extendleft(reversed(w.again))  # the running message's jobs to rerun go first, in order
-            elif w.batches:
-                w.deadline = time.monotonic() + deadline_s * w.batches[0]
+                return
+            pending.lengths.timed(now - w.since, w.stepped)  # what an env step costs, for the work left (room)
+            w.since, w.stepped = now, 0
+            if w.batches:
+                w.deadline = now + deadline_s * w.batches[0]
+
+        def left(w: _Worker, now: float) -> float:
+            """The env steps ``w``'s jobs are expected to take from ``now``: its running message's less what the time
+            since it started has done at the measured seconds per env step (:func:`remaining`), and those queued
+            behind it."""
+            if not w.jobs:
+                return 0.0
+            held = sum(pending.expect[j] for j in w.jobs)
+            running = sum(pending.expect[j] for j in itertools.islice(w.jobs, w.batches[0]))
+            return remaining(held, running, now - w.since, pending.lengths.step_s)
 
         def room(w: _Worker) -> tuple[float, float]:
             """``w``'s fair share of the work left and about half of it, in env steps (:func:`shares` of what the
-            queued jobs and the jobs every worker holds are expected to take, less what ``w`` holds)."""
-            return shares(pending.work + hold[0], len(workers), sum(pending.expect[j] for j in w.jobs))
+            queued jobs and the jobs every worker holds are expected to take from now, less what ``w`` holds)."""
+            return shares(pending.work + hold[0], len(workers), left(w, time.monotonic()))
 
         def take(w: _Worker) -> list[int]:
             """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
             candidate queued right behind it (no renders; as many as four widths and the env-step cap's worst case
-            allow): all of them where they fit ``w``'s fair share of the work left (a candidate is not split for
-            nothing: each part starts its process on another worker), else what fits about half of it (:func:`room`).
-            The rest stays queued for whichever worker frees up first, so messages shrink as the queue empties and
-            the end of a heavy-tailed mix of episodes is not left to one worker's long message while others wait."""
-            fair, half = room(w)
+            allow): all of them where none of the candidate's jobs went out yet and they fit ``w``'s fair share of
+            the work (the queued jobs' and all the workers hold, counted in full: a candidate is not split for nothing,
+            each part starts its process on another worker), else what fits about half of the work left
+            (:func:`room`). The rest stays queued for whichever worker frees up first, so
+            messages shrink as the queue empties and the end of a heavy-tailed mix of episodes is not left to one
+            worker's long message while others wait (nor to a split candidate's last part, taken whole)."""
+            _, half = room(w)
+            # a candidate not split yet goes whole where it fits a share of the work counted in full, as if nothing
+            # had run: the work left shrinks as a call ends, and splitting starts its process on another worker
+            whole = shares(pending.work + sum(pending.expect[j] for x in workers for j in x.jobs), len(workers),
+                           sum(pending.expect[j] for j in w.jobs))[0]
             first = pending.popleft()
             if lockstep == 1 or first in solo or (render_paths and render_paths[first]):
                 return [first]
@@ -572,12 +596,16 @@ class ProcessExecutor:
                 if jobs[j].candidate.id != cid or j in solo or (render_paths and render_paths[j]):
                     break
                 run.append(pending.expect[j])
-            size = fit(run, fair, half)
+            size = fit(run, half if cid in split else whole, half)
+            split.add(cid)
             if cap is not None:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 running = sum(len(x.jobs) for x in workers)
                 size = min(size, max(1, (cap - spent[0]) // task.step_limit - running))
-            return [first] + [pending.popleft() for _ in range(size - 1)]
+            batch = [first] + [pending.popleft() for _ in range(size - 1)]
+            if pending.reorder and pending and jobs[pending[0]].candidate.id == cid:
+                pending.longest_first()  # the candidate's longest went: another's may be longer than what it has left
+            return batch
 
         def dispatch(w: _Worker) -> bool:
             held[0] = False
@@ -630,7 +658,8 @@ class ProcessExecutor:
                 w.known_sources.add(key)
                 w.known_tasks.add(task_key)
                 if not w.jobs:
-                    w.deadline = time.monotonic() + deadline_s * len(batch)
+                    w.since = time.monotonic()
+                    w.deadline = w.since + deadline_s * len(batch)
                 w.jobs.extend(batch)
                 w.batches.append(len(batch))
                 hold[0] += sum(pending.expect[j] for j in batch)
@@ -649,6 +678,7 @@ class ProcessExecutor:
             except BadReply as exc:  # only policy code tampering with the worker's socket does this
                 fail_head(w, f"worker sent {exc} on seed {jobs[head].seed}; the policy interfered with its worker")
                 return
+            w.stepped += ep.length
             if status == "stale" and w.trusted and stale.get(head, 0) < 3:  # only an env host says so
                 stale[head] = stale.get(head, 0) + 1  # the candidate before this job's kept the pair: rerun it
                 w.doomed = True
@@ -690,7 +720,8 @@ class ProcessExecutor:
         try:
             while True:
                 pending.relearn()  # new lengths (every 64th of the queue): longest first again
-                hold[0] = sum(pending.expect[j] for w in workers for j in w.jobs)  # env steps the workers hold, expected
+                now = time.monotonic()
+                hold[0] = sum(left(w, now) for w in workers)  # env steps the workers' jobs are expected to take from now
                 for depth in (1, 2):  # fill idle workers first, then queue one message behind each running one
                     for w in list(workers):
                         if (len(w.batches) < depth and pending and not dispatch(w) and pending and not w.jobs

@@ -301,7 +301,7 @@ class RayExecutor:
         task_ref = ray.put(task_dict)
         submit = _remote_batch(ray).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False).remote
         cap = max_env_steps if max_env_steps is not None and task.step_limit else None
-        queue = JobQueue(jobs, self._lengths.setdefault(task_key, Lengths()), cap, task.step_limit)
+        queue = JobQueue(jobs, self._lengths.setdefault(task_key, Lengths()), cap, task.step_limit, cpus)
         in_flight: dict[Any, list[int]] = {}
         results: list[Episode | None] = [None] * len(jobs)
         failed: dict[str, str] = {}  # candidate id -> why a task failed it as a whole: its queued jobs are skipped

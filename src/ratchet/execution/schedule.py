@@ -3,8 +3,10 @@
 Each job is expected to take as many env steps as the latest clean episode seen on its seed (:class:`Lengths`); the
 jobs not yet sent wait in one queue across the call's candidates (:class:`JobQueue`), longest expected first; and a
 message (or Ray task) takes the jobs at the head of the queue that fit a worker's fair share of the work left, else
-about half of it (:func:`fit`), so messages shrink as the queue empties. Only the order and size of the messages
-depend on it, never a result.
+about half of it (:func:`fit`), so messages shrink as the queue empties. The work left counts what the messages
+running have done by now (:func:`remaining`: their time so far over the seconds an env step is measured to take,
+:attr:`Lengths.step_s`), so the end of a call is not sized as if the long episodes running had not started. Only the
+order and size of the messages depend on it, never a result.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ratchet.execution import Job
 
-__all__ = ["JobQueue", "Lengths", "fit", "shares"]
+__all__ = ["JobQueue", "Lengths", "fit", "remaining", "shares"]
 
 
 class Lengths:
@@ -28,6 +30,20 @@ class Lengths:
         self.limit = limit
         self.steps: dict[int, int] = {}
         self.total = 0
+        self._seconds = self._stepped = 0.0  # the messages timed (decayed sums: recent ones weigh most)
+
+    @property
+    def step_s(self) -> float | None:
+        """Seconds of wall clock one env step of this task takes on a worker, as measured by :meth:`timed` (a message's
+        start folded in); None before any was timed."""
+        return self._seconds / self._stepped if self._stepped else None
+
+    def timed(self, seconds: float, steps: int) -> None:
+        """A message of ``steps`` env steps in all took ``seconds`` of wall clock on its worker, from when it could
+        start (sent to an idle worker, or the one before it ended) to its last reply."""
+        if steps > 0 and seconds >= 0:
+            self._seconds = 0.9 * self._seconds + seconds
+            self._stepped = 0.9 * self._stepped + steps
 
     def expect(self, seed: int) -> int:
         """Env steps (≥ 1) a job on ``seed`` is expected to take: its latest episode's, else the mean of those seen
@@ -61,11 +77,12 @@ class JobQueue:
         lengths: The task's expected lengths (:class:`Lengths`), updated by :meth:`finished`.
         cap: The call's env-step cap, or None.
         step_limit: The task's time limit in env steps (needed with ``cap``).
+        workers: How many workers share the jobs (see :meth:`longest_first`).
     """
 
     def __init__(self, jobs: Sequence[Job], lengths: Lengths, cap: int | None = None,
-                 step_limit: int | None = None) -> None:
-        self.jobs, self.lengths = jobs, lengths
+                 step_limit: int | None = None, workers: int = 1) -> None:
+        self.jobs, self.lengths, self.workers = jobs, lengths, max(1, workers)
         self.reorder = cap is None or step_limit is None or len(jobs) * step_limit <= cap
         self.expect = [lengths.expect(job.seed) for job in jobs]
         self._jobs: deque[int] = deque(range(len(jobs)))
@@ -106,18 +123,43 @@ class JobQueue:
             self.learned = 0
 
     def longest_first(self) -> None:
-        """Expect each queued job's seed to take what :attr:`lengths` says and order the queue longest first: the
-        candidates by the work their jobs hold, each candidate's jobs by theirs in powers of two. A candidate's jobs
-        stay together (for lockstep batches), and candidates or jobs expected alike keep their order."""
+        """Expect each queued job's seed to take what :attr:`lengths` says and order the queue longest first, in
+        powers of two of the env steps expected. First the jobs expected to take more than about half a worker's share
+        of the queue's work (``work / (2 workers - 1)``: such a job goes alone in its message all the same), whichever
+        candidate they are of; then the others, each candidate's together (for lockstep batches: one process per
+        message), a job on a seed never seen first (it may be the longest: lengths are heavy-tailed, and the sooner
+        it runs the sooner its length is known), the candidates by their first job so ordered, then by the work their
+        jobs hold (so a candidate's last jobs, one of them long, do not wait behind another's many short ones).
+        Candidates or jobs expected alike keep their order."""
         work: dict[str, int] = {}
+        top: dict[str, int] = {}
+        size: dict[int, int] = {}  # each job's power of two (of env steps expected); a seed never seen: above all
         for i in self._jobs:
-            self.expect[i] = self.lengths.expect(self.jobs[i].seed)
+            seed = self.jobs[i].seed
+            self.expect[i] = self.lengths.expect(seed)
+            size[i] = self.expect[i].bit_length() if seed in self.lengths.steps else 64
             cid = self.jobs[i].candidate.id
             work[cid] = work.get(cid, 0) + self.expect[i]
-        rank = {g: k for k, g in enumerate(sorted(work, key=lambda g: -work[g]))}  # a stable sort: ties keep order
-        self._jobs = deque(sorted(self._jobs, key=lambda i: (rank[self.jobs[i].candidate.id],
-                                                             -self.expect[i].bit_length())))
         self.work = sum(work.values())
+        alone = self.work / (2 * self.workers - 1)  # a job expected above this goes alone in its message (fit)
+        long = {i for i in self._jobs if size[i] < 64 and self.expect[i] > alone}
+        for i in self._jobs:
+            if i not in long:
+                cid = self.jobs[i].candidate.id
+                top[cid] = max(top.get(cid, 0), size[i])
+        rank = {g: k for k, g in enumerate(sorted(work, key=lambda g: (-top.get(g, 0), -work[g])))}  # stable sort
+        self._jobs = deque(sorted(self._jobs, key=lambda i: (0, -size[i], rank[self.jobs[i].candidate.id]) if i in long
+                                  else (1, rank[self.jobs[i].candidate.id], -size[i])))
+
+
+def remaining(held: float, running: float, elapsed_s: float, step_s: float | None) -> float:
+    """Expected env steps a worker has left: those of the jobs it ``held`` (its running message's and any queued behind
+    it), less what the ``running`` message's jobs (expected env steps) have done in the ``elapsed_s`` seconds since it
+    started, at ``step_s`` seconds an env step (nothing done where that is not measured yet; never more than
+    ``running``)."""
+    if not step_s or elapsed_s <= 0:
+        return held
+    return held - min(running, elapsed_s / step_s)
 
 
 def shares(left: float, workers: int, mine: float = 0.0) -> tuple[float, float]:
