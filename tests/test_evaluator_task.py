@@ -976,6 +976,12 @@ def test_a_task_declared_deterministic_whose_re_evaluation_differs_is_said_so_an
     shown = _show("n", tmp_path / "runs")
     assert "the task is not deterministic: candidate" in shown and "on re-evaluation" in shown
     assert "validation_episodes" not in shown  # no advice to buy statistical power for what needs none
+    from ratchet.advice import run_advice  # the end-of-run summary's advice, as show's: what to change
+    from ratchet.ledger.projection import project
+
+    advice = run_advice(project(events))
+    assert advice[0].startswith(f"the task was declared deterministic but is not: {len(refused)} re-evaluation(s)")
+    assert "remove [task] deterministic = true" in advice[0] and "\n" not in advice[0]
 
 
 def test_scores_that_look_deterministic_get_a_hint_to_declare_it(tmp_path: Path) -> None:
