@@ -1221,10 +1221,22 @@ def test_a_no_gate_note_is_said_once(monkeypatch):
     end = 'decide = "end": the gate decides when the search ends'
     infos = [{"generation": g, "frac": 0.1 * g, "gate_note": end} for g in (1, 2, 3)]
     infos.append({"generation": 4, "frac": 0.4, "gate_note": "not better on training seeds"})
-    lines = _printed(monkeypatch, infos, [1.0, 2.0, 3.0, 4.0])
+    infos.append({"generation": 5, "frac": 0.5, "gate_note": end})
+    lines = _printed(monkeypatch, infos, [1.0, 2.0, 3.0, 4.0, 5.0])
     assert lines[0].endswith(f"| no gate: {end}"), lines[0]
-    assert "no gate" not in lines[1] and "no gate" not in lines[2]
+    assert lines[1].endswith("| no gate: same as above") and lines[2].endswith("| no gate: same as above")
     assert lines[3].endswith("| no gate: not better on training seeds")
+    assert lines[4].endswith("| no gate: same as gen 1"), lines[4]
+
+
+def test_a_refiner_that_stops_while_others_go_on_says_so(monkeypatch):
+    """A refiner taken out of the run (its endpoint down) gets one line: which, why, and that the run goes on."""
+    why = "3 requests in a row failed, the last: cannot reach http://127.0.0.1:9/v1"
+    infos = [{"generation": 1, "frac": 0.1, "refiner": "llm", "n_refiners": 2,
+              "retired": {"llm": why}, "going_on": ["cmaes"]}, {"generation": 2, "frac": 0.2}]
+    lines = _printed(monkeypatch, infos, [1.0, 2.0])
+    assert len(lines) == 3 and lines[0].startswith("gen   1 llm")
+    assert lines[1] == f"llm stopped: {why}; the run goes on with cmaes", lines[1]
 
 
 def test_python_dash_m_ratchet_is_the_same_command_line():

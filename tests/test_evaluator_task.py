@@ -390,6 +390,23 @@ def test_the_llm_refiner_edits_an_evaluator_tasks_functions_from_its_description
     assert proposed and all("s" in c["params"] for c in proposed)
 
 
+def test_a_screen_on_an_evaluator_task_is_noted_at_start_as_having_no_effect(tmp_path: Path) -> None:
+    """An evaluator records no transitions (no environment stepped): `[model] screen = true` gets one note at the start
+    saying it has no effect and why, decided from the task's declared ``records_transitions``."""
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    d = _spec_dir(tmp_path, model={"screen": True})
+    notes: list[str] = []
+    load_spec(d, notes=notes)
+    assert len(notes) == 1 and "[model] screen has no effect" in notes[0], notes
+    assert "the task (evaluator) records no transitions" in notes[0] and "trusted_rollouts" not in notes[0]
+    res = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["run", str(d), "--runs-dir", str(tmp_path / "runs"),
+                                                         "--no-report", "--set", "budget.episodes=60"])
+    assert res.stdout.startswith("note: [model] screen has no effect in this run"), res.stdout
+
+
 def test_an_evaluator_may_define_dataclasses(tmp_path: Path) -> None:
     source = "from __future__ import annotations\nfrom dataclasses import dataclass\n\n@dataclass\nclass Inst:\n" \
              "    hints: list\n\n" + EVALUATOR
@@ -959,6 +976,12 @@ def test_a_task_declared_deterministic_whose_re_evaluation_differs_is_said_so_an
     shown = _show("n", tmp_path / "runs")
     assert "the task is not deterministic: candidate" in shown and "on re-evaluation" in shown
     assert "validation_episodes" not in shown  # no advice to buy statistical power for what needs none
+    from ratchet.advice import run_advice  # the end-of-run summary's advice, as show's: what to change
+    from ratchet.ledger.projection import project
+
+    advice = run_advice(project(events))
+    assert advice[0].startswith(f"the task was declared deterministic but is not: {len(refused)} re-evaluation(s)")
+    assert "remove [task] deterministic = true" in advice[0] and "\n" not in advice[0]
 
 
 def test_scores_that_look_deterministic_get_a_hint_to_declare_it(tmp_path: Path) -> None:

@@ -255,13 +255,18 @@ def test_a_failing_endpoint_is_named_in_the_progress_line_show_and_the_report(tm
     assert "request(s) to the LLM endpoint failed" in html and "model overloaded" in html
 
 
-def test_beside_other_refiners_the_run_goes_on_without_a_dead_endpoint(tmp_path, pool):
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_beside_other_refiners_the_run_goes_on_without_a_dead_endpoint(tmp_path, pool, ahead):
     llm = {"kind": "llm", "base_url": refused_url(), "model": "m", "proposals": 1, "variants": 1, "retries": 0,
-           "check_endpoint": False}
+           "check_endpoint": False, "ahead": ahead}
     spec = structural_spec(tmp_path / "s", [{"kind": "mutate", "programs": 2, "variants": 1}, llm],
                            budget={"env_steps": 15_000})
-    result = start_run(spec, tmp_path / "runs", "mix", executor=pool)
+    said = []
+    result = start_run(spec, tmp_path / "runs", "mix", executor=pool, progress=said.append)
     assert "llm endpoint" not in result.stop_reason
+    retired = [info for info in said if info.get("retired")]  # the progress names it once, with why
+    assert len(retired) == 1 and "connection refused" in retired[0]["retired"]["llm"]
+    assert retired[0]["going_on"] == ["mutate"]
     events = read_events(tmp_path / "runs" / "mix")
     gens = events_of(events, EventType.GENERATION_FINISHED)
     stopped = [g for g in gens if g.payload.get("refiner_stopped")]

@@ -112,6 +112,19 @@ def test_wrong_types_and_values(tmp_path, text, fragments):
     spec_error(tmp_path, text, *fragments)
 
 
+def test_a_screen_without_transitions_to_learn_from_gets_a_note_saying_why(tmp_path):
+    """new-user pass: `[model] screen = true` where nothing records transitions ran as without it and said nothing.
+    `ratchet run` now notes at the start that it has no effect and why; nothing where the screen can learn."""
+    notes: list[str] = []
+    load_spec(write(tmp_path, MINIMAL + "[model]\nscreen = true\n[execution]\ntrusted_rollouts = false\n"),
+              notes=notes)
+    assert len(notes) == 1 and "\n" not in notes[0], notes
+    assert notes[0].startswith("note: [model] screen has no effect in this run: [execution] trusted_rollouts = false")
+    notes = []
+    load_spec(write(tmp_path, MINIMAL + "[model]\nscreen = true\n"), notes=notes)
+    assert notes == []
+
+
 def test_an_overlap_gate_the_spec_rules_out_gets_a_note_saying_why(tmp_path):
     """new-user pass: `overlap_gate = true` in the cartpole example (it has a [budget] target) ran exactly as without
     it and said nothing. `ratchet run` now notes at the start which settings rule it out; none without them."""

@@ -124,6 +124,19 @@ def test_every_task_kind_declares_whether_it_batches_rollouts():
     assert GymTask("CartPole-v1").batched_rollouts
 
 
+def test_every_task_kind_declares_whether_it_records_transitions():
+    """``[model] screen`` learns from recorded transitions; a task declares in the Task contract whether it records
+    them (``records_transitions``), so the spec's note is decided without probing the task or naming its kind."""
+    import importlib
+
+    from ratchet.tasks import TASK_KINDS
+
+    for kind, where in TASK_KINDS.items():
+        module, _, name = where.partition(":")
+        assert isinstance(getattr(importlib.import_module(module), name).records_transitions, bool), kind
+    assert GymTask("CartPole-v1").records_transitions
+
+
 def test_every_task_kind_declares_whether_a_promotion_changes_it():
     """Issue 42: whether a promotion may change the task (a game's league) is declared in the Task contract
     (``changes_on_promotion``), read by ``[planner] overlap_gate`` instead of probing ``after_promotion``."""

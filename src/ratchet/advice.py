@@ -81,7 +81,7 @@ def run_advice(state: Any) -> list[str]:
     Args:
         state: A projected run (:class:`ratchet.ledger.projection.RunState`).
     """
-    out: list[str] = []
+    out: list[str] = _not_deterministic(state)
     log, spec = state.generation_log, state.spec
     gate, refiner = spec.get("gate", {}), spec.get("refiner", {})
     n = len(log)
@@ -127,6 +127,18 @@ def run_advice(state: Any) -> list[str]:
                        f"[gate] validation_episodes (now {gate.get('validation_episodes')}), or use test = \"betting\" "
                        "with validation_episodes = 100–200 (it stops early when the evidence is clear)")
     return out + parameters_at_bounds(state)
+
+
+def _not_deterministic(state: Any) -> list[str]:
+    """One line when the task was declared deterministic (``[task] deterministic``) and re-evaluations scored
+    differently (gates refused with ``stopped_because = "not_deterministic"``): every such gate refused its candidate,
+    so the run could promote nothing; what to change. Empty otherwise."""
+    refused = [g for g in state.gates if g.get("stopped_because") == "not_deterministic"]
+    if not (state.task or {}).get("deterministic") or not refused:
+        return []
+    return [(f"the task was declared deterministic but is not: {len(refused)} re-evaluation(s) scored differently "
+             "from the first, and each refused its candidate; remove [task] deterministic = true (or make the "
+             "task's score depend on the candidate alone, e.g. fix its seeding)")]
 
 
 #: Most candidates evaluated more than once before :func:`determinism_notes` calls a task's scores deterministic.

@@ -147,6 +147,7 @@ class _Run(RunServices):
         self.refiners = self._build_refiners()
         names = list(self.refiners)
         self.allocator = ThompsonAllocator(names, spec.seed) if len(names) > 1 else None
+        self._retired: set[str] = set()  # refiners whose stop the progress said (:meth:`newly_retired`)
         self.overlap = GateOverlap(self, self.refiners, self.decider, self.planner, self.prices, self.budget, self.ask)
 
     def _build_refiners(self) -> dict[str, Any]:
@@ -321,11 +322,26 @@ class _Run(RunServices):
         if promoted and incumbent.id in step.train:  # the next generation edits the new incumbent: its own critique
             critique = self.critic.critique(step.train[incumbent.id])
         self.report_progress(**summary, wall_clock_s=self.usage.wall_clock_s, n_refiners=len(self.refiners),
-                             replayed=self._replaying)  # a resumed run read this generation back from the ledger
+                             replayed=self._replaying,  # a resumed run read this generation back from the ledger
+                             **self.newly_retired(step))
         stale = 0 if promoted or self.decider.progressed(step.generation) else now.stale + 1
         stop = (Stop(StopKind.BROKEN, "every episode of the generation failed before its first env step; see why with "
                      f"`ratchet evaluate --run {self.run_dir}`") if step.broken else None)
         return SearchState(incumbent, inc_val, critique, step.est_len, step.longest, stale, step.generation), stop
+
+    def newly_retired(self, step: GenerationStep) -> dict[str, Any]:
+        """The refiners that stopped taking generations since the last progress report while another goes on, for
+        the progress line: ``{"retired": {arm: why}, "going_on": [arm, ...]}`` (why: its
+        :meth:`~ratchet.refiners.Refiner.idle_reason`, or the endpoint failure that stopped it), or ``{}``."""
+        if len(self.refiners) < 2:
+            return {}
+        idle = {a: r.idle_reason() for a, r in self.refiners.items()}
+        if step.stopped and idle.get(step.refiner) is None:
+            idle[step.refiner] = step.stopped
+        retired = {a: str(why) for a, why in idle.items() if why is not None and a not in self._retired}
+        going_on = [a for a, why in idle.items() if why is None]
+        self._retired.update(retired)
+        return {"retired": retired, "going_on": going_on} if retired and going_on else {}
 
     def summary(self, step: GenerationStep, outcome: Outcome, incumbent: Candidate, inc_val: Evaluation
                 ) -> dict[str, Any]:

@@ -82,7 +82,9 @@ class ProgressPrinter:
     A resumed run reads its recorded generations back before it runs new ones (``info["replayed"]``): they are
     shown as recorded, a line marks where this session's work begins, and the time left is estimated from the
     generations run since then only (the ones read back took no time). A ``no gate`` note the same as one already
-    shown (``decide = "end"``'s, every generation) is not repeated.
+    shown (``decide = "end"``'s, every generation) is not repeated: ``no gate: same as above`` (or ``same as gen N``).
+    A refiner that stops taking generations while others go on (``info["retired"]``, ``{name: why}``, and
+    ``info["going_on"]``, the names left) gets a line of its own after the generation's.
 
     Args:
         console: A ``rich.console.Console`` to print to; default one on ``stderr`` without markup.
@@ -96,7 +98,8 @@ class ProgressPrinter:
         self.t0 = time.monotonic()
         self._since = (self.t0, 0.0)  # (when, budget fraction) this session's own generations are counted from
         self._replayed: list[int] = []  # generations read back from the ledger, until the first one run now
-        self._notes: set[str] = set()  # "no gate" notes shown already
+        self._notes: dict[str, int] = {}  # "no gate" notes shown already: the generation that showed each
+        self._last_note: str | None = None  # the previous generation's note
         self.live = self.console.is_terminal if live is None else live
         self.bar = None
         if self.live:
@@ -124,16 +127,21 @@ class ProgressPrinter:
             since, done = now - self._since[0], frac - self._since[1]
             left = (f"≈{since * (1 - frac) / done:.0f} s left" if done > 0.05 * (1 - self._since[1])
                     else "estimating time left")
-        note = info.get("gate_note")
-        if note and not info.get("gated") and not info.get("promoted"):
+        note = info.get("gate_note") if not info.get("gated") and not info.get("promoted") else None
+        if note:
             if note in self._notes:
-                info = {**info, "gate_note": None}
-            self._notes.add(note)
+                said = "same as above" if note == self._last_note else f"same as gen {self._notes[note]}"
+                info = {**info, "gate_note": said}
+            self._notes.setdefault(note, info["generation"])
+        self._last_note = note
         line = progress_line(info, left)
         if self.bar is not None:
             self.bar.update(self.task, completed=frac, description=line)
         else:
             self.console.print(line, highlight=False, soft_wrap=True)
+        for name, why in (info.get("retired") or {}).items():
+            self.console.print(f"{name} stopped: {why}; the run goes on with {', '.join(info['going_on'])}",
+                               highlight=False, soft_wrap=True)
 
     def stop(self) -> None:
         """Stop the live bar (safe to call twice)."""

@@ -1047,6 +1047,27 @@ def overlap_gate_unused(spec: RunSpec) -> list[str]:
              "its gate")]
 
 
+def screen_unused(spec: RunSpec) -> list[str]:
+    """A note when ``[model] screen`` is on but the run can record no transitions for its world model: the task
+    records none (:attr:`ratchet.tasks.Task.records_transitions`: an evaluator's instances, a game's moves) or
+    ``[execution] trusted_rollouts = false`` (only the trusted env host records them). The screen then never has
+    ``min_transitions``, so it screens no generation. Empty otherwise."""
+    if not spec.model.screen:
+        return []
+    from ratchet.tasks import task_from_spec
+
+    why = [text for ruled_out, text in [
+        (not task_from_spec(spec.task).records_transitions,
+         (f"the task ({spec.task.kind}) records no transitions for a world model (no environment stepped on the "
+          "trusted side)")),
+        (not spec.execution.trusted_rollouts,
+         "[execution] trusted_rollouts = false (only the trusted env host records transitions)")] if ruled_out]
+    if not why:
+        return []
+    return [(f"note: [model] screen has no effect in this run: {'; '.join(why)}; no generation is screened ([model] "
+             f"unscreened = \"{spec.model.unscreened}\" says which proposals run); remove screen = true")]
+
+
 def _format_error(err: Mapping[str, Any], where: str) -> str:
     loc = [str(x) for x in err["loc"]]
     section, key = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("", loc[0] if loc else "")
@@ -1227,7 +1248,8 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
         seed: The run seed, instead of the file's ``seed``.
         notes: Where to append one line per setting written where older specs kept it (:func:`moved_settings`), and
             one for a ``[budget] money`` no refiner draws on (:func:`unpriced_money`) or an ``overlap_gate`` the spec
-            rules out (:func:`overlap_gate_unused`).
+            rules out (:func:`overlap_gate_unused`), or a ``[model] screen`` with no transitions to learn from
+            (:func:`screen_unused`).
 
     Raises:
         SpecError: missing file, TOML syntax error (with line), unknown key, wrong type, missing or
@@ -1268,7 +1290,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = (), seed: int | None 
     if coerced is not None:  # a fresh spec only: a recorded one holds the settings as validated, well typed
         raise SpecError(f"{p}: {coerced}")
     if notes is not None:
-        notes += unpriced_money(spec) + overlap_gate_unused(spec)
+        notes += unpriced_money(spec) + overlap_gate_unused(spec) + screen_unused(spec)
     from ratchet.policy import FOLDER_KINDS
 
     if spec.policy.kind in FOLDER_KINDS:

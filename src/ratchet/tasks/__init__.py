@@ -157,6 +157,13 @@ class Task(Protocol):
         a class attribute will do): executors with trusted rollouts then call its ``run_batch``, else
         :meth:`run_episode` one episode at a time."""
 
+    @property
+    def records_transitions(self) -> bool:
+        """Whether :meth:`run_episode` records the episode's transitions to a ``.npz`` ``render_path``
+        (:mod:`ratchet.worldmodel.transitions`: an environment stepped on the trusted side), the data ``[model]
+        screen`` learns its world model from; without them the screen never has the transitions it needs. A class
+        attribute will do."""
+
     def run_episode(self, policy: PolicyHandle, params: Mapping[str, Any], seed: int,
                     render_path: str | None = None) -> Any:
         """One episode on the trusted side (the env host): the :class:`~ratchet.rollout.Episode` of ``policy``

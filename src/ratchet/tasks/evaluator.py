@@ -357,6 +357,7 @@ class EvaluatorTask:
     return_name: ClassVar[str] = "score"
     batched_rollouts: ClassVar[bool] = False  # no run_batch: one instance at a time
     changes_on_promotion: ClassVar[bool] = False  # an evaluator does not change with the run
+    records_transitions: ClassVar[bool] = False  # no environment: an instance is one call, nothing to step
     action_mode: ClassVar[str] = "error"
 
     path: str

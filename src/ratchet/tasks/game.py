@@ -389,6 +389,7 @@ class GameTask:
     episode_unit: ClassVar[str] = "episodes"
     return_name: ClassVar[str] = "return"
     batched_rollouts: ClassVar[bool] = False  # no run_batch: one game at a time
+    records_transitions: ClassVar[bool] = False  # render_path is ignored: no transitions for a world model
     deterministic: ClassVar[bool] = False  # opponents and seats vary with the seed
     action_mode: ClassVar[str] = "error"
 

@@ -46,6 +46,7 @@ class GymTask:
     return_name: ClassVar[str] = "return"
     batched_rollouts: ClassVar[bool] = True  # run_batch: several episodes of one policy stepped at once (lockstep)
     changes_on_promotion: ClassVar[bool] = False  # an environment does not change with the run
+    records_transitions: ClassVar[bool] = True  # run_episode writes an .npz render path's transitions
 
     env_id: str
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
