@@ -489,6 +489,10 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row(f"correction round {c['round']}",
                   _safe(f"{c['who']} controlled {c['person_steps']:,} of {c['env_steps']:,} env steps in "
                         f"{c['episodes']} episode(s) of {c['candidate_id']}\n{verdict}", 1000, multiline=True))
+    if data["failed_episodes"]:  # episodes that raised, timed out or failed to load: which candidates, and why
+        from ratchet.ledger.projection import episode_failures_text
+
+        t.add_row("failed episodes", _safe(episode_failures_text(data["failed_episodes"], run), 2000, multiline=True))
     from ratchet.advice import determinism_notes, run_advice
 
     for line in determinism_notes(st):  # a deterministic task's decisions, or a hint to declare one
