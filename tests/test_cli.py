@@ -147,6 +147,26 @@ def test_show_and_report_count_failed_episodes(tmp_path, runner):
     assert project(read_events(tmp_path / "runs" / "fe")[:1]).episode_failures() is None
 
 
+def test_progress_line_and_show_keep_small_scores_significant_digits():
+    """Scores around 1e-3..1e-6 keep about four significant digits in the progress line and `ratchet show` (they all
+    read -0.00 before); ordinary scales print as before."""
+    from ratchet.planner import Usage
+    from ratchet.progress import progress_line
+    from ratchet.spec import BudgetSpec
+
+    info = {"generation": 3, "best_train_mean": -0.000176, "incumbent_validation_mean": 1.2e-06, "usage": Usage(),
+            "budget": BudgetSpec(env_steps=100), "gated": False, "gate_note": None}
+    assert progress_line(info).startswith("gen   3 | best train -0.000176 | incumbent val   1.2e-06 | ")
+    ordinary = progress_line({**info, "best_train_mean": 245.3, "incumbent_validation_mean": 0.0})
+    assert ordinary.startswith("gen   3 | best train    245.30 | incumbent val      0.00 | ")
+    assert progress_line({**info, "best_train_mean": -0.13}).startswith("gen   3 | best train     -0.13 | ")
+    # ratchet show's numbers (the incumbent's validation mean, the test row's mean ± std)
+    from ratchet.cli import _num
+
+    assert _num(-0.000176) == "-0.000176" and _num(0.0004123) == "0.0004123" and _num(245.3) == "245.30"
+    assert _num(-0.13) == "-0.13" and _num(0.0) == "0.00"
+
+
 def test_runs_lists_runs_and_survives_a_broken_one(finished_run, runner, tmp_path):
     _, run_dir, _ = finished_run
     runs = tmp_path / "runs"
