@@ -131,6 +131,7 @@ def test_show_and_report_count_failed_episodes(tmp_path, runner):
     st = project(read_events(tmp_path / "runs" / "fe"))
     failed = [(ev["candidate_id"], ep["error"]) for ev in st.evaluations for ep in ev["episodes"] if ep.get("error")]
     assert failed  # the search tried w_angle > 0.3
+    assert re.search(r"^gen +\d+ \|.* \| \d+ episodes failed", res.stderr, re.MULTILINE)  # progress lines count them
     data = json.loads(invoke(runner, "show", "fe", "--runs-dir", tmp_path / "runs", "--json").stdout)["failed_episodes"]
     assert data["episodes"] == len(failed) and data["candidates"] == len({c for c, _ in failed})
     assert data["reasons"][0]["reason"] == "policy raised RuntimeError: too steep (policy line 12)"

@@ -46,7 +46,8 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
             (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line), ``cost_unit``
             (what the env-step count counts; default ``"env steps"``), ``episode_unit`` (what the task calls its
             episodes; default ``"episodes"``: a task whose episodes are its cost unit shows one count); with
-            ``n_refiners`` > 1, the generation's ``refiner`` is named after its number.
+            ``n_refiners`` > 1, the generation's ``refiner`` is named after its number; ``failed_episodes`` (the
+            generation's training episodes that raised, timed out or failed to load) is shown when above 0.
         time_left: Text such as ``"≈12 s left"``.
     """
     usage, budget = info["usage"], info["budget"]
@@ -62,6 +63,8 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
     arm = f" {info['refiner']}" if info.get("n_refiners", 1) > 1 and info.get("refiner") else ""
     line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else score_text(best, 9)} | "
             f"incumbent val {score_text(info['incumbent_validation_mean'], 9)} | {used}")
+    if info.get("failed_episodes"):  # candidates whose episodes raise or time out: `ratchet show` says which, and why
+        line += f" | {info['failed_episodes']} {per} failed"
     if time_left:
         line += f" | {time_left}"
     note = info.get("gate_note")
