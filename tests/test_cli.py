@@ -117,6 +117,57 @@ def test_show_json(finished_run, runner):
             assert data[key][k] == ev.summary()[k], (key, k)
 
 
+def test_show_and_report_count_failed_episodes(tmp_path, runner):
+    """Episodes that raise during a run are counted in `ratchet show` (and --json, and the report): how many, of how
+    many candidates, the most frequent reasons without their seeds, and the critique command for the worst one."""
+    spec_dir = _tiny_spec(tmp_path / "s")
+    policy = spec_dir / "policy.py"
+    policy.write_text(policy.read_text(encoding="utf-8").replace(
+        "    z = (", '    if params["w_angle"] > 0.3:\n        raise RuntimeError("too steep")\n    z = ('), encoding="utf-8")
+    toml = spec_dir / "ratchet.toml"
+    toml.write_text(toml.read_text(encoding="utf-8").replace("target = 0", "env_steps = 3000"), encoding="utf-8")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "fe")
+    assert res.exit_code == 0, res.output
+    st = project(read_events(tmp_path / "runs" / "fe"))
+    failed = [(ev["candidate_id"], ep["error"]) for ev in st.evaluations for ep in ev["episodes"] if ep.get("error")]
+    assert failed  # the search tried w_angle > 0.3
+    assert re.search(r"^gen +\d+ \|.* \| \d+ episodes failed", res.stderr, re.MULTILINE)  # progress lines count them
+    data = json.loads(invoke(runner, "show", "fe", "--runs-dir", tmp_path / "runs", "--json").stdout)["failed_episodes"]
+    assert data["episodes"] == len(failed) and data["candidates"] == len({c for c, _ in failed})
+    assert data["reasons"][0]["reason"] == "policy raised RuntimeError: too steep (policy line 12)"
+    assert data["reasons"][0]["count"] == len(failed)
+    worst = data["worst"]["candidate_id"]
+    assert data["worst"]["episodes"] == max(sum(c == x for x, _ in failed) for c, _ in failed)
+    out = " ".join(re.sub("[│┃]", " ", invoke(runner, "show", "fe", "--runs-dir", tmp_path / "runs").stdout).split())
+    assert f"failed episodes {len(failed)} episode(s) of {data['candidates']} candidate(s) failed" in out
+    assert f"{len(failed)} × policy raised RuntimeError: too steep" in out
+    assert f"ratchet critique fe --candidate {worst}" in out
+    html = (tmp_path / "runs" / "fe" / "report.html").read_text(encoding="utf-8")
+    assert "Failed episodes" in html and f"ratchet critique fe --candidate {worst}" in html
+    # a run without failed episodes has none
+    assert project(read_events(tmp_path / "runs" / "fe")[:1]).episode_failures() is None
+
+
+def test_progress_line_and_show_keep_small_scores_significant_digits():
+    """Scores around 1e-3..1e-6 keep about four significant digits in the progress line and `ratchet show` (they all
+    read -0.00 before); ordinary scales print as before."""
+    from ratchet.planner import Usage
+    from ratchet.progress import progress_line
+    from ratchet.spec import BudgetSpec
+
+    info = {"generation": 3, "best_train_mean": -0.000176, "incumbent_validation_mean": 1.2e-06, "usage": Usage(),
+            "budget": BudgetSpec(env_steps=100), "gated": False, "gate_note": None}
+    assert progress_line(info).startswith("gen   3 | best train -0.000176 | incumbent val   1.2e-06 | ")
+    ordinary = progress_line({**info, "best_train_mean": 245.3, "incumbent_validation_mean": 0.0})
+    assert ordinary.startswith("gen   3 | best train    245.30 | incumbent val      0.00 | ")
+    assert progress_line({**info, "best_train_mean": -0.13}).startswith("gen   3 | best train     -0.13 | ")
+    # ratchet show's numbers (the incumbent's validation mean, the test row's mean ± std)
+    from ratchet.cli import _num
+
+    assert _num(-0.000176) == "-0.000176" and _num(0.0004123) == "0.0004123" and _num(245.3) == "245.30"
+    assert _num(-0.13) == "-0.13" and _num(0.0) == "0.00"
+
+
 def test_runs_lists_runs_and_survives_a_broken_one(finished_run, runner, tmp_path):
     _, run_dir, _ = finished_run
     runs = tmp_path / "runs"

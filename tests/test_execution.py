@@ -105,6 +105,24 @@ def test_policy_failing_to_load(pool, cartpole_task):
     assert eps[2].error is None and eps[2].episode_return == 500.0
 
 
+@pytest.mark.parametrize("line", ['raise SystemExit("top-level boom")', "raise KeyboardInterrupt('top-level boom')"])
+def test_policy_raising_base_exception_at_load_is_its_load_failure(pool, cartpole_task, tmp_path, line):
+    """A SystemExit (or other BaseException) from the policy's top-level code is its load failure, with its message,
+    not a dead worker; one raised in act() is the episode's error."""
+    from ratchet.policy import load_policy
+
+    path = tmp_path / "m_top.py"
+    path.write_text(f"PARAMETERS = {{}}\n{line}\n\n\ndef act(observation, params):\n    return 0\n")
+    act = tmp_path / "m_act.py"
+    act.write_text('PARAMETERS = {}\n\n\ndef act(observation, params):\n    raise SystemExit("act boom")\n')
+    eps = pool.run(cartpole_task, [Job(load_policy(path).candidate(), s) for s in (1, 2)]
+                   + [Job(load_policy(act).candidate(), 1), Job(good_candidate(), 2)])
+    for ep in eps[:2]:
+        assert ep.error is not None and ep.error.startswith("policy failed to load: ") and "top-level boom" in ep.error
+    assert eps[2].error is not None and eps[2].error.startswith("policy raised SystemExit") and "act boom" in eps[2].error
+    assert eps[3].error is None and eps[3].episode_return == 500.0
+
+
 @pytest.mark.parametrize("policy, code", [("policy_exits.py", "exit code 3"), ("policy_segfault.py", "killed by SIGSEGV")])
 def test_worker_death_is_isolated(cartpole_task, policy, code):
     reference = [Job(good_candidate(), s) for s in SEEDS[:3]] + [Job(_mixed_candidate(), s) for s in SEEDS[:3]]

@@ -329,7 +329,9 @@ def _print_runs(rows: list[tuple[str, ...]]) -> None:
 
 
 def _num(x: Any) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+    from ratchet.progress import score_text
+
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else score_text(x)
 
 
 @app.command()
@@ -421,7 +423,7 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         s = data[k]
         if s:
             sr = "" if s["success_rate"] is None else f", success {100 * s['success_rate']:.1f} %"
-            t.add_row(k, f"{s['mean']:.2f} ± {s['std']:.2f} on {s['n']} episodes{sr}")
+            t.add_row(k, f"{_num(s['mean'])} ± {_num(s['std'])} on {s['n']} episodes{sr}")
     if rule and any(data[k] and data[k]["success_rate"] is not None for k in ("baseline_test", "test")):
         t.add_row("success", rule)
     if data["world_model"]:  # [model] screen: what the screen saved and how well it predicted
@@ -489,6 +491,10 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row(f"correction round {c['round']}",
                   _safe(f"{c['who']} controlled {c['person_steps']:,} of {c['env_steps']:,} env steps in "
                         f"{c['episodes']} episode(s) of {c['candidate_id']}\n{verdict}", 1000, multiline=True))
+    if data["failed_episodes"]:  # episodes that raised, timed out or failed to load: which candidates, and why
+        from ratchet.ledger.projection import episode_failures_text
+
+        t.add_row("failed episodes", _safe(episode_failures_text(data["failed_episodes"], run), 2000, multiline=True))
     from ratchet.advice import determinism_notes, run_advice
 
     for line in determinism_notes(st):  # a deterministic task's decisions, or a hint to declare one

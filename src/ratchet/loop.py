@@ -363,6 +363,7 @@ class _Run(RunServices):
                 "validation_env_steps": self.usage.validation_env_steps,
                 "critique": step.critique.to_dict() if step.critique is not None else None,
                 "endpoint_failures": len(step.failures),
+                "failed_episodes": sum(ev.n_errors for ev in train.values()),  # raised, timed out, failed to load
                 **({"refiner_stopped": step.stopped} if step.stopped else {})}
 
     def finish(self, now: SearchState, stop: Stop) -> RunResult:

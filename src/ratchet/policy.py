@@ -1085,7 +1085,7 @@ def compile_policy(source: str | types.CodeType, filename: str = "<policy>") -> 
     episodes of a lockstep batch, each with an instance of its own, cannot reach each other through it.
 
     Raises:
-        Exception: whatever the policy's top-level code raises (SyntaxError for bad source).
+        BaseException: whatever the policy's top-level code raises (SyntaxError for bad source; SystemExit too).
     """
     module = types.ModuleType("ratchet_policy")
     module.__file__ = filename

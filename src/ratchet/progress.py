@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ProgressPrinter", "budget_fraction", "progress_line"]
+__all__ = ["ProgressPrinter", "budget_fraction", "progress_line", "score_text"]
 
 
 def budget_fraction(info: dict[str, Any]) -> float:
@@ -27,6 +27,15 @@ def budget_fraction(info: dict[str, Any]) -> float:
     return min(1.0, max(fracs)) if fracs else 0.0
 
 
+def score_text(x: float, width: int = 0) -> str:
+    """A score (a mean, a standard deviation) as text, right-aligned in ``width`` characters: two decimals at
+    ordinary scales (``245.30``, ``-0.13``, ``0.00`` for zero), about four significant digits below 0.1 in size,
+    where two decimals would lose them (``-0.000176``, ``1.2e-06``, ``0.01235``)."""
+    if x != 0 and abs(x) < 0.1:  # also False for NaN
+        return f"{x:{width}.4g}"
+    return f"{x:{width}.2f}"
+
+
 def progress_line(info: dict[str, Any], time_left: str = "") -> str:
     """One generation as one line: best training mean, incumbent validation mean, budget used (env steps,
     and episodes when the budget counts them), time left, and what the gate did and why.
@@ -37,7 +46,8 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
             (:class:`ratchet.spec.BudgetSpec`), ``promoted``, ``gated``, ``gate_note`` (one line), ``cost_unit``
             (what the env-step count counts; default ``"env steps"``), ``episode_unit`` (what the task calls its
             episodes; default ``"episodes"``: a task whose episodes are its cost unit shows one count); with
-            ``n_refiners`` > 1, the generation's ``refiner`` is named after its number.
+            ``n_refiners`` > 1, the generation's ``refiner`` is named after its number; ``failed_episodes`` (the
+            generation's training episodes that raised, timed out or failed to load) is shown when above 0.
         time_left: Text such as ``"≈12 s left"``.
     """
     usage, budget = info["usage"], info["budget"]
@@ -51,8 +61,10 @@ def progress_line(info: dict[str, Any], time_left: str = "") -> str:
         if budget.episodes:
             used += f" | {per} {usage.episodes:,}/{budget.episodes:,}"
     arm = f" {info['refiner']}" if info.get("n_refiners", 1) > 1 and info.get("refiner") else ""
-    line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else f'{best:9.2f}'} | "
-            f"incumbent val {info['incumbent_validation_mean']:9.2f} | {used}")
+    line = (f"gen {info['generation']:>3}{arm} | best train {'–' if best is None else score_text(best, 9)} | "
+            f"incumbent val {score_text(info['incumbent_validation_mean'], 9)} | {used}")
+    if info.get("failed_episodes"):  # candidates whose episodes raise or time out: `ratchet show` says which, and why
+        line += f" | {info['failed_episodes']} {per} failed"
     if time_left:
         line += f" | {time_left}"
     note = info.get("gate_note")

@@ -70,10 +70,10 @@ class _Policies:
                     if key not in self.codes:
                         self.codes[key] = compile(payload, "<policy>", "exec")
                     self.modules[key] = compile_policy(self.codes[key], "<policy>")
-            except Exception as exc:  # noqa: BLE001 - a policy that fails to load is its episodes' outcome
+            except BaseException as exc:  # noqa: BLE001 - a policy that fails to load (SystemExit too) is its episodes' outcome
                 self.modules[key] = exc
         module = self.modules[key]
-        if not isinstance(module, Exception) and not hasattr(module, "reset"):
+        if not isinstance(module, BaseException) and not hasattr(module, "reset"):
             self.modules.pop(key)
         return module
 
@@ -89,7 +89,7 @@ class _Policies:
             if key not in self.codes:
                 self.codes[key] = compile(payload, "<policy>", "exec")
             return compile_policy(self.codes[key], "<policy>")
-        except Exception as exc:  # noqa: BLE001 - a policy that fails to load is its episodes' outcome
+        except BaseException as exc:  # noqa: BLE001 - a policy that fails to load (SystemExit too) is its episodes' outcome
             return exc
 
 
@@ -192,7 +192,7 @@ class _Batch:
         self.state: tuple[Any, Any] | None = None  # the generators' state last read, while nothing changed it since
         self.diverged = False  # policy code changed the generators while two or more episodes were running
         self.shared = module
-        if isinstance(module, Exception):
+        if isinstance(module, BaseException):
             self.error = ("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
         elif missing_function(module, functions):
             self.error = (f"policy has no callable {missing_function(module, functions)}()", "")
@@ -249,7 +249,7 @@ class _Batch:
                 return SlotFailure(f"policy raised {type(exc).__name__}", _text(exc, 400), start=True)
             return None
         module = self.policies.fresh(self.key)
-        if isinstance(module, Exception):
+        if isinstance(module, BaseException):
             return SlotFailure("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}", start=True)
         missing = missing_function(module, ("act",))
         if missing:
@@ -517,9 +517,9 @@ def _serve_candidate(chan: Any, first: tuple, policies: _Policies, sandbox: dict
                     rearm_cpu_limit(int(sandbox["cpu_limit_s"]))
                 module = policies.load(key, source)
                 act, params = None, materialize(params)
-                if not isinstance(module, Exception):
+                if not isinstance(module, BaseException):
                     bind_spaces(module, *spaces)
-                if isinstance(module, Exception):
+                if isinstance(module, BaseException):
                     reply = encode_error("policy failed to load", f"{type(module).__name__}: {_text(module, 400)}")
                 elif missing_function(module, functions):
                     reply = encode_error(f"policy has no callable {missing_function(module, functions)}()", "")
@@ -595,8 +595,8 @@ def worker_main(conn: Any) -> None:
                 tasks[task_key] = task_from_dict(task_dict)
             task = tasks[task_key]
             module = policies.load(key, source)
-            missing = None if isinstance(module, Exception) else missing_function(module, task.functions)
-            if isinstance(module, Exception):
+            missing = None if isinstance(module, BaseException) else missing_function(module, task.functions)
+            if isinstance(module, BaseException):
                 ep = Episode.failed(seed, f"policy failed to load: {type(module).__name__}: {module}"[:500], task=task)
             elif missing:
                 ep = Episode.failed(seed, f"policy has no callable {missing}()", task=task)
@@ -686,7 +686,7 @@ class LocalOpponents:
         from ratchet.rollout import PolicyFailure
 
         module = self.policies.load(key, source)
-        if isinstance(module, Exception):
+        if isinstance(module, BaseException):
             raise PolicyFailure("policy failed to load", f"{type(module).__name__}: {_text(module, 300)}")
         if missing_function(module, ("act",)):
             raise PolicyFailure("policy has no callable act()")

@@ -130,6 +130,33 @@ class RunState:
             counts[reason] = counts.get(reason, 0) + 1
         return [{"reason": r, "count": c} for r, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]]
 
+    def episode_failures(self, n: int = 3) -> dict[str, Any] | None:
+        """The run's failed episodes (an error recorded: the policy raised, timed out, failed to load, was skipped), as
+        ``{"episodes", "candidates", "reasons": [{"reason", "count"}], "worst": {"candidate_id", "episodes",
+        "split"}}``: how many episodes of how many candidates, the ``n`` most frequent reasons (the error without its
+        seed, at most 160 characters), and the candidate with the most failed episodes (on the split where most of
+        them were). None when no episode failed. ``ratchet show`` (and ``--json``) and the report show it
+        (:func:`episode_failures_text`)."""
+        import re
+
+        reasons: dict[str, int] = {}
+        per: dict[str, dict[str, int]] = {}  # candidate id -> split -> failed episodes
+        for ev in self.evaluations:
+            for ep in ev["episodes"]:
+                if ep.get("error") is None:
+                    continue
+                reason = re.sub(r"\s+on seed -?\d+", "", " ".join(str(ep["error"]).split()))[:160]
+                reasons[reason] = reasons.get(reason, 0) + 1
+                splits = per.setdefault(str(ev["candidate_id"]), {})
+                splits[ev["split"]] = splits.get(ev["split"], 0) + 1
+        if not per:
+            return None
+        worst = max(per, key=lambda c: sum(per[c].values()))
+        return {"episodes": sum(reasons.values()), "candidates": len(per),
+                "reasons": [{"reason": r, "count": c} for r, c in sorted(reasons.items(), key=lambda kv: -kv[1])[:n]],
+                "worst": {"candidate_id": worst, "episodes": sum(per[worst].values()),
+                          "split": max(per[worst], key=per[worst].__getitem__)}}
+
     @property
     def task_name(self) -> str:
         """What the run's task is called: the env id, a game's name (or the game), or an evaluator task's name (its
@@ -210,6 +237,7 @@ class RunState:
                 "rejected_proposals": len(self.rejected_proposals),
                 "endpoint_failures": len(self.endpoint_failures),
                 "endpoint_failure_reasons": self.endpoint_failure_reasons(),
+                "failed_episodes": self.episode_failures(),
                 "baseline_test": _test_summary(self.baseline_test), "test": _test_summary(self.test),
                 "test_worst_seeds": [s for s, _ in (self.test_critique or {}).get("worst_seeds", [])],
                 "test_failure_modes": [{k: m[k] for k in ("label", "count", "example_seeds")}
@@ -268,6 +296,19 @@ def failure_reason(error: Any) -> str:
 
     text = " ".join(str(error).split()) or "unknown"
     return re.split(r": | \(", text, maxsplit=1)[0][:80]
+
+
+def episode_failures_text(failures: dict[str, Any], run: str) -> str:
+    """:meth:`RunState.episode_failures` for people, one line each: the counts, the most frequent reasons (with their
+    counts), and the ``ratchet critique`` command that diagnoses the candidate with the most failed episodes
+    (``run``: the run id as the user named it)."""
+    worst = failures["worst"]
+    split = f" --split {worst['split']}" if worst["split"] in ("train", "test", "league") else ""  # critique's splits
+    return "\n".join([(f"{failures['episodes']} episode(s) of {failures['candidates']} candidate(s) failed "
+                      "(raised, timed out, failed to load or skipped); most often:"),
+                      *(f"  {r['count']} × {r['reason']}" for r in failures["reasons"]),
+                      (f"most failed: {worst['candidate_id']} ({worst['episodes']} episode(s)); diagnose it: "
+                      f"ratchet critique {run} --candidate {worst['candidate_id']}{split}")])
 
 
 def _add_llm_call(usage: dict[str, dict[str, Any]], key: str, p: dict[str, Any]) -> None:

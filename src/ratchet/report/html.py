@@ -204,6 +204,14 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
     if state.baseline_id and state.incumbent_id:
         parts.append(_policy_changes(state, artifacts or {}))
 
+    failures = state.episode_failures()
+    if failures:  # episodes that raised, timed out or failed to load: which candidates, and why
+        from ratchet.ledger.projection import episode_failures_text
+
+        lines = episode_failures_text(failures, state.run_id).splitlines()
+        parts.append(f"<h2>Failed episodes</h2><p>{esc(lines[0])}</p><ul>"
+                     + "".join(f"<li>{esc(line.strip())}</li>" for line in lines[1:-1])
+                     + f"</ul><p>{esc(lines[-1])}</p>")
     # a deterministic task's decisions (no statistics), or a hint to declare one
     from ratchet.advice import determinism_notes, run_advice
 
