@@ -134,7 +134,7 @@ def _not_deterministic(state: Any) -> list[str]:
     differently (gates refused with ``stopped_because = "not_deterministic"``): every such gate refused its candidate,
     so the run could promote nothing; what to change. Empty otherwise."""
     refused = [g for g in state.gates if g.get("stopped_because") == "not_deterministic"]
-    if not (state.task or {}).get("deterministic") or not refused:
+    if not refused or not (state.task or {}).get("deterministic"):
         return []
     return [(f"the task was declared deterministic but is not: {len(refused)} re-evaluation(s) scored differently "
              "from the first, and each refused its candidate; remove [task] deterministic = true (or make the "
