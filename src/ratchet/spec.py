@@ -1054,10 +1054,10 @@ def screen_unused(spec: RunSpec) -> list[str]:
     ``min_transitions``, so it screens no generation. Empty otherwise."""
     if not spec.model.screen:
         return []
-    from ratchet.tasks import task_from_spec
+    from ratchet.tasks import kind_class
 
     why = [text for ruled_out, text in [
-        (not task_from_spec(spec.task).records_transitions,
+        (not kind_class(spec.task.kind or "gym").records_transitions,  # declared by the kind: no task is built
          (f"the task ({spec.task.kind}) records no transitions for a world model (no environment stepped on the "
           "trusted side)")),
         (not spec.execution.trusted_rollouts,
