@@ -70,3 +70,20 @@ def plain_episode(module, env, params, seed: int) -> tuple[float, int]:
             break
     env.close()
     return total, steps
+
+
+def key_values(text: str) -> dict[str, int | float | str]:
+    """``"factor=4,optimism=0.5,unscreened=all"`` → ``{"factor": 4, "optimism": 0.5, "unscreened": "all"}``: spec keys
+    given on a benchmark's command line (a number where the value reads as one, ``true``/``false`` as booleans, else
+    the word)."""
+    out: dict[str, int | float | str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, value = (x.strip() for x in item.partition("="))
+        if value in ("true", "false"):
+            out[key] = value == "true"
+            continue
+        try:
+            out[key] = float(value) if "." in value else int(value)
+        except ValueError:
+            out[key] = value
+    return out

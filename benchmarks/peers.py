@@ -5,6 +5,8 @@ refiner, ``Parameter.to_unit``: each parameter mapped to [0, 1] within its bound
 ``scale = "log"``; same starting values, the policy file's defaults):
 
 - ``ratchet``: ``start_run`` on the example's spec with its default settings (and the budget below).
+- ``ratchet-screen`` (not run unless named): the same with ``[model] screen = true`` (issue 45's world-model screen)
+  and any further ``[model]`` keys given by ``--model``.
 - ``pycma``: a plain pycma ask/tell loop, the same ``sigma0`` and population size as ratchet's refiner; every
   candidate is scored by its mean return on ``train_episodes`` fresh training seeds (the spec's
   ``[refiner] train_episodes``, shared by the generation); it returns its best-by-training candidate.
@@ -25,7 +27,8 @@ t-test, ``scipy.stats.ttest_rel(..., alternative="less")``, p < 0.05); *gap*: th
 for its pick (best training mean; for ratchet the incumbent's validation mean) minus its test mean.
 
 Usage: python benchmarks/peers.py [--examples lunar_lander ...] [--seeds 0,1,2] [--budget NAME=STEPS ...]
-       [--competitors ratchet,pycma,optuna-cmaes,optuna-tpe] [--results FILE.jsonl] [--write]
+       [--competitors ratchet,pycma,optuna-cmaes,optuna-tpe] [--model KEY=VALUE,...] [--results FILE.jsonl]
+       [--write]
 Needs the bench extra (``pip install -e ".[bench]"``) for Optuna.
 """
 
@@ -42,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from _common import machine, write_section
+from _common import key_values, machine, write_section
 from scipy import stats
 
 from ratchet.execution import BUDGET_SKIP, Job, executor_from_spec
@@ -56,7 +59,7 @@ from ratchet.task import GymTask
 ROOT = Path(__file__).resolve().parents[1]
 #: Env-step budget per example (issue 9: lunar_lander and bipedal_walker at 1 M; the others at their spec's).
 BUDGETS = {"lunar_lander": 1_000_000, "bipedal_walker": 1_000_000, "pendulum": None, "mountain_car_continuous": None}
-COMPETITORS = ("ratchet", "pycma", "optuna-cmaes", "optuna-tpe")
+COMPETITORS = ("ratchet", "ratchet-screen", "pycma", "optuna-cmaes", "optuna-tpe")
 
 
 class Searcher:
@@ -150,15 +153,17 @@ def test_eval(executor, spec: RunSpec, cand: Candidate) -> np.ndarray:
     return np.array([e.episode_return for e in eps])
 
 
-def one(name: str, competitor: str, seed: int, budget: int | None, runs_dir: Path) -> dict:
+def one(name: str, competitor: str, seed: int, budget: int | None, runs_dir: Path, model: str = "") -> dict:
     spec = load_spec(ROOT / "examples" / name)
     spec = spec.model_copy(update={"seed": seed})
+    if competitor == "ratchet-screen":  # the world model screens each generation's proposals (issue 45)
+        spec = spec.model_copy(update={"model": type(spec.model).model_validate({**spec.model.model_dump(), "screen": True, **key_values(model)})})
     if budget is not None:
         spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"env_steps": budget})})
     budget = spec.budget.env_steps
     t0 = time.perf_counter()
-    if competitor == "ratchet":
-        result = start_run(spec, runs_dir, f"{name}-ratchet-s{seed}")
+    if competitor.startswith("ratchet"):
+        result = start_run(spec, runs_dir, f"{name}-{competitor}-s{seed}")
         st = project(open_ledger(result.run_dir).read())
         test, base = result.test.returns, result.baseline_test.returns
         reported, used = st.incumbent_validation_mean, st.env_steps
@@ -177,14 +182,15 @@ def one(name: str, competitor: str, seed: int, budget: int | None, runs_dir: Pat
     p = float(stats.ttest_rel(test, base, alternative="less").pvalue) if np.any(test != base) else 1.0
     return {"example": name, "competitor": competitor, "seed": seed, "test": float(test.mean()),
             "start": float(base.mean()), "regressed": bool(p < 0.05), "p": p, "reported": float(reported),
-            "env_steps": int(used), "budget": int(budget), "wall": time.perf_counter() - t0}
+            "env_steps": int(used), "budget": int(budget), "wall": time.perf_counter() - t0,
+            "model": model if competitor == "ratchet-screen" else ""}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", nargs="*", default=list(BUDGETS), choices=sorted(BUDGETS))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--competitors", default=",".join(COMPETITORS))
+    ap.add_argument("--competitors", default=",".join(c for c in COMPETITORS if c != "ratchet-screen"))
     ap.add_argument("--budget", action="append", default=[], metavar="NAME=STEPS",
                     help="Override an example's env-step budget (a reduced grid).")
     ap.add_argument("--results", metavar="FILE.jsonl",
@@ -193,6 +199,9 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true",
                     help="Run nothing: build the table from the runs in --results (a grid that did not finish shows "
                          "the run seeds it has).")
+    ap.add_argument("--model", default="", metavar="KEY=VALUE,...",
+                    help="further [model] keys of the ratchet-screen competitor (its screen is on), e.g. "
+                         "'factor=4,controls=1'")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     budgets = dict(BUDGETS)
@@ -214,17 +223,18 @@ def main() -> None:
     if args.results and Path(args.results).exists():
         for line in Path(args.results).read_text().splitlines():
             r = json.loads(line)
-            done[(r["example"], r["competitor"], r["seed"], r["budget"])] = r
+            done[(r["example"], r["competitor"], r["seed"], r["budget"], r.get("model", ""))] = r
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.examples:
             for seed in seeds:
                 for comp in comps:
                     budget = budgets[name] or load_spec(ROOT / "examples" / name).budget.env_steps
-                    r = done.get((name, comp, seed, budget))
+                    model = args.model if comp == "ratchet-screen" else ""
+                    r = done.get((name, comp, seed, budget, model))
                     if r is None and args.table_only:
                         continue
                     if r is None:
-                        r = one(name, comp, seed, budget, Path(tmp))
+                        r = one(name, comp, seed, budget, Path(tmp), model)
                         if args.results:
                             with open(args.results, "a") as f:
                                 f.write(json.dumps(r) + "\n")

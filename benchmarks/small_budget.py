@@ -22,7 +22,7 @@ import argparse
 import time
 from pathlib import Path
 
-from _common import machine, write_section
+from _common import key_values, machine, write_section
 
 from ratchet.ledger.projection import project
 from ratchet.loop import open_ledger, start_run
@@ -44,25 +44,12 @@ def _run(name: str, folder: Path, env_id: str, seed: int, args: argparse.Namespa
             "budget": {"episodes": args.episodes, "env_steps": None}, "test": {"episodes": args.test_episodes}}
     if screen is not None:
         data["model"] = {"screen": screen, **({"controls": args.controls} if screen and args.controls else {}),
-                         **(_model_settings(args.model) if screen else {})}
+                         **(key_values(args.model) if screen else {})}
     spec = spec_from_dict(data, folder)
     t0 = time.perf_counter()
     tag = "" if screen is None else ("-screen" if screen else "-free")
     result = start_run(spec, args.runs_dir, f"small-{name}{tag}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     return result, project(open_ledger(result.run_dir).read()), time.perf_counter() - t0, open_ledger(result.run_dir)
-
-
-def _model_settings(text: str) -> dict[str, int | float | str]:
-    """``--model "factor=4,optimism=0.5,unscreened=all"`` → the screened run's further ``[model]`` keys (a number
-    where the value reads as one, else the word)."""
-    out: dict[str, int | float | str] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, _, value = (x.strip() for x in item.partition("="))
-        try:
-            out[key] = float(value) if "." in value else int(value)
-        except ValueError:
-            out[key] = value
-    return out
 
 
 def _account(ledger) -> tuple[str, int, str]:
