@@ -8,7 +8,8 @@ of the episodes themselves: sandbox, trusted env host, CMA-ES, planning, critiqu
 
 Goal (issue 21): ratchet ≤ 1.05× the plain loop's wall clock at equal env steps, 2 workers, sandbox on.
 
-Usage: python benchmarks/whole_run.py [--example lunar_lander] [--env-steps N] [--workers 2] [--write]
+Usage: python benchmarks/whole_run.py [--example lunar_lander] [--env-steps N] [--workers 2] [--set SECTION.KEY=VALUE]
+       [--write]
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ def main() -> None:
     ap.add_argument("--example", default="lunar_lander")
     ap.add_argument("--env-steps", type=int, default=None, help="default: the example's budget")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a spec setting, as `ratchet run --set` (e.g. execution.trusted_rollouts=false)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    spec = load_spec(ROOT / "examples" / args.example)
+    spec = load_spec(ROOT / "examples" / args.example, args.set)
     update = {"execution": spec.execution.model_copy(update={"workers": args.workers})}
     if args.env_steps:
         update["budget"] = spec.budget.model_copy(update={"env_steps": args.env_steps})
@@ -102,7 +105,8 @@ def main() -> None:
     if args.write:
         write_section(f"A whole run vs a plain multiprocessing loop ({args.example})", (
             f"Command: `python benchmarks/whole_run.py --example {args.example} --workers {args.workers}"
-            f"{f' --env-steps {args.env_steps}' if args.env_steps else ''} --write` — the example's run (its spec, "
+            f"{f' --env-steps {args.env_steps}' if args.env_steps else ''}"
+            f"{''.join(f' --set {x}' for x in args.set)} --write` — the example's run (its spec, "
             f"{args.workers} sandboxed workers, trusted rollouts in lockstep, SQLite ledger, report), then every episode "
             f"it ran (training, validation, test; failed ones left out) in a `multiprocessing.Pool({args.workers})` of "
             "plain processes calling the policy directly.\n\n"
