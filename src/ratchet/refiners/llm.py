@@ -249,7 +249,8 @@ class LLMSettings(ArchiveSettings):
                                                          "another, each prompt seeing the edits before it).",
                              json_schema_extra={"unit": "requests"})
     ahead: int = Field(0, ge=0, le=4, description="Waves of requests sent ahead: right after each generation's "
-                                                  "proposals, one more wave (up to concurrency requests) goes out "
+                                                  "proposals, one more wave (up to concurrency requests, less those "
+                                                  "still out) goes out "
                                                   "while that generation's episodes run, if fewer than this many are "
                                                   "out; the next generation takes their answers first. Their prompts "
                                                   "see the history one generation stale (0: every request is sent "
