@@ -4,7 +4,8 @@
 out while this generation's episodes run).
 
 With ``--ahead A:L`` the ``llm`` refiner also has ``lag = L``: the wave sent after generation g is taken by
-generation g + L, which the allocator gives the ``llm``, the other refiner taking the generations between.
+generation g + L, which the allocator gives the ``llm``, the other refiner taking the generations between; with
+``--ahead A:auto`` (``lag = "auto"``) by the first generation that starts once all the wave's answers are in.
 
 The endpoint is the stand-in server the tests use (``tests/conftest.py`` ``StandIn``): a real HTTP server on
 127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with an edit of the program
@@ -105,7 +106,7 @@ def answer(arrivals: list[float]) -> Any:
     return respond
 
 
-def one_run(concurrency: int, ahead: int, lag: int, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(concurrency: int, ahead: int, lag: int | str, args: argparse.Namespace) -> dict[str, Any]:
     arrivals: list[float] = []
     server = StandIn(latency=args.latency, respond=answer(arrivals))
     try:
@@ -167,11 +168,15 @@ def main() -> None:
                                                                    "per generation).")
     ap.add_argument("--concurrency", default="1,4", help="Comma-separated concurrency settings to compare.")
     ap.add_argument("--ahead", default="0", help="Comma-separated ahead settings to compare (each with every "
-                                                  "concurrency), each A or A:L (ahead A, lag L generations).")
+                                                  "concurrency), each A or A:L (ahead A, lag L generations, or "
+                                                  "auto).")
     ap.add_argument("--seed", type=int, default=None, help="The run's seed (default: the example's).")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    modes = [(int(a.split(":")[0]), int(a.split(":")[1]) if ":" in a else 0) for a in args.ahead.split(",")]
+    modes: list[tuple[int, int | str]] = []
+    for a in args.ahead.split(","):
+        lag = a.split(":")[1] if ":" in a else "0"
+        modes.append((int(a.split(":")[0]), lag if lag == "auto" else int(lag)))
     rows = [one_run(int(c), a, lag, args) for c in args.concurrency.split(",") for a, lag in modes]
     table = ("| concurrency | ahead | lag | wall clock (s) | generations (llm) | episodes | env steps (budget used) | requests "
              "(answered after the last generation) | requests' seconds (sum) | wall clock with a request out (s) | in "

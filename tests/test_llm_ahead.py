@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -187,6 +188,124 @@ def test_lag_needs_ahead_and_an_llm_refiner_says_when_its_wave_is_due(standin):
         assert len(r.propose(parent(), None, rng)) == 2 and len(server.requests) == 2  # takes it
         r.finish()
         server.requests.clear()
+
+
+def _held_calls(monkeypatch, release: threading.Event, first_free: bool = False) -> None:
+    """Each request the refiner makes waits for ``release`` before it goes out (in the thread that sends it; the first
+    one made goes at once with ``first_free``): its answer is in only once the test says so."""
+    call, made = LLMRefiner._call, []
+
+    def held(self, *args, **kw):
+        with lock:
+            first = first_free and not made
+            made.append(1)
+        if not first:
+            assert release.wait(60)
+        return call(self, *args, **kw)
+
+    lock = threading.Lock()
+    monkeypatch.setattr(LLMRefiner, "_call", held)
+
+
+def test_with_lag_auto_a_wave_is_due_only_once_all_its_answers_are_in(standin, monkeypatch):
+    """``lag = "auto"``: with no wave out the llm sits out (its first wave goes out at the prepare point); a wave out is
+    ``Turn.WAIT`` however many generations pass while any of its answers is still out (one is in, the other held), and
+    ``Turn.DUE`` at the first generation asked once both are in; that generation takes it without a request of its
+    own."""
+    from ratchet.refiners.base import Turn
+
+    release = threading.Event()
+    _held_calls(monkeypatch, release, first_free=True)
+    server = standin(respond=answer)
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=2, variants=1, concurrency=2, ahead=1,
+                               lag="auto"), TASK_FACTS, None)
+    rng = np.random.default_rng(0)
+    assert r.turn(1) is Turn.WAIT
+    r.prepare(parent(), None, rng)
+    sent = r._ahead[0].sent
+    deadline = time.monotonic() + 30
+    while not any(x.done() for x in sent) and time.monotonic() < deadline:  # the first answer comes in
+        time.sleep(0.01)
+    assert sum(x.done() for x in sent) == 1
+    assert [r.turn(g) for g in (2, 3, 50)] == [Turn.WAIT] * 3
+    release.set()
+    for x in sent:
+        x.wait()
+    assert r.turn(2) is Turn.DUE
+    assert len(r.propose(parent(), None, rng)) == 2 and len(server.requests) == 2  # takes it, asks nothing more
+    r.finish()
+
+
+def test_a_run_with_lag_auto_killed_resumes_with_the_turns_it_recorded(tmp_path, standin, pool, monkeypatch):
+    """``ahead = 1, lag = "auto"`` beside ``cmaes``, the llm's first wave held until the run is killed (like kill -9)
+    at generation 3's prepare point with the wave's answers just in, none taken: generations 1 to 3 went to cmaes, each
+    plan recording the llm's ``wait``. The resumed session finds those answers in the journal (in at once), yet replays
+    generations 1 to 3 as recorded (asking the llm would say ``due``: it reads the turns back) and gives generation 4,
+    the first planned with the answers in, to the llm, which takes the wave; every generation the llm took was planned
+    after the answers it took had arrived, and no answer is asked for twice."""
+    from conftest import SimulatedKill
+
+    from ratchet.loop import resume_run
+
+    release = threading.Event()
+    _held_calls(monkeypatch, release)
+    server = standin(respond=answer)
+    spec = structural_spec(tmp_path / "s", [_llm(server.url, ahead=1, lag="auto", budget_requests=6), CMAES],
+                           budget={"env_steps": 40_000})
+    prepare = LLMRefiner.prepare
+
+    def dying(self, *args):
+        prepare(self, *args)
+        if self._prepared == 3:
+            release.set()
+            for sent in self._ahead[0].sent:
+                sent.wait()  # its answers are in (and journaled), not taken
+            raise SimulatedKill("killed with a wave's answers in, not taken")
+
+    monkeypatch.setattr(LLMRefiner, "prepare", dying)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, tmp_path / "runs", "r", executor=pool)
+    monkeypatch.setattr(LLMRefiner, "prepare", prepare)
+    run_dir = tmp_path / "runs" / "r"
+    before = {e.payload["generation"]: e.payload
+              for e in events_of(read_events(run_dir), EventType.GENERATION_PLANNED)}
+    assert [(before[g]["arm"], before[g]["turns"]) for g in (1, 2, 3)] == [("cmaes", {"llm": "wait"})] * 3
+    resume_run(run_dir, executor=pool)
+    events = read_events(run_dir)
+    planned = {e.payload["generation"]: e for e in events_of(events, EventType.GENERATION_PLANNED)}
+    finished = {e.payload["generation"]: e for e in events_of(events, EventType.GENERATION_FINISHED)}
+    assert {g: planned[g].payload for g in before} == before
+    assert [finished[g].payload["refiner"] for g in (1, 2, 3, 4)] == ["cmaes", "cmaes", "cmaes", "llm"]
+    assert planned[4].payload["turns"] == {"llm": "due"}
+    assert all(finished[g].payload["refiner"] == planned[g].payload["arm"] for g in finished)
+    for g, plan in planned.items():  # a wave is taken only once all its answers are in (journaled when they came)
+        if plan.payload.get("turns", {}).get("llm") == "due" and g in finished:
+            taken = [e for e in events_of(events, EventType.LLM_CALL) if plan.seq < e.seq < finished[g].seq]
+            journal = [run_dir / "received" / (hashlib.sha256(e.key.encode()).hexdigest()[:32] + ".json")
+                       for e in taken]
+            assert taken and all(j.stat().st_mtime <= plan.time + 0.05 for j in journal), g
+    asked = [_digest(q["body"]) for q in server.requests]
+    assert len(asked) == len(set(asked)) == len(events_of(events, EventType.LLM_CALL))
+
+
+def test_waves_sent_ahead_never_put_more_than_concurrency_requests_in_flight(standin):
+    """``ahead = 2`` with waves of 3 at ``concurrency = 4``: the second wave out takes only the room the first leaves,
+    and a generation's fresh wave waits for room beside a wave still out, so the stand-in never has more than 4 requests
+    at once (two full waves would be 6)."""
+    server = standin(respond=answer, latency=1.0)
+    r = LLMRefiner(LLMSettings(base_url=server.url, model="m", proposals=3, variants=1, concurrency=4, ahead=2,
+                               retries=0, on_unusable="skip", repair=False, budget_requests=40), TASK_FACTS, None)
+    rng = np.random.default_rng(0)
+    # out: A (3); A and B (1, the room left); A taken (B does not fit in what is left of the generation); B and C (3);
+    # B taken, C does not fit in the 2 left: a fresh wave of 2 waits until at most 2 of C are out; C and D (1); two
+    # waves out, none sent; C taken; D recorded by finish: 3 + 1 + 3 + 2 + 1 requests
+    for step in ("prepare", "prepare", "propose", "prepare", "propose", "prepare", "prepare", "propose"):
+        if step == "prepare":
+            r.prepare(parent(), None, rng)
+        else:
+            r.propose(parent(), None, rng)
+    r.finish()
+    assert server.most_at_once <= 4 and len(server.requests) == 10, (server.most_at_once, len(server.requests))
 
 
 def test_budgets_hold_with_waves_sent_ahead(standin):

@@ -149,6 +149,10 @@ LLM_TABLE = '[[refiners]]\nkind = "llm"\nbase_url = "http://127.0.0.1:9/v1"\nmod
     (LLM_TABLE + 'ahead = "1"\n', ("[[refiners]] table 1 (llm): ahead", "integer")),
     (LLM_TABLE + "proposals = 1979-05-27\n", ("[[refiners]] table 1 (llm): proposals", "integer")),
     ('[[refiners]]\nkind = "cmaes"\npopsize = "8"\n', ("[[refiners]] table 1 (cmaes): popsize", "integer")),
+    (LLM_TABLE + 'ahead = 1\nlag = "soon"\n', ("[[refiners]] table 1 (llm): lag", '0 to 64) or "auto"')),
+    (LLM_TABLE + "ahead = 1\nlag = 65\n", ("[[refiners]] table 1 (llm): lag", '0 to 64) or "auto"')),
+    (LLM_TABLE + "ahead = 1\nlag = true\n", ("[[refiners]] table 1 (llm): lag", '0 to 64) or "auto"')),
+    (LLM_TABLE + 'lag = "auto"\n', ("lag needs ahead",)),
 ])
 def test_a_refiner_tables_wrong_types_are_refused_as_a_sections_are(tmp_path, text, fragments):
     """new-user pass: `ahead = true` ran with one wave ahead and `popsize = "8"` with 8 (pydantic's lax coercion),
@@ -163,6 +167,9 @@ def test_a_refiner_tables_numbers_still_pass(tmp_path):
     spec = load_spec(write(tmp_path, MINIMAL + '[[refiners]]\nkind = "cmaes"\nsigma0 = 1\npopsize = 8\n' + pool))
     assert spec.refiners[0]["sigma0"] == 1.0 and spec.refiners[0]["popsize"] == 8
     assert [m["model"] for m in spec.refiners[1]["models"]] == ["a", "b"] and spec.refiners[1]["budget_cost"] == 2.0
+    for lag in ('"auto"', "3"):  # an llm's lag: a number of generations, or "auto"
+        spec = load_spec(write(tmp_path, MINIMAL + LLM_TABLE + f"ahead = 1\nlag = {lag}\n"))
+        assert spec.refiners[0]["lag"] == (3 if lag == "3" else "auto")
 
 
 def test_missing_task_section(tmp_path):

@@ -20,7 +20,7 @@ import platform
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -49,6 +49,7 @@ from ratchet.policy import (
     uses_task_dims,
 )
 from ratchet.refiners import GenerationCost, Refiner, ThompsonAllocator
+from ratchet.refiners.base import Turn
 from ratchet.refiners.registry import Purse, RefinerContext, arm_names, refiner_kind
 from ratchet.refiners.screened import screen_refiners
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
@@ -442,10 +443,23 @@ class _Run(RunServices):
                      if r.idle_reason() is None and fits(r)]
         if not available:  # a refiner that can go on, so the stop says what ended the run (no room), not an idle one
             return next((a for a, r in self.refiners.items() if r.idle_reason() is None), next(iter(self.refiners)))
-        turns = {a: self.refiners[a].turn(generation) for a in available}  # prepared work due, or still coming
+        turns = self.turns(generation, available)
         arm, why = self.allocator.choose(generation, available, turns)
-        self.record(EventType.GENERATION_PLANNED, f"plan/{generation}", {"generation": generation, **why})
+        told = {a: t.value for a, t in turns.items() if t is not Turn.FREE}
+        self.record(EventType.GENERATION_PLANNED, f"plan/{generation}",
+                    {"generation": generation, **why, **({"turns": told} if told else {})})
         return arm
+
+    def turns(self, generation: int, available: Sequence[str]) -> dict[str, Turn]:
+        """Each available refiner's :meth:`~ratchet.refiners.Refiner.turn` for ``generation`` (prepared work due, or
+        still coming), with those not :attr:`~Turn.FREE` recorded under ``turns`` in its ``generation_planned`` event
+        (an ``llm``'s ``lag = "auto"``: whether a wave's answers are in is timing's); a generation the ledger already
+        planned reads them back instead of asking (a resumed run takes the same waves at the same generations)."""
+        planned = self.ledger.get(f"plan/{generation}")
+        if planned is not None and "turns" in planned.payload:
+            told = planned.payload["turns"]
+            return {a: Turn(told.get(a, Turn.FREE.value)) for a in available}
+        return {a: self.refiners[a].turn(generation) for a in available}
 
     def report_progress(self, **info: Any) -> None:
         if self.progress is not None:

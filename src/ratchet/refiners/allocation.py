@@ -26,8 +26,9 @@ class ThompsonAllocator:
     Sampling is seeded by (run seed, generation), so a resumed run makes the same choices.
 
     A refiner's word on the generation (:meth:`~ratchet.refiners.base.Refiner.turn`) comes first: one whose prepared
-    work is due takes it (an ``llm`` refiner's ``lag``: the answers it sent ahead are used at a fixed generation,
-    whichever refiner the samples favour), and one whose work is still coming sits out while another can go on.
+    work is due takes it (an ``llm`` refiner's ``lag``: the answers it sent ahead are used at a fixed generation, or
+    with ``lag = "auto"`` at the first once they are in, whichever refiner the samples favour), and one whose work is
+    still coming sits out while another can go on.
 
     Args:
         arms: Arm names, e.g. ``["cmaes-s0.1", "cmaes-s0.2", "cmaes-s0.4"]``.

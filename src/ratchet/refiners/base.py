@@ -122,8 +122,10 @@ class Refiner(ABC):
         """Whether work :meth:`prepare` started claims ``generation`` (:attr:`Turn.DUE`: the allocator gives it this
         refiner), keeps it out of this one (:attr:`Turn.WAIT`: its work is still coming; it takes the generation only
         where no other refiner can), or neither (:attr:`Turn.FREE`). Asked before each generation where several
-        refiners share the run; it must depend only on what the run records (generations, proposals), never on
-        timing, so a resumed run gives the same generations to the same refiners. Default: :attr:`Turn.FREE`."""
+        refiners share the run; the loop records the answers that are not :attr:`Turn.FREE` with the generation's plan
+        (``generation_planned``'s ``turns``) and a resumed run reads them back instead of asking, so an answer may
+        depend on timing (an ``llm``'s ``lag = "auto"``: whether a wave's answers are in) and a resumed run still
+        gives the same generations to the same refiners. Default: :attr:`Turn.FREE`."""
         return Turn.FREE
 
     def finish(self) -> dict[str, Any]:

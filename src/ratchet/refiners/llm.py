@@ -210,6 +210,13 @@ class LLMSettings(ArchiveSettings):
                                                           "reward).",
                              json_schema_extra={"unit": "env steps"})
 
+    @field_validator("lag", mode="before")
+    @classmethod
+    def _lag(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 64):
+            return v
+        raise ValueError("lag is a number of generations (0 to 64) or \"auto\"")
+
     @model_validator(mode="after")
     def _one_system_prompt(self) -> LLMSettings:
         if self.system_prompt is not None and self.system_prompt_file is not None:
@@ -242,20 +249,25 @@ class LLMSettings(ArchiveSettings):
                                                          "another, each prompt seeing the edits before it).",
                              json_schema_extra={"unit": "requests"})
     ahead: int = Field(0, ge=0, le=4, description="Waves of requests sent ahead: right after each generation's "
-                                                  "proposals, one more wave (up to concurrency requests) goes out "
+                                                  "proposals, one more wave (up to concurrency requests, less those "
+                                                  "still out) goes out "
                                                   "while that generation's episodes run, if fewer than this many are "
                                                   "out; the next generation takes their answers first. Their prompts "
                                                   "see the history one generation stale (0: every request is sent "
                                                   "and answered within its generation).",
                        json_schema_extra={"unit": "waves"})
-    lag: int = Field(0, ge=0, le=64, description="With ahead and several refiners: the generations (any refiner's) "
-                                                 "from a wave sent ahead to the generation that takes its answers, "
-                                                 "which is then this refiner's (the allocator gives it); until then "
-                                                 "this refiner sits out while another can take generations, so the "
-                                                 "model answers beside their episodes. Set it near the model's "
-                                                 "answer time over a generation's. 0: a wave waits for this "
-                                                 "refiner's next generation, whenever the allocator gives it one.",
-                     json_schema_extra={"unit": "generations"})
+    lag: int | Literal["auto"] = Field(0, description="With ahead and several refiners: the generations (any "
+                                                      "refiner's) from a wave sent ahead to the generation that "
+                                                      "takes its answers, which is then this refiner's (the "
+                                                      "allocator gives it); until then this refiner sits out while "
+                                                      "another can take generations, so the model answers beside "
+                                                      "their episodes. Set it near the model's answer time over a "
+                                                      "generation's (0 to 64), or \"auto\": the first generation "
+                                                      "that starts once all the wave's answers are in (timing's "
+                                                      "choice, recorded in the ledger and replayed on resume). 0: a "
+                                                      "wave waits for this refiner's next generation, whenever the "
+                                                      "allocator gives it one.",
+                                       json_schema_extra={"unit": "generations"})
     variants: int = Field(2, ge=1, le=50, description="Parameter settings each edited program is proposed with.",
                           json_schema_extra={"unit": "candidates"})
     sigma: float = Field(0.1, gt=0, le=1, description="Perturbation of the parameters in the variants (fraction "
@@ -1173,7 +1185,11 @@ class _Ahead:
     sent: list[Sent]
     slots: int
     held: tuple[int, int, float]
-    due: int = 0  # with ``lag``: the generation that takes it (the one it was sent in, plus ``lag``)
+    due: int = 0  # with a number ``lag``: the generation that takes it (the one it was sent in, plus ``lag``)
+
+    def arrived(self) -> bool:
+        """Whether every answer of the wave is in (taking them will not wait): timing's, never recorded here."""
+        return all(x.done() for x in self.sent)
 
 
 class ModelBandit:
@@ -1481,10 +1497,11 @@ class LLMRefiner(Refiner):
         self._proposed = list(out)
         return out
 
-    def _wave(self, incumbent: Candidate, critique: Critique | None, rng: np.random.Generator, most: int
-              ) -> tuple[list[_Request], int, bool]:
+    def _wave(self, incumbent: Candidate, critique: Critique | None, rng: np.random.Generator, most: int,
+              flying: Sequence[int] = ()) -> tuple[list[_Request], int, bool]:
         """Build up to ``most`` requests to send at once, each to the model the bandit ranks first among those with
-        room (:class:`ModelBandit`; a model's ``concurrency`` caps its requests in one wave) and with its worst case
+        room (:class:`ModelBandit`; a model's ``concurrency`` caps its requests in one wave, beside ``flying``: the
+        models of requests still out) and with its worst case
         (one HTTP attempt, its prompt's tokens and ``max_tokens``, their price at that model) reserved in the
         budgets before the next is built, so the wave never takes more than a budget has left.
 
@@ -1522,9 +1539,10 @@ class LLMRefiner(Refiner):
                                     trace_steps=s.trace_steps, failure=failure, kind=parent.kind)
             seed = int(rng.integers(2**31))
             self.spent.prompt_bound = prompt_bound({"messages": messages})
-            in_wave = [r.arm for r in wave]
+            in_wave = [*flying, *(r.arm for r in wave)]
             arm = next((i for i in self.bandit.stand_ins()
-                        if in_wave.count(i) < (self.pool[i].concurrency or most) and self._no_room(i) is None), None)
+                        if in_wave.count(i) < (self.pool[i].concurrency or s.concurrency)
+                        and self._no_room(i) is None), None)
             if arm is None:  # no model worth asking has room for this request's worst case beside those in flight
                 return wave, slots, not wave
             request = {"model": self.pool[arm].model, "messages": messages, "temperature": s.temperature,
@@ -1554,6 +1572,7 @@ class LLMRefiner(Refiner):
         Raises:
             EndpointError: the endpoint stopped the refiner (every answer of the wave is taken first).
         """
+        self._wait_for_room(len(wave))  # waves sent ahead and still out: never more than concurrency in flight
         replies = self.exchange_all([(r.key, r.request, functools.partial(self._call, r.request, cap, r.arm))
                                      for r, cap in zip(wave, self._caps(wave))])
         return self._settle(wave, [f.result for f in replies], self._held_by(wave), incumbent, rng, out)
@@ -1634,10 +1653,12 @@ class LLMRefiner(Refiner):
         yet (one generation stale: the price of the overlap, as in ShinkaEvolve's asynchronous evaluation)."""
         s = self.settings
         self._prepared += 1
-        if not s.ahead or len(self._ahead) >= s.ahead or self._no_request() is not None:
+        room = s.concurrency - self._out()  # the waves out and this one together: never more than concurrency
+        if not s.ahead or len(self._ahead) >= s.ahead or room <= 0 or self._no_request() is not None:
             return
         self._critiques = {}  # the programs' latest critiques (another refiner's generations may have run since)
-        wave, slots, _ = self._wave(parent, critique, rng, min(s.concurrency, s.proposals))
+        wave, slots, _ = self._wave(parent, critique, rng, min(room, s.proposals),
+                                    flying=[r.arm for w in self._ahead for r in w.requests])
         if not slots:
             return
         caps = self._caps(wave, 1 + s.retries)
@@ -1647,20 +1668,35 @@ class LLMRefiner(Refiner):
             held = (sum(c or 0 for c in caps), *held[1:])
         sent = self.exchange_ahead([(r.key, r.request, functools.partial(self._call, r.request, cap, r.arm))
                                     for r, cap in zip(wave, caps)]) if wave else []
-        self._ahead.append(_Ahead(wave, sent, slots, held, self._prepared + s.lag if s.lag else 0))
+        self._ahead.append(_Ahead(wave, sent, slots, held, self._prepared + s.lag if isinstance(s.lag, int) else 0))
+
+    def _out(self) -> int:
+        """Requests of the waves sent ahead that no generation took yet (answered or not)."""
+        return sum(len(w.requests) for w in self._ahead)
+
+    def _wait_for_room(self, n: int) -> None:
+        """Wait until ``n`` more requests fit in ``concurrency`` beside the unanswered ones of the waves sent ahead
+        (oldest first). Only when requests go out waits on this: what is sent never depends on it."""
+        flying = [x for w in self._ahead for x in w.sent if not x.done()]
+        for x in flying[:max(0, len(flying) + n - self.settings.concurrency)]:
+            x.wait()
 
     def turn(self, generation: int) -> Turn:
         """With ``lag``: :attr:`~Turn.DUE` from the generation the oldest wave sent ahead is due at (the one it was sent
         in plus ``lag``), :attr:`~Turn.WAIT` before it, and :attr:`~Turn.WAIT` too with no wave out while a request may
         go out (this generation's :meth:`prepare` sends one, instead of the workers waiting for a fresh wave, as at
         the first generation); else :attr:`~Turn.FREE` (without ``lag``, once the endpoint stopped the refiner, or
-        with no wave out and no request possible). Only generation numbers and the budgets decide, never the
-        answers' timing."""
-        if not self.settings.lag or self.spent.down is not None:
+        with no wave out and no request possible). With a number ``lag`` only generation numbers and the budgets
+        decide, never the answers' timing; with ``lag = "auto"`` the oldest wave is :attr:`~Turn.DUE` once all its
+        answers are in and :attr:`~Turn.WAIT` until then: timing's word, which the loop records with the generation's
+        plan and replays on resume (:meth:`Refiner.turn`)."""
+        lag = self.settings.lag
+        if not lag or self.spent.down is not None:
             return Turn.FREE
         if not self._ahead:
             return Turn.WAIT if self._no_request() is None else Turn.FREE
-        return Turn.DUE if generation >= self._ahead[0].due else Turn.WAIT
+        due = self._ahead[0].arrived() if lag == "auto" else generation >= self._ahead[0].due
+        return Turn.DUE if due else Turn.WAIT
 
     def finish(self) -> dict[str, Any]:
         """The run ends: the answers of the waves sent ahead that no generation took are awaited and recorded (their

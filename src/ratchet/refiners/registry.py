@@ -143,6 +143,10 @@ class Sent:
         """Whether the reply is in (taking it will not wait)."""
         return self._reply.done()
 
+    def wait(self) -> None:
+        """Wait until the reply is in (without taking it)."""
+        self._reply.exception()  # blocks until the reply (or what the call raised) is in; raises nothing
+
     def take(self) -> Reply:
         """Wait for the reply, record it the first time (in the calling thread: the loop's), and return ``(body,
         record)`` as ``exchange`` does; raises what the call raised (nothing recorded)."""
