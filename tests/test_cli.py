@@ -1231,6 +1231,33 @@ def test_ctrl_c_after_the_run_finished_does_not_ask_for_a_resume(monkeypatch, ca
     assert f"ratchet resume {tmp_path / 'r2'}" in capsys.readouterr().err
 
 
+def test_ctrl_c_says_the_run_is_stopping_at_once(capsys, tmp_path):
+    """Ctrl-C during a run: a line says the run is stopping at the press, before the run's workers and ledger are
+    closed (which takes a moment), then the usual line says how to resume it."""
+    import signal
+    import time
+
+    import typer
+
+    from ratchet import cli
+
+    while_stopping: list[str] = []
+
+    def drive(progress):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # the run, interrupted here
+        finally:  # closing the workers and the ledger: what the person sees meanwhile
+            while_stopping.append(capsys.readouterr().err)
+
+    with pytest.raises(typer.Exit) as exc:
+        cli._with_progress(drive, str(tmp_path / "r"), True, None)
+    assert exc.value.exit_code == 130
+    assert "interrupted; stopping the run" in while_stopping[0]
+    assert f"interrupted; continue with `ratchet resume {tmp_path / 'r'}`" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is the run's only
+
+
 def _printed(monkeypatch, infos: list[dict], clock: list[float]) -> list[str]:
     """What ``ratchet run``'s progress printer (not live) prints for ``infos``, the i-th at ``clock[i]`` seconds."""
     from io import StringIO

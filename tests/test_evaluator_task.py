@@ -390,9 +390,11 @@ def test_the_llm_refiner_edits_an_evaluator_tasks_functions_from_its_description
     assert proposed and all("s" in c["params"] for c in proposed)
 
 
-def test_a_screen_on_an_evaluator_task_is_noted_at_start_as_having_no_effect(tmp_path: Path) -> None:
+def test_a_screen_on_an_evaluator_task_is_noted_at_start_and_shown_as_having_no_effect(tmp_path: Path) -> None:
     """An evaluator records no transitions (no environment stepped): `[model] screen = true` gets one note at the start
-    saying it has no effect and why, decided from the task's declared ``records_transitions``."""
+    saying it has no effect and why, decided from the task's declared ``records_transitions``; `ratchet show` (and
+    its --json, and the report) then says the screen was unused, with the same reason, not that it is on and
+    screened 0 generations."""
     from typer.testing import CliRunner
 
     from ratchet.cli import app
@@ -403,8 +405,15 @@ def test_a_screen_on_an_evaluator_task_is_noted_at_start_as_having_no_effect(tmp
     assert len(notes) == 1 and "[model] screen has no effect" in notes[0], notes
     assert "the task (evaluator) records no transitions" in notes[0] and "trusted_rollouts" not in notes[0]
     res = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["run", str(d), "--runs-dir", str(tmp_path / "runs"),
-                                                         "--no-report", "--set", "budget.episodes=60"])
+                                                         "--run-id", "scr", "--set", "budget.episodes=60"])
     assert res.stdout.startswith("note: [model] screen has no effect in this run"), res.stdout
+    show = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["show", str(tmp_path / "runs" / "scr")])
+    line = " ".join(next(ln for ln in show.stdout.splitlines() if "world model" in ln).strip("│ ").split())
+    assert "screen unused: the task (evaluator) records no transitions" in line and "screen on" not in line, line
+    data = json.loads(CliRunner().invoke(app, ["show", str(tmp_path / "runs" / "scr"), "--json"]).stdout)
+    assert data["world_model"]["unused"].startswith("the task (evaluator) records no transitions")
+    report = (tmp_path / "runs" / "scr" / "report.html").read_text()
+    assert "screen unused: the task (evaluator) records no transitions" in report and "screen on:" not in report
 
 
 def test_an_evaluator_may_define_dataclasses(tmp_path: Path) -> None:

@@ -172,9 +172,9 @@ def test_mlp_outputs_are_row_for_row_those_of_one_observation():
 
 def test_a_hanging_episode_stops_its_batch_within_the_timeout():
     """A policy that hangs in one episode of a batch: the round stops at the timeout, and the batch's unfinished
-    episodes run again one at a time, as they would alone: the honest ones complete, the hanging one times out (so
-    a hang costs two timeouts, not a multiple of the batch), the rest of the candidate is skipped, and the next
-    candidate runs."""
+    episodes run again one at a time, as they would alone: the hanging one times out (so a hang costs two timeouts,
+    not a multiple of the batch), every other one did nothing wrong and gets its own result, and the next candidate
+    runs."""
     source = """
 import time
 PARAMETERS = {}
@@ -193,10 +193,45 @@ def act(obs, params):
         eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(14)] + [Job(good, 0)])
         took = time.monotonic() - t0
     assert took < 40, took  # two timeouts and the episodes (about 6 s alone); a timeout per episode would be 56 s
-    assert eps[0].error is None and eps[1].error is None
     assert eps[2].error == "timeout after 4 s on seed 2" and eps[2].length == 19
-    assert all(e.error == "skipped: timeout after 4 s on seed 2" for e in eps[3:14])
-    assert eps[14].error is None
+    assert [e.error for e in eps[:2] + eps[3:]] == [None] * 14
+
+
+HANGS_ON_START = """
+import time
+PARAMETERS = {}
+STATE = {}
+def reset(params, seed):
+    STATE["seed"], STATE["t"] = seed, 0
+def act(obs, params):
+    STATE["t"] += 1
+    if STATE["seed"] in HANG and STATE["t"] == 1:
+        time.sleep(1000)
+    return int(obs[2] + obs[3] > 0)
+"""
+
+
+def test_an_episode_hanging_on_its_first_observation_is_the_only_one_timed_out():
+    """The first round of a batch asks one episode alone: a policy that hangs on that observation is that episode's
+    timeout, and the batch's other episodes (started beside it, or not yet) each run for a result of their own, the
+    returns they get with no hang anywhere (`ratchet evaluate --timeout` on a policy hanging on one seed)."""
+    honest = _program(HANGS_ON_START.replace("HANG", "()"))
+    with ProcessExecutor(workers=1, episode_timeout_s=3, lockstep=16) as ex:
+        eps = ex.run(CARTPOLE, [Job(_program(HANGS_ON_START.replace("HANG", "(0,)")), s) for s in range(5)])
+        alone = ex.run(CARTPOLE, [Job(honest, s) for s in range(1, 5)])
+    assert eps[0].error == "timeout after 3 s on seed 0" and eps[0].length == 0
+    assert [(e.error, e.episode_return, e.length) for e in eps[1:]] == [
+        (None, e.episode_return, e.length) for e in alone]
+
+
+def test_a_policy_hanging_on_every_seed_costs_two_timeouts():
+    """Once a candidate has timed out twice (a hang on more than one seed), the rest of its batch is skipped, so a
+    policy that hangs everywhere costs two timeouts, not one per episode."""
+    source = HANGS_ON_START.replace("STATE[\"seed\"] in HANG and ", "")
+    with ProcessExecutor(workers=1, episode_timeout_s=2, lockstep=16) as ex:
+        eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(6)])
+    assert [e.error for e in eps[:2]] == ["timeout after 2 s on seed 0", "timeout after 2 s on seed 1"]
+    assert all(e.error == "skipped: timeout after 2 s on seed 1" for e in eps[2:])
 
 
 def test_a_slow_policy_is_not_timed_out_for_answering_a_whole_round():

@@ -71,9 +71,10 @@ def test_nan_action_is_recorded(sandboxed, reference):
 def test_infinite_loop_is_killed_by_the_timeout(sandboxed, reference):
     t0 = time.monotonic()
     eps = _run_beside_good(sandboxed, hostile("loops_forever"), reference)
-    # at most one timeout per worker (2) that picked the candidate up; the rest are skipped
+    # the first episode's timeout, then its lockstep batch's others run again alone (the hang was the first one's
+    # own) on the 2 workers at once, each timing out, until the candidate has failed twice; the rest are skipped
     assert all(e.error.startswith(("skipped: timeout", f"timeout after {TIMEOUT_S:g} s")) for e in eps)
-    assert 1 <= sum(e.error.startswith("timeout") for e in eps) <= 2
+    assert 1 <= sum(e.error.startswith("timeout") for e in eps) <= 3
     assert time.monotonic() - t0 < 4 * TIMEOUT_S + 30
 
 

@@ -199,13 +199,33 @@ def run(spec: Path = typer.Argument(..., metavar="SPEC", help="A ratchet.toml fi
 
 def _with_progress(drive, resume_target: str, report: bool, storage: str | None) -> None:
     """Run ``drive(progress)`` with live progress, then print the result (and write the report).
-    Ctrl-C leaves a resumable run and says how to resume it."""
+    Ctrl-C leaves a resumable run and says how to resume it; while the run stops (its workers and ledger are
+    closed, which takes a moment), a line printed at the press says so."""
+    import signal
+    import threading
+
     from ratchet.progress import ProgressPrinter
 
     progress = ProgressPrinter(err)
     finished = None  # the run directory once the run has finished (Ctrl-C while its report is written)
+    pressed: list[bool] = []
+
+    def stopping(signum: int, frame: Any) -> None:
+        if not pressed:  # at once: closing the workers and the ledger comes before the line that says how to resume
+            pressed.append(True)
+            progress.stop()
+            err.print("interrupted; stopping the run (closing its workers and ledger)…", highlight=False,
+                      soft_wrap=True)
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers are set there only
+    before = signal.signal(signal.SIGINT, stopping) if main_thread else None
     try:
-        result = drive(progress)
+        try:
+            result = drive(progress)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
         progress.stop()
         finished = result.run_dir
         _finish(result.run_dir, report, storage)

@@ -54,7 +54,7 @@ from ratchet.refiners.registry import Purse, RefinerContext, arm_names, refiner_
 from ratchet.refiners.screened import screen_refiners
 from ratchet.runs import lock_run_dir, new_run_id, open_for_writing, open_ledger, open_run, started_event
 from ratchet.services import RunServices, _cut, eval_key
-from ratchet.spec import RunSpec, spec_from_dict
+from ratchet.spec import RunSpec, screen_unused_reasons, spec_from_dict
 from ratchet.step import GenerationStep
 from ratchet.tasks import Task, task_from_dict, task_from_spec
 
@@ -166,7 +166,8 @@ class _Run(RunServices):
                                  exchange_all=self.exchange_all, exchange_ahead=self.exchange_ahead,
                                  read_input=self.read_input, critique=self.critique_of, time_left=self.time_left,
                                  money=money, transitions=self.transitions)
-            for ref in screen_refiners(kind.build(settings, name, ctx), self.spec.model, ctx):  # [model] screen
+            for ref in screen_refiners(kind.build(settings, name, ctx), self.spec.model, ctx,  # [model] screen
+                                       screen_unused_reasons(self.spec) if self.spec.model.screen else ()):
                 out[ref.name] = ref
         return out
 

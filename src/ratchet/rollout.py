@@ -341,14 +341,19 @@ class BatchAborted(Exception):
     """A lockstep batch stopped because its policy process was lost (:func:`run_lockstep`).
 
     Attributes:
-        cause: The :class:`RolloutAborted` (``status``: ``"died"``, ``"timeout"``, ``"interfered"``).
+        cause: The :class:`RolloutAborted` (``status``: ``"died"``, ``"timeout"``, ``"interfered"``, ``"solo"``).
         episodes: Per seed of the batch, its :class:`Episode` when it had finished, else None.
         partial: Per unfinished seed's index, ``(env steps, partial return)`` it had reached (0, 0.0 if never started).
+        culprit: With a ``"timeout"`` cause, the index of the one episode whose own answer ran out the time (a round
+            that asked it alone), or None when the time ran out before any episode's round (loading the policy):
+            the batch's other unfinished episodes did nothing wrong, and are to be run again one at a time (as after
+            ``"solo"``), each for a result of its own.
     """
 
-    def __init__(self, cause: RolloutAborted, episodes: list[Episode | None], partial: dict[int, tuple[int, float]]):
+    def __init__(self, cause: RolloutAborted, episodes: list[Episode | None], partial: dict[int, tuple[int, float]],
+                 culprit: int | None = None):
         super().__init__(str(cause))
-        self.cause, self.episodes, self.partial = cause, episodes, partial
+        self.cause, self.episodes, self.partial, self.culprit = cause, episodes, partial, culprit
 
 
 class _Running:
@@ -371,9 +376,10 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
     :func:`run_episode` gives it alone.
 
     Time: each episode is charged its own reset and steps plus an equal share of every round it was in; an
-    episode charged more than ``timeout_s`` ends the batch as a timeout, and so does an answer that does not
-    come within ``timeout_s`` less the time the round's most-charged episode has used (so a hanging policy is
-    stopped as soon as one of its episodes runs out). Rounds start with one observation and double while the
+    episode charged more than ``timeout_s`` ends the batch, and so does an answer that does not come within
+    ``timeout_s`` less the time the round's most-charged episode has used (so a hanging policy is stopped as soon
+    as one of its episodes runs out): as that episode's timeout when the round asked it alone, else as ``"solo"``
+    (see Raises). Rounds start with one observation and double while the
     policy's answers would take under a tenth of ``timeout_s``, so a slow policy is never timed out for
     answering many observations at once.
 
@@ -393,8 +399,10 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
 
     Raises:
         BatchAborted: the policy process died, timed out or sent garbage; it carries the finished episodes and
-            how far the others got. Its cause's status is ``"solo"`` when a round of several answers outlasted the
-            time left, or the policy process answered that its episodes must run one at a time
+            how far the others got. A round of one answer that outlasts its episode's time is that episode's timeout
+            (:attr:`BatchAborted.culprit`); the other unfinished episodes run again one at a time. Its cause's status
+            is ``"solo"`` when a round of several answers outlasted the time left (or took an episode's charge past
+            it), or the policy process answered that its episodes must run one at a time
             (:data:`ratchet.execution.protocol.ONE_AT_A_TIME`: policy code changed the global random generators
             with several running): the unfinished episodes are then to be run again one at a time, where a policy
             that is merely slow gets each episode's own timeout (and one that hangs times out as it would alone)
@@ -408,6 +416,7 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
     clock = time.perf_counter
     done: list[Episode | None] = [None] * len(seeds)
     running: dict[int, _Running] = {}
+    culprit: int | None = None  # the episode whose own answer ran out the time (BatchAborted.culprit)
     first_env = make_env()
     envs_made = [first_env]
     try:
@@ -459,6 +468,8 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             except RolloutAborted as exc:
                 if exc.status == "timeout" and len(slots) > 1:  # many answers outlasted one episode's time
                     raise RolloutAborted("solo", f"a round of {len(slots)} answers took over {left:.3g} s") from None
+                if exc.status == "timeout":  # one answer: that episode's own, the others did nothing wrong
+                    culprit = slots[0]
                 raise
             ended = []
             answered = clock() - t
@@ -497,13 +508,17 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             for r in runs:
                 r.used += share
                 if r.used > timeout_s and r.index in running:
+                    if len(runs) > 1:  # its share of a round of many: whose time it was is not known
+                        raise RolloutAborted("solo", f"a round of {len(runs)} answers took seed {r.seed} over "
+                                                     f"{timeout_s:g} s")
+                    culprit = r.index
                     raise RolloutAborted("timeout")
             if chunk < width and answered / len(runs) * 2 * chunk <= timeout_s / 10:
                 chunk = min(2 * chunk, width)
     except RolloutAborted as exc:
         partial = {i: (0, 0.0) for i in range(len(seeds)) if done[i] is None}
         partial.update({i: (r.steps, r.total) for i, r in running.items()})
-        raise BatchAborted(exc, done, partial) from None
+        raise BatchAborted(exc, done, partial, culprit if exc.status == "timeout" else None) from None
     finally:
         for env in [*envs_made, *(r.env for r in running.values())]:
             _retire(env)

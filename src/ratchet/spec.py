@@ -1047,21 +1047,29 @@ def overlap_gate_unused(spec: RunSpec) -> list[str]:
              "its gate")]
 
 
-def screen_unused(spec: RunSpec) -> list[str]:
-    """A note when ``[model] screen`` is on but the run can record no transitions for its world model: the task
-    records none (:attr:`ratchet.tasks.Task.records_transitions`: an evaluator's instances, a game's moves) or
-    ``[execution] trusted_rollouts = false`` (only the trusted env host records them). The screen then never has
-    ``min_transitions``, so it screens no generation. Empty otherwise."""
-    if not spec.model.screen:
-        return []
+def screen_unused_reasons(spec: RunSpec) -> list[str]:
+    """Why the run can record no transitions for a world model, each in a few words: the task records none
+    (:attr:`ratchet.tasks.Task.records_transitions`: an evaluator's instances, a game's moves) or ``[execution]
+    trusted_rollouts = false`` (only the trusted env host records them). Empty when it can (whether or not
+    ``[model] screen`` is on)."""
     from ratchet.tasks import kind_class
 
-    why = [text for ruled_out, text in [
+    return [text for ruled_out, text in [
         (not kind_class(spec.task.kind or "gym").records_transitions,  # declared by the kind: no task is built
          (f"the task ({spec.task.kind}) records no transitions for a world model (no environment stepped on the "
           "trusted side)")),
         (not spec.execution.trusted_rollouts,
          "[execution] trusted_rollouts = false (only the trusted env host records transitions)")] if ruled_out]
+
+
+def screen_unused(spec: RunSpec) -> list[str]:
+    """A note when ``[model] screen`` is on but the run can record no transitions for its world model
+    (:func:`screen_unused_reasons`). The screen then never has ``min_transitions``, so it screens no generation
+    (``ratchet show`` says so too: :meth:`ratchet.ledger.projection.RunState.world_model`'s ``unused``). Empty
+    otherwise."""
+    if not spec.model.screen:
+        return []
+    why = screen_unused_reasons(spec)
     if not why:
         return []
     return [(f"note: [model] screen has no effect in this run: {'; '.join(why)}; no generation is screened ([model] "

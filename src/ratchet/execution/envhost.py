@@ -469,11 +469,15 @@ class _Lost(Exception):
 def _run_batch(task: Any, policy: RemotePolicy, params: Any, seeds: list[int], width: int,
                timeout_s: float) -> list[tuple[Episode, str]]:
     """A lockstep batch (:meth:`ratchet.tasks.gym.GymTask.run_batch`) as ``(episode, status)`` per seed: when the
-    policy process is lost, the unfinished episodes end with the reason and what they had reached."""
+    policy process is lost, the unfinished episodes end with the reason and what they had reached; when one episode
+    timed out on its own (:attr:`~ratchet.rollout.BatchAborted.culprit`), only it does, and the others are
+    ``"solo"``: they did nothing wrong and run again one at a time."""
     try:
         return [(ep, "ok") for ep in task.run_batch(policy, params, seeds, width, timeout_s)]
     except BatchAborted as stop:
         cause = stop.cause
+        if stop.culprit is not None:
+            innocent = RolloutAborted("solo", f"seed {seeds[stop.culprit]} of its batch timed out")
         out = []
         for i, seed in enumerate(seeds):
             ep = stop.episodes[i]
@@ -481,7 +485,8 @@ def _run_batch(task: Any, policy: RemotePolicy, params: Any, seeds: list[int], w
                 out.append((ep, "ok"))
             else:
                 steps, total = stop.partial.get(i, (0, 0.0))
-                out.append((_aborted(cause, seed, steps, total, timeout_s, task), cause.status))
+                why = cause if stop.culprit is None or i == stop.culprit else innocent
+                out.append((_aborted(why, seed, steps, total, timeout_s, task), why.status))
         return out
 
 

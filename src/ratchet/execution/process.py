@@ -349,7 +349,10 @@ class ProcessExecutor:
     error. A worker that dies (segfault, ``os._exit``, out of memory, killed from outside) is replaced
     and its episode retried on a fresh worker up to ``death_retries`` times before it is an error.
     After a timeout or a final death, the remaining queued episodes *of the same candidate* are
-    recorded as skipped, so one hanging candidate costs one timeout, not one per seed.
+    recorded as skipped, so one hanging candidate costs one timeout, not one per seed. Not skipped are the
+    other episodes of a lockstep batch that one episode's hang stopped: they did nothing wrong, and run again one
+    at a time for results of their own, unless the candidate has failed twice by then (it hangs on more than one
+    seed, and each of them would cost a timeout).
 
     Args:
         workers: Number of worker processes; 0 means ``os.cpu_count()``.
@@ -458,6 +461,7 @@ class ProcessExecutor:
             self._workers = []
         failed_candidates: dict[str, str] = {}
         self.failed_candidates = failed_candidates
+        failures: dict[str, int] = {}  # per candidate in failed_candidates: how many times it failed (see dispatch)
         # a game's players each keep a clock of episode_timeout_s (ratchet.tasks.game, "Clocks"): a game may use both
         deadline_s = self._deadline_s + (self.episode_timeout_s if task.opponent_sources() else 0.0)
         self._ensure_workers(min(self.n_workers, len(jobs)))
@@ -524,6 +528,7 @@ class ProcessExecutor:
             worker is replaced."""
             head = [w.jobs.popleft() for _ in range(w.batches.popleft())]
             again = []
+            struck = None  # the candidate this failure fails (once, however many of its jobs the message held)
             for k, j in enumerate(head):
                 deaths[j] = deaths.get(j, 0) + 1
                 if retry and deaths[j] <= self.death_retries and jobs[j].candidate.id not in failed_candidates:
@@ -535,8 +540,11 @@ class ProcessExecutor:
                                       {"cause": "error", "fault": "task"}))
                 else:
                     failed_candidates[jobs[j].candidate.id] = reason
+                    struck = jobs[j].candidate.id
                     steps = (episode.length, episode.episode_return) if episode is not None and k == 0 else (0, 0.0)
                     finish(j, Episode.failed(jobs[j].seed, reason, *steps, task=task))
+            if struck is not None:
+                failures[struck] = failures.get(struck, 0) + 1
             replace(w)
             pending.extendleft(reversed([*w.again, *again]))  # with the message's jobs already marked to rerun
 
@@ -626,7 +634,9 @@ class ProcessExecutor:
                 i = pending[0]
                 job = jobs[i]
                 cid = job.candidate.id
-                if cid in failed_candidates:
+                # a job rerun alone after its lockstep batch was stopped runs all the same (another episode may have
+                # been the one that hung) unless the candidate failed twice: it hangs on more than one seed
+                if cid in failed_candidates and (i not in solo or failures.get(cid, 0) > 1):
                     pending.popleft()
                     finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}", task=task))
                     continue
@@ -696,7 +706,8 @@ class ProcessExecutor:
             if status != "ok" and (ep.diagnostics.get("fault") or ep.diagnostics.get("forfeit")):
                 w.doomed = True  # the task's fault, or a game its opponent forfeited when its process was lost:
                 finish(head, ep)  # the episode stands as the env host decided it, on a fresh pair from here
-            elif status != "ok" and jobs[head].candidate.id in failed_candidates:  # a batch's other episodes
+            elif status != "ok" and jobs[head].candidate.id in failed_candidates and head not in solo:
+                # a batch's other episodes (a job run alone since its batch was stopped ended on its own)
                 w.doomed = True
                 finish(head, Episode.failed(jobs[head].seed, f"skipped: {failed_candidates[jobs[head].candidate.id]}",
                                             ep.length, ep.episode_return, task=task))
@@ -712,6 +723,7 @@ class ProcessExecutor:
                     answered(w)
                     return
                 failed_candidates[jobs[head].candidate.id] = reason
+                failures[jobs[head].candidate.id] = failures.get(jobs[head].candidate.id, 0) + 1
                 finish(head, Episode.failed(jobs[head].seed, reason, ep.length, ep.episode_return, task=task))
             else:
                 finish(head, ep)

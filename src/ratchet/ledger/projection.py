@@ -191,7 +191,9 @@ class RunState:
         Returns:
             ``screened`` (generations it chose what ran), ``saved`` (proposals screened out), ``rank_correlation``
             (mean Spearman correlation of its ranking with the real training means, over the generations that gave
-            one; None before any), ``judged`` (how many did), ``on`` (whether it still screens), and the last fitted
+            one; None before any), ``judged`` (how many did), ``on`` (whether it still screens), ``unused`` (why the
+            run can record no transitions, so the screen never screens: ``"the task (evaluator) records no
+            transitions …"``; None where it can, or for a run recorded before this was recorded), and the last fitted
             model's ``rows`` (transitions), ``holdout_error`` and ``disagreement`` (held-out, in standard deviations
             of the predicted quantities); ``judge`` (``"controls"``, or ``"kept"`` for a run recorded before controls
             judged the screen), ``advantage`` (over the kept-versus-control pairs, (wins - losses) / pairs, -1 to 1;
@@ -359,7 +361,8 @@ def cost_text(u: dict[str, Any]) -> str:
 
 #: The keys of a ``generation_finished`` payload that hold the world-model screen's account (``[model] screen``).
 SCREEN_KEYS = ("screen_on", "screen_proposed", "screen_kept", "screen_saved", "screen_rank_correlation", "model_rows",
-               "model_error", "model_disagreement", "screen_advantage", "screen_pairs", "screen_margin", "screen_waiting")
+               "model_error", "model_disagreement", "screen_advantage", "screen_pairs", "screen_margin", "screen_waiting",
+               "screen_unused")
 
 
 def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -380,12 +383,15 @@ def world_model_account(generations: list[dict[str, Any]]) -> dict[str, Any] | N
                             and not g.get("screen_waiting")),  # waiting: fewer ran, but nothing screened them
             "saved": max(int(g.get("screen_saved") or 0) for g in gens),
             "rank_correlation": sum(rhos) / len(rhos) if rhos else None, "judged": len(rhos),
-            "on": bool(gens[-1]["screen_on"]), "rows": last.get("model_rows"),
+            "on": bool(gens[-1]["screen_on"]), "unused": gens[-1].get("screen_unused"), "rows": last.get("model_rows"),
             "holdout_error": last.get("model_error"), "disagreement": last.get("model_disagreement")}
 
 
 def world_model_text(wm: dict[str, Any]) -> str:
     """One line of the world-model screen's account (:meth:`RunState.world_model`), for ``show`` and the report."""
+    if wm.get("unused"):  # the run records no transitions: as the start note says (ratchet.spec.screen_unused)
+        kept = f", {wm['saved']} proposal(s) not run ([model] unscreened = \"kept\")" if wm["saved"] else ""
+        return f"screen unused: {wm['unused']}; no generation screened{kept}; [model] screen has no effect in this run"
     rho = "no rank correlation yet" if wm["rank_correlation"] is None else (
         f"rank correlation with real training returns {wm['rank_correlation']:+.2f} (mean of {wm['judged']}"
         f"{', among the candidates run: biased low' if wm['judge'] == 'controls' else ''})")

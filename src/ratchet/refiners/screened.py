@@ -65,17 +65,19 @@ MAX_EPISODES_READ = 256
 _HOLDOUT = 0.2
 
 
-def screen_refiners(refiners: Sequence[Refiner], settings: Any, ctx: Any) -> list[Refiner]:
+def screen_refiners(refiners: Sequence[Refiner], settings: Any, ctx: Any, unused: Sequence[str] = ()) -> list[Refiner]:
     """``refiners`` as they are without ``[model] screen``; else each wrapped in a :class:`ScreenedRefiner`.
 
     Args:
         refiners: The refiners one ``[[refiners]]`` table built.
         settings: The spec's ``[model]`` section (:class:`ratchet.spec.ModelSpec`).
         ctx: Their :class:`~ratchet.refiners.registry.RefinerContext`.
+        unused: Why the run can record no transitions (:func:`ratchet.spec.screen_unused_reasons`); empty when it
+            can.
     """
     if not settings.screen:
         return list(refiners)
-    return [ScreenedRefiner(r, settings, ctx) for r in refiners]
+    return [ScreenedRefiner(r, settings, ctx, unused) for r in refiners]
 
 
 def _answer() -> Any:
@@ -104,10 +106,13 @@ class ScreenedRefiner(Refiner):
         settings: ``[model]`` (:class:`ratchet.spec.ModelSpec`).
         ctx: The inner refiner's :class:`~ratchet.refiners.registry.RefinerContext` (``train``, ``artifact`` and
             ``transitions``).
+        unused: Why the run can record no transitions, so the screen never screens (each generation's account says
+            so: ``screen_unused``); empty when it can.
     """
 
-    def __init__(self, inner: Refiner, settings: Any, ctx: Any) -> None:
+    def __init__(self, inner: Refiner, settings: Any, ctx: Any, unused: Sequence[str] = ()) -> None:
         self.inner, self.settings, self.ctx = inner, settings, ctx
+        self.unused = "; ".join(unused)
         self.name = inner.name
         self.state = ScreenState(min_correlation=settings.min_correlation, window=settings.window,
                                  judge=settings.judge)
@@ -175,7 +180,8 @@ class ScreenedRefiner(Refiner):
         self._kept, self._out, self._scores, self._rejections = list(proposed), [], {}, []
         self._controls = set()
         self._last = {"screen_on": self.state.on, "screen_proposed": len(proposed), "screen_kept": len(proposed),
-                      "screen_saved": self.state.saved, **self._judged()}
+                      "screen_saved": self.state.saved, **self._judged(),
+                      **({"screen_unused": self.unused} if self.unused else {})}
         keep = self._keep(len(proposed))
         waiting = self._waiting()
         if (not self._screening() and not waiting) or keep >= len(proposed):
@@ -349,7 +355,8 @@ class ScreenedRefiner(Refiner):
     def summary(self) -> dict[str, Any]:
         """The inner refiner's summary and the screen's account of the last generation: ``screen_on``,
         ``screen_proposed``/``screen_kept`` (candidates), ``screen_saved`` (proposals not run so far: screened out,
-        or before the model could screen), ``screen_waiting`` (True where the model had too few transitions and only
+        or before the model could screen), ``screen_unused`` (only in a run that can record no transitions: why, in a
+        few words; the screen never screens there), ``screen_waiting`` (True where the model had too few transitions and only
         the refiner's first proposals ran: ``[model] unscreened = "kept"``),
         ``screen_rank_correlation`` (Spearman, model vs real training means of what ran; None where it says
         nothing; biased low), ``screen_advantage`` (over the kept-versus-control pairs so far, (wins - losses) /
