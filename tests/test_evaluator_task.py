@@ -416,6 +416,21 @@ def test_a_screen_on_an_evaluator_task_is_noted_at_start_and_shown_as_having_no_
     assert "screen unused: the task (evaluator) records no transitions" in report and "screen on:" not in report
 
 
+def test_a_screen_that_can_never_screen_runs_every_proposal_even_with_unscreened_kept(tmp_path: Path) -> None:
+    """`[model] unscreened = "kept"` runs only a screened generation's share of the proposals while the model waits for
+    transitions; on a task that records none it would wait for ever, so every proposal runs, as without the screen."""
+    spec = load_spec(_spec_dir(tmp_path, model={"screen": True, "unscreened": "kept"}, budget={"episodes": 60}))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20)
+    try:
+        start_run(spec, tmp_path / "runs", run_id="kept", executor=ex)
+    finally:
+        ex.close()
+    events = read_events(tmp_path / "runs" / "kept")
+    assert not [e for e in events if e.type.value == "proposal_rejected"]
+    gens = [e.payload for e in events if e.type.value == "generation_finished"]
+    assert gens and all(not g.get("screen_waiting") for g in gens)
+
+
 def test_an_evaluator_may_define_dataclasses(tmp_path: Path) -> None:
     source = "from __future__ import annotations\nfrom dataclasses import dataclass\n\n@dataclass\nclass Inst:\n" \
              "    hints: list\n\n" + EVALUATOR

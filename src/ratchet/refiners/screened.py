@@ -148,9 +148,9 @@ class ScreenedRefiner(Refiner):
     def _waiting(self) -> bool:
         """Whether the next generation runs only as many proposals as a screened one although nothing screens it
         yet (``[model] unscreened = "kept"``): the screen is on and transitions are recorded, but fewer than
-        ``min_transitions``."""
-        return (self.settings.unscreened == "kept" and self.state.on and self.ctx.transitions is not None
-                and not self._screening())
+        ``min_transitions`` — never in a run that can record none (:attr:`unused`): it would wait for ever."""
+        return (self.settings.unscreened == "kept" and not self.unused and self.state.on
+                and self.ctx.transitions is not None and not self._screening())
 
     # ---- the Refiner contract ------------------------------------------------------------------------------
     def generation_cost(self) -> GenerationCost:
