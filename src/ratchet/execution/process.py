@@ -430,7 +430,12 @@ class ProcessExecutor:
         worker's fair share of the expected work left (the queued jobs' and what the workers hold has left: a running
         message's jobs less its time so far at the measured seconds per env step; split evenly, less what it holds)
         and none of the candidate's jobs went out yet, else what fits about half of it; the rest stays queued for the
-        first worker to free up, so messages shrink as the queue empties. A worker holds a second message behind the
+        first worker to free up, so messages shrink as the queue empties. Where the order may change (no cap that
+        may bind), a message begins at the jobs of the candidate whose process the worker holds while any are queued (a
+        further message of it starts no process), else at a candidate on fewer workers than its share of the call's
+        work asks for (:meth:`~ratchet.execution.schedule.JobQueue.head_for`): a call of fewer candidates than workers
+        starts each candidate's process on about its share of the workers, not on a further worker for each message
+        it is cut into. A worker holds a second message behind the
         one running (so it need not wait for the parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
         workers have their next message. A job's timeout clock starts when the message before it on the same
         worker has finished.
