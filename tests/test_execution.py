@@ -404,3 +404,59 @@ def test_a_split_candidates_last_part_is_not_taken_whole(cartpole_task, monkeypa
     # left fit a share but the candidate is split already: about half a share again (before: all 24)
     assert [len(ids) for _, ids in sent.messages[:3]] == [1, 16, 16], sent.messages[:3]
     assert all(e.error is None for e in eps)
+
+
+def test_a_message_begins_at_the_workers_own_candidate_else_one_on_too_few_workers():
+    """Where a message to a worker begins: at the jobs of the candidate whose process the worker holds (a further
+    message of it starts no process), else at a candidate on fewer workers than its share of the call's work asks for
+    (its quota), else at the head; a long job at the head goes first to a worker without jobs of its own candidate
+    queued; at the head all the same under an env-step cap that may bind (the order given decides which jobs it
+    skips)."""
+    from ratchet.execution.schedule import JobQueue, Lengths
+
+    a, b = good_candidate(), zero_candidate()
+    jobs = [Job(c, s) for c in (a, b) for s in range(4)]
+    lengths = Lengths()
+    for s in range(4):
+        lengths.record(s, 10)
+    queue = JobQueue(jobs, lengths, workers=4)
+    assert queue.quota == {a.id: 2, b.id: 2}  # half the work each: two of the four workers each
+    assert queue.head_for(None, {}) == 0  # the head's candidate is on no worker yet
+    assert queue.head_for(None, {a.id: 2}) == 4  # a is on its two workers: b's first job
+    assert queue.head_for(None, {a.id: 2, b.id: 2}) == 0  # every candidate on its share: the head
+    assert queue.head_for(b.id, {a.id: 1, b.id: 3}) == 4  # the worker holds b's process: b's jobs, no new process
+    assert queue.head_for(a.id, {a.id: 1}) == 0
+    queue.pop(4)
+    assert [jobs[i].candidate.id for i in queue] == [a.id] * 4 + [b.id] * 3
+    assert queue.queued == {a.id: 4, b.id: 3} and queue.work == 70
+    capped = JobQueue(jobs, lengths, cap=700, step_limit=100, workers=4)  # 8 jobs × 100 may exceed 700: as given
+    assert capped.head_for(None, {a.id: 2}) == 0 and capped.head_for(b.id, {}) == 0
+    lengths.record(0, 400)  # the jobs on seed 0 are long: they go first and alone, a's on one of a's workers
+    long = JobQueue(jobs, lengths, workers=4)
+    assert [long[0], long[1]] == [0, 4] and long.head_for(None, {a.id: 2}) == 0
+    assert long.head_for(b.id, {a.id: 2}) == 1  # the worker holds b's process: b's own job on seed 0
+
+
+def test_a_worker_keeps_its_candidate_while_it_has_jobs_queued(cartpole_task, monkeypatch):
+    """Two candidates of four jobs each on four workers, in messages of one job (four do not fit a worker's share):
+    each candidate's process starts on two workers, its share of the work; a worker that frees up takes its own
+    candidate's next job while one is queued (no new process), not the head of the queue (before: the short
+    candidate's second freed worker got the long one's job, a second process of it); the episodes are one worker's."""
+    import json
+
+    from ratchet.execution.schedule import Lengths
+
+    sent = _Sent(monkeypatch)
+    short, long = zero_candidate(), good_candidate()  # CartPole falls within about 10 steps; held for 500
+    jobs = _jobs([short, long], SEEDS[:4])
+    with ProcessExecutor(workers=4, episode_timeout_s=30) as ex:
+        ex._ensure_workers(4)
+        lengths = ex._lengths.setdefault(json.dumps(cartpole_task.to_dict(), sort_keys=True), Lengths())
+        for seed in SEEDS[:4]:
+            lengths.record(seed, 10)  # every job expected alike: 40 of a share of 20
+        eps = ex.run(cartpole_task, jobs)
+    cand = [[jobs[i].candidate.id for i in ids] for _, ids in sent.messages]
+    assert sorted(cand[:4]) == sorted([[short.id]] * 2 + [[long.id]] * 2), cand  # two workers each
+    assert cand[4:6] == [[short.id]] * 2, cand  # the short one's workers free first: its last two jobs are theirs
+    with ProcessExecutor(workers=1, episode_timeout_s=30) as ex:
+        assert [e.to_dict() for e in ex.run(cartpole_task, jobs)] == [e.to_dict() for e in eps]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -104,6 +105,7 @@ class _Worker:
         self.deadline = 0.0
         self.since = 0.0  # when the running message could start (monotonic): sent to an idle worker, or the last ended
         self.stepped = 0  # env steps the running message's replies so far took
+        self.candidate: str | None = None  # the id of the candidate whose process the pair holds (the latest sent)
 
     @property
     def outdir(self) -> str:
@@ -431,7 +433,12 @@ class ProcessExecutor:
         worker's fair share of the expected work left (the queued jobs' and what the workers hold has left: a running
         message's jobs less its time so far at the measured seconds per env step; split evenly, less what it holds)
         and none of the candidate's jobs went out yet, else what fits about half of it; the rest stays queued for the
-        first worker to free up, so messages shrink as the queue empties. A worker holds a second message behind the
+        first worker to free up, so messages shrink as the queue empties. Where the order may change (no cap that
+        may bind), a message begins at the jobs of the candidate whose process the worker holds while any are queued (a
+        further message of it starts no process), else at a candidate on fewer workers than its share of the call's
+        work asks for (:meth:`~ratchet.execution.schedule.JobQueue.head_for`): a call of fewer candidates than workers
+        starts each candidate's process on about its share of the workers, not on a further worker for each message
+        it is cut into. A worker holds a second message behind the
         one running (so it need not wait for the parent between messages) only while its share has room for it. ``on_episode`` is called once the idle
         workers have their next message. A job's timeout clock starts when the message before it on the same
         worker has finished.
@@ -581,9 +588,9 @@ class ProcessExecutor:
             queued jobs and the jobs every worker holds are expected to take from now, less what ``w`` holds)."""
             return shares(pending.work + hold[0], len(workers), left(w, time.monotonic()))
 
-        def take(w: _Worker) -> list[int]:
-            """The jobs of the next message to ``w``: the head of the queue and, in lockstep, the jobs of the same
-            candidate queued right behind it (no renders; as many as four widths and the env-step cap's worst case
+        def take(w: _Worker, k: int) -> list[int]:
+            """The jobs of the next message to ``w``: the ``k``-th job queued (:meth:`JobQueue.head_for`) and, in
+            lockstep, the jobs of the same candidate queued right behind it (no renders; as many as four widths and the env-step cap's worst case
             allow): all of them where none of the candidate's jobs went out yet and they fit ``w``'s fair share of
             the work (the queued jobs' and all the workers hold, counted in full: a candidate is not split for nothing,
             each part starts its process on another worker), else what fits about half of the work left
@@ -595,12 +602,12 @@ class ProcessExecutor:
             # had run: the work left shrinks as a call ends, and splitting starts its process on another worker
             whole = shares(pending.work + sum(pending.expect[j] for x in workers for j in x.jobs), len(workers),
                            sum(pending.expect[j] for j in w.jobs))[0]
-            first = pending.popleft()
+            first = pending.pop(k)
             if lockstep == 1 or first in solo or (render_paths and render_paths[first]):
                 return [first]
             cid = jobs[first].candidate.id
             run = [pending.expect[first]]  # the expected env steps of the candidate's jobs queued together
-            for j in itertools.islice(pending, 4 * lockstep - 1):
+            for j in itertools.islice(pending, k, k + 4 * lockstep - 1):
                 if jobs[j].candidate.id != cid or j in solo or (render_paths and render_paths[j]):
                     break
                 run.append(pending.expect[j])
@@ -610,7 +617,7 @@ class ProcessExecutor:
                 assert task.step_limit is not None  # cap is set only with a step limit
                 running = sum(len(x.jobs) for x in workers)
                 size = min(size, max(1, (cap - spent[0]) // task.step_limit - running))
-            batch = [first] + [pending.popleft() for _ in range(size - 1)]
+            batch = [first] + [pending.pop(k) for _ in range(size - 1)]
             if pending.reorder and pending and jobs[pending[0]].candidate.id == cid:
                 pending.longest_first()  # the candidate's longest went: another's may be longer than what it has left
             return batch
@@ -618,7 +625,9 @@ class ProcessExecutor:
         def dispatch(w: _Worker) -> bool:
             held[0] = False
             while pending:
-                if w.jobs and pending.expect[pending[0]] > room(w)[1]:  # beyond its share: for the first worker free
+                spread = collections.Counter(x.candidate for x in workers if x.candidate is not None)
+                k = pending.head_for(w.candidate, spread)  # its own candidate's jobs first, else one on too few workers
+                if w.jobs and pending.expect[pending[k]] > room(w)[1]:  # beyond its share: for the first worker free
                     return False
                 if cap is not None:
                     assert task.step_limit is not None  # cap is set only with a step limit
@@ -631,23 +640,23 @@ class ProcessExecutor:
                             j = pending.popleft()
                             finish(j, Episode.failed(jobs[j].seed, BUDGET_SKIP, task=task))
                         return False
-                i = pending[0]
+                i = pending[k]
                 job = jobs[i]
                 cid = job.candidate.id
                 # a job rerun alone after its lockstep batch was stopped runs all the same (another episode may have
                 # been the one that hung) unless the candidate failed twice: it hangs on more than one seed
                 if cid in failed_candidates and (i not in solo or failures.get(cid, 0) > 1):
-                    pending.popleft()
+                    pending.pop(k)
                     finish(i, Episode.failed(job.seed, f"skipped: {failed_candidates[cid]}", task=task))
                     continue
                 key = job.candidate.policy_key
                 try:
                     src = None if key in w.known_sources else policy_payload(job)
                 except RatchetError as exc:
-                    pending.popleft()
+                    pending.pop(k)
                     finish(i, Episode.failed(job.seed, f"worker error: {exc}", task=task))
                     continue
-                batch = take(w)
+                batch = take(w, k)
                 tdict = None if task_key in w.known_tasks else task_dict
                 params = dict(job.candidate.params)
                 if len(batch) > 1 or lockstep > 1 and i not in solo and not (render_paths and render_paths[i]):
@@ -667,6 +676,7 @@ class ProcessExecutor:
                     return False
                 w.known_sources.add(key)
                 w.known_tasks.add(task_key)
+                w.candidate = cid
                 if not w.jobs:
                     w.since = time.monotonic()
                     w.deadline = w.since + deadline_s * len(batch)

@@ -3,7 +3,11 @@
 Each job is expected to take as many env steps as the latest clean episode seen on its seed (:class:`Lengths`); the
 jobs not yet sent wait in one queue across the call's candidates (:class:`JobQueue`), longest expected first; and a
 message (or Ray task) takes the jobs at the head of the queue that fit a worker's fair share of the work left, else
-about half of it (:func:`fit`), so messages shrink as the queue empties. The work left counts what the messages
+about half of it (:func:`fit`), so messages shrink as the queue empties. On the process pool a message to a worker
+begins where :meth:`JobQueue.head_for` says: at the jobs of the candidate whose process the worker holds (a further
+message of it starts no process), else at a candidate on fewer workers than its share of the call's work asks for
+(:attr:`JobQueue.quota`), so a call of fewer candidates than workers starts each candidate's process on about as many
+workers as it needs, not on one more worker for each message it is cut into. The work left counts what the messages
 running have done by now (:func:`remaining`: their time so far over the seconds an env step is measured to take,
 :attr:`Lengths.step_s`), so the end of a call is not sized as if the long episodes running had not started. Only the
 order and size of the messages depend on it, never a result.
@@ -12,7 +16,7 @@ order and size of the messages depend on it, never a result.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -77,7 +81,11 @@ class JobQueue:
         lengths: The task's expected lengths (:class:`Lengths`), updated by :meth:`finished`.
         cap: The call's env-step cap, or None.
         step_limit: The task's time limit in env steps (needed with ``cap``).
-        workers: How many workers share the jobs (see :meth:`longest_first`).
+        workers: How many workers share the jobs (see :meth:`longest_first` and :attr:`quota`).
+
+    Attributes:
+        quota: Per candidate id, on how many workers its process is worth starting (≥ 1): the workers in proportion to
+            the env steps its jobs are expected to take, of the call's (rounded), as the call starts.
     """
 
     def __init__(self, jobs: Sequence[Job], lengths: Lengths, cap: int | None = None,
@@ -88,6 +96,13 @@ class JobQueue:
         self._jobs: deque[int] = deque(range(len(jobs)))
         self.work = sum(self.expect)
         self.learned = 0  # seeds whose expectation changed since the queue was last ordered
+        self.long: set[int] = set()  # the jobs longest_first put first, each alone in its message
+        self.queued: dict[str, int] = {}  # per candidate id, its jobs queued
+        work: dict[str, int] = {}
+        for i, job in enumerate(jobs):
+            self.queued[job.candidate.id] = self.queued.get(job.candidate.id, 0) + 1
+            work[job.candidate.id] = work.get(job.candidate.id, 0) + self.expect[i]
+        self.quota = {cid: max(1, round(self.workers * w / self.work)) for cid, w in work.items()}
         if self.reorder and lengths.steps:
             self.longest_first()
 
@@ -101,14 +116,42 @@ class JobQueue:
         return self._jobs[k]
 
     def popleft(self) -> int:
-        i = self._jobs.popleft()
+        return self.pop(0)
+
+    def pop(self, k: int) -> int:
+        """Take the job ``k``-th in the queue (0: the head) out of it."""
+        i = self._jobs[k]
+        del self._jobs[k]
         self.work -= self.expect[i]
+        self.queued[self.jobs[i].candidate.id] -= 1
         return i
 
     def extendleft(self, jobs: Iterable[int]) -> None:
         jobs = list(jobs)
         self._jobs.extendleft(jobs)
         self.work += sum(self.expect[i] for i in jobs)
+        for i in jobs:
+            self.queued[self.jobs[i].candidate.id] += 1
+
+    def head_for(self, mine: str | None, spread: Mapping[str, int]) -> int:
+        """Where in the queue the next message to a worker begins (0: the head): at the first queued job of ``mine``
+        (the candidate whose process the worker holds: a further message of it starts none; its own jobs are queued
+        longest first), else at the head where its job is one that goes first and alone (:meth:`longest_first`), else
+        at the first job of a candidate whose process fewer workers hold (``spread``: candidate id → workers) than its
+        :attr:`quota`, else at the head. At the head all the same where the queue keeps the order given (an env-step
+        cap may bind: which jobs it skips depends on that order). Only the order of the messages depends on it, never
+        a result."""
+        if not self.reorder or not self._jobs:
+            return 0
+        if mine is not None and self.queued.get(mine):
+            wanted = {mine}
+        elif self._jobs[0] in self.long:
+            return 0
+        else:
+            wanted = {cid for cid, n in self.queued.items() if n and spread.get(cid, 0) < self.quota.get(cid, 1)}
+        if not wanted or self.jobs[self._jobs[0]].candidate.id in wanted:
+            return 0
+        return next(k for k, i in enumerate(self._jobs) if self.jobs[i].candidate.id in wanted)
 
     def finished(self, i: int, steps: int, clean: bool) -> None:
         """Job ``i`` finished after ``steps`` env steps; a ``clean`` one (no error) teaches its seed's length."""
@@ -142,7 +185,7 @@ class JobQueue:
             work[cid] = work.get(cid, 0) + self.expect[i]
         self.work = sum(work.values())
         alone = self.work / (2 * self.workers - 1)  # a job expected above this goes alone in its message (fit)
-        long = {i for i in self._jobs if size[i] < 64 and self.expect[i] > alone}
+        self.long = long = {i for i in self._jobs if size[i] < 64 and self.expect[i] > alone}
         for i in self._jobs:
             if i not in long:
                 cid = self.jobs[i].candidate.id
