@@ -87,8 +87,23 @@ def test_critique_counts_errors():
                                   ep(2, 3, error="policy raised KeyError: 'gain'"),
                                   ep(3, 0, error="timeout after 2 s on seed 3"), ep(4, 10)))
     c = Critic().critique(e)
-    assert c.errors == {"policy raised KeyError: 'gain'": 2, "timeout after 2 s on seed 3": 1}
+    assert c.errors == {"policy raised KeyError: 'gain'": 2, "timeout after 2 s on seed N": 1}
     assert "2× policy raised KeyError" in c.text
+
+
+def test_one_failure_naming_different_seeds_is_one_failure_mode():
+    # a candidate that timed out on one seed has its other episodes skipped, each error naming a seed: one mode
+    e = Evaluation("c", "test", tuple(ep(s, 0, length=0, error=f"skipped: timeout after 3 s on seed {1217899928 + s % 3}")
+                                      for s in range(6)) + (ep(9, 0, length=0, error="timeout after 3 s on seed 9"),))
+    c = Critic().critique(e)
+    assert [(m.label, m.count) for m in c.failure_modes] == [("error: skipped: timeout after 3 s on seed N", 6),
+                                                             ("error: timeout after 3 s on seed N", 1)]
+    assert c.errors == {"skipped: timeout after 3 s on seed N": 6, "timeout after 3 s on seed N": 1}
+    assert "6× skipped: timeout after 3 s on seed N" in c.text
+    from ratchet.tasks.evaluator import _diagnose as evaluator_mode
+    from ratchet.tasks.game import _diagnose as game_mode
+    assert {evaluator_mode(x)[0] for x in e.episodes[:6]} == {game_mode(x)[0] for x in e.episodes[:6]} \
+        == {"error: skipped: timeout after 3 s on seed N"}
 
 
 def test_a_task_without_success_says_so_instead_of_no_failures():

@@ -11,7 +11,7 @@ import numpy as np
 
 from ratchet.rollout import Episode
 
-__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "by_opponent", "is_failure"]
+__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "by_opponent", "error_mode", "is_failure", "seedless"]
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Critique:
         success_ci: 95 % Wilson interval of the success rate, or None when the task has no success.
         failure_modes: Failing episodes (errored, or unsuccessful where the task defines success)
             grouped by cause, largest group first.
-        errors: Error reason (first 80 chars) -> count.
+        errors: Error reason (first 80 chars, seeds written ``seed N``: :func:`seedless`) -> count.
         worst_seeds: Up to 5 ``(seed, return)`` pairs, lowest return first.
         regressions: Seeds where the candidate is worse than the incumbent by more than the tolerance,
             as ``(seed, candidate_return, incumbent_return)``.
@@ -154,6 +154,21 @@ class Critique:
                 "regressions": [list(r) for r in self.regressions], "new_failures": self.new_failures,
                 "text": self.text, **({"traces": [t.to_dict() for t in self.traces]} if self.traces else {}),
                 **({"opponents": self.opponents} if self.opponents else {})}
+
+
+def seedless(error: str) -> str:
+    """An episode's error text (a ``str``) on one line with each seed in it written ``seed N``: the same failure
+    reads the same whatever episode it names (``"skipped: timeout after 3 s on seed 1217899928"`` -> ``"skipped:
+    timeout after 3 s on seed N"``), so errors and failure modes group by it."""
+    import re
+
+    return re.sub(r"\bseed(\s*[=:]?\s*)-?\d+", r"seed\1N", " ".join(error.split()))
+
+
+def error_mode(error: str) -> str:
+    """The failure-mode label of an episode's error: ``"error: "`` and the first 60 characters of
+    :func:`seedless` of it."""
+    return "error: " + seedless(error)[:60]
 
 
 def is_failure(ep: Episode) -> bool:
@@ -210,7 +225,7 @@ class Critic:
     def critique(self, evaluation: Evaluation, incumbent: Evaluation | None = None) -> Critique:
         """Critique ``evaluation``, comparing seed by seed with ``incumbent`` when given."""
         eps = evaluation.episodes
-        errors = Counter((e.error or "")[:80] for e in eps if e.error)
+        errors = Counter(seedless(e.error)[:80] for e in eps if e.error)
         worst = sorted(((e.seed, e.episode_return) for e in eps), key=lambda t: t[1])[:5]
         regressions: list[tuple[int, float, float]] = []
         new_failures: list[int] = []
@@ -274,7 +289,7 @@ class Critic:
         else:
             for e in failing:
                 if e.error:
-                    groups.setdefault("error: " + e.error[:60], []).append(e)
+                    groups.setdefault(error_mode(e.error), []).append(e)
             for ending in ("time-out", "ended below the success threshold"):
                 rest = [e for e in failing if not e.error and e.timed_out == (ending == "time-out")]
                 for label, members, desc in self._clusters(rest, eps) if rest else []:

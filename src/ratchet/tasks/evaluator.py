@@ -680,7 +680,9 @@ def _diagnose(episode: Any) -> list[str]:
     if label:
         return [str(label)]
     if episode.error:
-        return ["error: " + episode.error[:60]]
+        from ratchet.critic import error_mode
+
+        return [error_mode(episode.error)]
     return ["failed"]
 
 

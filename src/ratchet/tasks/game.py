@@ -1030,7 +1030,9 @@ def _read_opponent(name: Any, entry: Any) -> Opponent:
 def _diagnose(episode: Any) -> list[str]:
     """``"loss vs minimax4"`` / ``"draw vs random"``, or the error's text."""
     if episode.error:
-        return ["error: " + episode.error[:60]]
+        from ratchet.critic import error_mode
+
+        return [error_mode(episode.error)]
     d = episode.diagnostics
     return [f"{d.get('outcome', 'loss')} vs {d.get('opponent', '?')}"]
 
