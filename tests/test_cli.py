@@ -1351,3 +1351,25 @@ def test_resuming_a_run_whose_folder_cannot_be_written_is_one_line(finished_run,
     assert res.exit_code == 1, res.output
     assert res.output.strip().startswith(f"error: cannot write run {run_dir.name}: Read-only file system"), res.output
     assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_show_counts_rejected_proposals_by_the_reasons_the_ledger_records(finished_run, runner, tmp_path):
+    """`ratchet show` says why its proposals were rejected, counted from the proposal_rejected events (it listed
+    every possible reason before, whatever the run recorded)."""
+    from ratchet.ledger.events import EventType
+    from ratchet.runs import open_run
+
+    run_dir = tmp_path / "runs" / "cp-ref"
+    shutil.copytree(finished_run[1], run_dir)
+    ledger, _ = open_run(run_dir)
+    try:
+        for i, (reason, detail) in enumerate(
+                [("duplicate: same source as candidate c1 (gen 1); you proposed this already", {"duplicate_of": "c1"})]
+                * 6 + [("screened out by the world model (ranked below the candidates run)", {})] * 3):
+            ledger.append(EventType.PROPOSAL_REJECTED, f"rejected/9/test/{i}", {
+                "generation": 9, "refiner": "test", "parent_id": "c0", "reason": reason, "source": None,
+                "detail": detail})
+    finally:
+        ledger.close()
+    out = " ".join(re.sub("[│┃]", " ", invoke(runner, "show", run_dir).stdout).split())
+    assert "rejected proposals 9 (6 duplicates, 3 screened out by the world model)" in out

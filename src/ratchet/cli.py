@@ -485,9 +485,10 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
         t.add_row(f"llm usage ({name})", _safe(llm_usage_text(usage) + f"\nprompts and answers: ratchet llm-log {run}",
                                                2000, multiline=True))
     if data["rejected_proposals"]:
-        t.add_row("rejected proposals", f"{data['rejected_proposals']} (no usable new source, a duplicate, "
-                                        "dropped by the cascade after its first stage, or screened out by the world "
-                                        "model)")
+        from ratchet.ledger.projection import rejection_counts_text
+
+        t.add_row("rejected proposals", f"{data['rejected_proposals']} "
+                                        f"({rejection_counts_text(data['rejected_proposal_reasons'])})")
     if data["endpoint_failures"]:  # requests that got no answer: the endpoint's outcome, not a proposal's
         t.add_row("endpoint failures", _safe(f"{data['endpoint_failures']} request(s) to the LLM endpoint got no "
                                              "answer: " + "; ".join(f"{r['reason']} (×{r['count']})"

@@ -130,6 +130,23 @@ class RunState:
             counts[reason] = counts.get(reason, 0) + 1
         return [{"reason": r, "count": c} for r, c in sorted(counts.items(), key=lambda kv: -kv[1])[:n]]
 
+    def rejection_counts(self) -> list[dict[str, Any]]:
+        """Why the run's ``proposal_rejected`` events rejected their proposals, as ``{"reason", "count"}``, most
+        frequent first; ``reason`` one of ``"duplicate"`` (``detail.duplicate_of``), ``"dropped by the cascade after
+        its first stage"`` (``detail.stage``), ``"screened out by the world model"``, ``"not run before the world
+        model could screen"`` (those refiners' reasons), ``"no usable new source"`` (the rest: source failing its
+        checks, an answer without an edit). ``ratchet show`` counts them (:func:`rejection_counts_text`)."""
+        counts: dict[str, int] = {}
+        for r in self.rejected_proposals:
+            detail, reason = r.get("detail") or {}, str(r.get("reason", ""))
+            kind = ("duplicate" if "duplicate_of" in detail or reason.startswith("duplicate:")
+                    else "dropped by the cascade after its first stage" if "stage" in detail
+                    else "screened out by the world model" if reason.startswith("screened out by the world model")
+                    else "not run before the world model could screen" if reason.startswith("not run: the world model")
+                    else "no usable new source")
+            counts[kind] = counts.get(kind, 0) + 1
+        return [{"reason": k, "count": c} for k, c in sorted(counts.items(), key=lambda kv: -kv[1])]
+
     def episode_failures(self, n: int = 3) -> dict[str, Any] | None:
         """The run's failed episodes (an error recorded: the policy raised, timed out, failed to load, was skipped), as
         ``{"episodes", "candidates", "reasons": [{"reason", "count"}], "worst": {"candidate_id", "episodes",
@@ -237,6 +254,7 @@ class RunState:
                                  for p in self.promotions if p.get("source_diff")],
                 "llm_usage": {k: dict(v) for k, v in self.llm_usage.items()},
                 "rejected_proposals": len(self.rejected_proposals),
+                "rejected_proposal_reasons": self.rejection_counts(),
                 "endpoint_failures": len(self.endpoint_failures),
                 "endpoint_failure_reasons": self.endpoint_failure_reasons(),
                 "failed_episodes": self.episode_failures(),
@@ -298,6 +316,12 @@ def failure_reason(error: Any) -> str:
 
     text = " ".join(str(error).split()) or "unknown"
     return re.split(r": | \(", text, maxsplit=1)[0][:80]
+
+
+def rejection_counts_text(counts: list[dict[str, Any]]) -> str:
+    """:meth:`RunState.rejection_counts` in words: ``"6 duplicates, 3 screened out by the world model"``."""
+    return ", ".join(f"{c['count']} {'duplicates' if c['reason'] == 'duplicate' and c['count'] != 1 else c['reason']}"
+                     for c in counts)
 
 
 def episode_failures_text(failures: dict[str, Any], run: str) -> str:
