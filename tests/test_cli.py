@@ -260,6 +260,10 @@ def test_replay_matches_the_ledger(finished_run, runner):
         res = invoke(runner, "replay", run_dir, "--seed", ep["seed"])
         assert res.exit_code == 0, res.output
         assert "match" in res.stdout
+        # its time limit in one statement: the run's own limit and the replay margin (no 60 s floor)
+        limit = _st.spec["execution"]["episode_timeout_s"]
+        assert (f"at most {2 * limit:g} s: 2× the run's episode_timeout_s of {limit:g} s, for a slower replaying "
+                "machine") in res.stderr
         assert f"return {ep['episode_return']!r}" in res.stdout and f"ledger {ep['episode_return']!r}" in res.stdout
 
 
@@ -1373,3 +1377,39 @@ def test_show_counts_rejected_proposals_by_the_reasons_the_ledger_records(finish
         ledger.close()
     out = " ".join(re.sub("[│┃]", " ", invoke(runner, "show", run_dir).stdout).split())
     assert "rejected proposals 9 (6 duplicates, 3 screened out by the world model)" in out
+
+
+def test_report_replays_no_episode_the_ledger_records_as_timed_out_and_waits_the_runs_own_limit(
+        tmp_path, runner, finished_run, monkeypatch):
+    """The report's GIF replays skip episodes the ledger records as failed (a hanging policy's: each would only time
+    out again, with no GIF) and wait the run's own episode_timeout_s with the replay margin, not 60 s or more
+    whatever the run's limit (regression: a report of a run whose every episode timed out after 3 s took 2 min)."""
+    from ratchet.execution.process import ProcessExecutor
+    from ratchet.report.video import render_failure_examples
+    from ratchet.rollout import Episode
+
+    replays: list[tuple[float, list[int]]] = []
+
+    def run(self, task, jobs, **kwargs):
+        replays.append((self.episode_timeout_s, [j.seed for j in jobs]))
+        return [Episode.failed(j.seed, "not replayed in this test", task=task) for j in jobs]
+
+    d = tmp_path / "s"
+    d.mkdir()
+    shutil.copy(DATA / "policy_sleeps.py", d / "policy.py")
+    (d / "ratchet.toml").write_text('[task]\nenv_id = "CartPole-v1"\n[gate]\nvalidation_episodes = 3\n[budget]\n'
+                                    'target = 0\n[test]\nepisodes = 3\n[execution]\nworkers = 1\n'
+                                    'episode_timeout_s = 1\n', encoding="utf-8")
+    invoke(runner, "run", d, "--runs-dir", tmp_path / "runs", "--run-id", "hang", "--no-report")
+    st = project(read_events(tmp_path / "runs" / "hang"))
+    assert st.baseline_test_critique["failure_modes"]  # every test episode timed out (or was skipped after one did)
+    monkeypatch.setattr(ProcessExecutor, "run", run)  # the replays, not the run
+    res = invoke(runner, "report", "hang", "--runs-dir", tmp_path / "runs")
+    assert res.exit_code == 0, res.output
+    assert replays == []
+    # an episode that finished is replayed with the run's limit and its margin
+    st = project(read_events(finished_run[1]))
+    st.spec["execution"]["episode_timeout_s"] = 3
+    notes: list[str] = []
+    render_failure_examples(st, tmp_path / "videos", max_modes=1, note=notes.append)
+    assert [t for t, _ in replays] == [6.0] and "at most 6 s each" in notes[0]

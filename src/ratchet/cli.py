@@ -748,7 +748,7 @@ def replay(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --video file."),
            runs_dir: str = RUNS_DIR_OPT, storage: str | None = STORAGE_OPT) -> None:
     """Re-run one recorded episode and check its return against the ledger, bit for bit."""
-    from ratchet.execution import Job
+    from ratchet.execution import REPLAY_MARGIN, Job, replay_timeout_s
     from ratchet.execution.process import ProcessExecutor
 
     try:
@@ -789,10 +789,12 @@ def replay(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
             if video.is_dir():
                 raise RatchetError(f"--video {video} is a folder; give a file name")
         blobs = _artifacts_of(run, runs_dir, storage, [cand])
-        limit = max(60.0, float(st.spec["execution"]["episode_timeout_s"]))
+        run_limit = float(st.spec["execution"]["episode_timeout_s"])
+        limit = replay_timeout_s(run_limit)
         ex = ProcessExecutor(workers=1, episode_timeout_s=limit)
-        err.print(f"replaying candidate {cand.id} on seed {seed} (at most {limit:g} s: the run's episode_timeout_s, at "
-                  "least 60 s on a replaying machine)", highlight=False, soft_wrap=True)
+        err.print(f"replaying candidate {cand.id} on seed {seed} (at most {limit:g} s: {REPLAY_MARGIN:g}× the run's "
+                  f"episode_timeout_s of {run_limit:g} s, for a slower replaying machine)", highlight=False,
+                  soft_wrap=True)
         try:
             ep = ex.run(task, [Job(cand, seed, blobs)], render_paths=[str(video.resolve()) if video else None])[0]
         finally:

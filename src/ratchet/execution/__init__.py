@@ -17,7 +17,19 @@ from ratchet.rollout import LOCKSTEP_EPISODES, Episode
 from ratchet.tasks import Task
 
 __all__ = ["BUDGET_SKIP", "Executor", "ExecutorCapabilities", "Job", "ProcessExecutor", "Sandbox", "TrainingExecutor",
-           "capabilities_of", "executor_from_spec", "make_executor", "policy_payload"]
+           "capabilities_of", "executor_from_spec", "make_executor", "policy_payload",
+           "replay_timeout_s"]
+
+
+#: How many times its run's ``episode_timeout_s`` replaying one of a run's episodes may take (``ratchet replay``, the
+#: report's GIFs): the replaying machine may be slower or busier than the run's, and recording frames costs time.
+REPLAY_MARGIN = 2.0
+
+
+def replay_timeout_s(episode_timeout_s: float) -> float:
+    """The wall-clock limit (seconds) of replaying one episode of a run whose ``[execution] episode_timeout_s`` is
+    ``episode_timeout_s`` (seconds): :data:`REPLAY_MARGIN` times it."""
+    return REPLAY_MARGIN * float(episode_timeout_s)
 
 
 #: The error of an episode that never ran because an env-step cap (``max_env_steps``) left no room.

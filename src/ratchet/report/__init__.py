@@ -22,8 +22,8 @@ def render_report(state: Any, run_dir: Path, path: Path, videos: bool = True,
     """Write the HTML report of a projected run state (``ratchet.ledger.projection.project``) to ``path``.
 
     With ``videos`` and a finished run, one example episode per top test failure mode is re-run in a
-    worker and embedded as a GIF (into ``run_dir/videos``); when rendering fails the report is written
-    without them and ``note`` is told why.
+    worker and embedded as a GIF (into ``run_dir/videos``; ``note`` is told what it replays and its time limit
+    first); when rendering fails the report is written without them and ``note`` is told why.
 
     Args:
         artifacts: The bytes of the :func:`report_candidates`' artifacts by digest
@@ -36,7 +36,7 @@ def render_report(state: Any, run_dir: Path, path: Path, videos: bool = True,
     gifs = {}
     if videos and state.status == "finished":
         try:
-            gifs = render_failure_examples(state, Path(run_dir) / "videos", artifacts=artifacts)
+            gifs = render_failure_examples(state, Path(run_dir) / "videos", artifacts=artifacts, note=note)
         except Exception as exc:  # noqa: BLE001 - rendering needs pygame; the report is still useful without GIFs
             if note is not None:
                 note(f"failure-mode GIFs skipped ({type(exc).__name__}: {exc})")
