@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import types
 
 import gymnasium as gym
@@ -404,8 +405,12 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     shown = CliRunner().invoke(app, ["show", str(whole.run_dir)], env={"COLUMNS": "200"})
     assert "world model" in shown.stdout and f"{wm['saved']} proposal(s) not run" in shown.stdout
     # new-user pass: the proposals it screened out were counted as "no usable new source, a duplicate, or dropped by
-    # the cascade", naming every cause but the one that rejected them
-    assert "or screened out by the world model)" in " ".join(shown.stdout.split())
+    # the cascade", naming every cause but the one that rejected them; now the row counts the recorded reasons
+    reasons = json.loads(CliRunner().invoke(app, ["show", str(whole.run_dir), "--json"]).stdout)[
+        "rejected_proposal_reasons"]
+    screened = next(r["count"] for r in reasons if r["reason"] == "screened out by the world model")
+    assert re.search(rf"rejected proposals │ \d+ \((.*, )?{screened} screened out by the world model[,)]",
+                     " ".join(shown.stdout.split()))
     from ratchet.report import write_run_report
 
     html = write_run_report(whole.run_dir, videos=False).read_text(encoding="utf-8")
