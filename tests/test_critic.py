@@ -182,3 +182,22 @@ def test_failure_clusters_are_found_with_one_thread(monkeypatch):
     crit = Critic(success_rule="return ≥ 0").critique(Evaluation("c", "test", tuple(eps)))
     assert sorted(m.count for m in crit.failure_modes) == [6, 6]  # two clusters, as before
     assert set(seen) <= {1}  # (no OpenMP runtime at all: nothing to limit)
+
+
+def test_failure_modes_a_ledger_stored_one_per_seed_read_as_one():
+    """A run recorded before errors were grouped without their seeds stored one mode per seed of one timeout; its
+    projection (show, the report, the dashboard) reads them as one mode."""
+    from ratchet.critic import merged_modes
+    from ratchet.ledger.projection import _regrouped
+
+    stored = [{"label": f"error: skipped: timeout after 3 s on seed {s}", "count": c, "share": c / 10,
+               "mean_return": r, "example_seeds": [s + 1, s + 2], "description": ""}
+              for s, c, r in ((1217899928, 1, 0.0), (5, 3, 4.0))] + [
+              {"label": "pole fell", "count": 2, "share": 0.2, "mean_return": 9.0, "example_seeds": [7],
+               "description": "x"}]
+    assert merged_modes(stored) == [
+        {"label": "error: skipped: timeout after 3 s on seed N", "count": 4, "share": 0.4, "mean_return": 3.0,
+         "example_seeds": [1217899929, 1217899930, 6], "description": ""},
+        stored[2]]
+    assert _regrouped({"failure_modes": stored, "n": 10}) == {"failure_modes": merged_modes(stored), "n": 10}
+    assert _regrouped(None) is None

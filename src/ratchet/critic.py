@@ -11,7 +11,7 @@ import numpy as np
 
 from ratchet.rollout import Episode
 
-__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "by_opponent", "error_mode", "is_failure", "seedless"]
+__all__ = ["Critic", "Critique", "Evaluation", "FailureMode", "by_opponent", "error_mode", "is_failure", "merged_modes", "seedless"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,24 @@ def error_mode(error: str) -> str:
     """The failure-mode label of an episode's error: ``"error: "`` and the first 60 characters of
     :func:`seedless` of it."""
     return "error: " + seedless(error)[:60]
+
+
+def merged_modes(modes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Failure modes as stored (:meth:`FailureMode.to_dict`) with those whose labels differ only in a seed
+    (:func:`seedless`) merged into one: counts and shares added, mean returns weighted by count, the first three
+    example seeds, the first description; largest first, as :meth:`Critic.failure_modes` orders them."""
+    merged: dict[str, dict[str, Any]] = {}
+    for m in modes:
+        label = seedless(str(m["label"]))
+        if label not in merged:
+            merged[label] = {**m, "label": label, "example_seeds": list(m["example_seeds"])}
+            continue
+        into = merged[label]
+        a, b = int(into["count"]), int(m["count"])
+        into["mean_return"] = (a * float(into["mean_return"]) + b * float(m["mean_return"])) / (a + b)
+        into["count"], into["share"] = a + b, float(into["share"]) + float(m["share"])
+        into["example_seeds"] = (into["example_seeds"] + list(m["example_seeds"]))[:3]
+    return sorted(merged.values(), key=lambda m: (-m["count"], m["label"]))
 
 
 def is_failure(ep: Episode) -> bool:

@@ -575,6 +575,7 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
                              status="finished")
             if p.get("test") is not None:
                 st.test, st.test_critique = p["test"], p.get("test_critique")
+    st.baseline_test_critique, st.test_critique = _regrouped(st.baseline_test_critique), _regrouped(st.test_critique)
     if st.corrections:
         st.env_steps_breakdown = {**(st.env_steps_breakdown or {}), "person": st.correction_env_steps["person"],
                                   "correction validation": st.correction_env_steps["validation"],
@@ -583,6 +584,17 @@ def project(events: list[Event], lease: LeaseInfo | None = None) -> RunState:
         st.wall_clock_s = active_seconds(events)
         st.status, st.writer = live_status(st.status, pid, host, lease)
     return st
+
+
+def _regrouped(critique: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored critique (``Critique.to_dict``) with its failure modes regrouped by
+    :func:`ratchet.critic.merged_modes`: a ledger written before errors were grouped without their seeds has one
+    mode per seed of the same failure."""
+    from ratchet.critic import merged_modes
+
+    if not critique or not critique.get("failure_modes"):
+        return critique
+    return {**critique, "failure_modes": merged_modes(critique["failure_modes"])}
 
 
 def live_status(status: str, pid: int | None, host: str | None,
