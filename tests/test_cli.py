@@ -1351,3 +1351,16 @@ def test_resuming_a_run_whose_folder_cannot_be_written_is_one_line(finished_run,
     assert res.exit_code == 1, res.output
     assert res.output.strip().startswith(f"error: cannot write run {run_dir.name}: Read-only file system"), res.output
     assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_a_final_decision_that_gated_nothing_says_the_incumbent_stands() -> None:
+    """A final decision the budget could not pay for read like a failure after a run that promoted: it says no final
+    gate ran and the incumbent stands; a gate that ran keeps its note."""
+    from ratchet.cli import _final_decision_text
+
+    note = "the budget left cannot pay for a confirmation and the final validation"
+    assert _final_decision_text({"gated": False, "promoted": False, "note": note}) == \
+        f"none ({note}); the incumbent stands"
+    assert _final_decision_text({"gated": True, "promoted": False, "note": "not significant: p = 0.36"}) == \
+        "not significant: p = 0.36"
+    assert _final_decision_text({"gated": True, "promoted": True, "note": "p = 0.001"}) == "promoted p = 0.001"
