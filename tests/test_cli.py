@@ -1413,3 +1413,16 @@ def test_report_replays_no_episode_the_ledger_records_as_timed_out_and_waits_the
     notes: list[str] = []
     render_failure_examples(st, tmp_path / "videos", max_modes=1, note=notes.append)
     assert [t for t, _ in replays] == [6.0] and "at most 6 s each" in notes[0]
+
+
+def test_a_final_decision_that_gated_nothing_says_the_incumbent_stands() -> None:
+    """A final decision the budget could not pay for read like a failure after a run that promoted: it says no final
+    gate ran and the incumbent stands; a gate that ran keeps its note."""
+    from ratchet.cli import _final_decision_text
+
+    note = "the budget left cannot pay for a confirmation and the final validation"
+    assert _final_decision_text({"gated": False, "promoted": False, "note": note}) == \
+        f"none ({note}); the incumbent stands"
+    assert _final_decision_text({"gated": True, "promoted": False, "note": "not significant: p = 0.36"}) == \
+        "not significant: p = 0.36"
+    assert _final_decision_text({"gated": True, "promoted": True, "note": "p = 0.001"}) == "promoted p = 0.001"

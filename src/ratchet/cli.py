@@ -116,12 +116,21 @@ def _project(ledger, run: str):
         raise LedgerError(f"ledger {ledger.location} is damaged: an event lacks {exc}") from None
 
 
+def _final_decision_text(fd: dict[str, Any]) -> str:
+    """The ``final_decision`` event's payload in words: ``promoted …`` or the gate's note, and ``none (…)`` where no
+    final gate ran (the budget left could not pay for one, or nothing was on the shortlist): the incumbent the search
+    left stands, which need not be the start."""
+    note = str(fd.get("note", ""))
+    if fd.get("promoted"):
+        return "promoted " + note
+    return note if fd.get("gated", True) else f"none ({note}); the incumbent stands"
+
+
 def _print_result(run_dir: Path, state) -> None:
     out.print(f"run {state.run_id} stopped: {_safe(state.stop_reason, 2000)}", highlight=False, soft_wrap=True)
     if state.final_decision:  # what the search's end decided (decide = "powered" / "end", or [planner] final)
         fd = state.final_decision
-        out.print("final decision: " + _safe(("promoted " if fd.get("promoted") else "") + str(fd.get("note", "")), 500),
-                  highlight=False, soft_wrap=True)
+        out.print("final decision: " + _safe(_final_decision_text(fd), 500), highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("policy")
     t.add_column("test mean", justify="right")
@@ -496,7 +505,7 @@ def show(run: str = typer.Argument(..., metavar="RUN", help="Run id or run direc
                                              1000))
     if data.get("final_decision"):  # what the budget's end decided (powered, or [planner] final)
         fd = data["final_decision"]
-        t.add_row("final decision", _safe(("promoted " if fd.get("promoted") else "") + str(fd.get("note", "")), 500))
+        t.add_row("final decision", _safe(_final_decision_text(fd), 500))
     if data.get("env_steps_breakdown"):
         outside = " (person and correction: outside the budget)" if data["corrections"] else ""
         t.add_row(f"{st.cost_unit} went to", " · ".join(f"{k} {v:,}" for k, v in data["env_steps_breakdown"].items()

@@ -274,7 +274,8 @@
           ? h("code", {}, "ratchet resume " + id) : null],
         ["started", when(d.started_at)], ["last activity", ago(d.last_activity)],
         ["final decision", d.final_decision ? (d.final_decision.promoted ? "promoted · " : "") +
-          (d.final_decision.note || "") : null],
+          (d.final_decision.gated === false ? "none (" + (d.final_decision.note || "") + "); the incumbent stands"
+            : (d.final_decision.note || "")) : null],
         ["compare", h("a", { href: "#/", title: "tick two runs in the runs table" }, "pick a second run")],
       ]));
       put(sec.result, d.test || d.baseline_test ? h("div", {}, h("h2", {}, "Test split (never used for selection)"),
