@@ -169,6 +169,7 @@ def test_a_refiner_tables_errors_count_tables_as_set_does_and_name_unknown_keys(
         load_spec(path, overrides=["refiners.0.sigma0=0.3"])
     msg = str(info.value)
     assert "the first [[refiners]] table (refiners.0, llm): unknown key sigma0; allowed keys here: kind, name, " in msg
+    assert msg.startswith("--set 'refiners.0.sigma0=0.3': the first [[refiners]] table"), msg
     assert "base_url" in msg and "Extra inputs" not in msg and "table 1" not in msg, msg
     msg = spec_error(tmp_path, MINIMAL + LLM_TABLE + '[[refiners]]\nkind = "cmaes"\nbogus = 1\n',
                      "the second [[refiners]] table (refiners.1, cmaes): unknown key bogus; allowed keys here: ")

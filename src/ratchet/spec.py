@@ -1113,6 +1113,8 @@ def _format_error(err: Mapping[str, Any], where: str) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error" and len(loc) <= 1 and isinstance(err.get("input"), dict):
         return f"{where}: {msg}"  # a check across keys (a model validator): its message names the keys
+    if err["type"] == "value_error" and loc == ["refiners"]:
+        return f"{where}: {msg}"  # its message names the [[refiners]] table (refiner_table)
     if err["type"] in _BOUND_ERRORS:
         msg = _allowed_range(section, key) or msg
     got = err.get("input")
