@@ -19,7 +19,7 @@ from conftest import DATA, GOOD_EDIT, events_of, read_events
 from test_structural import SECRET, TASK_FACTS, WHOLE_FILE, structural_spec
 from typer.testing import CliRunner
 
-from ratchet.errors import EndpointError, PolicyError
+from ratchet.errors import ApiKeyNotSetError, EndpointError, PolicyError
 from ratchet.ledger import EventType
 from ratchet.loop import LEDGER_FILE, resume_run, start_run
 from ratchet.policy import load_policy
@@ -109,6 +109,7 @@ def test_a_run_stopped_by_its_endpoint_names_it_keeps_no_key_and_resumes_once_it
         start_run(spec, tmp_path / "runs", "ep", executor=pool)
     line = str(exc.value)
     assert "\n" not in line and line.startswith("llm endpoint (llm)")
+    assert line.endswith(f"; once it is fixed, continue with `ratchet resume {tmp_path / 'runs' / 'ep'}`"), line
     assert ("another server" in line) if "redirect" in first else ("HTTP 401" in line and "invalid api key" in line
                                                                    and KEY_ENV in line)
     assert len(server.requests) == 1 and other.requests == [] and other.gets == []  # stopped at once
@@ -223,8 +224,9 @@ def test_a_refused_key_stops_the_refiner_at_once_with_what_to_fix(standin, monke
 def test_failures_in_a_row_retire_the_refiner(standin):
     exchange, records = recording()
     r = refiner(refused_url(), exchange, proposals=5, retries=1, concurrency=1)
-    with pytest.raises(EndpointError, match="3 requests in a row failed, the last: cannot reach .* connection "
-                                            "refused .*start the server"):
+    with pytest.raises(EndpointError, match=r"3 requests in a row failed \(max_failures; a request fails once its "
+                                            r"retries are spent\), the last: cannot reach .* connection refused .*"
+                                            r"\(2 attempts\); start the server"):
         r.propose(parent(), None, np.random.default_rng(0))
     assert len(records) == 3 and all(info["attempts"] == 2 and info["status"] is None for _, info in records)
     assert r.spent.requests == 6 and r.take_rejections() == []  # attempts count; failures are not proposals
@@ -275,6 +277,38 @@ def test_beside_other_refiners_the_run_goes_on_without_a_dead_endpoint(tmp_path,
     assert len(gens) > gens.index(stopped[0]) + 1
 
 
+def test_an_unset_key_says_to_run_again_before_a_run_exists_and_to_resume_it_once_one_does(tmp_path, standin, pool,
+                                                                                          monkeypatch):
+    """new-user pass: an unset api_key_env said "export it and `ratchet resume` the run" where no run had been made
+    (`ratchet resume` then found none), and a run its endpoint stopped said "`ratchet resume` continues a run this
+    stopped" without naming it. Before a run exists the message says to run again; once it does, it names the run."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    server = standin(default=WHOLE_FILE)
+    llm = {"kind": "llm", "base_url": server.url, "model": "m", "api_key_env": KEY_ENV, "proposals": 1,
+           "variants": 1, "retries": 0}
+    spec = structural_spec(tmp_path / "s", [llm], budget={"env_steps": 20_000})
+    with pytest.raises(ApiKeyNotSetError) as exc:  # the endpoint check, before the run exists
+        start_run(spec, tmp_path / "runs", "k1", executor=pool)
+    line = str(exc.value)
+    assert f"environment variable {KEY_ENV} (api_key_env) is not set; export it and run again (`ratchet run" in line
+    assert "resume" not in line and not (tmp_path / "runs" / "k1").exists(), line
+    spec = structural_spec(tmp_path / "s2", [{**llm, "check_endpoint": False}], budget={"env_steps": 20_000})
+    with pytest.raises(ApiKeyNotSetError) as exc:  # the run exists when the refiner needs the key
+        start_run(spec, tmp_path / "runs", "k2", executor=pool)
+    run_dir = tmp_path / "runs" / "k2"
+    assert str(exc.value).endswith(f"is not set; export it; once it is fixed, continue with `ratchet resume "
+                                   f"{run_dir}`"), str(exc.value)
+    assert (run_dir / LEDGER_FILE).exists()
+    # an endpoint that stops a running run (check_endpoint = false: nothing listening) names the run too
+    spec = structural_spec(tmp_path / "s3", [{**llm, "base_url": refused_url(), "api_key_env": None,
+                                              "check_endpoint": False, "proposals": 3, "concurrency": 1}],
+                           budget={"env_steps": 20_000})
+    with pytest.raises(EndpointError) as exc:
+        start_run(spec, tmp_path / "runs", "k3", executor=pool)
+    assert "3 requests in a row failed (max_failures; a request fails once its retries are spent)" in str(exc.value)
+    assert str(exc.value).endswith(f"; once it is fixed, continue with `ratchet resume {tmp_path / 'runs' / 'k3'}`")
+
+
 # -- checked at run start: reachable, the model listed ---------------------------------------------------
 
 def test_an_unreachable_endpoint_is_one_line_before_any_episode(tmp_path):
@@ -282,8 +316,11 @@ def test_an_unreachable_endpoint_is_one_line_before_any_episode(tmp_path):
 
     llm = {"kind": "llm", "base_url": refused_url(), "model": "m"}
     spec = structural_spec(tmp_path / "s", [llm])
-    with pytest.raises(EndpointError, match=r"connection refused .*start the server or fix base_url"):
+    with pytest.raises(EndpointError, match=r"connection refused .*start the server or fix base_url") as exc:
         start_run(spec, tmp_path / "runs", "x")
+    line = str(exc.value)  # the URL it tried once, base_url once (new-user pass: the URL came three times)
+    assert line.count(llm["base_url"] + "/models") == 1 and line.count(llm["base_url"]) == 2, line
+    assert line.endswith("then run again (`ratchet run …`): no run was started"), line
     assert not (tmp_path / "runs" / "x").exists()  # nothing made, nothing ran
     (tmp_path / "s" / "ratchet.toml").write_text((DATA / "cartpole.toml").read_text(encoding="utf-8")
                                                + f'\n[[refiners]]\nkind = "llm"\nbase_url = "{llm["base_url"]}"\n'

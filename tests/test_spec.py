@@ -145,19 +145,35 @@ LLM_TABLE = '[[refiners]]\nkind = "llm"\nbase_url = "http://127.0.0.1:9/v1"\nmod
 
 
 @pytest.mark.parametrize("text, fragments", [
-    (LLM_TABLE + "ahead = true\n", ("[[refiners]] table 1 (llm): ahead", "integer")),
-    (LLM_TABLE + 'ahead = "1"\n', ("[[refiners]] table 1 (llm): ahead", "integer")),
-    (LLM_TABLE + "proposals = 1979-05-27\n", ("[[refiners]] table 1 (llm): proposals", "integer")),
-    ('[[refiners]]\nkind = "cmaes"\npopsize = "8"\n', ("[[refiners]] table 1 (cmaes): popsize", "integer")),
-    (LLM_TABLE + 'ahead = 1\nlag = "soon"\n', ("[[refiners]] table 1 (llm): lag", '0 to 64) or "auto"')),
-    (LLM_TABLE + "ahead = 1\nlag = 65\n", ("[[refiners]] table 1 (llm): lag", '0 to 64) or "auto"')),
-    (LLM_TABLE + "ahead = 1\nlag = true\n", ("[[refiners]] table 1 (llm): lag", '0 to 64) or "auto"')),
+    (LLM_TABLE + "ahead = true\n", ("the first [[refiners]] table (refiners.0, llm): ahead", "integer")),
+    (LLM_TABLE + 'ahead = "1"\n', ("the first [[refiners]] table (refiners.0, llm): ahead", "integer")),
+    (LLM_TABLE + "proposals = 1979-05-27\n", ("the first [[refiners]] table (refiners.0, llm): proposals", "integer")),
+    ('[[refiners]]\nkind = "cmaes"\npopsize = "8"\n', ("the first [[refiners]] table (refiners.0, cmaes): popsize", "integer")),
+    (LLM_TABLE + 'ahead = 1\nlag = "soon"\n', ("the first [[refiners]] table (refiners.0, llm): lag", '0 to 64) or "auto"')),
+    (LLM_TABLE + "ahead = 1\nlag = 65\n", ("the first [[refiners]] table (refiners.0, llm): lag", '0 to 64) or "auto"')),
+    (LLM_TABLE + "ahead = 1\nlag = true\n", ("the first [[refiners]] table (refiners.0, llm): lag", '0 to 64) or "auto"')),
     (LLM_TABLE + 'lag = "auto"\n', ("lag needs ahead",)),
 ])
 def test_a_refiner_tables_wrong_types_are_refused_as_a_sections_are(tmp_path, text, fragments):
     """new-user pass: `ahead = true` ran with one wave ahead and `popsize = "8"` with 8 (pydantic's lax coercion),
     though [planner] train_episodes = true or "2" is refused: a [[refiners]] table is as strict as a [section]."""
     spec_error(tmp_path, MINIMAL + text, *fragments)
+
+
+def test_a_refiner_tables_errors_count_tables_as_set_does_and_name_unknown_keys(tmp_path):
+    """new-user pass: `--set refiners.0.sigma0=0.3` on an llm table said "[[refiners]] table 1 (llm): sigma0: Extra
+    inputs are not permitted": --set counts from 0, the error from 1, and the unknown key got pydantic's wording.
+    Now the error names the table as --set does and lists the keys allowed there, as a [section]'s unknown key does."""
+    path = write(tmp_path, MINIMAL + LLM_TABLE + '[[refiners]]\nkind = "cmaes"\n')
+    with pytest.raises(SpecError) as info:
+        load_spec(path, overrides=["refiners.0.sigma0=0.3"])
+    msg = str(info.value)
+    assert "the first [[refiners]] table (refiners.0, llm): unknown key sigma0; allowed keys here: kind, name, " in msg
+    assert msg.startswith("--set 'refiners.0.sigma0=0.3': the first [[refiners]] table"), msg
+    assert "base_url" in msg and "Extra inputs" not in msg and "table 1" not in msg, msg
+    msg = spec_error(tmp_path, MINIMAL + LLM_TABLE + '[[refiners]]\nkind = "cmaes"\nbogus = 1\n',
+                     "the second [[refiners]] table (refiners.1, cmaes): unknown key bogus; allowed keys here: ")
+    assert "sigma0" in msg and "Extra inputs" not in msg, msg
 
 
 def test_a_refiner_tables_numbers_still_pass(tmp_path):
@@ -362,7 +378,7 @@ def test_a_training_refiner_whose_one_rollout_exceeds_the_whole_budget_is_refuse
     toml = (spec_dir / "ratchet.toml").read_text(encoding="utf-8")
     toml = toml.replace('[policy]\npath = "policy.py"', '[policy]\nkind = "mlp"\nhidden = [8]')
     (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 32768\n', encoding="utf-8")
-    with pytest.raises(SpecError, match=r"table 1 \(ppo\): its smallest training job \(32,768 env steps\) is more "
+    with pytest.raises(SpecError, match=r"table \(refiners.0, ppo\): its smallest training job \(32,768 env steps\) is more "
                                         r"than the whole \[budget\] env_steps = 30,000.*lower n_steps"):
         load_spec(spec_dir)
     (spec_dir / "ratchet.toml").write_text(toml + '\n[[refiners]]\nkind = "ppo"\nn_steps = 1024\n', encoding="utf-8")

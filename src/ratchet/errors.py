@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "ApiKeyNotSetError",
     "EndpointError",
     "LedgerError",
     "PolicyError",
@@ -82,11 +83,18 @@ class EndpointError(RatchetError):
     """An outside service a refiner needs (an LLM endpoint) cannot serve the run: unreachable, it refuses
     the key, does not know the model, or failed request after request. The message says what to fix.
 
-    Raised at the start of a run (before any episode) or by a refiner's ``propose`` when it stops: beside
-    other refiners the run goes on without it; alone, the run stops unfinished and ``ratchet resume``
-    continues it once the service works. ``proposals`` holds what the refiner proposed before it stopped.
+    Raised at the start of a run (before the run exists: its message says to run again once fixed) or by a
+    refiner's ``propose`` when it stops: beside other refiners the run goes on without it; alone, the run stops
+    unfinished and ``ratchet resume`` continues it once the service works (the loop ends the message with the
+    run to resume). ``proposals`` holds what the refiner proposed before it stopped.
     """
 
     def __init__(self, message: str, proposals: Sequence[Any] = ()) -> None:
         super().__init__(message)
         self.proposals = list(proposals)
+
+
+class ApiKeyNotSetError(RatchetError):
+    """The environment variable a refiner reads its API key from (``api_key_env``) is not set. Raised by the
+    endpoint check before a new run exists (export it and run again), or by a running run's refiner when it needs
+    the key (nothing is recorded: the run stops and ``ratchet resume`` continues it once the variable is set)."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.deciders import DECIDERS, Outcome, build_decider
-from ratchet.errors import EndpointError, LedgerError, RatchetError, WriterLeaseError
+from ratchet.errors import ApiKeyNotSetError, EndpointError, LedgerError, RatchetError, WriterLeaseError
 from ratchet.execution import Executor, executor_from_spec
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
@@ -477,7 +477,10 @@ class _Run(RunServices):
                     f"searched: {first}; see the episodes with `ratchet evaluate --run {self.run_dir}`")
 
 
-def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) -> RunResult:
+def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease, resume: str) -> RunResult:
+    """Run ``run`` to its end, then close what it holds. An outside service that stopped it (an
+    :class:`~ratchet.errors.EndpointError`, an :class:`~ratchet.errors.ApiKeyNotSetError`) gets ``resume`` (the
+    command that continues the run, e.g. ``ratchet resume runs/ID``) at the end of its message."""
     # [logging]: the run's progress function, chained behind a tap that writes the ledger's new generation events
     # as scalars (ratchet.metrics); the loop itself knows no writer
     metrics = None
@@ -492,6 +495,8 @@ def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease) ->
     except Exception as exc:
         if not lease.lost:
             run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
+        if isinstance(exc, (EndpointError, ApiKeyNotSetError)):  # fixed outside ratchet, the run resumes
+            exc.args = (f"{exc}; once it is fixed, continue with `{resume}`",)
         raise
     finally:
         if metrics is not None:
@@ -624,7 +629,8 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         ledger.close()
         os.close(lock_fd)
         raise RatchetError(f"run {run_id} was started by another process just now; pick another --run-id")
-    return _drive(run, close_executor=own_executor, lock_fd=lock_fd, lease=lease)
+    return _drive(run, close_executor=own_executor, lock_fd=lock_fd, lease=lease,
+                  resume=f"ratchet resume {run_dir}" + (" --storage URL" if url else ""))
 
 
 def _describe(executor: Executor) -> dict[str, Any]:
@@ -753,7 +759,8 @@ def resume_run(run: str | Path, runs_dir: str | Path = "runs", *, executor: Exec
     r.continue_clock(active_seconds(events))
     ledger.append(EventType.RUN_RESUMED, f"resumed/{time.time()}", {"pid": os.getpid(), "host": socket.gethostname(),
                                                                       "events_before": len(events)})
-    return _drive(r, close_executor=executor is None, lock_fd=lock_fd, lease=lease)
+    return _drive(r, close_executor=executor is None, lock_fd=lock_fd, lease=lease,
+                  resume=f"ratchet resume {run_dir}" + (" --storage URL" if storage else ""))
 
 
 def spec_of(ledger: LedgerStore) -> RunSpec:

@@ -835,7 +835,7 @@ class RunSpec(_Section):
 
         out = []
         for i, entry in enumerate(v):
-            where = f"[[refiners]] table {i + 1}"
+            where = refiner_table(i)
             if not isinstance(entry, dict) or "kind" not in entry:
                 raise ValueError(f"{where} needs kind = one of {', '.join(known_kinds())}")
             body = {k: x for k, x in entry.items() if k not in ("kind", "name")}
@@ -849,8 +849,7 @@ class RunSpec(_Section):
             try:
                 settings = kind.settings(**body)
             except ValidationError as exc:
-                e = exc.errors()[0]
-                raise ValueError(f"{where} ({entry['kind']}): {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+                raise ValueError(refiner_setting_error(i, entry["kind"], kind.settings, exc)) from None
             out.append({"kind": entry["kind"], **({"name": name} if name else {}), **settings.model_dump(mode="json")})
         from ratchet.refiners.registry import arm_names
 
@@ -872,7 +871,7 @@ class RunSpec(_Section):
             settings = kind.settings(**{k: v for k, v in entry.items() if k not in ("kind", "name")})
             smallest = getattr(settings, "smallest_job_env_steps", None)  # a training refiner's smallest job
             if smallest and self.budget.env_steps is not None and smallest > self.budget.env_steps:
-                raise ValueError(f"[[refiners]] table {i + 1} ({entry['kind']}): its smallest training job "
+                raise ValueError(f"{refiner_table(i, entry['kind'])}: its smallest training job "
                                  f"({smallest:,} env steps) is more than the whole [budget] env_steps = "
                                  f"{self.budget.env_steps:,}, so it could never train; "
                                  f"{getattr(settings, 'smallest_job_hint', 'raise [budget] env_steps')}")
@@ -1020,8 +1019,7 @@ def _coerced_refiner_setting(data: Mapping[str, Any]) -> str | None:
             refiner_kind(str(entry.get("kind"))).settings.model_validate_json(json.dumps(body, default=str),
                                                                               strict=True)
         except ValidationError as exc:
-            e = exc.errors()[0]
-            return f"[[refiners]] table {i + 1} ({entry.get('kind')}): {'.'.join(map(str, e['loc']))}: {e['msg']}"
+            return refiner_setting_error(i, entry.get("kind"), refiner_kind(str(entry.get("kind"))).settings, exc)
         except KeyError:  # an unknown kind: validation said so already
             continue
     return None
@@ -1076,6 +1074,27 @@ def screen_unused(spec: RunSpec) -> list[str]:
              f"unscreened = \"{spec.model.unscreened}\" says which proposals run); remove screen = true")]
 
 
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+
+
+def refiner_table(i: int, kind: object = None) -> str:
+    """The ``[[refiners]]`` table at index ``i`` (from 0, as ``--set refiners.0.KEY=…`` counts) for messages:
+    ``"the first [[refiners]] table (refiners.0, llm)"``; the kind only where given."""
+    nth = _ORDINALS[i] if 0 <= i < len(_ORDINALS) else f"#{i + 1}"
+    return f"the {nth} [[refiners]] table (refiners.{i}{f', {kind}' if kind is not None else ''})"
+
+
+def refiner_setting_error(i: int, kind: object, settings: type[BaseModel], exc: ValidationError) -> str:
+    """One line for ``exc``'s first error validating the ``[[refiners]]`` table at index ``i`` (of ``kind``,
+    whose settings model is ``settings``): an unknown key names the keys allowed there, as in a ``[section]``."""
+    e = exc.errors()[0]
+    key = ".".join(map(str, e["loc"]))
+    if e["type"] == "extra_forbidden":
+        allowed = ["kind", "name", *settings.model_fields]
+        return f"{refiner_table(i, kind)}: unknown key {key}; allowed keys here: {', '.join(allowed)}"
+    return f"{refiner_table(i, kind)}: {key}: {e['msg']}"
+
+
 def _format_error(err: Mapping[str, Any], where: str) -> str:
     loc = [str(x) for x in err["loc"]]
     section, key = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("", loc[0] if loc else "")
@@ -1094,6 +1113,8 @@ def _format_error(err: Mapping[str, Any], where: str) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error" and len(loc) <= 1 and isinstance(err.get("input"), dict):
         return f"{where}: {msg}"  # a check across keys (a model validator): its message names the keys
+    if err["type"] == "value_error" and loc == ["refiners"]:
+        return f"{where}: {msg}"  # its message names the [[refiners]] table (refiner_table)
     if err["type"] in _BOUND_ERRORS:
         msg = _allowed_range(section, key) or msg
     got = err.get("input")

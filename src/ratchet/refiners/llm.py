@@ -79,7 +79,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratchet.critic import Critique, Evaluation
-from ratchet.errors import EndpointError, PolicyError, RatchetError
+from ratchet.errors import ApiKeyNotSetError, EndpointError, PolicyError
 from ratchet.policies.source import Folder, baked, files_text, program_of
 from ratchet.policy import FOLDER_KINDS, Candidate
 from ratchet.proposals import ALLOWED_IMPORTS, MAX_SOURCE_CHARS
@@ -1004,18 +1004,22 @@ def models_url(base_url: str) -> str:
     return u.removesuffix("/chat/completions") + "/models"
 
 
-def _api_key(settings: ModelSettings | LLMSettings, name: str) -> str | None:
+def _api_key(settings: ModelSettings | LLMSettings, name: str, then: str = "") -> str | None:
     """The key from ``api_key_env``.
 
+    Args:
+        then: What to do once it is exported, ending the error's message (``" and run again"``); empty in a
+            running run, whose loop adds the run to resume.
+
     Raises:
-        RatchetError: ``api_key_env`` names a variable that is not set.
+        ApiKeyNotSetError: ``api_key_env`` names a variable that is not set.
     """
     if not settings.api_key_env:
         return None
     key = os.environ.get(settings.api_key_env)
     if not key:  # a setup problem, not an outcome: nothing is recorded, the run stops and can resume
-        raise RatchetError(f"[[refiners]] {name}: environment variable {settings.api_key_env} (api_key_env) "
-                           "is not set; export it and `ratchet resume` the run")
+        raise ApiKeyNotSetError(f"[[refiners]] {name}: environment variable {settings.api_key_env} (api_key_env) "
+                                f"is not set; export it{then}")
     return key
 
 
@@ -1025,7 +1029,7 @@ def check_endpoint(settings: LLMSettings, name: str = "llm") -> None:
     other reply but those below.
 
     Raises:
-        RatchetError: ``api_key_env`` names a variable that is not set.
+        ApiKeyNotSetError: ``api_key_env`` names a variable that is not set.
         EndpointError: the endpoint cannot be reached, refuses the key (401, 403), redirects to another
             server, or lists models and ``model`` is not one of them (``name:latest`` counts as ``name``).
     """
@@ -1035,7 +1039,7 @@ def check_endpoint(settings: LLMSettings, name: str = "llm") -> None:
 
 def _check_model(settings: ModelSettings, timeout_s: float, name: str) -> None:
     """:func:`check_endpoint` for one model of the pool."""
-    key = _api_key(settings, name)
+    key = _api_key(settings, name, " and run again (`ratchet run …`): no run was started")
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     where = f"[[refiners]] {name}"
     try:
@@ -1045,8 +1049,10 @@ def _check_model(settings: ModelSettings, timeout_s: float, name: str) -> None:
         if exc.status in (404, 405, 501) or (exc.status is not None and exc.status not in (401, 403)
                                              and not exc.permanent):
             return  # no model list here (or a passing hiccup): the run's own requests will tell
-        raise EndpointError(_scrub(f"{where}: {exc.error} (at {redact_url(models_url(settings.base_url))}); "
-                                   f"{fix_for(exc.status, settings, exc.timed_out)}", key)) from None
+        url = redact_url(models_url(settings.base_url))
+        at = "" if url in exc.error else f" (at {url})"  # "cannot reach URL: ..." names it already
+        raise EndpointError(_scrub(f"{where}: {exc.error}{at}; {fix_for(exc.status, settings, exc.timed_out)}; then "
+                                   "run again (`ratchet run …`): no run was started", key)) from None
     try:
         listed = [m["id"] for m in json.loads(body)["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
     except (ValueError, KeyError, TypeError):
@@ -1412,7 +1418,7 @@ class LLMRefiner(Refiner):
         rest). Safe to run in several threads at once: it reads the settings and the clock, and writes nothing.
 
         Raises:
-            RatchetError: ``api_key_env`` is not set.
+            ApiKeyNotSetError: ``api_key_env`` is not set.
             _OutOfTime: the run's wall clock ran out (the loop stops the run on it; nothing is recorded).
         """
         s, m = self.settings, self.pool[arm]
@@ -1454,10 +1460,10 @@ class LLMRefiner(Refiner):
         error, status = str(record.get("error") or "request failed"), record.get("status")
         permanent = bool(record.get("permanent")) or status in _PERMANENT_STATUS
         if (permanent or u.failures >= s.max_failures) and u.down is None:  # the first reason stays
-            what = error if permanent else f"{u.failures} requests in a row failed, the last: {error}"
-            u.down = (f"llm endpoint ({self.name}): {what}; "
-                      f"{fix_for(status, self.pool[arm], bool(record.get('timed_out')))} "
-                      "(once it works, `ratchet resume` continues a run this stopped)")
+            what = error if permanent else (f"{u.failures} requests in a row failed (max_failures; a request fails "
+                                            f"once its retries are spent), the last: {error}")
+            fix = fix_for(status, self.pool[arm], bool(record.get("timed_out")))
+            u.down = f"llm endpoint ({self.name}): {what}" + ("" if fix in what else f"; {fix}")  # said once
 
     def propose(self, parent: Candidate, critique: Critique | None, rng: np.random.Generator) -> list[Candidate]:
         """Up to ``proposals`` edited programs of ``parent`` (fewer once a budget is spent), each with up to
