@@ -175,18 +175,7 @@ def test_a_hanging_episode_stops_its_batch_within_the_timeout():
     episodes run again one at a time, as they would alone: the hanging one times out (so a hang costs two timeouts,
     not a multiple of the batch), every other one did nothing wrong and gets its own result, and the next candidate
     runs."""
-    source = """
-import time
-PARAMETERS = {}
-STATE = {}
-def reset(params, seed):
-    STATE["seed"], STATE["t"] = seed, 0
-def act(obs, params):
-    STATE["t"] += 1
-    if STATE["seed"] == 2 and STATE["t"] == 20:
-        time.sleep(1000)
-    return int(obs[2] + obs[3] > 0)
-"""
+    source = hangs((2,), at_step=20)
     good = _program(LINEAR)
     with ProcessExecutor(workers=1, episode_timeout_s=4, lockstep=16) as ex:
         t0 = time.monotonic()
@@ -197,15 +186,19 @@ def act(obs, params):
     assert [e.error for e in eps[:2] + eps[3:]] == [None] * 14
 
 
-HANGS_ON_START = """
+def hangs(seeds: tuple[int, ...] | None, at_step: int) -> str:
+    """A CartPole policy's source that hangs (sleeps 1000 s) at its ``at_step``-th action of an episode on one of
+    ``seeds`` (every seed where None), and otherwise balances."""
+    on = "" if seeds is None else f'STATE["seed"] in {seeds!r} and '
+    return f"""
 import time
-PARAMETERS = {}
-STATE = {}
+PARAMETERS = {{}}
+STATE = {{}}
 def reset(params, seed):
     STATE["seed"], STATE["t"] = seed, 0
 def act(obs, params):
     STATE["t"] += 1
-    if STATE["seed"] in HANG and STATE["t"] == 1:
+    if {on}STATE["t"] == {at_step}:
         time.sleep(1000)
     return int(obs[2] + obs[3] > 0)
 """
@@ -215,9 +208,9 @@ def test_an_episode_hanging_on_its_first_observation_is_the_only_one_timed_out()
     """The first round of a batch asks one episode alone: a policy that hangs on that observation is that episode's
     timeout, and the batch's other episodes (started beside it, or not yet) each run for a result of their own, the
     returns they get with no hang anywhere (`ratchet evaluate --timeout` on a policy hanging on one seed)."""
-    honest = _program(HANGS_ON_START.replace("HANG", "()"))
+    honest = _program(hangs((), at_step=1))
     with ProcessExecutor(workers=1, episode_timeout_s=3, lockstep=16) as ex:
-        eps = ex.run(CARTPOLE, [Job(_program(HANGS_ON_START.replace("HANG", "(0,)")), s) for s in range(5)])
+        eps = ex.run(CARTPOLE, [Job(_program(hangs((0,), at_step=1)), s) for s in range(5)])
         alone = ex.run(CARTPOLE, [Job(honest, s) for s in range(1, 5)])
     assert eps[0].error == "timeout after 3 s on seed 0" and eps[0].length == 0
     assert [(e.error, e.episode_return, e.length) for e in eps[1:]] == [
@@ -227,7 +220,7 @@ def test_an_episode_hanging_on_its_first_observation_is_the_only_one_timed_out()
 def test_a_policy_hanging_on_every_seed_costs_two_timeouts():
     """Once a candidate has timed out twice (a hang on more than one seed), the rest of its batch is skipped, so a
     policy that hangs everywhere costs two timeouts, not one per episode."""
-    source = HANGS_ON_START.replace("STATE[\"seed\"] in HANG and ", "")
+    source = hangs(None, at_step=1)
     with ProcessExecutor(workers=1, episode_timeout_s=2, lockstep=16) as ex:
         eps = ex.run(CARTPOLE, [Job(_program(source), s) for s in range(6)])
     assert [e.error for e in eps[:2]] == ["timeout after 2 s on seed 0", "timeout after 2 s on seed 1"]
