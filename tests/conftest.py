@@ -287,6 +287,19 @@ def interrupted_run(tmp_path: Path, storage: str | None, name: str, die_after: i
     return run_id
 
 
+def killed_run(monkeypatch: pytest.MonkeyPatch, owner: type, name: str, dying: Any, spec: Any, runs: Path,
+               run_id: str, executor: Any) -> Path:
+    """Start ``spec``'s run with ``owner.name`` replaced by ``dying`` (which raises :class:`SimulatedKill` at the
+    moment the test kills the run, like kill -9: nothing recorded about it), then put the original back. Returns the
+    run directory, ready to resume."""
+    original = owner.__dict__[name]
+    monkeypatch.setattr(owner, name, dying)
+    with pytest.raises(SimulatedKill):
+        start_run(spec, runs, run_id, executor=executor)
+    monkeypatch.setattr(owner, name, original)
+    return Path(runs) / run_id
+
+
 def password_to_env(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Put a URL's password in PGPASSWORD, as a user whose run directory points to the database would."""
     from sqlalchemy.engine import make_url

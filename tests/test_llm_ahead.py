@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOOD_EDIT, children_of, comparable, events_of, make_spec_dir, read_events
+from conftest import GOOD_EDIT, children_of, comparable, events_of, killed_run, make_spec_dir, read_events
 from test_llm_client import parent
 from test_structural import TASK_FACTS, structural_spec
 
@@ -262,11 +262,7 @@ def test_a_run_with_lag_auto_killed_resumes_with_the_turns_it_recorded(tmp_path,
                 sent.wait()  # its answers are in (and journaled), not taken
             raise SimulatedKill("killed with a wave's answers in, not taken")
 
-    monkeypatch.setattr(LLMRefiner, "prepare", dying)
-    with pytest.raises(SimulatedKill):
-        start_run(spec, tmp_path / "runs", "r", executor=pool)
-    monkeypatch.setattr(LLMRefiner, "prepare", prepare)
-    run_dir = tmp_path / "runs" / "r"
+    run_dir = killed_run(monkeypatch, LLMRefiner, "prepare", dying, spec, tmp_path / "runs", "r", pool)
     before = {e.payload["generation"]: e.payload
               for e in events_of(read_events(run_dir), EventType.GENERATION_PLANNED)}
     assert [(before[g]["arm"], before[g]["turns"]) for g in (1, 2, 3)] == [("cmaes", {"llm": "wait"})] * 3
@@ -384,11 +380,7 @@ def test_an_answer_received_ahead_is_never_asked_for_again_after_a_kill(tmp_path
                 sent._reply.result(timeout=30)  # its answer is in (and journaled)
             raise SimulatedKill("killed with answers received but not recorded")
 
-    monkeypatch.setattr(LLMRefiner, "prepare", dying)
-    with pytest.raises(SimulatedKill):
-        start_run(spec, tmp_path / "runs", "k", executor=pool)
-    monkeypatch.setattr(LLMRefiner, "prepare", prepare)
-    run_dir = tmp_path / "runs" / "k"
+    run_dir = killed_run(monkeypatch, LLMRefiner, "prepare", dying, spec, tmp_path / "runs", "k", pool)
     journaled = {json.loads(p.read_text())["key"] for p in (run_dir / "received").glob("*.json")}
     recorded = {e.key for e in events_of(read_events(run_dir), EventType.LLM_CALL)}
     assert len(journaled - recorded) == 2 and len(server.requests) == 6
@@ -429,11 +421,8 @@ def test_a_run_with_lag_killed_while_its_wave_is_out_resumes_to_the_ledger_of_a_
                 sent._reply.result(timeout=30)  # its answers are in (and journaled)
             raise SimulatedKill("killed with a wave out")
 
-    monkeypatch.setattr(LLMRefiner, "prepare", dying)
-    with pytest.raises(SimulatedKill):
-        start_run(spec("killed", server), tmp_path / "runs", "r", executor=pool)
-    monkeypatch.setattr(LLMRefiner, "prepare", prepare)
-    resume_run(tmp_path / "runs" / "r", executor=pool)
+    resume_run(killed_run(monkeypatch, LLMRefiner, "prepare", dying, spec("killed", server), tmp_path / "runs", "r",
+                          pool), executor=pool)
     after = read_events(tmp_path / "runs" / "r")
 
     def same(events):  # run_started holds the spec, whose base_url names each run's own stand-in

@@ -15,7 +15,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import DATA, GOOD_EDIT, events_of, read_events
+from conftest import DATA, GOOD_EDIT, events_of, killed_run, read_events
 from test_structural import SECRET, TASK_FACTS, WHOLE_FILE, structural_spec
 from typer.testing import CliRunner
 
@@ -564,11 +564,7 @@ def test_a_run_killed_with_requests_in_flight_never_asks_again_for_an_answer_it_
             if len(recorded) == 3:
                 raise SimulatedKill("killed with a request in flight")
 
-    monkeypatch.setattr(RunServices, "record", dying)
-    with pytest.raises(SimulatedKill):
-        start_run(spec, tmp_path / "runs", "k", executor=pool)
-    monkeypatch.setattr(RunServices, "record", record)
-    run_dir = tmp_path / "runs" / "k"
+    run_dir = killed_run(monkeypatch, RunServices, "record", dying, spec, tmp_path / "runs", "k", pool)
     before = events_of(read_events(run_dir), EventType.LLM_CALL)
     assert len(before) == 3 and len(server.requests) == 4
     result = resume_run(run_dir, executor=pool)
@@ -840,11 +836,8 @@ def test_a_pool_run_killed_with_requests_in_flight_resumes_to_the_same_choices(t
                 raise SimulatedKill("killed with a request in flight")
 
     server = pool_server(standin)
-    monkeypatch.setattr(RunServices, "record", dying)
-    with pytest.raises(SimulatedKill):
-        start_run(spec("killed", server.url), tmp_path / "killed" / "runs", "r", executor=pool)
-    monkeypatch.setattr(RunServices, "record", record)
-    resumed = resume_run(tmp_path / "killed" / "runs" / "r", executor=pool)
+    resumed = resume_run(killed_run(monkeypatch, RunServices, "record", dying, spec("killed", server.url),
+                                    tmp_path / "killed" / "runs", "r", pool), executor=pool)
 
     def calls(run_dir):
         return sorted((e.key, e.payload["model"]) for e in events_of(read_events(run_dir), EventType.LLM_CALL))
