@@ -204,6 +204,15 @@ def main() -> None:
                          "'factor=4,controls=1'")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    if args.model:  # a bad --model: one line before any run
+        from pydantic import ValidationError
+
+        from ratchet.spec import ModelSpec
+
+        try:
+            ModelSpec.model_validate({"screen": True, **key_values(args.model)})
+        except ValidationError as exc:
+            ap.error(f"--model {args.model}: {'; '.join(e['msg'] + ' (' + '.'.join(map(str, e['loc'])) + ')' for e in exc.errors())}")
     budgets = dict(BUDGETS)
     for item in args.budget:
         k, _, v = item.partition("=")

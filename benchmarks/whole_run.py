@@ -22,6 +22,7 @@ from pathlib import Path
 
 from _common import machine, plain_episode, write_section
 
+from ratchet.errors import RatchetError
 from ratchet.ledger.events import EventType
 from ratchet.ledger.sqlite import SQLiteLedger
 from ratchet.loop import start_run
@@ -75,7 +76,10 @@ def main() -> None:
                     help="override a spec setting, as `ratchet run --set` (e.g. execution.trusted_rollouts=false)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    spec = load_spec(ROOT / "examples" / args.example, args.set)
+    try:
+        spec = load_spec(ROOT / "examples" / args.example, args.set)
+    except RatchetError as exc:  # a bad --set: one line
+        ap.error(str(exc))
     update = {"execution": spec.execution.model_copy(update={"workers": args.workers})}
     if args.env_steps:
         update["budget"] = spec.budget.model_copy(update={"env_steps": args.env_steps})
