@@ -1254,12 +1254,16 @@ def test_ctrl_c_says_the_run_is_stopping_at_once(capsys, tmp_path):
         finally:  # closing the workers and the ledger: what the person sees meanwhile
             while_stopping.append(capsys.readouterr().err)
 
-    with pytest.raises(typer.Exit) as exc:
-        cli._with_progress(drive, str(tmp_path / "r"), True, None)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, whatever started pytest
+    try:
+        with pytest.raises(typer.Exit) as exc:
+            cli._with_progress(drive, str(tmp_path / "r"), True, None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is the run's only
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert exc.value.exit_code == 130
     assert "interrupted; stopping the run" in while_stopping[0]
     assert f"interrupted; continue with `ratchet resume {tmp_path / 'r'}`" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is the run's only
 
 
 def _printed(monkeypatch, infos: list[dict], clock: list[float]) -> list[str]:
@@ -1426,3 +1430,29 @@ def test_a_final_decision_that_gated_nothing_says_the_incumbent_stands() -> None
     assert _final_decision_text({"gated": True, "promoted": False, "note": "not significant: p = 0.36"}) == \
         "not significant: p = 0.36"
     assert _final_decision_text({"gated": True, "promoted": True, "note": "p = 0.001"}) == "promoted p = 0.001"
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
+    """A run started with SIGINT ignored (`nohup`, a background job of a non-interactive shell) does not take it over
+    while it runs, and leaves it ignored."""
+    import signal
+
+    import typer
+
+    from ratchet import cli
+    from ratchet.errors import RatchetError
+
+    seen: list[object] = []
+
+    def drive(progress):
+        seen.append(signal.getsignal(signal.SIGINT))
+        raise RatchetError("stopped here")
+
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(typer.Exit):
+            cli._with_progress(drive, str(tmp_path / "r"), True, None)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, outer)
+    assert seen == [signal.SIG_IGN] and after is signal.SIG_IGN

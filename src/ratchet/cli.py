@@ -227,7 +227,10 @@ def _with_progress(drive, resume_target: str, report: bool, storage: str | None)
                       soft_wrap=True)
         raise KeyboardInterrupt
 
-    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers are set there only
+    # signal handlers are set in the main thread only; a run started with SIGINT ignored (`nohup`, a background job
+    # of a non-interactive shell) keeps ignoring it
+    main_thread = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     before = signal.signal(signal.SIGINT, stopping) if main_thread else None
     try:
         try:
