@@ -267,3 +267,27 @@ def test_projection_status_running_interrupted_failed(tmp_path):
 def test_projection_of_no_events():
     st = project([])
     assert st.status == "unknown" and st.env_steps == 0
+
+
+def test_a_rejections_recorded_kind_is_what_it_is_counted_as_and_old_events_are_read_from_their_words():
+    """``proposal_rejected`` events record their ``kind`` (duplicate, cascade, screened out, …): counting reads it, not
+    the reason's wording; events written before the field existed are classified from ``detail`` and ``reason``."""
+    from ratchet.ledger.events import RejectionKind
+    from ratchet.ledger.projection import rejection_counts_text
+
+    def rejected(i, **p):
+        return Event(i, EventType.PROPOSAL_REJECTED, f"rejected/1/x/{i}", 0.0,
+                     {"generation": 1, "refiner": "x", "parent_id": None, "reason": "", "detail": {}, **p})
+
+    events = [rejected(1, reason="duplicate: worded by an old ratchet", kind="unusable"),  # the kind wins
+              rejected(2, reason="cascade: worded anyhow", kind="cascade"),
+              rejected(3, reason="duplicate: same source as c1", detail={"duplicate_of": "c1"}),  # old: no kind
+              rejected(4, reason="screened out by the world model (ranked below the candidates run)"),
+              rejected(5, reason="syntax error at line 3", kind="no such kind"),  # unknown: read from the words
+              rejected(6, reason="x", detail={"stage": 1})]
+    assert [RejectionKind.of(e.payload) for e in events] == [
+        RejectionKind.UNUSABLE, RejectionKind.CASCADE, RejectionKind.DUPLICATE, RejectionKind.SCREENED_OUT,
+        RejectionKind.UNUSABLE, RejectionKind.CASCADE]
+    counts = project(events).rejection_counts()
+    assert rejection_counts_text(counts) == ("2 no usable new source, 2 dropped by the cascade after its first stage, "
+                                             "1 duplicate, 1 screened out by the world model")

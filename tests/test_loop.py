@@ -608,6 +608,7 @@ def test_a_cascade_drops_contenders_after_their_first_stage_and_resumes_exactly(
     dropped = [e.payload for e in events_of(events, EventType.PROPOSAL_REJECTED)
                if e.payload["reason"].startswith("cascade:")]
     assert dropped, "nothing dropped: the test shows nothing"
+    assert all(p["kind"] == "cascade" for p in dropped)
     for p in dropped:  # one evaluation, on the generation's first training seed, and the rejection says what it cost
         own = [t for t in train if t["candidate_id"] == p["detail"]["candidate_id"] and t["generation"] == p["generation"]]
         assert len(own) == 1 and len(own[0]["seeds"]) == 1

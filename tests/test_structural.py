@@ -749,6 +749,9 @@ def test_a_proposal_the_run_already_scored_is_refused_before_any_episode_and_its
                 if e.payload["detail"].get("duplicate_of")]
     assert rejected and all(r["reason"].startswith("duplicate:") and "proposed this already" in r["reason"]
                             for r in rejected)
+    assert all(r["kind"] == "duplicate" for r in rejected)  # recorded for counting, not read back from the text
+    assert all(e.payload["kind"] == "unusable" for e in events_of(events, EventType.PROPOSAL_REJECTED)
+               if not e.payload["detail"].get("duplicate_of"))
     assert any("up to formatting" in r["reason"] for r in rejected)
     refused_ids = {r["detail"]["candidate_id"] for r in rejected}
     assert any(set(t) & refused_ids for t in told) and all(t[i].startswith("duplicate:") for t in told for i in t

@@ -396,6 +396,8 @@ def test_a_screened_run_records_transitions_screens_and_resumes_exactly(tmp_path
     wm = project(events).world_model()
     assert wm is not None and wm["saved"] == 4 * (len(screened) + 1) and wm["holdout_error"] is not None
     assert wm["screened"] == len(screened)
+    kinds = {e.payload["kind"] for e in events_of(events, EventType.PROPOSAL_REJECTED)}
+    assert {"screened_out", "not_screened"} <= kinds  # recorded for counting, not read back from the reason's words
     from typer.testing import CliRunner
 
     from ratchet.cli import app

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.errors import PolicyError, RatchetError
+from ratchet.ledger.events import RejectionKind
 from ratchet.policy import ACT, Candidate, PolicyProgram, export_source, parse_policy
 
 __all__ = [
@@ -76,6 +77,7 @@ class Rejection:
         reason: One line: what is wrong.
         source: The rejected source, when there was one.
         detail: JSON-ready context (the mutation operator, the LLM exchange's key, ...).
+        kind: Why, as the ledger records it for counting (``proposal_rejected`` ``kind``).
     """
 
     refiner: str
@@ -83,6 +85,7 @@ class Rejection:
     reason: str
     source: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
+    kind: RejectionKind = RejectionKind.UNUSABLE
 
 
 def check_source(source: str, *, dims: Mapping[str, int] | None = None,

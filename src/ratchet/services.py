@@ -23,6 +23,7 @@ from ratchet.errors import LedgerError
 from ratchet.execution import BUDGET_SKIP, Executor, ExecutorCapabilities, Job, TrainingExecutor, capabilities_of
 from ratchet.execution.training import TrainingOutput, TrainingResult, accept
 from ratchet.ledger import Event, EventType, LedgerStore
+from ratchet.ledger.events import RejectionKind
 from ratchet.planner import SeedSplits, Usage
 from ratchet.policy import FOLDER_KINDS, SOURCE_KINDS, Candidate, PolicyProgram, uses_task_dims
 from ratchet.proposals import Rejection
@@ -455,11 +456,12 @@ class RunServices:
                 kept.append(cand)
             else:
                 refused.setdefault(cand.id, reason)
-                rejected.append(Rejection(arm, cand.parent_id, reason, cand.source, detail))
+                kind = RejectionKind.DUPLICATE if "duplicate_of" in detail else RejectionKind.UNUSABLE
+                rejected.append(Rejection(arm, cand.parent_id, reason, cand.source, detail, kind))
         for i, r in enumerate(rejected):
             self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/{i}", {
                 "generation": generation, "refiner": r.refiner, "parent_id": r.parent_id, "reason": r.reason,
-                **self.stored_source(r.source), "detail": dict(r.detail)})
+                "kind": r.kind.value, **self.stored_source(r.source), "detail": dict(r.detail)})
         return kept, refused
 
     def duplicate_problem(self, cand: Candidate, batch: dict[str, tuple[str, int]], generation: int
@@ -830,7 +832,8 @@ class RunServices:
         for cid, why in reasons.items():
             ev = first[cid]
             self.record(EventType.PROPOSAL_REJECTED, f"rejected/{generation}/{arm}/cascade/{cid}", {
-                "generation": generation, "refiner": arm, "parent_id": parents[cid], "reason": why, "source": None,
+                "generation": generation, "refiner": arm, "parent_id": parents[cid], "reason": why,
+                "kind": RejectionKind.CASCADE.value, "source": None,
                 "detail": {"candidate_id": cid, "stage": 1, "episodes": ev.n, "env_steps": ev.env_steps,
                            "mean": ev.mean, "threshold": first[incumbent.id].mean - margin * first[incumbent.id].std}})
         kept = [c for c in [*contenders, incumbent] if c.id not in reasons]

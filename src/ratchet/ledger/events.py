@@ -11,7 +11,7 @@ from typing import Any
 
 from ratchet.errors import LedgerError
 
-__all__ = ["MAX_PAYLOAD_DEPTH", "Event", "EventType", "event_from_row"]
+__all__ = ["MAX_PAYLOAD_DEPTH", "Event", "EventType", "RejectionKind", "event_from_row"]
 
 #: How deep an event's payload may nest (objects and arrays in one another). Ratchet writes a few levels (a spec,
 #: an array of arrays); a store holding a deeper one is damaged, and reading it as JSON would exhaust the stack.
@@ -48,6 +48,45 @@ class EventType(str, Enum):
     CORRECTION_EPISODE = "correction_episode"  # one episode of a round being played, as it ends (kill -9 keeps it)
     CORRECTION_RECORDED = "correction_recorded"  # who, the candidate played, seeds, takeover segments, data set
     CORRECTION_FINISHED = "correction_finished"  # the round's retrained student, gate verdict, fresh test evaluation
+
+
+class RejectionKind(str, Enum):
+    """Why a proposal never ran: a ``proposal_rejected`` event's ``kind``, what ``ratchet show``, the report and the
+    dashboard count (:meth:`ratchet.ledger.projection.RunState.rejection_counts`)."""
+
+    UNUSABLE = "unusable"  # no usable new source: it failed the checks, an answer held no edit, a request failed
+    DUPLICATE = "duplicate"  # the same candidate as one the run already scored (or kept in this generation)
+    CASCADE = "cascade"  # dropped by the cascade after its first stage of training episodes
+    SCREENED_OUT = "screened_out"  # the world model ranked it below the candidates run
+    NOT_SCREENED = "not_screened"  # not run: the world model could not screen yet
+
+    @property
+    def label(self) -> str:
+        """The kind in words, as ``ratchet show`` counts it (``"6 duplicates, 3 screened out by the world model"``)."""
+        return _REJECTION_LABELS[self]
+
+    @classmethod
+    def of(cls, payload: dict[str, Any]) -> RejectionKind:
+        """A ``proposal_rejected`` payload's kind: its ``kind`` field, or for events written before that field
+        existed (ledgers of 2026-12-05 and older), the kind its ``detail`` and ``reason`` text imply."""
+        try:
+            return cls(payload.get("kind"))
+        except ValueError:
+            pass
+        detail, reason = payload.get("detail") or {}, str(payload.get("reason", ""))
+        if not isinstance(detail, dict):
+            detail = {}
+        return (cls.DUPLICATE if "duplicate_of" in detail or reason.startswith("duplicate:")
+                else cls.CASCADE if "stage" in detail
+                else cls.SCREENED_OUT if reason.startswith("screened out by the world model")
+                else cls.NOT_SCREENED if reason.startswith("not run: the world model")
+                else cls.UNUSABLE)
+
+
+_REJECTION_LABELS = {RejectionKind.UNUSABLE: "no usable new source", RejectionKind.DUPLICATE: "duplicate",
+                     RejectionKind.CASCADE: "dropped by the cascade after its first stage",
+                     RejectionKind.SCREENED_OUT: "screened out by the world model",
+                     RejectionKind.NOT_SCREENED: "not run before the world model could screen"}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.critic import Evaluation
 from ratchet.errors import LedgerError
-from ratchet.ledger.events import Event, EventType
+from ratchet.ledger.events import Event, EventType, RejectionKind
 from ratchet.ledger.storage import is_run_id
 from ratchet.policy import Candidate
 from ratchet.processes import process_running
@@ -132,18 +132,13 @@ class RunState:
 
     def rejection_counts(self) -> list[dict[str, Any]]:
         """Why the run's ``proposal_rejected`` events rejected their proposals, as ``{"reason", "count"}``, most
-        frequent first; ``reason`` one of ``"duplicate"`` (``detail.duplicate_of``), ``"dropped by the cascade after
-        its first stage"`` (``detail.stage``), ``"screened out by the world model"``, ``"not run before the world
-        model could screen"`` (those refiners' reasons), ``"no usable new source"`` (the rest: source failing its
-        checks, an answer without an edit). ``ratchet show`` counts them (:func:`rejection_counts_text`)."""
+        frequent first; ``reason`` a :class:`~ratchet.ledger.events.RejectionKind`'s label (``"duplicate"``,
+        ``"dropped by the cascade after its first stage"``, ``"screened out by the world model"``, ``"not run before
+        the world model could screen"``, ``"no usable new source"``). ``ratchet show`` counts them
+        (:func:`rejection_counts_text`)."""
         counts: dict[str, int] = {}
         for r in self.rejected_proposals:
-            detail, reason = r.get("detail") or {}, str(r.get("reason", ""))
-            kind = ("duplicate" if "duplicate_of" in detail or reason.startswith("duplicate:")
-                    else "dropped by the cascade after its first stage" if "stage" in detail
-                    else "screened out by the world model" if reason.startswith("screened out by the world model")
-                    else "not run before the world model could screen" if reason.startswith("not run: the world model")
-                    else "no usable new source")
+            kind = RejectionKind.of(r).label
             counts[kind] = counts.get(kind, 0) + 1
         return [{"reason": k, "count": c} for k, c in sorted(counts.items(), key=lambda kv: -kv[1])]
 
@@ -320,7 +315,8 @@ def failure_reason(error: Any) -> str:
 
 def rejection_counts_text(counts: list[dict[str, Any]]) -> str:
     """:meth:`RunState.rejection_counts` in words: ``"6 duplicates, 3 screened out by the world model"``."""
-    return ", ".join(f"{c['count']} {'duplicates' if c['reason'] == 'duplicate' and c['count'] != 1 else c['reason']}"
+    duplicate = RejectionKind.DUPLICATE.label
+    return ", ".join(f"{c['count']} {'duplicates' if c['reason'] == duplicate and c['count'] != 1 else c['reason']}"
                      for c in counts)
 
 

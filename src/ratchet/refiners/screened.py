@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ratchet.critic import Critique, Evaluation
+from ratchet.ledger.events import RejectionKind
 from ratchet.policy import Candidate
 from ratchet.proposals import Rejection
 from ratchet.refiners.base import GenerationCost, Refiner, Turn
@@ -191,7 +192,8 @@ class ScreenedRefiner(Refiner):
             return proposed
         if waiting:  # the refiner's samples are independent draws: its first `keep` are a random pick
             self._kept, self._out = list(proposed[:keep]), [(c, -math.inf) for c in proposed[keep:]]
-            self._rejections = [Rejection(self.name, parent.id, NOT_YET_SCREENED, detail={"candidate_id": c.id})
+            self._rejections = [Rejection(self.name, parent.id, NOT_YET_SCREENED, detail={"candidate_id": c.id},
+                                          kind=RejectionKind.NOT_SCREENED)
                                 for c in proposed[keep:]]
             self.state.saved += len(self._out)
             self._last.update({"screen_kept": keep, "screen_saved": self.state.saved, "screen_waiting": True,
@@ -225,7 +227,8 @@ class ScreenedRefiner(Refiner):
         self._out = [(proposed[i], float(scores[i])) for i in order[keep:]]
         self._rejections = [Rejection(self.name, parent.id, SCREENED_OUT,
                                       detail={"candidate_id": proposed[i].id, "screen_score": float(scores[i]),
-                                              "rank": ranked[i], "of": len(proposed)})
+                                              "rank": ranked[i], "of": len(proposed)},
+                                      kind=RejectionKind.SCREENED_OUT)
                             for i in order[keep:]]
         self.state.saved += len(self._out)
         self._last.update({"screen_kept": len(self._kept), "screen_saved": self.state.saved})
