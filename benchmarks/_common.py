@@ -87,3 +87,30 @@ def key_values(text: str) -> dict[str, int | float | str]:
         except ValueError:
             out[key] = value
     return out
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every process below it, from Linux /proc (workers run in sessions of their own, unreaped)."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(x) for x in (task / "children").read_text().split() if int(x) not in out]
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def own_cpu(pid: int, reaped: bool = False) -> float | None:
+    """CPU seconds (user + system) ``pid`` itself has used (with ``reaped``, also its children's that it has
+    waited for), or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return sum(int(f) for f in fields[11:15 if reaped else 13]) / _TICK

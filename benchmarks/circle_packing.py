@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,38 +20,12 @@ import threading
 import time
 from pathlib import Path
 
-from _common import machine, write_section
+from _common import machine, own_cpu, process_tree, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "circle_packing"
 #: The issue's goal for the sum of radii (AlphaEvolve: 2.635).
 GOAL = 2.630
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tree(pid: int) -> set[int]:
-    """``pid`` and every process below it, from Linux /proc (workers run in sessions of their own, unreaped)."""
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        out.add(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(x) for x in (task / "children").read_text().split() if int(x) not in out]
-            except (OSError, ValueError):
-                pass
-    return out
-
-
-def _own_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) ``pid`` itself has used, or None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _run_measured(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
@@ -64,8 +37,8 @@ def _run_measured(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     reader = threading.Thread(target=lambda: out.extend(proc.communicate()), daemon=True)
     reader.start()
     while reader.is_alive():
-        for p in _tree(proc.pid):
-            cpu = _own_cpu(p)
+        for p in process_tree(proc.pid):
+            cpu = own_cpu(p)
             if cpu is not None:
                 seen[p] = max(seen.get(p, 0.0), cpu)
         time.sleep(0.2)
