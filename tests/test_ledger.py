@@ -291,3 +291,19 @@ def test_a_rejections_recorded_kind_is_what_it_is_counted_as_and_old_events_are_
     counts = project(events).rejection_counts()
     assert rejection_counts_text(counts) == ("2 no usable new source, 2 dropped by the cascade after its first stage, "
                                              "1 duplicate, 1 screened out by the world model")
+
+
+def test_failed_episodes_group_by_their_error_whatever_seed_it_names():
+    """``show``'s failed-episode reasons group errors that differ only in the seed they name, written as the critique
+    writes them (``critic.seedless``: ``seed N``)."""
+    def evaluated(i, seeds, errors):
+        eps = [{"seed": s, "episode_return": 0.0, "length": 0, "error": e} for s, e in zip(seeds, errors)]
+        return Event(i, EventType.EPISODES_EVALUATED, f"eval/{i}", 0.0, {
+            "candidate_id": f"c{i}", "split": "train", "generation": 1, "seeds": seeds, "episodes": eps,
+            "summary": {"mean": 0.0, "n": len(seeds), "env_steps": 0}})
+
+    st = project([evaluated(1, [11, 12], ["skipped: timeout after 3 s on seed 11", "skipped: timeout after 3 s on seed 12"]),
+                  evaluated(2, [13], ["worker error: seed=13 would not reset"])])
+    reasons = st.episode_failures()["reasons"]
+    assert reasons == [{"reason": "skipped: timeout after 3 s on seed N", "count": 2},
+                       {"reason": "worker error: seed=N would not reset", "count": 1}]

@@ -146,10 +146,10 @@ class RunState:
         """The run's failed episodes (an error recorded: the policy raised, timed out, failed to load, was skipped), as
         ``{"episodes", "candidates", "reasons": [{"reason", "count"}], "worst": {"candidate_id", "episodes",
         "split"}}``: how many episodes of how many candidates, the ``n`` most frequent reasons (the error without its
-        seed, at most 160 characters), and the candidate with the most failed episodes (on the split where most of
+        seed, :func:`ratchet.critic.seedless`, at most 160 characters), and the candidate with the most failed episodes (on the split where most of
         them were). None when no episode failed. ``ratchet show`` (and ``--json``) and the report show it
         (:func:`episode_failures_text`)."""
-        import re
+        from ratchet.critic import seedless
 
         reasons: dict[str, int] = {}
         per: dict[str, dict[str, int]] = {}  # candidate id -> split -> failed episodes
@@ -157,7 +157,7 @@ class RunState:
             for ep in ev["episodes"]:
                 if ep.get("error") is None:
                     continue
-                reason = re.sub(r"\s+on seed -?\d+", "", " ".join(str(ep["error"]).split()))[:160]
+                reason = seedless(str(ep["error"]))[:160]
                 reasons[reason] = reasons.get(reason, 0) + 1
                 splits = per.setdefault(str(ev["candidate_id"]), {})
                 splits[ev["split"]] = splits.get(ev["split"], 0) + 1
