@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "ApiKeyNotSetError",
     "EndpointError",
+    "FixedOutsideError",
     "LedgerError",
     "PolicyError",
     "RatchetError",
@@ -79,7 +80,19 @@ class SandboxError(RatchetError):
     process cannot be started under it."""
 
 
-class EndpointError(RatchetError):
+class FixedOutsideError(RatchetError):
+    """Something outside ratchet stopped a run, and the run resumes once the user fixes it (an endpoint, an
+    environment variable). The loop sets :attr:`resume`, the command that continues the run (e.g. ``ratchet resume
+    runs/ID``), when it stops one; the message then ends with it."""
+
+    resume: str | None = None
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return message if self.resume is None else f"{message}; once it is fixed, continue with `{self.resume}`"
+
+
+class EndpointError(FixedOutsideError):
     """An outside service a refiner needs (an LLM endpoint) cannot serve the run: unreachable, it refuses
     the key, does not know the model, or failed request after request. The message says what to fix.
 
@@ -94,7 +107,7 @@ class EndpointError(RatchetError):
         self.proposals = list(proposals)
 
 
-class ApiKeyNotSetError(RatchetError):
+class ApiKeyNotSetError(FixedOutsideError):
     """The environment variable a refiner reads its API key from (``api_key_env``) is not set. Raised by the
     endpoint check before a new run exists (export it and run again), or by a running run's refiner when it needs
     the key (nothing is recorded: the run stops and ``ratchet resume`` continues it once the variable is set)."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.deciders import DECIDERS, Outcome, build_decider
-from ratchet.errors import ApiKeyNotSetError, EndpointError, LedgerError, RatchetError, WriterLeaseError
+from ratchet.errors import EndpointError, FixedOutsideError, LedgerError, RatchetError, WriterLeaseError
 from ratchet.execution import Executor, executor_from_spec
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
@@ -478,9 +478,9 @@ class _Run(RunServices):
 
 
 def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease, resume: str) -> RunResult:
-    """Run ``run`` to its end, then close what it holds. An outside service that stopped it (an
-    :class:`~ratchet.errors.EndpointError`, an :class:`~ratchet.errors.ApiKeyNotSetError`) gets ``resume`` (the
-    command that continues the run, e.g. ``ratchet resume runs/ID``) at the end of its message."""
+    """Run ``run`` to its end, then close what it holds. Something outside ratchet that stopped it
+    (:class:`~ratchet.errors.FixedOutsideError`) is told ``resume``, the command that continues the run (e.g.
+    ``ratchet resume runs/ID``), which its message ends with."""
     # [logging]: the run's progress function, chained behind a tap that writes the ledger's new generation events
     # as scalars (ratchet.metrics); the loop itself knows no writer
     metrics = None
@@ -495,8 +495,8 @@ def _drive(run: _Run, close_executor: bool, lock_fd: int, lease: WriterLease, re
     except Exception as exc:
         if not lease.lost:
             run.record(EventType.RUN_FAILED, f"run_failed/{time.time()}", {"error": f"{type(exc).__name__}: {exc}"})
-        if isinstance(exc, (EndpointError, ApiKeyNotSetError)):  # fixed outside ratchet, the run resumes
-            exc.args = (f"{exc}; once it is fixed, continue with `{resume}`",)
+        if isinstance(exc, FixedOutsideError):  # fixed outside ratchet, the run resumes
+            exc.resume = resume
         raise
     finally:
         if metrics is not None:
