@@ -6,7 +6,7 @@ generation, 2 sandboxed workers:
 
 - ``mutate``: ``[[refiners]]`` a ``mutate`` refiner with its defaults;
 - ``llm``: an ``llm`` refiner (2 requests per generation, its default 2 variants each) against the tests' stand-in
-  endpoint (``tests/conftest.py`` ``StandIn``, a real HTTP server on 127.0.0.1), answering each request with one of
+  endpoint (:class:`ratchet.refiners.standin.StandIn`, a real HTTP server on 127.0.0.1), answering each request with one of
   five whole-file rewrites picked by the request's seed: three different edits, and two of them again with other
   comments, docstrings and spacing (a model often proposes an edit it proposed before, or the same code written
   differently).
@@ -65,13 +65,17 @@ def spec_dict(kind: str, url: str | None, env_steps: int, seed: int) -> dict[str
 
 def one_run(kind: str, seed: int, env_steps: int, out: Path) -> None:
     """Run one spec with the ``ratchet`` on ``sys.path`` (this process's), leaving its ledger in ``out``."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import StandIn  # the tests' stand-in endpoint
+    import importlib.util
 
     from ratchet.loop import start_run
     from ratchet.spec import spec_from_dict
 
-    server = StandIn(respond=lambda body: {"content": "Rewritten:\n```python\n" + ANSWERS[body["seed"] % 5] + "```\n"})
+    # the stand-in endpoint of this tree (standard library only), whatever ratchet a --ref run imports
+    found = importlib.util.spec_from_file_location("_standin", ROOT / "src" / "ratchet" / "refiners" / "standin.py")
+    assert found is not None and found.loader is not None
+    standin = importlib.util.module_from_spec(found)
+    found.loader.exec_module(standin)
+    server = standin.StandIn(respond=lambda body: {"content": "Rewritten:\n```python\n" + ANSWERS[body["seed"] % 5] + "```\n"})
     try:
         d = spec_dict(kind, server.url, env_steps, seed)
         (out / "s").mkdir(parents=True)

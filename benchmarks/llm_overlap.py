@@ -7,8 +7,8 @@ With ``--ahead A:L`` the ``llm`` refiner also has ``lag = L``: the wave sent aft
 generation g + L, which the allocator gives the ``llm``, the other refiner taking the generations between; with
 ``--ahead A:auto`` (``lag = "auto"``) by the first generation that starts once all the wave's answers are in.
 
-The endpoint is the stand-in server the tests use (``tests/conftest.py`` ``StandIn``): a real HTTP server on
-127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with an edit of the program
+The endpoint is the stand-in server ``ratchet standin`` serves and the tests use
+(:class:`ratchet.refiners.standin.StandIn`): a real HTTP server on 127.0.0.1 speaking chat completions, answering every request after ``--latency`` seconds with an edit of the program
 it was sent (the side engines' threshold scaled by a factor drawn from the request's seed, so every answer is a new
 program that passes its checks and keeps its parent's values). The run is the ``lunar_lander`` example with ``[[refiners]]`` an ``llm`` (``--proposals`` requests per generation, one
 variant each, ``--requests`` in all; with ``--cmaes`` a ``cmaes`` refiner beside it), 2 sandboxed workers, gating
@@ -34,7 +34,6 @@ Usage: python benchmarks/llm_overlap.py [--latency 2] [--proposals 4] [--request
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 import tomllib
@@ -47,11 +46,10 @@ from ratchet.execution import executor_from_spec
 from ratchet.ledger.events import EventType
 from ratchet.ledger.sqlite import SQLiteLedger
 from ratchet.loop import start_run
+from ratchet.refiners.standin import StandIn
 from ratchet.spec import spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import StandIn  # the tests' stand-in endpoint
 
 EXAMPLE = ROOT / "examples" / "lunar_lander"
 

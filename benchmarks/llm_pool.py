@@ -1,7 +1,7 @@
 """A pool of models, money as a budget, and edits that land (issue 44), against the tests' stand-in endpoint.
 
-The endpoint is the stand-in server the tests use (``tests/conftest.py`` ``StandIn``: a real HTTP server on 127.0.0.1
-speaking chat completions), answering as the tests of ``tests/test_llm_client.py`` script it; the run is the tests'
+The endpoint is the stand-in server the tests use (:class:`ratchet.refiners.standin.StandIn`: a real HTTP server on
+127.0.0.1 speaking chat completions), answering as the tests of ``tests/test_llm_client.py`` script it; the run is the tests'
 CartPole fixture (``tests/data/cartpole_linear.py``, all weights 0) with one ``llm`` refiner, 2 sandboxed workers.
 
 - *bandit*: a pool of two models, a cheap one (0.15 / 0.6 per million tokens) whose diffs never apply and a dear one
@@ -28,13 +28,14 @@ from _common import machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import StandIn, events_of, read_events  # the tests' stand-in endpoint
+from conftest import events_of, read_events
 from test_llm_client import never_applies, parent, pool_respond, two_models
 from test_structural import TASK_FACTS, structural_spec
 
 from ratchet.ledger import EventType
 from ratchet.loop import start_run
 from ratchet.refiners.llm import LLMRefiner, LLMSettings
+from ratchet.refiners.standin import StandIn
 
 
 def bandit(seed: int, folder: Path) -> dict:

@@ -18,7 +18,6 @@ import time
 import tomllib
 import uuid
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from ratchet.ledger import Event, EventType, SQLiteLedger
 from ratchet.ledger.projection import project
 from ratchet.loop import LEDGER_FILE, start_run
 from ratchet.policy import Candidate, load_policy
+from ratchet.refiners import standin as standin_module
 from ratchet.rollout import Episode
 from ratchet.spec import load_spec
 from ratchet.task import GymTask
@@ -461,122 +461,12 @@ def listener():
     server.close()
 
 
-class StandIn:
-    """A real HTTP server on 127.0.0.1 speaking chat completions. ``script`` items are answers (a
-    string) or dicts: ``{"status": 429}`` (``"message"``: the error's text), ``{"delay": 1.0, "content": ...}``,
-    ``{"usage": {"prompt_tokens": ..., "completion_tokens": ...}}`` (default 100 and 20; a string: that JSON text
-    as it is), and hostile ones:
-    ``{"redirect": URL}`` (a 302 there, or ``"status"``), ``{"drip": 1.0}`` (the reply one byte per that many
-    seconds; ``"drip_bytes"``: only the first that many),
-    ``{"size": N}`` (an answer of N characters, streamed without a length), ``{"echo_auth": True}`` (the
-    Authorization header written into the answer). When the script runs out it repeats ``default``; with
-    ``respond`` (a function of the request's JSON body) each answer is ``respond(body)`` instead, whatever order the
-    requests come in. Every answer takes ``latency`` seconds more (a model's time to answer). With ``gather``, the
-    first ``gather`` requests are held until that many have come in (or 60 s passed): a client that sends them at
-    once has them all in flight at once, however late a loaded machine schedules its threads. Every
-    request (body and Authorization header) is kept in ``requests``; ``most_at_once`` is the most it answered at
-    one time; ``GET .../models`` lists ``models`` (404 when None), and is kept in ``gets``."""
+class StandIn(standin_module.StandIn):
+    """The library's stand-in endpoint (:class:`ratchet.refiners.standin.StandIn`) on 127.0.0.1, answering
+    ``GOOD_EDIT`` where the script and ``default`` give no text (the tests' policy is tests/data/cartpole_linear.py)."""
 
     def __init__(self, script=(), default=GOOD_EDIT, models=None, latency=0.0, respond=None, gather=0):
-        self.script, self.default, self.requests, self.gets, self.models = list(script), default, [], [], models
-        self.latency, self.respond, self.at_once, self.most_at_once = latency, respond, 0, 0
-        self.lock = threading.Lock()
-        self.arrived = threading.Condition(self.lock)
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                outer.gets.append({"path": self.path, "auth": self.headers.get("Authorization")})
-                found = outer.models is not None and self.path.endswith("/models")
-                data = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]}
-                                  if found else {"error": {"message": "not found"}}).encode()
-                self.send_response(200 if found else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                auth = self.headers.get("Authorization")
-                with outer.lock:
-                    outer.requests.append({"path": self.path, "auth": auth, "body": body})
-                    item = (outer.respond(body) if outer.respond is not None else
-                            outer.script.pop(0) if outer.script else outer.default)
-                    outer.at_once += 1
-                    outer.most_at_once = max(outer.most_at_once, outer.at_once)
-                    self.counted = True
-                    outer.arrived.notify_all()
-                    outer.arrived.wait_for(lambda: len(outer.requests) >= gather, timeout=60)
-                try:
-                    self.answer(item if isinstance(item, dict) else {"content": item}, body, auth)
-                finally:
-                    self.uncount()
-
-            def uncount(self):
-                """The request stops counting as answered at once before its reply is sent: a client that retries
-                the moment it reads a reply must not find its finished request still counted."""
-                with outer.lock:
-                    if self.counted:
-                        outer.at_once, self.counted = outer.at_once - 1, False
-
-            def answer(self, item, body, auth):
-                if item.get("delay") or outer.latency:
-                    time.sleep(item.get("delay", 0.0) + outer.latency)
-                self.uncount()
-                status = item.get("status", 302 if item.get("redirect") else 200)
-                content = item.get("content", GOOD_EDIT) + (f"\nAuthorization: {auth}" if item.get("echo_auth") else "")
-                if status != 200 or item.get("redirect"):
-                    data = json.dumps({"error": {"message": item.get("message", "slow down")}}).encode()
-                else:
-                    usage = item.get("usage", {"prompt_tokens": 100, "completion_tokens": 20})
-                    if isinstance(usage, dict):
-                        usage = json.dumps({**usage, "total_tokens": sum(usage.values())})
-                    data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
-                                       "choices": [{"index": 0, "finish_reason": "stop",
-                                                    "message": {"role": "assistant", "content": content}}],
-                                       "usage": "USAGE"}).replace('"USAGE"', usage).encode()
-                try:
-                    self.send_response(status)
-                    if status == 429:
-                        self.send_header("Retry-After", "0")
-                    if item.get("redirect"):
-                        self.send_header("Location", item["redirect"])
-                    self.send_header("Content-Type", "application/json")
-                    if item.get("size"):  # no length: the client must stop reading by itself
-                        self.end_headers()
-                        head = b'{"choices": [{"message": {"role": "assistant", "content": "'
-                        self.wfile.write(head)
-                        chunk = b"x" * 65_536
-                        for _ in range(item["size"] // len(chunk)):
-                            self.wfile.write(chunk)
-                        self.wfile.write(b'"}}]}')
-                        return
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    if item.get("drip"):
-                        for i in range(min(len(data), item.get("drip_bytes", len(data)))):
-                            self.wfile.write(data[i:i + 1])
-                            self.wfile.flush()
-                            time.sleep(item["drip"])
-                        self.wfile.write(data[item.get("drip_bytes", len(data)):])
-                        return
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
-                    pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(script, default, models, latency, respond, gather, content=GOOD_EDIT)
 
 
 @pytest.fixture

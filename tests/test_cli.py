@@ -1456,3 +1456,90 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
     finally:
         signal.signal(signal.SIGINT, outer)
     assert seen == [signal.SIG_IGN] and after is signal.SIG_IGN
+
+
+def test_standin_prints_its_url_answers_an_edit_and_stops_on_ctrl_c(tmp_path):
+    """`ratchet standin --port 0` prints one line naming base_url (and model), answers a chat-completions request
+    built as the llm refiner builds it with an edit that applies to the program and changes it, and on Ctrl-C says
+    it stopped and exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import urllib.request
+
+    from ratchet.refiners.llm import apply_edits, build_prompt, parse_answer
+    from ratchet.refiners.structural import check_source
+
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # the child's Ctrl-C as at a terminal, whatever
+    try:                                                                # started pytest (a handler is not inherited)
+        proc = subprocess.Popen([sys.executable, "-m", "ratchet", "standin", "--port", "0", "--seed", "3"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, outer)
+    guard = threading.Timer(120, proc.kill)  # a hung server fails the test instead of hanging it
+    guard.start()
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r'base_url = "(http://127\.0\.0\.1:\d+/v1)"', line).group(1)
+        assert 'model = "stand-in"' in line and "api_key_env" in line and "Ctrl-C" in line
+        with urllib.request.urlopen(url + "/models", timeout=30) as reply:
+            assert [m["id"] for m in json.load(reply)["data"]] == ["stand-in"]
+        source = (DATA / "cartpole_linear.py").read_text(encoding="utf-8")
+        body = {"model": "stand-in", "seed": 7,
+                "messages": build_prompt({"env_id": "CartPole-v1"}, source, None, [])}
+        request = urllib.request.Request(url + "/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            content = json.load(reply)["choices"][0]["message"]["content"]
+        edited = apply_edits(source, parse_answer(content))
+        assert edited != source and check_source(edited).defaults != check_source(source).defaults
+        proc.send_signal(signal.SIGINT)
+        rest, errors = proc.communicate(timeout=60)
+    finally:
+        guard.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, errors
+    assert rest.splitlines() == ["stand-in stopped after 1 requests"] and "Traceback" not in errors
+
+
+def test_standin_on_a_port_in_use_is_one_line(runner):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert_one_line_error(invoke(runner, "standin", "--port", port), f"cannot serve on 127.0.0.1:{port}",
+                              "--port")
+
+
+def test_a_short_run_of_the_standin_example_proposes_llm_candidates_that_run_episodes(runner, tmp_path):
+    """examples/cartpole/standin.toml (the docs' recipe) against the stand-in `ratchet standin` serves: every
+    request is answered with an edit that becomes candidates (none refused, none a duplicate), and they run their
+    training episodes."""
+    from pathlib import Path
+
+    from ratchet.refiners.standin import MODEL, StandIn
+
+    server = StandIn(models=[MODEL])
+    try:
+        spec = Path(__file__).resolve().parents[1] / "examples" / "cartpole" / "standin.toml"
+        res = invoke(runner, "run", spec, "--runs-dir", tmp_path / "runs", "--run-id", "si", "--no-report",
+                     "--set", f"refiners.0.base_url={server.url}", "--set", "budget.env_steps=5000",
+                     "--set", "gate.validation_episodes=5",
+                     "--set", "test.episodes=5")
+    finally:
+        server.stop()
+    assert res.exit_code == 0, res.output
+    events = read_events(tmp_path / "runs" / "si")
+    calls = events_of(events, EventType.LLM_CALL)
+    assert len(calls) >= 2 and len(server.requests) == len(calls)
+    proposed = {e.payload["candidate"]["id"] for e in events_of(events, EventType.CANDIDATE_PROPOSED)
+                if e.payload["candidate"]["refiner"] == "llm"}
+    assert len(proposed) >= len(calls)  # each answer a new program (its variants besides)
+    assert not events_of(events, EventType.PROPOSAL_REJECTED)
+    trained = {e.payload["candidate_id"] for e in events_of(events, EventType.EPISODES_EVALUATED)
+               if e.payload["split"] == "train" and e.payload["episodes"]}
+    assert proposed <= trained

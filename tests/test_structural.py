@@ -659,7 +659,9 @@ def test_docs_structural_snippets_are_valid_refiner_tables():
     pages = "".join((root / "docs/how-to/refiners" / f).read_text(encoding="utf-8") for f in ("mutate.md", "llm.md"))
     blocks = [b for b in re.findall(r"```toml\n(.*?)```", pages, re.DOTALL)
               if 'kind = "mutate"' in b or 'kind = "llm"' in b]
-    assert len(blocks) == 3  # mutate, llm, and an llm pool of models
+    assert len(blocks) == 4  # mutate, llm, the stand-in's, and an llm pool of models
+    example = tomllib.loads((root / "examples" / "cartpole" / "standin.toml").read_text(encoding="utf-8"))
+    assert example["refiners"] in [tomllib.loads(b)["refiners"] for b in blocks]  # the recipe's is the example's
     for block in blocks:
         tables = tomllib.loads(block)["refiners"]
         spec = spec_from_dict({"task": {"env_id": "CartPole-v1"}, "policy": {"path": "policy.py"}, "refiners": tables},

@@ -928,6 +928,39 @@ def llm_log(run: str = typer.Argument(..., metavar="RUN", help="Run id or run di
         sys.stdout.write(clean(format_exchange(x, i), None, multiline=True) + "\n\n")
 
 
+@app.command()
+def standin(host: str = typer.Option("127.0.0.1", "--host", help="Address to serve on."),
+            port: int = typer.Option(8808, "--port", min=0, max=65535,
+                                     help="Port to serve on (0: any free one; the line printed names it)."),
+            latency: float = typer.Option(0.0, "--latency", min=0.0, metavar="S", help="Seconds each answer takes."),
+            fail_rate: float = typer.Option(0.0, "--fail-rate", min=0.0, max=1.0, metavar="P",
+                                            help="Share of requests answered HTTP 500 or 429 instead (drawn from "
+                                                 "--seed)."),
+            seed: int = typer.Option(0, "--seed", help="Seed of the answers' edits and of the failures.")) -> None:
+    """Serve a stand-in chat-completions endpoint, to try the llm refiner without a model or an API key: each
+    answer moves one number of the program it was sent by a small random step (an edit, not an idea). Runs until
+    Ctrl-C."""
+    from ratchet.refiners.standin import MODEL, StandIn
+
+    try:
+        server = StandIn(models=[MODEL], latency=latency, host=host, port=port, fail_rate=fail_rate, seed=seed,
+                         start=False)
+    except OSError as exc:
+        _fail(RatchetError(f"cannot serve on {host}:{port}: {exc.strerror or exc}; pick another port with --port "
+                           "(0: any free one)"))
+        return
+    out.print(f'stand-in endpoint at {server.url}: in a [[refiners]] table with kind = "llm", set base_url = '
+              f'"{server.url}" and model = "{MODEL}" (no api_key_env needed); Ctrl-C stops it',
+              highlight=False, soft_wrap=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    out.print(f"stand-in stopped after {len(server.requests)} requests", highlight=False, soft_wrap=True)
+
+
 @app.command("import")
 def import_(tool: str = typer.Argument(..., metavar="TOOL", help="The tool the example comes from: openevolve (an "
                                                                  "OpenEvolve example folder)."),
