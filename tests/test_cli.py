@@ -1110,6 +1110,10 @@ def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_bef
     assert "ratchet evaluate --run" in res.output
     start = next(ln for ln in res.stdout.splitlines() if "│ start" in ln)  # every test episode errored:
     assert start.split("│")[2].strip() == "–" and "0.00" not in start  # no return to show, not a score of 0.00
+    # new-user trial: a "refined" row equal to the start was shown, as if something had been refined
+    assert "│ refined" not in res.stdout
+    assert ("refined: none (nothing was promoted, and the start failed all 2 of its test episodes: policy raised "
+            "ValueError: boom: this policy cannot act") in res.stdout
     assert "(an errored episode's return counts what it earned before the error)" in res.stdout
     events = read_events(tmp_path / "runs" / "b")
     assert not events_of(events, EventType.GENERATION_FINISHED)

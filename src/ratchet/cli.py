@@ -138,6 +138,11 @@ def _print_result(run_dir: Path, state) -> None:
     t.add_column("success", justify="right")
     t.add_column(state.episode_unit, justify="right")
     tests = [(label, s) for label, s in (("start", state.baseline_test), ("refined", state.test)) if s]
+    start = state.baseline_test
+    failed = (state.incumbent_id == state.baseline_id and start is not None and bool(start["n"])
+              and start.get("n_errors", 0) == start["n"])  # nothing promoted and the start failed: nothing refined
+    if failed:
+        tests = tests[:1]
     show_errors = any(s.get("n_errors") for _, s in tests)
     if show_errors:  # an errored episode's return is only its partial return: say so
         t.add_column("errored", justify="right")
@@ -151,6 +156,10 @@ def _print_result(run_dir: Path, state) -> None:
     else:  # a budget that bought no generation: nothing was searched, so no test episodes were spent
         out.print(f"test: none run (nothing was searched); test the starting policy with `ratchet evaluate --run "
                   f"{run_dir}`", highlight=False, soft_wrap=True)
+    if failed:
+        reasons = (state.episode_failures() or {}).get("reasons") or [{"reason": "?"}]
+        out.print(f"refined: none (nothing was promoted, and the start failed all {start['n']} of its test "
+                  f"{state.episode_unit}: {_safe(reasons[0]['reason'], 300)})", highlight=False, soft_wrap=True)
     if show_errors:
         out.print("(an errored episode's return counts what it earned before the error)", highlight=False,
                   soft_wrap=True)
