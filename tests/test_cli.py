@@ -1415,6 +1415,12 @@ def test_show_counts_rejected_proposals_by_the_reasons_the_ledger_records(finish
         ledger.close()
     out = " ".join(re.sub("[│┃]", " ", invoke(runner, "show", run_dir).stdout).split())
     assert "rejected proposals 9 (6 duplicates, 3 screened out by the world model)" in out
+    # the report's heading counts them the same way (it listed every possible reason, whatever the run recorded)
+    from ratchet.report.html import render_report
+
+    page = render_report(project(read_events(run_dir)))
+    assert ("<summary>9 proposal(s) rejected before any episode or by the cascade (6 duplicates, 3 screened out by "
+            "the world model)</summary>") in page
 
 
 def test_report_replays_no_episode_the_ledger_records_as_timed_out_and_waits_the_runs_own_limit(
