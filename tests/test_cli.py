@@ -842,24 +842,54 @@ def test_evaluate_bounds_its_numbers(runner, args, fragment):
 
 
 # regression (was a bug): Rich read "[budget]" and "[refiner]" in a stop reason as markup and dropped them
-# ("raise  env_steps or lower  popsize")
+# ("raise  env_steps or lower  popsize"); new-user trial: with every episode priced at the time limit the run still
+# validated the start and spent its test episodes before saying "no room for a single generation"
 def test_an_env_step_budget_that_buys_no_generation_exits_1_and_says_which_budget_to_raise(tmp_path, runner):
-    """A budget of episodes too small for a generation is refused before the run; one in env steps is found only
-    once the start's validation has run (episode lengths): the run is recorded (finished, the start tested), the
-    stop reason prints its brackets and names the budget to raise, and `ratchet run` exits 1 for scripts."""
-    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nenv_steps = 1500\npricing = "
-                                   "\"worst-case\"\n[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
+    """A budget too small for a generation is refused before the run where its price is known up front (episodes
+    priced at the time limit); where it waits on the episode lengths the start's validation measures, the run is
+    recorded (finished, no test episodes spent on a search that never ran), the stop reason prints its brackets and
+    names the budget to raise, and `ratchet run` exits 1 for scripts."""
+    worst = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 3\n[budget]\nenv_steps = 1500\npricing = "
+                                "\"worst-case\"\n[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
+    assert_one_line_error(invoke(runner, "run", worst, "--runs-dir", tmp_path / "runs", "--no-report"),
+                          "no room for a single generation", "[budget] env_steps = 1,500, before the starting "
+                          "policy's validation", "raise [budget] env_steps or lower the refiners' popsize")
+    assert not any((tmp_path / "runs").iterdir())  # no episode ran, nothing was recorded
+    # the zero policy's CartPole episodes last about 10 steps: 3 of them fit, a generation at their length does not
+    spec_dir = _spec_dir(tmp_path, "max_episode_steps = 20\n[gate]\nvalidation_episodes = 3\n[budget]\n"
+                                   "env_steps = 100\n[test]\nepisodes = 2\n[execution]\nworkers = 1\n")
     res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "small", "--no-report")
     assert res.exit_code == 1, res.output
-    assert "no room for a single generation" in res.stdout
+    assert "no room for a single generation" in res.stdout and "after validation used" in res.stdout
     assert "raise [budget] env_steps or lower the refiners' popsize" in res.stdout
+    assert "test: none run (nothing was searched)" in res.stdout and "refined" not in res.stdout
     events = read_events(tmp_path / "runs" / "small")
     assert not events_of(events, EventType.GENERATION_FINISHED) and project(events).status == "finished"
+    assert {e.payload["split"] for e in events_of(events, EventType.EPISODES_EVALUATED)} == {"validation"}
     show = invoke(runner, "show", tmp_path / "runs" / "small")
-    assert "[budget] env_steps" in show.stdout
+    assert show.exit_code == 0 and "[budget] env_steps" in show.stdout
     clock = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "clock", "--no-report",
                    "--set", "budget.env_steps=100000", "--set", "budget.wall_clock_s=0.001")
     assert clock.exit_code == 1 and "wall-clock budget used" in clock.stdout  # a wall clock that bought none, too
+
+
+# new-user trial: `[model] screen = true` on a budget too small to screen ended with no word about the screen
+def test_a_screen_that_screened_nothing_says_why_at_the_end_of_the_run(tmp_path, runner):
+    spec_dir = _spec_dir(tmp_path, "[gate]\nvalidation_episodes = 4\n[budget]\nepisodes = 60\n[test]\nepisodes = 3\n"
+                                   "[execution]\nworkers = 1\n[model]\nscreen = true\nmin_transitions = 100000\n")
+    res = invoke(runner, "run", spec_dir, "--runs-dir", tmp_path / "runs", "--run-id", "few", "--no-report")
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.stdout.splitlines() if "screen unused" in ln]
+    assert lines == [("screen unused: the run ended before its world model had [model] min_transitions = 100000 "
+                     "transitions; no generation screened; [model] screen had no effect in this run")], res.stdout
+    # a budget that bought no generation: the screen never had one to screen
+    (tmp_path / "tiny").mkdir()
+    tiny = _spec_dir(tmp_path / "tiny", "max_episode_steps = 20\n[gate]\nvalidation_episodes = 3\n[budget]\n"
+                                        "env_steps = 100\n[test]\nepisodes = 2\n[execution]\nworkers = 1\n"
+                                        "[model]\nscreen = true\n")
+    res = invoke(runner, "run", tiny, "--runs-dir", tmp_path / "runs", "--run-id", "none", "--no-report")
+    assert res.exit_code == 1 and "no room for a single generation" in res.stdout, res.output
+    assert "screen unused: no generation ran; no generation screened" in res.stdout
 
 
 # regression (was a bug): at 80 columns `ratchet runs` squeezed every column but the run id to nothing
@@ -1080,6 +1110,10 @@ def test_a_starting_policy_that_fails_every_validation_episode_stops_the_run_bef
     assert "ratchet evaluate --run" in res.output
     start = next(ln for ln in res.stdout.splitlines() if "│ start" in ln)  # every test episode errored:
     assert start.split("│")[2].strip() == "–" and "0.00" not in start  # no return to show, not a score of 0.00
+    # new-user trial: a "refined" row equal to the start was shown, as if something had been refined
+    assert "│ refined" not in res.stdout
+    assert ("refined: none (nothing was promoted, and the start failed all 2 of its test episodes: policy raised "
+            "ValueError: boom: this policy cannot act") in res.stdout
     assert "(an errored episode's return counts what it earned before the error)" in res.stdout
     events = read_events(tmp_path / "runs" / "b")
     assert not events_of(events, EventType.GENERATION_FINISHED)
@@ -1381,6 +1415,12 @@ def test_show_counts_rejected_proposals_by_the_reasons_the_ledger_records(finish
         ledger.close()
     out = " ".join(re.sub("[│┃]", " ", invoke(runner, "show", run_dir).stdout).split())
     assert "rejected proposals 9 (6 duplicates, 3 screened out by the world model)" in out
+    # the report's heading counts them the same way (it listed every possible reason, whatever the run recorded)
+    from ratchet.report.html import render_report
+
+    page = render_report(project(read_events(run_dir)))
+    assert ("<summary>9 proposal(s) rejected before any episode or by the cascade (6 duplicates, 3 screened out by "
+            "the world model)</summary>") in page
 
 
 def test_report_replays_no_episode_the_ledger_records_as_timed_out_and_waits_the_runs_own_limit(

@@ -362,11 +362,26 @@ def test_bad_storage_fails_before_a_run_directory_exists(tmp_path):
 
 
 def test_a_budget_too_small_for_one_generation_says_why(tmp_path):
-    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 1500, "pricing": "worst-case"},
-                                   test={"episodes": 3}, gate={"validation_episodes": 3}, execution={"workers": 1}))
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 100}, test={"episodes": 3},
+                                   task={"max_episode_steps": 20}, gate={"validation_episodes": 3},
+                                   execution={"workers": 1}))
     result = start_run(spec, tmp_path / "runs", "tiny")
     assert result.stop_reason.startswith("budget: no room for a single generation (")
-    assert "of [budget] env_steps = 1,500); raise [budget] env_steps" in result.stop_reason
+    assert "after validation used" in result.stop_reason
+    assert "of [budget] env_steps = 100); raise [budget] env_steps" in result.stop_reason
+    assert result.test is None and result.baseline_test is None  # nothing searched: no test episodes spent
+
+
+# new-user trial: with every episode priced at the time limit, a budget too small for one generation is known before
+# any episode; the run validated the start and spent its test episodes first
+def test_start_run_refuses_an_env_step_budget_too_small_for_one_generation_at_worst_case_prices(tmp_path):
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 1500, "pricing": "worst-case"},
+                                   test={"episodes": 3}, gate={"validation_episodes": 3}, execution={"workers": 1}))
+    with pytest.raises(SpecError, match=r"^budget: no room for a single generation \(up to [\d,]+ env steps: .*; "
+                                        r"\[budget\] env_steps = 1,500, before the starting policy's validation\); "
+                                        r"raise \[budget\] env_steps"):
+        start_run(spec, tmp_path / "runs", "tiny")
+    assert not (tmp_path / "runs" / "tiny").exists()  # nothing was run or written
 
 
 # regression (issue 18 §6): [budget] episodes = 20 ran the first validation and the test episodes, then stopped with
@@ -539,9 +554,9 @@ def test_an_executor_declares_what_it_does_and_the_run_reads_it_once(tmp_path):
     from ratchet.execution.process import ProcessExecutor as PE
 
     assert PE.capabilities == ExecutorCapabilities(caps_env_steps=True, records_traces=True, trains=True)
-    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 1000}, gate={"validation_episodes": 5},
+    spec = load_spec(make_spec_dir(tmp_path / "s", budget={"env_steps": 2000}, gate={"validation_episodes": 5},
                                    task={"env_id": "CartPole-v1", "max_episode_steps": 40}, test={"episodes": 3},
-                                   execution={"workers": 1}))
+                                   execution={"workers": 1}))  # worst case: a generation and its gate cost 1,400
     for name, executor, pricing in [("worst", _ScriptedExecutor(), "worst-case"),
                                     ("observed", _CappingScriptedExecutor(), "observed")]:
         start_run(spec, tmp_path / "runs", name, executor=executor)

@@ -164,6 +164,49 @@ def test_mutants_that_read_a_variable_before_assigning_it_are_recorded_rejection
         module.priority(30.0, np.array([100.0, 120.0, 150.0]), c.params)  # no UnboundLocalError, no NameError
 
 
+ONE_BRANCH_EACH = """PARAMETERS = {"k": {"default": 0.5, "low": 0.0, "high": 1.0}}
+
+
+def act(observation, params):
+    observation = observation * params["k"]
+    if observation[2] > 0:
+        push = 1
+    elif observation[3] > 0:
+        push = 1
+    else:
+        push = 0
+    return push
+"""
+
+
+# new-user trial: `delete` took one branch's assignment away ("if c: pass / else: push = 0; return push"); the checks
+# do not refuse a name some path assigns, so the mutant ran and raised UnboundLocalError whenever the branch was taken
+def test_delete_never_leaves_a_name_assigned_in_one_branch_only():
+    import ast
+    import types
+
+    ran = 0
+    for seed in range(16):
+        result = mutate_source(ONE_BRANCH_EACH, "delete", np.random.default_rng(seed), cartpole_space())
+        assert result is not None
+        try:
+            check_source(result[0])
+        except PolicyError as exc:  # the whole if deleted: push is never assigned, refused
+            assert "name 'push' is not defined" in str(exc)
+            continue
+        module = types.ModuleType("mutant")
+        exec(compile(result[0], "<mutant>", "exec"), module.__dict__)  # noqa: S102 - a test's own mutants
+        for obs in ([0, 0, 1, 0], [0, 0, -1, 1], [0, 0, -1, -1]):  # every branch: no UnboundLocalError
+            module.act(np.array(obs, float), {"k": 0.5})
+        ran += 1
+    assert ran  # deleting the first line is a mutant that runs
+    from ratchet.proposals import one_branch_reads
+
+    bad = ONE_BRANCH_EACH.replace("    else:\n        push = 0\n", "")
+    assert one_branch_reads(ast.parse(bad)) == {("act", "push")} and not one_branch_reads(ast.parse(ONE_BRANCH_EACH))
+    check_source(bad)  # not refused: valid code may read it only where the same condition held
+
+
 def test_param_variants_start_at_defaults_and_stay_in_bounds():
     prog = parse_policy('PARAMETERS = {"a": (0.5, 0.0, 1.0), "b": (0.0, -1.0, 1.0)}\ndef act(o, p):\n    return 0\n')
     vs = param_variants(prog, np.random.default_rng(0), 4, fresh=["b"])

@@ -138,6 +138,11 @@ def _print_result(run_dir: Path, state) -> None:
     t.add_column("success", justify="right")
     t.add_column(state.episode_unit, justify="right")
     tests = [(label, s) for label, s in (("start", state.baseline_test), ("refined", state.test)) if s]
+    start = state.baseline_test
+    failed = (state.incumbent_id == state.baseline_id and start is not None and bool(start["n"])
+              and start.get("n_errors", 0) == start["n"])  # nothing promoted and the start failed: nothing refined
+    if failed:
+        tests = tests[:1]
     show_errors = any(s.get("n_errors") for _, s in tests)
     if show_errors:  # an errored episode's return is only its partial return: say so
         t.add_column("errored", justify="right")
@@ -146,13 +151,24 @@ def _print_result(run_dir: Path, state) -> None:
         every = bool(s["n"]) and s.get("n_errors", 0) == s["n"]  # no return to show: 0.00 would read as a score
         row = [label, "–" if every else f"{s['mean']:.2f}", "–" if every else f"{s['std']:.2f}", sr, str(s["n"])]
         t.add_row(*(row + [str(s.get("n_errors", 0))] if show_errors else row))
-    out.print(t)
+    if tests:
+        out.print(t)
+    else:  # a budget that bought no generation: nothing was searched, so no test episodes were spent
+        out.print(f"test: none run (nothing was searched); test the starting policy with `ratchet evaluate --run "
+                  f"{run_dir}`", highlight=False, soft_wrap=True)
+    if failed:
+        reasons = (state.episode_failures() or {}).get("reasons") or [{"reason": "?"}]
+        out.print(f"refined: none (nothing was promoted, and the start failed all {start['n']} of its test "
+                  f"{state.episode_unit}: {_safe(reasons[0]['reason'], 300)})", highlight=False, soft_wrap=True)
     if show_errors:
         out.print("(an errored episode's return counts what it earned before the error)", highlight=False,
                   soft_wrap=True)
     rule = _success_rule(state)
     if rule and any(s["success_rate"] is not None for _, s in tests):
         out.print(f"success: {rule}", highlight=False, soft_wrap=True)
+    screen = state.screen_unused_text()  # [model] screen = true that screened nothing: say why
+    if screen is not None:
+        out.print(_safe(screen, 1000), highlight=False, soft_wrap=True)
     used = " · ".join(f"{word} {n:,}" for word, n in state.used())
     out.print(f"{used} · {state.wall_clock_s:.1f} s run time · promotions {len(state.promotions)}", soft_wrap=True)
     started = _state.get("started")

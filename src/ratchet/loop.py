@@ -28,7 +28,7 @@ from typing import Any
 
 from ratchet.critic import Critique, Evaluation
 from ratchet.deciders import DECIDERS, Outcome, build_decider
-from ratchet.errors import EndpointError, FixedOutsideError, LedgerError, RatchetError, WriterLeaseError
+from ratchet.errors import EndpointError, FixedOutsideError, LedgerError, RatchetError, SpecError, WriterLeaseError
 from ratchet.execution import Executor, executor_from_spec
 from ratchet.ledger import EventType, LedgerStore
 from ratchet.ledger.lease import WriterLease
@@ -76,15 +76,16 @@ class RunResult:
             storage URL, the ``ledger.json`` pointer to the database).
         stop_reason: Why the loop stopped.
         incumbent: The final incumbent candidate.
-        baseline_test: Test evaluation of the starting policy.
-        test: Test evaluation of the final incumbent.
+        baseline_test: Test evaluation of the starting policy; None where a budget could not buy a single
+            generation (nothing was searched, so no test episodes were spent).
+        test: Test evaluation of the final incumbent; None where ``baseline_test`` is.
     """
 
     run_dir: Path
     stop_reason: str
     incumbent: Candidate
-    baseline_test: Evaluation
-    test: Evaluation
+    baseline_test: Evaluation | None
+    test: Evaluation | None
 
 
 def _versions() -> dict[str, str]:
@@ -371,26 +372,32 @@ class _Run(RunServices):
     def finish(self, now: SearchState, stop: Stop) -> RunResult:
         """The decider's final decision where the way the search stopped calls for it
         (:meth:`~ratchet.deciders.Decider.concludes`), the report-only test evaluation of the incumbent and the
-        starting policy (never used for selection), and ``run_finished``."""
+        starting policy (never used for selection), and ``run_finished``. A budget that could not buy a single
+        generation searched nothing: no test episodes are spent on it (``test`` and ``baseline_test`` None)."""
         incumbent, inc_val, baseline = now.incumbent, now.validation, self.start
         self.overlap.drop()  # work run ahead for a generation that never came is charged
         if self.decider.concludes(stop):
             incumbent, inc_val = self.decider.conclude(now.completed, incumbent, inc_val)
-        test = self.evaluate([incumbent, baseline], self.test_seeds, "test", now.completed)
+        test: dict[str, Evaluation] = {}
+        if now.completed > 0 or stop.kind is not StopKind.BUDGET:
+            test = self.evaluate([incumbent, baseline], self.test_seeds, "test", now.completed)
+        inc_test, base_test = test.get(incumbent.id), test.get(baseline.id)
+        critiques = ({} if inc_test is None or base_test is None else
+                     {"test": inc_test.summary(), "baseline_test": base_test.summary(),
+                      "test_critique": self.critic.critique(inc_test, base_test).to_dict(),
+                      "baseline_test_critique": self.critic.critique(base_test).to_dict()})
         settled = {name: facts for name, r in self.refiners.items() if (facts := r.finish())}
         self.tick_clock()
         self.record(EventType.RUN_FINISHED, "run_finished",
                     {"stop_reason": str(stop), "stop_kind": stop.kind.value, "generations": now.completed,
                      "incumbent_id": incumbent.id,
                      "baseline_id": baseline.id, "incumbent_validation_mean": inc_val.mean,
-                     "test": test[incumbent.id].summary(), "baseline_test": test[baseline.id].summary(),
-                     "test_critique": self.critic.critique(test[incumbent.id], test[baseline.id]).to_dict(),
-                     "baseline_test_critique": self.critic.critique(test[baseline.id]).to_dict(),
+                     "test": None, "baseline_test": None, **critiques,
                      "env_steps": self.usage.env_steps, "episodes": self.usage.episodes,
                      "wall_clock_s": self.usage.wall_clock_s,
                      "env_steps_breakdown": self.usage.breakdown(self.spec.budget.env_steps),
                      **({"refiners_at_end": settled} if settled else {})})
-        return RunResult(self.run_dir, str(stop), incumbent, test[baseline.id], test[incumbent.id])
+        return RunResult(self.run_dir, str(stop), incumbent, base_test, inc_test)
 
     def choose_and_price(self, generation: int, est_len: float, longest: float, stop: Stop | None
                          ) -> tuple[str, GenerationCost, tuple[float, int], Stop | None]:
@@ -538,7 +545,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
     Raises:
         SpecError: the spec is invalid (checked again here: ``model_copy`` skips validation), e.g. its
             budget cannot pay for the starting policy's first validation, or its ``[logging] tensorboard``
-            folder cannot be written (or tensorboardX is not installed).
+            folder cannot be written (or tensorboardX is not installed); or, with every episode priced at the time
+            limit, the budget cannot pay for a single generation (``"budget: no room for a single generation …"``,
+            :meth:`~ratchet.planner.Pricing.first_generation_unaffordable`).
         PolicyError: the policy file is invalid.
         LedgerError: bad storage URL or unreachable database.
         RatchetError: the run directory or the database already holds this run (use :func:`resume_run`).
@@ -602,6 +611,9 @@ def start_run(spec: RunSpec, runs_dir: str | Path = "runs", run_id: str | None =
         for data in start_blobs.values():  # before any event names them
             ledger.put_artifact(data)
         run = _Run(run_dir, spec, program, ledger, executor, progress, start=start, task=task)
+        unaffordable = run.prices.first_generation_unaffordable(list(run.refiners.values()))
+        if unaffordable is not None:  # known before any episode: not after spending validation and test on it
+            raise SpecError(unaffordable)
     except BaseException:  # e.g. a refiner refused its input files: no run began, so no run directory is left
         ledger.close()
         if own_executor:

@@ -508,14 +508,19 @@ class Pricing:
         episodes = n_candidates * self.train_episodes
         b, u = self.budget, self.usage
         spent = "after " + ("validation" if first else "the generations so far")
+
+        def of(key: str, used: int, total: int) -> str:
+            if not u.episodes:  # priced before any episode ran (first_generation_unaffordable)
+                return f"[budget] {key} = {total:,}, before the starting policy's validation"
+            return f"{spent} used {used:,} of [budget] {key} = {total:,}"
+
         gate = self.gate_reserve(longest)[1]
         if b.episodes is not None and u.episodes + episodes + gate > b.episodes:
             return Stop(StopKind.BUDGET,
                         f"budget: no room for {what} ({episodes + gate} episodes: {n_candidates} candidates × "
                         f"{self.train_episodes} training episodes, and {gate} for its "
-                        f"gate; {spent} used {u.episodes} of "
-                        f"[budget] episodes = {b.episodes})" + (f"; raise [budget] episodes or lower {self._levers()}"
-                                                                 if first else ""))
+                        f"gate; {of('episodes', u.episodes, b.episodes)})"
+                        + (f"; raise [budget] episodes or lower {self._levers()}" if first else ""))
         price = self.episode_price(est_len)
         cost = self.planner.generation_cost(n_candidates, est_len, price) + self.gate_reserve(longest)[0] + training
         unit = self.planner.unit
@@ -525,9 +530,25 @@ class Pricing:
         return Stop(StopKind.BUDGET,
                     f"budget: no room for {what} (up to {cost:,.0f} {unit}: {n_candidates} candidates × "
                     f"{self.train_episodes} training episodes × {per}{trained}, and {self._kept()}; "
-                    f"{spent} used {u.env_steps:,} of "
-                    f"[budget] env_steps = {b.env_steps:,})" + (f"; raise [budget] env_steps or lower {self._levers()}"
-                                                                if first else ""))
+                    f"{of('env_steps', u.env_steps, b.env_steps)})"
+                    + (f"; raise [budget] env_steps or lower {self._levers()}" if first else ""))
+
+    def first_generation_unaffordable(self, refiners: Sequence[Refiner]) -> Stop | None:
+        """Why no first generation can fit the budget whatever the starting policy's validation measures, asked
+        before any episode runs: with every episode priced at the time limit (worst-case pricing), the cheapest
+        working refiner's generation (its training evaluations, without training jobs a refiner may cut to fit) and
+        the gate kept for it cost as much before validation as after it, and validation only adds to what is used.
+        None where one may fit, where no refiner can work (the run says why), or where the price waits on the
+        episode lengths validation measures (observed pricing)."""
+        limit = self.price_limit
+        working = [r for r in refiners if r.idle_reason() is None]
+        if limit is None or not working:
+            return None
+        sizes = sorted(self.evaluations(r.generation_cost()) for r in working)
+        if self.planner.can_afford_generation(self.usage, sizes[0], limit, self.episode_price(limit),
+                                              self.gate_reserve(limit)):
+            return None
+        return self.no_room_message(sizes[0], limit, limit, first=True)
 
     def spare(self, n_candidates: int, est_len: float, reserve: tuple[float, int],
                      training: int) -> tuple[float, float]:

@@ -39,6 +39,7 @@ __all__ = [
     "file_normal_form",
     "folder_normal_form",
     "normal_id",
+    "one_branch_reads",
     "promotion_changes",
     "promotion_diff",
     "python_normal_form",
@@ -439,7 +440,8 @@ def _check_reads_before_assignment(tree: ast.Module) -> None:
     """A function that reads one of its local names where no path through it has assigned the name (a line deleted
     above the read, an assignment moved below it) raises UnboundLocalError every time it gets there: refused.
     Conservative: where any path may have assigned the name (an ``if`` branch, an earlier loop iteration, a
-    ``try``), or the code cannot be reached, nothing is said."""
+    ``try``), or the code cannot be reached, nothing is said (a name assigned in one branch of an ``if`` only and
+    read after it passes: :func:`one_branch_reads` finds those, and the ``mutate`` refiner does not make them)."""
     for fn in ast.walk(tree):
         if not isinstance(fn, _FUNCTIONS):
             continue
@@ -450,6 +452,51 @@ def _check_reads_before_assignment(tree: ast.Module) -> None:
         except _Unassigned as exc:
             raise PolicyError(f"<proposal>:{exc.node.lineno}: {fn.name}() reads {exc.node.id!r} before any "
                               "assignment of it (UnboundLocalError whenever it gets there)") from None
+
+
+def _surely_assigned(block: list[ast.stmt]) -> set[str] | None:
+    """The names every path through ``block`` that goes on past its end assigns; None where no path does (it
+    returns, raises, breaks or continues). Only ``if`` statements are followed into; another compound statement
+    assigns nothing for sure here (an under-estimate)."""
+    out: set[str] = set()
+    for stmt in block:
+        if isinstance(stmt, _ENDS_BLOCK):
+            return None
+        if isinstance(stmt, ast.If):
+            body, orelse = _surely_assigned(stmt.body), _surely_assigned(stmt.orelse)
+            if body is None and orelse is None:
+                return None
+            out |= (orelse or set()) if body is None else body if orelse is None else body & orelse
+        elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom, *_FUNCTIONS,
+                               ast.ClassDef)) and not (isinstance(stmt, ast.AnnAssign) and stmt.value is None):
+            out |= _binds(stmt)
+    return out
+
+
+def one_branch_reads(tree: ast.Module) -> set[tuple[str, str]]:
+    """``(function, name)`` for each local name a top-level function reads after an ``if`` that assigns it in one
+    branch but not on every path through the ``if`` that goes on past it, with nothing above the ``if`` assigning it:
+    UnboundLocalError whenever the other branch is taken. :func:`check_source` does not refuse these (valid code may
+    read the name only where the same condition held); the ``mutate`` refiner uses this to not make them (deleting
+    one branch's assignment). Names bound anywhere above the ``if`` (by line) or as arguments are left out."""
+    out: set[tuple[str, str]] = set()
+    for fn in (s for s in tree.body if isinstance(s, _FUNCTIONS)):
+        local = _locals_of(fn)
+        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        for node in _own_scope(fn) + [fn]:
+            for block in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+                if not isinstance(block, list):
+                    continue
+                for i, stmt in enumerate(block):
+                    if not isinstance(stmt, ast.If) or (sure := _surely_assigned([stmt])) is None:
+                        continue
+                    above = params | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                                      and isinstance(n.ctx, ast.Store) and n.lineno < stmt.lineno}
+                    one = (_binds(ast.Module(stmt.body + stmt.orelse, [])) & local) - sure - above
+                    read = {n.id for later in block[i + 1:] for n in ast.walk(later)
+                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                    out |= {(fn.name, name) for name in one & read}
+    return out
 
 
 def _check_module_reads(tree: ast.Module) -> None:

@@ -214,6 +214,25 @@ class RunState:
         """
         return world_model_account(self.generation_log)
 
+    def screen_unused_text(self) -> str | None:
+        """Why a run with ``[model] screen = true`` screened no generation, one line for the end of ``ratchet run``:
+        the run can record no transitions (:func:`world_model_text` of its ``unused`` account, as ``show`` says
+        it), the model job's recorded note (``"not screened: …"``), or the run ended first (no generation ran, or
+        none before the model had ``[model] min_transitions`` transitions). None where the screen is off or
+        screened a generation."""
+        model = self.spec.get("model") or {}
+        wm = self.world_model()
+        if not model.get("screen") or (wm is not None and wm["screened"]):
+            return None
+        if wm is not None and wm["unused"]:
+            return world_model_text(wm)
+        notes = [str(g["screen_note"]) for g in self.generation_log
+                 if str(g.get("screen_note", "")).startswith("not screened")]
+        why = ("no generation ran" if wm is None else notes[-1].removeprefix("not screened: ") if notes
+               else f"the run ended before its world model had [model] min_transitions = "
+                    f"{model.get('min_transitions', '?')} transitions")
+        return f"screen unused: {why}; no generation screened; [model] screen had no effect in this run"
+
     def used(self) -> list[tuple[str, int]]:
         """What the run has used of its budget, in its task's words, for every display (``show``, the result line,
         the dashboard, the report): ``[(cost_unit, env_steps), (episode_unit, episodes)]`` — ``[("env steps",

@@ -31,7 +31,9 @@ promotion's diff is readable:
   ``act`` never reads some elements (:func:`unread_elements`), half of the probability goes to those —
   information a program ignores is the structure it most plainly lacks;
 - ``swap``: a comparison flipped (``>`` ↔ ``<``), or the branches of an ``if``/``else`` swapped;
-- ``delete``: one statement deleted (``pass`` where it was the only one of its block);
+- ``delete``: one statement deleted (``pass`` where it was the only one of its block); never one whose deletion
+  leaves a name assigned in only one branch of an ``if`` and read after it (UnboundLocalError whenever the other
+  branch runs, which the checks do not refuse: :func:`ratchet.proposals.one_branch_reads`);
 - ``crossover``: one function replaced by its version in a second program drawn from the archive,
   with the parameters and helper functions it needs.
 
@@ -86,6 +88,7 @@ from pydantic import ConfigDict, Field, field_validator
 from ratchet.critic import Critique, Evaluation
 from ratchet.errors import PolicyError
 from ratchet.policy import FOLDER_KINDS, Candidate, PolicyProgram, source_lines
+from ratchet.proposals import one_branch_reads
 from ratchet.refiners.archive import ArchiveSettings, draw_parent, offer_generation
 from ratchet.refiners.base import GenerationCost, Refiner
 from ratchet.refiners.structural import (
@@ -488,16 +491,23 @@ def _op_delete(source: str, tree: ast.Module, rng: np.random.Generator, space: _
                 if node is fn and fld == "body" and stmts and isinstance(stmts[-1], ast.Return):
                     stmts = stmts[:-1]  # act without its final return could never act
                 sites += [(st, block) for st in stmts]
-    if not sites:
-        return None
-    stmt, block = sites[int(rng.integers(len(sites)))]
     lines = source_lines(source)
-    assert stmt.end_lineno is not None and stmt.end_col_offset is not None  # ast.parse sets positions
-    whole = (not lines[stmt.lineno - 1][:stmt.col_offset].strip()
-             and not lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode().strip().lstrip(";").strip())
-    if len(block) == 1 or not whole:
-        return splice(source, [(*_span(stmt), "pass")]), []
-    return splice(source, [((stmt.lineno, 0), (stmt.end_lineno + 1, 0), "")]), []
+    before = one_branch_reads(tree)
+    while sites:  # a deletion that leaves a name assigned in one branch of an if only, read after it, is drawn again
+        stmt, block = sites.pop(int(rng.integers(len(sites))))
+        assert stmt.end_lineno is not None and stmt.end_col_offset is not None  # ast.parse sets positions
+        whole = (not lines[stmt.lineno - 1][:stmt.col_offset].strip()
+                 and not lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode().strip().lstrip(";").strip())
+        if len(block) == 1 or not whole:
+            new = splice(source, [(*_span(stmt), "pass")])
+        else:
+            new = splice(source, [((stmt.lineno, 0), (stmt.end_lineno + 1, 0), "")])
+        try:
+            if not one_branch_reads(ast.parse(new)) - before:
+                return new, []
+        except SyntaxError:
+            return new, []  # the checks refuse it, recorded
+    return None
 
 
 def _op_crossover(source: str, tree: ast.Module, rng: np.random.Generator, space: _Space, s: MutateSettings,

@@ -279,10 +279,11 @@ def render_report(state: RunState, videos: Mapping[str, Path] | None = None,
             reasons[str(r.get("reason", ""))[:200]] = reasons.get(str(r.get("reason", ""))[:200], 0) + 1
         rows = "".join(f"<tr><td style='text-align:left'>{esc(k)}</td><td>{n}</td></tr>"
                        for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:20])
+        from ratchet.ledger.projection import rejection_counts_text  # counted by kind, as `ratchet show` does
+
         parts.append(f"<details><summary>{len(state.rejected_proposals)} proposal(s) rejected before any episode "
-                     f"or by the cascade (an unusable answer, new source failing its checks, a duplicate, a contender "
-                     f"dropped after its first training episodes, or a proposal the world model screened out)</summary><table><tr><th>reason</th><th>count</th></tr>{rows}"
-                     "</table></details>")
+                     f"or by the cascade ({esc(rejection_counts_text(state.rejection_counts()))})</summary><table><tr>"
+                     f"<th>reason</th><th>count</th></tr>{rows}</table></details>")
     if state.endpoint_failures:  # requests that got no answer: the endpoint's failures, not the proposals'
         rows = "".join(f"<tr><td style='text-align:left'>{esc(r['reason'])}</td><td>{r['count']}</td></tr>"
                        for r in state.endpoint_failure_reasons(20))
