@@ -6,7 +6,8 @@ refiner, ``Parameter.to_unit``: each parameter mapped to [0, 1] within its bound
 
 - ``ratchet``: ``start_run`` on the example's spec with its default settings (and the budget below).
 - ``ratchet-screen`` (not run unless named): the same with ``[model] screen = true`` (issue 45's world-model screen)
-  and any further ``[model]`` keys given by ``--model``.
+  and any further ``[model]`` keys given by ``--model``; its result (printed and in ``--results``) keeps the screen's
+  account, ``RunState.world_model()``: rank correlation, proposals not run, whether it switched itself off.
 - ``pycma``: a plain pycma ask/tell loop, the same ``sigma0`` and population size as ratchet's refiner; every
   candidate is scored by its mean return on ``train_episodes`` fresh training seeds (the spec's
   ``[refiner] train_episodes``, shared by the generation); it returns its best-by-training candidate.
@@ -49,7 +50,7 @@ from _common import key_values, machine, write_section
 from scipy import stats
 
 from ratchet.execution import BUDGET_SKIP, Job, executor_from_spec
-from ratchet.ledger.projection import project
+from ratchet.ledger.projection import project, world_model_text
 from ratchet.loop import load_program, open_ledger, start_run
 from ratchet.planner import SeedSplits
 from ratchet.policy import Candidate, PolicyProgram
@@ -162,11 +163,13 @@ def one(name: str, competitor: str, seed: int, budget: int | None, runs_dir: Pat
         spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"env_steps": budget})})
     budget = spec.budget.env_steps
     t0 = time.perf_counter()
+    screen = None
     if competitor.startswith("ratchet"):
         result = start_run(spec, runs_dir, f"{name}-{competitor}-s{seed}")
         st = project(open_ledger(result.run_dir).read())
         test, base = result.test.returns, result.baseline_test.returns
         reported, used = st.incumbent_validation_mean, st.env_steps
+        screen = st.world_model()  # the screen's account (rank correlation, proposals not run, on or off)
     else:
         program = load_program((ROOT / "examples" / name / spec.policy.path), GymTask.from_spec(spec.task))
         with executor_from_spec(spec.execution) as ex:
@@ -183,7 +186,7 @@ def one(name: str, competitor: str, seed: int, budget: int | None, runs_dir: Pat
     return {"example": name, "competitor": competitor, "seed": seed, "test": float(test.mean()),
             "start": float(base.mean()), "regressed": bool(p < 0.05), "p": p, "reported": float(reported),
             "env_steps": int(used), "budget": int(budget), "wall": time.perf_counter() - t0,
-            "model": model if competitor == "ratchet-screen" else ""}
+            "model": model if competitor == "ratchet-screen" else "", "screen": screen}
 
 
 def main() -> None:
@@ -251,6 +254,8 @@ def main() -> None:
                     print(f"{name} s{seed} {comp}: test {r['test']:.1f} (start {r['start']:.1f}, p_worse "
                           f"{r['p']:.3g}) reported {r['reported']:.1f} env steps {r['env_steps']:,} "
                           f"{r['wall']:.0f} s", flush=True)
+                    if r.get("screen"):
+                        print(f"  world model: {world_model_text(r['screen'])}", flush=True)
     rows = []
     for name in args.examples:
         for comp in comps:
