@@ -485,3 +485,46 @@ def test_reading_the_global_generators_sees_every_change():
     finally:
         np.random.set_bit_generator(saved)
     assert g.read() == g.read()
+
+
+@pytest.fixture
+def raising_envs(monkeypatch):
+    """tests/data/envs on the path of this process and of the workers it starts (the env host imports it)."""
+    import os
+
+    envs = str(ROOT / "tests" / "data" / "envs")
+    monkeypatch.syspath_prepend(envs)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (envs, os.environ.get("PYTHONPATH")) if p))
+
+
+def test_an_env_that_raises_is_the_tasks_fault_not_the_candidates(raising_envs):
+    """With trusted rollouts the env runs where no policy code reaches it: what it raises in ``step`` or ``reset``
+    is the task's fault (one line naming the seed, the step, the env and what it raised), alone and in lockstep;
+    the candidate's episodes carry no error of their own."""
+    cand = _program(LINEAR)
+    for env_id, where, call, raised in (("RatchetStepRaises-v0", "after 4 steps", "env.step()",
+                                         "RuntimeError in env.step(): env bug in step"),
+                                        ("RatchetResetRaises-v0", "at reset", "env.reset()",
+                                         "ValueError in env.reset(): env bug in reset")):
+        task = GymTask(f"ratchet_test_envs:{env_id}")
+        alone, together = _both(task, [Job(cand, s) for s in range(3)], lockstep=4)
+        assert together == alone
+        for s, e in enumerate(alone):
+            assert e["diagnostics"] == {"cause": "error", "fault": "task"}, e
+            assert e["error"] == f"environment error on seed {s} {where}: ratchet_test_envs:{env_id} raised {raised}"
+            assert "policy" not in e["error"] and call in e["error"]
+
+
+def test_an_env_that_raises_in_process_stays_the_episodes_error(raising_envs):
+    """With ``trusted_rollouts = false`` policy code shares the env's process and could have tampered with it: what
+    the env raises stays the episode's error, as before."""
+    from ratchet.execution.sandbox import Sandbox
+
+    cand = _program(LINEAR)
+    for env_id, error in (("RatchetStepRaises-v0", "policy raised RuntimeError: env bug in step"),
+                          ("RatchetResetRaises-v0", "policy raised ValueError: env bug in reset")):
+        task = GymTask(f"ratchet_test_envs:{env_id}")
+        with ProcessExecutor(workers=1, episode_timeout_s=60, sandbox=Sandbox(trusted_rollouts=False)) as ex:
+            eps = ex.run(task, [Job(cand, s) for s in range(2)])
+        assert [e.error for e in eps] == [error] * 2
+        assert not any(e.diagnostics.get("fault") for e in eps)

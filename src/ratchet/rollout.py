@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["LOCKSTEP_EPISODES", "BatchAborted", "Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker", "check_action", "error_text",
-           "run_episode", "run_lockstep"]
+__all__ = ["LOCKSTEP_EPISODES", "BatchAborted", "EnvFailure", "Episode", "Opaque", "PolicyFailure", "RolloutAborted", "action_checker",
+           "check_action", "env_fault", "error_text", "guard_env", "run_episode", "run_lockstep"]
 
 
 #: An episode's diagnostics key, set by the executor (never taken from a worker's reply): env steps of attempts of
@@ -146,6 +146,94 @@ class RolloutAborted(Exception):
         self.episode: Episode | None = None
 
 
+class EnvFailure(Exception):
+    """The environment itself raised, in a process policy code cannot reach (a trusted rollout's env host; see
+    :func:`guard_env`): the task's fault, not the policy's. :func:`run_episode` and :func:`run_lockstep` give such an
+    episode as the task's fault (:func:`env_fault`), never as the policy's error.
+
+    Attributes:
+        env: The environment's id (``[task] env_id``).
+        call: What raised: ``"make"`` (making it), ``"reset"``, ``"step"`` or ``"render"``.
+        kind: The type name of what it raised.
+        text: Its message (at most 300 characters).
+    """
+
+    def __init__(self, env: str, call: str, exc: BaseException) -> None:
+        self.env, self.call, self.kind, self.text = env, call, type(exc).__name__, _text_of(exc)
+        super().__init__(f"{env} raised {self.kind} in {call}: {self.text}")
+
+
+class _GuardedEnv:
+    """An environment whose ``reset``, ``step`` and ``render`` raise :class:`EnvFailure` for whatever it raises (a
+    timer's :class:`RolloutAborted` passes through: the episode's time is not the env's fault here)."""
+
+    def __init__(self, env: Any, name: str) -> None:
+        self.env, self.name = env, name
+        self.action_space, self.observation_space = env.action_space, env.observation_space
+
+    def reset(self, **kwargs: Any) -> Any:
+        try:
+            return self.env.reset(**kwargs)
+        except RolloutAborted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the env raises is the env's
+            raise EnvFailure(self.name, "reset", exc) from None
+
+    def step(self, action: Any) -> Any:
+        try:
+            return self.env.step(action)
+        except RolloutAborted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the env raises is the env's
+            raise EnvFailure(self.name, "step", exc) from None
+
+    def render(self) -> Any:
+        try:
+            return self.env.render()
+        except RolloutAborted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the env raises is the env's
+            raise EnvFailure(self.name, "render", exc) from None
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def guard_env(make_env: Any, name: str) -> Any:
+    """``make_env`` (``() -> env``) made into one whose environments raise :class:`EnvFailure` for what they raise in
+    ``reset``, ``step`` or ``render`` (and itself for what making one raises), so :func:`run_episode` and
+    :func:`run_lockstep` give it as the task's fault. Only where policy code cannot reach the env (a trusted
+    rollout's env host): in a process shared with policy code, the code could have tampered with the env, and what
+    the env raises stays the episode's error.
+
+    Args:
+        make_env: Makes a fresh environment.
+        name: The environment's id, for the fault's line.
+    """
+
+    def make() -> Any:
+        try:
+            env = make_env()
+        except RolloutAborted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - gymnasium.make raises many types
+            raise EnvFailure(name, "make", exc) from None
+        return _GuardedEnv(env, name)
+
+    return make
+
+
+def env_fault(seed: int, steps: int, exc: EnvFailure) -> Episode:
+    """The episode the environment failed (:class:`EnvFailure`) after ``steps`` env steps: the task's fault
+    (``diagnostics["fault"] == "task"``, as an evaluator's own failure; the run stops on it), not the policy's. Its
+    error is one line naming the seed, the step, the env and what it raised, e.g. ``environment error on seed 3 after
+    4 steps: CartPole-v1 raised RuntimeError in env.step(): ...``."""
+    where = {"make": "making it", "reset": "at reset"}.get(exc.call, f"after {steps} steps")
+    call = "gymnasium.make" if exc.call == "make" else f"env.{exc.call}()"
+    text = " ".join(f"environment error on seed {seed} {where}: {exc.env} raised {exc.kind} in {call}: {exc.text}".split())
+    return Episode(seed, 0.0, steps, False, False, None, text[:500], {"cause": "error", "fault": "task"})
+
+
 class InvalidAction(ValueError):
     """Raised by :func:`check_action` for a non-finite or out-of-space action."""
 
@@ -256,7 +344,8 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
 
     Returns:
         The :class:`Episode`. Policy exceptions and invalid actions give an errored episode; they
-        are not raised.
+        are not raised. So does what ``env`` raises, unless it is a guarded env (:func:`guard_env`, where policy
+        code cannot reach it): then the episode is the task's fault (:func:`env_fault`).
     """
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -281,6 +370,8 @@ def run_episode(env: Any, act: Any, reset: Any, params: Mapping[str, float], see
     except RolloutAborted as exc:
         exc.length, exc.episode_return, exc.final_observation = steps, total, _obs_list(obs)
         raise
+    except EnvFailure as exc:  # a guarded env's own failure (guard_env): the task's fault
+        return env_fault(seed, steps, exc)
     except BaseException as exc:  # noqa: BLE001 - the policy's failure (even SystemExit/KeyboardInterrupt) is the episode's outcome
         return _errored(seed, total, steps, obs, error_text(exc), task)
     return _ended(seed, total, steps, obs, reward, terminated, truncated, task)
@@ -408,6 +499,9 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
             that is merely slow gets each episode's own timeout (and one that hangs times out as it would alone)
             and each draws from generators seeded for it alone.
 
+    An environment from a guarded ``make_env`` (:func:`guard_env`) that raises (made, reset or stepped) gives its
+    episode as the task's fault (:func:`env_fault`), the others going on.
+
     A failure the policy process claims for an episode's start (:attr:`PolicyFailure.start`) is believed only before
     the episode's first env step; after it, the episode keeps the env steps and return counted here.
     """
@@ -417,7 +511,10 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
     done: list[Episode | None] = [None] * len(seeds)
     running: dict[int, _Running] = {}
     culprit: int | None = None  # the episode whose own answer ran out the time (BatchAborted.culprit)
-    first_env = make_env()
+    try:
+        first_env = make_env()
+    except EnvFailure as exc:  # a guarded env (guard_env) that cannot be made: the task's fault, on every seed
+        return [env_fault(s, 0, exc) for s in seeds]
     envs_made = [first_env]
     try:
         spaces = (first_env.observation_space, first_env.action_space)
@@ -438,6 +535,9 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                 t = clock()
                 try:
                     env = envs_made.pop() if envs_made else make_env()
+                except EnvFailure as exc:
+                    done[i] = env_fault(seed, 0, exc)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - as alone: the env cannot be made for this episode
                     done[i] = Episode.failed(seed, f"worker error: {type(exc).__name__}: {_text_of(exc)}"[:500], task=task)
                     continue
@@ -446,6 +546,10 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                 np.random.seed(seed % 2**32)
                 try:
                     run.obs, _ = env.reset(seed=seed)
+                except EnvFailure as exc:  # as run_episode: a guarded env's own failure is the task's fault
+                    done[i] = env_fault(seed, 0, exc)
+                    _retire(env)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - as run_episode: the episode's error
                     done[i] = _errored(seed, 0.0, 0, None, error_text(exc), task)
                     _retire(env)
@@ -493,6 +597,11 @@ def run_lockstep(make_env: Any, policy: Any, params: Mapping[str, Any], seeds: l
                     r.total += float(r.reward)
                 except RolloutAborted:
                     raise
+                except EnvFailure as exc:  # as run_episode: a guarded env's own failure is the task's fault
+                    done[r.index] = env_fault(r.seed, r.steps, exc)
+                    _retire(running.pop(r.index).env)
+                    ended.append(r.index)
+                    continue
                 except BaseException as exc:  # noqa: BLE001 - as run_episode: the policy's failure is the episode's outcome
                     done[r.index] = _errored(r.seed, r.total, r.steps, r.obs, error_text(exc), task)
                     _retire(running.pop(r.index).env)

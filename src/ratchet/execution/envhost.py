@@ -66,6 +66,8 @@ class RemotePolicy:
         RolloutAborted: the policy process died, timed out or sent garbage.
     """
 
+    isolated = True  # its own process: what the env raises is the env's (ratchet.tasks.PolicyHandle)
+
     def __init__(self, chan: Channel, key: str, source: str | None, functions: tuple[str, ...] = ("act",),
                  ctl: int | None = None, deadline: _Deadline | None = None) -> None:
         self.chan, self.key, self.source, self.functions, self.ctl = chan, key, source, tuple(functions), ctl

@@ -626,6 +626,8 @@ class LocalPolicy:
     (``[execution] trusted_rollouts = false``). A ``call``'s answer goes through the same encoding as from a
     sandboxed policy process (:func:`ratchet.execution.protocol.encode_value`), so both give the same values."""
 
+    isolated = False  # policy code shares this process: what the env raises stays the episode's error
+
     def __init__(self, module: Any) -> None:
         self.module = module
         self.params: Any = {}

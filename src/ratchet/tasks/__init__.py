@@ -41,7 +41,14 @@ class PolicyHandle(Protocol):
 
     Raises (every method): ``PolicyFailure`` (the policy raised, failed to load, lacks a function),
     ``RolloutAborted`` (its process died, timed out or sent garbage).
+
+    Attributes:
+        isolated: The policy runs in a process of its own (a trusted rollout's sandboxed policy process), so nothing
+            it does reaches the task's side: what the task's own code raises there (an environment's ``reset`` or
+            ``step``) is the task's fault. False in-process, where policy code could have tampered with it.
     """
+
+    isolated: bool
 
     def start(self, params: Mapping[str, Any], seed: int, spaces: tuple[Any, Any] = (None, None)) -> None:
         """Begin an episode: load the policy, give it ``spaces`` (observation, action; None for none), seed

@@ -130,17 +130,25 @@ class GymTask:
             render_path: A ``.gif``/``.mp4``/``.json`` file to record to, or None.
 
         Returns:
-            The :class:`~ratchet.rollout.Episode` (:func:`ratchet.rollout.run_episode`).
+            The :class:`~ratchet.rollout.Episode` (:func:`ratchet.rollout.run_episode`). With an isolated policy
+            (``policy.isolated``: a trusted rollout) what the environment raises, made, reset or stepped, is the
+            task's fault (:func:`ratchet.rollout.env_fault`: the run stops), not the policy's error.
 
         Raises:
             RolloutAborted: the policy process died, timed out or sent garbage.
         """
-        from ratchet.rollout import run_episode
+        from ratchet.rollout import EnvFailure, env_fault, guard_env, run_episode
         from ratchet.trace import render_mode_for
+
+        def make() -> Any:
+            return self.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
 
         # A fresh environment per episode: some envs keep state across reset() (BipedalWalker-v3's
         # Box2D world does), which would make a return depend on the episodes run before it.
-        env = self.make_env(render_mode=render_mode_for(render_path))  # a trace needs no frames
+        try:
+            env = (guard_env(make, self.env_id) if policy.isolated else make)()
+        except EnvFailure as exc:
+            return env_fault(seed, 0, exc)
         try:
             spaces = (env.observation_space, env.action_space)
             started = _Started(policy, spaces)
@@ -169,14 +177,16 @@ class GymTask:
             timeout_s: Per-episode time limit (seconds; each episode is charged its share of the rounds it was in).
 
         Returns:
-            The :class:`~ratchet.rollout.Episode` of each seed, in order.
+            The :class:`~ratchet.rollout.Episode` of each seed, in order (an isolated policy's: what the environment
+            raised is the task's fault, as in :meth:`run_episode`).
 
         Raises:
             BatchAborted: the policy process died, timed out or sent garbage.
         """
-        from ratchet.rollout import run_lockstep
+        from ratchet.rollout import guard_env, run_lockstep
 
-        return run_lockstep(self.make_env, policy, params, list(seeds), self, width, timeout_s)
+        make = guard_env(self.make_env, self.env_id) if policy.isolated else self.make_env
+        return run_lockstep(make, policy, params, list(seeds), self, width, timeout_s)
 
     def spaces(self) -> tuple[Any, Any]:
         """``(observation_space, action_space)`` of the environment (made once and closed; no policy code runs).
