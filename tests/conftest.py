@@ -45,6 +45,15 @@ DATA = Path(__file__).parent / "data"
 GOOD_WEIGHTS = {"w_position": 0.1, "w_velocity": 0.5, "w_angle": 1.0, "w_angular_velocity": 0.5}
 
 
+@pytest.fixture
+def data_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/data/envs (``ratchet_test_envs:...`` env ids) importable here and in the workers this test starts (their
+    env hosts make the envs): on ``sys.path`` and in front of ``PYTHONPATH``."""
+    envs = str(DATA / "envs")
+    monkeypatch.syspath_prepend(envs)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (envs, os.environ.get("PYTHONPATH")) if p))
+
+
 def data_source(name: str) -> str:
     """Text of a policy fixture in tests/data."""
     return (DATA / name).read_text(encoding="utf-8")

@@ -8,7 +8,7 @@ import re
 import shutil
 
 import pytest
-from conftest import DATA, events_of, incumbent_test_episode, read_events
+from conftest import DATA, events_of, incumbent_test_episode, make_spec_dir, read_events
 from typer.testing import CliRunner
 
 from ratchet.cli import app
@@ -235,6 +235,28 @@ def test_evaluate_reports_policy_errors_in_the_table(runner):
     assert "errors 2" in res.stdout and "ZeroDivisionError" in res.stdout  # the table shows every episode
     line = assert_one_line_error(res, "every episode failed")  # and a policy that never works is a failed command
     assert "ZeroDivisionError: policy bug on purpose (policy line 13)" in line  # where in policy_raises.py
+
+
+def test_an_env_that_raises_stops_the_run_as_the_tasks_fault_and_evaluate_says_so(runner, tmp_path, data_envs):
+    """An env whose own step raises (its 5th of every episode) is the task's fault with trusted rollouts: the run
+    stops on the start's first validation episode with one line naming the seed, the step and the env, nothing is
+    recorded against the candidate; `evaluate` says the environment raised, not that the policy failed."""
+    spec = make_spec_dir(tmp_path / "spec", task={"env_id": "ratchet_test_envs:RatchetStepRaises-v0"},
+                         execution={"workers": 1})
+    res = invoke(runner, "run", spec, "--runs-dir", tmp_path / "runs", "--no-report")
+    line = assert_one_line_error(res, "after 4 steps: ratchet_test_envs:RatchetStepRaises-v0 raised RuntimeError in "
+                                      "env.step(): env bug in step — the task's fault, not the candidate's")
+    assert re.match(r"error: environment error on seed \d+ after", line) and "policy" not in line
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    events = read_events(run_dir)
+    assert not events_of(events, EventType.EPISODES_EVALUATED)  # nothing against the start
+    (failed,) = events_of(events, EventType.RUN_FAILED)
+    assert "environment error on seed" in failed.payload["error"]
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "ratchet_test_envs:RatchetResetRaises-v0",
+                 "-n", "2", "--workers", "1")
+    assert_one_line_error(res, "error: environment error on seed 0 at reset: ratchet_test_envs:RatchetResetRaises-v0 "
+                               "raised ValueError in env.reset(): env bug in reset — the task's fault, not the "
+                               "policy's; nothing was scored")
 
 
 def test_an_action_outside_the_box_names_both_ways_to_clip_it(runner, tmp_path):

@@ -487,17 +487,7 @@ def test_reading_the_global_generators_sees_every_change():
     assert g.read() == g.read()
 
 
-@pytest.fixture
-def raising_envs(monkeypatch):
-    """tests/data/envs on the path of this process and of the workers it starts (the env host imports it)."""
-    import os
-
-    envs = str(ROOT / "tests" / "data" / "envs")
-    monkeypatch.syspath_prepend(envs)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (envs, os.environ.get("PYTHONPATH")) if p))
-
-
-def test_an_env_that_raises_is_the_tasks_fault_not_the_candidates(raising_envs):
+def test_an_env_that_raises_is_the_tasks_fault_not_the_candidates(data_envs):
     """With trusted rollouts the env runs where no policy code reaches it: what it raises in ``step`` or ``reset``
     is the task's fault (one line naming the seed, the step, the env and what it raised), alone and in lockstep;
     the candidate's episodes carry no error of their own."""
@@ -515,7 +505,7 @@ def test_an_env_that_raises_is_the_tasks_fault_not_the_candidates(raising_envs):
             assert "policy" not in e["error"] and call in e["error"]
 
 
-def test_an_env_that_raises_in_process_stays_the_episodes_error(raising_envs):
+def test_an_env_that_raises_in_process_stays_the_episodes_error(data_envs):
     """With ``trusted_rollouts = false`` policy code shares the env's process and could have tampered with it: what
     the env raises stays the episode's error, as before."""
     from ratchet.execution.sandbox import Sandbox
