@@ -518,3 +518,17 @@ def test_an_env_that_raises_in_process_stays_the_episodes_error(data_envs):
             eps = ex.run(task, [Job(cand, s) for s in range(2)])
         assert [e.error for e in eps] == [error] * 2
         assert not any(e.diagnostics.get("fault") for e in eps)
+
+
+def test_an_env_that_cannot_be_made_for_an_isolated_policy_is_the_tasks_fault():
+    """The env host makes a fresh env per episode; when that fails (with trusted rollouts: no policy code in the
+    process) the episode is the task's fault, alone and in a batch, and no policy code is asked."""
+
+    class Isolated:  # a policy handle in a process of its own; asking it anything would fail the test
+        isolated = True
+
+    task = GymTask("CartPole-v1", env_kwargs={"no_such_setting": 1})
+    made = "raised ratchet.errors.TaskError in gymnasium.make: cannot make CartPole-v1 with env_kwargs"
+    for s, ep in [(3, task.run_episode(Isolated(), {}, 3)), *zip((1, 2), task.run_batch(Isolated(), {}, [1, 2], 2, 9))]:
+        assert ep.diagnostics == {"cause": "error", "fault": "task"}
+        assert ep.error.startswith(f"environment error on seed {s} making it: CartPole-v1 {made}"), ep.error

@@ -154,12 +154,14 @@ class EnvFailure(Exception):
     Attributes:
         env: The environment's id (``[task] env_id``).
         call: What raised: ``"make"`` (making it), ``"reset"``, ``"step"`` or ``"render"``.
-        kind: The type name of what it raised.
+        kind: The type of what it raised: its name for a built-in exception, else with its module (``pygame.error``).
         text: Its message (at most 300 characters).
     """
 
     def __init__(self, env: str, call: str, exc: BaseException) -> None:
-        self.env, self.call, self.kind, self.text = env, call, type(exc).__name__, _text_of(exc)
+        kind = type(exc)
+        self.env, self.call, self.text = env, call, _text_of(exc)
+        self.kind = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
         super().__init__(f"{env} raised {self.kind} in {call}: {self.text}")
 
 
