@@ -279,17 +279,36 @@ def _write_report(state, run_dir: Path, path: Path, videos: bool, run: str, runs
                          artifacts=blobs)
 
 
+def _cannot_write(exc: OSError) -> str:
+    """Why a file could not be written, in words: a refused file (:class:`ratchet.safefile.UnsafeFile`) with its name,
+    else the system's reason (``No space left on device``)."""
+    from ratchet.safefile import UnsafeFile
+
+    return str(exc) if isinstance(exc, UnsafeFile) else str(exc.strerror or exc)
+
+
 def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
+    """Write a finished run's report, then print its result: a report that cannot be written (a full disk) is one
+    line after the result, saying how to write it later, and exit 1 (the run stays recorded and finished)."""
     state, _ = _load_state(str(run_dir), ".", storage)
+    unwritten = None
     if report:
-        path = _write_report(state, run_dir, run_dir / "report.html", True, str(run_dir), ".", storage)
-        out.print(f"report: {path}", highlight=False, soft_wrap=True)
+        try:
+            path = _write_report(state, run_dir, run_dir / "report.html", True, str(run_dir), ".", storage)
+        except OSError as exc:
+            unwritten = RatchetError(f"the run finished, but its report cannot be written: {_cannot_write(exc)}; "
+                                     f"write it later with `ratchet report {run_dir}`")
+            unwritten.__cause__ = exc
+        else:
+            out.print(f"report: {path}", highlight=False, soft_wrap=True)
     _print_result(run_dir, state)
     from ratchet.loop import BROKEN_START
     from ratchet.planner import NO_GENERATION
 
     # [budget] wall_clock_s bought no generation, or no refiner could propose anything (e.g. no parameters)
     no_generation = state.stop_kind in ("clock", "idle") and not state.generations
+    if unwritten is not None:
+        _fail(unwritten)
     if no_generation or str(state.stop_reason or "").startswith((BROKEN_START, NO_GENERATION)):  # bad input: say so
         raise typer.Exit(1)
 
@@ -579,7 +598,7 @@ def report(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
                 run_dir.mkdir(parents=True, exist_ok=True)
             path = _write_report(st, run_dir, output or run_dir / "report.html", videos, run, runs_dir, storage)
         except OSError as exc:
-            raise RatchetError(f"cannot write the report: {exc.strerror or exc}") from None
+            raise RatchetError(f"cannot write the report: {_cannot_write(exc)}") from None
     except RatchetError as exc:
         _fail(exc)
         return
@@ -1085,7 +1104,7 @@ def export(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
         try:
             export_candidate(cand, blobs, output, header=header, task=_task_of(st).to_dict())
         except OSError as exc:
-            raise RatchetError(f"cannot write {output}: {exc.strerror or exc}; check the folder exists and is writable") from None
+            raise RatchetError(f"cannot write {output}: {_cannot_write(exc)}; check the folder exists and is writable") from None
     except RatchetError as exc:
         _fail(exc)
         return
