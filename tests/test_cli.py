@@ -1130,6 +1130,18 @@ def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner, monkeypat
     assert res.exit_code == 0 and "over 3 episodes" in res.stdout, res.output
 
 
+def test_a_seeds_file_is_read_bounded(runner, tmp_path):
+    """`evaluate --seeds /dev/zero` (or an endless pipe) is refused in one line after a bounded read (regression: it
+    read until the memory ran out); a seed of more digits than Python converts is out of range, in one line
+    (regression: a StopIteration traceback)."""
+    from ratchet.cli import _MAX_SEEDS_FILE_BYTES
+
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "/dev/zero")
+    assert_one_line_error(res, "--seeds /dev/zero: the seeds file is too large", f"over {_MAX_SEEDS_FILE_BYTES:,} bytes")
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "9" * 5000)
+    assert_one_line_error(res, "--seeds: seeds must be in [0, 2**63)")
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["run", "examples/cartpole", "--seed", "-1"], "Invalid value for '--seed'"),
     (["evaluate", "examples/cartpole/policy.py", "--env", "CartPole-v1", "--episodes", "0"], "'--episodes'"),

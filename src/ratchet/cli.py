@@ -747,36 +747,53 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
                            + (" or pass --clip" if clipped else "") + " and evaluate again"))
 
 
+_MAX_SEEDS_FILE_BYTES = 4 << 20  # 100,000 seeds (spec.MAX_EPISODES) of 19 digits and a separator: 2 MB
+
+
 def _parse_seeds(text: str) -> list[int]:
-    """``--seeds``: a comma/space separated list, or the name of a file holding one.
+    """``--seeds``: a comma/space separated list, or the name of a file holding one (a pipe too, ``<(seq 1 9)``; at
+    most :data:`_MAX_SEEDS_FILE_BYTES` bytes read).
 
     Raises:
-        RatchetError: not whole numbers in [0, 2**63), none, or more than the episode limit.
+        RatchetError: not whole numbers in [0, 2**63), none, more than the episode limit, or a file larger than
+            :data:`_MAX_SEEDS_FILE_BYTES` (``/dev/zero``).
     """
     from ratchet.spec import MAX_EPISODES
 
     source = text
     path = Path(text)
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError:  # a name too long to be a file's (a long list)
+        is_dir = is_file = False
+    if is_dir:
         raise RatchetError(f"--seeds {text} is a folder; give seeds like 1,2,3 or a file of them")
     # a file that exists, or a name that cannot be a list (no comma or space, not starting like a number)
     listed = all(ch.isdigit() or ch in ",+-" or ch.isspace() for ch in text)
     looks_listed = text[:1].isdigit() or text[:1] in "+-" or any(ch == "," or ch.isspace() for ch in text)
-    if not listed and (path.is_file() or not looks_listed):
+    if not listed and (is_file or not looks_listed):
         try:
-            source = path.read_text(encoding="utf-8")
+            with path.open("rb") as f:  # a bounded read: /dev/zero or an endless pipe is refused, not read into memory
+                raw = f.read(_MAX_SEEDS_FILE_BYTES + 1)
+            if len(raw) > _MAX_SEEDS_FILE_BYTES:
+                raise RatchetError(f"--seeds {text}: the seeds file is too large (over {_MAX_SEEDS_FILE_BYTES:,} "
+                                   f"bytes; {MAX_EPISODES:,} seeds, the most evaluated, fit in half of that)")
+            source = raw.decode("utf-8")
         except FileNotFoundError:
             raise RatchetError(f"--seeds {text}: no such file; give seeds like 1,2,3 or a file of them") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise RatchetError(f"--seeds {text}: cannot read the file ({type(exc).__name__})") from None
         source = "\n".join(line.split("#", 1)[0] for line in source.splitlines())  # '#' starts a comment
     parts = [p for p in source.replace(",", " ").split() if p]
-    try:
-        out = [int(p) for p in parts]
-    except ValueError:
-        bad = next(p for p in parts if not p.lstrip("-").isdigit())
-        raise RatchetError(f"--seeds: {bad[:40]!r} is not a whole number; give seeds like 1,2,3 or a file of them") \
-            from None
+    out = []
+    for p in parts:
+        try:
+            out.append(int(p))
+        except ValueError:
+            if p.lstrip("+-").isdigit():  # more digits than Python converts (4,300): far out of range
+                raise RatchetError("--seeds: seeds must be in [0, 2**63)") from None
+            raise RatchetError(f"--seeds: {p[:40]!r} is not a whole number; give seeds like 1,2,3 or a file of "
+                               "them") from None
     if not out:
         raise RatchetError("--seeds: no seeds given; give seeds like 1,2,3 or a file of them")
     if len(out) > MAX_EPISODES:
@@ -883,13 +900,22 @@ def _install_hint(extra: str) -> str:
                                       f"from a package index: {index})"
 
 
+def _head(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of the regular file ``path`` (not the whole file); b"" where it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
 def _check_output(path: Path, force: bool, what: str) -> None:
     """Refuse to clobber a ledger ever, or any existing file without --force."""
     from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE
 
     if path.is_dir():
         raise RatchetError(f"{what} {path} is a folder; give a file name")
-    if path.name.startswith(LEDGER_FILE) or path.name == POINTER_FILE or (path.is_file() and path.read_bytes()[:15] == b"SQLite format 3"):
+    if path.name.startswith(LEDGER_FILE) or path.name == POINTER_FILE or (path.is_file() and _head(path, 15) == b"SQLite format 3"):
         raise RatchetError(f"refusing to overwrite {path}: it is a run ledger; choose another output file")
     if path.exists() and not force:
         raise RatchetError(f"{path} exists; pass --force to overwrite it")
