@@ -84,6 +84,51 @@ def test_a_run_with_nothing_to_refine_says_how_to_fix_it_and_exits_1(tmp_path, r
     assert project(read_events(tmp_path / "runs" / "np")).status == "finished"
 
 
+def _file_size_limit(monkeypatch, module, name: str, limit: int) -> None:
+    """``module.name`` (a function that writes files) runs under a file-size limit of ``limit`` bytes
+    (``RLIMIT_FSIZE``: a write past it fails with EFBIG, as a full disk's fails with ENOSPC, part of it written)."""
+    import resource
+
+    real = getattr(module, name)
+
+    def limited(*args, **kwargs):
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            return real(*args, **kwargs)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+    monkeypatch.setattr(module, name, limited)
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_a_report_that_cannot_be_written_is_one_line_after_the_result(tmp_path, runner, monkeypatch, command):
+    """A full disk while `ratchet run` (or `resume`) writes report.html: the run's result is printed, then one line
+    that says how to write the report later, exit 1, and no partial report left (regression: a traceback before the
+    result, and a truncated report.html)."""
+    from ratchet.report import html
+
+    if command == "run":
+        run_dir = tmp_path / "runs" / "full"
+        args: tuple = ("run", _tiny_spec(tmp_path / "s"), "--runs-dir", tmp_path / "runs", "--run-id", "full")
+    else:
+        from conftest import interrupted_run
+
+        run_dir = tmp_path / "runs" / interrupted_run(tmp_path, None, "full")
+        args = ("resume", run_dir)
+    _file_size_limit(monkeypatch, html, "write_report", 1000)
+    res = invoke(runner, *args)
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit) and "Traceback" not in res.output
+    assert "test mean" in res.stdout and f"run directory: {run_dir}" in res.stdout
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the run finished, but its report cannot be written: File too large"), last
+    assert last.endswith(f"write it later with `ratchet report {run_dir}`"), last
+    assert not [p.name for p in run_dir.iterdir() if "report.html" in p.name]  # nor a temporary file
+    assert project(read_events(run_dir)).status == "finished"
+
+
 # -- show / runs / report ------------------------------------------------------------------------
 
 def test_show_table(finished_run, runner):
@@ -396,6 +441,22 @@ def test_export_into_missing_folder_is_a_clean_error(finished_run, runner, tmp_p
         assert (tmp_path / "no" / "such" / "dir.py").is_file()
     else:
         assert_one_line_error(res)
+
+
+def test_a_failed_export_leaves_nothing_and_a_retry_needs_no_force(finished_run, runner, tmp_path, monkeypatch):
+    """A full disk while `ratchet export` writes: one line, exit 1, and no file left, so the retry (once there is
+    room) writes it without --force (regression: a partial file, then "exists; pass --force")."""
+    from ratchet.policies import export
+
+    result, run_dir, _ = finished_run
+    out = tmp_path / "refined.py"
+    with monkeypatch.context() as m:
+        _file_size_limit(m, export, "export_candidate", 100)
+        assert_one_line_error(invoke(runner, "export", run_dir, "-o", out), f"cannot write {out}: File too large")
+    assert os.listdir(tmp_path) == []  # nor a temporary file
+    res = invoke(runner, "export", run_dir, "-o", out)
+    assert res.exit_code == 0, res.output
+    assert parse_policy(out.read_text()).defaults == dict(result.incumbent.params)
 
 
 # -- bad input: one line, exit 1, no traceback ---------------------------------------------------
@@ -1089,6 +1150,18 @@ def test_evaluate_seeds_refuse_conflicts_and_folders(tmp_path, runner, monkeypat
     res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "7seeds",
                  "--workers", "1")
     assert res.exit_code == 0 and "over 3 episodes" in res.stdout, res.output
+
+
+def test_a_seeds_file_is_read_bounded(runner, tmp_path):
+    """`evaluate --seeds /dev/zero` (or an endless pipe) is refused in one line after a bounded read (regression: it
+    read until the memory ran out); a seed of more digits than Python converts is out of range, in one line
+    (regression: a StopIteration traceback)."""
+    from ratchet.cli import _MAX_SEEDS_FILE_BYTES
+
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "/dev/zero")
+    assert_one_line_error(res, "--seeds /dev/zero: the seeds file is too large", f"over {_MAX_SEEDS_FILE_BYTES:,} bytes")
+    res = invoke(runner, "evaluate", DATA / "cartpole_linear.py", "--env", "CartPole-v1", "--seeds", "9" * 5000)
+    assert_one_line_error(res, "--seeds: seeds must be in [0, 2**63)")
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -482,3 +482,13 @@ def test_correct_on_a_missing_run_is_one_error_line(tmp_path):
 
     got = CliRunner().invoke(app, ["correct", str(tmp_path / "nope")])
     assert got.exit_code != 0 and "no run" in got.output
+
+
+def test_a_policy_file_that_never_ends_is_refused_after_a_bounded_read(monkeypatch):
+    """A [policy] path naming a device (/dev/zero: size 0, endless bytes) is refused once past the size limit
+    (regression: its size was checked, then it was read until the memory ran out)."""
+    from ratchet.policies import start
+
+    monkeypatch.setattr(start, "MAX_MODEL_BYTES", 1000)
+    with pytest.raises(PolicyError, match="/dev/zero is larger than 1,000 bytes"):
+        start.read_sb3_zip("/dev/zero")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ratchet.safefile import UnsafeFile, copy_out, read_bytes, read_tail
+from ratchet.safefile import UnsafeFile, copy_out, read_bytes, read_tail, write_files
 
 
 @pytest.fixture
@@ -78,3 +78,23 @@ def test_a_fifo_never_blocks(tmp_path):
     with pytest.raises(UnsafeFile):
         read_tail(fifo, 4096)
     assert time.monotonic() - t0 < 10  # a blocking open would wait for a writer forever
+
+
+def test_write_files_writes_all_or_none(tmp_path):
+    """A write that fails part way (here a file-size limit, as a full disk) changes none of the files and leaves no
+    temporary file; the files that are written get the mode asked for."""
+    import resource
+
+    old = tmp_path / "a.py"
+    old.write_bytes(b"old")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))
+    try:
+        with pytest.raises(OSError):
+            write_files({old: b"new", tmp_path / "b.npz": b"x" * 5000}, mode=0o644)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert sorted(os.listdir(tmp_path)) == ["a.py"] and old.read_bytes() == b"old"
+    write_files({old: b"new", tmp_path / "sub" / "b.npz": b"x" * 5000}, mode=0o644)
+    assert old.read_bytes() == b"new" and (tmp_path / "sub" / "b.npz").stat().st_size == 5000
+    assert (old.stat().st_mode & 0o777) == 0o644

@@ -279,17 +279,36 @@ def _write_report(state, run_dir: Path, path: Path, videos: bool, run: str, runs
                          artifacts=blobs)
 
 
+def _cannot_write(exc: OSError) -> str:
+    """Why a file could not be written, in words: a refused file (:class:`ratchet.safefile.UnsafeFile`) with its name,
+    else the system's reason (``No space left on device``)."""
+    from ratchet.safefile import UnsafeFile
+
+    return str(exc) if isinstance(exc, UnsafeFile) else str(exc.strerror or exc)
+
+
 def _finish(run_dir: Path, report: bool, storage: str | None) -> None:
+    """Write a finished run's report, then print its result: a report that cannot be written (a full disk) is one
+    line after the result, saying how to write it later, and exit 1 (the run stays recorded and finished)."""
     state, _ = _load_state(str(run_dir), ".", storage)
+    unwritten = None
     if report:
-        path = _write_report(state, run_dir, run_dir / "report.html", True, str(run_dir), ".", storage)
-        out.print(f"report: {path}", highlight=False, soft_wrap=True)
+        try:
+            path = _write_report(state, run_dir, run_dir / "report.html", True, str(run_dir), ".", storage)
+        except OSError as exc:
+            unwritten = RatchetError(f"the run finished, but its report cannot be written: {_cannot_write(exc)}; "
+                                     f"write it later with `ratchet report {run_dir}`")
+            unwritten.__cause__ = exc
+        else:
+            out.print(f"report: {path}", highlight=False, soft_wrap=True)
     _print_result(run_dir, state)
     from ratchet.loop import BROKEN_START
     from ratchet.planner import NO_GENERATION
 
     # [budget] wall_clock_s bought no generation, or no refiner could propose anything (e.g. no parameters)
     no_generation = state.stop_kind in ("clock", "idle") and not state.generations
+    if unwritten is not None:
+        _fail(unwritten)
     if no_generation or str(state.stop_reason or "").startswith((BROKEN_START, NO_GENERATION)):  # bad input: say so
         raise typer.Exit(1)
 
@@ -579,7 +598,7 @@ def report(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
                 run_dir.mkdir(parents=True, exist_ok=True)
             path = _write_report(st, run_dir, output or run_dir / "report.html", videos, run, runs_dir, storage)
         except OSError as exc:
-            raise RatchetError(f"cannot write the report: {exc.strerror or exc}") from None
+            raise RatchetError(f"cannot write the report: {_cannot_write(exc)}") from None
     except RatchetError as exc:
         _fail(exc)
         return
@@ -728,36 +747,53 @@ def evaluate(policy: Path | None = typer.Argument(None, metavar="[POLICY]", help
                            + (" or pass --clip" if clipped else "") + " and evaluate again"))
 
 
+_MAX_SEEDS_FILE_BYTES = 4 << 20  # 100,000 seeds (spec.MAX_EPISODES) of 19 digits and a separator: 2 MB
+
+
 def _parse_seeds(text: str) -> list[int]:
-    """``--seeds``: a comma/space separated list, or the name of a file holding one.
+    """``--seeds``: a comma/space separated list, or the name of a file holding one (a pipe too, ``<(seq 1 9)``; at
+    most :data:`_MAX_SEEDS_FILE_BYTES` bytes read).
 
     Raises:
-        RatchetError: not whole numbers in [0, 2**63), none, or more than the episode limit.
+        RatchetError: not whole numbers in [0, 2**63), none, more than the episode limit, or a file larger than
+            :data:`_MAX_SEEDS_FILE_BYTES` (``/dev/zero``).
     """
     from ratchet.spec import MAX_EPISODES
 
     source = text
     path = Path(text)
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError:  # a name too long to be a file's (a long list)
+        is_dir = is_file = False
+    if is_dir:
         raise RatchetError(f"--seeds {text} is a folder; give seeds like 1,2,3 or a file of them")
     # a file that exists, or a name that cannot be a list (no comma or space, not starting like a number)
     listed = all(ch.isdigit() or ch in ",+-" or ch.isspace() for ch in text)
     looks_listed = text[:1].isdigit() or text[:1] in "+-" or any(ch == "," or ch.isspace() for ch in text)
-    if not listed and (path.is_file() or not looks_listed):
+    if not listed and (is_file or not looks_listed):
         try:
-            source = path.read_text(encoding="utf-8")
+            with path.open("rb") as f:  # a bounded read: /dev/zero or an endless pipe is refused, not read into memory
+                raw = f.read(_MAX_SEEDS_FILE_BYTES + 1)
+            if len(raw) > _MAX_SEEDS_FILE_BYTES:
+                raise RatchetError(f"--seeds {text}: the seeds file is too large (over {_MAX_SEEDS_FILE_BYTES:,} "
+                                   f"bytes; {MAX_EPISODES:,} seeds, the most evaluated, fit in half of that)")
+            source = raw.decode("utf-8")
         except FileNotFoundError:
             raise RatchetError(f"--seeds {text}: no such file; give seeds like 1,2,3 or a file of them") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise RatchetError(f"--seeds {text}: cannot read the file ({type(exc).__name__})") from None
         source = "\n".join(line.split("#", 1)[0] for line in source.splitlines())  # '#' starts a comment
     parts = [p for p in source.replace(",", " ").split() if p]
-    try:
-        out = [int(p) for p in parts]
-    except ValueError:
-        bad = next(p for p in parts if not p.lstrip("-").isdigit())
-        raise RatchetError(f"--seeds: {bad[:40]!r} is not a whole number; give seeds like 1,2,3 or a file of them") \
-            from None
+    out = []
+    for p in parts:
+        try:
+            out.append(int(p))
+        except ValueError:
+            if p.lstrip("+-").isdigit():  # more digits than Python converts (4,300): far out of range
+                raise RatchetError("--seeds: seeds must be in [0, 2**63)") from None
+            raise RatchetError(f"--seeds: {p[:40]!r} is not a whole number; give seeds like 1,2,3 or a file of "
+                               "them") from None
     if not out:
         raise RatchetError("--seeds: no seeds given; give seeds like 1,2,3 or a file of them")
     if len(out) > MAX_EPISODES:
@@ -864,13 +900,22 @@ def _install_hint(extra: str) -> str:
                                       f"from a package index: {index})"
 
 
+def _head(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of the regular file ``path`` (not the whole file); b"" where it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
 def _check_output(path: Path, force: bool, what: str) -> None:
     """Refuse to clobber a ledger ever, or any existing file without --force."""
     from ratchet.ledger.storage import LEDGER_FILE, POINTER_FILE
 
     if path.is_dir():
         raise RatchetError(f"{what} {path} is a folder; give a file name")
-    if path.name.startswith(LEDGER_FILE) or path.name == POINTER_FILE or (path.is_file() and path.read_bytes()[:15] == b"SQLite format 3"):
+    if path.name.startswith(LEDGER_FILE) or path.name == POINTER_FILE or (path.is_file() and _head(path, 15) == b"SQLite format 3"):
         raise RatchetError(f"refusing to overwrite {path}: it is a run ledger; choose another output file")
     if path.exists() and not force:
         raise RatchetError(f"{path} exists; pass --force to overwrite it")
@@ -1085,7 +1130,7 @@ def export(run: str = typer.Argument(..., metavar="RUN", help="Run id or run dir
         try:
             export_candidate(cand, blobs, output, header=header, task=_task_of(st).to_dict())
         except OSError as exc:
-            raise RatchetError(f"cannot write {output}: {exc.strerror or exc}; check the folder exists and is writable") from None
+            raise RatchetError(f"cannot write {output}: {_cannot_write(exc)}; check the folder exists and is writable") from None
     except RatchetError as exc:
         _fail(exc)
         return

@@ -7,6 +7,10 @@ endless bytes) or a hard link. Everything the driver reads from or copies out of
 through this module: opened with ``O_NOFOLLOW | O_NONBLOCK`` (a symlink fails, a FIFO does not
 block), accepted only if ``fstat`` says it is a regular file with one link, and read in bounded
 chunks against a size cap and a deadline.
+
+Files the driver writes (:func:`write_bytes`, :func:`write_files`: a ledger's journal, a report, an export) go
+through a temporary file beside them and a rename, so a failed or interrupted write (a full disk, a kill) leaves
+no partial file.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["UnsafeFile", "copy_out", "read_bytes", "read_tail", "write_bytes"]
+__all__ = ["UnsafeFile", "copy_out", "read_bytes", "read_tail", "write_bytes", "write_files"]
 
 _CHUNK = 1 << 20
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
@@ -165,33 +170,59 @@ def copy_out(src: str | os.PathLike[str], dst: str | os.PathLike[str], max_bytes
         os.close(fd)
 
 
-def write_bytes(dst: str | os.PathLike[str], data: bytes) -> None:
+def write_bytes(dst: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
     """Write ``data`` to ``dst`` atomically and durably: a temporary file in ``dst``'s folder (created if missing),
-    flushed to disk (``fsync``), then renamed over ``dst``, so a kill at any moment leaves ``dst`` as it was or
-    whole. A symbolic link at ``dst`` is refused, not followed or replaced.
+    flushed to disk (``fsync``), then renamed over ``dst``, so a kill at any moment, or a failed write (a full
+    disk), leaves ``dst`` as it was or whole, and no temporary file behind. A symbolic link at ``dst`` is refused,
+    not followed or replaced.
+
+    Args:
+        mode: The file's permission bits (e.g. ``0o644`` for a file meant to be shared); default the temporary
+            file's ``0o600``.
 
     Raises:
         UnsafeFile: ``dst`` is a symbolic link.
-        OSError: the folder cannot be written.
+        OSError: the folder cannot be written (e.g. ``ENOSPC``: the disk is full).
     """
-    dst = Path(dst)
-    if dst.is_symlink():
-        raise UnsafeFile(0, "is a symbolic link; not overwriting it", str(dst))
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    write_files({Path(dst): data}, mode)
+
+
+def write_files(files: Mapping[Path, bytes], mode: int | None = None) -> None:
+    """Write several files all or none, each as :func:`write_bytes` writes one: every file's content goes into a
+    temporary file beside it (flushed to disk) before any is renamed over its destination, so a failed write (a
+    full disk) changes none of them and leaves no temporary file behind.
+
+    Args:
+        files: Each destination and its bytes.
+        mode: The files' permission bits; default ``0o600``.
+
+    Raises:
+        UnsafeFile: a destination is a symbolic link (refused, not followed or replaced).
+        OSError: a folder cannot be written (e.g. ``ENOSPC``: the disk is full).
+    """
+    staged: list[tuple[str, Path]] = []
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, dst)
+        for dst, data in files.items():
+            if dst.is_symlink():
+                raise UnsafeFile(0, "is a symbolic link; not overwriting it", str(dst))
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+            staged.append((tmp, dst))
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for tmp, dst in staged:
+            os.replace(tmp, dst)
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        for tmp, _ in staged:  # those already renamed are gone from here
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise

@@ -36,6 +36,7 @@ from typing import Any
 
 from ratchet.errors import PolicyError
 from ratchet.policy import FOLDER_KINDS, Candidate, export_source
+from ratchet.safefile import write_files
 
 __all__ = ["export_candidate", "export_paths"]
 
@@ -79,7 +80,7 @@ def export_candidate(candidate: Candidate, artifacts: Mapping[str, bytes], outpu
         candidate: The candidate to export.
         artifacts: Its artifacts' bytes by digest
             (:func:`ratchet.ledger.artifacts.candidate_artifacts`); unused for a plain program.
-        output: The main file to write (its folder must exist).
+        output: The main file to write (its folder is made if missing).
         header: A comment for the top of each written program (e.g. the run and candidate).
         task: The run's task (:meth:`ratchet.task.GymTask.to_dict`), so a standalone program's
             ``python STEM.py`` demo makes the same environment.
@@ -89,7 +90,8 @@ def export_candidate(candidate: Candidate, artifacts: Mapping[str, bytes], outpu
 
     Raises:
         PolicyError: the candidate cannot be exported (unknown kind, bad suffix, missing artifact bytes).
-        OSError: a file cannot be written.
+        OSError: a file cannot be written (a full disk); then none of them was written or changed
+            (:func:`ratchet.safefile.write_files`), and no partial file is left.
     """
     paths = export_paths(candidate, output)
 
@@ -99,23 +101,24 @@ def export_candidate(candidate: Candidate, artifacts: Mapping[str, bytes], outpu
             raise PolicyError(f"candidate {candidate.id}: no bytes for its {role!r} artifact")
         return bytes(artifacts[name])
 
+    files: dict[Path, bytes] = {}
     if candidate.kind == "program":
-        paths[0].write_text(export_source(candidate.source, candidate.params, header=header), encoding="utf-8")
+        files[paths[0]] = export_source(candidate.source, candidate.params, header=header).encode()
     elif candidate.kind in FOLDER_KINDS:  # files in any language: no header comment (its syntax is the file's)
         from ratchet.policies.source import export_folder
 
         return export_folder(candidate, output)
     elif candidate.kind == "sb3":
-        paths[0].write_bytes(blob("model"))
+        files[paths[0]] = blob("model")
         if len(paths) > 1:
-            paths[1].write_bytes(blob("vecnormalize"))
+            files[paths[1]] = blob("vecnormalize")
     elif candidate.kind == "mlp":
         from ratchet.policies.mlp import describe
 
         py, npz = paths
         weights = blob("weights")
-        npz.write_bytes(weights)
-        py.write_text(_mlp_program(header, describe(weights), npz.name, task), encoding="utf-8")
+        files[npz] = weights
+        files[py] = _mlp_program(header, describe(weights), npz.name, task).encode()
     else:  # residual
         from ratchet.policies.mlp import describe
 
@@ -123,10 +126,11 @@ def export_candidate(candidate: Candidate, artifacts: Mapping[str, bytes], outpu
         correction = blob("correction")
         note = (f"The base program of a residual policy; the learned correction is {npz.name} and "
                 f"{runner.name} runs both.")
-        base.write_text(export_source(candidate.source, candidate.params,
-                                      header="\n".join(h for h in (header, note) if h)), encoding="utf-8")
-        npz.write_bytes(correction)
-        runner.write_text(_residual_program(header, describe(correction), base.name, npz.name, task), encoding="utf-8")
+        files[base] = export_source(candidate.source, candidate.params,
+                                    header="\n".join(h for h in (header, note) if h)).encode()
+        files[npz] = correction
+        files[runner] = _residual_program(header, describe(correction), base.name, npz.name, task).encode()
+    write_files(files, mode=0o644)
     return paths
 
 

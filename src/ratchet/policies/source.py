@@ -248,19 +248,18 @@ def export_folder(candidate: Candidate, output: str | Path) -> list[Path]:
 
     Raises:
         PolicyError: ``output`` is a file, or the candidate is not a folder.
-        OSError: a file cannot be written.
+        OSError: a file cannot be written (a full disk); then none of them was written or changed
+            (:func:`ratchet.safefile.write_files`).
     """
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise PolicyError(f"a source policy is exported as a folder; {out} is a file (give -o a new folder)")
+    from ratchet.safefile import write_files
+
     files = Folder.from_source(candidate.source).with_values(candidate.params)
-    written = []
-    for rel, text in sorted(files.items()):
-        p = out.joinpath(*rel.split("/"))
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
-        written.append(p)
-    return written
+    written = {out.joinpath(*rel.split("/")): text.encode() for rel, text in sorted(files.items())}
+    write_files(written, mode=0o644)
+    return list(written)
 
 
 def folder_text(candidate: Candidate) -> str:

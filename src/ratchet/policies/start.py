@@ -22,7 +22,11 @@ def _read_capped(p: Path, what: str, hint: str) -> bytes:
     try:
         if p.stat().st_size > MAX_MODEL_BYTES:
             raise PolicyError(f"{p}: {p.stat().st_size:,} bytes is larger than {MAX_MODEL_BYTES:,}")
-        return p.read_bytes()
+        with p.open("rb") as f:  # a bounded read: a device (/dev/zero) or a pipe has no size to check first
+            data = f.read(MAX_MODEL_BYTES + 1)
+        if len(data) > MAX_MODEL_BYTES:
+            raise PolicyError(f"{p} is larger than {MAX_MODEL_BYTES:,} bytes")
+        return data
     except OSError as exc:
         raise PolicyError(f"cannot read {what} {p}: {exc.strerror or exc}; {hint}") from None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.ledger.projection import RunState, cost_text
-from ratchet.safefile import read_bytes
+from ratchet.safefile import read_bytes, write_bytes
 from ratchet.text import clean
 
 __all__ = ["render_report", "write_report"]
@@ -364,8 +364,13 @@ def _param_row(name: str, start: Any, final: Any) -> str:
 
 def write_report(state: RunState, path: str | Path, videos: Mapping[str, Path] | None = None,
                  artifacts: Mapping[str, bytes] | None = None) -> Path:
-    """Write :func:`render_report` to ``path`` and return it (GIFs in ``videos`` are embedded)."""
+    """Write :func:`render_report` to ``path`` (its folder made if missing; mode 0644) and return it (GIFs in
+    ``videos`` are embedded).
+
+    Raises:
+        OSError: the file cannot be written (a full disk); then ``path`` is left as it was and no partial file is
+            left (:func:`ratchet.safefile.write_bytes`).
+    """
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(state, videos, artifacts), encoding="utf-8")
+    write_bytes(out, render_report(state, videos, artifacts).encode(), mode=0o644)
     return out
