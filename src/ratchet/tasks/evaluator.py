@@ -592,7 +592,9 @@ class EvaluatorTask:
             with policy.task_clock(f"evaluator {self.path} on instance {seed}"):
                 try:
                     instance = module.make_instance(int(seed))
-                except Exception as exc:  # noqa: BLE001 - the user's generator failing is the evaluator's fault
+                except RolloutAborted:
+                    raise  # the evaluator's clock ran out in make_instance: its fault (below), as in evaluate
+                except BaseException as exc:  # noqa: BLE001 - the user's generator failing (even SystemExit): its fault
                     raise _Fault(f"make_instance raised {type(exc).__name__}: {_short(exc)}") from None
                 proxy._start(dict(params))
                 result = module.evaluate(instance, proxy)
