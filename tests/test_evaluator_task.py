@@ -246,6 +246,45 @@ def test_an_evaluator_that_raises_stops_the_run_in_one_line_naming_the_instance(
     assert "\n" not in str(info.value)
 
 
+#: An evaluator whose make_instance raises on instances 1, 4, 7, ...: before the candidate is started.
+MAKE_RAISES = EVALUATOR.replace("def make_instance(seed):\n", "def make_instance(seed):\n    if seed % 3 == 1:\n"
+                                "        raise ValueError('mk bug')\n")
+
+
+def test_an_evaluator_whose_make_instance_raises_is_the_tasks_fault_naming_the_instance(tmp_path: Path) -> None:
+    # make_instance fails before the candidate is started: the task's fault, one line naming the instance, as when
+    # evaluate raises; not the candidate's "worker died (exit code 0)" (the env host asked a policy process that had
+    # started nothing to end the episode, and it exited). The instances after it on that pair are scored: another
+    # candidate's (nothing was started, so nothing is retired) and this one's (its source travels with its first
+    # start, not its first job)
+    from typer.testing import CliRunner
+
+    from ratchet.cli import app
+
+    task = EvaluatorTask.from_file(_write(tmp_path / "mk", MAKE_RAISES))
+    a, b = (Candidate.create(POLICY, {"b": v, "w": 0.0}) for v in (2.0, 1.5))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=20, death_retries=0)  # a pair lost on the way is not hidden
+    try:
+        eps = [ex.run(task, [Job(c, seed)])[0] for c, seed in ((a, 1), (b, 3), (b, 4), (a, 0), (a, 6))]  # in turn
+    finally:
+        ex.close()
+    for e, seed in ((eps[0], 1), (eps[2], 4)):
+        assert e.diagnostics.get("fault") == "task" and e.error == (
+            f"evaluator error on instance {seed}: make_instance raised ValueError: mk bug"), e.error
+    assert [e.error for e in (eps[1], eps[3], eps[4])] == [None, None, None]
+    assert [eps[1].episode_return, eps[3].episode_return, eps[4].episode_return] == [-0.5, 0.0, 0.0]
+    spec = load_spec(_spec_dir(tmp_path / "run", MAKE_RAISES))
+    with pytest.raises(TaskError, match=r"evaluator error on instance \d+: make_instance raised ValueError: mk bug — "
+                                        r"the task's fault, not the candidate's") as info:
+        start_run(spec, tmp_path / "runs", run_id="mk")
+    assert "\n" not in str(info.value)
+    d = _spec_dir(tmp_path / "cli", MAKE_RAISES)
+    res = CliRunner().invoke(app, ["evaluate", str(d / "policy.py"), "--spec", str(d), "--seeds", "1,0",
+                                   "--workers", "1"])
+    assert res.exit_code == 1 and "evaluator error on instance 1: make_instance raised ValueError: mk bug — the " \
+        "task's fault" in res.output, res.output
+
+
 def test_data_set_instances_keep_their_splits_and_held_out_sizes_are_checked(tmp_path: Path) -> None:
     data_set = EVALUATOR.replace("def make_instance(seed):", "INSTANCES = 30\n\ndef make_instance(seed):\n"
                                  "    assert 0 <= seed < 30\n")
@@ -514,6 +553,27 @@ def test_a_slow_evaluator_is_cut_at_the_instance_timeout_and_blamed_not_the_cand
     spec = load_spec(_spec_dir(tmp_path, slow, execution={"workers": 1, "episode_timeout_s": 1}))
     with pytest.raises(TaskError, match="evaluator's own code ran .* raise \\[execution\\] episode_timeout_s"):
         start_run(spec, tmp_path / "runs", run_id="slow")
+
+
+def test_a_make_instance_that_hangs_is_cut_at_the_instance_timeout_and_blamed_not_the_candidate(tmp_path: Path) -> None:
+    # the evaluator's own code ran out its clock before the candidate was started: the task's fault, as a hanging
+    # evaluate is (it was "make_instance raised RolloutAborted", then the candidate's "worker died (exit code 0)")
+    hangs = EVALUATOR.replace("def make_instance(seed):\n", "def make_instance(seed):\n    if seed % 3 == 1:\n"
+                              "        import time\n        time.sleep(120)\n")
+    task = EvaluatorTask.from_file(_write(tmp_path / "hang", hangs))
+    ex = ProcessExecutor(workers=1, episode_timeout_s=1)
+    try:
+        eps = ex.run(task, [Job(Candidate.create(POLICY, {"b": 2.0, "w": 0.0}), s) for s in (1, 0)])
+    finally:
+        ex.close()
+    assert eps[0].diagnostics.get("fault") == "task" and eps[0].error.startswith(
+        "evaluator error on instance 1: the evaluator's own code ran"), eps[0].error
+    assert eps[1].error is None and eps[1].episode_return == 0.0
+    spec = load_spec(_spec_dir(tmp_path, hangs, execution={"workers": 1, "episode_timeout_s": 1}))
+    with pytest.raises(TaskError, match=r"evaluator error on instance \d+: the evaluator's own code ran .* the task's "
+                                        r"fault, not the candidate's") as info:
+        start_run(spec, tmp_path / "runs", run_id="hang")
+    assert "\n" not in str(info.value)
 
 
 #: Candidates whose start is slow: loading the module, or its reset(), takes a minute.

@@ -73,6 +73,10 @@ class RemotePolicy:
         self.chan, self.key, self.source, self.functions, self.ctl = chan, key, source, tuple(functions), ctl
         self.raw: tuple[np.dtype, tuple[int, ...]] | None = None
         self.deadline = deadline
+        #: An episode (or a lockstep batch) was asked to start on this handle: the policy process then serves this
+        #: candidate until it is retired. A task may end its episode before it starts the policy (an evaluator's
+        #: ``make_instance`` that raised): then nothing is asked to end, and nothing is there to retire.
+        self.started = False
 
     def _ask(self, payload: bytes, expect: str) -> Any:
         clock = self.deadline if self.deadline is not None and self.deadline.apart else None
@@ -100,6 +104,7 @@ class RemotePolicy:
         obs_space = spaces[0]
         self.raw = ((np.dtype(obs_space.dtype), tuple(obs_space.shape)) if isinstance(obs_space, Box) else None)
         raw = None if self.raw is None else (self.raw[0].str, self.raw[1])
+        self.started = True
         self._ask(_pickled(("episode", self.key, self.source, dict(params), int(seed), raw, tuple(spaces),
                             self.functions)), "started")
 
@@ -122,6 +127,7 @@ class RemotePolicy:
         obs_space = spaces[0]
         self.raw = ((np.dtype(obs_space.dtype), tuple(obs_space.shape)) if isinstance(obs_space, Box) else None)
         raw = None if self.raw is None else (self.raw[0].str, self.raw[1])
+        self.started = True
         width: int = self._ask(_pickled(("batch", self.key, self.source, dict(params), raw, tuple(spaces),
                                          self.functions)), "width")
         return width
@@ -153,8 +159,9 @@ class RemotePolicy:
         return self._ask(_pickled(("call", name, tuple(args))), "value")
 
     def end(self) -> int:
-        """Tell the policy process the episode is over; returns the stray processes it killed."""
-        return self._ask(_pickled(("end",)), "end")
+        """Tell the policy process the episode is over; returns the stray processes it killed (0, asking nothing,
+        when no episode was started on this handle: the policy did not run)."""
+        return self._ask(_pickled(("end",)), "end") if self.started else 0
 
     def retire(self) -> None:
         """End the policy process's current candidate (its forked process exits; see
@@ -389,9 +396,10 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channe
 
     deadline = _Deadline(_Phase(PHASE_FILE))  # in this process's own folder (its working directory)
     opponents = None if rival is None else OpponentProcess(rival[0], rival[1], deadline)
-    loaded: str | None = None  # the candidate (source key and parameters) the policy process serves
-
-    known_sources: set[str] = set()
+    loaded: str | None = None  # the candidate (source key and parameters) the policy process serves, once started
+    # source key -> the source, until an episode's start has carried it to the policy process (None from then on: it
+    # keeps it); the driver sends each source once, and an episode may end before it starts the policy
+    sources: dict[str, str | None] = {}
     task_dicts: dict[str, Any] = {}
     tasks: dict[str, Any] = {}
     while True:
@@ -408,22 +416,24 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channe
             task_dicts[task_key] = task_dict
         replies: list[tuple[Episode, str]] = []
         task = None
+        policy: RemotePolicy | None = None
+        candidate: str | None = None
         try:
             if task_key not in tasks:
                 tasks[task_key] = task_from_dict(task_dicts[task_key])
             task = tasks[task_key]
             if source is not None:
-                known_sources.add(key)
-            elif key not in known_sources:
+                sources[key] = source
+            elif key not in sources:
                 raise RuntimeError("policy source missing")
             try:
                 deadline.arm(float(timeout_s))
-                # the source travels once per worker pair: the policy process keeps it from then on
-                policy = RemotePolicy(chan, key, source, tuple(task.functions), ctl, deadline)
                 candidate = json.dumps([key, params], sort_keys=True)
+                # the source travels once per worker pair: the policy process keeps it from then on
+                policy = RemotePolicy(chan, key, sources[key], tuple(task.functions), ctl, deadline)
                 if loaded is not None and loaded != candidate:
+                    loaded = None
                     policy.retire()
-                loaded = candidate
                 if kind == "job":
                     extra = {"opponents": opponents} if task.opponent_sources() else {}
                     if extra and opponents is None:
@@ -453,6 +463,8 @@ def _serve(conn: Any, chan: Channel, ctl: int | None = None, rival: tuple[Channe
             replies = [(Episode.failed(seed, error, task=task), "ok") for seed in seeds]
         finally:
             deadline.disarm()  # also after an error of the env itself: no timer may fire between episodes
+            if policy is not None and policy.started:  # it serves this candidate, and keeps its source, from now on
+                loaded, sources[key] = candidate, None
         for job_id, (ep, status) in zip(job_ids, replies):
             if not send_reply(conn, [job_id, ep.to_dict(), status]):
                 return  # the driver is gone

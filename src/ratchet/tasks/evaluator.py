@@ -33,8 +33,8 @@ or a dict ``{"score", "success", "failure", "text", "diagnostics", "cost"}``: ``
 the instance failed (the critic groups failing instances by it), ``text`` the detail (≤ 500 characters:
 where a plan broke), ``diagnostics`` named numbers, ``cost`` in ``COST_UNIT`` (default: every instance
 costs 1, so the env-step budget counts instances). Raising :class:`CandidateError` fails the instance for the
-candidate (an unusable answer: a wrong shape, an index out of range); any other exception is the evaluator's
-fault: the run stops with one line naming the instance.
+candidate (an unusable answer: a wrong shape, an index out of range); any other exception (in ``make_instance`` or
+``evaluate``) is the evaluator's fault: the run stops with one line naming the instance.
 
 Time is charged to whoever uses it: the candidate's start (loading its module, its ``reset``) and its answers run
 on its clock, the evaluator's own code on the evaluator's; each has ``[execution] episode_timeout_s`` per
@@ -592,7 +592,9 @@ class EvaluatorTask:
             with policy.task_clock(f"evaluator {self.path} on instance {seed}"):
                 try:
                     instance = module.make_instance(int(seed))
-                except Exception as exc:  # noqa: BLE001 - the user's generator failing is the evaluator's fault
+                except RolloutAborted:
+                    raise  # the evaluator's clock ran out in make_instance: its fault (below), as in evaluate
+                except BaseException as exc:  # noqa: BLE001 - the user's generator failing (even SystemExit): its fault
                     raise _Fault(f"make_instance raised {type(exc).__name__}: {_short(exc)}") from None
                 proxy._start(dict(params))
                 result = module.evaluate(instance, proxy)
