@@ -173,29 +173,22 @@ class _GuardedEnv:
         self.env, self.name = env, name
         self.action_space, self.observation_space = env.action_space, env.observation_space
 
-    def reset(self, **kwargs: Any) -> Any:
+    def _call(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self.env.reset(**kwargs)
+            return fn(*args, **kwargs)
         except RolloutAborted:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the env raises is the env's
-            raise EnvFailure(self.name, "reset", exc) from None
+            raise EnvFailure(self.name, call, exc) from None
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self._call("reset", self.env.reset, **kwargs)
 
     def step(self, action: Any) -> Any:
-        try:
-            return self.env.step(action)
-        except RolloutAborted:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whatever the env raises is the env's
-            raise EnvFailure(self.name, "step", exc) from None
+        return self._call("step", self.env.step, action)
 
     def render(self) -> Any:
-        try:
-            return self.env.render()
-        except RolloutAborted:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whatever the env raises is the env's
-            raise EnvFailure(self.name, "render", exc) from None
+        return self._call("render", self.env.render)
 
     def close(self) -> None:
         self.env.close()
